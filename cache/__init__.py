@@ -1,0 +1,23 @@
+"""Content addressing and the tiered audio store (memory, disk, Redis) with single flight."""
+
+from cache.entry import CorruptEntry, Entry, EntryMeta
+from cache.keys import is_key, master_key, normalize_text, rendition_key
+from cache.singleflight import SingleFlight
+from cache.store import Lookup, TieredStore
+from cache.tier import Tier, TierError, TierStats
+
+__all__ = [
+    "CorruptEntry",
+    "Entry",
+    "EntryMeta",
+    "Lookup",
+    "SingleFlight",
+    "Tier",
+    "TierError",
+    "TierStats",
+    "TieredStore",
+    "is_key",
+    "master_key",
+    "normalize_text",
+    "rendition_key",
+]

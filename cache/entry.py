@@ -1,0 +1,102 @@
+"""A stored piece of audio: the bytes plus what is needed to serve and verify them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import time
+from dataclasses import asdict, dataclass, field, replace
+
+# Wire layout shared by the disk and Redis tiers: a 4-byte big-endian metadata length, the metadata
+# as JSON, then the audio bytes. One blob means one read (one round trip for Redis).
+_LEN = struct.Struct(">I")
+
+
+def checksum(data: bytes) -> str:
+    """A fast 128-bit digest of ``data``; stored with each entry and verified on read."""
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+class CorruptEntry(ValueError):
+    """An entry's bytes do not match its checksum, or its blob cannot be parsed."""
+
+
+@dataclass(frozen=True)
+class EntryMeta:
+    """What an entry is. ``voice`` and ``model`` exist so entries can be purged by voice or model."""
+
+    content_type: str
+    format: str
+    sample_rate: int
+    checksum: str
+    model: str = ""
+    voice: str = ""
+    created: float = field(default_factory=time.time)
+    pinned: bool = False
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Entry:
+    """Audio bytes and their metadata."""
+
+    audio: bytes
+    meta: EntryMeta
+
+    @classmethod
+    def create(
+        cls,
+        audio: bytes,
+        *,
+        content_type: str,
+        fmt: str,
+        sample_rate: int,
+        model: str = "",
+        voice: str = "",
+        pinned: bool = False,
+        duration_s: float = 0.0,
+    ) -> Entry:
+        """Build an entry, computing its checksum."""
+        meta = EntryMeta(
+            content_type=content_type,
+            format=fmt,
+            sample_rate=sample_rate,
+            checksum=checksum(audio),
+            model=model,
+            voice=voice,
+            pinned=pinned,
+            duration_s=duration_s,
+        )
+        return cls(audio=audio, meta=meta)
+
+    @property
+    def size(self) -> int:
+        """Bytes of audio held."""
+        return len(self.audio)
+
+    def pinned_copy(self) -> Entry:
+        """The same entry, pinned."""
+        return replace(self, meta=replace(self.meta, pinned=True))
+
+    def verify(self) -> None:
+        """Raise :class:`CorruptEntry` when the audio does not match the stored checksum."""
+        if checksum(self.audio) != self.meta.checksum:
+            raise CorruptEntry("checksum mismatch")
+
+    def to_blob(self) -> bytes:
+        """Serialize for a byte-oriented tier."""
+        meta = json.dumps(asdict(self.meta), separators=(",", ":")).encode()
+        return _LEN.pack(len(meta)) + meta + self.audio
+
+    @classmethod
+    def from_blob(cls, blob: bytes) -> Entry:
+        """Parse a blob written by :meth:`to_blob` and verify its checksum."""
+        try:
+            (n,) = _LEN.unpack_from(blob, 0)
+            meta = EntryMeta(**json.loads(blob[_LEN.size : _LEN.size + n]))
+        except (struct.error, ValueError, TypeError) as exc:
+            raise CorruptEntry(f"unreadable entry: {exc}") from exc
+        entry = cls(audio=bytes(blob[_LEN.size + n :]), meta=meta)
+        entry.verify()
+        return entry

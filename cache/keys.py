@@ -1,0 +1,81 @@
+"""Content addressing: what a piece of audio *is*, as a 256-bit key.
+
+The key is computed on the server only. Two requests share a key exactly when they would produce
+the same audio: same normalized text, same engine + voice + model weights (by fingerprint), same
+synthesis parameters, same output format and sample rate. Anything that changes the sound is in the
+key; anything that does not (leading/trailing whitespace, runs of spaces, Unicode composition form)
+is normalized away so it does not split the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import unicodedata
+from collections.abc import Mapping
+from typing import Any
+
+# Bump when the canonical encoding or the normalization changes: old entries then stop matching
+# instead of being served for requests they were not made for.
+KEY_SCHEMA_VERSION = 1
+
+KEY_HEX_LENGTH = 64
+_KEY_RE = re.compile(r"^[0-9a-f]{64}$")
+_WHITESPACE_RE = re.compile(r"\s+")
+
+ParamValue = str | int | float | bool | None
+
+
+def normalize_text(text: str) -> str:
+    """NFC-normalize and collapse whitespace. Case and punctuation are kept: they change speech."""
+    return _WHITESPACE_RE.sub(" ", unicodedata.normalize("NFC", text)).strip()
+
+
+def _canonical(value: Mapping[str, Any]) -> bytes:
+    # Sorted keys, no whitespace, floats in repr form: one byte string per logical value.
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(
+        "utf-8"
+    )
+
+
+def master_key(
+    *,
+    text: str,
+    engine: str,
+    voice: str,
+    fingerprint: str,
+    params: Mapping[str, ParamValue],
+) -> str:
+    """Key of the canonical (format-free) rendering: the engine's own PCM at its own rate.
+
+    ``text`` must already be normalized with :func:`normalize_text`; ``fingerprint`` identifies the
+    model weights and config, so a new model never serves old audio.
+    """
+    material = {
+        "v": KEY_SCHEMA_VERSION,
+        "kind": "master",
+        "text": text,
+        "engine": engine,
+        "voice": voice,
+        "fingerprint": fingerprint,
+        "params": dict(params),
+    }
+    return hashlib.blake2b(_canonical(material), digest_size=32).hexdigest()
+
+
+def rendition_key(master: str, *, fmt: str, sample_rate: int) -> str:
+    """Key of one encoded rendition (format + sample rate) of the master ``master``."""
+    material = {
+        "v": KEY_SCHEMA_VERSION,
+        "kind": "rendition",
+        "master": master,
+        "format": fmt,
+        "rate": sample_rate,
+    }
+    return hashlib.blake2b(_canonical(material), digest_size=32).hexdigest()
+
+
+def is_key(value: str) -> bool:
+    """True when ``value`` has the shape of a content address (64 lowercase hex digits)."""
+    return bool(_KEY_RE.match(value))

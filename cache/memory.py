@@ -1,0 +1,80 @@
+"""A byte-bounded in-process LRU: the tier that serves the hottest prompts in microseconds."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+
+from cache.entry import Entry
+from cache.tier import TierStats
+
+
+class MemoryTier:
+    """LRU bounded by total audio bytes. Pinned entries are never evicted.
+
+    Entries are kept as objects, not blobs, and not re-verified on read: process memory is not a
+    medium that rots, and hashing 250 KB on every hit would cost more than the rest of the hit path.
+    """
+
+    name = "memory"
+
+    def __init__(self, max_bytes: int, on_evict: Callable[[int], None] | None = None) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[str, Entry] = OrderedDict()
+        self._bytes = 0
+        self._on_evict = on_evict
+
+    def get_nowait(self, key: str) -> Entry | None:
+        """Synchronous lookup; safe on the event loop (no I/O)."""
+        entry = self._items.get(key)
+        if entry is not None:
+            self._items.move_to_end(key)
+        return entry
+
+    async def get(self, key: str) -> Entry | None:
+        return self.get_nowait(key)
+
+    async def put(self, key: str, entry: Entry) -> None:
+        if entry.size > self.max_bytes and not entry.meta.pinned:
+            return  # would evict everything else; a lower tier keeps it
+        old = self._items.pop(key, None)
+        if old is not None:
+            self._bytes -= old.size
+        self._items[key] = entry
+        self._bytes += entry.size
+        self._evict()
+
+    def _evict(self) -> None:
+        evicted = 0
+        if self._bytes <= self.max_bytes:
+            return
+        for key in list(self._items):
+            if self._bytes <= self.max_bytes:
+                break
+            entry = self._items[key]
+            if entry.meta.pinned:
+                continue
+            del self._items[key]
+            self._bytes -= entry.size
+            evicted += 1
+        if evicted and self._on_evict is not None:
+            self._on_evict(evicted)
+
+    async def delete(self, key: str) -> bool:
+        entry = self._items.pop(key, None)
+        if entry is None:
+            return False
+        self._bytes -= entry.size
+        return True
+
+    def keys(self) -> list[str]:
+        """Snapshot of the keys held (for purge)."""
+        return list(self._items)
+
+    async def stats(self) -> TierStats:
+        pinned = sum(1 for e in self._items.values() if e.meta.pinned)
+        return TierStats(self.name, len(self._items), self._bytes, self.max_bytes, pinned)
+
+    async def close(self) -> None:
+        self._items.clear()
+        self._bytes = 0

@@ -1,0 +1,136 @@
+"""The tiered store: read top-down, promote on hit, write to every tier; a failing tier is a miss."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cache.entry import CorruptEntry, Entry
+from cache.memory import MemoryTier
+from cache.tier import Tier, TierError, TierStats
+from metrics import Metrics
+
+log = logging.getLogger("voxgate.cache")
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """A store hit: the entry and the name of the tier that had it."""
+
+    entry: Entry
+    tier: str
+
+
+class TieredStore:
+    """Memory, then disk, then (optionally) Redis.
+
+    Every tier error or timeout is counted and treated as a miss for that request: the tier below,
+    or the engine, still answers. A checksum mismatch is counted as ``corrupt``, the entry is deleted
+    from that tier, and the lookup goes on as a miss.
+    """
+
+    def __init__(self, tiers: Sequence[Tier], metrics: Metrics) -> None:
+        if not tiers:
+            raise ValueError("a store needs at least one tier")
+        self.tiers = list(tiers)
+        self.metrics = metrics
+        first = self.tiers[0]
+        self._memory = first if isinstance(first, MemoryTier) else None
+        # Background writes (promotions) are kept referenced until done, else they can be GC'd.
+        self._background: set[asyncio.Task[None]] = set()
+
+    def get_memory(self, key: str) -> Entry | None:
+        """The hot path: a synchronous memory-tier lookup with no awaits, counted as a hit."""
+        if self._memory is None:
+            return None
+        entry = self._memory.get_nowait(key)
+        if entry is not None:
+            self.metrics.cache_lookups.labels(self._memory.name, "hit").inc()
+        return entry
+
+    async def get(self, key: str) -> Lookup | None:
+        """Look ``key`` up top-down; on a hit below the top, promote it into the tiers above."""
+        for depth, tier in enumerate(self.tiers):
+            try:
+                entry = await tier.get(key)
+            except CorruptEntry:
+                self.metrics.cache_lookups.labels(tier.name, "corrupt").inc()
+                log.warning("corrupt entry deleted key=%s tier=%s", key, tier.name)
+                await self._delete_quietly(tier, key)
+                continue
+            except TierError as exc:
+                self.metrics.cache_lookups.labels(tier.name, "error").inc()
+                log.warning("tier error on get key=%s tier=%s: %s", key, tier.name, exc)
+                continue
+            if entry is None:
+                self.metrics.cache_lookups.labels(tier.name, "miss").inc()
+                continue
+            self.metrics.cache_lookups.labels(tier.name, "hit").inc()
+            if depth:
+                await self._promote(key, entry, self.tiers[:depth])
+            return Lookup(entry, tier.name)
+        return None
+
+    async def _promote(self, key: str, entry: Entry, tiers: Sequence[Tier]) -> None:
+        for tier in tiers:
+            if isinstance(tier, MemoryTier):
+                await tier.put(key, entry)  # in-process and instant: do it before answering
+            else:
+                self._spawn(self._put_one(tier, key, entry))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _put_one(self, tier: Tier, key: str, entry: Entry) -> None:
+        try:
+            await tier.put(key, entry)
+        except TierError as exc:
+            self.metrics.cache_writes.labels(tier.name, "error").inc()
+            log.warning("tier error on put key=%s tier=%s: %s", key, tier.name, exc)
+        else:
+            self.metrics.cache_writes.labels(tier.name, "ok").inc()
+
+    async def put(self, key: str, entry: Entry) -> None:
+        """Write ``entry`` to every tier (concurrently). Tier failures are counted, not raised."""
+        await asyncio.gather(*(self._put_one(t, key, entry) for t in self.tiers))
+
+    async def _delete_quietly(self, tier: Tier, key: str) -> bool:
+        try:
+            return await tier.delete(key)
+        except TierError as exc:
+            log.warning("tier error on delete key=%s tier=%s: %s", key, tier.name, exc)
+            return False
+
+    async def delete(self, key: str) -> bool:
+        """Delete ``key`` from every tier; True if any tier held it."""
+        results = await asyncio.gather(*(self._delete_quietly(t, key) for t in self.tiers))
+        return any(results)
+
+    async def stats(self) -> list[TierStats]:
+        """Each tier's size; a tier that fails to answer is left out (and logged)."""
+        out: list[TierStats] = []
+        for tier in self.tiers:
+            try:
+                out.append(await tier.stats())
+            except TierError as exc:
+                log.warning("tier error on stats tier=%s: %s", tier.name, exc)
+        for s in out:
+            self.metrics.cache_entries.labels(s.name).set(s.entries)
+            self.metrics.cache_bytes.labels(s.name).set(s.bytes)
+        return out
+
+    async def drain(self) -> None:
+        """Wait for background writes (promotions) to finish."""
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+    async def close(self) -> None:
+        """Finish background writes, then close every tier (bottom-up)."""
+        await self.drain()
+        for tier in reversed(self.tiers):
+            await tier.close()

@@ -1,0 +1,1 @@
+"""The voxgate HTTP gateway (aiohttp): routes, validation, errors, CLI."""

@@ -1,0 +1,221 @@
+"""One typed settings object: defaults < TOML file < ``VOXGATE_*`` environment < command-line flags.
+
+Every field documents itself (``metadata["help"]``); the README's settings table and
+``voxgate config show`` are made from the same list.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, get_type_hints
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+ENV_PREFIX = "VOXGATE_"
+
+OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+OPENAI_VOICES = (
+    "alloy",
+    "ash",
+    "ballad",
+    "coral",
+    "echo",
+    "fable",
+    "nova",
+    "onyx",
+    "sage",
+    "shimmer",
+    "verse",
+)
+
+
+class SettingsError(ValueError):
+    """A setting has a value that cannot be used; the message names the key."""
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/voxgate``, else ``~/.cache/voxgate``."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "voxgate"
+
+
+def _opt(default: Any, help: str, *, secret: bool = False, **kw: Any) -> Any:
+    meta = {"help": help, "secret": secret}
+    if callable(default) and not isinstance(default, type):
+        return field(default_factory=default, metadata=meta, **kw)
+    return field(default=default, metadata=meta, **kw)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything voxgate can be told. Field names map to env ``VOXGATE_<NAME>`` and flags."""
+
+    host: str = _opt("127.0.0.1", "Address to listen on.")
+    port: int = _opt(8080, "TCP port to listen on.")
+    cache_dir: Path = _opt(default_cache_dir, "Directory of the disk tier (diskcache).")
+    memory_cache_mb: int = _opt(
+        256, "Byte bound of the in-process LRU tier, in MiB (0 turns it off)."
+    )
+    disk_cache_mb: int = _opt(4096, "Size bound of the disk tier, in MiB (0 turns it off).")
+    piper_voices: tuple[str, ...] = _opt(
+        ("joe",),
+        "Piper voices: 'joe' (bundled) or name=/path/model.onnx (config beside it), comma-separated.",
+    )
+    default_model: str = _opt("piper", "Model used when a request names an alias of no model.")
+    default_voice: str = _opt("joe", "Voice the OpenAI voice aliases map to by default.")
+    default_format: str = _opt(
+        "mp3", "response_format when a request gives none (OpenAI's is mp3)."
+    )
+    model_aliases: dict[str, str] = _opt(
+        lambda: dict.fromkeys(OPENAI_MODELS, "piper"),
+        "Extra model names accepted as aliases (OpenAI's names map to piper by default); "
+        "env/flag form: alias=model,alias=model.",
+    )
+    voice_aliases: dict[str, str] = _opt(
+        lambda: dict.fromkeys(OPENAI_VOICES, "joe"),
+        "Extra voice names accepted as aliases (OpenAI's voices map to joe by default).",
+    )
+    max_input_chars: int = _opt(4096, "Longest input text accepted, in characters.")
+    max_body_kb: int = _opt(256, "Largest request body accepted, in KiB.")
+    queue_size: int = _opt(
+        64, "Synthesis items that may wait per model; beyond it a miss gets 503."
+    )
+    synth_threads: int = _opt(1, "Batches one model runs at a time (in-process engine threads).")
+    intra_op_threads: int = _opt(0, "ONNX Runtime / torch threads per engine (0: cores / workers).")
+    retry_after_s: int = _opt(1, "Retry-After seconds sent with a 503 for a full queue.")
+    log_level: str = _opt("info", "Log level: debug, info, warning, error.")
+
+    # ---- loading ---------------------------------------------------------------------------
+
+    @classmethod
+    def names(cls) -> list[str]:
+        """Field names in declaration order."""
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def load(
+        cls,
+        *,
+        config_file: str | Path | None = None,
+        env: Mapping[str, str] | None = None,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> Settings:
+        """Build settings from defaults, then a TOML file, then env, then ``overrides`` (flags).
+
+        The TOML file is ``config_file``, else ``$VOXGATE_CONFIG`` when set. Raises
+        :class:`SettingsError` naming the key for any unknown key or unusable value.
+        """
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        path = config_file or env.get(f"{ENV_PREFIX}CONFIG")
+        if path:
+            try:
+                with Path(path).open("rb") as f:
+                    data = tomllib.load(f)
+            except (OSError, tomllib.TOMLDecodeError) as exc:
+                raise SettingsError(f"config file {path}: {exc}") from exc
+            table = data.get("voxgate", data)
+            for key, raw in table.items():
+                values[key] = cls._convert(key, raw, source=f"{path}")
+        known = set(cls.names())
+        for name in known:
+            raw = env.get(ENV_PREFIX + name.upper())
+            if raw is not None and raw != "":
+                values[name] = cls._convert(name, raw, source=f"{ENV_PREFIX}{name.upper()}")
+        for key, raw in (overrides or {}).items():
+            if raw is not None:
+                values[key] = cls._convert(key, raw, source=f"--{key.replace('_', '-')}")
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    @classmethod
+    def _convert(cls, key: str, raw: Any, *, source: str) -> Any:
+        hints = get_type_hints(cls)
+        if key not in hints:
+            raise SettingsError(f"unknown setting {key!r} (from {source})")
+        typ = hints[key]
+        try:
+            if typ is int:
+                if isinstance(raw, bool):
+                    raise ValueError("expected an integer")
+                return int(raw)
+            if typ is str:
+                return str(raw)
+            if typ is Path:
+                return Path(str(raw)).expanduser()
+            if typ == tuple[str, ...]:
+                items = raw.split(",") if isinstance(raw, str) else list(raw)
+                return tuple(s.strip() for s in items if str(s).strip())
+            if typ == dict[str, str]:
+                if isinstance(raw, Mapping):
+                    return {str(k): str(v) for k, v in raw.items()}
+                out: dict[str, str] = {}
+                for pair in str(raw).split(","):
+                    if not pair.strip():
+                        continue
+                    k, sep, v = pair.partition("=")
+                    if not sep:
+                        raise ValueError(f"expected alias=target, got {pair!r}")
+                    out[k.strip()] = v.strip()
+                return out
+        except (TypeError, ValueError) as exc:
+            raise SettingsError(f"setting {key!r} (from {source}): {exc}") from exc
+        raise SettingsError(f"setting {key!r}: unsupported type {typ}")  # pragma: no cover
+
+    def validate(self) -> None:
+        """Raise :class:`SettingsError` for values out of range."""
+
+        def need(cond: bool, key: str, what: str) -> None:
+            if not cond:
+                raise SettingsError(f"setting {key!r}: {what} (got {getattr(self, key)!r})")
+
+        need(0 <= self.port <= 65535, "port", "must be 0-65535")
+        need(self.memory_cache_mb >= 0, "memory_cache_mb", "must be >= 0")
+        need(self.disk_cache_mb >= 0, "disk_cache_mb", "must be >= 0")
+        need(self.max_input_chars >= 1, "max_input_chars", "must be >= 1")
+        need(self.max_body_kb >= 1, "max_body_kb", "must be >= 1")
+        need(self.queue_size >= 1, "queue_size", "must be >= 1")
+        need(self.synth_threads >= 1, "synth_threads", "must be >= 1")
+        need(self.intra_op_threads >= 0, "intra_op_threads", "must be >= 0")
+        need(self.retry_after_s >= 0, "retry_after_s", "must be >= 0")
+        need(bool(self.piper_voices), "piper_voices", "needs at least one voice")
+        need(
+            self.log_level.lower() in ("debug", "info", "warning", "error"),
+            "log_level",
+            "must be debug, info, warning or error",
+        )
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with ``changes`` applied (validated)."""
+        new = dataclasses.replace(self, **changes)
+        new.validate()
+        return new
+
+    def shown(self) -> dict[str, Any]:
+        """The effective settings for display, secrets masked."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.metadata.get("secret") and value:
+                value = "****"
+            elif isinstance(value, Path):
+                value = str(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = value
+        return out
+
+    def effective_intra_op_threads(self) -> int:
+        """Threads per engine so that engines x threads fits the cores."""
+        if self.intra_op_threads:
+            return self.intra_op_threads
+        return max(1, (os.cpu_count() or 1) // self.synth_threads)

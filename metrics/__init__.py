@@ -1,0 +1,200 @@
+"""Every Prometheus metric voxgate exports, defined once, created against an injected registry.
+
+Nothing here imports the rest of voxgate: the gateway, the store and the synthesis side all take a
+:class:`Metrics` instance and record into it. Tests build one on a fresh ``CollectorRegistry`` so
+they can read exact counts without seeing other tests' traffic.
+
+Label values always come from bounded sets (route templates, tier names, model and voice names,
+format names, cache results); never from request text or content keys.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "exposition"]
+
+# Hits are served in well under a millisecond; misses take a fraction of a second to many seconds.
+_LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+_SYNTH_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0)
+_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
+
+
+class Metrics:
+    """The complete set of voxgate metrics, registered on ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+
+        # --- HTTP edge -------------------------------------------------------------------------
+        self.requests = Counter(
+            "voxgate_http_requests_total",
+            "HTTP requests answered, by route template, method and status code.",
+            ["route", "method", "status"],
+            registry=r,
+        )
+        self.request_seconds = Histogram(
+            "voxgate_http_request_duration_seconds",
+            "Time from request received to response ready, by route and cache result "
+            "(hit, miss, coalesced, or none for requests that do not touch the store).",
+            ["route", "cache"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.speech_requests = Counter(
+            "voxgate_speech_requests_total",
+            "Speech requests served, by model, voice, format and cache result.",
+            ["model", "voice", "format", "cache"],
+            registry=r,
+        )
+        self.bad_requests = Counter(
+            "voxgate_bad_requests_total",
+            "Requests rejected as invalid, by error parameter (the field at fault).",
+            ["param"],
+            registry=r,
+        )
+
+        # --- store -------------------------------------------------------------------------------
+        self.cache_lookups = Counter(
+            "voxgate_cache_lookups_total",
+            "Store lookups by tier and result: hit, miss, error (tier failed: counted as a miss) "
+            "or corrupt (checksum mismatch: deleted, counted as a miss).",
+            ["tier", "result"],
+            registry=r,
+        )
+        self.cache_writes = Counter(
+            "voxgate_cache_writes_total",
+            "Store writes by tier and result (ok, error, skipped).",
+            ["tier", "result"],
+            registry=r,
+        )
+        self.cache_bytes = Gauge(
+            "voxgate_cache_bytes",
+            "Bytes held by each tier (as the tier reports them).",
+            ["tier"],
+            registry=r,
+        )
+        self.cache_entries = Gauge(
+            "voxgate_cache_entries",
+            "Entries held by each tier.",
+            ["tier"],
+            registry=r,
+        )
+        self.cache_evictions = Counter(
+            "voxgate_cache_evictions_total",
+            "Entries evicted to stay within a tier's size bound.",
+            ["tier"],
+            registry=r,
+        )
+        self.transcodes = Counter(
+            "voxgate_transcodes_total",
+            "Renditions made from an already stored master (a new format or rate without synthesis).",
+            ["format"],
+            registry=r,
+        )
+        self.coalesced = Counter(
+            "voxgate_coalesced_requests_total",
+            "Requests that waited on an identical synthesis already in flight instead of starting one.",
+            registry=r,
+        )
+
+        # --- synthesis ---------------------------------------------------------------------------
+        self.syntheses = Counter(
+            "voxgate_syntheses_total",
+            "Synthesis items run by an engine, by model and outcome (ok, error).",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.synthesis_seconds = Histogram(
+            "voxgate_synthesis_duration_seconds",
+            "Wall time an engine spent on one batch, by model.",
+            ["model"],
+            buckets=_SYNTH_BUCKETS,
+            registry=r,
+        )
+        self.synthesis_busy_seconds = Counter(
+            "voxgate_synthesis_seconds_total",
+            "Total engine wall time, by model (divide by voxgate_audio_seconds_total for RTF).",
+            ["model"],
+            registry=r,
+        )
+        self.audio_seconds = Counter(
+            "voxgate_audio_seconds_total",
+            "Seconds of audio synthesized, by model.",
+            ["model"],
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "voxgate_synthesis_queue_depth",
+            "Synthesis items waiting for an engine, by model.",
+            ["model"],
+            registry=r,
+        )
+        self.queue_wait_seconds = Histogram(
+            "voxgate_synthesis_queue_wait_seconds",
+            "Time an item waited in the queue before its batch started, by model.",
+            ["model"],
+            buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "voxgate_synthesis_batch_size",
+            "Items per engine batch, by model.",
+            ["model"],
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.rejected = Counter(
+            "voxgate_synthesis_rejected_total",
+            "Misses turned away because the synthesis queue was full (answered 503).",
+            ["model"],
+            registry=r,
+        )
+        self.busy_workers = Gauge(
+            "voxgate_synthesis_busy_workers",
+            "Engine workers currently running a batch, by model.",
+            ["model"],
+            registry=r,
+        )
+        self.worker_restarts = Counter(
+            "voxgate_synthesis_worker_restarts_total",
+            "Synthesis workers replaced after dying or hanging, by model and reason.",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.engine_ready = Gauge(
+            "voxgate_engine_ready",
+            "1 when a model's engine is loaded and warmed, else 0.",
+            ["model"],
+            registry=r,
+        )
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    """Render ``registry`` in the Prometheus text format."""
+    return generate_latest(registry)

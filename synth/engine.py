@@ -1,0 +1,92 @@
+"""The ``Engine`` protocol and the values that cross it."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from synth.audio import FloatPCM
+
+ParamValue = str | int | float | bool | None
+
+
+@dataclass(frozen=True)
+class SynthesisItem:
+    """One thing to say: normalized text, a voice of the engine, and engine parameters."""
+
+    text: str
+    voice: str
+    speed: float = 1.0
+    params: Mapping[str, ParamValue] = field(default_factory=dict)
+
+    def batch_group(self) -> tuple[object, ...]:
+        """Items with the same group can share one engine batch."""
+        return (self.voice, self.speed, tuple(sorted(self.params.items())))
+
+
+@dataclass(frozen=True)
+class Audio:
+    """Mono float32 PCM at ``sample_rate``."""
+
+    pcm: FloatPCM
+    sample_rate: int
+
+    @property
+    def duration_s(self) -> float:
+        """Length in seconds."""
+        return float(len(self.pcm)) / float(self.sample_rate)
+
+
+@dataclass(frozen=True)
+class VoiceInfo:
+    """A voice an engine serves."""
+
+    name: str
+    language: str = ""
+    description: str = ""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A speech synthesizer. All methods are synchronous: callers run them off the event loop.
+
+    ``synthesize_batch`` returns one :class:`Audio` per item, in order. ``fingerprint`` identifies
+    the weights and config, so a model change changes every content address.
+    """
+
+    name: str
+    fingerprint: str
+    sample_rate: int
+
+    def voices(self) -> Sequence[VoiceInfo]: ...
+
+    def default_params(self, voice: str) -> Mapping[str, ParamValue]: ...
+
+    def load(self) -> None: ...
+
+    def warm_up(self) -> None: ...
+
+    def synthesize_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]: ...
+
+    def describe(self) -> Mapping[str, object]: ...
+
+
+def fingerprint_files(paths: Iterable[Path]) -> str:
+    """blake2b-256 over the files' bytes (in the given order), hex."""
+    h = hashlib.blake2b(digest_size=32)
+    for path in paths:
+        h.update(path.name.encode())
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def silence(seconds: float, sample_rate: int) -> FloatPCM:
+    """Zeros of the given length."""
+    return np.zeros(round(seconds * sample_rate), dtype=np.float32)

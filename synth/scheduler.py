@@ -1,0 +1,210 @@
+"""The micro-batching scheduler: a bounded queue in the gateway process in front of a runner.
+
+Contract (after Ray Serve's ``@serve.batch``): one future per item; cancelled items are dropped
+before a batch runs; the runner must return exactly one output per input; on any error every future
+of the batch fails, none is left hanging; queue wait and batch size are histogrammed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from metrics import Metrics
+from synth.engine import Audio, SynthesisItem
+from synth.errors import EngineError, Overloaded, SynthesisError
+
+log = logging.getLogger("voxgate.synth")
+
+
+class BatchRunner(Protocol):
+    """Runs one batch somewhere other than the event loop (a thread, a worker process)."""
+
+    async def run_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]: ...
+
+
+@dataclass
+class _Pending:
+    item: SynthesisItem
+    future: asyncio.Future[Audio]
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+class Scheduler:
+    """Queue + batcher for one model.
+
+    ``max_queue`` bounds the items waiting (not running): a submit beyond it raises
+    :class:`synth.errors.Overloaded` at once. ``concurrency`` batches run at the same time (one per
+    worker). Items are grouped by :meth:`SynthesisItem.batch_group` for up to ``max_wait_ms`` or
+    ``max_batch`` items, and sorted by text length inside a batch.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        runner: BatchRunner,
+        metrics: Metrics,
+        *,
+        max_queue: int = 64,
+        max_batch: int = 1,
+        max_wait_ms: float = 0.0,
+        concurrency: int = 1,
+        retry_after_s: float = 1.0,
+    ) -> None:
+        if max_queue < 1 or max_batch < 1 or concurrency < 1:
+            raise ValueError("max_queue, max_batch and concurrency must be >= 1")
+        self.model = model
+        self.runner = runner
+        self.metrics = metrics
+        self.max_queue = max_queue
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_ms / 1000.0
+        self.concurrency = concurrency
+        self.retry_after_s = retry_after_s
+        self._queue: deque[_Pending] = deque()
+        self._wakeup = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+
+    @property
+    def depth(self) -> int:
+        """Items waiting (not yet in a running batch)."""
+        return len(self._queue)
+
+    def start(self) -> None:
+        """Start the batch loops (one per unit of concurrency)."""
+        if not self._tasks:
+            self._tasks = [
+                asyncio.create_task(self._loop(), name=f"scheduler-{self.model}-{i}")
+                for i in range(self.concurrency)
+            ]
+
+    async def close(self) -> None:
+        """Stop the loops and fail whatever is still queued."""
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        while self._queue:
+            p = self._queue.popleft()
+            if not p.future.done():
+                p.future.set_exception(Overloaded("server is shutting down", self.retry_after_s))
+        self._set_depth()
+
+    def _set_depth(self) -> None:
+        self.metrics.queue_depth.labels(self.model).set(len(self._queue))
+
+    async def submit(self, item: SynthesisItem) -> Audio:
+        """Queue ``item`` and wait for its audio. Raises ``Overloaded`` when the queue is full."""
+        if self._closed:
+            raise Overloaded("server is shutting down", self.retry_after_s)
+        if len(self._queue) >= self.max_queue:
+            self.metrics.rejected.labels(self.model).inc()
+            raise Overloaded(
+                f"synthesis queue for model {self.model!r} is full ({self.max_queue} waiting)",
+                self.retry_after_s,
+            )
+        future: asyncio.Future[Audio] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Pending(item, future))
+        self._set_depth()
+        self._wakeup.set()
+        return await future
+
+    async def _next_batch(self) -> list[_Pending]:
+        while True:
+            while not self._queue:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            first = self._queue.popleft()
+            if first.future.cancelled():
+                continue
+            batch = [first]
+            group = first.item.batch_group()
+            deadline = time.perf_counter() + self.max_wait_s
+            while len(batch) < self.max_batch:
+                taken = self._take_compatible(group, self.max_batch - len(batch))
+                batch.extend(taken)
+                remaining = deadline - time.perf_counter()
+                if len(batch) >= self.max_batch or remaining <= 0:
+                    break
+                self._wakeup.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), remaining)
+            self._set_depth()
+            return batch
+
+    def _take_compatible(self, group: tuple[object, ...], limit: int) -> list[_Pending]:
+        taken: list[_Pending] = []
+        keep: deque[_Pending] = deque()
+        while self._queue and len(taken) < limit:
+            p = self._queue.popleft()
+            if p.future.cancelled():
+                continue
+            (taken if p.item.batch_group() == group else keep).append(p)
+        keep.extend(self._queue)
+        self._queue.clear()
+        self._queue.extend(keep)
+        return taken
+
+    async def _loop(self) -> None:
+        while True:
+            batch = await self._next_batch()
+            await self._run(batch)
+
+    async def _run(self, batch: list[_Pending]) -> None:
+        # Drop items whose waiters are gone before spending engine time on them.
+        batch = [p for p in batch if not p.future.cancelled()]
+        if not batch:
+            return
+        batch.sort(key=lambda p: len(p.item.text))
+        now = time.perf_counter()
+        m = self.metrics
+        for p in batch:
+            m.queue_wait_seconds.labels(self.model).observe(now - p.enqueued)
+        m.batch_size.labels(self.model).observe(len(batch))
+        m.busy_workers.labels(self.model).inc()
+        started = time.perf_counter()
+        try:
+            outputs = await self.runner.run_batch([p.item for p in batch])
+            if len(outputs) != len(batch):
+                raise EngineError(
+                    f"engine returned {len(outputs)} outputs for a batch of {len(batch)}"
+                )
+        except asyncio.CancelledError:
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(Overloaded("server is shutting down"))
+            raise
+        except SynthesisError as exc:
+            m.syntheses.labels(self.model, "error").inc(len(batch))
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(exc)
+            return
+        except Exception as exc:  # an engine bug must fail its futures, never hang them
+            log.exception("synthesis batch failed model=%s size=%d", self.model, len(batch))
+            m.syntheses.labels(self.model, "error").inc(len(batch))
+            err = EngineError(f"synthesis failed: {type(exc).__name__}")
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(err)
+            return
+        finally:
+            m.busy_workers.labels(self.model).dec()
+        elapsed = time.perf_counter() - started
+        m.synthesis_seconds.labels(self.model).observe(elapsed)
+        m.synthesis_busy_seconds.labels(self.model).inc(elapsed)
+        m.syntheses.labels(self.model, "ok").inc(len(batch))
+        for p, audio in zip(batch, outputs, strict=True):
+            m.audio_seconds.labels(self.model).inc(audio.duration_s)
+            if not p.future.done():
+                p.future.set_result(audio)
