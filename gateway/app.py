@@ -50,8 +50,8 @@ async def speech(request: web.Request) -> web.Response:
     body = await read_json_object(request, settings.max_body_kb * 1024)
     req = parse_openai_speech(body, settings, service)
     result = await service.speak(req)
-    request["cache"] = result.cache
-    request["audio_key"] = result.key
+    request[keys.CACHE_RESULT] = result.cache
+    request[keys.AUDIO_KEY] = result.key
     app[keys.METRICS].speech_requests.labels(req.model, req.voice, req.fmt.name, result.cache).inc()
     return audio_response(result)
 
@@ -68,8 +68,8 @@ async def audio_by_key(request: web.Request) -> web.Response:
         if found is None:
             raise NotFound(f"no audio stored under key {key}", param="key")
         entry = found.entry
-    request["cache"] = "hit"
-    request["audio_key"] = key
+    request[keys.CACHE_RESULT] = "hit"
+    request[keys.AUDIO_KEY] = key
     etag = f'"{key}"'
     headers = {"ETag": etag, "Cache-Control": IMMUTABLE, "Content-Type": entry.meta.content_type}
     if etag in request.headers.get("If-None-Match", ""):
@@ -136,7 +136,7 @@ async def observe_middleware(request: web.Request, handler: Handler) -> web.Stre
         elapsed = time.perf_counter() - started
         resource = request.match_info.route.resource
         route = resource.canonical if resource is not None else "unmatched"
-        cache = request.get("cache", "none")
+        cache = request.get(keys.CACHE_RESULT, "none")
         m = request.app[keys.METRICS]
         m.requests.labels(route, request.method, str(status)).inc()
         m.request_seconds.labels(route, cache).observe(elapsed)
@@ -147,7 +147,7 @@ async def observe_middleware(request: web.Request, handler: Handler) -> web.Stre
                         "route": route,
                         "method": request.method,
                         "status": status,
-                        "key": request.get("audio_key"),
+                        "key": request.get(keys.AUDIO_KEY),
                         "cache": cache,
                         "ms": round(elapsed * 1000, 3),
                     }
@@ -169,7 +169,7 @@ def create_app(
     app = web.Application(
         client_max_size=max_body, middlewares=[observe_middleware, error_middleware]
     )
-    app["max_body_bytes"] = max_body
+    app[keys.MAX_BODY_BYTES] = max_body
     app[keys.SETTINGS] = settings
     app[keys.METRICS] = metrics if metrics is not None else Metrics()
 

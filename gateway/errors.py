@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from gateway.keys import MAX_BODY_BYTES
 from synth.errors import EngineDead, EngineError, Overloaded, SynthesisError, SynthesisTimeout
 
 log = logging.getLogger("voxgate.gateway")
@@ -120,7 +121,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             raise
         message = exc.text or exc.reason
         if exc.status == 413:
-            message = f"request body too large (limit {request.app['max_body_bytes']} bytes)"
+            message = f"request body too large (limit {request.app[MAX_BODY_BYTES]} bytes)"
         elif exc.status == 404:
             message = f"no route for {request.method} {request.path}"
         elif exc.status == 405:

@@ -13,3 +13,8 @@ SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
 STORE = web.AppKey("store", TieredStore)
 SPEECH = web.AppKey("speech", SpeechService)
+MAX_BODY_BYTES = web.AppKey("max_body_bytes", int)
+
+# Per-request values the handlers leave for the observing middleware.
+CACHE_RESULT = web.RequestKey("cache_result", str)
+AUDIO_KEY = web.RequestKey("audio_key", str)

@@ -103,6 +103,8 @@ class PiperEngine:
         from piper.config import PiperConfig
 
         for name, files in self._files.items():
+            if name in self._voices:
+                continue  # already loaded: load() is idempotent
             opts = onnxruntime.SessionOptions()
             opts.intra_op_num_threads = self.intra_op_threads
             opts.inter_op_num_threads = 1

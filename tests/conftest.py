@@ -1,0 +1,92 @@
+"""Shared fixtures: settings in a temp dir, the real bundled Piper voice (loaded once), a real
+gateway on loopback, a real redis-server on a free port."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from gateway.app import create_app
+from gateway.settings import Settings
+from metrics import Metrics
+from synth.engine import Engine
+from synth.piper_engine import PiperEngine, PiperVoiceFiles
+from tests.support import CountingEngine, RedisServer, redis_server
+
+
+@pytest.fixture(scope="session")
+def piper_engine() -> PiperEngine:
+    """The bundled joe voice, loaded once for the whole session (load() is idempotent)."""
+    engine = PiperEngine([PiperVoiceFiles.bundled_joe()], intra_op_threads=1)
+    engine.load()
+    return engine
+
+
+@pytest.fixture
+def counting_engine(piper_engine: PiperEngine) -> CountingEngine:
+    """The real voice behind a call counter."""
+    return CountingEngine(piper_engine)
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    """Defaults, with the disk tier in a temp dir and no environment or config file."""
+    return Settings.load(env={}, overrides={"cache_dir": str(tmp_path / "cache"), "port": "0"})
+
+
+@pytest.fixture
+def metrics() -> Metrics:
+    """A metrics set on a fresh registry."""
+    return Metrics()
+
+
+GatewayFactory = Callable[..., Awaitable[TestClient[Any, Any]]]
+
+
+@pytest.fixture
+async def gateway(
+    settings: Settings, metrics: Metrics, counting_engine: CountingEngine
+) -> AsyncIterator[GatewayFactory]:
+    """Start real gateways on loopback; ``await gateway()`` gives a client once models are ready.
+
+    Keyword arguments: ``settings``, ``metrics``, ``engines`` (default: the counting joe voice).
+    """
+    clients: list[TestClient[Any, Any]] = []
+
+    async def start(
+        *,
+        settings: Settings = settings,
+        metrics: Metrics = metrics,
+        engines: Mapping[str, Engine] | None = None,
+        wait_ready: bool = True,
+    ) -> TestClient[Any, Any]:
+        app = create_app(settings, metrics=metrics,
+                         engines=engines if engines is not None else {"piper": counting_engine})
+        client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"))
+        await client.start_server()
+        clients.append(client)
+        if wait_ready:
+            for _ in range(600):
+                resp = await client.get("/readyz")
+                if resp.status == 200:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise TimeoutError("gateway did not become ready")
+        return client
+
+    yield start
+    for client in reversed(clients):
+        await client.close()
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A real redis-server on a free loopback port."""
+    with redis_server(tmp_path / "redis") as server:
+        yield server
