@@ -4,13 +4,14 @@ from cache.entry import CorruptEntry, Entry, EntryMeta
 from cache.keys import is_key, master_key, normalize_text, rendition_key
 from cache.singleflight import SingleFlight
 from cache.store import Lookup, TieredStore
-from cache.tier import Tier, TierError, TierStats
+from cache.tier import PurgeFilter, Tier, TierError, TierStats
 
 __all__ = [
     "CorruptEntry",
     "Entry",
     "EntryMeta",
     "Lookup",
+    "PurgeFilter",
     "SingleFlight",
     "Tier",
     "TierError",

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import diskcache
 
 from cache.entry import CorruptEntry, Entry
-from cache.tier import TierError, TierStats
+from cache.tier import PurgeFilter, TierError, TierStats
 
 T = TypeVar("T")
 
@@ -112,6 +112,36 @@ class DiskTier:
             return self._get_sync(key)
         except CorruptEntry:
             return None
+
+    def _purge_sync(self, match: PurgeFilter) -> int:
+        removed = 0
+        sides = []
+        if match.pinned in (None, False):
+            sides.append(self._cache)
+        if match.pinned in (None, True):
+            sides.append(self._pinned)
+        for cache in sides:
+            for key in list(cache.iterkeys()):
+                blob = cache.get(key)
+                if not isinstance(blob, bytes):
+                    continue
+                try:
+                    meta = Entry.from_blob(blob).meta
+                except CorruptEntry:
+                    cache.delete(key)  # unreadable: it could never be served anyway
+                    removed += 1
+                    continue
+                if match.matches(meta) and cache.delete(key):
+                    removed += 1
+        return removed
+
+    async def purge(self, match: PurgeFilter) -> int:
+        # A scan is not bounded by the per-call timeout: it is an operator action, not a request.
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._pool, self._purge_sync, match)
+        except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
+            raise TierError(f"disk tier purge: {exc}") from exc
 
     def _stats_sync(self) -> TierStats:
         n_lru, n_pin = len(self._cache), len(self._pinned)

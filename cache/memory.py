@@ -6,7 +6,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from cache.entry import Entry
-from cache.tier import TierStats
+from cache.tier import PurgeFilter, TierStats
 
 
 class MemoryTier:
@@ -66,6 +66,12 @@ class MemoryTier:
             return False
         self._bytes -= entry.size
         return True
+
+    async def purge(self, match: PurgeFilter) -> int:
+        doomed = [k for k, e in self._items.items() if match.matches(e.meta)]
+        for key in doomed:
+            await self.delete(key)
+        return len(doomed)
 
     def keys(self) -> list[str]:
         """Snapshot of the keys held (for purge)."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from cache.entry import CorruptEntry, Entry
 from cache.memory import MemoryTier
-from cache.tier import Tier, TierError, TierStats
+from cache.tier import PurgeFilter, Tier, TierError, TierStats
 from metrics import Metrics
 
 log = logging.getLogger("voxgate.cache")
@@ -110,6 +110,20 @@ class TieredStore:
         """Delete ``key`` from every tier; True if any tier held it."""
         results = await asyncio.gather(*(self._delete_quietly(t, key) for t in self.tiers))
         return any(results)
+
+    async def purge(self, match: PurgeFilter) -> dict[str, int]:
+        """Remove the entries ``match`` selects from every tier; entries removed per tier.
+
+        A tier that fails is reported as -1 (and logged) rather than failing the whole purge.
+        """
+        out: dict[str, int] = {}
+        for tier in self.tiers:
+            try:
+                out[tier.name] = await tier.purge(match)
+            except TierError as exc:
+                log.warning("tier error on purge tier=%s: %s", tier.name, exc)
+                out[tier.name] = -1
+        return out
 
     async def stats(self) -> list[TierStats]:
         """Each tier's size; a tier that fails to answer is left out (and logged)."""

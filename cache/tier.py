@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from cache.entry import Entry
+from cache.entry import Entry, EntryMeta
 
 
 class TierError(Exception):
@@ -21,6 +21,29 @@ class TierStats:
     bytes: int
     max_bytes: int | None
     pinned: int = 0
+
+
+@dataclass(frozen=True)
+class PurgeFilter:
+    """Which entries a purge removes. Every given criterion must match; none given matches all.
+
+    ``older_than`` is a Unix time: entries created before it match. ``pinned`` restricts to pinned
+    (True) or unpinned (False) entries; None takes both.
+    """
+
+    voice: str | None = None
+    model: str | None = None
+    older_than: float | None = None
+    pinned: bool | None = None
+
+    def matches(self, meta: EntryMeta) -> bool:
+        """True when ``meta`` is selected by this filter."""
+        return (
+            (self.voice is None or meta.voice == self.voice)
+            and (self.model is None or meta.model == self.model)
+            and (self.older_than is None or meta.created < self.older_than)
+            and (self.pinned is None or meta.pinned == self.pinned)
+        )
 
 
 @runtime_checkable
@@ -41,5 +64,7 @@ class Tier(Protocol):
     async def delete(self, key: str) -> bool: ...
 
     async def stats(self) -> TierStats: ...
+
+    async def purge(self, match: PurgeFilter) -> int: ...
 
     async def close(self) -> None: ...

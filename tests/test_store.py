@@ -1,0 +1,106 @@
+"""The tiered store against a real diskcache in a temp dir."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from cache.disk import DiskTier
+from cache.entry import Entry
+from cache.keys import master_key, normalize_text, rendition_key
+from cache.memory import MemoryTier
+from cache.store import TieredStore
+from cache.tier import PurgeFilter
+from metrics import Metrics
+
+
+def entry(data: bytes, *, voice: str = "joe", model: str = "piper", pinned: bool = False) -> Entry:
+    return Entry.create(data, content_type="audio/wav", fmt="wav", sample_rate=22050,
+                        voice=voice, model=model, pinned=pinned)
+
+
+def test_normalization_keeps_case_and_punctuation() -> None:
+    assert normalize_text("  a\u0301  b\n") == "\u00e1 b"
+    assert normalize_text("Hello.") != normalize_text("hello.")
+    assert normalize_text("Hello.") != normalize_text("Hello!")
+
+
+def test_keys_differ_by_every_field() -> None:
+    base = dict(text="hi", engine="piper", voice="joe", fingerprint="f", params={"speed": 1.0})
+    k = master_key(**base)  # type: ignore[arg-type]
+    for field, value in (("text", "Hi"), ("engine", "coqui"), ("voice", "amy"),
+                         ("fingerprint", "g"), ("params", {"speed": 1.5})):
+        assert master_key(**{**base, field: value}) != k  # type: ignore[arg-type]
+    assert rendition_key(k, fmt="wav", sample_rate=8000) != rendition_key(
+        k, fmt="wav", sample_rate=16000)
+    assert len(k) == 64
+
+
+async def test_read_promotes_from_disk_to_memory(tmp_path: Path) -> None:
+    m = Metrics()
+    memory, disk = MemoryTier(10_000_000), DiskTier(tmp_path, 100_000_000)
+    store = TieredStore([memory, disk], m)
+    await disk.put("k" * 64, entry(b"x" * 50_000))
+    found = await store.get("k" * 64)
+    assert found is not None and found.tier == "disk"
+    assert memory.get_nowait("k" * 64) is not None
+    assert m.registry.get_sample_value(
+        "voxgate_cache_lookups_total", {"tier": "disk", "result": "hit"}) == 1.0
+    await store.close()
+
+
+async def test_corrupt_disk_entry_is_a_counted_miss_and_deleted(tmp_path: Path) -> None:
+    m = Metrics()
+    disk = DiskTier(tmp_path, 100_000_000)
+    store = TieredStore([disk], m)
+    key = "a" * 64
+    await store.put(key, entry(bytes(range(256)) * 400))
+    path = disk.path_of(key)
+    assert path is not None
+    raw = bytearray(path.read_bytes())
+    raw[-10] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    assert await store.get(key) is None
+    assert m.registry.get_sample_value(
+        "voxgate_cache_lookups_total", {"tier": "disk", "result": "corrupt"}) == 1.0
+    assert await disk.get(key) is None  # deleted
+    await store.close()
+
+
+async def test_memory_lru_is_byte_bounded_and_keeps_pinned() -> None:
+    evicted: list[int] = []
+    mem = MemoryTier(1000, on_evict=evicted.append)
+    await mem.put("pinned", entry(b"p" * 400, pinned=True))
+    for i in range(5):
+        await mem.put(f"k{i}", entry(b"x" * 300))
+    stats = await mem.stats()
+    assert stats.bytes <= 1000
+    assert mem.get_nowait("pinned") is not None
+    assert mem.get_nowait("k4") is not None and mem.get_nowait("k0") is None
+    assert sum(evicted) == 3
+
+
+@pytest.mark.parametrize("pinned_filter", [None, False])
+async def test_purge_by_voice_across_tiers(tmp_path: Path, pinned_filter: bool | None) -> None:
+    store = TieredStore([MemoryTier(10_000_000), DiskTier(tmp_path, 100_000_000)], Metrics())
+    await store.put("1" * 64, entry(b"a" * 100, voice="joe"))
+    await store.put("2" * 64, entry(b"b" * 100, voice="amy"))
+    await store.put("3" * 64, entry(b"c" * 100, voice="joe", pinned=True))
+    removed = await store.purge(PurgeFilter(voice="joe", pinned=pinned_filter))
+    expected = 2 if pinned_filter is None else 1
+    assert removed == {"memory": expected, "disk": expected}
+    assert await store.get("2" * 64) is not None
+    assert (await store.get("3" * 64) is None) == (pinned_filter is None)
+    assert await store.get("1" * 64) is None
+    await store.close()
+
+
+async def test_purge_older_than(tmp_path: Path) -> None:
+    store = TieredStore([DiskTier(tmp_path, 100_000_000)], Metrics())
+    await store.put("1" * 64, entry(b"a" * 100))
+    cutoff = time.time() + 1
+    assert await store.purge(PurgeFilter(older_than=cutoff - 3600)) == {"disk": 0}
+    assert await store.purge(PurgeFilter(older_than=cutoff)) == {"disk": 1}
+    await store.close()
