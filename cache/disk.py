@@ -167,7 +167,10 @@ class DiskTier:
                 return Path(cache.directory) / str(row[0])
         return None
 
-    async def close(self) -> None:
+    def _close_sync(self) -> None:
+        self._pool.shutdown(wait=True)
         self._cache.close()
         self._pinned.close()
-        self._pool.shutdown(wait=True)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._close_sync)

@@ -46,7 +46,8 @@ def build_tiers(settings: Settings, metrics: Metrics) -> list[Tier]:
 @contextlib.asynccontextmanager
 async def open_store(settings: Settings, metrics: Metrics) -> AsyncIterator[TieredStore]:
     """Open every configured tier; close them on exit."""
-    tiers = build_tiers(settings, metrics)
+    # Opening diskcache touches SQLite and the filesystem: not on the event loop.
+    tiers = await asyncio.to_thread(build_tiers, settings, metrics)
     if not tiers:
         tiers = [MemoryTier(64 * MIB)]  # a store with no tier would synthesize every request
         log.warning("memory and disk tiers both off: using a 64 MiB memory tier")
@@ -77,7 +78,10 @@ async def open_models(
     is entered only after every engine is ready (the CLI); the server enters at once so that
     ``/readyz`` can answer 503 while models load.
     """
-    engines = dict(engines) if engines is not None else default_engines(settings)
+    if engines is None:
+        # Reads voice configs and hashes the weights for the fingerprint: off the loop.
+        engines = await asyncio.to_thread(default_engines, settings)
+    engines = dict(engines)
     handles: dict[str, ModelHandle] = {}
     runners: list[ThreadRunner] = []
     loaders: list[asyncio.Task[None]] = []
@@ -143,4 +147,4 @@ async def open_speech(
         try:
             yield service
         finally:
-            service.close()
+            await service.close()

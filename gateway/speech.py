@@ -83,9 +83,9 @@ class SpeechService:
             encode_threads, thread_name_prefix="encode"
         )
 
-    def close(self) -> None:
-        """Release the encoder threads."""
-        self._encode_pool.shutdown(wait=True, cancel_futures=True)
+    async def close(self) -> None:
+        """Release the encoder threads (joining threads blocks: done off the loop)."""
+        await asyncio.to_thread(self._encode_pool.shutdown, wait=True, cancel_futures=True)
 
     # ---- addressing -------------------------------------------------------------------------
 

@@ -32,4 +32,4 @@ class ThreadRunner:
 
     async def close(self) -> None:
         """Stop the threads (waits for a running batch)."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        await asyncio.to_thread(self._pool.shutdown, wait=True, cancel_futures=True)

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from blockbuster import blockbuster_ctx
 
 from gateway.app import create_app
 from gateway.settings import Settings
@@ -17,6 +18,13 @@ from metrics import Metrics
 from synth.engine import Engine
 from synth.piper_engine import PiperEngine, PiperVoiceFiles
 from tests.support import CountingEngine, RedisServer, redis_server
+
+
+@pytest.fixture(autouse=True)
+def no_blocking_on_the_loop() -> Iterator[None]:
+    """Fail any test in which voxgate code does blocking I/O on the event loop thread."""
+    with blockbuster_ctx(scanned_modules=["gateway", "cache", "synth", "metrics"]):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,8 @@ from typing import Any
 
 import soundfile as sf
 
+from cache.disk import DiskTier
+from gateway import keys
 from gateway.settings import Settings
 from metrics import Metrics
 from tests.conftest import GatewayFactory
@@ -109,3 +111,35 @@ async def test_wav_and_flac_decode_at_voice_rate(gateway: GatewayFactory,
         data, rate = sf.read(io.BytesIO(await r.read()))
         assert rate == counting_engine.sample_rate == 22050
         assert len(data) / rate > 0.5
+
+
+async def test_corrupted_disk_entry_is_never_served(
+    gateway: GatewayFactory, settings: Settings, counting_engine: CountingEngine,
+    metrics: Metrics
+) -> None:
+    # No memory tier, so every read goes to disk.
+    client = await gateway(settings=settings.replace(memory_cache_mb=0))
+    payload = body(input="This entry will rot on disk.")
+    first = await client.post("/v1/audio/speech", json=payload)
+    good = await first.read()
+    disk = client.app[keys.STORE].tiers[-1]
+    assert isinstance(disk, DiskTier)
+    await client.app[keys.STORE].drain()
+    flipped = 0
+    for key in await asyncio.to_thread(lambda: list(disk.iter_keys_sync())):
+        path = await asyncio.to_thread(disk.path_of, key)
+        assert path is not None, "entries over 32 KB are stored as files"
+        raw = bytearray(path.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF  # flip bytes in the audio of both the rendition and master
+        path.write_bytes(bytes(raw))
+        flipped += 1
+    assert flipped == 2
+    again = await client.post("/v1/audio/speech", json=payload)
+    assert again.status == 200
+    assert again.headers["X-Cache"] == "MISS"  # re-synthesized, not served corrupt
+    data, rate = sf.read(io.BytesIO(await again.read()))
+    assert rate == 22050 and len(data) / rate > 0.5
+    assert counting_engine.items == 2
+    assert metrics.registry.get_sample_value(
+        "voxgate_cache_lookups_total", {"tier": "disk", "result": "corrupt"}) == 2.0
+    assert len(good) > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -14,6 +15,11 @@ from cache.memory import MemoryTier
 from cache.store import TieredStore
 from cache.tier import PurgeFilter
 from metrics import Metrics
+
+
+async def open_disk(path: Path) -> DiskTier:
+    # diskcache opens SQLite in its constructor: build it off the loop, as the app does.
+    return await asyncio.to_thread(DiskTier, path, 100_000_000)
 
 
 def entry(data: bytes, *, voice: str = "joe", model: str = "piper", pinned: bool = False) -> Entry:
@@ -40,7 +46,7 @@ def test_keys_differ_by_every_field() -> None:
 
 async def test_read_promotes_from_disk_to_memory(tmp_path: Path) -> None:
     m = Metrics()
-    memory, disk = MemoryTier(10_000_000), DiskTier(tmp_path, 100_000_000)
+    memory, disk = MemoryTier(10_000_000), await open_disk(tmp_path)
     store = TieredStore([memory, disk], m)
     await disk.put("k" * 64, entry(b"x" * 50_000))
     found = await store.get("k" * 64)
@@ -53,11 +59,11 @@ async def test_read_promotes_from_disk_to_memory(tmp_path: Path) -> None:
 
 async def test_corrupt_disk_entry_is_a_counted_miss_and_deleted(tmp_path: Path) -> None:
     m = Metrics()
-    disk = DiskTier(tmp_path, 100_000_000)
+    disk = await open_disk(tmp_path)
     store = TieredStore([disk], m)
     key = "a" * 64
     await store.put(key, entry(bytes(range(256)) * 400))
-    path = disk.path_of(key)
+    path = await asyncio.to_thread(disk.path_of, key)
     assert path is not None
     raw = bytearray(path.read_bytes())
     raw[-10] ^= 0xFF
@@ -84,7 +90,7 @@ async def test_memory_lru_is_byte_bounded_and_keeps_pinned() -> None:
 
 @pytest.mark.parametrize("pinned_filter", [None, False])
 async def test_purge_by_voice_across_tiers(tmp_path: Path, pinned_filter: bool | None) -> None:
-    store = TieredStore([MemoryTier(10_000_000), DiskTier(tmp_path, 100_000_000)], Metrics())
+    store = TieredStore([MemoryTier(10_000_000), await open_disk(tmp_path)], Metrics())
     await store.put("1" * 64, entry(b"a" * 100, voice="joe"))
     await store.put("2" * 64, entry(b"b" * 100, voice="amy"))
     await store.put("3" * 64, entry(b"c" * 100, voice="joe", pinned=True))
@@ -98,7 +104,7 @@ async def test_purge_by_voice_across_tiers(tmp_path: Path, pinned_filter: bool |
 
 
 async def test_purge_older_than(tmp_path: Path) -> None:
-    store = TieredStore([DiskTier(tmp_path, 100_000_000)], Metrics())
+    store = TieredStore([await open_disk(tmp_path)], Metrics())
     await store.put("1" * 64, entry(b"a" * 100))
     cutoff = time.time() + 1
     assert await store.purge(PurgeFilter(older_than=cutoff - 3600)) == {"disk": 0}

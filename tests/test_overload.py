@@ -1,0 +1,70 @@
+"""A full synthesis queue turns new misses away with 503 + Retry-After; hits keep being served."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.settings import Settings
+from metrics import Metrics
+from tests.conftest import GatewayFactory
+from tests.support import CountingEngine
+
+CACHED = {"model": "tts-1", "input": "Already cached.", "voice": "alloy", "response_format": "wav"}
+
+
+def miss(i: int) -> dict[str, object]:
+    return {**CACHED, "input": f"Uncached sentence number {i}."}
+
+
+async def test_full_queue_503_while_hits_served(
+    gateway: GatewayFactory, settings: Settings, counting_engine: CountingEngine,
+    metrics: Metrics
+) -> None:
+    client = await gateway(settings=settings.replace(queue_size=2, retry_after_s=3))
+    warm = await client.post("/v1/audio/speech", json=CACHED)
+    assert warm.status == 200
+    counting_engine.release.clear()  # the engine now blocks: a deliberately stuck engine
+    try:
+        # one item running (blocked) + two queued fills the queue
+        inflight = [asyncio.create_task(client.post("/v1/audio/speech", json=miss(i)))
+                    for i in range(3)]
+        for _ in range(200):
+            if metrics.registry.get_sample_value(
+                    "voxgate_synthesis_queue_depth", {"model": "piper"}) == 2.0:
+                break
+            await asyncio.sleep(0.02)
+        rejected = await client.post("/v1/audio/speech", json=miss(99))
+        assert rejected.status == 503
+        assert rejected.headers["Retry-After"] == "3"
+        err = (await rejected.json())["error"]
+        assert "queue" in err["message"] and err["code"] == "queue_full"
+        hit = await client.post("/v1/audio/speech", json=CACHED)
+        assert hit.status == 200 and hit.headers["X-Cache"] == "HIT"
+    finally:
+        counting_engine.release.set()
+    responses = await asyncio.gather(*inflight)
+    assert [r.status for r in responses] == [200, 200, 200]
+    assert metrics.registry.get_sample_value(
+        "voxgate_synthesis_rejected_total", {"model": "piper"}) == 1.0
+
+
+async def test_readyz_503_until_warm(gateway: GatewayFactory, counting_engine: CountingEngine,
+                                     ) -> None:
+    counting_engine.release.clear()  # warm-up blocks
+    try:
+        slow = CountingEngine(counting_engine.inner)
+        slow.release.clear()
+        client = await gateway(engines={"piper": slow}, wait_ready=False)
+        r = await client.get("/readyz")
+        assert r.status == 503
+        assert (await r.json())["models"] == {"piper": False}
+        r = await client.post("/v1/audio/speech", json=CACHED)
+        assert r.status == 503 and "Retry-After" in r.headers
+        slow.release.set()
+        for _ in range(200):
+            if (await client.get("/readyz")).status == 200:
+                break
+            await asyncio.sleep(0.05)
+        assert (await client.get("/readyz")).status == 200
+    finally:
+        counting_engine.release.set()
