@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 
@@ -11,15 +9,15 @@ from aiohttp import web
 
 from cache.keys import is_key
 from gateway import keys
+from gateway.accesslog import AccessLog
 from gateway.components import open_speech
-from gateway.errors import BadRequest, Handler, NotFound, error_middleware
-from gateway.parsing import parse_openai_speech, read_json_object
+from gateway.errors import BadRequest, Handler, NotFound, handle_errors
+from gateway.observe import RequestObserver
+from gateway.parsing import RequestMemo, parse_json_object, parse_openai_speech, read_body
 from gateway.settings import Settings
 from gateway.speech import SpeechResult
 from metrics import CONTENT_TYPE_LATEST, Metrics, exposition
 from synth.engine import Engine
-
-access_log = logging.getLogger("voxgate.access")
 
 IMMUTABLE = "public, max-age=31536000, immutable"
 
@@ -47,8 +45,12 @@ async def speech(request: web.Request) -> web.Response:
     app = request.app
     settings = app[keys.SETTINGS]
     service = app[keys.SPEECH]
-    body = await read_json_object(request, settings.max_body_kb * 1024)
-    req = parse_openai_speech(body, settings, service)
+    raw = await read_body(request, settings.max_body_kb * 1024)
+    memo = app[keys.REQUEST_MEMO]
+    req = memo.get(raw)
+    if req is None:
+        req = parse_openai_speech(parse_json_object(raw), settings, service)
+        memo.put(raw, req)
     result = await service.speak(req)
     request[keys.CACHE_RESULT] = result.cache
     request[keys.AUDIO_KEY] = result.key
@@ -121,38 +123,25 @@ async def metrics_handler(request: web.Request) -> web.Response:
 
 
 @web.middleware
-async def observe_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Count and time every request; write one JSON access-log line (never the text)."""
+async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The one middleware: maps every failure to a JSON error (the server keeps serving), then
+    counts, times and logs the request (one JSON access-log line, never the text)."""
     started = time.perf_counter()
-    status = 500
-    try:
-        response = await handler(request)
-        status = response.status
-        return response
-    except web.HTTPException as exc:
-        status = exc.status
-        raise
-    finally:
-        elapsed = time.perf_counter() - started
-        resource = request.match_info.route.resource
-        route = resource.canonical if resource is not None else "unmatched"
-        cache = request.get(keys.CACHE_RESULT, "none")
-        m = request.app[keys.METRICS]
-        m.requests.labels(route, request.method, str(status)).inc()
-        m.request_seconds.labels(route, cache).observe(elapsed)
-        if access_log.isEnabledFor(logging.INFO):
-            access_log.info(
-                json.dumps(
-                    {
-                        "route": route,
-                        "method": request.method,
-                        "status": status,
-                        "key": request.get(keys.AUDIO_KEY),
-                        "cache": cache,
-                        "ms": round(elapsed * 1000, 3),
-                    }
-                )
-            )
+    response = await handle_errors(request, handler)
+    elapsed = time.perf_counter() - started
+    body = getattr(response, "body", None)
+    nbytes = len(body) if isinstance(body, (bytes, bytearray)) else None
+    resource = request.match_info.route.resource
+    request.app[keys.OBSERVER].observe(
+        route=resource.canonical if resource is not None else "unmatched",
+        method=request.method,
+        status=response.status,
+        cache=request.get(keys.CACHE_RESULT, "none"),
+        key=request.get(keys.AUDIO_KEY),
+        seconds=elapsed,
+        nbytes=nbytes,
+    )
+    return response
 
 
 # ---- assembly -----------------------------------------------------------------------------
@@ -167,11 +156,19 @@ def create_app(
     """Build the gateway. ``engines`` replaces the configured engines (tests inject wrappers)."""
     max_body = settings.max_body_kb * 1024
     app = web.Application(
-        client_max_size=max_body, middlewares=[observe_middleware, error_middleware]
+        client_max_size=max_body, middlewares=[edge_middleware]
     )
     app[keys.MAX_BODY_BYTES] = max_body
     app[keys.SETTINGS] = settings
     app[keys.METRICS] = metrics if metrics is not None else Metrics()
+    app[keys.REQUEST_MEMO] = RequestMemo()
+    app[keys.ACCESS_LOG] = AccessLog(enabled=settings.access_log)
+    app[keys.OBSERVER] = RequestObserver(app[keys.METRICS], app[keys.ACCESS_LOG])
+
+    async def access_log_ctx(app: web.Application) -> AsyncIterator[None]:
+        app[keys.ACCESS_LOG].start()
+        yield
+        await app[keys.ACCESS_LOG].close()
 
     async def speech_ctx(app: web.Application) -> AsyncIterator[None]:
         async with open_speech(settings, app[keys.METRICS], engines) as service:
@@ -179,6 +176,7 @@ def create_app(
             app[keys.STORE] = service.store
             yield
 
+    app.cleanup_ctx.append(access_log_ctx)
     app.cleanup_ctx.append(speech_ctx)
     app.router.add_post("/v1/audio/speech", speech)
     app.router.add_get("/v1/audio/{key}", audio_by_key)

@@ -5,6 +5,9 @@ from __future__ import annotations
 from aiohttp import web
 
 from cache.store import TieredStore
+from gateway.accesslog import AccessLog
+from gateway.observe import RequestObserver
+from gateway.parsing import RequestMemo
 from gateway.settings import Settings
 from gateway.speech import SpeechService
 from metrics import Metrics
@@ -14,6 +17,9 @@ METRICS = web.AppKey("metrics", Metrics)
 STORE = web.AppKey("store", TieredStore)
 SPEECH = web.AppKey("speech", SpeechService)
 MAX_BODY_BYTES = web.AppKey("max_body_bytes", int)
+ACCESS_LOG = web.AppKey("access_log", AccessLog)
+REQUEST_MEMO = web.AppKey("request_memo", RequestMemo)
+OBSERVER = web.AppKey("observer", RequestObserver)
 
 # Per-request values the handlers leave for the observing middleware.
 CACHE_RESULT = web.RequestKey("cache_result", str)

@@ -92,6 +92,7 @@ class Settings:
     intra_op_threads: int = _opt(0, "ONNX Runtime / torch threads per engine (0: cores / workers).")
     retry_after_s: int = _opt(1, "Retry-After seconds sent with a 503 for a full queue.")
     log_level: str = _opt("info", "Log level: debug, info, warning, error.")
+    access_log: bool = _opt(True, "Write one JSON line per request to stderr (buffered, <= 0.2 s).")
 
     # ---- loading ---------------------------------------------------------------------------
 
@@ -144,6 +145,15 @@ class Settings:
             raise SettingsError(f"unknown setting {key!r} (from {source})")
         typ = hints[key]
         try:
+            if typ is bool:
+                if isinstance(raw, bool):
+                    return raw
+                word = str(raw).strip().lower()
+                if word in ("1", "true", "yes", "on"):
+                    return True
+                if word in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError("expected true or false")
             if typ is int:
                 if isinstance(raw, bool):
                     raise ValueError("expected an integer")

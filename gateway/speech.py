@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -25,6 +26,8 @@ from synth.errors import Overloaded
 from synth.scheduler import Scheduler
 
 log = logging.getLogger("voxgate.speech")
+
+KEY_MEMO_SIZE = 8192
 
 
 @dataclass(frozen=True)
@@ -57,10 +60,13 @@ class ModelHandle:
     engine: Engine
     scheduler: Scheduler
     ready: asyncio.Event
+    _voice_names: list[str] | None = None
 
     def voice_names(self) -> list[str]:
-        """Names of the voices this model serves."""
-        return [v.name for v in self.engine.voices()]
+        """Names of the voices this model serves (an engine's voices do not change once built)."""
+        if self._voice_names is None:
+            self._voice_names = [v.name for v in self.engine.voices()]
+        return self._voice_names
 
 
 class SpeechService:
@@ -79,6 +85,9 @@ class SpeechService:
         self.metrics = metrics
         self._renditions: SingleFlight[tuple[Entry, bool]] = SingleFlight()
         self._masters: SingleFlight[Audio] = SingleFlight()
+        # Content addresses of recent requests: hashing the canonical JSON is most of a hit's CPU
+        # cost, and the same few thousand prompts repeat. Bounded; evicts oldest first.
+        self._key_memo: OrderedDict[tuple[object, ...], tuple[str, str, int]] = OrderedDict()
         self._encode_pool = concurrent.futures.ThreadPoolExecutor(
             encode_threads, thread_name_prefix="encode"
         )
@@ -95,8 +104,20 @@ class SpeechService:
         return {**engine.default_params(req.voice), "speed": req.speed}
 
     def keys_for(self, req: SpeechRequest) -> tuple[str, str, int]:
-        """``(master_key, rendition_key, output_rate)`` of ``req``."""
+        """``(master_key, rendition_key, output_rate)`` of ``req`` (memoized)."""
         engine = self.models[req.model].engine
+        memo_key = (req.text, req.model, req.voice, req.fmt.name, req.speed, req.sample_rate,
+                    engine.fingerprint)
+        keys = self._key_memo.get(memo_key)
+        if keys is not None:
+            return keys
+        keys = self._compute_keys(req, engine)
+        self._key_memo[memo_key] = keys
+        if len(self._key_memo) > KEY_MEMO_SIZE:
+            self._key_memo.popitem(last=False)
+        return keys
+
+    def _compute_keys(self, req: SpeechRequest, engine: Engine) -> tuple[str, str, int]:
         mk = master_key(
             text=req.text,
             engine=engine.name,
