@@ -34,13 +34,14 @@ class AccessLog:
         """Queue one request's line."""
         if not self.enabled:
             return
-        # json.dumps only for the values that may need escaping; the rest is known-safe.
+        # Route templates, methods, cache results and keys (hex) are ours and need no escaping;
+        # only the client id can hold arbitrary characters.
         self._lines.append(
-            f'{{"ts":{time.time():.3f},"type":"access","route":{json.dumps(route)},'
+            f'{{"ts":{time.time():.3f},"type":"access","route":"{route}",'
             f'"method":"{method}","status":{status},'
-            f'"key":{json.dumps(key)},"cache":"{cache}","ms":{seconds * 1000:.3f},'
-            f'"bytes":{"null" if nbytes is None else nbytes},'
-            f'"client":{json.dumps(client)}}}'
+            f'"key":{"null" if key is None else chr(34) + key + chr(34)},"cache":"{cache}",'
+            f'"ms":{seconds * 1000:.3f},"bytes":{"null" if nbytes is None else nbytes},'
+            f'"client":{"null" if client is None else json.dumps(client)}}}'
         )
         if len(self._lines) >= self.max_lines:
             self.flush()

@@ -54,7 +54,7 @@ async def speech(request: web.Request) -> web.Response:
     result = await service.speak(req)
     request[keys.CACHE_RESULT] = result.cache
     request[keys.AUDIO_KEY] = result.key
-    app[keys.METRICS].speech_requests.labels(req.model, req.voice, req.fmt.name, result.cache).inc()
+    app[keys.OBSERVER].count_speech(req.model, req.voice, req.fmt.name, result.cache)
     return audio_response(result)
 
 

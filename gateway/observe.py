@@ -17,6 +17,15 @@ class RequestObserver:
         self.log = log
         self._counters: dict[tuple[str, str, int], Any] = {}
         self._timers: dict[tuple[str, str], Any] = {}
+        self._speech: dict[tuple[str, str, str, str], Any] = {}
+
+    def count_speech(self, model: str, voice: str, fmt: str, cache: str) -> None:
+        """Count one speech response by model, voice, format and cache result."""
+        k = (model, voice, fmt, cache)
+        child = self._speech.get(k)
+        if child is None:
+            child = self._speech[k] = self.metrics.speech_requests.labels(*k)
+        child.inc()
 
     def observe(self, *, route: str, method: str, status: int, cache: str, key: str | None,
                 seconds: float, nbytes: int | None) -> None:
