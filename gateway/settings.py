@@ -229,3 +229,30 @@ class Settings:
         if self.intra_op_threads:
             return self.intra_op_threads
         return max(1, (os.cpu_count() or 1) // self.synth_threads)
+
+
+def settings_table() -> str:
+    """The settings as a Markdown table (the README's table is this, checked by a test)."""
+    rows = ["| setting | env | default | meaning |", "|---|---|---|---|"]
+    defaults = Settings.__dataclass_fields__
+    for f in fields(Settings):
+        d = defaults[f.name]
+        if d.default is not dataclasses.MISSING:
+            value: Any = d.default
+        elif d.default_factory is not dataclasses.MISSING:
+            value = d.default_factory()
+        else:  # pragma: no cover - every field has a default
+            value = ""
+        if f.name == "cache_dir":
+            value = "$XDG_CACHE_HOME/voxgate or ~/.cache/voxgate"
+        elif isinstance(value, dict):
+            value = "OpenAI names" if value else "{}"
+        elif isinstance(value, tuple):
+            value = ",".join(value)
+        elif isinstance(value, bool):
+            value = str(value).lower()
+        rows.append(
+            f"| `--{f.name.replace('_', '-')}` | `{ENV_PREFIX}{f.name.upper()}` | `{value}` | "
+            f"{f.metadata['help']} |"
+        )
+    return "\n".join(rows)
