@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (  # noqa: E402
+from common import (
     ROOT,
     bar_plot,
     free_port,
@@ -27,8 +27,8 @@ from common import (  # noqa: E402
     start_gateway,
     stop,
     wait_http,
-    wrk_rate,
     write_results,
+    wrk_rate,
 )
 
 # About 5.7 s of speech: a ~250 KB PCM16 WAV at the voice's 22,050 Hz.
