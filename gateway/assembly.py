@@ -74,24 +74,25 @@ class Assembler:
     ) -> None:
         self._fetch_master = fetch_master
         self._store_put = store_put
-        self._pool = encode_pool
+        self.encode_pool = encode_pool
         self.metrics = metrics
         self.pause_s = pause_ms / 1000.0
         self.max_parallel = max(1, max_parallel)
         self.splitter = splitter or sentences.SentenceSplitter()
         self._inflight: dict[str, Production] = {}
 
-    def production(self, req: SpeechRequest, key: str, rate: int) -> Production:
-        """The production of rendition ``key``: the one in flight, else a new one started now."""
+    def production(self, req: SpeechRequest, key: str, rate: int) -> tuple[Production, bool]:
+        """The production of rendition ``key`` and whether this call started it: the one in
+        flight, else a new one started now."""
         prod = self._inflight.get(key)
         if prod is not None:
-            return prod
+            return prod, False
         loop = asyncio.get_running_loop()
         prod = Production(key=key, req=req, rate=rate, parts=loop.create_future())
         prod.result = asyncio.ensure_future(self._run(prod))
         self._inflight[key] = prod
         prod.result.add_done_callback(functools.partial(self._finished, key, prod))
-        return prod
+        return prod, True
 
     def _finished(self, key: str, prod: Production, task: asyncio.Task[tuple[Entry, bool]]) -> None:
         if self._inflight.get(key) is prod:
@@ -101,13 +102,14 @@ class Assembler:
 
     async def produce(self, req: SpeechRequest, key: str, rate: int) -> tuple[Entry, bool]:
         """Make (or join the making of) rendition ``key`` and return ``(entry, synthesized)``."""
-        return await self.production(req, key, rate).entry()
+        prod, _ = self.production(req, key, rate)
+        return await prod.entry()
 
     async def _run(self, prod: Production) -> tuple[Entry, bool]:
         req = prod.req
         loop = asyncio.get_running_loop()
         try:
-            texts = await loop.run_in_executor(self._pool, self.splitter.split, req.text)
+            texts = await loop.run_in_executor(self.encode_pool, self.splitter.split, req.text)
         except BaseException as exc:
             prod.parts.set_exception(exc)
             raise
@@ -133,7 +135,7 @@ class Assembler:
         rate_in = masters[0].sample_rate
         pcm = sentences.join([m.pcm for m in masters], rate_in, self.pause_s)
         data = await loop.run_in_executor(
-            self._pool, audio.render, pcm, rate_in, req.fmt, prod.rate
+            self.encode_pool, audio.render, pcm, rate_in, req.fmt, prod.rate
         )
         synthesized = "miss" in outcomes
         if not synthesized:
@@ -150,7 +152,9 @@ class Assembler:
         )
         await self._store_put(prod.key, entry)
         if len(texts) > 1:
-            log.debug("assembled key=%s sentences=%d synthesized=%s", prod.key, len(texts), synthesized)
+            log.debug(
+                "assembled key=%s sentences=%d synthesized=%s", prod.key, len(texts), synthesized
+            )
         return entry, synthesized
 
 

@@ -180,7 +180,8 @@ class SpeechService:
                 await self.store.put(mk, found.entry.pinned_copy())
             return Audio(pcm, src_rate), "hit"
         result, leader = await self._masters.do(mk, lambda: self._synthesize(req, mk))
-        return result, "miss" if leader else "coalesced"
+        stored = Audio(audio.as_stored(result.pcm), result.sample_rate)
+        return stored, "miss" if leader else "coalesced"
 
     async def _synthesize(self, req: SpeechRequest, mk: str) -> Audio:
         handle = self.models[req.model]

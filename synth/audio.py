@@ -207,3 +207,10 @@ def stream_chunk(pcm: FloatPCM, src_rate: int, fmt: AudioFormat, rate: int) -> b
 
 
 _RAW_G711 = {"ULAW": FORMATS["ulaw"], "ALAW": FORMATS["alaw-raw"]}
+
+
+def as_stored(pcm: FloatPCM) -> FloatPCM:
+    """``pcm`` exactly as it reads back from its stored master (16-bit, decoded the way soundfile
+    decodes it), so audio rendered right after synthesis equals audio rendered later from the
+    store, byte for byte."""
+    return to_int16(pcm).astype(np.float32) / np.float32(32768.0)
