@@ -74,11 +74,11 @@ def parse_range(header: str, size: int) -> tuple[int, int] | None:
             raise RangeError(header)
         return max(0, size - suffix), size - 1
     first = int(first_s)
-    last = int(last_s) if last_s else size - 1
-    if last < first:
+    if last_s and int(last_s) < first:
         return None  # invalid syntax: ignore the header (RFC 9110 14.1.1)
     if first >= size:
         raise RangeError(header)
+    last = int(last_s) if last_s else size - 1
     return first, min(last, size - 1)
 
 
