@@ -177,8 +177,8 @@ def create_app(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_handler)
     # --- compatible endpoints and the API description (issue 5) ---
-    app.router.add_route("GET", "/api/tts", api_tts)
-    app.router.add_route("POST", "/api/tts", api_tts)
+    app.router.add_get("/api/tts", api_tts)
+    app.router.add_post("/api/tts", api_tts)
     app.router.add_get("/synthesize", synthesize)
     app.router.add_get("/openapi.json", openapi_handler)
     return app

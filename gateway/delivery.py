@@ -46,8 +46,9 @@ async def serve_speech(
     already stored: stored audio goes out whole, with its Content-Length)."""
     service = request.app[keys.SPEECH]
     _, key, rate = service.keys_for(req)
-    if none_match(request, etag_for(key)):
+    if none_match(request, etag_for(key), exists=False):
         # Content-addressed audio never changes: a client holding this key holds these bytes.
+        # (`*` is not answered from the key alone: it asks whether anything is stored.)
         _record(request, req, key, "hit")
         return not_modified(_headers(key, req.fmt, rate, "hit"))
     if stream:

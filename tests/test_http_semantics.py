@@ -33,6 +33,9 @@ async def test_if_none_match_on_speech_is_304_without_synthesis(
     r = await client.post("/v1/audio/speech", json=BODY, headers={"If-None-Match": '"other"'})
     assert r.status == 200
     assert await r.read() == data
+    # `*` asks whether anything is stored: not answered from the key alone on the speech endpoint.
+    r = await client.post("/v1/audio/speech", json=BODY, headers={"If-None-Match": "*"})
+    assert r.status == 200
     # The 304 comes from the key alone: a client holding a key's audio needs no synthesis.
     fresh = {**BODY, "input": "Never asked before."}
     probe = await client.post("/v1/audio/speech", json=fresh)

@@ -1,0 +1,50 @@
+"""The official OpenAI Python client against the gateway: plain, aac, and streamed speech."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from openai import AsyncOpenAI
+
+from tests.conftest import GatewayFactory
+from tests.support import CountingEngine
+
+TEXT = "Thanks for waiting. An agent will be with you shortly."
+
+
+async def test_openai_client_plain_and_streamed(
+    gateway: GatewayFactory, counting_engine: CountingEngine, tmp_path: Path
+) -> None:
+    client = await gateway()
+    base = str(client.make_url("/v1"))
+    async with AsyncOpenAI(base_url=base, api_key="unused", max_retries=0) as oa:
+        plain = await oa.audio.speech.create(
+            model="tts-1", voice="alloy", input=TEXT, response_format="aac"
+        )
+        aac = plain.content
+        async with oa.audio.speech.with_streaming_response.create(
+            model="tts-1", voice="alloy", input=TEXT, response_format="wav", stream_format="audio"
+        ) as resp:
+            assert resp.headers["transfer-encoding"] == "chunked"
+            chunks = [c async for c in resp.iter_bytes()]
+    assert counting_engine.items == 2  # two sentences, once for both requests
+    for name, data in (("a.aac", aac), ("s.wav", b"".join(chunks))):
+        path = tmp_path / name
+        path.write_bytes(data)
+        out = subprocess.run(
+            [
+                "ffprobe",
+                "-v",
+                "error",
+                "-show_entries",
+                "stream=codec_name",
+                "-of",
+                "csv=p=0",
+                str(path),
+            ],
+            capture_output=True,
+            check=True,
+            text=True,
+        )
+        assert out.stdout.strip() == ("aac" if name.endswith("aac") else "pcm_s16le")
