@@ -100,6 +100,12 @@ class Assembler:
         # Consume outcomes nobody awaited (every reader gone) so asyncio does not warn about them.
         _consume(task)
 
+    def cancel_all(self) -> None:
+        """Stop every production in flight (shutdown: nobody is left to store for)."""
+        for prod in list(self._inflight.values()):
+            if prod.result is not None:
+                prod.result.cancel()
+
     async def produce(self, req: SpeechRequest, key: str, rate: int) -> tuple[Entry, bool]:
         """Make (or join the making of) rendition ``key`` and return ``(entry, synthesized)``."""
         prod, _ = self.production(req, key, rate)

@@ -88,14 +88,16 @@ def audio_response(
     headers: dict[str, str],
     *,
     ranges: bool = False,
+    conditional: bool = True,
 ) -> web.Response:
     """A full (200), partial (206), 304 or 416 response for immutable ``body``.
 
     ``headers`` must carry the ``ETag``. ``Content-Length`` is always set (aiohttp does it for a
-    bytes body). With ``ranges`` the response advertises and honours byte ranges.
+    bytes body). With ``ranges`` the response advertises and honours byte ranges. Without
+    ``conditional`` If-None-Match was already evaluated by the caller.
     """
     etag = headers["ETag"]
-    if none_match(request, etag):
+    if conditional and none_match(request, etag):
         return not_modified(headers)
     if not ranges:
         return web.Response(body=body, headers=headers)

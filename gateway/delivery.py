@@ -56,11 +56,12 @@ async def serve_speech(
         if entry is None:
             return await _stream(request, service, req, key, rate)
         _record(request, req, key, "hit")
-        return audio_response(request, entry.audio, _headers(key, req.fmt, rate, "hit"))
+        headers = _headers(key, req.fmt, rate, "hit")
+        return audio_response(request, entry.audio, headers, conditional=False)
     result = await service.speak(req)
     _record(request, req, result.key, result.cache)
     headers = _headers(result.key, req.fmt, result.entry.meta.sample_rate, result.cache)
-    return audio_response(request, result.entry.audio, headers)
+    return audio_response(request, result.entry.audio, headers, conditional=False)
 
 
 async def _stream(

@@ -96,7 +96,8 @@ class SpeechService:
         )
 
     def close(self) -> None:
-        """Release the encoder threads."""
+        """Stop productions in flight and release the encoder threads."""
+        self.assembler.cancel_all()
         self._encode_pool.shutdown(wait=True, cancel_futures=True)
 
     # ---- addressing -------------------------------------------------------------------------

@@ -29,22 +29,26 @@ async def test_openai_client_plain_and_streamed(
             assert resp.headers["transfer-encoding"] == "chunked"
             chunks = [c async for c in resp.iter_bytes()]
     assert counting_engine.items == 2  # two sentences, once for both requests
-    for name, data in (("a.aac", aac), ("s.wav", b"".join(chunks))):
-        path = tmp_path / name
-        path.write_bytes(data)
-        out = subprocess.run(
-            [
-                "ffprobe",
-                "-v",
-                "error",
-                "-show_entries",
-                "stream=codec_name",
-                "-of",
-                "csv=p=0",
-                str(path),
-            ],
-            capture_output=True,
-            check=True,
-            text=True,
-        )
-        assert out.stdout.strip() == ("aac" if name.endswith("aac") else "pcm_s16le")
+    assert codec(tmp_path / "a.aac", aac) == "aac"
+    assert codec(tmp_path / "s.wav", b"".join(chunks)) == "pcm_s16le"
+
+
+def codec(path: Path, data: bytes) -> str:
+    """The codec ffprobe finds in ``data``."""
+    path.write_bytes(data)
+    out = subprocess.run(
+        [
+            "ffprobe",
+            "-v",
+            "error",
+            "-show_entries",
+            "stream=codec_name",
+            "-of",
+            "csv=p=0",
+            str(path),
+        ],
+        capture_output=True,
+        check=True,
+        text=True,
+    )
+    return out.stdout.strip()
