@@ -40,8 +40,24 @@ class SentenceSplitter:
 
         Joining the result with single spaces gives ``text`` back, so nothing is dropped.
         """
-        parts = [p.strip() for p in self._segmenter().segment(text)]
-        sentences = [p for p in parts if p]
+        sentences: list[str] = []
+        pending = ""  # leading fragments with nothing to say, carried into the next sentence
+        for part in self._segmenter().segment(text):
+            part = part.strip()
+            if not part:
+                continue
+            if not any(ch.isalnum() for ch in part):
+                # "...", "?!", a dash: a voice produces no audio for these alone, so they stay
+                # attached to a neighbour, as they were in the text.
+                if sentences:
+                    sentences[-1] = f"{sentences[-1]} {part}"
+                else:
+                    pending = f"{pending} {part}".strip()
+                continue
+            sentences.append(f"{pending} {part}".strip() if pending else part)
+            pending = ""
+        if pending:
+            return [text]  # nothing speakable anywhere: the engine decides what to do with it
         return sentences or [text]
 
 

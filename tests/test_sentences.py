@@ -40,6 +40,10 @@ def test_splitter_keeps_abbreviations_and_every_character() -> None:
     assert " ".join(parts) == text
     assert splitter.split("no punctuation at all") == ["no punctuation at all"]
     assert splitter.split(" ".join(FIVE)) == FIVE
+    # Fragments with nothing to say stay attached to a neighbour (a voice says nothing for them).
+    assert splitter.split("Hi. ... Bye.") == ["Hi. ...", "Bye."]
+    assert splitter.split("... Hi there. Bye.") == ["... Hi there.", "Bye."]
+    assert splitter.split("?!") == ["?!"]
 
 
 def test_join_puts_the_pause_between_sentences_only() -> None:

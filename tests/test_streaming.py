@@ -11,12 +11,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
 import pytest
 import soundfile as sf
 
 from metrics import Metrics
 from synth.engine import Audio, SynthesisItem
+from synth.errors import EngineError
 from synth.piper_engine import PiperEngine
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine
@@ -181,3 +183,36 @@ async def test_bad_stream_requests(
     assert err["param"] == param
     if param == "response_format":
         assert "streamable formats: wav, pcm, mp3" in err["message"]
+
+
+class FailingEngine(CountingEngine):
+    """The real voice, except that any sentence containing "explode" fails."""
+
+    def synthesize_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]:
+        if any("explode" in i.text for i in items):
+            raise EngineError("the voice failed on this input")
+        return super().synthesize_batch(items)
+
+
+async def test_engine_failure_before_and_after_the_first_chunk(
+    gateway: GatewayFactory, piper_engine: PiperEngine, metrics: Metrics
+) -> None:
+    client = await gateway(engines={"piper": FailingEngine(piper_engine)})
+    # First sentence fails: nothing was sent yet, so the client gets a proper JSON error.
+    r = await client.post(
+        "/v1/audio/speech", json=body(input="We explode. Then talk.", stream=True)
+    )
+    assert r.status == 500
+    assert (await r.json())["error"]["code"] == "engine_error"
+    # A later sentence fails: the stream is cut before its last chunk, so the client can tell.
+    r = await client.post(
+        "/v1/audio/speech", json=body(input="We talk. Then explode.", stream=True)
+    )
+    assert r.status == 200
+    with pytest.raises(aiohttp.ClientPayloadError):
+        await r.read()
+    assert metrics.registry.get_sample_value("voxgate_streams_total", {"outcome": "failed"}) == 1
+    # The server goes on serving, and the good sentence was cached for next time.
+    ok = await client.post("/v1/audio/speech", json=body(input="We talk."))
+    assert ok.status == 200
+    assert ok.headers["X-Cache"] == "HIT"
