@@ -10,73 +10,53 @@ from aiohttp import web
 from cache.keys import is_key
 from gateway import keys
 from gateway.accesslog import AccessLog
+from gateway.compat import api_tts, synthesize
 from gateway.components import open_speech
+from gateway.delivery import serve_speech, serve_stored
 from gateway.errors import BadRequest, Handler, NotFound, handle_errors
 from gateway.observe import RequestObserver
-from gateway.parsing import RequestMemo, parse_json_object, parse_openai_speech, read_body
+from gateway.openapi import openapi_handler
+from gateway.parsing import (
+    RequestMemo,
+    parse_json_object,
+    parse_openai_speech,
+    parse_stream,
+    read_body,
+)
 from gateway.settings import Settings
-from gateway.speech import SpeechResult
 from metrics import CONTENT_TYPE_LATEST, Metrics, exposition
 from synth.engine import Engine
-
-IMMUTABLE = "public, max-age=31536000, immutable"
-
-
-def audio_response(result: SpeechResult) -> web.Response:
-    """The HTTP response carrying ``result``'s audio."""
-    entry = result.entry
-    return web.Response(
-        body=entry.audio,
-        headers={
-            "Content-Type": entry.meta.content_type,
-            "X-Cache": result.cache.upper(),
-            "X-Audio-Key": result.key,
-            "ETag": f'"{result.key}"',
-            "X-Audio-Sample-Rate": str(entry.meta.sample_rate),
-        },
-    )
-
 
 # ---- handlers -----------------------------------------------------------------------------
 
 
-async def speech(request: web.Request) -> web.Response:
+async def speech(request: web.Request) -> web.StreamResponse:
     """``POST /v1/audio/speech``: OpenAI-compatible text to speech."""
     app = request.app
     settings = app[keys.SETTINGS]
     service = app[keys.SPEECH]
     raw = await read_body(request, settings.max_body_kb * 1024)
     memo = app[keys.REQUEST_MEMO]
-    req = memo.get(raw)
-    if req is None:
-        req = parse_openai_speech(parse_json_object(raw), settings, service)
-        memo.put(raw, req)
-    result = await service.speak(req)
-    request[keys.CACHE_RESULT] = result.cache
-    request[keys.AUDIO_KEY] = result.key
-    app[keys.OBSERVER].count_speech(req.model, req.voice, req.fmt.name, result.cache)
-    return audio_response(result)
+    parsed = memo.get(raw)
+    if parsed is None:
+        body = parse_json_object(raw)
+        req = parse_openai_speech(body, settings, service)
+        parsed = (req, parse_stream(body, req.fmt))
+        memo.put(raw, parsed)
+    req, stream = parsed
+    # ETag / If-None-Match, Content-Length, and streaming: gateway.delivery.
+    return await serve_speech(request, req, stream=stream)
 
 
-async def audio_by_key(request: web.Request) -> web.Response:
-    """``GET /v1/audio/{key}``: stored audio by content address (immutable)."""
+async def audio_by_key(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/audio/{key}``: stored audio by content address (immutable; 304, Range/206)."""
     key = request.match_info["key"]
     if not is_key(key):
         raise BadRequest("malformed audio key: expected 64 lowercase hex digits", param="key")
-    store = request.app[keys.STORE]
-    entry = store.get_memory(key)
-    if entry is None:
-        found = await store.get(key)
-        if found is None:
-            raise NotFound(f"no audio stored under key {key}", param="key")
-        entry = found.entry
-    request[keys.CACHE_RESULT] = "hit"
-    request[keys.AUDIO_KEY] = key
-    etag = f'"{key}"'
-    headers = {"ETag": etag, "Cache-Control": IMMUTABLE, "Content-Type": entry.meta.content_type}
-    if etag in request.headers.get("If-None-Match", ""):
-        return web.Response(status=304, headers=headers)
-    return web.Response(body=entry.audio, headers=headers)
+    response = await serve_stored(request, key)
+    if response is None:
+        raise NotFound(f"no audio stored under key {key}", param="key")
+    return response
 
 
 async def voices(request: web.Request) -> web.Response:
@@ -184,6 +164,11 @@ def create_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_handler)
+    # --- compatible endpoints and the API description (issue 5) ---
+    app.router.add_get("/api/tts", api_tts)
+    app.router.add_post("/api/tts", api_tts)
+    app.router.add_get("/synthesize", synthesize)
+    app.router.add_get("/openapi.json", openapi_handler)
     return app
 
 

@@ -45,6 +45,9 @@ def _setup_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
         stream=sys.stderr,
     )
+    # piper-tts logs each request's text and phonemes at DEBUG: request text must never reach the
+    # logs, whatever level voxgate runs at.
+    logging.getLogger("piper").setLevel(max(logging.INFO, logging.getLogger().level))
 
 
 # ---- serve --------------------------------------------------------------------------------

@@ -143,7 +143,13 @@ async def open_speech(
         open_store(settings, metrics) as store,
         open_models(settings, metrics, engines, wait_ready=wait_ready) as models,
     ):
-        service = SpeechService(store, models, metrics)
+        service = SpeechService(
+            store,
+            models,
+            metrics,
+            sentence_pause_ms=settings.sentence_pause_ms,
+            max_parallel_sentences=settings.max_parallel_sentences,
+        )
         try:
             yield service
         finally:

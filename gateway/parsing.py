@@ -84,14 +84,14 @@ class RequestMemo:
     def __init__(self, size: int = 4096, max_body: int = 8192) -> None:
         self.size = size
         self.max_body = max_body
-        self._items: OrderedDict[bytes, SpeechRequest] = OrderedDict()
+        self._items: OrderedDict[bytes, tuple[SpeechRequest, bool]] = OrderedDict()
 
-    def get(self, raw: bytes) -> SpeechRequest | None:
-        """The request validated from these exact bytes before, if any."""
+    def get(self, raw: bytes) -> tuple[SpeechRequest, bool] | None:
+        """``(request, stream)`` validated from these exact bytes before, if any."""
         return self._items.get(raw)
 
-    def put(self, raw: bytes, req: SpeechRequest) -> None:
-        """Remember ``req`` for ``raw``."""
+    def put(self, raw: bytes, req: tuple[SpeechRequest, bool]) -> None:
+        """Remember ``req`` (request, stream) for ``raw``."""
         if len(raw) > self.max_body:
             return
         self._items[raw] = req
@@ -215,8 +215,7 @@ def parse_openai_speech(
     fmt = resolve_format(fmt_name)
     speed = parse_speed(body.get("speed", 1.0))
     rate = parse_sample_rate(body.get("sample_rate"))
-    if body.get("stream") not in (None, False):
-        raise BadRequest("streaming responses are not supported yet; omit 'stream'", param="stream")
+    parse_stream(body, fmt)
     if body.get("instructions"):
         raise BadRequest(
             f"model '{model}' does not follow 'instructions'; omit the field", param="instructions"
@@ -224,3 +223,32 @@ def parse_openai_speech(
     return SpeechRequest(
         text=text, model=model, voice=voice, fmt=fmt, speed=speed, sample_rate=rate
     )
+
+
+def parse_stream(body: Mapping[str, Any], fmt: audio.AudioFormat) -> bool:
+    """Whether the response streams: ``stream: true``, or OpenAI's ``stream_format: "audio"``.
+
+    Only formats whose sentence chunks concatenate into one valid stream can stream.
+    """
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise BadRequest("'stream' must be true or false", param="stream")
+    stream_format = body.get("stream_format")
+    if stream_format not in (None, "audio"):
+        raise BadRequest(
+            f"unsupported stream_format {stream_format!r}: only 'audio' is supported "
+            "(server-sent events are not)",
+            param="stream_format",
+            code="unsupported_stream_format",
+        )
+    if stream_format == "audio" and stream is False:
+        raise BadRequest("'stream_format' is 'audio' but 'stream' is false", param="stream")
+    streaming = bool(stream) or stream_format == "audio"
+    if streaming and not fmt.streamable:
+        names = ", ".join(f.name for f in audio.FORMATS.values() if f.streamable)
+        raise BadRequest(
+            f"response_format '{fmt.name}' cannot be streamed; streamable formats: {names}",
+            param="response_format",
+            code="unsupported_format",
+        )
+    return streaming

@@ -94,6 +94,14 @@ class Settings:
     log_level: str = _opt("info", "Log level: debug, info, warning, error.")
     access_log: bool = _opt(True, "Write one JSON line per request to stderr (buffered, <= 0.2 s).")
 
+    # --- sentences and streaming (issue 5) ---
+    sentence_pause_ms: int = _opt(
+        250, "Silence between sentences when a text's per-sentence audio is joined, in ms."
+    )
+    max_parallel_sentences: int = _opt(
+        8, "Sentences of one request submitted to the synthesis queue at the same time."
+    )
+
     # ---- loading ---------------------------------------------------------------------------
 
     @classmethod
@@ -198,6 +206,8 @@ class Settings:
         need(self.intra_op_threads >= 0, "intra_op_threads", "must be >= 0")
         need(self.retry_after_s >= 0, "retry_after_s", "must be >= 0")
         need(bool(self.piper_voices), "piper_voices", "needs at least one voice")
+        need(0 <= self.sentence_pause_ms <= 5000, "sentence_pause_ms", "must be 0-5000")
+        need(self.max_parallel_sentences >= 1, "max_parallel_sentences", "must be >= 1")
         need(
             self.log_level.lower() in ("debug", "info", "warning", "error"),
             "log_level",

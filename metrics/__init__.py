@@ -194,6 +194,22 @@ class Metrics:
             registry=r,
         )
 
+        # --- sentences and streaming (issue 5) ---------------------------------------------------
+        self.sentences = Counter(
+            "voxgate_sentences_total",
+            "Sentence masters used to assemble renditions, by how each was had: hit (stored), "
+            "miss (synthesized) or coalesced (joined a synthesis in flight).",
+            ["result"],
+            registry=r,
+        )
+        self.streams = Counter(
+            "voxgate_streams_total",
+            "Streamed speech responses by outcome: complete, disconnected (the client left; "
+            "synthesis and caching went on) or failed (an error after the first chunk).",
+            ["outcome"],
+            registry=r,
+        )
+
 
 def exposition(registry: CollectorRegistry) -> bytes:
     """Render ``registry`` in the Prometheus text format."""

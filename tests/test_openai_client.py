@@ -1,41 +1,54 @@
-"""An unmodified OpenAI client works against voxgate by changing only its base URL."""
+"""The official OpenAI Python client against the gateway: plain, aac, and streamed speech."""
 
 from __future__ import annotations
 
-import io
+import subprocess
+from pathlib import Path
 
-import openai
-import soundfile as sf
+from openai import AsyncOpenAI
 
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine
 
+TEXT = "Thanks for waiting. An agent will be with you shortly."
 
-async def test_openai_client_speech(gateway: GatewayFactory,
-                                    counting_engine: CountingEngine) -> None:
+
+async def test_openai_client_plain_and_streamed(
+    gateway: GatewayFactory, counting_engine: CountingEngine, tmp_path: Path
+) -> None:
     client = await gateway()
     base = str(client.make_url("/v1"))
-    oa = openai.AsyncOpenAI(base_url=base, api_key="not-needed", max_retries=0)
-    try:
-        resp = await oa.audio.speech.create(model="tts-1", voice="nova",
-                                            input="Hello from an OpenAI client.",
-                                            response_format="wav")
-        data, rate = sf.read(io.BytesIO(resp.content))
-        assert rate == 22050 and len(data) / rate > 0.5
-        assert resp.response.headers["x-cache"] == "MISS"
-        # OpenAI's default format (mp3) when the client sends none
-        mp3 = await oa.audio.speech.create(model="gpt-4o-mini-tts", voice="alloy",
-                                           input="Hello from an OpenAI client.")
-        assert mp3.response.headers["content-type"] == "audio/mpeg"
-        assert mp3.response.headers["x-cache"] == "HIT"  # a transcode of the stored master
-        data, _ = sf.read(io.BytesIO(mp3.content))
-        assert len(data) > 0
-        assert counting_engine.items == 1
-        try:
-            await oa.audio.speech.create(model="tts-1", voice="nova", input="   ")
-        except openai.BadRequestError as exc:
-            assert "empty" in str(exc)
-        else:
-            raise AssertionError("empty input accepted")
-    finally:
-        await oa.close()
+    async with AsyncOpenAI(base_url=base, api_key="unused", max_retries=0) as oa:
+        plain = await oa.audio.speech.create(
+            model="tts-1", voice="alloy", input=TEXT, response_format="aac"
+        )
+        aac = plain.content
+        async with oa.audio.speech.with_streaming_response.create(
+            model="tts-1", voice="alloy", input=TEXT, response_format="wav", stream_format="audio"
+        ) as resp:
+            assert resp.headers["transfer-encoding"] == "chunked"
+            chunks = [c async for c in resp.iter_bytes()]
+    assert counting_engine.items == 2  # two sentences, once for both requests
+    assert codec(tmp_path / "a.aac", aac) == "aac"
+    assert codec(tmp_path / "s.wav", b"".join(chunks)) == "pcm_s16le"
+
+
+def codec(path: Path, data: bytes) -> str:
+    """The codec ffprobe finds in ``data``."""
+    path.write_bytes(data)
+    out = subprocess.run(
+        [
+            "ffprobe",
+            "-v",
+            "error",
+            "-show_entries",
+            "stream=codec_name",
+            "-of",
+            "csv=p=0",
+            str(path),
+        ],
+        capture_output=True,
+        check=True,
+        text=True,
+    )
+    return out.stdout.strip()
