@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -10,7 +9,7 @@ from collections.abc import AsyncIterator, Mapping
 from aiohttp import web
 
 from cache.keys import is_key
-from gateway import keys
+from gateway import keys, ops
 from gateway.components import open_speech
 from gateway.errors import BadRequest, Handler, NotFound, error_middleware
 from gateway.parsing import parse_openai_speech, read_json_object
@@ -95,15 +94,9 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """``GET /readyz``: 200 once every model is loaded and warmed, else 503."""
-    service = request.app.get(keys.SPEECH)
-    models = {name: h.ready.is_set() for name, h in service.models.items()} if service else {}
-    ready = bool(models) and all(models.values())
-    tiers = [t.name for t in service.store.tiers] if service else []
-    return web.json_response(
-        {"status": "ready" if ready else "loading", "models": models, "tiers": tiers},
-        status=200 if ready else 503,
-    )
+    """``GET /readyz``: 200 once every model is warmed, else 503; each tier's state in the body."""
+    status, body = await ops.readiness(request.app)
+    return web.json_response(body, status=status)
 
 
 async def metrics_handler(request: web.Request) -> web.Response:
@@ -124,7 +117,9 @@ async def metrics_handler(request: web.Request) -> web.Response:
 async def observe_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Count and time every request; write one JSON access-log line (never the text)."""
     started = time.perf_counter()
+    request[keys.STARTED] = started
     status = 500
+    response: web.StreamResponse | None = None
     try:
         response = await handler(request)
         status = response.status
@@ -140,19 +135,23 @@ async def observe_middleware(request: web.Request, handler: Handler) -> web.Stre
         m = request.app[keys.METRICS]
         m.requests.labels(route, request.method, str(status)).inc()
         m.request_seconds.labels(route, cache).observe(elapsed)
+        # A streamed response has sent its body by now; a plain one knows its length.
+        sent = 0
+        if response is not None:
+            sent = response.body_length if response.prepared else response.content_length or 0
+        m.response_bytes.labels(route).inc(sent)
         if access_log.isEnabledFor(logging.INFO):
-            access_log.info(
-                json.dumps(
-                    {
-                        "route": route,
-                        "method": request.method,
-                        "status": status,
-                        "key": request.get(keys.AUDIO_KEY),
-                        "cache": cache,
-                        "ms": round(elapsed * 1000, 3),
-                    }
-                )
-            )
+            fields = {
+                "route": route,
+                "method": request.method,
+                "status": status,
+                "key": request.get(keys.AUDIO_KEY),
+                "cache": cache,
+                "ms": round(elapsed * 1000, 3),
+                "bytes": sent,
+                "client": request.get(keys.CLIENT_ID),
+            }
+            access_log.info("request", extra={"fields": fields})
 
 
 # ---- assembly -----------------------------------------------------------------------------
@@ -186,6 +185,10 @@ def create_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_handler)
+    # --- operations (issue 6) ---
+    app.router.add_post("/v1/prompts", ops.prompts)
+    app.on_response_prepare.append(ops.on_response_prepare)
+    ops.record_build_info(app[keys.METRICS])
     return app
 
 
