@@ -68,6 +68,10 @@ def configure_logging(level: str, fmt: str, stream: TextIO | None = None) -> Non
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
-    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    wanted = getattr(logging, level.upper(), logging.INFO)
+    # Debug applies to voxgate's own loggers only: libraries log request text at debug (piper
+    # logs every input and its phonemes), and request text must never reach a log.
+    root.setLevel(max(wanted, logging.INFO))
+    logging.getLogger("voxgate").setLevel(wanted)
     # Python warnings (deprecations from libraries) go through logging too, so they are JSON lines.
     logging.captureWarnings(True)

@@ -87,8 +87,13 @@ async def test_metrics_after_mixed_load_pass_promtool(gateway: GatewayFactory) -
     client = await gateway()
     await mixed_load(client)
     text = await (await client.get("/metrics")).text()
-    check = subprocess.run(
-        [promtool(), "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+    check = await asyncio.to_thread(
+        subprocess.run,
+        [promtool(), "check", "metrics"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert check.returncode == 0, check.stdout + check.stderr
     # The operations metrics are there and moved.
