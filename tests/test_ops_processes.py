@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -128,6 +130,28 @@ async def test_two_workers_share_port_disk_and_metrics(tmp_path: Path) -> None:
             # The worker that did not synthesize answered from the shared disk tier.
             m = server.metrics()
             assert sample(m, "voxgate_cache_lookups_total", tier="disk", result="hit") >= 1
+
+        # A worker that dies is replaced; what it counted stays in the aggregate, and its live
+        # gauges (per-process cache sizes, labelled by pid) are dropped.
+        def gauge_pids() -> set[int]:
+            return {
+                int(s.labels["pid"])
+                for f in text_string_to_metric_families(server.metrics())
+                for s in f.samples
+                if s.name == "voxgate_cache_bytes"
+            }
+
+        reported = gauge_pids()
+        victim = next(iter(reported & set(by_pid)), next(iter(by_pid)))
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while server.logs().count("voxgate ready on") < 3:
+            assert time.monotonic() < deadline, server.logs()
+            await asyncio.sleep(0.2)
+        assert f"(pid {victim}) exited with -9; restarting" in server.logs()
+        m = server.metrics()
+        assert sample(m, "voxgate_http_requests_total", route="/healthz") == n_health
+        assert victim not in gauge_pids()
         assert server.terminate() == 0
     finally:
         server.close()
