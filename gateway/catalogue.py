@@ -102,7 +102,7 @@ def normalize_prompt(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
         name = ALIASES.get(str(key).strip(), str(key).strip())
         if name not in FIELDS:
             raise CatalogueError(
-                f"{where}: unknown column {key!r}; expected one of "
+                f"{where}: unknown field {key!r}; expected one of "
                 f"{', '.join(sorted({*FIELDS, *ALIASES}))}"
             )
         if value is None or (isinstance(value, str) and not value.strip() and name != "input"):

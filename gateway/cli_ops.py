@@ -36,7 +36,7 @@ def _cli_logging(settings: Settings) -> None:
 
     # Commands print their own results; library INFO lines would interleave with the progress bar.
     level = "warning" if settings.log_level == "info" else settings.log_level
-    configure_logging(level, "text" if settings.log_format == "text" else settings.log_format)
+    configure_logging(level, settings.log_format)
 
 
 # ---- warm ---------------------------------------------------------------------------------
@@ -68,13 +68,13 @@ async def _warm(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
         with tqdm(
             total=len(requests), desc="warming", unit="prompt", file=sys.stderr, mininterval=0.2
         ) as bar:
-            counts = {"miss": 0, "hit": 0, "error": 0}
+            counts = {"miss": 0, "hit": 0, "coalesced": 0, "error": 0}
 
             def done(result: Any) -> None:
-                counts[result.cache if result.cache in counts else "miss"] += 1
+                counts[result.cache] = counts.get(result.cache, 0) + 1
                 bar.set_postfix(
                     synthesized=counts["miss"],
-                    cached=counts["hit"],
+                    cached=counts["hit"] + counts["coalesced"],
                     failed=counts["error"],
                     refresh=False,
                 )

@@ -101,12 +101,17 @@ async def prompts(request: web.Request) -> web.Response:
             param="prompts",
             code="too_many_prompts",
         )
-    defaults = body.get("defaults") or {}
+    defaults = body.get("defaults")
+    if defaults is None:
+        defaults = {}
     if not isinstance(defaults, dict):
         raise BadRequest("'defaults' must be an object", param="defaults")
-    parsed: list[Prompt] = []
     try:
         base = normalize_prompt(defaults, "defaults")
+    except CatalogueError as exc:
+        raise BadRequest(str(exc), param="defaults") from exc
+    parsed: list[Prompt] = []
+    try:
         for i, item in enumerate(items):
             where = f"prompt {i}"
             if isinstance(item, str):

@@ -214,6 +214,8 @@ async def test_post_prompts_renders_pins_and_returns_addresses(
         ({"prompts": [{"input": "x", "colour": "red"}]}, "prompts", "colour"),
         ({"prompts": ["a"] * 6}, "prompts", "limit is 5"),
         ({"prompts": ["a"], "extra": 1}, "extra", "unrecognized"),
+        ({"prompts": ["a"], "defaults": {"tone": "warm"}}, "defaults", "unknown field 'tone'"),
+        ({"prompts": ["a"], "defaults": []}, "defaults", "must be an object"),
     ],
 )
 async def test_post_prompts_rejects_bad_input(

@@ -38,7 +38,7 @@ def test_csv_catalogue_maps_short_names_and_numbers() -> None:
 @pytest.mark.parametrize(
     ("text", "fragment"),
     [
-        ("text,colour\nHi.,red\n", "unknown column 'colour'"),
+        ("text,colour\nHi.,red\n", "unknown field 'colour'"),
         ("text,rate\nHi.,fast\n", "line 2"),
         ("text\nHi.,extra\n", "more cells"),
     ],
