@@ -8,7 +8,9 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -126,6 +128,17 @@ async def test_two_workers_share_port_disk_and_metrics(tmp_path: Path) -> None:
             assert sample(m, "voxgate_syntheses_total", outcome="ok") == 1
             assert sample(m, "voxgate_engine_ready", model="piper") == 1
             assert sample(m, "voxgate_build_info") == 1
+        promtool = shutil.which("promtool")
+        assert promtool is not None, "promtool missing: apt-get install -y prometheus"
+        check = await asyncio.to_thread(
+            subprocess.run,
+            [promtool, "check", "metrics"],
+            input=m,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert check.returncode == 0, check.stdout + check.stderr  # the aggregate is valid too
         if len(speech_pids) == 2:
             # The worker that did not synthesize answered from the shared disk tier.
             m = server.metrics()
