@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping
 
 from aiohttp import web
 
 from cache.keys import is_key
-from gateway import keys
+from gateway import keys, ops
 from gateway.accesslog import AccessLog
 from gateway.compat import api_tts, synthesize
 from gateway.components import open_speech
@@ -77,15 +78,9 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """``GET /readyz``: 200 once every model is loaded and warmed, else 503."""
-    service = request.app.get(keys.SPEECH)
-    models = {name: h.ready.is_set() for name, h in service.models.items()} if service else {}
-    ready = bool(models) and all(models.values())
-    tiers = [t.name for t in service.store.tiers] if service else []
-    return web.json_response(
-        {"status": "ready" if ready else "loading", "models": models, "tiers": tiers},
-        status=200 if ready else 503,
-    )
+    """``GET /readyz``: 200 once every model is warmed, else 503; each tier's state in the body."""
+    status, body = await ops.readiness(request.app)
+    return web.json_response(body, status=status)
 
 
 async def metrics_handler(request: web.Request) -> web.Response:
@@ -107,10 +102,11 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
     """The one middleware: maps every failure to a JSON error (the server keeps serving), then
     counts, times and logs the request (one JSON access-log line, never the text)."""
     started = time.perf_counter()
+    request[keys.STARTED] = started
     response = await handle_errors(request, handler)
     elapsed = time.perf_counter() - started
-    body = getattr(response, "body", None)
-    nbytes = len(body) if isinstance(body, (bytes, bytearray)) else None
+    # A streamed response has sent its body by now; a plain one knows its length.
+    sent = response.body_length if response.prepared else response.content_length or 0
     resource = request.match_info.route.resource
     request.app[keys.OBSERVER].observe(
         route=resource.canonical if resource is not None else "unmatched",
@@ -119,7 +115,8 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
         cache=request.get(keys.CACHE_RESULT, "none"),
         key=request.get(keys.AUDIO_KEY),
         seconds=elapsed,
-        nbytes=nbytes,
+        nbytes=sent,
+        client=request.get(keys.CLIENT_ID),
     )
     return response
 
@@ -142,10 +139,12 @@ def create_app(
     app[keys.SETTINGS] = settings
     app[keys.METRICS] = metrics if metrics is not None else Metrics()
     app[keys.REQUEST_MEMO] = RequestMemo()
-    app[keys.ACCESS_LOG] = AccessLog(enabled=settings.access_log)
+    app[keys.ACCESS_LOG] = AccessLog.from_settings(settings)
     app[keys.OBSERVER] = RequestObserver(app[keys.METRICS], app[keys.ACCESS_LOG])
 
     async def access_log_ctx(app: web.Application) -> AsyncIterator[None]:
+        # The version comes from package metadata (a filesystem scan): not on the loop.
+        await asyncio.to_thread(ops.record_build_info, app[keys.METRICS])
         app[keys.ACCESS_LOG].start()
         yield
         await app[keys.ACCESS_LOG].close()
@@ -169,6 +168,9 @@ def create_app(
     app.router.add_post("/api/tts", api_tts)
     app.router.add_get("/synthesize", synthesize)
     app.router.add_get("/openapi.json", openapi_handler)
+    # --- operations (issue 6) ---
+    app.router.add_post("/v1/prompts", ops.prompts)
+    app.on_response_prepare.append(ops.on_response_prepare)
     return app
 
 

@@ -24,3 +24,9 @@ OBSERVER = web.AppKey("observer", RequestObserver)
 # Per-request values the handlers leave for the observing middleware.
 CACHE_RESULT = web.RequestKey("cache_result", str)
 AUDIO_KEY = web.RequestKey("audio_key", str)
+
+# --- operations (issue 6) ---
+# When the request started (perf_counter), for time to first byte; the authenticated client's id
+# (set by authentication when it exists) for the access log.
+STARTED = web.RequestKey("started", float)
+CLIENT_ID = web.RequestKey("client_id", str)

@@ -18,6 +18,7 @@ class RequestObserver:
         self._counters: dict[tuple[str, str, int], Any] = {}
         self._timers: dict[tuple[str, str], Any] = {}
         self._speech: dict[tuple[str, str, str, str], Any] = {}
+        self._bytes: dict[str, Any] = {}
 
     def count_speech(self, model: str, voice: str, fmt: str, cache: str) -> None:
         """Count one speech response by model, voice, format and cache result."""
@@ -28,7 +29,7 @@ class RequestObserver:
         child.inc()
 
     def observe(self, *, route: str, method: str, status: int, cache: str, key: str | None,
-                seconds: float, nbytes: int | None) -> None:
+                seconds: float, nbytes: int, client: str | None = None) -> None:
         """Record one answered request (``route`` is the route template, never the path)."""
         ckey = (route, method, status)
         counter = self._counters.get(ckey)
@@ -41,5 +42,9 @@ class RequestObserver:
         if timer is None:
             timer = self._timers[tkey] = self.metrics.request_seconds.labels(route, cache)
         timer.observe(seconds)
+        sent = self._bytes.get(route)
+        if sent is None:
+            sent = self._bytes[route] = self.metrics.response_bytes.labels(route)
+        sent.inc(nbytes)
         self.log.record(route=route, method=method, status=status, key=key, cache=cache,
-                        seconds=seconds, nbytes=nbytes)
+                        seconds=seconds, nbytes=nbytes, client=client)

@@ -314,6 +314,43 @@ def build_openapi(settings: Settings) -> dict[str, Any]:
                     },
                 }
             },
+            "/v1/prompts": {
+                "post": {
+                    "tags": ["operations"],
+                    "summary": "Render and pin a prompt catalogue; returns each content address",
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            JSON: {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["prompts"],
+                                    "properties": {
+                                        "prompts": {
+                                            "type": "array",
+                                            "description": "Strings, or objects with input, "
+                                            "voice, model, response_format, speed, sample_rate.",
+                                            "items": {"oneOf": [{"type": "string"},
+                                                                {"type": "object"}]},
+                                        },
+                                        "defaults": {
+                                            "type": "object",
+                                            "description": "Fields applied to every prompt.",
+                                        },
+                                    },
+                                }
+                            }
+                        },
+                    },
+                    "responses": {
+                        "200": {
+                            "description": "Each prompt's key, cache result and size; totals.",
+                            "content": {JSON: {"schema": {"type": "object"}}},
+                        },
+                        **_errors(400, 413),
+                    },
+                }
+            },
             "/healthz": {
                 "get": {
                     "tags": ["operations"],
@@ -439,9 +476,13 @@ def build_openapi(settings: Settings) -> dict[str, Any]:
                 "Ready": {
                     "type": "object",
                     "properties": {
-                        "status": {"type": "string", "enum": ["ready", "loading"]},
+                        "status": {"type": "string", "enum": ["ready", "degraded", "loading"]},
                         "models": {"type": "object", "additionalProperties": {"type": "boolean"}},
-                        "tiers": {"type": "array", "items": {"type": "string"}},
+                        "tiers": {
+                            "type": "object",
+                            "description": "Per tier: state ok or degraded (still serving).",
+                            "additionalProperties": {"type": "object"},
+                        },
                     },
                 },
             },

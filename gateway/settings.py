@@ -213,6 +213,7 @@ class Settings:
             "log_level",
             "must be debug, info, warning or error",
         )
+        self.validate_operations()
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` applied (validated)."""
@@ -240,6 +241,32 @@ class Settings:
             return self.intra_op_threads
         return max(1, (os.cpu_count() or 1) // self.synth_threads)
 
+    # --- operations (issue 6) ---
+    log_format: str = _opt(
+        "json", "Log line format: json (one JSON object a line) or text (for a terminal)."
+    )
+    workers: int = _opt(
+        1, "Gateway processes serving one port (SO_REUSEPORT); metrics are aggregated across them."
+    )
+    shutdown_timeout_s: int = _opt(
+        30, "On SIGTERM, seconds to let in-flight requests finish before closing connections."
+    )
+    max_catalogue_prompts: int = _opt(1000, "Most prompts one POST /v1/prompts may carry.")
+    catalogue_concurrency: int = _opt(
+        4, "Prompts rendered at once by voxgate warm and POST /v1/prompts."
+    )
+
+    def validate_operations(self) -> None:
+        """Range checks for the operations settings (called by :meth:`validate`)."""
+        for key, ok, what in (
+            ("log_format", self.log_format in ("json", "text"), "must be json or text"),
+            ("workers", 1 <= self.workers <= 64, "must be 1-64"),
+            ("shutdown_timeout_s", self.shutdown_timeout_s >= 0, "must be >= 0"),
+            ("max_catalogue_prompts", self.max_catalogue_prompts >= 1, "must be >= 1"),
+            ("catalogue_concurrency", self.catalogue_concurrency >= 1, "must be >= 1"),
+        ):
+            if not ok:
+                raise SettingsError(f"setting {key!r}: {what} (got {getattr(self, key)!r})")
 
 def settings_table() -> str:
     """The settings as a Markdown table (the README's table is this, checked by a test)."""
