@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 from aiohttp import web
 
@@ -18,6 +18,7 @@ from gateway.settings import Settings
 from gateway.speech import SpeechResult
 from metrics import CONTENT_TYPE_LATEST, Metrics, exposition
 from synth.engine import Engine
+from synth.pool import EngineSpec
 
 access_log = logging.getLogger("voxgate.access")
 
@@ -162,7 +163,7 @@ def create_app(
     settings: Settings,
     *,
     metrics: Metrics | None = None,
-    engines: Mapping[str, Engine] | None = None,
+    engines: Mapping[str, Engine | Sequence[EngineSpec]] | None = None,
 ) -> web.Application:
     """Build the gateway. ``engines`` replaces the configured engines (tests inject wrappers)."""
     max_body = settings.max_body_kb * 1024
