@@ -89,6 +89,10 @@ class CoquiEngine:
             raise ValueError(f"coqui mode must be one of {', '.join(MODES)}, got {mode!r}")
         if mode == "fp16" and not device.startswith("cuda"):
             raise ValueError("coqui mode fp16 needs a CUDA device (autocast fp16 is GPU-only)")
+        if mode == "int8" and device != "cpu":
+            raise ValueError(
+                "coqui mode int8 runs on cpu only (dynamic quantization has no CUDA kernels)"
+            )
         self.model_path, self.config_path = resolve_model_files(
             str(model_path), str(config_path) if config_path else None
         )
@@ -240,7 +244,7 @@ class CoquiEngine:
             )
             return
         # quantize_dynamic swaps modules in place on a CPU model (it has no CUDA kernels).
-        torch.ao.quantization.quantize_dynamic(
+        torch.ao.quantization.quantize_dynamic(  # type: ignore[no-untyped-call]
             model, {torch.nn.Linear, torch.nn.LSTM}, dtype=torch.qint8, inplace=True
         )
         log.info("coqui int8: quantized %d Linear/LSTM layers", self._quantized_layers)
@@ -306,7 +310,8 @@ class CoquiEngine:
         sid = model.speaker_manager.name_to_id[speaker] if speaker is not None else None
         lid = (
             model.language_manager.name_to_id[language]
-            if language is not None and model.language_manager is not None
+            if language is not None
+            and model.language_manager is not None
             and model.language_manager.num_languages > 1
             else None
         )
@@ -358,8 +363,10 @@ class CoquiEngine:
         frames = out["y_mask"].sum(dim=(1, 2)).long().cpu().numpy()
         hop = wav.shape[1] // out["y_mask"].shape[-1]
         return [
-            Audio(np.ascontiguousarray(wav[row, : int(frames[row]) * hop], dtype=np.float32),
-                  self.sample_rate)
+            Audio(
+                np.ascontiguousarray(wav[row, : int(frames[row]) * hop], dtype=np.float32),
+                self.sample_rate,
+            )
             for row in range(len(items))
         ]
 

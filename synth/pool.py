@@ -101,7 +101,9 @@ class _Worker:
         self.index = index
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(
-            target=_worker_main, args=(spec, threads, child), name=f"synth-worker-{index}",
+            target=_worker_main,
+            args=(spec, threads, child),
+            name=f"synth-worker-{index}",
             daemon=True,
         )
         self.process.start()
@@ -238,7 +240,10 @@ class WorkerPool:
             raise failures[0]
         log.info(
             "worker pool ready: model=%s workers=%d threads=%d in %.1fs",
-            self.model, self.size, self.threads, time.perf_counter() - started,
+            self.model,
+            self.size,
+            self.threads,
+            time.perf_counter() - started,
         )
 
     def _replace(self, worker: _Worker, reason: str) -> None:
@@ -307,9 +312,7 @@ class WorkerPool:
             except WorkerDied:
                 self._replace(worker, "died")
                 if attempt == 2:
-                    raise EngineDead(
-                        "the synthesis worker died twice running this batch"
-                    ) from None
+                    raise EngineDead("the synthesis worker died twice running this batch") from None
                 log.warning("retrying a batch of %d after a worker died", len(items))
             except TimeoutError:
                 self._replace(worker, "timeout")
@@ -339,7 +342,5 @@ class WorkerPool:
         loop = asyncio.get_running_loop()
         workers = list(self._workers.values())
         self._workers.clear()
-        await asyncio.gather(
-            *(loop.run_in_executor(self._threads, w.stop) for w in workers)
-        )
+        await asyncio.gather(*(loop.run_in_executor(self._threads, w.stop) for w in workers))
         self._threads.shutdown(wait=True, cancel_futures=True)

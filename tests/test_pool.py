@@ -26,8 +26,9 @@ from tests.support import ToneEngine
 TONE = "tests.support:ToneEngine"
 
 
-def tone_pool(metrics: Metrics, workers: int = 2, delay_s: float = 0.0,
-              timeout_s: float = 30.0) -> WorkerPool:
+def tone_pool(
+    metrics: Metrics, workers: int = 2, delay_s: float = 0.0, timeout_s: float = 30.0
+) -> WorkerPool:
     spec = EngineSpec(TONE, {"delay_s": delay_s})
     return WorkerPool("tone", spec.build(), [spec] * workers, metrics, batch_timeout_s=timeout_s)
 
