@@ -56,7 +56,7 @@ def build_vits(directory: Path, *, size: str = "tiny", seed: int = 0) -> tuple[P
         add_blank=True,
     )
     torch.manual_seed(seed)
-    model = Vits.init_from_config(config)
+    model = Vits(config)
     directory.mkdir(parents=True, exist_ok=True)
     checkpoint, config_path = directory / "model.pth", directory / "config.json"
     torch.save({"model": model.state_dict()}, checkpoint)
