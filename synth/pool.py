@@ -160,6 +160,11 @@ class _Worker:
             self.process.join(5)
 
 
+def _kill_when_started(future: asyncio.Future[_Worker]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().process.kill()  # a signal only: never blocks the loop
+
+
 class WorkerPool:
     """A :class:`~synth.scheduler.BatchRunner` over ``len(specs)`` worker processes.
 
@@ -214,9 +219,16 @@ class WorkerPool:
 
     async def _spawn(self, index: int) -> _Worker:
         loop = asyncio.get_running_loop()
-        worker = await loop.run_in_executor(
+        starting = loop.run_in_executor(
             self._threads, _Worker, index, self.specs[index], self.threads
         )
+        try:
+            worker = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            # Shut down while the process was being created: kill it once it exists, or it
+            # would outlive the pool.
+            starting.add_done_callback(_kill_when_started)
+            raise
         try:
             await loop.run_in_executor(self._threads, worker.wait_ready, self.start_timeout_s)
         except BaseException:

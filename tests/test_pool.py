@@ -150,3 +150,19 @@ def test_engine_spec_builds_by_dotted_path(tmp_path: Path) -> None:
     engine = EngineSpec("tests.support.ToneEngine", {"delay_s": 0.0}).build(fingerprint="x")
     assert isinstance(engine, ToneEngine)
     assert engine.fingerprint == "x"
+
+
+async def test_close_during_a_batch_leaves_no_worker_processes(metrics: Metrics) -> None:
+    import multiprocessing
+
+    pool = tone_pool(metrics, workers=2, delay_s=2.0)
+    await pool.start()
+    running = asyncio.create_task(pool.run_batch([SynthesisItem("slow one", "beep")]))
+    await asyncio.sleep(0.3)
+    running.cancel()  # what the scheduler does at shutdown
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    await pool.close()
+    await asyncio.sleep(0.2)
+    alive = [p.name for p in multiprocessing.active_children() if p.name.startswith("synth-worker")]
+    assert alive == []
