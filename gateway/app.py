@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 from aiohttp import web
 
@@ -27,6 +27,7 @@ from gateway.parsing import (
 from gateway.settings import Settings
 from metrics import CONTENT_TYPE_LATEST, Metrics, exposition
 from synth.engine import Engine
+from synth.pool import EngineSpec
 
 # ---- handlers -----------------------------------------------------------------------------
 
@@ -136,7 +137,7 @@ def create_app(
     settings: Settings,
     *,
     metrics: Metrics | None = None,
-    engines: Mapping[str, Engine] | None = None,
+    engines: Mapping[str, Engine | Sequence[EngineSpec]] | None = None,
 ) -> web.Application:
     """Build the gateway. ``engines`` replaces the configured engines (tests inject wrappers)."""
     max_body = settings.max_body_kb * 1024

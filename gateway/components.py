@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 from cache.disk import DiskTier
 from cache.memory import MemoryTier
@@ -18,8 +18,10 @@ from cache.tier import Tier
 from gateway.settings import Settings
 from gateway.speech import ModelHandle, SpeechService
 from metrics import Metrics
+from synth.coqui_engine import resolve_model_files
 from synth.engine import Engine
-from synth.piper_engine import PiperEngine, PiperVoiceFiles
+from synth.piper_engine import PiperVoiceFiles
+from synth.pool import EngineSpec, WorkerPool
 from synth.runner import ThreadRunner
 from synth.scheduler import Scheduler
 
@@ -58,35 +60,79 @@ async def open_store(settings: Settings, metrics: Metrics) -> AsyncIterator[Tier
         await store.close()
 
 
-def default_engines(settings: Settings) -> dict[str, Engine]:
-    """The engines the settings ask for (the bundled Piper voice by default)."""
+def default_engine_specs(settings: Settings) -> dict[str, list[EngineSpec]]:
+    """Per model, one engine spec per worker: Piper always, Coqui when ``coqui_model`` is set.
+
+    Worker ``i`` runs on ``devices[i % len(devices)]``; in-process engines use ``devices[0]``.
+    """
+    pooled = settings.pool_workers() >= 1
+    threads = settings.worker_threads() if pooled else settings.effective_intra_op_threads()
+    count = max(1, settings.pool_workers())
+    devices = [settings.devices[i % len(settings.devices)] for i in range(count)]
     voices = [PiperVoiceFiles.from_spec(spec) for spec in settings.piper_voices]
-    return {"piper": PiperEngine(voices, intra_op_threads=settings.effective_intra_op_threads())}
+    specs = {
+        "piper": [
+            EngineSpec(
+                "synth.piper_engine:PiperEngine",
+                {"voices": voices, "intra_op_threads": threads, "use_cuda": d.startswith("cuda")},
+            )
+            for d in devices
+        ]
+    }
+    if settings.coqui_model:
+        # Resolve a zoo name here, once: the workers then find the files in Coqui's cache.
+        model_path, config_path = resolve_model_files(
+            settings.coqui_model, settings.coqui_config or None
+        )
+        specs[settings.coqui_name] = [
+            EngineSpec(
+                "synth.coqui_engine:CoquiEngine",
+                {
+                    "model_path": model_path,
+                    "config_path": config_path,
+                    "mode": settings.coqui_mode,
+                    "device": d,
+                    "intra_op_threads": threads,
+                    "onnx_dir": settings.cache_dir / "coqui-onnx",
+                },
+            )
+            for d in devices
+        ]
+    return specs
+
+
+def default_engines(settings: Settings) -> dict[str, Engine]:
+    """The engines the settings ask for, built in this process (the bundled Piper voice by
+    default, plus Coqui when configured)."""
+    return {name: specs[0].build() for name, specs in default_engine_specs(settings).items()}
 
 
 @contextlib.asynccontextmanager
 async def open_models(
     settings: Settings,
     metrics: Metrics,
-    engines: Mapping[str, Engine] | None = None,
+    engines: Mapping[str, Engine | Sequence[EngineSpec]] | None = None,
     *,
     wait_ready: bool = False,
 ) -> AsyncIterator[dict[str, ModelHandle]]:
     """Start a runner and a scheduler per engine and load + warm the engines in the background.
+
+    An :class:`Engine` object runs in-process (a :class:`ThreadRunner`: tests inject wrappers this
+    way). A list of :class:`EngineSpec` (one per worker) runs in a :class:`WorkerPool` of worker
+    processes; with ``synth_workers = 0`` the first spec is built and run in-process instead.
 
     Each handle's ``ready`` event is set once its engine is warm. With ``wait_ready`` the context
     is entered only after every engine is ready (the CLI); the server enters at once so that
     ``/readyz`` can answer 503 while models load.
     """
     if engines is None:
-        # Reads voice configs and hashes the weights for the fingerprint: off the loop.
-        engines = await asyncio.to_thread(default_engines, settings)
-    engines = dict(engines)
+        # Reads configs (and may resolve a zoo name): off the loop.
+        engines = await asyncio.to_thread(default_engine_specs, settings)
     handles: dict[str, ModelHandle] = {}
-    runners: list[ThreadRunner] = []
+    runners: list[ThreadRunner | WorkerPool] = []
     loaders: list[asyncio.Task[None]] = []
 
-    async def load(name: str, runner: ThreadRunner, ready: asyncio.Event) -> None:
+    async def load(name: str, runner: ThreadRunner | WorkerPool, ready: asyncio.Event) -> None:
         try:
             await runner.start()
         except Exception:
@@ -99,15 +145,22 @@ async def open_models(
         )
 
     try:
-        for name, engine in engines.items():
-            runner = ThreadRunner(engine, settings.synth_threads)
+        for name, given in engines.items():
+            # Building the metadata engine hashes the weights for its fingerprint: off the loop.
+            runner, engine, concurrency = await asyncio.to_thread(
+                _runner_for, name, given, settings, metrics
+            )
             runners.append(runner)
             scheduler = Scheduler(
                 name,
                 runner,
                 metrics,
                 max_queue=settings.queue_size,
-                concurrency=settings.synth_threads,
+                max_batch=min(
+                    settings.effective_max_batch(), int(getattr(engine, "max_exact_batch", 1))
+                ),
+                max_wait_ms=float(settings.max_wait_ms),
+                concurrency=concurrency,
                 retry_after_s=settings.retry_after_s,
             )
             scheduler.start()
@@ -130,11 +183,33 @@ async def open_models(
             await runner.close()
 
 
+def _runner_for(
+    name: str, given: Engine | Sequence[EngineSpec], settings: Settings, metrics: Metrics
+) -> tuple[ThreadRunner | WorkerPool, Engine, int]:
+    """``(runner, engine for metadata, batches at once)`` for one model."""
+    if isinstance(given, Engine):
+        return ThreadRunner(given, settings.synth_threads), given, settings.synth_threads
+    specs = list(given)
+    # The gateway's copy is never loaded: it only answers voices, fingerprint and sample rate.
+    engine = specs[0].build()
+    if settings.pool_workers() < 1:
+        return ThreadRunner(engine, settings.synth_threads), engine, settings.synth_threads
+    pool = WorkerPool(
+        name,
+        engine,
+        specs,
+        metrics,
+        threads=settings.worker_threads(),
+        batch_timeout_s=float(settings.batch_timeout_s),
+    )
+    return pool, engine, pool.size
+
+
 @contextlib.asynccontextmanager
 async def open_speech(
     settings: Settings,
     metrics: Metrics,
-    engines: Mapping[str, Engine] | None = None,
+    engines: Mapping[str, Engine | Sequence[EngineSpec]] | None = None,
     *,
     wait_ready: bool = False,
 ) -> AsyncIterator[SpeechService]:

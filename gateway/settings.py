@@ -102,6 +102,42 @@ class Settings:
         8, "Sentences of one request submitted to the synthesis queue at the same time."
     )
 
+    # --- synthesis backend (issue 3) ---
+    coqui_model: str = _opt(
+        "",
+        "Coqui TTS model: a zoo name (e.g. tts_models/en/ljspeech/vits; Coqui downloads it once) "
+        "or a local checkpoint path; empty serves no Coqui model.",
+    )
+    coqui_config: str = _opt(
+        "", "config.json of a local Coqui checkpoint (default: config.json beside the checkpoint)."
+    )
+    coqui_name: str = _opt("coqui", "Model name the Coqui model is served under in the API.")
+    coqui_mode: str = _opt(
+        "torch",
+        "Coqui execution mode: torch (eager fp32), onnx (Coqui's VITS ONNX export in ONNX "
+        "Runtime), int8 (dynamic quantization of Linear/LSTM layers; a no-op for VITS), "
+        "fp16 or bf16 (autocast; fp16 needs CUDA).",
+    )
+    synth_workers: int = _opt(
+        0,
+        "Synthesis worker processes per model (0: engines run in-process threads). On CUDA "
+        "devices the pool has one worker per device.",
+    )
+    devices: tuple[str, ...] = _opt(
+        ("cpu",), "Devices the engines run on, comma-separated: cpu, or cuda:0,cuda:1."
+    )
+    max_batch: int = _opt(
+        0,
+        "Most items per engine batch (0: auto, 1 on CPU where batching measured slower, 8 on "
+        "CUDA). Engines that cannot split a batch exactly (Piper, Coqui onnx) always run 1.",
+    )
+    max_wait_ms: int = _opt(
+        5, "Milliseconds a batch waits for compatible items to join it (with max_batch > 1)."
+    )
+    batch_timeout_s: int = _opt(
+        120, "Seconds a worker may spend on one batch before it is killed and replaced."
+    )
+
     # ---- loading ---------------------------------------------------------------------------
 
     @classmethod
@@ -213,6 +249,23 @@ class Settings:
             "log_level",
             "must be debug, info, warning or error",
         )
+        # --- synthesis backend (issue 3) ---
+        need(
+            self.coqui_mode in ("torch", "onnx", "int8", "fp16", "bf16"),
+            "coqui_mode",
+            "must be torch, onnx, int8, fp16 or bf16",
+        )
+        need(bool(self.coqui_name), "coqui_name", "must not be empty")
+        need(self.synth_workers >= 0, "synth_workers", "must be >= 0")
+        need(bool(self.devices), "devices", "needs at least one device")
+        need(
+            all(d == "cpu" or d == "cuda" or d.startswith("cuda:") for d in self.devices),
+            "devices",
+            "each device must be cpu, cuda or cuda:N",
+        )
+        need(self.max_batch >= 0, "max_batch", "must be >= 0")
+        need(self.max_wait_ms >= 0, "max_wait_ms", "must be >= 0")
+        need(self.batch_timeout_s >= 1, "batch_timeout_s", "must be >= 1")
         self.validate_operations()
 
     def replace(self, **changes: Any) -> Settings:
@@ -241,6 +294,29 @@ class Settings:
             return self.intra_op_threads
         return max(1, (os.cpu_count() or 1) // self.synth_threads)
 
+    # --- synthesis backend (issue 3) ---
+
+    def uses_cuda(self) -> bool:
+        """True when the engines run on CUDA devices."""
+        return any(d.startswith("cuda") for d in self.devices)
+
+    def pool_workers(self) -> int:
+        """Worker processes per model: one per CUDA device, else ``synth_workers``."""
+        if self.synth_workers and self.uses_cuda():
+            return len(self.devices)
+        return self.synth_workers
+
+    def worker_threads(self) -> int:
+        """Intra-op threads per worker process, so that workers x threads fits the cores."""
+        if self.intra_op_threads:
+            return self.intra_op_threads
+        return max(1, (os.cpu_count() or 1) // max(1, self.pool_workers()))
+
+    def effective_max_batch(self) -> int:
+        """``max_batch``, or what measured fastest on the device (CPU: 1, CUDA: 8)."""
+        if self.max_batch:
+            return self.max_batch
+        return 8 if self.uses_cuda() else 1
     # --- operations (issue 6) ---
     log_format: str = _opt(
         "json", "Log line format: json (one JSON object a line) or text (for a terminal)."

@@ -98,3 +98,11 @@ def redis(tmp_path: Path) -> Iterator[RedisServer]:
     """A real redis-server on a free loopback port."""
     with redis_server(tmp_path / "redis") as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def coqui_model_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A small random-weight Coqui VITS saved as ``model.pth`` + ``config.json`` (built once)."""
+    from tests.coqui_fixtures import build_vits
+
+    return build_vits(tmp_path_factory.mktemp("coqui-vits"))

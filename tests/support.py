@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import socket
 import subprocess
@@ -128,3 +129,51 @@ def redis_server(directory: Path, **kw: object) -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+class ToneEngine:
+    """A tiny deterministic engine for worker-process tests (built in the worker by dotted path).
+
+    Each item becomes a tone whose length follows its text. A text containing ``hang`` blocks
+    forever (the per-batch timeout test), one containing ``crash`` ends the process; ``delay_s`` slows every batch so a test can act while a
+    batch runs.
+    """
+
+    name = "tone"
+    sample_rate = 16000
+
+    def __init__(self, delay_s: float = 0.0, fingerprint: str = "tone-v1") -> None:
+        self.delay_s = delay_s
+        self.fingerprint = fingerprint
+        self.loaded = False
+
+    def voices(self) -> Sequence[VoiceInfo]:
+        return [VoiceInfo("beep", "en", "test tone")]
+
+    def default_params(self, voice: str) -> Mapping[str, ParamValue]:
+        return {}
+
+    def load(self) -> None:
+        self.loaded = True
+
+    def warm_up(self) -> None:
+        self.synthesize_batch([SynthesisItem("warm", "beep")])
+
+    def synthesize_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]:
+        import numpy as np
+
+        if any("hang" in item.text for item in items):
+            threading.Event().wait()  # never set: a stuck engine
+        if any("crash" in item.text for item in items):
+            os._exit(3)  # a native crash: the process ends mid-batch
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        out = []
+        for item in items:
+            n = 160 * (len(item.text) + 1)
+            t = np.arange(n, dtype=np.float32) / self.sample_rate
+            out.append(Audio((0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), 16000))
+        return out
+
+    def describe(self) -> Mapping[str, object]:
+        return {"engine": "tone", "mode": "test"}

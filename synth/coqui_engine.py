@@ -1,0 +1,413 @@
+"""Coqui TTS models (coqui-tts) as an :class:`~synth.engine.Engine`.
+
+A model is named either by Coqui's model zoo (``tts_models/en/ljspeech/vits``: Coqui's own
+``ModelManager`` downloads it into its cache, so a zoo name needs the network once) or by a local
+checkpoint + ``config.json``. Both load through Coqui's ``Synthesizer``, the code path
+``tts --model_path`` takes, so a model that works with Coqui works here.
+
+Execution modes (``mode``):
+
+- ``torch``: eager fp32. VITS models run real batches (``x_lengths``), each item trimmed to its own
+  predicted length, so a batched item is the same audio as its single run (see
+  :meth:`CoquiEngine.synthesize_batch` for the one place they can differ).
+- ``onnx``: Coqui's own VITS ONNX export (``Vits.export_onnx``) run in ONNX Runtime. Exported once
+  into ``onnx_dir`` under the model fingerprint and reused by every worker and restart. The exported
+  graph returns only the padded waveform (no per-item lengths), so items run one at a time.
+- ``int8``: torch dynamic int8 quantization of ``Linear``/``LSTM`` layers. Applied only when the
+  model has such layers; VITS has none, so for VITS it is logged as a no-op and runs as ``torch``.
+- ``fp16`` / ``bf16``: eager under ``torch.autocast`` on the engine's device (fp16 needs CUDA).
+
+Voices: a single-speaker model serves one voice, ``default``; a multi-speaker model serves its
+speakers; a multilingual one serves ``speaker@language`` pairs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from synth.engine import Audio, ParamValue, SynthesisItem, VoiceInfo, fingerprint_files
+from synth.errors import EngineError
+
+log = logging.getLogger("voxgate.synth.coqui")
+
+MODES = ("torch", "onnx", "int8", "fp16", "bf16")
+DEFAULT_VOICE = "default"
+
+
+def resolve_model_files(model: str, config: str | None = None) -> tuple[Path, Path]:
+    """``(checkpoint, config)`` for a local checkpoint path or a Coqui zoo name.
+
+    A path that exists is a local checkpoint; its config is ``config`` or ``config.json`` beside it.
+    Anything else is a zoo name handed to Coqui's ``ModelManager`` (downloads once, then cached).
+    """
+    path = Path(model).expanduser()
+    if path.exists():
+        cfg = Path(config).expanduser() if config else path.parent / "config.json"
+        if not cfg.is_file():
+            raise FileNotFoundError(f"coqui config not found: {cfg} (set coqui_config)")
+        return path, cfg
+    if "/" not in model:
+        raise FileNotFoundError(f"coqui model {model!r} is neither a file nor a zoo name")
+    from TTS.utils.manage import ModelManager
+
+    model_path, config_path, _ = ModelManager(progress_bar=False).download_model(model)
+    if config_path is None:
+        raise EngineError(f"coqui zoo model {model!r} has no config file")
+    return Path(model_path), Path(config_path)
+
+
+class CoquiEngine:
+    """One Coqui TTS model in one process (a worker loads its own copy).
+
+    The constructor reads only the config (no torch import), so the gateway process can list voices
+    and compute content keys while the workers load the weights.
+    """
+
+    name = "coqui"
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        config_path: str | Path | None = None,
+        *,
+        mode: str = "torch",
+        device: str = "cpu",
+        intra_op_threads: int = 1,
+        onnx_dir: str | Path | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"coqui mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if mode == "fp16" and not device.startswith("cuda"):
+            raise ValueError("coqui mode fp16 needs a CUDA device (autocast fp16 is GPU-only)")
+        if mode == "int8" and device != "cpu":
+            raise ValueError(
+                "coqui mode int8 runs on cpu only (dynamic quantization has no CUDA kernels)"
+            )
+        self.model_path, self.config_path = resolve_model_files(
+            str(model_path), str(config_path) if config_path else None
+        )
+        self.mode = mode
+        self.device = device
+        self.intra_op_threads = intra_op_threads
+        self.onnx_dir = Path(onnx_dir) if onnx_dir else self.model_path.parent / "onnx"
+        with self.config_path.open(encoding="utf-8") as f:
+            self._config: dict[str, Any] = json.load(f)
+        audio_cfg = self._config.get("audio", {})
+        self.sample_rate = int(audio_cfg.get("output_sample_rate") or audio_cfg["sample_rate"])
+        self.fingerprint = fingerprint_files([self.model_path, self.config_path])
+        self.model_type = str(self._config.get("model", "")).lower()
+        self._voices = self._voices_from_config()
+        self._synth: Any = None
+        self._onnx: Any = None
+        self._quantized_layers = 0
+        self._exact_batches = False
+        # The model's noise/length scales are attributes set per batch: one batch at a time.
+        self._lock = threading.Lock()
+
+    # ---- metadata (no torch needed) --------------------------------------------------------
+
+    def _read_names(self, path_value: object) -> list[str]:
+        if not path_value:
+            return []
+        path = Path(str(path_value))
+        if not path.is_absolute():
+            path = self.config_path.parent / path
+        if not path.is_file():
+            path = self.config_path.parent / path.name  # zoo configs carry training-machine paths
+        if not path.is_file():
+            return []
+        if path.suffix == ".json":
+            with path.open(encoding="utf-8") as f:
+                return sorted(json.load(f))
+        import torch
+
+        return sorted(torch.load(path, map_location="cpu", weights_only=False))
+
+    def _voices_from_config(self) -> dict[str, tuple[str | None, str | None]]:
+        args = self._config.get("model_args", {}) or {}
+        speakers = self._read_names(
+            self._config.get("speakers_file") or args.get("speakers_file")
+        ) or list(self._config.get("speakers", []) or [])
+        languages = self._read_names(
+            self._config.get("language_ids_file") or args.get("language_ids_file")
+        ) or list(self._config.get("languages", []) or [])
+        multilingual = bool(args.get("use_language_embedding")) and len(languages) > 1
+        if not speakers:
+            speakers_opt: list[str | None] = [None]
+        else:
+            speakers_opt = list(speakers)
+        out: dict[str, tuple[str | None, str | None]] = {}
+        for spk in speakers_opt:
+            if multilingual:
+                for lang in languages:
+                    out[f"{spk or DEFAULT_VOICE}@{lang}"] = (spk, lang)
+            else:
+                out[spk or DEFAULT_VOICE] = (spk, languages[0] if languages else None)
+        return out
+
+    def voices(self) -> Sequence[VoiceInfo]:
+        lang = str(self._config.get("phoneme_language") or "")
+        return [
+            VoiceInfo(name, language or lang, f"Coqui {self.model_type}")
+            for name, (_, language) in self._voices.items()
+        ]
+
+    def default_params(self, voice: str) -> Mapping[str, ParamValue]:
+        if self.model_type != "vits":
+            return {}
+        args = self._config.get("model_args", {}) or {}
+        return {
+            "noise_scale": float(args.get("inference_noise_scale", 0.667)),
+            "noise_scale_dp": float(args.get("inference_noise_scale_dp", 1.0)),
+            "length_scale": float(args.get("length_scale", 1.0)),
+        }
+
+    @property
+    def max_exact_batch(self) -> int:
+        """Largest batch this engine splits back exactly (1: it runs items one at a time)."""
+        exact = self.model_type == "vits" and self.mode != "onnx"
+        return 64 if exact else 1
+
+    def describe(self) -> Mapping[str, object]:
+        out: dict[str, object] = {
+            "engine": "coqui",
+            "model_type": self.model_type,
+            "mode": self.mode,
+            "runtime": "onnxruntime" if self.mode == "onnx" else "torch",
+            "device": self.device,
+            "intra_op_threads": self.intra_op_threads,
+            "batching": (
+                "exact (x_lengths, each item trimmed to its predicted length)"
+                if self.max_exact_batch > 1
+                else "none (items run one at a time)"
+            ),
+            "sample_rate": self.sample_rate,
+            "fingerprint": self.fingerprint,
+        }
+        if self.mode == "int8" and self._synth is not None:
+            out["quantized_layers"] = self._quantized_layers
+        return out
+
+    # ---- loading -----------------------------------------------------------------------------
+
+    def load(self) -> None:
+        if self._synth is not None:
+            return  # load() is idempotent
+        import torch
+        from TTS.utils.synthesizer import Synthesizer
+
+        torch.set_num_threads(max(1, self.intra_op_threads))
+        started = time.perf_counter()
+        use_cuda = self.device.startswith("cuda")
+        if use_cuda:
+            torch.cuda.set_device(torch.device(self.device))
+        self._synth = Synthesizer(
+            tts_checkpoint=str(self.model_path),
+            tts_config_path=str(self.config_path),
+            use_cuda=use_cuda,
+        )
+        model = self._synth.tts_model
+        model.eval()
+        if self.mode == "onnx":
+            if self.model_type != "vits":
+                raise EngineError(f"coqui mode onnx needs a VITS model, got {self.model_type!r}")
+            self._onnx = self._onnx_session(model)
+        elif self.mode == "int8":
+            self._quantize(model)
+        log.info(
+            "coqui model loaded: %s mode=%s device=%s in %.1fs",
+            self.model_path.name,
+            self.mode,
+            self.device,
+            time.perf_counter() - started,
+        )
+
+    def _quantize(self, model: Any) -> None:
+        import torch
+
+        targets = (torch.nn.Linear, torch.nn.LSTM)
+        self._quantized_layers = sum(isinstance(m, targets) for m in model.modules())
+        if not self._quantized_layers:
+            log.info(
+                "coqui int8: the model has no Linear/LSTM layers, so dynamic quantization is a "
+                "no-op; running eager fp32"
+            )
+            return
+        # quantize_dynamic swaps modules in place on a CPU model (it has no CUDA kernels).
+        torch.ao.quantization.quantize_dynamic(  # type: ignore[no-untyped-call]
+            model, {torch.nn.Linear, torch.nn.LSTM}, dtype=torch.qint8, inplace=True
+        )
+        log.info("coqui int8: quantized %d Linear/LSTM layers", self._quantized_layers)
+
+    def _onnx_session(self, model: Any) -> Any:
+        import onnxruntime
+
+        path = self.onnx_dir / f"{self.fingerprint}.onnx"
+        if not path.is_file():
+            self.onnx_dir.mkdir(parents=True, exist_ok=True)
+            with _file_lock(self.onnx_dir / f"{self.fingerprint}.lock"):
+                if not path.is_file():  # another worker may have exported while we waited
+                    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                    log.info("exporting coqui model to ONNX (once per fingerprint): %s", path)
+                    model.export_onnx(output_path=str(tmp), verbose=False)
+                    tmp.replace(path)
+        opts = onnxruntime.SessionOptions()
+        # Coqui's load_onnx() leaves ONNX Runtime's threads at "all cores"; workers x threads must
+        # fit the cores, so the session is built here with the same providers and our thread count.
+        opts.intra_op_num_threads = max(1, self.intra_op_threads)
+        opts.inter_op_num_threads = 1
+        providers: list[Any] = ["CPUExecutionProvider"]
+        if self.device.startswith("cuda"):
+            index = int(self.device.partition(":")[2] or 0)
+            providers = [("CUDAExecutionProvider", {"device_id": index})]
+        return onnxruntime.InferenceSession(str(path), sess_options=opts, providers=providers)
+
+    def warm_up(self) -> None:
+        voice = next(iter(self._voices))
+        self.synthesize_batch([SynthesisItem("Warming up the model.", voice)])
+
+    # ---- synthesis ---------------------------------------------------------------------------
+
+    def synthesize_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]:
+        if self._synth is None:
+            raise EngineError("coqui engine used before load()")
+        if not items:
+            return []
+        for item in items:
+            if item.voice not in self._voices:
+                raise EngineError(f"unknown coqui voice {item.voice!r}")
+        with self._lock:
+            if self.model_type != "vits":
+                return [self._synthesize_generic(item) for item in items]
+            if self.mode == "onnx":
+                return [self._synthesize_onnx(item) for item in items]
+            return self._synthesize_vits(items)
+
+    def _scales(self, item: SynthesisItem) -> tuple[float, float, float]:
+        params: dict[str, Any] = {**self.default_params(item.voice), **item.params}
+        return (
+            float(params["noise_scale"]),
+            float(params["length_scale"]) / item.speed,
+            float(params["noise_scale_dp"]),
+        )
+
+    def _ids(self, item: SynthesisItem) -> tuple[list[int], int | None, int | None]:
+        model = self._synth.tts_model
+        ids = list(model.tokenizer.text_to_ids(item.text))
+        if not ids:
+            raise EngineError("the text has no characters this model can speak")
+        speaker, language = self._voices[item.voice]
+        sid = model.speaker_manager.name_to_id[speaker] if speaker is not None else None
+        lid = (
+            model.language_manager.name_to_id[language]
+            if language is not None
+            and model.language_manager is not None
+            and model.language_manager.num_languages > 1
+            else None
+        )
+        return ids, sid, lid
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        import torch
+
+        if self.mode in ("fp16", "bf16"):
+            dtype = torch.float16 if self.mode == "fp16" else torch.bfloat16
+            return torch.autocast(self.device.partition(":")[0], dtype=dtype)
+        return contextlib.nullcontext()
+
+    def _synthesize_vits(self, items: Sequence[SynthesisItem]) -> list[Audio]:
+        """One padded forward pass for the whole batch.
+
+        Every item of a batch shares its scales (the scheduler batches only equal parameters).
+        Each output is cut at its own predicted length (``y_mask``), so the padding of a longer
+        neighbour never leaks in. The HiFi-GAN decoder is not masked, so the last few
+        milliseconds of a shorter item (its receptive field) see the neighbour's padding frames
+        instead of zeros: that edge is the only place batched and single runs may differ.
+        """
+        import torch
+
+        model = self._synth.tts_model
+        noise, length, noise_dp = self._scales(items[0])
+        encoded = [self._ids(item) for item in items]
+        device = next(model.parameters()).device
+        longest = max(len(ids) for ids, _, _ in encoded)
+        x = torch.zeros((len(items), longest), dtype=torch.long)
+        for row, (ids, _, _) in enumerate(encoded):
+            x[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        x_lengths = torch.tensor([len(ids) for ids, _, _ in encoded], dtype=torch.long)
+        sids = [s for _, s, _ in encoded]
+        lids = [lang for _, _, lang in encoded]
+        aux: dict[str, Any] = {
+            "x_lengths": x_lengths.to(device),
+            "d_vectors": None,
+            "speaker_ids": torch.tensor(sids, device=device) if sids[0] is not None else None,
+            "language_ids": torch.tensor(lids, device=device) if lids[0] is not None else None,
+            "durations": None,
+        }
+        model.inference_noise_scale = noise
+        model.length_scale = length
+        model.inference_noise_scale_dp = noise_dp
+        with torch.inference_mode(), self._autocast():
+            out = model.inference(x.to(device), aux_input=aux)
+        wav = out["model_outputs"].float().cpu().numpy()[:, 0, :]
+        frames = out["y_mask"].sum(dim=(1, 2)).long().cpu().numpy()
+        hop = wav.shape[1] // out["y_mask"].shape[-1]
+        return [
+            Audio(
+                np.ascontiguousarray(wav[row, : int(frames[row]) * hop], dtype=np.float32),
+                self.sample_rate,
+            )
+            for row in range(len(items))
+        ]
+
+    def _synthesize_onnx(self, item: SynthesisItem) -> Audio:
+        ids, sid, lid = self._ids(item)
+        noise, length, noise_dp = self._scales(item)
+        feeds: dict[str, Any] = {
+            "input": np.asarray([ids], dtype=np.int64),
+            "input_lengths": np.asarray([len(ids)], dtype=np.int64),
+            "scales": np.asarray([noise, length, noise_dp], dtype=np.float32),
+        }
+        names = {i.name for i in self._onnx.get_inputs()}
+        if "sid" in names:
+            feeds["sid"] = np.asarray([sid or 0], dtype=np.int64)
+        if "langid" in names:
+            feeds["langid"] = np.asarray([lid or 0], dtype=np.int64)
+        wav = self._onnx.run(["output"], feeds)[0]
+        return Audio(np.ascontiguousarray(wav.reshape(-1), dtype=np.float32), self.sample_rate)
+
+    def _synthesize_generic(self, item: SynthesisItem) -> Audio:
+        import torch
+
+        speaker, language = self._voices[item.voice]
+        with torch.inference_mode(), self._autocast():
+            wav = self._synth.tts(
+                item.text, speaker_name=speaker, language_name=language, split_sentences=False
+            )
+        pcm = np.asarray(wav, dtype=np.float32)
+        if not len(pcm):
+            raise EngineError("the model produced no audio for this input")
+        return Audio(pcm, self.sample_rate)
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock on ``path`` (workers export the ONNX file once between them)."""
+    import fcntl
+
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

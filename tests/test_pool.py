@@ -1,0 +1,168 @@
+"""The worker-process pool: real spawned workers running a tiny test engine (tests.support).
+
+A worker SIGKILLed mid-batch or stuck past the batch timeout is replaced; requests get audio or a
+clean 503, never a hang or another 5xx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from gateway import keys
+from gateway.settings import Settings
+from metrics import Metrics
+from synth.engine import SynthesisItem
+from synth.errors import EngineDead, SynthesisTimeout
+from synth.pool import EngineSpec, WorkerPool
+from tests.conftest import GatewayFactory
+from tests.support import ToneEngine
+
+TONE = "tests.support:ToneEngine"
+
+
+def tone_pool(
+    metrics: Metrics, workers: int = 2, delay_s: float = 0.0, timeout_s: float = 30.0
+) -> WorkerPool:
+    spec = EngineSpec(TONE, {"delay_s": delay_s})
+    return WorkerPool("tone", spec.build(), [spec] * workers, metrics, batch_timeout_s=timeout_s)
+
+
+async def wait_for_workers(pool: WorkerPool, count: int, within_s: float) -> float:
+    """Seconds until ``count`` workers are live and idle again; fails past ``within_s``."""
+    started = time.monotonic()
+    while time.monotonic() - started < within_s:
+        if pool.ready_workers == count and pool._idle.qsize() == count:
+            return time.monotonic() - started
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"pool not back to {count} workers within {within_s}s")
+
+
+def restarts(metrics: Metrics, reason: str) -> float:
+    value = metrics.registry.get_sample_value(
+        "voxgate_synthesis_worker_restarts_total", {"model": "tone", "reason": reason}
+    )
+    return value or 0.0
+
+
+async def test_pool_runs_batches_in_worker_processes(metrics: Metrics) -> None:
+    pool = tone_pool(metrics)
+    await pool.start()
+    try:
+        assert pool.ready_workers == 2
+        assert os.getpid() not in pool.worker_pids()
+        items = [SynthesisItem(t, "beep") for t in ("a", "bbbb", "cc")]
+        audios = await pool.run_batch(items)
+        assert [len(a.pcm) for a in audios] == [160 * 2, 160 * 5, 160 * 3]
+        assert all(a.sample_rate == 16000 for a in audios)
+    finally:
+        await pool.close()
+    assert pool.worker_pids() == []
+
+
+async def test_crashing_batch_is_retried_once_then_engine_dead(metrics: Metrics) -> None:
+    pool = tone_pool(metrics)
+    await pool.start()
+    try:
+        with pytest.raises(EngineDead):
+            await pool.run_batch([SynthesisItem("crash now", "beep")])
+        # Both workers it ran on were replaced; the pool heals and serves again.
+        assert restarts(metrics, "died") == 2
+        await wait_for_workers(pool, 2, 10)
+        audios = await pool.run_batch([SynthesisItem("fine", "beep")])
+        assert len(audios) == 1
+    finally:
+        await pool.close()
+
+
+async def test_hanging_batch_times_out_and_worker_is_replaced(metrics: Metrics) -> None:
+    pool = tone_pool(metrics, workers=1, timeout_s=1.5)
+    await pool.start()
+    try:
+        before = pool.worker_pids()
+        with pytest.raises(SynthesisTimeout):
+            await pool.run_batch([SynthesisItem("please hang", "beep")])
+        assert restarts(metrics, "timeout") == 1
+        await wait_for_workers(pool, 1, 10)
+        assert pool.worker_pids() != before
+        assert len(await pool.run_batch([SynthesisItem("after", "beep")])) == 1
+    finally:
+        await pool.close()
+
+
+def pool_settings(settings: Settings, **changes: object) -> Settings:
+    return settings.replace(**{"synth_workers": 2, **changes})
+
+
+async def test_sigkill_mid_batch_every_request_gets_audio_or_503(
+    gateway: GatewayFactory, settings: Settings, metrics: Metrics
+) -> None:
+    spec = EngineSpec(TONE, {"delay_s": 0.8})
+    client = await gateway(settings=pool_settings(settings), engines={"tone": [spec, spec]})
+    pool = client.app[keys.SPEECH].models["tone"].scheduler.runner
+    assert isinstance(pool, WorkerPool)
+    assert pool.ready_workers == 2
+
+    async def ask(i: int) -> int:
+        body = {"model": "tone", "voice": "beep", "input": f"request {i}", "response_format": "wav"}
+        resp = await client.post("/v1/audio/speech", json=body)
+        await resp.read()
+        return resp.status
+
+    tasks = [asyncio.create_task(ask(i)) for i in range(6)]
+    await asyncio.sleep(0.4)  # both workers are inside their first batch now
+    victim = pool.worker_pids()[0]
+    os.kill(victim, signal.SIGKILL)
+    statuses = await asyncio.wait_for(asyncio.gather(*tasks), 60)
+    assert set(statuses) <= {200, 503}, statuses
+    assert 200 in statuses
+    assert restarts(metrics, "died") >= 1
+    assert await wait_for_workers(pool, 2, 10) < 10
+    assert victim not in pool.worker_pids()
+
+
+async def test_hanging_engine_gets_503_and_the_gateway_keeps_serving(
+    gateway: GatewayFactory, settings: Settings, metrics: Metrics
+) -> None:
+    spec = EngineSpec(TONE, {})
+    client = await gateway(
+        settings=pool_settings(settings, synth_workers=1, batch_timeout_s=1),
+        engines={"tone": [spec]},
+    )
+    pool = client.app[keys.SPEECH].models["tone"].scheduler.runner
+    body = {"model": "tone", "voice": "beep", "input": "please hang", "response_format": "wav"}
+    resp = await client.post("/v1/audio/speech", json=body)
+    assert resp.status == 503
+    assert "Retry-After" in resp.headers
+    assert restarts(metrics, "timeout") == 1
+    await wait_for_workers(pool, 1, 10)
+    body["input"] = "a normal sentence"
+    resp = await client.post("/v1/audio/speech", json=body)
+    assert resp.status == 200
+
+
+def test_engine_spec_builds_by_dotted_path(tmp_path: Path) -> None:
+    engine = EngineSpec("tests.support.ToneEngine", {"delay_s": 0.0}).build(fingerprint="x")
+    assert isinstance(engine, ToneEngine)
+    assert engine.fingerprint == "x"
+
+
+async def test_close_during_a_batch_leaves_no_worker_processes(metrics: Metrics) -> None:
+    import multiprocessing
+
+    pool = tone_pool(metrics, workers=2, delay_s=2.0)
+    await pool.start()
+    running = asyncio.create_task(pool.run_batch([SynthesisItem("slow one", "beep")]))
+    await asyncio.sleep(0.3)
+    running.cancel()  # what the scheduler does at shutdown
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    await pool.close()
+    await asyncio.sleep(0.2)
+    alive = [p.name for p in multiprocessing.active_children() if p.name.startswith("synth-worker")]
+    assert alive == []
