@@ -100,3 +100,17 @@ class Entry:
         entry = cls(audio=bytes(blob[_LEN.size + n :]), meta=meta)
         entry.verify()
         return entry
+
+
+def read_meta(head: bytes) -> EntryMeta:
+    """The metadata of a blob from its first bytes only (a purge scan need not fetch the audio).
+
+    Raises :class:`CorruptEntry` when ``head`` is unreadable or too short to hold the metadata.
+    """
+    try:
+        (n,) = _LEN.unpack_from(head, 0)
+        if len(head) < _LEN.size + n:
+            raise CorruptEntry(f"blob head too short: need {_LEN.size + n} bytes")
+        return EntryMeta(**json.loads(head[_LEN.size : _LEN.size + n]))
+    except (struct.error, ValueError, TypeError) as exc:
+        raise CorruptEntry(f"unreadable entry: {exc}") from exc

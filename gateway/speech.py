@@ -14,6 +14,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from cache.distributed import CrossReplicaFlight
 from cache.entry import Entry
 from cache.keys import master_key, rendition_key
 from cache.singleflight import SingleFlight
@@ -79,6 +80,8 @@ class SpeechService:
         self.metrics = metrics
         self._renditions: SingleFlight[tuple[Entry, bool]] = SingleFlight()
         self._masters: SingleFlight[Audio] = SingleFlight()
+        # Set when Redis is configured (issue 4): one replica of many synthesizes each master.
+        self.cross_replica: CrossReplicaFlight | None = None
         self._encode_pool = concurrent.futures.ThreadPoolExecutor(
             encode_threads, thread_name_prefix="encode"
         )
@@ -142,7 +145,7 @@ class SpeechService:
             if req.pinned and not found.entry.meta.pinned:
                 await self.store.put(mk, found.entry.pinned_copy())
         else:
-            result, leader = await self._masters.do(mk, lambda: self._synthesize(req, mk))
+            result, leader = await self._masters.do(mk, lambda: self._synthesize_once(req, mk))
             pcm, src_rate = result.pcm, result.sample_rate
             synthesized = leader
         data = await loop.run_in_executor(
@@ -160,6 +163,32 @@ class SpeechService:
         )
         await self.store.put(rk, entry)
         return entry, synthesized
+
+    async def _synthesize_once(self, req: SpeechRequest, mk: str) -> Audio:
+        """Synthesize master ``mk``, once across all replicas when Redis is configured (issue 4).
+
+        With replicas, every one renders from the *stored* master (FLAC, PCM16), whether it
+        synthesized it or fetched it, so the same rendition key has the same bytes everywhere.
+        """
+        if self.cross_replica is None:
+            return await self._synthesize(req, mk)
+        loop = asyncio.get_running_loop()
+
+        async def canonical(audio_: Audio) -> Audio:
+            data = await loop.run_in_executor(
+                self._encode_pool, audio.encode_master, audio_.pcm, audio_.sample_rate
+            )
+            return Audio(*await loop.run_in_executor(self._encode_pool, audio.decode_master, data))
+
+        async def produce() -> Audio:
+            return await canonical(await self._synthesize(req, mk))
+
+        async def adopt(entry: Entry) -> Audio:
+            return Audio(
+                *await loop.run_in_executor(self._encode_pool, audio.decode_master, entry.audio)
+            )
+
+        return await self.cross_replica.run(mk, produce, adopt)
 
     async def _synthesize(self, req: SpeechRequest, mk: str) -> Audio:
         handle = self.models[req.model]
