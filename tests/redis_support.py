@@ -120,10 +120,11 @@ class GatewayProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"gateway exited: {self.log_path.read_text()[-2000:]}")
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(self.url + "/readyz", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
+            with contextlib.suppress(OSError), urllib.request.urlopen(
+                self.url + "/readyz", timeout=2
+            ) as resp:
+                if resp.status == 200:
+                    return
             time.sleep(0.2)
         raise TimeoutError(f"gateway on {self.port} not ready: {self.log_path.read_text()[-2000:]}")
 
