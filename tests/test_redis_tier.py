@@ -4,6 +4,7 @@ real 3-master Redis Cluster on loopback (acceptance 1 and 4)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -41,9 +42,12 @@ def redis_url(request: pytest.FixtureRequest,
 
 
 async def make_tier(url: str, metrics: Metrics | None = None, **kw: object) -> RedisTier:
-    # A fresh prefix per test keeps tests on the shared server apart.
-    return RedisTier.from_url(url, prefix=f"t{uuid.uuid4().hex[:8]}:",
-                              metrics=metrics or Metrics(), **kw)  # type: ignore[arg-type]
+    # A fresh prefix per test keeps tests on the shared server apart. Built in a thread, as the
+    # gateway does: the cluster client reads package metadata from disk when constructed.
+    return await asyncio.to_thread(
+        functools.partial(RedisTier.from_url, url, prefix=f"t{uuid.uuid4().hex[:8]}:",
+                          metrics=metrics or Metrics(), **kw)  # type: ignore[arg-type]
+    )
 
 
 @pytest.fixture
@@ -118,7 +122,9 @@ async def test_two_replicas_produce_once(redis_url: str) -> None:
     """Two flights on two clients (two replicas): one produces, the other adopts its entry."""
     metrics_a, metrics_b = Metrics(), Metrics()
     a = await make_tier(redis_url, metrics_a)
-    b = RedisTier.from_url(redis_url, prefix=a.prefix, metrics=metrics_b)
+    b = await asyncio.to_thread(
+        functools.partial(RedisTier.from_url, redis_url, prefix=a.prefix, metrics=metrics_b)
+    )
     produced: list[str] = []
 
     def producer(name: str, tier: RedisTier):  # type: ignore[no-untyped-def]
