@@ -42,8 +42,14 @@ class RedisClusterServers:
             RedisServer(
                 directory / f"node{i}",
                 port=free_cluster_port(),
-                extra=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                       "--cluster-node-timeout", "2000"],
+                extra=[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                ],
             )
             for i in range(masters)
         ]
@@ -60,15 +66,29 @@ class RedisClusterServers:
         if cli is None:
             raise RuntimeError("redis-cli is not installed")
         subprocess.run(
-            [cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
-             "--cluster-replicas", "0", "--cluster-yes"],
-            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60,
+            [
+                cli,
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{n.port}" for n in self.nodes),
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=60,
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             states = [
-                subprocess.run([cli, "-p", str(n.port), "cluster", "info"], capture_output=True,
-                               text=True, timeout=5).stdout
+                subprocess.run(
+                    [cli, "-p", str(n.port), "cluster", "info"],
+                    capture_output=True,
+                    text=True,
+                    timeout=5,
+                ).stdout
                 for n in self.nodes
             ]
             if all("cluster_state:ok" in s for s in states):
@@ -98,17 +118,30 @@ class GatewayProcess:
     def __init__(self, cache_dir: Path, *, redis_url: str = "", args: Sequence[str] = ()) -> None:
         self.port = free_port()
         self.cache_dir = cache_dir
-        cmd = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1",
-               "--port", str(self.port), "--cache-dir", str(cache_dir), "--log-level", "warning",
-               *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "gateway",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--cache-dir",
+            str(cache_dir),
+            "--log-level",
+            "warning",
+            *args,
+        ]
         if redis_url:
             cmd += ["--redis-url", redis_url]
         env = {k: v for k, v in os.environ.items() if not k.startswith("VOXGATE_")}
         self.log_path = cache_dir.parent / f"gateway-{self.port}.log"
         cache_dir.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self._log,
-                                     stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT
+        )
 
     @property
     def url(self) -> str:
@@ -120,9 +153,10 @@ class GatewayProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"gateway exited: {self.log_path.read_text()[-2000:]}")
-            with contextlib.suppress(OSError), urllib.request.urlopen(
-                self.url + "/readyz", timeout=2
-            ) as resp:
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(self.url + "/readyz", timeout=2) as resp,
+            ):
                 if resp.status == 200:
                     return
             time.sleep(0.2)
@@ -140,14 +174,16 @@ class GatewayProcess:
 
 
 @contextlib.contextmanager
-def gateway_processes(directory: Path, n: int, *, redis_url: str,
-                      args: Sequence[str] = ()) -> Iterator[list[GatewayProcess]]:
+def gateway_processes(
+    directory: Path, n: int, *, redis_url: str, args: Sequence[str] = ()
+) -> Iterator[list[GatewayProcess]]:
     """``n`` gateway processes sharing ``redis_url``, each with its own cache dir, all ready."""
     procs: list[GatewayProcess] = []
     try:
         for i in range(n):
-            procs.append(GatewayProcess(directory / f"replica{i}" / "cache", redis_url=redis_url,
-                                        args=args))
+            procs.append(
+                GatewayProcess(directory / f"replica{i}" / "cache", redis_url=redis_url, args=args)
+            )
         for p in procs:
             p.wait_ready()
         yield procs

@@ -37,9 +37,10 @@ def test_three_replicas_share_one_redis(tmp_path: Path, redis: RedisServer) -> N
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
 
                 async def one(i: int) -> tuple[int, bytes]:
-                    async with s.post(urls[i % 3] + "/v1/audio/speech",
-                                      json=speech_body("Please hold, your call matters to us.")
-                                      ) as r:
+                    async with s.post(
+                        urls[i % 3] + "/v1/audio/speech",
+                        json=speech_body("Please hold, your call matters to us."),
+                    ) as r:
                         return r.status, await r.read()
 
                 return await asyncio.gather(*(one(i) for i in range(300)))
@@ -49,8 +50,10 @@ def test_three_replicas_share_one_redis(tmp_path: Path, redis: RedisServer) -> N
         texts = [scrape(u) for u in urls]
         syntheses = [metric_sum(t, "voxgate_syntheses_total", outcome="ok") for t in texts]
         redis_trouble = [
-            (metric_sum(t, "voxgate_redis_errors_total"), metric_sum(t, "voxgate_redis_locks_total",
-                                                                      result="bypassed"))
+            (
+                metric_sum(t, "voxgate_redis_errors_total"),
+                metric_sum(t, "voxgate_redis_locks_total", result="bypassed"),
+            )
             for t in texts
         ]
         assert sum(syntheses) == 1, (syntheses, redis_trouble)
@@ -72,10 +75,14 @@ def test_three_replicas_share_one_redis(tmp_path: Path, redis: RedisServer) -> N
         assert (cache_a, cache_b) == ("MISS", "HIT")
         assert audio_a == audio_b
         lookups = "voxgate_cache_lookups_total"
-        assert (metric_sum(after, lookups, tier="redis", result="hit")
-                - metric_sum(before, lookups, tier="redis", result="hit")) == 1
-        assert (metric_sum(after, lookups, tier="disk", result="miss")
-                - metric_sum(before, lookups, tier="disk", result="miss")) >= 1
+        assert (
+            metric_sum(after, lookups, tier="redis", result="hit")
+            - metric_sum(before, lookups, tier="redis", result="hit")
+        ) == 1
+        assert (
+            metric_sum(after, lookups, tier="disk", result="miss")
+            - metric_sum(before, lookups, tier="disk", result="miss")
+        ) >= 1
         assert metric_sum(after, "voxgate_syntheses_total", outcome="ok") == syntheses[1]
 
 
@@ -83,13 +90,18 @@ def test_three_replicas_share_one_redis(tmp_path: Path, redis: RedisServer) -> N
 async def test_redis_outage_fails_no_request_and_recovers(
     gateway: GatewayFactory, settings: Settings, metrics: Metrics, redis: RedisServer
 ) -> None:
-    redis_settings = settings.replace(redis_url=redis.url, redis_timeout_ms=200,
-                                      redis_breaker_failures=3, redis_breaker_reset_ms=500)
+    redis_settings = settings.replace(
+        redis_url=redis.url,
+        redis_timeout_ms=200,
+        redis_breaker_failures=3,
+        redis_breaker_reset_ms=500,
+    )
     a = await gateway(settings=redis_settings)
     # B has no local tier at all: everything it serves from cache comes from Redis.
     b_metrics = Metrics()
-    b = await gateway(settings=redis_settings.replace(memory_cache_mb=0, disk_cache_mb=0),
-                      metrics=b_metrics)
+    b = await gateway(
+        settings=redis_settings.replace(memory_cache_mb=0, disk_cache_mb=0), metrics=b_metrics
+    )
     hot = [f"Press {n} for more options." for n in range(4)]
     for text in hot:
         assert (await a.post("/v1/audio/speech", json=speech_body(text))).status == 200
@@ -110,8 +122,10 @@ async def test_redis_outage_fails_no_request_and_recovers(
     for _ in range(4):
         await load_round()
     assert statuses and set(statuses) == {200}
-    assert sum(s.value for s in metrics.redis_errors.collect()[0].samples
-               if s.name.endswith("_total")) > 0
+    assert (
+        sum(s.value for s in metrics.redis_errors.collect()[0].samples if s.name.endswith("_total"))
+        > 0
+    )
 
     redis.start()  # same port, empty
     restarted = time.monotonic()

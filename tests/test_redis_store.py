@@ -17,8 +17,15 @@ from tests.support import RedisServer, redis_server
 
 def entry(n: int, *, voice: str, pinned: bool = False, size: int = 1000) -> Entry:
     audio = n.to_bytes(4, "big") * (size // 4)
-    return Entry.create(audio, content_type="audio/wav", fmt="wav", sample_rate=22050,
-                        model="piper", voice=voice, pinned=pinned)
+    return Entry.create(
+        audio,
+        content_type="audio/wav",
+        fmt="wav",
+        sample_rate=22050,
+        model="piper",
+        voice=voice,
+        pinned=pinned,
+    )
 
 
 def key(n: int) -> str:
@@ -34,8 +41,9 @@ async def test_purge_by_voice_removes_exactly_that_voice_from_all_tiers(
     store = TieredStore(tiers, metrics)
     try:
         for n in range(12):
-            await store.put(key(n), entry(n, voice="amy" if n % 3 == 0 else "joe",
-                                          pinned=n % 4 == 0))
+            await store.put(
+                key(n), entry(n, voice="amy" if n % 3 == 0 else "joe", pinned=n % 4 == 0)
+            )
         removed = await store.purge(PurgeFilter(voice="amy"))
         assert removed == {"memory": 4, "disk": 4, "redis": 4}
         for tier in tiers:
@@ -64,8 +72,9 @@ async def test_pinned_entries_survive_ttl_expiry(redis: RedisServer) -> None:
 
 async def test_pinned_entries_survive_eviction_pressure(tmp_path: Path) -> None:
     """With maxmemory and volatile-lru (the documented policy) Redis evicts only TTL'd keys."""
-    with redis_server(tmp_path / "r", extra=["--maxmemory", "4mb",
-                                             "--maxmemory-policy", "volatile-lru"]) as server:
+    with redis_server(
+        tmp_path / "r", extra=["--maxmemory", "4mb", "--maxmemory-policy", "volatile-lru"]
+    ) as server:
         tier = RedisTier.from_url(server.url)
         try:
             pinned = [key(n) for n in range(10)]

@@ -24,13 +24,21 @@ KEY = "ab" * 32
 
 
 def entry(audio: bytes = b"RIFF-audio" * 100, *, voice: str = "joe", pinned: bool = False) -> Entry:
-    return Entry.create(audio, content_type="audio/wav", fmt="wav", sample_rate=22050,
-                        model="piper", voice=voice, pinned=pinned)
+    return Entry.create(
+        audio,
+        content_type="audio/wav",
+        fmt="wav",
+        sample_rate=22050,
+        model="piper",
+        voice=voice,
+        pinned=pinned,
+    )
 
 
 @pytest.fixture(scope="module", params=["single", "cluster"])
-def redis_url(request: pytest.FixtureRequest,
-              tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def redis_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     """A real single node, then a real 3-master cluster (each started once per module)."""
     directory = tmp_path_factory.mktemp(f"redis-{request.param}")
     if request.param == "single":
@@ -45,8 +53,13 @@ async def make_tier(url: str, metrics: Metrics | None = None, **kw: object) -> R
     # A fresh prefix per test keeps tests on the shared server apart. Built in a thread, as the
     # gateway does: the cluster client reads package metadata from disk when constructed.
     return await asyncio.to_thread(
-        functools.partial(RedisTier.from_url, url, prefix=f"t{uuid.uuid4().hex[:8]}:",
-                          metrics=metrics or Metrics(), **kw)  # type: ignore[arg-type]
+        functools.partial(
+            RedisTier.from_url,
+            url,
+            prefix=f"t{uuid.uuid4().hex[:8]}:",
+            metrics=metrics or Metrics(),
+            **kw,
+        )  # type: ignore[arg-type]
     )
 
 
@@ -81,10 +94,14 @@ async def test_pinned_entry_has_no_ttl(tier: RedisTier) -> None:
     assert got is not None and got.meta.pinned
 
 
-async def test_corrupt_blob_raises(tier: RedisTier) -> None:
-    blob = bytearray(entry().to_blob())
-    blob[-1] ^= 0xFF
-    await tier.client.set(tier.entry_key(KEY), bytes(blob))
+async def test_corrupt_value_raises(tier: RedisTier) -> None:
+    await tier.put(KEY, entry())
+    value = bytearray(await tier.client.get(tier.entry_key(KEY)))
+    value[-1] ^= 0xFF  # one flipped bit of audio
+    await tier.client.set(tier.entry_key(KEY), bytes(value))
+    with pytest.raises(CorruptEntry):
+        await tier.get(KEY)
+    await tier.client.set(tier.entry_key(KEY), entry().to_blob())  # not written by this tier
     with pytest.raises(CorruptEntry):
         await tier.get(KEY)
 
@@ -134,6 +151,7 @@ async def test_two_replicas_produce_once(redis_url: str) -> None:
             e = entry(name.encode() * 10)
             await tier.put(KEY, e)
             return e.audio
+
         return produce
 
     async def adopt(e: Entry) -> bytes:
@@ -142,12 +160,15 @@ async def test_two_replicas_produce_once(redis_url: str) -> None:
     try:
         fa = CrossReplicaFlight(a, lock_ttl_s=5, max_wait_s=10, metrics=metrics_a)
         fb = CrossReplicaFlight(b, lock_ttl_s=5, max_wait_s=10, metrics=metrics_b)
-        ra, rb = await asyncio.gather(fa.run(KEY, producer("a", a), adopt),
-                                      fb.run(KEY, producer("b", b), adopt))
+        ra, rb = await asyncio.gather(
+            fa.run(KEY, producer("a", a), adopt), fb.run(KEY, producer("b", b), adopt)
+        )
         assert len(produced) == 1
         assert ra == rb == produced[0].encode() * 10
-        waits = (metrics_a.redis_lock_waits.labels("result")._value.get()
-                 + metrics_b.redis_lock_waits.labels("result")._value.get())
+        waits = (
+            metrics_a.redis_lock_waits.labels("result")._value.get()
+            + metrics_b.redis_lock_waits.labels("result")._value.get()
+        )
         assert waits == 1
         assert await a.client.exists(fa.lock_key(KEY)) == 0  # released after the work
     finally:
@@ -247,15 +268,25 @@ def test_breaker_opens_half_opens_and_closes() -> None:
     assert b.allow()
     b.success()
     assert b.state is BreakerState.CLOSED and b.allow()
-    assert states == [BreakerState.OPEN, BreakerState.HALF_OPEN, BreakerState.OPEN,
-                      BreakerState.HALF_OPEN, BreakerState.CLOSED]
+    assert states == [
+        BreakerState.OPEN,
+        BreakerState.HALF_OPEN,
+        BreakerState.OPEN,
+        BreakerState.HALF_OPEN,
+        BreakerState.CLOSED,
+    ]
 
 
 async def test_tier_survives_redis_outage_and_recovers_without_restart(tmp_path: Path) -> None:
     port = free_port()
     metrics = Metrics()
-    t = RedisTier.from_url(f"redis://127.0.0.1:{port}/0", timeout_s=0.2, breaker_failures=2,
-                           breaker_reset_s=0.3, metrics=metrics)
+    t = RedisTier.from_url(
+        f"redis://127.0.0.1:{port}/0",
+        timeout_s=0.2,
+        breaker_failures=2,
+        breaker_reset_s=0.3,
+        metrics=metrics,
+    )
     try:
         for _ in range(2):
             with pytest.raises(TierError):
