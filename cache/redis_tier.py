@@ -12,7 +12,8 @@ open the tier is skipped at once (:class:`TierUnavailable`).
 
 URLs: ``redis://``, ``rediss://`` (TLS), ``unix://`` with optional ``user:password@``; a
 ``redis+cluster://`` (or ``rediss+cluster://``) URL selects Redis Cluster via
-:class:`redis.asyncio.cluster.RedisCluster` (any node of the cluster as the seed).
+:class:`redis.asyncio.cluster.RedisCluster` (any node of the cluster as the seed); a
+``redis+sentinel://h1:26379,h2:26379/<service>/<db>`` URL asks Sentinel for the master.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ import struct
 import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
+from urllib.parse import unquote, urlsplit
 
 import redis
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.driver_info import DriverInfo
 from redis.exceptions import RedisError
@@ -43,6 +46,7 @@ T = TypeVar("T")
 RedisClient = Redis | RedisCluster
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 
 # A Redis value is a frame: magic, CRC-32 of the blob, then the blob (Entry.to_blob). The CRC
 # guards the whole blob (metadata and audio) on every read at a fraction of the cost of the
@@ -75,6 +79,40 @@ _META_HEAD = 8192
 _SCAN_BATCH = 256
 
 
+def _sentinel_master(url: str, common: dict[str, Any]) -> Redis:
+    """The master of a Sentinel-monitored service, from
+    ``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]``.
+
+    The credentials are the data nodes' (sentinels are asked without auth). The client asks the
+    sentinels for the master on connect and again after a connection error, so a failover is an
+    outage of a few seconds for the breaker, not a restart.
+    """
+    parsed = urlsplit(url)
+    hosts = parsed.netloc.rpartition("@")[2]
+    sentinels = []
+    for hostport in hosts.split(","):
+        host, _, port = hostport.rpartition(":")
+        sentinels.append((host or hostport, int(port or 26379)))
+    parts = [unquote(x) for x in parsed.path.split("/") if x]
+    if not parts:
+        raise ValueError("redis+sentinel:// URL needs a service name: .../<service>[/<db>]")
+    kwargs = dict(common)
+    kwargs["db"] = int(parts[1]) if len(parts) > 1 else 0
+    if parsed.username:
+        kwargs["username"] = unquote(parsed.username)
+    if parsed.password:
+        kwargs["password"] = unquote(parsed.password)
+    ssl = parsed.scheme.lower().startswith("rediss")
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        sentinels,
+        sentinel_kwargs={k: v for k, v in common.items() if k.startswith("socket_")},
+        ssl=ssl,
+        **kwargs,
+    )
+    master: Redis = sentinel.master_for(parts[0], retry=Retry(NoBackoff(), 1))
+    return master
+
+
 def is_cluster_url(url: str) -> bool:
     """True for ``redis+cluster://`` and ``rediss+cluster://`` URLs."""
     return url.split("://", 1)[0].lower() in CLUSTER_SCHEMES
@@ -99,6 +137,8 @@ def connect(url: str, *, timeout_s: float) -> RedisClient:
         "driver_info": DriverInfo(name="redis-py", lib_version=redis.__version__),
     }
     scheme, sep, rest = url.partition("://")
+    if scheme.lower() in SENTINEL_SCHEMES:
+        return _sentinel_master(url, common)
     if scheme.lower() in CLUSTER_SCHEMES:
         return RedisCluster.from_url(
             f"{CLUSTER_SCHEMES[scheme.lower()]}{sep}{rest}",

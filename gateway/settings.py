@@ -97,7 +97,8 @@ class Settings:
     redis_url: str = _opt(
         "",
         "Redis shared by all replicas (empty: no Redis tier): redis://[user:password@]host:port/db, "
-        "rediss:// (TLS), unix:///path.sock, or redis+cluster://host:port for Redis Cluster.",
+        "rediss:// (TLS), unix:///path.sock, redis+cluster://host:port for Redis Cluster, or "
+        "redis+sentinel://host:26379[,host:port]/<service>/<db> for Sentinel.",
         secret=True,
     )
     redis_prefix: str = _opt("voxgate:", "Prefix of every Redis key voxgate writes.")
@@ -230,9 +231,10 @@ class Settings:
         need(
             not self.redis_url
             or self.redis_url.split("://", 1)[0].lower()
-            in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"),
+            in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel",
+                "rediss+sentinel"),
             "redis_url",
-            "must start with redis://, rediss://, unix:// or redis+cluster://",
+            "must start with redis://, rediss://, unix://, redis+cluster:// or redis+sentinel://",
         )
 
     def replace(self, **changes: Any) -> Settings:

@@ -203,3 +203,48 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
         if all(have.get(k) == v for k, v in labels.items()):
             total += float(m.group(2))
     return total
+
+
+class SentinelServer:
+    """A ``redis-server --sentinel`` on a free port monitoring ``master_port`` as ``service``."""
+
+    def __init__(self, directory: Path, master_port: int, service: str = "voxgate") -> None:
+        self.directory = directory
+        self.port = free_port()
+        self.service = service
+        self.master_port = master_port
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        conf = self.directory / "sentinel.conf"
+        conf.write_text(
+            f"port {self.port}\nbind 127.0.0.1\ndir {self.directory}\n"
+            f"sentinel monitor {self.service} 127.0.0.1 {self.master_port} 1\n"
+            f"sentinel down-after-milliseconds {self.service} 1000\n"
+        )
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed")
+        self.proc = subprocess.Popen(
+            [binary, str(conf), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        cli = shutil.which("redis-cli") or "redis-cli"
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            out = subprocess.run(
+                [cli, "-p", str(self.port), "sentinel", "get-master-addr-by-name", self.service],
+                capture_output=True,
+                text=True,
+                timeout=5,
+            ).stdout
+            if str(self.master_port) in out:
+                return
+            time.sleep(0.1)
+        raise RuntimeError("redis sentinel did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None

@@ -17,7 +17,7 @@ from cache.entry import CorruptEntry, Entry
 from cache.redis_tier import RedisTier, is_cluster_url
 from cache.tier import PurgeFilter, TierError, TierUnavailable
 from metrics import Metrics
-from tests.redis_support import redis_cluster
+from tests.redis_support import SentinelServer, redis_cluster
 from tests.support import RedisServer, free_port, redis_server
 
 KEY = "ab" * 32
@@ -35,15 +35,24 @@ def entry(audio: bytes = b"RIFF-audio" * 100, *, voice: str = "joe", pinned: boo
     )
 
 
-@pytest.fixture(scope="module", params=["single", "cluster"])
+@pytest.fixture(scope="module", params=["single", "cluster", "sentinel"])
 def redis_url(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    """A real single node, then a real 3-master cluster (each started once per module)."""
+    """A real single node, a real 3-master cluster, a real node behind a real Sentinel (each
+    started once per module)."""
     directory = tmp_path_factory.mktemp(f"redis-{request.param}")
     if request.param == "single":
         with redis_server(directory) as server:
             yield server.url
+    elif request.param == "sentinel":
+        with redis_server(directory / "master") as master:
+            sentinel = SentinelServer(directory / "sentinel", master.port)
+            sentinel.start()
+            try:
+                yield f"redis+sentinel://127.0.0.1:{sentinel.port}/{sentinel.service}/0"
+            finally:
+                sentinel.stop()
     else:
         with redis_cluster(directory) as cluster:
             yield cluster.url
