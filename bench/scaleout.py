@@ -176,19 +176,29 @@ def load(url: str, payload: dict[str, Any], seconds: float, connections: int) ->
 
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    total = re.search(r"(\d+) requests in", out)
     return {
         "rps": rps,
         "errors": int(non2xx.group(1)) if non2xx else 0,
         "p50_ms": ms("50%"),
         "p99_ms": ms("99%"),
         "generator": "wrk",
+        "requests": int(total.group(1)) if total else None,
     }
 
 
 # ---- the two measurements -----------------------------------------------------------------
 
 
-def hit_path(work: Path, redis_url: str, args: argparse.Namespace) -> dict[str, Any]:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def hit_path(
+    work: Path, redis_url: str, args: argparse.Namespace, redis_pid: int
+) -> dict[str, Any]:
     gw = GatewayProcess(
         work / "gw" / "cache",
         redis_url=redis_url,
@@ -209,6 +219,7 @@ def hit_path(work: Path, redis_url: str, args: argparse.Namespace) -> dict[str, 
             [sys.executable, __file__, "--bare", str(bare_port), str(wav)], cwd=ROOT
         )
         bare = f"http://127.0.0.1:{bare_port}"
+        bare_pid = bare_proc.pid
         wait_http(bare + "/readyz")
         status, _, same = post(bare + "/v1/audio/speech", body(TEXT))
         assert same == audio
@@ -216,12 +227,20 @@ def hit_path(work: Path, redis_url: str, args: argparse.Namespace) -> dict[str, 
         rounds: dict[str, list[dict[str, Any]]] = {"gateway_redis_only": [], "bare_aiohttp": []}
         for r in range(args.rounds):
             for name, url in (("gateway_redis_only", speech), ("bare_aiohttp", bare + "/x")):
+                # CPU per request is robust to a busy host where requests/s is not: record both.
+                pids = [gw.proc.pid, redis_pid] if name == "gateway_redis_only" else [bare_pid]
+                cpu0 = [cpu_seconds(p) for p in pids]
                 res = load(url, body(TEXT), args.seconds, args.connections)
+                used = [cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True)]
+                n = res.get("requests") or res["rps"] * args.seconds
+                res["server_cpu_us_per_request"] = 1e6 * used[0] / n
+                if len(used) > 1:
+                    res["redis_cpu_us_per_request"] = 1e6 * used[1] / n
                 rounds[name].append(res)
                 print(
                     f"round {r + 1} {name:20s} {res['rps']:8.1f} req/s  "
                     f"p50 {res['p50_ms']:6.2f} ms  p99 {res['p99_ms']:6.2f} ms  "
-                    f"errors {res['errors']}",
+                    f"errors {res['errors']}  server CPU {res['server_cpu_us_per_request']:.0f} us/req",
                     flush=True,
                 )
         after = scrape(gw.url)
@@ -238,6 +257,17 @@ def hit_path(work: Path, redis_url: str, args: argparse.Namespace) -> dict[str, 
             "rounds": rounds,
             "median_rps": med,
             "ratio": med["gateway_redis_only"] / med["bare_aiohttp"],
+            "median_cpu_us_per_request": {
+                "gateway": statistics.median(
+                    x["server_cpu_us_per_request"] for x in rounds["gateway_redis_only"]
+                ),
+                "redis_server": statistics.median(
+                    x["redis_cpu_us_per_request"] for x in rounds["gateway_redis_only"]
+                ),
+                "bare_aiohttp": statistics.median(
+                    x["server_cpu_us_per_request"] for x in rounds["bare_aiohttp"]
+                ),
+            },
             "target_ratio": 0.4,
             "redis_tier_hits_during_load": redis_hits,
             "local_tier_lookups": local,
@@ -362,7 +392,7 @@ def main() -> None:
                 "host": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} cores), "
                 f"redis-server {_redis_version()}",
                 "redis_transport": "unix socket" if args.unix else "tcp loopback",
-                "hit_path": hit_path(work, url, args),
+                "hit_path": hit_path(work, url, args, redis.proc.pid if redis.proc else 0),
             }
             if not args.skip_herd:
                 result["herd"] = herd(work, redis.url)
@@ -372,6 +402,11 @@ def main() -> None:
         f"req/s vs bare aiohttp {hp['median_rps']['bare_aiohttp']:.0f} req/s = "
         f"{hp['ratio']:.2f}x (target >= 0.4x); Redis-tier hits during load: "
         f"{hp['redis_tier_hits_during_load']:.0f}"
+    )
+    cpu = hp["median_cpu_us_per_request"]
+    print(
+        f"CPU per request: gateway {cpu['gateway']:.0f} us + redis-server "
+        f"{cpu['redis_server']:.0f} us vs bare aiohttp {cpu['bare_aiohttp']:.0f} us"
     )
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "scaleout.json").write_text(json.dumps(result, indent=2) + "\n")
