@@ -172,7 +172,7 @@ class RedisTier:
         self.metrics = metrics
         self.breaker = breaker if breaker is not None else CircuitBreaker()
         if metrics is not None:
-            gauge = metrics.redis_breaker_state
+            gauge = metrics.cache_breaker_state.labels(self.name)
             gauge.set(int(self.breaker.state))
             self.breaker.on_change = lambda state: gauge.set(int(state))
 

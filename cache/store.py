@@ -39,6 +39,8 @@ class TieredStore:
         self.metrics = metrics
         first = self.tiers[0]
         self._memory = first if isinstance(first, MemoryTier) else None
+        # Resolved once: labels() per hit was a visible share of the hit path.
+        self._memory_hits = metrics.cache_lookups.labels(MemoryTier.name, "hit")
         # Background writes (promotions) are kept referenced until done, else they can be GC'd.
         self._background: set[asyncio.Task[None]] = set()
 
@@ -48,7 +50,7 @@ class TieredStore:
             return None
         entry = self._memory.get_nowait(key)
         if entry is not None:
-            self.metrics.cache_lookups.labels(self._memory.name, "hit").inc()
+            self._memory_hits.inc()
         return entry
 
     async def get(self, key: str) -> Lookup | None:

@@ -2,79 +2,62 @@
 
 from __future__ import annotations
 
-import json
-import logging
+import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping
 
 from aiohttp import web
 
 from cache.keys import is_key
-from gateway import keys
+from gateway import keys, ops
+from gateway.accesslog import AccessLog
+from gateway.compat import api_tts, synthesize
 from gateway.components import open_speech
-from gateway.errors import BadRequest, Handler, NotFound, error_middleware
-from gateway.parsing import parse_openai_speech, read_json_object
+from gateway.delivery import serve_speech, serve_stored
+from gateway.errors import BadRequest, Handler, NotFound, handle_errors
+from gateway.observe import RequestObserver
+from gateway.openapi import openapi_handler
+from gateway.parsing import (
+    RequestMemo,
+    parse_json_object,
+    parse_openai_speech,
+    parse_stream,
+    read_body,
+)
 from gateway.settings import Settings
-from gateway.speech import SpeechResult
 from metrics import CONTENT_TYPE_LATEST, Metrics, exposition
 from synth.engine import Engine
-
-access_log = logging.getLogger("voxgate.access")
-
-IMMUTABLE = "public, max-age=31536000, immutable"
-
-
-def audio_response(result: SpeechResult) -> web.Response:
-    """The HTTP response carrying ``result``'s audio."""
-    entry = result.entry
-    return web.Response(
-        body=entry.audio,
-        headers={
-            "Content-Type": entry.meta.content_type,
-            "X-Cache": result.cache.upper(),
-            "X-Audio-Key": result.key,
-            "ETag": f'"{result.key}"',
-            "X-Audio-Sample-Rate": str(entry.meta.sample_rate),
-        },
-    )
-
 
 # ---- handlers -----------------------------------------------------------------------------
 
 
-async def speech(request: web.Request) -> web.Response:
+async def speech(request: web.Request) -> web.StreamResponse:
     """``POST /v1/audio/speech``: OpenAI-compatible text to speech."""
     app = request.app
     settings = app[keys.SETTINGS]
     service = app[keys.SPEECH]
-    body = await read_json_object(request, settings.max_body_kb * 1024)
-    req = parse_openai_speech(body, settings, service)
-    result = await service.speak(req)
-    request[keys.CACHE_RESULT] = result.cache
-    request[keys.AUDIO_KEY] = result.key
-    app[keys.METRICS].speech_requests.labels(req.model, req.voice, req.fmt.name, result.cache).inc()
-    return audio_response(result)
+    raw = await read_body(request, settings.max_body_kb * 1024)
+    memo = app[keys.REQUEST_MEMO]
+    parsed = memo.get(raw)
+    if parsed is None:
+        body = parse_json_object(raw)
+        req = parse_openai_speech(body, settings, service)
+        parsed = (req, parse_stream(body, req.fmt))
+        memo.put(raw, parsed)
+    req, stream = parsed
+    # ETag / If-None-Match, Content-Length, and streaming: gateway.delivery.
+    return await serve_speech(request, req, stream=stream)
 
 
-async def audio_by_key(request: web.Request) -> web.Response:
-    """``GET /v1/audio/{key}``: stored audio by content address (immutable)."""
+async def audio_by_key(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/audio/{key}``: stored audio by content address (immutable; 304, Range/206)."""
     key = request.match_info["key"]
     if not is_key(key):
         raise BadRequest("malformed audio key: expected 64 lowercase hex digits", param="key")
-    store = request.app[keys.STORE]
-    entry = store.get_memory(key)
-    if entry is None:
-        found = await store.get(key)
-        if found is None:
-            raise NotFound(f"no audio stored under key {key}", param="key")
-        entry = found.entry
-    request[keys.CACHE_RESULT] = "hit"
-    request[keys.AUDIO_KEY] = key
-    etag = f'"{key}"'
-    headers = {"ETag": etag, "Cache-Control": IMMUTABLE, "Content-Type": entry.meta.content_type}
-    if etag in request.headers.get("If-None-Match", ""):
-        return web.Response(status=304, headers=headers)
-    return web.Response(body=entry.audio, headers=headers)
+    response = await serve_stored(request, key)
+    if response is None:
+        raise NotFound(f"no audio stored under key {key}", param="key")
+    return response
 
 
 async def voices(request: web.Request) -> web.Response:
@@ -95,15 +78,9 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """``GET /readyz``: 200 once every model is loaded and warmed, else 503."""
-    service = request.app.get(keys.SPEECH)
-    models = {name: h.ready.is_set() for name, h in service.models.items()} if service else {}
-    ready = bool(models) and all(models.values())
-    tiers = [t.name for t in service.store.tiers] if service else []
-    return web.json_response(
-        {"status": "ready" if ready else "loading", "models": models, "tiers": tiers},
-        status=200 if ready else 503,
-    )
+    """``GET /readyz``: 200 once every model is warmed, else 503; each tier's state in the body."""
+    status, body = await ops.readiness(request.app)
+    return web.json_response(body, status=status)
 
 
 async def metrics_handler(request: web.Request) -> web.Response:
@@ -121,38 +98,27 @@ async def metrics_handler(request: web.Request) -> web.Response:
 
 
 @web.middleware
-async def observe_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Count and time every request; write one JSON access-log line (never the text)."""
+async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The one middleware: maps every failure to a JSON error (the server keeps serving), then
+    counts, times and logs the request (one JSON access-log line, never the text)."""
     started = time.perf_counter()
-    status = 500
-    try:
-        response = await handler(request)
-        status = response.status
-        return response
-    except web.HTTPException as exc:
-        status = exc.status
-        raise
-    finally:
-        elapsed = time.perf_counter() - started
-        resource = request.match_info.route.resource
-        route = resource.canonical if resource is not None else "unmatched"
-        cache = request.get(keys.CACHE_RESULT, "none")
-        m = request.app[keys.METRICS]
-        m.requests.labels(route, request.method, str(status)).inc()
-        m.request_seconds.labels(route, cache).observe(elapsed)
-        if access_log.isEnabledFor(logging.INFO):
-            access_log.info(
-                json.dumps(
-                    {
-                        "route": route,
-                        "method": request.method,
-                        "status": status,
-                        "key": request.get(keys.AUDIO_KEY),
-                        "cache": cache,
-                        "ms": round(elapsed * 1000, 3),
-                    }
-                )
-            )
+    request[keys.STARTED] = started
+    response = await handle_errors(request, handler)
+    elapsed = time.perf_counter() - started
+    # A streamed response has sent its body by now; a plain one knows its length.
+    sent = response.body_length if response.prepared else response.content_length or 0
+    resource = request.match_info.route.resource
+    request.app[keys.OBSERVER].observe(
+        route=resource.canonical if resource is not None else "unmatched",
+        method=request.method,
+        status=response.status,
+        cache=request.get(keys.CACHE_RESULT, "none"),
+        key=request.get(keys.AUDIO_KEY),
+        seconds=elapsed,
+        nbytes=sent,
+        client=request.get(keys.CLIENT_ID),
+    )
+    return response
 
 
 # ---- assembly -----------------------------------------------------------------------------
@@ -167,11 +133,21 @@ def create_app(
     """Build the gateway. ``engines`` replaces the configured engines (tests inject wrappers)."""
     max_body = settings.max_body_kb * 1024
     app = web.Application(
-        client_max_size=max_body, middlewares=[observe_middleware, error_middleware]
+        client_max_size=max_body, middlewares=[edge_middleware]
     )
     app[keys.MAX_BODY_BYTES] = max_body
     app[keys.SETTINGS] = settings
     app[keys.METRICS] = metrics if metrics is not None else Metrics()
+    app[keys.REQUEST_MEMO] = RequestMemo()
+    app[keys.ACCESS_LOG] = AccessLog.from_settings(settings)
+    app[keys.OBSERVER] = RequestObserver(app[keys.METRICS], app[keys.ACCESS_LOG])
+
+    async def access_log_ctx(app: web.Application) -> AsyncIterator[None]:
+        # The version comes from package metadata (a filesystem scan): not on the loop.
+        await asyncio.to_thread(ops.record_build_info, app[keys.METRICS])
+        app[keys.ACCESS_LOG].start()
+        yield
+        await app[keys.ACCESS_LOG].close()
 
     async def speech_ctx(app: web.Application) -> AsyncIterator[None]:
         async with open_speech(settings, app[keys.METRICS], engines) as service:
@@ -179,6 +155,7 @@ def create_app(
             app[keys.STORE] = service.store
             yield
 
+    app.cleanup_ctx.append(access_log_ctx)
     app.cleanup_ctx.append(speech_ctx)
     app.router.add_post("/v1/audio/speech", speech)
     app.router.add_get("/v1/audio/{key}", audio_by_key)
@@ -186,6 +163,14 @@ def create_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_handler)
+    # --- compatible endpoints and the API description (issue 5) ---
+    app.router.add_get("/api/tts", api_tts)
+    app.router.add_post("/api/tts", api_tts)
+    app.router.add_get("/synthesize", synthesize)
+    app.router.add_get("/openapi.json", openapi_handler)
+    # --- operations (issue 6) ---
+    app.router.add_post("/v1/prompts", ops.prompts)
+    app.on_response_prepare.append(ops.on_response_prepare)
     return app
 
 

@@ -45,23 +45,36 @@ def _setup_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
         stream=sys.stderr,
     )
+    # piper-tts logs each request's text and phonemes at DEBUG: request text must never reach the
+    # logs, whatever level voxgate runs at.
+    logging.getLogger("piper").setLevel(max(logging.INFO, logging.getLogger().level))
 
 
 # ---- serve --------------------------------------------------------------------------------
 
 
-async def _serve(settings: Settings) -> None:
+async def _serve(settings: Settings, worker_of: int | None = None) -> None:
     from gateway.app import create_app, wait_ready
 
     app = create_app(settings)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    # On SIGTERM, runner.cleanup() stops listening, lets in-flight requests finish for up to
+    # shutdown_timeout_s, then runs the cleanup contexts (schedulers, engines, tiers) in reverse.
+    runner = web.AppRunner(
+        app, access_log=None, handle_signals=False, shutdown_timeout=settings.shutdown_timeout_s
+    )
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port)
+    # A worker of `serve --workers N` shares the port with its siblings (SO_REUSEPORT).
+    site = web.TCPSite(runner, settings.host, settings.port, reuse_port=worker_of is not None)
     await site.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    orphan_watch = None
+    if worker_of is not None:
+        from gateway.workers import watch_parent
+
+        orphan_watch = asyncio.ensure_future(watch_parent(worker_of, stop))
     addresses = []
     server = getattr(site, "_server", None)
     for sock in getattr(server, "sockets", None) or []:
@@ -78,14 +91,23 @@ async def _serve(settings: Settings) -> None:
         await stopped
     else:
         ready.cancel()
-    log.info("shutting down")
+    if orphan_watch is not None:
+        orphan_watch.cancel()
+    log.info("shutting down: draining in-flight requests (up to %ss)", settings.shutdown_timeout_s)
     await runner.cleanup()
+    log.info("stopped")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from gateway.logs import configure_logging
+
     settings = _settings(args)
-    _setup_logging(settings.log_level)
-    asyncio.run(_serve(settings))
+    configure_logging(settings.log_level, settings.log_format)
+    if settings.workers > 1 and args.worker_of is None:
+        from gateway.workers import run_workers
+
+        return run_workers(settings, args.argv)
+    asyncio.run(_serve(settings, args.worker_of))
     return 0
 
 
@@ -193,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="Run the HTTP gateway.")
     _setting_flags(serve)
+    serve.add_argument("--worker-of", type=int, default=None, help=argparse.SUPPRESS)
     serve.set_defaults(func=cmd_serve)
 
     say = sub.add_parser("say", help="Synthesize TEXT to a file through the store.")
@@ -218,6 +241,11 @@ def build_parser() -> argparse.ArgumentParser:
     show = config_sub.add_parser("show", help="Print the effective settings (secrets masked).")
     _setting_flags(show)
     show.set_defaults(func=cmd_config_show)
+
+    # --- operations (issue 6) ---
+    from gateway.cli_ops import add_operations_commands
+
+    add_operations_commands(sub, cache_sub, _setting_flags, _settings)
     return parser
 
 
@@ -225,6 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``voxgate`` command."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]  # for `serve --workers N`
     try:
         return int(args.func(args))
     except SettingsError as exc:

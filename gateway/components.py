@@ -158,7 +158,13 @@ async def open_speech(
         open_store(settings, metrics) as store,
         open_models(settings, metrics, engines, wait_ready=wait_ready) as models,
     ):
-        service = SpeechService(store, models, metrics)
+        service = SpeechService(
+            store,
+            models,
+            metrics,
+            sentence_pause_ms=settings.sentence_pause_ms,
+            max_parallel_sentences=settings.max_parallel_sentences,
+        )
         service.cross_replica = CrossReplicaFlight.for_tiers(  # issue 4; None without Redis
             store.tiers,
             lock_ttl_s=settings.redis_lock_ttl_ms / 1000,

@@ -13,7 +13,6 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from gateway.keys import MAX_BODY_BYTES
 from synth.errors import EngineDead, EngineError, Overloaded, SynthesisError, SynthesisTimeout
 
 log = logging.getLogger("voxgate.gateway")
@@ -107,9 +106,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _HTTP_TYPES = {404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error"}
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Turn every failure into a JSON error response; the server keeps serving."""
+async def handle_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Run ``handler``; turn every failure into a JSON error response."""
     try:
         return await handler(request)
     except VoxgateError as exc:
@@ -121,7 +119,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             raise
         message = exc.text or exc.reason
         if exc.status == 413:
-            message = f"request body too large (limit {request.app[MAX_BODY_BYTES]} bytes)"
+            message = "request body too large"
         elif exc.status == 404:
             message = f"no route for {request.method} {request.path}"
         elif exc.status == 405:

@@ -5,6 +5,9 @@ from __future__ import annotations
 from aiohttp import web
 
 from cache.store import TieredStore
+from gateway.accesslog import AccessLog
+from gateway.observe import RequestObserver
+from gateway.parsing import RequestMemo
 from gateway.settings import Settings
 from gateway.speech import SpeechService
 from metrics import Metrics
@@ -14,7 +17,16 @@ METRICS = web.AppKey("metrics", Metrics)
 STORE = web.AppKey("store", TieredStore)
 SPEECH = web.AppKey("speech", SpeechService)
 MAX_BODY_BYTES = web.AppKey("max_body_bytes", int)
+ACCESS_LOG = web.AppKey("access_log", AccessLog)
+REQUEST_MEMO = web.AppKey("request_memo", RequestMemo)
+OBSERVER = web.AppKey("observer", RequestObserver)
 
 # Per-request values the handlers leave for the observing middleware.
 CACHE_RESULT = web.RequestKey("cache_result", str)
 AUDIO_KEY = web.RequestKey("audio_key", str)
+
+# --- operations (issue 6) ---
+# When the request started (perf_counter), for time to first byte; the authenticated client's id
+# (set by authentication when it exists) for the access log.
+STARTED = web.RequestKey("started", float)
+CLIENT_ID = web.RequestKey("client_id", str)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,9 +34,8 @@ SPEECH_FIELDS = frozenset(
 )
 
 
-async def read_json_object(request: web.Request, max_bytes: int) -> dict[str, Any]:
-    """Read the body as a JSON object, whatever Content-Type the client sent (curl's ``-d`` sends
-    form encoding; rejecting it would only confuse)."""
+async def read_body(request: web.Request, max_bytes: int) -> bytes:
+    """The raw body, bounded by ``max_bytes`` (413 beyond)."""
     if request.content_length is not None and request.content_length > max_bytes:
         raise PayloadTooLarge(
             f"request body too large: {request.content_length} bytes (limit {max_bytes})"
@@ -44,6 +44,12 @@ async def read_json_object(request: web.Request, max_bytes: int) -> dict[str, An
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise PayloadTooLarge(f"request body too large (limit {max_bytes} bytes)") from exc
+    return raw
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """Parse ``raw`` as a JSON object, whatever Content-Type the client sent (curl's ``-d``
+    sends form encoding; rejecting it would only confuse)."""
     if not raw.strip():
         raise BadRequest("request body is empty: send a JSON object")
     try:
@@ -59,6 +65,38 @@ async def read_json_object(request: web.Request, max_bytes: int) -> dict[str, An
     if not isinstance(body, dict):
         raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
     return body
+
+
+async def read_json_object(request: web.Request, max_bytes: int) -> dict[str, Any]:
+    """Read and parse the body as a JSON object."""
+    return parse_json_object(await read_body(request, max_bytes))
+
+
+class RequestMemo:
+    """Validated requests by their exact body bytes (bounded LRU).
+
+    Bots and IVR systems send the same few thousand bodies again and again; parsing, validating
+    and normalizing them was a third of a cache hit's Python time. Validation depends only on the
+    body and on settings and models fixed at start, so the same bytes always give the same
+    request. Only valid requests are kept, and only small bodies.
+    """
+
+    def __init__(self, size: int = 4096, max_body: int = 8192) -> None:
+        self.size = size
+        self.max_body = max_body
+        self._items: OrderedDict[bytes, tuple[SpeechRequest, bool]] = OrderedDict()
+
+    def get(self, raw: bytes) -> tuple[SpeechRequest, bool] | None:
+        """``(request, stream)`` validated from these exact bytes before, if any."""
+        return self._items.get(raw)
+
+    def put(self, raw: bytes, req: tuple[SpeechRequest, bool]) -> None:
+        """Remember ``req`` (request, stream) for ``raw``."""
+        if len(raw) > self.max_body:
+            return
+        self._items[raw] = req
+        if len(self._items) > self.size:
+            self._items.popitem(last=False)
 
 
 def _require_str(body: Mapping[str, Any], name: str) -> str:
@@ -177,8 +215,7 @@ def parse_openai_speech(
     fmt = resolve_format(fmt_name)
     speed = parse_speed(body.get("speed", 1.0))
     rate = parse_sample_rate(body.get("sample_rate"))
-    if body.get("stream") not in (None, False):
-        raise BadRequest("streaming responses are not supported yet; omit 'stream'", param="stream")
+    parse_stream(body, fmt)
     if body.get("instructions"):
         raise BadRequest(
             f"model '{model}' does not follow 'instructions'; omit the field", param="instructions"
@@ -186,3 +223,32 @@ def parse_openai_speech(
     return SpeechRequest(
         text=text, model=model, voice=voice, fmt=fmt, speed=speed, sample_rate=rate
     )
+
+
+def parse_stream(body: Mapping[str, Any], fmt: audio.AudioFormat) -> bool:
+    """Whether the response streams: ``stream: true``, or OpenAI's ``stream_format: "audio"``.
+
+    Only formats whose sentence chunks concatenate into one valid stream can stream.
+    """
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise BadRequest("'stream' must be true or false", param="stream")
+    stream_format = body.get("stream_format")
+    if stream_format not in (None, "audio"):
+        raise BadRequest(
+            f"unsupported stream_format {stream_format!r}: only 'audio' is supported "
+            "(server-sent events are not)",
+            param="stream_format",
+            code="unsupported_stream_format",
+        )
+    if stream_format == "audio" and stream is False:
+        raise BadRequest("'stream_format' is 'audio' but 'stream' is false", param="stream")
+    streaming = bool(stream) or stream_format == "audio"
+    if streaming and not fmt.streamable:
+        names = ", ".join(f.name for f in audio.FORMATS.values() if f.streamable)
+        raise BadRequest(
+            f"response_format '{fmt.name}' cannot be streamed; streamable formats: {names}",
+            param="response_format",
+            code="unsupported_format",
+        )
+    return streaming

@@ -92,6 +92,15 @@ class Settings:
     intra_op_threads: int = _opt(0, "ONNX Runtime / torch threads per engine (0: cores / workers).")
     retry_after_s: int = _opt(1, "Retry-After seconds sent with a 503 for a full queue.")
     log_level: str = _opt("info", "Log level: debug, info, warning, error.")
+    access_log: bool = _opt(True, "Write one JSON line per request to stderr (buffered, <= 0.2 s).")
+
+    # --- sentences and streaming (issue 5) ---
+    sentence_pause_ms: int = _opt(
+        250, "Silence between sentences when a text's per-sentence audio is joined, in ms."
+    )
+    max_parallel_sentences: int = _opt(
+        8, "Sentences of one request submitted to the synthesis queue at the same time."
+    )
 
     # --- Redis tier and scale-out (issue 4) ---
     redis_url: str = _opt(
@@ -171,6 +180,15 @@ class Settings:
             raise SettingsError(f"unknown setting {key!r} (from {source})")
         typ = hints[key]
         try:
+            if typ is bool:
+                if isinstance(raw, bool):
+                    return raw
+                word = str(raw).strip().lower()
+                if word in ("1", "true", "yes", "on"):
+                    return True
+                if word in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError("expected true or false")
             if typ is int:
                 if isinstance(raw, bool):
                     raise ValueError("expected an integer")
@@ -215,11 +233,14 @@ class Settings:
         need(self.intra_op_threads >= 0, "intra_op_threads", "must be >= 0")
         need(self.retry_after_s >= 0, "retry_after_s", "must be >= 0")
         need(bool(self.piper_voices), "piper_voices", "needs at least one voice")
+        need(0 <= self.sentence_pause_ms <= 5000, "sentence_pause_ms", "must be 0-5000")
+        need(self.max_parallel_sentences >= 1, "max_parallel_sentences", "must be >= 1")
         need(
             self.log_level.lower() in ("debug", "info", "warning", "error"),
             "log_level",
             "must be debug, info, warning or error",
         )
+        self.validate_operations()
         # --- Redis tier and scale-out (issue 4) ---
         need(self.redis_ttl_s >= 0, "redis_ttl_s", "must be >= 0")
         need(self.redis_max_entry_mb >= 1, "redis_max_entry_mb", "must be >= 1")
@@ -262,3 +283,56 @@ class Settings:
         if self.intra_op_threads:
             return self.intra_op_threads
         return max(1, (os.cpu_count() or 1) // self.synth_threads)
+
+    # --- operations (issue 6) ---
+    log_format: str = _opt(
+        "json", "Log line format: json (one JSON object a line) or text (for a terminal)."
+    )
+    workers: int = _opt(
+        1, "Gateway processes serving one port (SO_REUSEPORT); metrics are aggregated across them."
+    )
+    shutdown_timeout_s: int = _opt(
+        30, "On SIGTERM, seconds to let in-flight requests finish before closing connections."
+    )
+    max_catalogue_prompts: int = _opt(1000, "Most prompts one POST /v1/prompts may carry.")
+    catalogue_concurrency: int = _opt(
+        4, "Prompts rendered at once by voxgate warm and POST /v1/prompts."
+    )
+
+    def validate_operations(self) -> None:
+        """Range checks for the operations settings (called by :meth:`validate`)."""
+        for key, ok, what in (
+            ("log_format", self.log_format in ("json", "text"), "must be json or text"),
+            ("workers", 1 <= self.workers <= 64, "must be 1-64"),
+            ("shutdown_timeout_s", self.shutdown_timeout_s >= 0, "must be >= 0"),
+            ("max_catalogue_prompts", self.max_catalogue_prompts >= 1, "must be >= 1"),
+            ("catalogue_concurrency", self.catalogue_concurrency >= 1, "must be >= 1"),
+        ):
+            if not ok:
+                raise SettingsError(f"setting {key!r}: {what} (got {getattr(self, key)!r})")
+
+def settings_table() -> str:
+    """The settings as a Markdown table (the README's table is this, checked by a test)."""
+    rows = ["| setting | env | default | meaning |", "|---|---|---|---|"]
+    defaults = Settings.__dataclass_fields__
+    for f in fields(Settings):
+        d = defaults[f.name]
+        if d.default is not dataclasses.MISSING:
+            value: Any = d.default
+        elif d.default_factory is not dataclasses.MISSING:
+            value = d.default_factory()
+        else:  # pragma: no cover - every field has a default
+            value = ""
+        if f.name == "cache_dir":
+            value = "$XDG_CACHE_HOME/voxgate or ~/.cache/voxgate"
+        elif isinstance(value, dict):
+            value = "OpenAI names" if value else "{}"
+        elif isinstance(value, tuple):
+            value = ",".join(value)
+        elif isinstance(value, bool):
+            value = str(value).lower()
+        rows.append(
+            f"| `--{f.name.replace('_', '-')}` | `{ENV_PREFIX}{f.name.upper()}` | `{value}` | "
+            f"{f.metadata['help']} |"
+        )
+    return "\n".join(rows)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ from cache.entry import Entry
 from cache.keys import master_key, rendition_key
 from cache.singleflight import SingleFlight
 from cache.store import TieredStore
+from gateway.assembly import Assembler
 from metrics import Metrics
 from synth import audio
 from synth.engine import Audio, Engine, ParamValue, SynthesisItem
@@ -26,6 +28,8 @@ from synth.errors import Overloaded
 from synth.scheduler import Scheduler
 
 log = logging.getLogger("voxgate.speech")
+
+KEY_MEMO_SIZE = 8192
 
 
 @dataclass(frozen=True)
@@ -58,10 +62,13 @@ class ModelHandle:
     engine: Engine
     scheduler: Scheduler
     ready: asyncio.Event
+    _voice_names: list[str] | None = None
 
     def voice_names(self) -> list[str]:
-        """Names of the voices this model serves."""
-        return [v.name for v in self.engine.voices()]
+        """Names of the voices this model serves (an engine's voices do not change once built)."""
+        if self._voice_names is None:
+            self._voice_names = [v.name for v in self.engine.voices()]
+        return self._voice_names
 
 
 class SpeechService:
@@ -74,6 +81,8 @@ class SpeechService:
         metrics: Metrics,
         *,
         encode_threads: int = 2,
+        sentence_pause_ms: int = 250,
+        max_parallel_sentences: int = 8,
     ) -> None:
         self.store = store
         self.models = dict(models)
@@ -82,12 +91,26 @@ class SpeechService:
         self._masters: SingleFlight[Audio] = SingleFlight()
         # Set when Redis is configured (issue 4): one replica of many synthesizes each master.
         self.cross_replica: CrossReplicaFlight | None = None
+        # Content addresses of recent requests: hashing the canonical JSON is most of a hit's CPU
+        # cost, and the same few thousand prompts repeat. Bounded; evicts oldest first.
+        self._key_memo: OrderedDict[tuple[object, ...], tuple[str, str, int]] = OrderedDict()
         self._encode_pool = concurrent.futures.ThreadPoolExecutor(
             encode_threads, thread_name_prefix="encode"
         )
+        self.sentence_pause_ms = sentence_pause_ms
+        self.assembler = Assembler(
+            fetch_master=self.master_audio,
+            store_put=self.store.put,
+            encode_pool=self._encode_pool,
+            metrics=metrics,
+            pause_ms=sentence_pause_ms,
+            max_parallel=max_parallel_sentences,
+        )
 
     async def close(self) -> None:
-        """Release the encoder threads (joining threads blocks: done off the loop)."""
+        """Stop productions in flight and release the encoder threads (joining threads blocks:
+        done off the loop)."""
+        self.assembler.cancel_all()
         await asyncio.to_thread(self._encode_pool.shutdown, wait=True, cancel_futures=True)
 
     # ---- addressing -------------------------------------------------------------------------
@@ -97,18 +120,41 @@ class SpeechService:
         engine = self.models[req.model].engine
         return {**engine.default_params(req.voice), "speed": req.speed}
 
-    def keys_for(self, req: SpeechRequest) -> tuple[str, str, int]:
-        """``(master_key, rendition_key, output_rate)`` of ``req``."""
+    def master_key_for(self, req: SpeechRequest, **extra: ParamValue) -> str:
+        """The format-free key of ``req``'s text (``extra`` joins the parameters)."""
         engine = self.models[req.model].engine
-        mk = master_key(
+        return master_key(
             text=req.text,
             engine=engine.name,
             voice=req.voice,
             fingerprint=engine.fingerprint,
-            params=self.params_for(req),
+            params={**self.params_for(req), **extra},
         )
+
+    def keys_for(self, req: SpeechRequest) -> tuple[str, str, int]:
+        """``(master_key, rendition_key, output_rate)`` of ``req`` (memoized).
+
+        Masters are stored per sentence (a one-sentence text's master is ``master_key``); the
+        rendition is derived from the whole text plus the pause that joins its sentences, so a
+        changed pause never serves audio assembled with the old one.
+        """
+        engine = self.models[req.model].engine
+        memo_key = (req.text, req.model, req.voice, req.fmt.name, req.speed, req.sample_rate,
+                    engine.fingerprint)
+        keys = self._key_memo.get(memo_key)
+        if keys is not None:
+            return keys
+        keys = self._compute_keys(req, engine)
+        self._key_memo[memo_key] = keys
+        if len(self._key_memo) > KEY_MEMO_SIZE:
+            self._key_memo.popitem(last=False)
+        return keys
+
+    def _compute_keys(self, req: SpeechRequest, engine: Engine) -> tuple[str, str, int]:
+        mk = self.master_key_for(req)
+        assembled = self.master_key_for(req, sentence_pause_ms=self.sentence_pause_ms)
         rate = audio.output_rate(req.fmt, engine.sample_rate, req.sample_rate)
-        return mk, rendition_key(mk, fmt=req.fmt.name, sample_rate=rate), rate
+        return mk, rendition_key(assembled, fmt=req.fmt.name, sample_rate=rate), rate
 
     # ---- serving ----------------------------------------------------------------------------
 
@@ -133,60 +179,53 @@ class SpeechService:
         return SpeechResult(entry, rk, "miss" if synthesized else "hit")
 
     async def _produce(self, req: SpeechRequest, mk: str, rk: str, rate: int) -> tuple[Entry, bool]:
-        """Make the rendition ``rk``: transcode the stored master, or synthesize it first."""
-        loop = asyncio.get_running_loop()
-        synthesized = False
+        """Make the rendition ``rk`` from its sentences' masters (stored ones are transcoded, the
+        others synthesized concurrently); see :mod:`gateway.assembly`."""
+        return await self.assembler.produce(req, rk, rate)
+
+    async def lookup(self, req: SpeechRequest) -> tuple[str, int, Entry | None]:
+        """``(rendition_key, rate, stored entry or None)``: the cheap first step of a request."""
+        _, rk, rate = self.keys_for(req)
+        entry = self.store.get_memory(rk)
+        if entry is None:
+            found = await self.store.get(rk)
+            entry = found.entry if found is not None else None
+        return rk, rate, entry
+
+    async def master_audio(self, req: SpeechRequest) -> tuple[Audio, str]:
+        """The master audio of ``req`` (one sentence) and how it was had: ``"hit"`` (stored),
+        ``"miss"`` (synthesized for this call) or ``"coalesced"`` (joined one in flight)."""
+        mk = self.master_key_for(req)
         found = await self.store.get(mk)
         if found is not None:
+            loop = asyncio.get_running_loop()
             pcm, src_rate = await loop.run_in_executor(
                 self._encode_pool, audio.decode_master, found.entry.audio
             )
-            self.metrics.transcodes.labels(req.fmt.name).inc()
             if req.pinned and not found.entry.meta.pinned:
                 await self.store.put(mk, found.entry.pinned_copy())
-        else:
-            result, leader = await self._masters.do(mk, lambda: self._synthesize_once(req, mk))
-            pcm, src_rate = result.pcm, result.sample_rate
-            synthesized = leader
-        data = await loop.run_in_executor(
-            self._encode_pool, audio.render, pcm, src_rate, req.fmt, rate
-        )
-        entry = Entry.create(
-            data,
-            content_type=req.fmt.content_type,
-            fmt=req.fmt.name,
-            sample_rate=rate,
-            model=req.model,
-            voice=req.voice,
-            pinned=req.pinned,
-            duration_s=len(pcm) / src_rate,
-        )
-        await self.store.put(rk, entry)
-        return entry, synthesized
+            return Audio(pcm, src_rate), "hit"
+        stored, leader = await self._masters.do(mk, lambda: self._synthesize_once(req, mk))
+        return stored, "miss" if leader else "coalesced"
 
     async def _synthesize_once(self, req: SpeechRequest, mk: str) -> Audio:
-        """Synthesize master ``mk``, once across all replicas when Redis is configured (issue 4).
-
-        With replicas, every one renders from the *stored* master (FLAC, PCM16), whether it
-        synthesized it or fetched it, so the same rendition key has the same bytes everywhere.
-        """
-        if self.cross_replica is None:
-            return await self._synthesize(req, mk)
-        loop = asyncio.get_running_loop()
-
-        async def canonical(audio_: Audio) -> Audio:
-            data = await loop.run_in_executor(
-                self._encode_pool, audio.encode_master, audio_.pcm, audio_.sample_rate
-            )
-            return Audio(*await loop.run_in_executor(self._encode_pool, audio.decode_master, data))
+        """Master ``mk`` as stored, synthesized once; once across all replicas when Redis is
+        configured (issue 4): another replica's master is adopted from Redis, decoded exactly as
+        :func:`audio.as_stored` renders a fresh one, so every replica sends the same bytes."""
 
         async def produce() -> Audio:
-            return await canonical(await self._synthesize(req, mk))
+            result = await self._synthesize(req, mk)
+            return Audio(audio.as_stored(result.pcm), result.sample_rate)
+
+        if self.cross_replica is None:
+            return await produce()
+        loop = asyncio.get_running_loop()
 
         async def adopt(entry: Entry) -> Audio:
-            return Audio(
-                *await loop.run_in_executor(self._encode_pool, audio.decode_master, entry.audio)
+            pcm, rate = await loop.run_in_executor(
+                self._encode_pool, audio.decode_master, entry.audio
             )
+            return Audio(pcm, rate)
 
         return await self.cross_replica.run(mk, produce, adopt)
 

@@ -10,6 +10,8 @@ format names, cache results); never from request text or content keys.
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -18,8 +20,11 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.multiprocess import MultiProcessCollector
 
-__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "exposition"]
+__all__ = ["CONTENT_TYPE_LATEST", "MULTIPROC_ENV", "Metrics", "exposition", "multiprocess_dir"]
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 # Hits are served in well under a millisecond; misses take a fraction of a second to many seconds.
 _LATENCY_BUCKETS = (
@@ -97,12 +102,14 @@ class Metrics:
             "voxgate_cache_bytes",
             "Bytes held by each tier (as the tier reports them).",
             ["tier"],
+            multiprocess_mode="liveall",
             registry=r,
         )
         self.cache_entries = Gauge(
             "voxgate_cache_entries",
             "Entries held by each tier.",
             ["tier"],
+            multiprocess_mode="liveall",
             registry=r,
         )
         self.cache_evictions = Counter(
@@ -153,6 +160,7 @@ class Metrics:
             "voxgate_synthesis_queue_depth",
             "Synthesis items waiting for an engine, by model.",
             ["model"],
+            multiprocess_mode="livesum",
             registry=r,
         )
         self.queue_wait_seconds = Histogram(
@@ -179,6 +187,7 @@ class Metrics:
             "voxgate_synthesis_busy_workers",
             "Engine workers currently running a batch, by model.",
             ["model"],
+            multiprocess_mode="livesum",
             registry=r,
         )
         self.worker_restarts = Counter(
@@ -191,6 +200,55 @@ class Metrics:
             "voxgate_engine_ready",
             "1 when a model's engine is loaded and warmed, else 0.",
             ["model"],
+            multiprocess_mode="livemin",
+            registry=r,
+        )
+
+        # --- operations (issue 6) ---
+        # Gauges say how several gateway processes combine (prometheus-client multiprocess mode):
+        # queue depths add up, readiness is the least ready, cache sizes stay per process (pid
+        # label) because the memory tier is per process while disk and Redis are shared.
+        self.time_to_first_byte = Histogram(
+            "voxgate_time_to_first_byte_seconds",
+            "Time from request received to response headers sent, by route and cache result.",
+            ["route", "cache"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.response_bytes = Counter(
+            "voxgate_http_response_bytes_total",
+            "Response body bytes sent, by route template.",
+            ["route"],
+            registry=r,
+        )
+        self.catalogue_prompts = Counter(
+            "voxgate_catalogue_prompts_total",
+            "Catalogue prompts rendered and pinned (voxgate warm, POST /v1/prompts), by cache "
+            "result (hit: already stored, miss: synthesized, coalesced) or error.",
+            ["result"],
+            registry=r,
+        )
+        self.build_info = Gauge(
+            "voxgate_build_info",
+            "Always 1; the labels say which voxgate and Python are running.",
+            ["version", "python"],
+            multiprocess_mode="livemax",
+            registry=r,
+        )
+
+        # --- sentences and streaming (issue 5) ---------------------------------------------------
+        self.sentences = Counter(
+            "voxgate_sentences_total",
+            "Sentence masters used to assemble renditions, by how each was had: hit (stored), "
+            "miss (synthesized) or coalesced (joined a synthesis in flight).",
+            ["result"],
+            registry=r,
+        )
+        self.streams = Counter(
+            "voxgate_streams_total",
+            "Streamed speech responses by outcome: complete, disconnected (the client left; "
+            "synthesis and caching went on) or failed (an error after the first chunk).",
+            ["outcome"],
             registry=r,
         )
 
@@ -209,10 +267,11 @@ class Metrics:
             ["op", "reason"],
             registry=r,
         )
-        self.redis_breaker_state = Gauge(
-            "voxgate_redis_breaker_state",
-            "Redis circuit breaker: 0 closed (Redis in use), 1 half-open (probing), 2 open "
-            "(Redis skipped until the cool-down ends).",
+        self.cache_breaker_state = Gauge(
+            "voxgate_cache_breaker_state",
+            "Circuit breaker of a remote tier (redis): 0 closed (in use), 1 half-open (probing), "
+            "2 open (skipped until the cool-down ends).",
+            ["tier"],
             registry=r,
         )
         self.redis_locks = Counter(
@@ -239,6 +298,20 @@ class Metrics:
         )
 
 
+def multiprocess_dir() -> str | None:
+    """The shared metrics directory when several gateway processes serve one port, else None."""
+    return os.environ.get(MULTIPROC_ENV) or None
+
+
 def exposition(registry: CollectorRegistry) -> bytes:
-    """Render ``registry`` in the Prometheus text format."""
+    """Render ``registry`` in the Prometheus text format.
+
+    Under several processes (``PROMETHEUS_MULTIPROC_DIR`` set before prometheus-client was
+    imported) every metric writes to files in that directory, and the answer is the aggregate of
+    all processes' files rather than this process's registry.
+    """
+    if multiprocess_dir() is not None:
+        combined = CollectorRegistry()
+        MultiProcessCollector(combined)  # type: ignore[no-untyped-call]
+        return generate_latest(combined)
     return generate_latest(registry)

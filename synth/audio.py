@@ -6,7 +6,9 @@ CPU work: the gateway calls them off the event loop.
 
 from __future__ import annotations
 
+import importlib.util
 import io
+import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,27 +31,62 @@ class AudioFormat:
     # Telephony codecs default to 8 kHz when no rate is asked for; others keep the engine's rate.
     default_rate: int | None = None
     lossless: bool = True
+    # Rates the codec can run at; an asked rate outside them is raised to the next one up.
+    rates: tuple[int, ...] | None = None
+    # Whether independently encoded chunks concatenate into one valid stream (see stream_chunk).
+    streamable: bool = False
 
-
-FORMATS: dict[str, AudioFormat] = {
-    f.name: f
-    for f in (
-        AudioFormat("wav", "audio/wav", "WAV", "PCM_16"),
-        AudioFormat("pcm", "audio/pcm", None, "PCM_16"),
-        AudioFormat("flac", "audio/flac", "FLAC", "PCM_16"),
-        AudioFormat("mp3", "audio/mpeg", "MP3", "MPEG_LAYER_III", lossless=False),
-        AudioFormat("opus", "audio/ogg", "OGG", "OPUS", lossless=False),
-        AudioFormat("mulaw", "audio/wav", "WAV", "ULAW", default_rate=8000, lossless=False),
-        AudioFormat("alaw", "audio/wav", "WAV", "ALAW", default_rate=8000, lossless=False),
-        AudioFormat("ulaw", "audio/basic", "RAW", "ULAW", default_rate=8000, lossless=False),
-        AudioFormat(
-            "alaw-raw", "audio/x-alaw-basic", "RAW", "ALAW", default_rate=8000, lossless=False
-        ),
-    )
-}
 
 # Opus in Ogg only runs at these rates; other asked rates are resampled to the nearest above.
 _OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
+# MPEG-1/2/2.5 layer III and AAC (ADTS sampling-frequency index) share this set.
+_MPEG_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
+
+# G.711 naming: `mulaw` / `alaw` are WAV files (format tag 7 / 6) that any player opens; `ulaw` /
+# `alaw-raw` are the headerless 8-bit streams Asterisk (`.ulaw`, `.alaw`) and FreeSWITCH (`.PCMU`,
+# `.PCMA`) play directly. `alaw` stays the WAV form so that the two WAV names mirror each other.
+FORMATS: dict[str, AudioFormat] = {
+    f.name: f
+    for f in (
+        AudioFormat("wav", "audio/wav", "WAV", "PCM_16", streamable=True),
+        AudioFormat("pcm", "audio/pcm", None, "PCM_16", streamable=True),
+        AudioFormat("flac", "audio/flac", "FLAC", "PCM_16"),
+        AudioFormat(
+            "mp3",
+            "audio/mpeg",
+            "MP3",
+            "MPEG_LAYER_III",
+            lossless=False,
+            rates=_MPEG_RATES,
+            streamable=True,
+        ),
+        AudioFormat("opus", "audio/ogg", "OGG", "OPUS", lossless=False, rates=_OPUS_RATES),
+        AudioFormat(
+            "mulaw", "audio/wav", "WAV", "ULAW", default_rate=8000, lossless=False, streamable=True
+        ),
+        AudioFormat(
+            "alaw", "audio/wav", "WAV", "ALAW", default_rate=8000, lossless=False, streamable=True
+        ),
+        AudioFormat(
+            "ulaw", "audio/basic", "RAW", "ULAW", default_rate=8000, lossless=False, streamable=True
+        ),
+        AudioFormat(
+            "alaw-raw",
+            "audio/x-alaw-basic",
+            "RAW",
+            "ALAW",
+            default_rate=8000,
+            lossless=False,
+            streamable=True,
+        ),
+        # libsndfile has no AAC; PyAV's wheels carry FFmpeg's native AAC encoder (no system
+        # ffmpeg needed). ADTS framing: every frame self-describing, so it streams as well.
+        AudioFormat(
+            "aac", "audio/aac", "ADTS", "AAC", lossless=False, rates=_MPEG_RATES, streamable=True
+        ),
+    )
+    if f.container != "ADTS" or importlib.util.find_spec("av") is not None
+}
 
 
 def resample(pcm: FloatPCM, src_rate: int, dst_rate: int) -> FloatPCM:
@@ -69,6 +106,8 @@ def encode(pcm: FloatPCM, sample_rate: int, fmt: AudioFormat) -> bytes:
     """Encode mono float32 ``pcm`` at ``sample_rate`` in ``fmt``."""
     if fmt.container is None:
         return to_int16(pcm).tobytes()
+    if fmt.container == "ADTS":
+        return _encode_aac(pcm, sample_rate)
     buf = io.BytesIO()
     data = to_int16(pcm) if fmt.subtype == "PCM_16" else np.clip(pcm, -1.0, 1.0)
     sf.write(buf, data, sample_rate, format=fmt.container, subtype=fmt.subtype)
@@ -78,8 +117,8 @@ def encode(pcm: FloatPCM, sample_rate: int, fmt: AudioFormat) -> bytes:
 def output_rate(fmt: AudioFormat, engine_rate: int, asked: int | None) -> int:
     """The sample rate a rendition is produced at."""
     rate = asked or fmt.default_rate or engine_rate
-    if fmt.name == "opus":
-        rate = next((r for r in _OPUS_RATES if r >= rate), 48000)
+    if fmt.rates:
+        rate = next((r for r in fmt.rates if r >= rate), fmt.rates[-1])
     return rate
 
 
@@ -102,3 +141,76 @@ def decode_master(data: bytes) -> tuple[FloatPCM, int]:
     """Decode a master back to float32 PCM and its rate."""
     pcm, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=False)
     return np.asarray(pcm, dtype=np.float32), int(rate)
+
+
+def _encode_aac(pcm: FloatPCM, sample_rate: int) -> bytes:
+    """AAC-LC in ADTS through PyAV (FFmpeg's native encoder, bundled in the wheel)."""
+    import av  # imported here: only AAC needs it, and it is a large extension module
+
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="adts") as container:
+        stream = container.add_stream("aac", rate=sample_rate, layout="mono")
+        frame = av.AudioFrame.from_ndarray(
+            np.clip(pcm, -1.0, 1.0).reshape(1, -1), format="flt", layout="mono"
+        )
+        frame.sample_rate = sample_rate
+        for packet in stream.encode(frame):
+            container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    return buf.getvalue()
+
+
+# ---- streaming ------------------------------------------------------------------------------
+
+# A WAV header whose RIFF and data sizes say "unknown, read to the end" (0xFFFFFFFF), as streaming
+# servers send it: the length is not known when the first sentence goes out.
+_UNKNOWN_SIZE = 0xFFFFFFFF
+_WAV_TAGS = {"PCM_16": (1, 16), "ULAW": (7, 8), "ALAW": (6, 8)}
+
+
+def stream_header(fmt: AudioFormat, sample_rate: int) -> bytes:
+    """Bytes that open a stream of ``fmt`` (a streaming WAV header; nothing for raw or framed
+    codecs, whose chunks carry their own framing)."""
+    if fmt.container != "WAV":
+        return b""
+    tag, bits = _WAV_TAGS[fmt.subtype]
+    block = bits // 8
+    fmt_body = struct.pack("<HHIIHH", tag, 1, sample_rate, sample_rate * block, block, bits)
+    if tag != 1:
+        fmt_body += struct.pack("<H", 0)  # cbSize: non-PCM fmt chunks carry it
+    return (
+        b"RIFF"
+        + struct.pack("<I", _UNKNOWN_SIZE)
+        + b"WAVE"
+        + b"fmt "
+        + struct.pack("<I", len(fmt_body))
+        + fmt_body
+        + b"data"
+        + struct.pack("<I", _UNKNOWN_SIZE)
+    )
+
+
+def stream_chunk(pcm: FloatPCM, src_rate: int, fmt: AudioFormat, rate: int) -> bytes:
+    """One stream chunk: ``pcm`` resampled to ``rate`` and encoded so that chunks concatenate.
+
+    WAV and raw formats become bare samples (after :func:`stream_header`); MP3 and AAC become
+    complete frame sequences, which decoders play back to back.
+    """
+    if not fmt.streamable:
+        raise ValueError(f"format {fmt.name!r} cannot be streamed")
+    out = resample(pcm, src_rate, rate)
+    if fmt.container == "WAV":
+        raw = FORMATS["pcm"] if fmt.subtype == "PCM_16" else _RAW_G711[fmt.subtype]
+        return encode(out, rate, raw)
+    return encode(out, rate, fmt)
+
+
+_RAW_G711 = {"ULAW": FORMATS["ulaw"], "ALAW": FORMATS["alaw-raw"]}
+
+
+def as_stored(pcm: FloatPCM) -> FloatPCM:
+    """``pcm`` exactly as it reads back from its stored master (16-bit, decoded the way soundfile
+    decodes it), so audio rendered right after synthesis equals audio rendered later from the
+    store, byte for byte."""
+    return to_int16(pcm).astype(np.float32) / np.float32(32768.0)

@@ -30,6 +30,9 @@ class CountingEngine:
         self.items = 0
         self.batches = 0
         self.texts: list[str] = []
+        # Batches running at once, and the most seen (parallel synthesis assertions read it).
+        self.active = 0
+        self.max_concurrent = 0
         self._lock = threading.Lock()
         self.release = threading.Event()
         self.release.set()
@@ -48,13 +51,20 @@ class CountingEngine:
 
     def synthesize_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]:
         self.release.wait()
-        if self.delay_s:
-            time.sleep(self.delay_s)
         with self._lock:
-            self.items += len(items)
-            self.batches += 1
-            self.texts.extend(i.text for i in items)
-        return self.inner.synthesize_batch(items)
+            self.active += 1
+            self.max_concurrent = max(self.max_concurrent, self.active)
+        try:
+            if self.delay_s:
+                time.sleep(self.delay_s)
+            with self._lock:
+                self.items += len(items)
+                self.batches += 1
+                self.texts.extend(i.text for i in items)
+            return self.inner.synthesize_batch(items)
+        finally:
+            with self._lock:
+                self.active -= 1
 
     def describe(self) -> Mapping[str, object]:
         return self.inner.describe()

@@ -304,7 +304,7 @@ async def test_tier_survives_redis_outage_and_recovers_without_restart(tmp_path:
             await t.get(KEY)
         assert metrics.redis_errors.labels("get")._value.get() == 2
         assert metrics.redis_skipped.labels("get", "breaker_open")._value.get() == 1
-        assert metrics.redis_breaker_state._value.get() == BreakerState.OPEN
+        assert metrics.cache_breaker_state.labels("redis")._value.get() == BreakerState.OPEN
         server = RedisServer(tmp_path / "r", port=port)
         server.start()
         try:
@@ -312,7 +312,7 @@ async def test_tier_survives_redis_outage_and_recovers_without_restart(tmp_path:
             e = entry()
             await t.put(KEY, e)  # the half-open probe succeeds and closes the breaker
             assert await t.get(KEY) == e
-            assert metrics.redis_breaker_state._value.get() == BreakerState.CLOSED
+            assert metrics.cache_breaker_state.labels("redis")._value.get() == BreakerState.CLOSED
         finally:
             server.stop()
     finally:

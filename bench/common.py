@@ -1,0 +1,176 @@
+"""Shared benchmark plumbing: start servers as subprocesses, drive load with wrk (or a Python
+fallback), write JSON + PNG results under docs/bench/."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "bench"
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, timeout_s: float = 120.0) -> None:
+    """Wait until ``url`` answers 200."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer 200 within {timeout_s} s")
+
+
+def start_gateway(port: int, cache_dir: Path, *extra: str,
+                  log_path: Path | None = None) -> subprocess.Popen[bytes]:
+    """``python -m gateway serve`` on ``port`` with its own cache dir."""
+    log = open(log_path or os.devnull, "wb")  # noqa: SIM115 - handed to the child process
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--port", str(port),
+         "--cache-dir", str(cache_dir), *extra],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+    )
+    wait_http(f"http://127.0.0.1:{port}/readyz")
+    return proc
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate a server process."""
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
+    """One JSON POST; returns status, headers and body."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return r.status, dict(r.headers), r.read()
+
+
+def wrk_rate(url: str, *, body: str | None, seconds: float, connections: int,
+             threads: int = 1) -> dict[str, float]:
+    """Requests/s and latency percentiles from wrk (POST when ``body`` is given)."""
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        return python_rate(url, body=body, seconds=seconds, connections=connections)
+    script = None
+    args = [wrk, f"-t{threads}", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency"]
+    if body is not None:
+        script = tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False)  # noqa: SIM115
+        escaped = body.replace("\\", "\\\\").replace("'", "\\'")
+        script.write("wrk.method = 'POST'\n"
+                     f"wrk.body = '{escaped}'\n"
+                     "wrk.headers['Content-Type'] = 'application/json'\n")
+        script.close()
+        args += ["-s", script.name]
+    out = subprocess.run([*args, url], capture_output=True, text=True, check=True).stdout
+    if script is not None:
+        os.unlink(script.name)
+    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    errors = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    if errors:
+        raise RuntimeError(f"wrk saw {errors.group(1)} error responses from {url}")
+    pct = {}
+    for label, key in (("50%", "p50_ms"), ("99%", "p99_ms")):
+        m = re.search(rf"{re.escape(label)}\s+([\d.]+)(us|ms|s)", out)
+        if m:
+            scale = {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)]
+            pct[key] = float(m.group(1)) * scale
+    return {"rps": rate, **pct}
+
+
+def python_rate(url: str, *, body: str | None, seconds: float,
+                connections: int) -> dict[str, float]:
+    """Fallback load generator (aiohttp client in a child process) when wrk is missing."""
+    code = f"""
+import asyncio, json, time, aiohttp
+async def main():
+    n = 0
+    stop = time.perf_counter() + {seconds}
+    body = {body!r}
+    async with aiohttp.ClientSession() as s:
+        async def worker():
+            nonlocal n
+            while time.perf_counter() < stop:
+                if body is None:
+                    r = await s.get({url!r})
+                else:
+                    r = await s.post({url!r}, data=body,
+                                     headers={{"Content-Type": "application/json"}})
+                await r.read()
+                assert r.status == 200, r.status
+                n += 1
+        t = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range({connections})))
+        print(n / (time.perf_counter() - t))
+asyncio.run(main())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    return {"rps": float(out.strip())}
+
+
+def median(values: Sequence[float]) -> float:
+    """Median of ``values``."""
+    s = sorted(values)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def write_results(name: str, data: dict[str, Any]) -> Path:
+    """Write ``docs/bench/<name>.json``."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
+
+
+def bar_plot(name: str, title: str, labels: Sequence[str], values: Sequence[float],
+             ylabel: str, *, target: float | None = None) -> Path:
+    """A bar chart saved as ``docs/bench/<name>.png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bars = ax.bar(labels, values, color=["#3b7dd8", "#9aa5b1", "#e07b39", "#5aa469"][: len(values)])
+    for b, v in zip(bars, values, strict=True):
+        ax.annotate(f"{v:,.2f}" if v < 100 else f"{v:,.0f}", (b.get_x() + b.get_width() / 2, v),
+                    ha="center", va="bottom")
+    if target is not None:
+        ax.axhline(target, color="red", linestyle="--", label=f"target {target:g}")
+        ax.legend()
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    fig.tight_layout()
+    path = RESULTS / f"{name}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

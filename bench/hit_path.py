@@ -1,0 +1,117 @@
+"""Hit path: one cached ~250 KB WAV served by the gateway vs the same bytes from a bare aiohttp
+handler, under the same concurrent load, in one run (rounds interleaved so drift hits both).
+
+    python bench/hit_path.py [--seconds 5] [--rounds 3] [--connections 32]
+
+Target: gateway >= 0.8 x bare. Writes docs/bench/hit_path.json and hit_path.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (
+    ROOT,
+    bar_plot,
+    free_port,
+    median,
+    post,
+    start_gateway,
+    stop,
+    wait_http,
+    write_results,
+    wrk_rate,
+)
+
+# About 5.7 s of speech: a ~250 KB PCM16 WAV at the voice's 22,050 Hz.
+TEXT = (
+    "Thank you for calling. Your call is important to us. All of our agents are currently "
+    "helping other customers."
+)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=5.0, help="length of each measured round")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds per server (interleaved)")
+    ap.add_argument("--connections", type=int, default=32, help="concurrent connections")
+    ap.add_argument("--no-write", action="store_true", help="do not write docs/bench results")
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmpdir = Path(tmp)
+        gport, bport = free_port(), free_port()
+        gateway = start_gateway(gport, tmpdir / "cache", log_path=tmpdir / "gateway.log")
+        bare = None
+        try:
+            url = f"http://127.0.0.1:{gport}/v1/audio/speech"
+            body = {"model": "tts-1", "input": TEXT, "voice": "alloy", "response_format": "wav"}
+            status, headers, audio = post(url, body)
+            assert status == 200 and headers["X-Cache"] == "MISS"
+            status, headers, again = post(url, body)
+            assert headers["X-Cache"] == "HIT" and again == audio
+            (tmpdir / "audio.wav").write_bytes(audio)
+            bare = subprocess.Popen(
+                [sys.executable, str(ROOT / "bench" / "bare_server.py"), str(bport),
+                 str(tmpdir / "audio.wav"), "audio/wav"], cwd=ROOT)
+            wait_http(f"http://127.0.0.1:{bport}/readyz")
+            burl = f"http://127.0.0.1:{bport}/v1/audio/speech"
+            payload = json.dumps(body)
+            # warm both (connection setup, caches)
+            wrk_rate(url, body=payload, seconds=1, connections=args.connections)
+            wrk_rate(burl, body=payload, seconds=1, connections=args.connections)
+            g_runs, b_runs = [], []
+            for _ in range(args.rounds):
+                g_runs.append(wrk_rate(url, body=payload, seconds=args.seconds,
+                                       connections=args.connections))
+                b_runs.append(wrk_rate(burl, body=payload, seconds=args.seconds,
+                                       connections=args.connections))
+        finally:
+            stop(gateway)
+            if bare is not None:
+                stop(bare)
+
+    g = median([r["rps"] for r in g_runs])
+    b = median([r["rps"] for r in b_runs])
+    ratio = g / b
+    g_p50 = median([r.get("p50_ms", 0.0) for r in g_runs])
+    b_p50 = median([r.get("p50_ms", 0.0) for r in b_runs])
+    print(f"\nhit path, {len(audio):,} byte WAV, {args.connections} connections, "
+          f"{args.rounds} x {args.seconds:g} s rounds (median)")
+    print(f"{'server':<28}{'req/s':>10}{'p50 ms':>10}")
+    print(f"{'gateway (POST speech, HIT)':<28}{g:>10.0f}{g_p50:>10.2f}")
+    print(f"{'bare aiohttp (same bytes)':<28}{b:>10.0f}{b_p50:>10.2f}")
+    print(f"ratio gateway/bare: {ratio:.3f} (target >= 0.8) -> "
+          f"{'PASS' if ratio >= 0.8 else 'MISS'}")
+    if not args.no_write:
+        write_results("hit_path", {
+            "benchmark": "hit_path",
+            "command": "python bench/hit_path.py " + " ".join(sys.argv[1:]),
+            "audio_bytes": len(audio),
+            "connections": args.connections,
+            "seconds_per_round": args.seconds,
+            "rounds": args.rounds,
+            "gateway_rps": g_runs,
+            "bare_rps": b_runs,
+            "gateway_rps_median": g,
+            "bare_rps_median": b,
+            "ratio": ratio,
+            "target_ratio": 0.8,
+            "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
+        })
+        bar_plot("hit_path", f"Cached {len(audio) // 1000} KB WAV: gateway vs bare aiohttp",
+                 ["gateway hit", "bare aiohttp"], [g, b], "requests/s")
+        print("wrote docs/bench/hit_path.json and docs/bench/hit_path.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

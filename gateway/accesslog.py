@@ -1,0 +1,131 @@
+"""A buffered access log: one line per request, written in batches.
+
+Going through ``logging`` for every request (record creation, formatting, a write syscall) cost
+about a tenth of a cache hit's CPU time. Like nginx's ``access_log ... buffer=``, lines are built
+with no logging machinery, kept in memory, and written together at most ``flush_interval_s``
+later (or when ``max_lines`` pile up). The lines have the same shape as every other log line
+(:mod:`gateway.logs`: one JSON object with ts, level, logger, pid, msg, then the fields; or the
+text form). The request text is never part of a line: only the route template, status, content
+key, cache result, timing, bytes and client id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import json
+import logging
+import os
+import sys
+import time
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from gateway.settings import Settings
+
+LOGGER = "voxgate.access"
+
+
+class AccessLog:
+    """Collects access-log lines and writes them to ``stream`` in batches."""
+
+    def __init__(
+        self,
+        stream: TextIO | None = None,
+        *,
+        fmt: str = "json",
+        flush_interval_s: float = 0.2,
+        max_lines: int = 512,
+        enabled: bool = True,
+    ) -> None:
+        self._stream = stream
+        self.fmt = fmt
+        self.flush_interval_s = flush_interval_s
+        self.max_lines = max_lines
+        self.enabled = enabled
+        self._pid = os.getpid()
+        self._lines: list[str] = []
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> AccessLog:
+        """On when ``access_log`` is set and the level lets INFO lines through."""
+        level = getattr(logging, settings.log_level.upper(), logging.INFO)
+        return cls(fmt=settings.log_format, enabled=settings.access_log and level <= logging.INFO)
+
+    @property
+    def stream(self) -> TextIO:
+        # Resolved at write time: tests and the CLI may swap sys.stderr after the app is built.
+        return self._stream if self._stream is not None else sys.stderr
+
+    def record(
+        self,
+        *,
+        route: str,
+        method: str,
+        status: int,
+        key: str | None,
+        cache: str,
+        seconds: float,
+        nbytes: int | None,
+        client: str | None = None,
+    ) -> None:
+        """Queue one request's line."""
+        if not self.enabled:
+            return
+        now = time.time()
+        ms = seconds * 1000
+        if self.fmt == "json":
+            ts = datetime.datetime.fromtimestamp(now, datetime.timezone.utc).isoformat(
+                timespec="milliseconds"
+            )
+            # Route templates, methods, cache results and keys (hex) are ours and need no
+            # escaping; only the client id can hold arbitrary characters.
+            line = (
+                f'{{"ts":"{ts}","level":"info","logger":"{LOGGER}","pid":{self._pid},'
+                f'"msg":"request","route":"{route}","method":"{method}","status":{status},'
+                f'"key":{"null" if key is None else chr(34) + key + chr(34)},"cache":"{cache}",'
+                f'"ms":{ms:.3f},"bytes":{"null" if nbytes is None else nbytes},'
+                f'"client":{"null" if client is None else json.dumps(client)}}}'
+            )
+        else:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
+            line = (
+                f"{stamp},{int(now * 1000) % 1000:03d} INFO {LOGGER} request route={route} "
+                f"method={method} status={status} cache={cache} ms={ms:.3f}"
+                + (f" key={key}" if key else "")
+                + (f" bytes={nbytes}" if nbytes is not None else "")
+                + (f" client={client}" if client else "")
+            )
+        self._lines.append(line)
+        if len(self._lines) >= self.max_lines:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write what is queued (one write call)."""
+        if not self._lines:
+            return
+        lines, self._lines = self._lines, []
+        with contextlib.suppress(ValueError, OSError):  # a closed stream must not fail requests
+            self.stream.write("\n".join(lines) + "\n")
+            self.stream.flush()
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_interval_s)
+            self.flush()
+
+    def start(self) -> None:
+        """Start the periodic flush."""
+        if self._task is None and self.enabled:
+            self._task = asyncio.create_task(self._run(), name="access-log-flush")
+
+    async def close(self) -> None:
+        """Stop the periodic flush and write what is left."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self.flush()

@@ -1,0 +1,170 @@
+"""Sentence-level assembly: a rendition is made from per-sentence masters, joined with a pause.
+
+Each sentence of a request is its own master entry (content key = that sentence with the request's
+engine, voice and parameters), so templated prompts that share sentences share audio. A
+:class:`Production` makes one rendition: it splits the text, fetches or synthesizes every sentence
+master concurrently (through the model's scheduler, each sentence single-flighted), joins them,
+encodes the result, and stores it under the rendition key. Streaming readers follow the same
+production sentence by sentence, so a stream and a plain request for the same rendition share all
+work, and a reader that goes away (client disconnect) never cancels it: the rendition is stored at
+the end whoever is still listening.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from cache.entry import Entry
+from metrics import Metrics
+from synth import audio, sentences
+from synth.engine import Audio
+
+if TYPE_CHECKING:
+    from gateway.speech import SpeechRequest
+
+log = logging.getLogger("voxgate.speech")
+
+# A sentence's master audio and how it was obtained: "hit" (stored), "miss" (synthesized by this
+# call) or "coalesced" (joined a synthesis already in flight).
+MasterFetch = Callable[["SpeechRequest"], Awaitable[tuple[Audio, str]]]
+Store = Callable[[str, Entry], Awaitable[None]]
+
+
+@dataclasses.dataclass
+class Production:
+    """One rendition being made. ``parts`` resolves to one future per sentence (in order), each
+    giving that sentence's master audio; ``result`` to the stored entry and whether anything was
+    synthesized for it."""
+
+    key: str
+    req: SpeechRequest
+    rate: int
+    parts: asyncio.Future[list[asyncio.Future[Audio]]]
+    result: asyncio.Task[tuple[Entry, bool]] | None = None
+
+    async def sentence_parts(self) -> list[asyncio.Future[Audio]]:
+        """The per-sentence futures (await each through :func:`asyncio.shield`)."""
+        return await asyncio.shield(self.parts)
+
+    async def entry(self) -> tuple[Entry, bool]:
+        """Wait for the finished, stored rendition (a cancelled waiter does not cancel it)."""
+        assert self.result is not None
+        return await asyncio.shield(self.result)
+
+
+class Assembler:
+    """Makes renditions from sentence masters; at most one :class:`Production` per rendition key."""
+
+    def __init__(
+        self,
+        *,
+        fetch_master: MasterFetch,
+        store_put: Store,
+        encode_pool: concurrent.futures.Executor,
+        metrics: Metrics,
+        pause_ms: int = 250,
+        max_parallel: int = 8,
+        splitter: sentences.SentenceSplitter | None = None,
+    ) -> None:
+        self._fetch_master = fetch_master
+        self._store_put = store_put
+        self.encode_pool = encode_pool
+        self.metrics = metrics
+        self.pause_s = pause_ms / 1000.0
+        self.max_parallel = max(1, max_parallel)
+        self.splitter = splitter or sentences.SentenceSplitter()
+        self._inflight: dict[str, Production] = {}
+
+    def production(self, req: SpeechRequest, key: str, rate: int) -> tuple[Production, bool]:
+        """The production of rendition ``key`` and whether this call started it: the one in
+        flight, else a new one started now."""
+        prod = self._inflight.get(key)
+        if prod is not None:
+            return prod, False
+        loop = asyncio.get_running_loop()
+        prod = Production(key=key, req=req, rate=rate, parts=loop.create_future())
+        prod.result = asyncio.ensure_future(self._run(prod))
+        self._inflight[key] = prod
+        prod.result.add_done_callback(functools.partial(self._finished, key, prod))
+        return prod, True
+
+    def _finished(self, key: str, prod: Production, task: asyncio.Task[tuple[Entry, bool]]) -> None:
+        if self._inflight.get(key) is prod:
+            del self._inflight[key]
+        # Consume outcomes nobody awaited (every reader gone) so asyncio does not warn about them.
+        _consume(task)
+
+    def cancel_all(self) -> None:
+        """Stop every production in flight (shutdown: nobody is left to store for)."""
+        for prod in list(self._inflight.values()):
+            if prod.result is not None:
+                prod.result.cancel()
+
+    async def produce(self, req: SpeechRequest, key: str, rate: int) -> tuple[Entry, bool]:
+        """Make (or join the making of) rendition ``key`` and return ``(entry, synthesized)``."""
+        prod, _ = self.production(req, key, rate)
+        return await prod.entry()
+
+    async def _run(self, prod: Production) -> tuple[Entry, bool]:
+        req = prod.req
+        loop = asyncio.get_running_loop()
+        try:
+            texts = await loop.run_in_executor(self.encode_pool, self.splitter.split, req.text)
+        except BaseException as exc:
+            prod.parts.set_exception(exc)
+            raise
+        gate = asyncio.Semaphore(self.max_parallel)
+        outcomes: list[str] = []
+
+        async def one(text: str) -> Audio:
+            # The semaphore is FIFO: sentences reach the scheduler in text order, so the first
+            # sentence (what a stream sends first) is synthesized first.
+            async with gate:
+                master, outcome = await self._fetch_master(dataclasses.replace(req, text=text))
+            outcomes.append(outcome)
+            self.metrics.sentences.labels(outcome).inc()
+            return master
+
+        parts: list[asyncio.Future[Audio]] = [asyncio.ensure_future(one(t)) for t in texts]
+        for part in parts:
+            part.add_done_callback(_consume)
+        prod.parts.set_result(parts)
+        # On a failure the other sentences are left to finish: their masters are stored for the
+        # retry, and a stream reader following them never sees a part cancelled under it.
+        masters = await asyncio.gather(*parts)
+        rate_in = masters[0].sample_rate
+        pcm = sentences.join([m.pcm for m in masters], rate_in, self.pause_s)
+        data = await loop.run_in_executor(
+            self.encode_pool, audio.render, pcm, rate_in, req.fmt, prod.rate
+        )
+        synthesized = "miss" in outcomes
+        if not synthesized:
+            self.metrics.transcodes.labels(req.fmt.name).inc()
+        entry = Entry.create(
+            data,
+            content_type=req.fmt.content_type,
+            fmt=req.fmt.name,
+            sample_rate=prod.rate,
+            model=req.model,
+            voice=req.voice,
+            pinned=req.pinned,
+            duration_s=len(pcm) / rate_in,
+        )
+        await self._store_put(prod.key, entry)
+        if len(texts) > 1:
+            log.debug(
+                "assembled key=%s sentences=%d synthesized=%s", prod.key, len(texts), synthesized
+            )
+        return entry, synthesized
+
+
+def _consume(fut: asyncio.Future[Any]) -> None:
+    # Retrieve an outcome nobody awaited (every reader gone) so asyncio does not warn about it.
+    if not fut.cancelled():
+        fut.exception()

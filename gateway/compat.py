@@ -1,0 +1,167 @@
+"""The request shapes existing clients send besides OpenAI's: Coqui tts-server's ``/api/tts`` and the
+plain query-string ``GET /synthesize``. Both end in the same :class:`SpeechRequest` (same cache
+keys: ``/api/tts`` and ``/synthesize`` and ``/v1/audio/speech`` for the same text, voice and format
+share one entry).
+
+Query strings carry request text here: the access log writes only the route template, never the
+URL, so the text does not reach the logs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+
+from gateway import keys
+from gateway.delivery import serve_speech
+from gateway.errors import BadRequest
+from gateway.parsing import (
+    parse_sample_rate,
+    parse_speed,
+    read_json_object,
+    resolve_format,
+    resolve_model,
+    resolve_voice,
+    validate_text,
+)
+from gateway.settings import Settings
+from gateway.speech import SpeechRequest, SpeechService
+from synth import audio
+
+# Coqui's server reads each field from a header first, then from the query string or form.
+COQUI_FIELDS = {
+    "text": "text",
+    "speaker_id": "speaker-id",
+    "language_id": "language-id",
+    "style_wav": "style-wav",
+    "speaker_wav": "speaker-wav",
+}
+SYNTHESIZE_FIELDS = ("text", "speaker", "model", "format", "sample_rate", "speed")
+
+
+def _unknown(fields: set[str], known: tuple[str, ...] | Mapping[str, str], route: str) -> None:
+    unknown = sorted(fields - set(known))
+    if unknown:
+        raise BadRequest(
+            f"unsupported field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: "
+            f"{route} takes {', '.join(known)}",
+            param=unknown[0],
+        )
+
+
+def default_voice(model: str, settings: Settings, speech: SpeechService) -> str:
+    """The voice used when a compatible request names none."""
+    voices = speech.models[model].voice_names()
+    return settings.default_voice if settings.default_voice in voices else voices[0]
+
+
+def _voice(name: str, model: str, param: str, settings: Settings, speech: SpeechService) -> str:
+    if not name:
+        return default_voice(model, settings, speech)
+    try:
+        return resolve_voice(name, model, settings, speech)
+    except BadRequest as exc:
+        raise BadRequest(exc.message, param=param, code=exc.code) from exc
+
+
+def _norm_language(tag: str) -> str:
+    return tag.strip().lower().replace("-", "_")
+
+
+def check_language(language: str, model: str, voice: str, speech: SpeechService) -> None:
+    """Accept ``language`` when it is the voice's language or its primary subtag (``en`` for
+    ``en_US``); the voices served here speak one language each."""
+    if not language:
+        return
+    spoken = next((v.language for v in speech.models[model].engine.voices() if v.name == voice), "")
+    asked = _norm_language(language)
+    have = _norm_language(spoken)
+    if have and (asked == have or have.split("_")[0] == asked):
+        return
+    raise BadRequest(
+        f"language_id '{language}' is not supported: voice '{voice}' of model '{model}' "
+        f"speaks {spoken or 'one fixed language'}",
+        param="language_id",
+        code="unsupported_language",
+    )
+
+
+async def coqui_fields(request: web.Request) -> dict[str, str]:
+    """The fields of a Coqui ``/api/tts`` request: headers, then query string, then form/JSON."""
+    values: dict[str, str] = {k: v for k, v in request.query.items()}
+    if request.method == "POST" and request.can_read_body:
+        if request.content_type == "application/json":
+            body = await read_json_object(request, request.app[keys.MAX_BODY_BYTES])
+            values.update({k: v if isinstance(v, str) else str(v) for k, v in body.items()})
+        else:
+            form = await request.post()
+            values.update({k: v for k, v in form.items() if isinstance(v, str)})
+    _unknown(set(values), COQUI_FIELDS, "/api/tts")
+    for name, header in COQUI_FIELDS.items():
+        if request.headers.get(header):
+            values[name] = request.headers[header]
+    return values
+
+
+def parse_coqui(
+    values: Mapping[str, str], settings: Settings, speech: SpeechService
+) -> SpeechRequest:
+    """A :class:`SpeechRequest` for Coqui's ``/api/tts``: default model, WAV at the voice's rate."""
+    for unsupported in ("style_wav", "speaker_wav"):
+        if values.get(unsupported, "").strip():
+            raise BadRequest(
+                f"'{unsupported}' is not supported: the served voices do not clone or transfer "
+                "style from reference audio; leave it empty",
+                param=unsupported,
+                code="unsupported_parameter",
+            )
+    model = resolve_model(settings.default_model, settings, speech)
+    text = validate_text(values.get("text", ""), settings, param="text")
+    voice = _voice(values.get("speaker_id", "").strip(), model, "speaker_id", settings, speech)
+    check_language(values.get("language_id", ""), model, voice, speech)
+    return SpeechRequest(text=text, model=model, voice=voice, fmt=audio.FORMATS["wav"])
+
+
+def parse_synthesize(
+    query: Mapping[str, str], settings: Settings, speech: SpeechService
+) -> SpeechRequest:
+    """A :class:`SpeechRequest` for ``GET /synthesize?text=...&speaker=...&model=...&format=...``."""
+    _unknown(set(query), SYNTHESIZE_FIELDS, "/synthesize")
+    model = resolve_model(query.get("model") or settings.default_model, settings, speech)
+    text = validate_text(query.get("text", ""), settings, param="text")
+    voice = _voice(query.get("speaker", ""), model, "speaker", settings, speech)
+    try:
+        fmt = resolve_format(query.get("format") or "wav")
+    except BadRequest as exc:
+        raise BadRequest(exc.message, param="format", code=exc.code) from exc
+    speed = parse_speed(_number(query, "speed", float)) if "speed" in query else 1.0
+    rate = parse_sample_rate(_number(query, "sample_rate", int)) if "sample_rate" in query else None
+    return SpeechRequest(
+        text=text, model=model, voice=voice, fmt=fmt, speed=speed, sample_rate=rate
+    )
+
+
+def _number(query: Mapping[str, str], name: str, kind: type[int] | type[float]) -> Any:
+    try:
+        return kind(query[name])
+    except ValueError as exc:
+        what = "an integer" if kind is int else "a number"
+        raise BadRequest(f"'{name}' must be {what}", param=name) from exc
+
+
+async def api_tts(request: web.Request) -> web.StreamResponse:
+    """``GET|POST /api/tts``: Coqui tts-server compatible; answers WAV."""
+    service = request.app[keys.SPEECH]
+    values = await coqui_fields(request)
+    req = parse_coqui(values, request.app[keys.SETTINGS], service)
+    return await serve_speech(request, req)
+
+
+async def synthesize(request: web.Request) -> web.StreamResponse:
+    """``GET /synthesize``: the plain query-string form."""
+    service = request.app[keys.SPEECH]
+    query = {k: v for k, v in request.query.items()}
+    req = parse_synthesize(query, request.app[keys.SETTINGS], service)
+    return await serve_speech(request, req)

@@ -1,0 +1,128 @@
+"""HTTP caching semantics for audio responses: ETag, If-None-Match (304), Range (206 / 416).
+
+Audio is content-addressed and immutable, so the ETag is the content key itself (a strong
+validator), a matching ``If-None-Match`` is answered 304 without touching the store, and byte
+ranges of a stored entry are always consistent with one another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from aiohttp import web
+
+from gateway.errors import error_body
+
+IMMUTABLE = "public, max-age=31536000, immutable"
+
+
+def etag_for(key: str) -> str:
+    """The (strong) entity tag of the audio stored under ``key``."""
+    return f'"{key}"'
+
+
+def none_match(request: web.Request, etag: str, *, exists: bool = True) -> bool:
+    """True when ``If-None-Match`` names ``etag`` (or ``*`` and the audio exists): answer 304.
+
+    If-None-Match uses the weak comparison (RFC 9110 13.1.2), so ``W/"key"`` matches too.
+    """
+    header = request.headers.get("If-None-Match")
+    if not header:
+        return False
+    for raw in header.split(","):
+        tag = raw.strip()
+        if tag == "*":
+            return exists
+        if tag.startswith("W/"):
+            tag = tag[2:]
+        if tag == etag:
+            return True
+    return False
+
+
+def not_modified(headers: Mapping[str, str]) -> web.Response:
+    """A 304 carrying the validators and caching headers a 200 would have had."""
+    keep = ("ETag", "Cache-Control", "X-Audio-Key", "X-Cache", "Vary")
+    return web.Response(status=304, headers={k: v for k, v in headers.items() if k in keep})
+
+
+class RangeError(ValueError):
+    """The Range header asks for bytes the entity does not have (answer 416)."""
+
+
+def parse_range(header: str, size: int) -> tuple[int, int] | None:
+    """The inclusive ``(first, last)`` byte positions of a single-range ``bytes=`` header.
+
+    Returns None when the header should be ignored (not a bytes unit, several ranges, or syntax
+    we do not take): RFC 9110 lets a server answer such requests with the whole entity. Raises
+    :class:`RangeError` when the range is well formed but unsatisfiable.
+    """
+    unit, _, spec = header.partition("=")
+    if unit.strip().lower() != "bytes" or "," in spec:
+        return None
+    first_s, dash, last_s = spec.strip().partition("-")
+    if not dash:
+        return None
+    first_s, last_s = first_s.strip(), last_s.strip()
+    if not (first_s.isdigit() or first_s == "") or not (last_s.isdigit() or last_s == ""):
+        return None
+    if first_s == "":
+        if last_s == "":
+            return None
+        suffix = int(last_s)  # bytes=-N: the last N bytes
+        if suffix == 0 or size == 0:
+            raise RangeError(header)
+        return max(0, size - suffix), size - 1
+    first = int(first_s)
+    if last_s and int(last_s) < first:
+        return None  # invalid syntax: ignore the header (RFC 9110 14.1.1)
+    if first >= size:
+        raise RangeError(header)
+    last = int(last_s) if last_s else size - 1
+    return first, min(last, size - 1)
+
+
+def audio_response(
+    request: web.Request,
+    body: bytes,
+    headers: dict[str, str],
+    *,
+    ranges: bool = False,
+    conditional: bool = True,
+) -> web.Response:
+    """A full (200), partial (206), 304 or 416 response for immutable ``body``.
+
+    ``headers`` must carry the ``ETag``. ``Content-Length`` is always set (aiohttp does it for a
+    bytes body). With ``ranges`` the response advertises and honours byte ranges. Without
+    ``conditional`` If-None-Match was already evaluated by the caller.
+    """
+    etag = headers["ETag"]
+    if conditional and none_match(request, etag):
+        return not_modified(headers)
+    if not ranges:
+        return web.Response(body=body, headers=headers)
+    headers = {**headers, "Accept-Ranges": "bytes"}
+    header = request.headers.get("Range")
+    if_range = request.headers.get("If-Range")
+    if header is None or (if_range is not None and if_range.strip() != etag):
+        return web.Response(body=body, headers=headers)
+    size = len(body)
+    try:
+        span = parse_range(header, size)
+    except RangeError:
+        return web.Response(
+            status=416,
+            body=error_body(
+                f"range not satisfiable: the audio is {size} bytes",
+                "invalid_request_error",
+                "Range",
+                "range_not_satisfiable",
+            ),
+            content_type="application/json",
+            headers={"Content-Range": f"bytes */{size}", "ETag": etag},
+        )
+    if span is None:
+        return web.Response(body=body, headers=headers)
+    first, last = span
+    headers["Content-Range"] = f"bytes {first}-{last}/{size}"
+    return web.Response(status=206, body=body[first : last + 1], headers=headers)

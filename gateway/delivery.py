@@ -1,0 +1,139 @@
+"""Delivering speech over HTTP, shared by every speech endpoint: whole responses (with ETag,
+304 and Content-Length) and streamed ones (chunked, one chunk per sentence as it is ready).
+
+A stream follows a :class:`gateway.assembly.Production`; it never owns it. A client that
+disconnects ends only its own stream: the sentences it was waiting on are still synthesized, and the
+full rendition is still stored, for whoever asks next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+
+from gateway import keys
+from gateway.conditional import IMMUTABLE, audio_response, etag_for, none_match, not_modified
+from gateway.speech import SpeechRequest, SpeechService
+from synth import audio, sentences
+
+log = logging.getLogger("voxgate.gateway")
+
+
+def _headers(key: str, fmt: audio.AudioFormat, rate: int, cache: str) -> dict[str, str]:
+    return {
+        "Content-Type": fmt.content_type,
+        "X-Cache": cache.upper(),
+        "X-Audio-Key": key,
+        "ETag": etag_for(key),
+        "X-Audio-Sample-Rate": str(rate),
+    }
+
+
+def _record(request: web.Request, req: SpeechRequest, key: str, cache: str) -> None:
+    request[keys.CACHE_RESULT] = cache
+    request[keys.AUDIO_KEY] = key
+    request.app[keys.OBSERVER].count_speech(req.model, req.voice, req.fmt.name, cache)
+
+
+async def serve_speech(
+    request: web.Request, req: SpeechRequest, *, stream: bool = False
+) -> web.StreamResponse:
+    """Answer ``req``: 304 when the client holds it, else the audio, streamed when asked (and not
+    already stored: stored audio goes out whole, with its Content-Length)."""
+    service = request.app[keys.SPEECH]
+    _, key, rate = service.keys_for(req)
+    if none_match(request, etag_for(key), exists=False):
+        # Content-addressed audio never changes: a client holding this key holds these bytes.
+        # (`*` is not answered from the key alone: it asks whether anything is stored.)
+        _record(request, req, key, "hit")
+        return not_modified(_headers(key, req.fmt, rate, "hit"))
+    if stream:
+        key, rate, entry = await service.lookup(req)
+        if entry is None:
+            return await _stream(request, service, req, key, rate)
+        _record(request, req, key, "hit")
+        headers = _headers(key, req.fmt, rate, "hit")
+        return audio_response(request, entry.audio, headers, conditional=False)
+    result = await service.speak(req)
+    _record(request, req, result.key, result.cache)
+    headers = _headers(result.key, req.fmt, result.entry.meta.sample_rate, result.cache)
+    return audio_response(request, result.entry.audio, headers, conditional=False)
+
+
+async def _stream(
+    request: web.Request, service: SpeechService, req: SpeechRequest, key: str, rate: int
+) -> web.StreamResponse:
+    prod, leader = service.assembler.production(req, key, rate)
+    cache = "miss" if leader else "coalesced"
+    _record(request, req, key, cache)
+    parts = await prod.sentence_parts()
+    # Wait for the first sentence before sending the status line: an error up to here (a full
+    # queue, an engine failure) is still answered with a proper 4xx/5xx JSON body.
+    first = await asyncio.shield(parts[0])
+    loop = asyncio.get_running_loop()
+    pool = service.assembler.encode_pool
+    pause_s = service.assembler.pause_s
+    head = audio.stream_header(req.fmt, rate)
+    data = head + await loop.run_in_executor(
+        pool, audio.stream_chunk, first.pcm, first.sample_rate, req.fmt, rate
+    )
+    headers = _headers(key, req.fmt, rate, cache)
+    # The streamed bytes are not the stored rendition's bytes (a WAV header of unknown length,
+    # MP3/AAC frames per sentence): no ETag; the key names the stored audio for a later GET.
+    del headers["ETag"]
+    headers["Cache-Control"] = "no-store"
+    resp = web.StreamResponse(headers=headers)
+    resp.enable_chunked_encoding()
+    metrics = request.app[keys.METRICS]
+    await resp.prepare(request)
+    try:
+        await resp.write(data)
+        for part in parts[1:]:
+            sentence = await asyncio.shield(part)
+            pcm = sentences.leading_pause(sentence.pcm, sentence.sample_rate, pause_s)
+            chunk = await loop.run_in_executor(
+                pool, audio.stream_chunk, pcm, sentence.sample_rate, req.fmt, rate
+            )
+            if request.transport is None or request.transport.is_closing():
+                raise ConnectionResetError("client went away")
+            await resp.write(chunk)
+        await resp.write_eof()
+    except asyncio.CancelledError:
+        metrics.streams.labels("disconnected").inc()
+        raise
+    except ConnectionResetError:
+        metrics.streams.labels("disconnected").inc()
+        log.info("stream ended by the client key=%s", key)
+        return resp
+    except Exception as exc:
+        # The status line is gone: the only way left to say "incomplete" is to drop the
+        # connection before the terminating chunk. The production (and its error) is shared.
+        metrics.streams.labels("failed").inc()
+        log.warning("stream failed key=%s: %s", key, type(exc).__name__)
+        if request.transport is not None:
+            request.transport.close()
+        return resp
+    metrics.streams.labels("complete").inc()
+    return resp
+
+
+async def serve_stored(request: web.Request, key: str) -> web.StreamResponse | None:
+    """``GET /v1/audio/{key}``: the stored entry with ETag/304 and Range/206/416, or None."""
+    store = request.app[keys.STORE]
+    entry = store.get_memory(key)
+    if entry is None:
+        found = await store.get(key)
+        if found is None:
+            return None
+        entry = found.entry
+    request[keys.CACHE_RESULT] = "hit"
+    request[keys.AUDIO_KEY] = key
+    headers = {
+        "ETag": etag_for(key),
+        "Cache-Control": IMMUTABLE,
+        "Content-Type": entry.meta.content_type,
+        "X-Audio-Sample-Rate": str(entry.meta.sample_rate),
+    }
+    return audio_response(request, entry.audio, headers, ranges=True)

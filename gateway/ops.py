@@ -1,0 +1,130 @@
+"""Operator-facing endpoints and hooks: readiness per tier, ``POST /v1/prompts``, time to first
+byte, build info."""
+
+from __future__ import annotations
+
+import asyncio
+import platform
+import time
+from importlib import metadata
+from typing import Any
+
+from aiohttp import web
+
+from cache.tier import TierError
+from gateway import keys
+from gateway.catalogue import CatalogueError, Prompt, normalize_prompt, render, to_requests
+from gateway.errors import BadRequest
+from gateway.parsing import read_json_object
+from metrics import Metrics
+
+# A readiness probe must answer quickly even when a tier hangs: past this, the tier is degraded.
+TIER_PROBE_TIMEOUT_S = 1.0
+PROMPTS_FIELDS = frozenset({"prompts", "defaults"})
+
+
+def version() -> str:
+    """The installed voxgate version, or ``unknown`` when run from a source tree."""
+    try:
+        return metadata.version("voxgate")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def record_build_info(metrics: Metrics) -> None:
+    """Set ``voxgate_build_info`` (1, labelled with the versions running)."""
+    metrics.build_info.labels(version(), platform.python_version()).set(1)
+
+
+def route_of(request: web.Request) -> str:
+    """The route template (a bounded label), never the concrete path."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "unmatched"
+
+
+async def on_response_prepare(request: web.Request, response: web.StreamResponse) -> None:
+    """Observe time to first byte: headers are about to go out, so the body's first byte is next."""
+    started = request.get(keys.STARTED)
+    if started is None:
+        return
+    request.app[keys.METRICS].time_to_first_byte.labels(
+        route_of(request), request.get(keys.CACHE_RESULT, "none")
+    ).observe(time.perf_counter() - started)
+
+
+async def _probe(tier: Any) -> dict[str, Any]:
+    try:
+        stats = await asyncio.wait_for(tier.stats(), TIER_PROBE_TIMEOUT_S)
+    except (TierError, TimeoutError, OSError) as exc:
+        return {"state": "degraded", "error": f"{type(exc).__name__}: {exc}"[:200]}
+    return {"state": "ok", "entries": stats.entries, "bytes": stats.bytes}
+
+
+async def readiness(app: web.Application) -> tuple[int, dict[str, Any]]:
+    """Status code and body of ``/readyz``.
+
+    Ready means every model is loaded and warmed. A tier that fails its probe is reported as
+    ``degraded`` but does not make the gateway unready: a failing tier is a miss, and the tiers
+    below it (or the engine) still answer, so taking the replica out of rotation would only hurt.
+    """
+    service = app.get(keys.SPEECH)
+    if service is None:
+        return 503, {"status": "starting", "models": {}, "tiers": {}}
+    models = {name: h.ready.is_set() for name, h in service.models.items()}
+    probes = await asyncio.gather(*(_probe(t) for t in service.store.tiers))
+    tiers = {t.name: p for t, p in zip(service.store.tiers, probes, strict=True)}
+    ready = bool(models) and all(models.values())
+    degraded = any(p["state"] != "ok" for p in probes)
+    status = ("degraded" if degraded else "ready") if ready else "loading"
+    return (200 if ready else 503), {"status": status, "models": models, "tiers": tiers}
+
+
+async def prompts(request: web.Request) -> web.Response:
+    """``POST /v1/prompts``: render and pin a catalogue; returns each prompt's content address.
+
+    Body: ``{"prompts": [str | {input, voice, model, response_format, speed, sample_rate}],
+    "defaults": {...}}``. Every prompt is validated before any is rendered.
+    """
+    app = request.app
+    settings = app[keys.SETTINGS]
+    service = app[keys.SPEECH]
+    body = await read_json_object(request, settings.max_body_kb * 1024)
+    unknown = sorted(set(body) - PROMPTS_FIELDS)
+    if unknown:
+        raise BadRequest(f"unrecognized request argument: {', '.join(unknown)}", param=unknown[0])
+    items = body.get("prompts")
+    if not isinstance(items, list) or not items:
+        raise BadRequest("'prompts' must be a non-empty list", param="prompts")
+    if len(items) > settings.max_catalogue_prompts:
+        raise BadRequest(
+            f"'prompts' has {len(items)} entries; the limit is {settings.max_catalogue_prompts}",
+            param="prompts",
+            code="too_many_prompts",
+        )
+    defaults = body.get("defaults")
+    if defaults is None:
+        defaults = {}
+    if not isinstance(defaults, dict):
+        raise BadRequest("'defaults' must be an object", param="defaults")
+    try:
+        base = normalize_prompt(defaults, "defaults")
+    except CatalogueError as exc:
+        raise BadRequest(str(exc), param="defaults") from exc
+    parsed: list[Prompt] = []
+    try:
+        for i, item in enumerate(items):
+            where = f"prompt {i}"
+            if isinstance(item, str):
+                item = {"input": item}
+            if not isinstance(item, dict):
+                raise BadRequest(f"{where}: expected a string or an object", param=f"prompts[{i}]")
+            parsed.append(Prompt(normalize_prompt(item, where), where))
+    except CatalogueError as exc:
+        raise BadRequest(str(exc), param="prompts") from exc
+    requests = to_requests(parsed, base, settings, service)
+    summary = await render(
+        service, requests, app[keys.METRICS], concurrency=settings.catalogue_concurrency
+    )
+    return web.json_response(
+        {"prompts": [r.as_json() for r in summary.results], "summary": summary.as_json()}
+    )

@@ -1,0 +1,174 @@
+"""``voxgate serve --workers N``: N gateway processes on one port, supervised by this one.
+
+Each worker is a full gateway (``python -m gateway serve`` with the same arguments) that binds the
+port with SO_REUSEPORT, so the kernel spreads incoming connections across them. They share the
+disk tier (diskcache is safe across processes: SQLite plus atomic file writes) and write their
+metrics to one directory in prometheus-client's multiprocess mode, so ``/metrics`` on any worker
+answers the sum over all of them.
+
+The supervisor restarts a worker that dies, forwards SIGTERM/SIGINT to every worker (each drains
+its in-flight requests), and exits 0 when all of them exited 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from prometheus_client import multiprocess
+
+from gateway.settings import Settings
+from metrics import MULTIPROC_ENV
+
+log = logging.getLogger("voxgate.workers")
+# A worker that dies this soon after starting, this many times in a row, is not restarted again.
+FAST_FAILURE_S = 10.0
+MAX_FAST_FAILURES = 3
+# Beyond the drain timeout, how long a worker may take to close pools and exit.
+EXIT_GRACE_S = 15.0
+
+
+def reserve_port(host: str) -> socket.socket:
+    """A socket bound (not listening) to a free port with SO_REUSEPORT, held so the port stays
+    ours while the workers bind it too. A bound, non-listening socket receives no connections."""
+    family, _, _, _, addr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(addr)
+    return sock
+
+
+def prepare_metrics_dir() -> tuple[str, bool]:
+    """The multiprocess metrics directory (``$PROMETHEUS_MULTIPROC_DIR`` or a new temp dir),
+    emptied: files left by an earlier run would add their counts to this one's."""
+    given = os.environ.get(MULTIPROC_ENV)
+    if not given:
+        return tempfile.mkdtemp(prefix="voxgate-metrics-"), True
+    path = Path(given)
+    path.mkdir(parents=True, exist_ok=True)
+    for db in path.glob("*.db"):
+        db.unlink()
+    return str(path), False
+
+
+class Supervisor:
+    """Starts, watches and stops the worker processes."""
+
+    def __init__(self, settings: Settings, argv: Sequence[str], port: int, metrics_dir: str):
+        self.settings = settings
+        self.argv = list(argv)
+        self.port = port
+        self.metrics_dir = metrics_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.started: list[float] = []
+        self.fast_failures: list[int] = []
+        self.stopping = False
+        self.failed = False
+
+    def spawn(self, index: int) -> subprocess.Popen[bytes]:
+        # The last flags win in argparse: the worker is a single-process server on our port.
+        cmd = [
+            sys.executable,
+            "-m",
+            "gateway",
+            *self.argv,
+            "--workers",
+            "1",
+            "--port",
+            str(self.port),
+            "--worker-of",
+            str(os.getpid()),
+        ]
+        env = {**os.environ, MULTIPROC_ENV: self.metrics_dir, "VOXGATE_WORKER_INDEX": str(index)}
+        proc = subprocess.Popen(cmd, env=env)
+        log.info("worker %d started (pid %d)", index, proc.pid)
+        return proc
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.stopping = True
+
+    def run(self) -> int:
+        """Run until SIGTERM/SIGINT (or repeated worker failure); the exit status."""
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        n = self.settings.workers
+        self.procs = [self.spawn(i) for i in range(n)]
+        self.started = [time.monotonic()] * n
+        self.fast_failures = [0] * n
+        log.info("serving on port %d with %d workers", self.port, n)
+        while not self.stopping:
+            self._reap()
+            time.sleep(0.2)
+        return self._stop()
+
+    def _reap(self) -> None:
+        for i, proc in enumerate(self.procs):
+            rc = proc.poll()
+            if rc is None:
+                continue
+            # Drop the dead worker's live gauges; its counters stay (they were really counted).
+            multiprocess.mark_process_dead(proc.pid, self.metrics_dir)  # type: ignore[no-untyped-call]
+            lived = time.monotonic() - self.started[i]
+            self.fast_failures[i] = self.fast_failures[i] + 1 if lived < FAST_FAILURE_S else 0
+            if self.fast_failures[i] >= MAX_FAST_FAILURES:
+                log.error("worker %d keeps failing (exit %s); stopping", i, rc)
+                self.failed = True
+                self.stopping = True
+                return
+            log.error("worker %d (pid %d) exited with %s; restarting", i, proc.pid, rc)
+            if self.fast_failures[i]:
+                time.sleep(1.0)
+            self.procs[i] = self.spawn(i)
+            self.started[i] = time.monotonic()
+
+    def _stop(self) -> int:
+        log.info("stopping %d workers", len(self.procs))
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.settings.shutdown_timeout_s + EXIT_GRACE_S
+        ok = not self.failed
+        for proc in self.procs:
+            try:
+                rc = proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.error("worker pid %d did not exit in time; killing it", proc.pid)
+                proc.kill()
+                rc = proc.wait()
+            ok = ok and rc == 0
+        return 0 if ok else 1
+
+
+def run_workers(settings: Settings, argv: Sequence[str]) -> int:
+    """Serve with ``settings.workers`` processes; returns the exit status."""
+    metrics_dir, own_dir = prepare_metrics_dir()
+    holder = reserve_port(settings.host) if settings.port == 0 else None
+    port = holder.getsockname()[1] if holder is not None else settings.port
+    try:
+        return Supervisor(settings, argv, port, metrics_dir).run()
+    finally:
+        if holder is not None:
+            holder.close()
+        if own_dir:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+async def watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
+    """Stop this worker if its supervisor is gone (killed without forwarding a signal)."""
+    # Polling: there is no event to await for "my parent died" short of prctl(PDEATHSIG).
+    while os.getppid() == parent_pid:  # noqa: ASYNC110
+        await asyncio.sleep(1.0)
+    log.error("supervisor (pid %d) is gone; shutting down", parent_pid)
+    stop.set()

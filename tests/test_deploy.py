@@ -1,0 +1,204 @@
+"""Deployment files: Docker cannot run here, so parse them and check that they agree with each
+other and with voxgate (ports, probe paths, mounted files, settings names and values)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gateway.settings import Settings, SettingsError
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+
+
+def compose() -> dict[str, Any]:
+    return dict(yaml.safe_load((DEPLOY / "compose.yaml").read_text()))
+
+
+def k8s_docs() -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    for name in kustomization["resources"]:
+        docs.extend(d for d in yaml.safe_load_all((K8S / name).read_text()) if d)
+    return docs
+
+
+def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    matches = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(matches) == 1, f"{kind}/{name}"
+    return matches[0]
+
+
+def voxgate_env(env: dict[str, str]) -> dict[str, str]:
+    """The VOXGATE_* variables that name a setting (others, e.g. another part's, are kept out
+    only while no setting of that name exists: Settings ignores unknown env names)."""
+    known = {f"VOXGATE_{n.upper()}" for n in Settings.names()}
+    return {k: v for k, v in env.items() if k in known}
+
+
+def mount_source(volume: str) -> tuple[Path, str]:
+    src, target = volume.split(":")[:2]
+    return (DEPLOY / src).resolve(), target
+
+
+def test_dockerfile_matches_the_settings() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    env = dict(re.findall(r"(VOXGATE_[A-Z_]+)=(\S+)", text))
+    settings = Settings.load(env=env)  # every value is valid
+    assert settings.host == "0.0.0.0"
+    assert re.search(rf"^EXPOSE {settings.port}$", text, re.M)
+    assert f"127.0.0.1:{settings.port}/healthz" in text
+    assert re.search(r'^ENTRYPOINT \["voxgate"\]$', text, re.M)
+    assert re.search(r'^CMD \["serve"\]$', text, re.M)
+    assert "STOPSIGNAL SIGTERM" in text
+    for src in re.findall(r"^COPY (\S+) \./", text, re.M):
+        if src != "README.md":  # written at the top level by the project's README task
+            assert (ROOT / src).exists(), src
+    assert str(settings.cache_dir) in re.findall(r'VOLUME \["([^"]+)"\]', text)
+
+
+def test_compose_services_ports_and_settings() -> None:
+    c = compose()
+    services = c["services"]
+    assert set(services) == {"voxgate", "redis", "prometheus", "grafana"}
+    vox = services["voxgate"]
+    assert (DEPLOY / vox["build"]["context"] / vox["build"]["dockerfile"]).is_file()
+    env = {k: str(v) for k, v in vox["environment"].items()}
+    settings = Settings.load(env=voxgate_env(env))
+    assert f"{settings.port}:{settings.port}" in vox["ports"]
+    assert settings.workers >= 2
+    grace = int(vox["stop_grace_period"].rstrip("s"))
+    assert grace > settings.shutdown_timeout_s
+    redis_url = env.get("VOXGATE_REDIS_URL", "")
+    assert redis_url.startswith("redis://redis:6379")
+    assert "redis" in vox["depends_on"]
+    for volume in vox["volumes"]:
+        assert volume.split(":")[0] in c["volumes"]
+
+
+def test_compose_prometheus_scrapes_voxgate_and_loads_the_alert_rules(tmp_path: Path) -> None:
+    c = compose()
+    prom = c["services"]["prometheus"]
+    mounts = dict(mount_source(v) for v in prom["volumes"] if v.startswith("."))
+    by_target = {target: src for src, target in mounts.items()}
+    config_src = by_target["/etc/prometheus/prometheus.yml"]
+    assert by_target["/etc/prometheus/alerts.yml"] == ROOT / "docs" / "ops" / "alerts.yml"
+    config = yaml.safe_load(config_src.read_text())
+    job = config["scrape_configs"][0]
+    assert job["metrics_path"] == "/metrics"
+    vox_port = Settings.load(env=voxgate_env(c["services"]["voxgate"]["environment"])).port
+    assert job["static_configs"][0]["targets"] == [f"voxgate:{vox_port}"]
+    # Lay the files out as the container sees them and let promtool check config + rules.
+    for target, src in by_target.items():
+        dest = tmp_path / target.lstrip("/")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src, dest)
+    promtool = shutil.which("promtool")
+    assert promtool is not None, "promtool missing: apt-get install -y prometheus"
+    check = subprocess.run(
+        [promtool, "check", "config", str(tmp_path / "etc/prometheus/prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "SUCCESS" in check.stdout
+
+
+def test_compose_grafana_provisions_the_dashboard() -> None:
+    c = compose()
+    grafana = c["services"]["grafana"]
+    by_target = {t: s for s, t in (mount_source(v) for v in grafana["volumes"])}
+    provisioning = by_target["/etc/grafana/provisioning"]
+    dashboard_path = next(t for t, s in by_target.items() if s.name == "grafana-dashboard.json")
+    assert by_target[dashboard_path] == ROOT / "docs" / "ops" / "grafana-dashboard.json"
+    providers = yaml.safe_load((provisioning / "dashboards" / "voxgate.yml").read_text())
+    assert Path(dashboard_path).parent == Path(providers["providers"][0]["options"]["path"])
+    assert grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"] == dashboard_path
+    sources = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())
+    source = sources["datasources"][0]
+    assert source["type"] == "prometheus"
+    prom_port = c["services"]["prometheus"]["ports"][0].split(":")[-1]
+    assert source["url"] == f"http://prometheus:{prom_port}"
+    dashboard = json.loads(by_target[dashboard_path].read_text())
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["query"] == source["type"]
+    for panel in dashboard["panels"]:
+        assert panel["datasource"]["uid"] == "${datasource}"
+        assert panel["targets"], panel["title"]
+
+
+def test_k8s_deployment_probes_service_and_config(tmp_path: Path) -> None:
+    docs = k8s_docs()
+    deployment = find(docs, "Deployment", "voxgate")
+    pod = deployment["spec"]["template"]
+    assert (
+        deployment["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    )
+    (container,) = pod["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert container[probe]["httpGet"]["port"] in ports
+
+    # The config file the container is told to read is the ConfigMap's, and it loads.
+    args = container["args"]
+    assert args[0] == "serve"
+    config_path = Path(args[args.index("--config") + 1])
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == str(config_path.parent))
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == mount["name"])
+    configmap = find(docs, "ConfigMap", volume["configMap"]["name"])
+    toml = configmap["data"][config_path.name]
+    env = {e["name"]: e["value"] for e in container.get("env", [])}
+    settings = Settings.load(config_file=_write(toml, tmp_path), env=voxgate_env(env))
+    assert ports["http"] == settings.port
+    assert settings.host == "0.0.0.0"
+    assert any(m["mountPath"] == str(settings.cache_dir) for m in container["volumeMounts"])
+    pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][-1])
+    assert pod["spec"]["terminationGracePeriodSeconds"] > settings.shutdown_timeout_s + pre_stop
+    assert pod["spec"]["securityContext"]["runAsUser"] == 10001  # the Dockerfile's user
+
+    service = find(docs, "Service", "voxgate")
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert service["spec"]["ports"][0]["targetPort"] in ports
+    annotations = pod["metadata"]["annotations"]
+    assert annotations["prometheus.io/path"] == "/metrics"
+    assert int(annotations["prometheus.io/port"]) == settings.port
+
+
+def test_k8s_redis_matches_the_url_voxgate_uses() -> None:
+    docs = k8s_docs()
+    container = find(docs, "Deployment", "voxgate")["spec"]["template"]["spec"]["containers"][0]
+    url = {e["name"]: e["value"] for e in container["env"]}["VOXGATE_REDIS_URL"]
+    host, port = re.match(r"redis://([^:/]+):(\d+)/", url).groups()  # type: ignore[union-attr]
+    service = find(docs, "Service", host)
+    assert service["spec"]["ports"][0]["port"] == int(port)
+    redis = find(docs, "Deployment", "voxgate-redis")
+    pod = redis["spec"]["template"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    redis_ports = {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
+    assert redis_ports[service["spec"]["ports"][0]["targetPort"]] == int(port)
+
+
+def test_configmap_with_a_bad_value_would_fail_naming_the_key(tmp_path: Path) -> None:
+    toml = find(k8s_docs(), "ConfigMap", "voxgate-config")["data"]["voxgate.toml"]
+    broken = toml.replace('log_format = "json"', 'log_format = "yaml"')
+    assert broken != toml
+    with pytest.raises(SettingsError, match="'log_format'"):
+        Settings.load(config_file=_write(broken, tmp_path), env={})
+
+
+def _write(text: str, directory: Path) -> Path:
+    path = directory / "voxgate.toml"
+    path.write_text(text)
+    return path

@@ -1,0 +1,87 @@
+"""The README stays true (settings table, commands) and the CLI works end to end."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import soundfile as sf
+
+from gateway.settings import Settings, SettingsError, settings_table
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme() -> str:
+    return (ROOT / "README.md").read_text()
+
+
+def test_readme_settings_table_matches_settings() -> None:
+    text = readme()
+    m = re.search(r"<!-- settings-table:start -->\n(.*?)\n<!-- settings-table:end -->", text, re.S)
+    assert m is not None
+    assert m.group(1) == settings_table(), "regenerate the README table from settings_table()"
+
+
+def test_ci_runs_the_readme_commands() -> None:
+    text, ci = readme(), (ROOT / ".ci" / "run").read_text()
+    for command in ("bash .ci/install", ".venv/bin/python -m pytest"):
+        assert f"\n{command}\n" in text
+        assert f"\n{command}\n" in ci
+
+
+def test_settings_precedence_and_errors(tmp_path: Path) -> None:
+    cfg = tmp_path / "voxgate.toml"
+    cfg.write_text('port = 9000\nqueue_size = 5\n[voice_aliases]\nalloy = "joe"\n')
+    s = Settings.load(config_file=cfg, env={"VOXGATE_PORT": "9100"}, overrides={"queue_size": "7"})
+    assert (s.port, s.queue_size, s.voice_aliases) == (9100, 7, {"alloy": "joe"})
+    for env, key in (({"VOXGATE_PORT": "eighty"}, "port"), ({"VOXGATE_QUEUE_SIZE": "0"},
+                     "queue_size"), ({"VOXGATE_ACCESS_LOG": "maybe"}, "access_log")):
+        try:
+            Settings.load(env=env)
+        except SettingsError as exc:
+            assert key in str(exc)
+        else:
+            raise AssertionError(f"{env} was accepted")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("colour = 'blue'\n")
+    try:
+        Settings.load(config_file=bad, env={})
+    except SettingsError as exc:
+        assert "colour" in str(exc)
+    else:
+        raise AssertionError("unknown key accepted")
+
+
+def run_cli(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", *args, "--cache-dir", str(cache)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_say_goes_through_the_store_and_stats_counts(tmp_path: Path) -> None:
+    cache, out = tmp_path / "cache", tmp_path / "out.wav"
+    first = run_cli("say", "Your call is important to us.", "-o", str(out), cache=cache)
+    assert first.returncode == 0, first.stderr
+    info = json.loads(first.stdout)
+    assert info["cache"] == "miss" and len(info["key"]) == 64
+    data, rate = sf.read(out)
+    assert rate == 22050 and len(data) / rate > 0.5
+    second = run_cli("say", "Your  call is important to us. ", "-o", str(out), cache=cache)
+    assert json.loads(second.stdout)["cache"] == "hit"
+    stats = run_cli("cache", "stats", "--json", cache=cache)
+    assert stats.returncode == 0, stats.stderr
+    disk = json.loads(stats.stdout)[0]
+    assert disk["entries"] == 2 and disk["bytes"] > 0  # the master and the WAV rendition
+    bad = run_cli("say", "   ", "-o", str(out), cache=cache)
+    assert bad.returncode == 2 and "empty" in bad.stderr
+
+
+def test_bad_setting_fails_at_start_naming_the_key(tmp_path: Path) -> None:
+    r = run_cli("serve", "--port", "99999", cache=tmp_path)
+    assert r.returncode == 2
+    assert "'port'" in r.stderr

@@ -1,0 +1,164 @@
+"""Every output format decodes with ffprobe/ffmpeg (and soundfile where libsndfile reads it), with
+the canonical master's duration; a new format or rate of synthesized audio is a transcode."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from synth import audio
+from tests.conftest import GatewayFactory
+from tests.support import CountingEngine
+
+TEXT = "Thank you for calling. Your call is important to us."
+
+# What ffmpeg must report, and how long one codec frame is (the allowed duration difference).
+EXPECTED: dict[str, tuple[str, str, int]] = {
+    # format: (ffmpeg demuxer args, codec name, frame length in samples at the output rate)
+    "wav": ("", "pcm_s16le", 1),
+    "pcm": ("-f s16le -ar {rate} -ac 1", "pcm_s16le", 1),
+    "flac": ("", "flac", 1),
+    "mp3": ("", "mp3", 1152),
+    "opus": ("", "opus", 0),  # 20 ms, computed from the rate below
+    "mulaw": ("", "pcm_mulaw", 1),
+    "alaw": ("", "pcm_alaw", 1),
+    "ulaw": ("-f mulaw -ar {rate} -ac 1", "pcm_mulaw", 1),
+    "alaw-raw": ("-f alaw -ar {rate} -ac 1", "pcm_alaw", 1),
+    # AAC: 1024-sample frames; ADTS has no edit list, so the encoder's priming frame is decoded too.
+    "aac": ("", "aac", 2048),
+}
+SOUNDFILE_READS = {"wav", "flac", "mp3", "opus", "mulaw", "alaw"}
+
+
+def ffprobe(data: bytes, tmp: Path, name: str, demux: str) -> dict[str, Any]:
+    path = tmp / name
+    path.write_bytes(data)
+    out = subprocess.run(
+        ["ffprobe", "-v", "error", *demux.split(), "-show_streams", "-of", "json", str(path)],
+        capture_output=True,
+        check=True,
+    )
+    streams: list[dict[str, Any]] = json.loads(out.stdout)["streams"]
+    assert len(streams) == 1
+    return streams[0]
+
+
+def ffmpeg_samples(data: bytes, tmp: Path, name: str, demux: str) -> int:
+    """Decode with ffmpeg to s16le at the file's own rate and count the samples."""
+    path = tmp / name
+    path.write_bytes(data)
+    out = subprocess.run(
+        ["ffmpeg", "-v", "error", *demux.split(), "-i", str(path), "-f", "s16le", "-ac", "1", "-"],
+        capture_output=True,
+        check=True,
+    )
+    assert out.stderr == b""
+    return len(out.stdout) // 2
+
+
+@pytest.mark.parametrize("rate", [None, 8000])
+async def test_every_format_decodes_with_master_duration(
+    gateway: GatewayFactory, counting_engine: CountingEngine, tmp_path: Path, rate: int | None
+) -> None:
+    assert set(EXPECTED) == set(audio.FORMATS)
+    client = await gateway()
+    master_s = None
+    for name in audio.FORMATS:
+        body: dict[str, Any] = {"model": "tts-1", "input": TEXT, "voice": "alloy"}
+        body["response_format"] = name
+        if rate:
+            body["sample_rate"] = rate
+        r = await client.post("/v1/audio/speech", json=body)
+        assert r.status == 200, await r.text()
+        data = await r.read()
+        out_rate = int(r.headers["X-Audio-Sample-Rate"])
+        if master_s is None:
+            # The first rendition is WAV at the voice rate (or 8 kHz): its length is the master's.
+            master_s = sf.info(io.BytesIO(data)).duration
+        demux, codec, frame = EXPECTED[name]
+        demux = demux.format(rate=out_rate)
+        stream = ffprobe(data, tmp_path, f"{name}.bin", demux)
+        assert stream["codec_name"] == codec, name
+        # Opus always decodes at 48 kHz (the Ogg header keeps the input rate only as a hint).
+        decoded_rate = 48000 if name == "opus" else out_rate
+        assert int(stream["sample_rate"]) == decoded_rate, name
+        frame = frame or decoded_rate // 50  # Opus: 20 ms
+        samples = ffmpeg_samples(data, tmp_path, f"{name}.bin", demux)
+        expected = master_s * decoded_rate
+        assert abs(samples - expected) <= frame, (name, samples, expected)
+        if name in SOUNDFILE_READS:
+            # libsndfile decodes Opus at the rate it was encoded at.
+            pcm, sf_rate = sf.read(io.BytesIO(data), dtype="float32")
+            assert sf_rate == out_rate
+            assert abs(len(pcm) - master_s * out_rate) <= frame * out_rate / decoded_rate, name
+            assert np.abs(pcm).max() > 0.05, name  # speech, not silence
+    assert counting_engine.items == 2  # two sentences, once: every format after that transcodes
+
+
+async def test_mulaw_wav_is_g711_at_8k(gateway: GatewayFactory, tmp_path: Path) -> None:
+    client = await gateway()
+    r = await client.post(
+        "/v1/audio/speech",
+        json={"model": "tts-1", "input": TEXT, "voice": "alloy", "response_format": "mulaw"},
+    )
+    data = await r.read()
+    assert data[:4] == b"RIFF"
+    stream = ffprobe(data, tmp_path, "x.wav", "")
+    assert stream["codec_name"] == "pcm_mulaw"
+    assert stream["codec_long_name"] == "PCM mu-law / G.711 mu-law"
+    assert stream["sample_rate"] == "8000"
+    raw = await client.post(
+        "/v1/audio/speech",
+        json={"model": "tts-1", "input": TEXT, "voice": "alloy", "response_format": "ulaw"},
+    )
+    raw_bytes = await raw.read()
+    assert raw.headers["Content-Type"] == "audio/basic"
+    # The headerless form is exactly the WAV form's sample data (RIFF pads odd chunks by a byte).
+    assert raw_bytes in data
+    assert len(data) - len(raw_bytes) < 100
+
+
+async def test_wav_then_mulaw_8k_then_mp3_synthesize_once(
+    gateway: GatewayFactory, counting_engine: CountingEngine, tmp_path: Path
+) -> None:
+    client = await gateway()
+    base = {"model": "tts-1", "input": "Press one for billing.", "voice": "alloy"}
+    r = await client.post("/v1/audio/speech", json={**base, "response_format": "wav"})
+    assert r.headers["X-Cache"] == "MISS"
+    assert counting_engine.items == 1
+    for extra in ({"response_format": "mulaw", "sample_rate": 8000}, {"response_format": "mp3"}):
+        r = await client.post("/v1/audio/speech", json={**base, **extra})
+        assert r.status == 200
+        assert r.headers["X-Cache"] == "HIT"  # a transcode of the stored master
+        data = await r.read()
+        stream = ffprobe(data, tmp_path, "t.bin", "")
+        assert stream["codec_name"] in ("pcm_mulaw", "mp3")
+    assert counting_engine.items == 1
+
+
+async def test_unsupported_format_lists_the_supported(gateway: GatewayFactory) -> None:
+    client = await gateway()
+    r = await client.post(
+        "/v1/audio/speech",
+        json={"model": "tts-1", "input": TEXT, "voice": "alloy", "response_format": "wma"},
+    )
+    assert r.status == 400
+    err = (await r.json())["error"]
+    assert err["param"] == "response_format"
+    for name in audio.FORMATS:
+        assert name in err["message"]
+
+
+def test_rates_round_up_to_what_the_codec_runs_at() -> None:
+    assert audio.output_rate(audio.FORMATS["mp3"], 22050, 10000) == 11025
+    assert audio.output_rate(audio.FORMATS["aac"], 22050, 47000) == 48000
+    assert audio.output_rate(audio.FORMATS["opus"], 22050, None) == 24000
+    assert audio.output_rate(audio.FORMATS["wav"], 22050, 10000) == 10000
+    assert audio.output_rate(audio.FORMATS["ulaw"], 22050, None) == 8000

@@ -1,0 +1,126 @@
+"""Sentence-level cache: each sentence is its own master; only unseen sentences synthesize."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+import soundfile as sf
+
+from gateway.settings import Settings
+from metrics import Metrics
+from synth import sentences
+from tests.conftest import GatewayFactory
+from tests.support import CountingEngine
+
+FIVE = [
+    "Your balance is 42 dollars.",
+    "Your last payment was received on Monday.",
+    "Press 1 to repeat this message.",
+    "Press 2 to speak with an agent.",
+    "Thank you for calling Acme Bank.",
+]
+
+
+def body(text: str, **kw: Any) -> dict[str, Any]:
+    return {"model": "tts-1", "input": text, "voice": "alloy", "response_format": "wav", **kw}
+
+
+def test_splitter_keeps_abbreviations_and_every_character() -> None:
+    splitter = sentences.SentenceSplitter()
+    text = "Dr. Smith paid $4.50 at 3 p.m. today. Then he left! Why? Nobody knows."
+    parts = splitter.split(text)
+    assert parts == [
+        "Dr. Smith paid $4.50 at 3 p.m. today.",
+        "Then he left!",
+        "Why?",
+        "Nobody knows.",
+    ]
+    assert " ".join(parts) == text
+    assert splitter.split("no punctuation at all") == ["no punctuation at all"]
+    assert splitter.split(" ".join(FIVE)) == FIVE
+    # Fragments with nothing to say stay attached to a neighbour (a voice says nothing for them).
+    assert splitter.split("Hi. ... Bye.") == ["Hi. ...", "Bye."]
+    assert splitter.split("... Hi there. Bye.") == ["... Hi there.", "Bye."]
+    assert splitter.split("?!") == ["?!"]
+
+
+def test_join_puts_the_pause_between_sentences_only() -> None:
+    a = np.ones(100, dtype=np.float32)
+    b = np.full(50, 0.5, dtype=np.float32)
+    joined = sentences.join([a, b], 1000, 0.25)
+    assert len(joined) == 100 + 250 + 50
+    assert np.all(joined[100:350] == 0)
+    assert joined[-1] == np.float32(0.5)
+    assert sentences.join([a], 1000, 0.25) is a
+    streamed = np.concatenate([a, sentences.leading_pause(b, 1000, 0.25)])
+    assert np.array_equal(streamed, joined)
+
+
+async def test_five_sentences_then_four_shared_synthesizes_one(
+    gateway: GatewayFactory, counting_engine: CountingEngine, metrics: Metrics
+) -> None:
+    client = await gateway()
+    r1 = await client.post("/v1/audio/speech", json=body(" ".join(FIVE)))
+    assert r1.status == 200
+    assert r1.headers["X-Cache"] == "MISS"
+    assert counting_engine.items == 5
+    assert sorted(counting_engine.texts) == sorted(FIVE)
+    second = [FIVE[0].replace("42", "17"), *FIVE[1:]]
+    r2 = await client.post("/v1/audio/speech", json=body(" ".join(second)))
+    assert r2.status == 200
+    assert r2.headers["X-Cache"] == "MISS"
+    assert counting_engine.items == 6
+    assert counting_engine.texts[-1] == "Your balance is 17 dollars."
+    assert metrics.registry.get_sample_value("voxgate_sentences_total", {"result": "hit"}) == 4
+    assert metrics.registry.get_sample_value("voxgate_sentences_total", {"result": "miss"}) == 6
+    # A sentence asked alone is the same master: no synthesis.
+    r3 = await client.post("/v1/audio/speech", json=body(FIVE[2]))
+    assert r3.headers["X-Cache"] == "HIT"
+    assert counting_engine.items == 6
+
+
+async def test_joined_audio_is_the_sentences_plus_pauses(
+    gateway: GatewayFactory, settings: Settings
+) -> None:
+    client = await gateway()
+    lengths = []
+    for sentence in FIVE[:3]:
+        r = await client.post("/v1/audio/speech", json=body(sentence))
+        lengths.append(sf.info(io.BytesIO(await r.read())).frames)
+    r = await client.post("/v1/audio/speech", json=body(" ".join(FIVE[:3])))
+    assert r.headers["X-Cache"] == "HIT"  # every sentence was stored: assembly is a transcode
+    pcm, rate = sf.read(io.BytesIO(await r.read()), dtype="int16")
+    pause = round(settings.sentence_pause_ms / 1000 * rate)
+    assert len(pcm) == sum(lengths) + 2 * pause
+    gap = pcm[lengths[0] : lengths[0] + pause]
+    assert np.all(gap == 0)
+
+
+async def test_sentences_synthesize_concurrently(
+    gateway: GatewayFactory, counting_engine: CountingEngine, settings: Settings
+) -> None:
+    # Two engine threads: the five sentences reach the queue together, so batches overlap.
+    client = await gateway(settings=settings.replace(synth_threads=2))
+    counting_engine.delay_s = 0.2
+    r = await client.post("/v1/audio/speech", json=body(" ".join(FIVE)))
+    assert r.status == 200
+    assert counting_engine.items == 5
+    assert counting_engine.max_concurrent == 2
+
+
+async def test_pause_setting_changes_the_rendition_not_the_masters(
+    gateway: GatewayFactory, counting_engine: CountingEngine, settings: Settings
+) -> None:
+    client = await gateway()
+    r1 = await client.post("/v1/audio/speech", json=body(" ".join(FIVE[:2])))
+    other = await gateway(settings=settings.replace(sentence_pause_ms=500), metrics=Metrics())
+    r2 = await other.post("/v1/audio/speech", json=body(" ".join(FIVE[:2])))
+    assert r1.headers["X-Audio-Key"] != r2.headers["X-Audio-Key"]
+    assert r2.headers["X-Cache"] == "HIT"  # reassembled from the stored sentence masters
+    assert counting_engine.items == 2
+    n1 = sf.info(io.BytesIO(await r1.read())).frames
+    n2 = sf.info(io.BytesIO(await r2.read())).frames
+    rate = counting_engine.sample_rate
+    assert n2 - n1 == round(0.5 * rate) - round(0.25 * rate)
