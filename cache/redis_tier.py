@@ -312,6 +312,12 @@ class RedisTier:
         """
 
         async def both() -> tuple[Any, Any]:
+            if isinstance(self.client, RedisCluster):  # every primary, not one random node
+                every = RedisCluster.PRIMARIES
+                return (
+                    await self.client.dbsize(target_nodes=every),
+                    await self.client.info("memory", target_nodes=every),
+                )
             return await self.client.dbsize(), await self.client.info("memory")
 
         size, info = await self.guarded("stats", both)

@@ -87,7 +87,8 @@ class Metrics:
         # --- store -------------------------------------------------------------------------------
         self.cache_lookups = Counter(
             "voxgate_cache_lookups_total",
-            "Store lookups by tier and result: hit, miss, error (tier failed: counted as a miss) "
+            "Store lookups by tier and result: hit, miss, error (tier failed: counted as a miss), "
+            "skipped (tier's circuit breaker open: not asked, a miss) "
             "or corrupt (checksum mismatch: deleted, counted as a miss).",
             ["tier", "result"],
             registry=r,

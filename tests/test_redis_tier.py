@@ -328,3 +328,11 @@ def test_redis_settings_mask_the_url_and_reject_unknown_schemes() -> None:
     with pytest.raises(SettingsError, match="redis_url"):
         Settings.load(env={}, overrides={"redis_url": "http://127.0.0.1:6379"})
     assert Settings.load(env={}, overrides={"redis_url": "redis+cluster://h:7000"}).redis_url
+
+
+async def test_stats_count_keys_and_memory(tier: RedisTier) -> None:
+    await tier.put(KEY, entry())
+    stats = await tier.stats()
+    assert stats.name == "redis"
+    assert stats.entries >= 1
+    assert stats.bytes > 0
