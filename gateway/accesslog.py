@@ -45,6 +45,8 @@ class AccessLog:
         self.max_lines = max_lines
         self.enabled = enabled
         self._pid = os.getpid()
+        self._second = -1
+        self._prefix = ""
         self._lines: list[str] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -58,6 +60,17 @@ class AccessLog:
     def stream(self) -> TextIO:
         # Resolved at write time: tests and the CLI may swap sys.stderr after the app is built.
         return self._stream if self._stream is not None else sys.stderr
+
+    def _timestamp(self, now: float) -> str:
+        """ISO 8601 UTC with milliseconds, as gateway.logs writes it; the part up to the second
+        is formatted once a second (datetime formatting per request was most of a line's cost)."""
+        second = int(now)
+        if second != self._second:
+            self._second = second
+            self._prefix = datetime.datetime.fromtimestamp(
+                second, datetime.timezone.utc
+            ).strftime("%Y-%m-%dT%H:%M:%S")
+        return f"{self._prefix}.{int((now - second) * 1000):03d}+00:00"
 
     def record(
         self,
@@ -77,9 +90,7 @@ class AccessLog:
         now = time.time()
         ms = seconds * 1000
         if self.fmt == "json":
-            ts = datetime.datetime.fromtimestamp(now, datetime.timezone.utc).isoformat(
-                timespec="milliseconds"
-            )
+            ts = self._timestamp(now)
             # Route templates, methods, cache results and keys (hex) are ours and need no
             # escaping; only the client id can hold arbitrary characters.
             line = (

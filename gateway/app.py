@@ -102,11 +102,18 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
     """The one middleware: maps every failure to a JSON error (the server keeps serving), then
     counts, times and logs the request (one JSON access-log line, never the text)."""
     started = time.perf_counter()
-    request[keys.STARTED] = started
     response = await handle_errors(request, handler)
     elapsed = time.perf_counter() - started
-    # A streamed response has sent its body by now; a plain one knows its length.
-    sent = response.body_length if response.prepared else response.content_length or 0
+    if response.prepared:
+        # Streamed: its headers went out when the handler prepared it (gateway.delivery notes
+        # when), and its body has been sent by now.
+        ttfb = request.get(keys.FIRST_BYTE_AT, started + elapsed) - started
+        sent = response.body_length
+    else:
+        # A plain response's headers and body go out right after this returns. (Timing it here
+        # rather than in an on_response_prepare signal saves a coroutine per request.)
+        ttfb = elapsed
+        sent = response.content_length or 0
     resource = request.match_info.route.resource
     request.app[keys.OBSERVER].observe(
         route=resource.canonical if resource is not None else "unmatched",
@@ -115,6 +122,7 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
         cache=request.get(keys.CACHE_RESULT, "none"),
         key=request.get(keys.AUDIO_KEY),
         seconds=elapsed,
+        ttfb=ttfb,
         nbytes=sent,
         client=request.get(keys.CLIENT_ID),
     )
@@ -170,7 +178,6 @@ def create_app(
     app.router.add_get("/openapi.json", openapi_handler)
     # --- operations (issue 6) ---
     app.router.add_post("/v1/prompts", ops.prompts)
-    app.on_response_prepare.append(ops.on_response_prepare)
     return app
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from aiohttp import web
 
@@ -87,6 +88,7 @@ async def _stream(
     resp = web.StreamResponse(headers=headers)
     resp.enable_chunked_encoding()
     metrics = request.app[keys.METRICS]
+    request[keys.FIRST_BYTE_AT] = time.perf_counter()
     await resp.prepare(request)
     try:
         await resp.write(data)

@@ -28,5 +28,6 @@ AUDIO_KEY = web.RequestKey("audio_key", str)
 # --- operations (issue 6) ---
 # When the request started (perf_counter), for time to first byte; the authenticated client's id
 # (set by authentication when it exists) for the access log.
-STARTED = web.RequestKey("started", float)
+# perf_counter() when a streamed response's headers were sent (time to first byte).
+FIRST_BYTE_AT = web.RequestKey("first_byte_at", float)
 CLIENT_ID = web.RequestKey("client_id", str)

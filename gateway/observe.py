@@ -19,6 +19,7 @@ class RequestObserver:
         self._timers: dict[tuple[str, str], Any] = {}
         self._speech: dict[tuple[str, str, str, str], Any] = {}
         self._bytes: dict[str, Any] = {}
+        self._ttfb: dict[tuple[str, str], Any] = {}
 
     def count_speech(self, model: str, voice: str, fmt: str, cache: str) -> None:
         """Count one speech response by model, voice, format and cache result."""
@@ -29,7 +30,8 @@ class RequestObserver:
         child.inc()
 
     def observe(self, *, route: str, method: str, status: int, cache: str, key: str | None,
-                seconds: float, nbytes: int, client: str | None = None) -> None:
+                seconds: float, nbytes: int, ttfb: float | None = None,
+                client: str | None = None) -> None:
         """Record one answered request (``route`` is the route template, never the path)."""
         ckey = (route, method, status)
         counter = self._counters.get(ckey)
@@ -42,6 +44,10 @@ class RequestObserver:
         if timer is None:
             timer = self._timers[tkey] = self.metrics.request_seconds.labels(route, cache)
         timer.observe(seconds)
+        first = self._ttfb.get(tkey)
+        if first is None:
+            first = self._ttfb[tkey] = self.metrics.time_to_first_byte.labels(route, cache)
+        first.observe(seconds if ttfb is None else ttfb)
         sent = self._bytes.get(route)
         if sent is None:
             sent = self._bytes[route] = self.metrics.response_bytes.labels(route)

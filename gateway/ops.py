@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import platform
-import time
 from importlib import metadata
 from typing import Any
 
@@ -40,16 +39,6 @@ def route_of(request: web.Request) -> str:
     """The route template (a bounded label), never the concrete path."""
     resource = request.match_info.route.resource
     return resource.canonical if resource is not None else "unmatched"
-
-
-async def on_response_prepare(request: web.Request, response: web.StreamResponse) -> None:
-    """Observe time to first byte: headers are about to go out, so the body's first byte is next."""
-    started = request.get(keys.STARTED)
-    if started is None:
-        return
-    request.app[keys.METRICS].time_to_first_byte.labels(
-        route_of(request), request.get(keys.CACHE_RESULT, "none")
-    ).observe(time.perf_counter() - started)
 
 
 async def _probe(tier: Any) -> dict[str, Any]:
