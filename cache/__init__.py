@@ -4,7 +4,7 @@ from cache.entry import CorruptEntry, Entry, EntryMeta
 from cache.keys import is_key, master_key, normalize_text, rendition_key
 from cache.singleflight import SingleFlight
 from cache.store import Lookup, TieredStore
-from cache.tier import PurgeFilter, Tier, TierError, TierStats
+from cache.tier import PurgeFilter, Tier, TierError, TierStats, TierUnavailable
 
 __all__ = [
     "CorruptEntry",
@@ -16,6 +16,7 @@ __all__ = [
     "Tier",
     "TierError",
     "TierStats",
+    "TierUnavailable",
     "TieredStore",
     "is_key",
     "master_key",

@@ -90,13 +90,32 @@ class Entry:
         return _LEN.pack(len(meta)) + meta + self.audio
 
     @classmethod
-    def from_blob(cls, blob: bytes) -> Entry:
-        """Parse a blob written by :meth:`to_blob` and verify its checksum."""
+    def from_blob(cls, blob: bytes | memoryview, *, verify: bool = True) -> Entry:
+        """Parse a blob written by :meth:`to_blob` and verify its checksum.
+
+        ``verify=False`` is for a tier that has already checked the blob's integrity its own,
+        cheaper way (the Redis tier frames each blob with a CRC-32).
+        """
         try:
             (n,) = _LEN.unpack_from(blob, 0)
-            meta = EntryMeta(**json.loads(blob[_LEN.size : _LEN.size + n]))
+            meta = EntryMeta(**json.loads(bytes(blob[_LEN.size : _LEN.size + n])))
         except (struct.error, ValueError, TypeError) as exc:
             raise CorruptEntry(f"unreadable entry: {exc}") from exc
         entry = cls(audio=bytes(blob[_LEN.size + n :]), meta=meta)
-        entry.verify()
+        if verify:
+            entry.verify()
         return entry
+
+
+def read_meta(head: bytes) -> EntryMeta:
+    """The metadata of a blob from its first bytes only (a purge scan need not fetch the audio).
+
+    Raises :class:`CorruptEntry` when ``head`` is unreadable or too short to hold the metadata.
+    """
+    try:
+        (n,) = _LEN.unpack_from(head, 0)
+        if len(head) < _LEN.size + n:
+            raise CorruptEntry(f"blob head too short: need {_LEN.size + n} bytes")
+        return EntryMeta(**json.loads(head[_LEN.size : _LEN.size + n]))
+    except (struct.error, ValueError, TypeError) as exc:
+        raise CorruptEntry(f"unreadable entry: {exc}") from exc

@@ -10,7 +10,7 @@ from typing import Any
 
 from cache.entry import CorruptEntry, Entry
 from cache.memory import MemoryTier
-from cache.tier import PurgeFilter, Tier, TierError, TierStats
+from cache.tier import PurgeFilter, Tier, TierError, TierStats, TierUnavailable
 from metrics import Metrics
 
 log = logging.getLogger("voxgate.cache")
@@ -63,6 +63,9 @@ class TieredStore:
                 log.warning("corrupt entry deleted key=%s tier=%s", key, tier.name)
                 await self._delete_quietly(tier, key)
                 continue
+            except TierUnavailable:
+                self.metrics.cache_lookups.labels(tier.name, "skipped").inc()
+                continue
             except TierError as exc:
                 self.metrics.cache_lookups.labels(tier.name, "error").inc()
                 log.warning("tier error on get key=%s tier=%s: %s", key, tier.name, exc)
@@ -91,6 +94,8 @@ class TieredStore:
     async def _put_one(self, tier: Tier, key: str, entry: Entry) -> None:
         try:
             await tier.put(key, entry)
+        except TierUnavailable:
+            self.metrics.cache_writes.labels(tier.name, "skipped").inc()
         except TierError as exc:
             self.metrics.cache_writes.labels(tier.name, "error").inc()
             log.warning("tier error on put key=%s tier=%s: %s", key, tier.name, exc)

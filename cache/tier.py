@@ -12,6 +12,14 @@ class TierError(Exception):
     """A tier failed (I/O error, timeout, connection refused). The store treats it as a miss."""
 
 
+class TierUnavailable(TierError):
+    """The tier was not asked at all (its circuit breaker is open): a miss, counted as skipped.
+
+    Kept apart from :class:`TierError` so an outage is counted once per request without a warning
+    logged per request.
+    """
+
+
 @dataclass(frozen=True)
 class TierStats:
     """Size of a tier as it reports it."""

@@ -12,7 +12,9 @@ import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 
 from cache.disk import DiskTier
+from cache.distributed import CrossReplicaFlight
 from cache.memory import MemoryTier
+from cache.redis_tier import RedisTier
 from cache.store import TieredStore
 from cache.tier import Tier
 from gateway.settings import Settings
@@ -42,6 +44,19 @@ def build_tiers(settings: Settings, metrics: Metrics) -> list[Tier]:
         )
     if settings.disk_cache_mb > 0:
         tiers.append(DiskTier(settings.cache_dir, settings.disk_cache_mb * MIB))
+    if settings.redis_url:  # issue 4: the shared tier, last; closed with the store
+        tiers.append(
+            RedisTier.from_url(
+                settings.redis_url,
+                prefix=settings.redis_prefix,
+                ttl_s=settings.redis_ttl_s,
+                max_entry_bytes=settings.redis_max_entry_mb * MIB,
+                timeout_s=settings.redis_timeout_ms / 1000,
+                breaker_failures=settings.redis_breaker_failures,
+                breaker_reset_s=settings.redis_breaker_reset_ms / 1000,
+                metrics=metrics,
+            )
+        )
     return tiers
 
 
@@ -224,6 +239,12 @@ async def open_speech(
             metrics,
             sentence_pause_ms=settings.sentence_pause_ms,
             max_parallel_sentences=settings.max_parallel_sentences,
+        )
+        service.cross_replica = CrossReplicaFlight.for_tiers(  # issue 4; None without Redis
+            store.tiers,
+            lock_ttl_s=settings.redis_lock_ttl_ms / 1000,
+            max_wait_s=settings.redis_lock_wait_s,
+            metrics=metrics,
         )
         try:
             yield service

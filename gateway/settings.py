@@ -138,6 +138,33 @@ class Settings:
         120, "Seconds a worker may spend on one batch before it is killed and replaced."
     )
 
+    # --- Redis tier and scale-out (issue 4) ---
+    redis_url: str = _opt(
+        "",
+        "Redis shared by all replicas (empty: no Redis tier): redis://[user:password@]host:port/db, "
+        "rediss:// (TLS), unix:///path.sock, redis+cluster://host:port for Redis Cluster, or "
+        "redis+sentinel://host:26379[,host:port]/<service>/<db> for Sentinel.",
+        secret=True,
+    )
+    redis_prefix: str = _opt("voxgate:", "Prefix of every Redis key voxgate writes.")
+    redis_ttl_s: int = _opt(
+        7 * 24 * 3600, "TTL of unpinned Redis entries, in seconds (0: none; pinned: never)."
+    )
+    redis_max_entry_mb: int = _opt(16, "Largest entry written to Redis, in MiB.")
+    redis_timeout_ms: int = _opt(500, "Timeout of one Redis operation, in ms (then: a miss).")
+    redis_breaker_failures: int = _opt(
+        5, "Consecutive Redis failures that open the circuit breaker (Redis then skipped)."
+    )
+    redis_breaker_reset_ms: int = _opt(
+        2000, "How long an open Redis breaker skips Redis before probing it again, in ms."
+    )
+    redis_lock_ttl_ms: int = _opt(
+        30000, "TTL of a cross-replica synthesis lock (extended while held), in ms."
+    )
+    redis_lock_wait_s: int = _opt(
+        60, "Longest wait on another replica's synthesis before synthesizing here, in seconds."
+    )
+
     # ---- loading ---------------------------------------------------------------------------
 
     @classmethod
@@ -267,6 +294,22 @@ class Settings:
         need(self.max_wait_ms >= 0, "max_wait_ms", "must be >= 0")
         need(self.batch_timeout_s >= 1, "batch_timeout_s", "must be >= 1")
         self.validate_operations()
+        # --- Redis tier and scale-out (issue 4) ---
+        need(self.redis_ttl_s >= 0, "redis_ttl_s", "must be >= 0")
+        need(self.redis_max_entry_mb >= 1, "redis_max_entry_mb", "must be >= 1")
+        need(self.redis_timeout_ms >= 1, "redis_timeout_ms", "must be >= 1")
+        need(self.redis_breaker_failures >= 1, "redis_breaker_failures", "must be >= 1")
+        need(self.redis_breaker_reset_ms >= 1, "redis_breaker_reset_ms", "must be >= 1")
+        need(self.redis_lock_ttl_ms >= 100, "redis_lock_ttl_ms", "must be >= 100")
+        need(self.redis_lock_wait_s >= 1, "redis_lock_wait_s", "must be >= 1")
+        need(
+            not self.redis_url
+            or self.redis_url.split("://", 1)[0].lower()
+            in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel",
+                "rediss+sentinel"),
+            "redis_url",
+            "must start with redis://, rediss://, unix://, redis+cluster:// or redis+sentinel://",
+        )
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` applied (validated)."""

@@ -15,6 +15,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from cache.distributed import CrossReplicaFlight
 from cache.entry import Entry
 from cache.keys import master_key, rendition_key
 from cache.singleflight import SingleFlight
@@ -88,6 +89,8 @@ class SpeechService:
         self.metrics = metrics
         self._renditions: SingleFlight[tuple[Entry, bool]] = SingleFlight()
         self._masters: SingleFlight[Audio] = SingleFlight()
+        # Set when Redis is configured (issue 4): one replica of many synthesizes each master.
+        self.cross_replica: CrossReplicaFlight | None = None
         # Content addresses of recent requests: hashing the canonical JSON is most of a hit's CPU
         # cost, and the same few thousand prompts repeat. Bounded; evicts oldest first.
         self._key_memo: OrderedDict[tuple[object, ...], tuple[str, str, int]] = OrderedDict()
@@ -202,9 +205,29 @@ class SpeechService:
             if req.pinned and not found.entry.meta.pinned:
                 await self.store.put(mk, found.entry.pinned_copy())
             return Audio(pcm, src_rate), "hit"
-        result, leader = await self._masters.do(mk, lambda: self._synthesize(req, mk))
-        stored = Audio(audio.as_stored(result.pcm), result.sample_rate)
+        stored, leader = await self._masters.do(mk, lambda: self._synthesize_once(req, mk))
         return stored, "miss" if leader else "coalesced"
+
+    async def _synthesize_once(self, req: SpeechRequest, mk: str) -> Audio:
+        """Master ``mk`` as stored, synthesized once; once across all replicas when Redis is
+        configured (issue 4): another replica's master is adopted from Redis, decoded exactly as
+        :func:`audio.as_stored` renders a fresh one, so every replica sends the same bytes."""
+
+        async def produce() -> Audio:
+            result = await self._synthesize(req, mk)
+            return Audio(audio.as_stored(result.pcm), result.sample_rate)
+
+        if self.cross_replica is None:
+            return await produce()
+        loop = asyncio.get_running_loop()
+
+        async def adopt(entry: Entry) -> Audio:
+            pcm, rate = await loop.run_in_executor(
+                self._encode_pool, audio.decode_master, entry.audio
+            )
+            return Audio(pcm, rate)
+
+        return await self.cross_replica.run(mk, produce, adopt)
 
     async def _synthesize(self, req: SpeechRequest, mk: str) -> Audio:
         handle = self.models[req.model]

@@ -87,7 +87,8 @@ class Metrics:
         # --- store -------------------------------------------------------------------------------
         self.cache_lookups = Counter(
             "voxgate_cache_lookups_total",
-            "Store lookups by tier and result: hit, miss, error (tier failed: counted as a miss) "
+            "Store lookups by tier and result: hit, miss, error (tier failed: counted as a miss), "
+            "skipped (tier's circuit breaker open: not asked, a miss) "
             "or corrupt (checksum mismatch: deleted, counted as a miss).",
             ["tier", "result"],
             registry=r,
@@ -249,6 +250,51 @@ class Metrics:
             "Streamed speech responses by outcome: complete, disconnected (the client left; "
             "synthesis and caching went on) or failed (an error after the first chunk).",
             ["outcome"],
+            registry=r,
+        )
+
+        # --- Redis tier and cross-replica single flight (issue 4) ------------------------------
+        self.redis_errors = Counter(
+            "voxgate_redis_errors_total",
+            "Redis commands that failed or timed out, by operation; each is a miss (or a skipped "
+            "write) for that request, never a failed request.",
+            ["op"],
+            registry=r,
+        )
+        self.redis_skipped = Counter(
+            "voxgate_redis_skipped_total",
+            "Redis operations not attempted, by operation and reason (breaker_open: the circuit "
+            "breaker is open; too_large: the entry exceeds redis_max_entry_mb).",
+            ["op", "reason"],
+            registry=r,
+        )
+        self.cache_breaker_state = Gauge(
+            "voxgate_cache_breaker_state",
+            "Circuit breaker of a remote tier (redis): 0 closed (in use), 1 half-open (probing), "
+            "2 open (skipped until the cool-down ends).",
+            ["tier"],
+            registry=r,
+        )
+        self.redis_locks = Counter(
+            "voxgate_redis_locks_total",
+            "Cross-replica synthesis locks asked for, by result (acquired: this replica "
+            "synthesizes; contended: another replica holds it; bypassed: Redis unavailable, "
+            "synthesized locally).",
+            ["result"],
+            registry=r,
+        )
+        self.redis_lock_waits = Counter(
+            "voxgate_redis_lock_waits_total",
+            "Waits on another replica's synthesis lock, by outcome (result: its audio arrived; "
+            "takeover: the holder went away and this replica took the lock; timeout: the wait "
+            "bound passed and this replica synthesized itself; error: Redis failed mid-wait).",
+            ["outcome"],
+            registry=r,
+        )
+        self.redis_lock_wait_seconds = Histogram(
+            "voxgate_redis_lock_wait_seconds",
+            "Time spent waiting on another replica's synthesis lock.",
+            buckets=_WAIT_BUCKETS,
             registry=r,
         )
 
