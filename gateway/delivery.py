@@ -45,6 +45,14 @@ async def serve_speech(
     already stored: stored audio goes out whole, with its Content-Length)."""
     service = request.app[keys.SPEECH]
     _, key, rate = service.keys_for(req)
+    if "If-None-Match" not in request.headers and not stream and not req.pinned:
+        # The hot path, a memory hit: no awaits, no intermediate objects.
+        entry = service.store.get_memory(key)
+        if entry is not None:
+            _record(request, req, key, "hit")
+            return web.Response(
+                body=entry.audio, headers=_headers(key, req.fmt, entry.meta.sample_rate, "hit")
+            )
     if none_match(request, etag_for(key), exists=False):
         # Content-addressed audio never changes: a client holding this key holds these bytes.
         # (`*` is not answered from the key alone: it asks whether anything is stored.)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from gateway.settings import Settings
 from metrics import Metrics
@@ -24,15 +25,26 @@ async def test_full_queue_503_while_hits_served(
     warm = await client.post("/v1/audio/speech", json=CACHED)
     assert warm.status == 200
     counting_engine.release.clear()  # the engine now blocks: a deliberately stuck engine
-    try:
-        # one item running (blocked) + two queued fills the queue
-        inflight = [asyncio.create_task(client.post("/v1/audio/speech", json=miss(i)))
-                    for i in range(3)]
-        for _ in range(200):
-            if metrics.registry.get_sample_value(
-                    "voxgate_synthesis_queue_depth", {"model": "piper"}) == 2.0:
-                break
+
+    def sample(name: str) -> float:
+        return metrics.registry.get_sample_value(name, {"model": "piper"}) or 0.0
+
+    async def until(name: str, value: float) -> None:
+        for _ in range(500):
+            if sample(name) == value:
+                return
             await asyncio.sleep(0.02)
+        raise AssertionError(f"{name} never reached {value}")
+
+    inflight: list[asyncio.Task[Any]] = []
+    try:
+        # One item running (blocked in the engine), then two queued: the queue is full. Each
+        # step waits for the previous to land, so the order cannot race.
+        inflight.append(asyncio.create_task(client.post("/v1/audio/speech", json=miss(0))))
+        await until("voxgate_synthesis_busy_workers", 1.0)
+        for i in (1, 2):
+            inflight.append(asyncio.create_task(client.post("/v1/audio/speech", json=miss(i))))
+            await until("voxgate_synthesis_queue_depth", float(i))
         rejected = await client.post("/v1/audio/speech", json=miss(99))
         assert rejected.status == 503
         assert rejected.headers["Retry-After"] == "3"
