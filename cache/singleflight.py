@@ -23,6 +23,11 @@ class SingleFlight(Generic[T]):
     def __len__(self) -> int:
         return len(self._inflight)
 
+    def running(self, key: str) -> bool:
+        """True while work for ``key`` is in flight."""
+        task = self._inflight.get(key)
+        return task is not None and not task.done()
+
     def _finished(self, key: str, task: asyncio.Task[T]) -> None:
         if self._inflight.get(key) is task:
             del self._inflight[key]

@@ -32,7 +32,9 @@ log = logging.getLogger("voxgate.speech")
 
 # A sentence's master audio and how it was obtained: "hit" (stored), "miss" (synthesized by this
 # call) or "coalesced" (joined a synthesis already in flight).
-MasterFetch = Callable[["SpeechRequest"], Awaitable[tuple[Audio, str]]]
+# fetch_master(request, on_queued): ``on_queued`` is called once the sentence is answered from
+# the store or handed to synthesis, so the next sentence may start its own lookup.
+MasterFetch = Callable[["SpeechRequest", Callable[[], None]], Awaitable[tuple[Audio, str]]]
 Store = Callable[[str, Entry], Awaitable[None]]
 
 
@@ -122,16 +124,30 @@ class Assembler:
         gate = asyncio.Semaphore(self.max_parallel)
         outcomes: list[str] = []
 
-        async def one(text: str) -> Audio:
-            # The semaphore is FIFO: sentences reach the scheduler in text order, so the first
-            # sentence (what a stream sends first) is synthesized first.
+        # Sentences must reach the synthesis queue in text order, so the first sentence (what a
+        # stream sends first) is synthesized first. A FIFO semaphore is not enough: each
+        # sentence first looks itself up in the store (disk and Redis I/O), and those lookups
+        # finish in any order. So sentence i starts its lookup only once sentence i-1 has been
+        # answered from the store or queued for synthesis; synthesis itself stays concurrent.
+        turns = [asyncio.Event() for _ in texts]
+
+        async def one(i: int, text: str) -> Audio:
             async with gate:
-                master, outcome = await self._fetch_master(dataclasses.replace(req, text=text))
+                if i:
+                    await turns[i - 1].wait()
+                try:
+                    master, outcome = await self._fetch_master(
+                        dataclasses.replace(req, text=text), turns[i].set
+                    )
+                finally:
+                    turns[i].set()
             outcomes.append(outcome)
             self.metrics.sentences.labels(outcome).inc()
             return master
 
-        parts: list[asyncio.Future[Audio]] = [asyncio.ensure_future(one(t)) for t in texts]
+        parts: list[asyncio.Future[Audio]] = [
+            asyncio.ensure_future(one(i, t)) for i, t in enumerate(texts)
+        ]
         for part in parts:
             part.add_done_callback(_consume)
         prod.parts.set_result(parts)

@@ -12,7 +12,7 @@ import asyncio
 import concurrent.futures
 import logging
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from cache.distributed import CrossReplicaFlight
@@ -192,12 +192,19 @@ class SpeechService:
             entry = found.entry if found is not None else None
         return rk, rate, entry
 
-    async def master_audio(self, req: SpeechRequest) -> tuple[Audio, str]:
+    async def master_audio(
+        self, req: SpeechRequest, on_queued: Callable[[], None] | None = None
+    ) -> tuple[Audio, str]:
         """The master audio of ``req`` (one sentence) and how it was had: ``"hit"`` (stored),
-        ``"miss"`` (synthesized for this call) or ``"coalesced"`` (joined one in flight)."""
+        ``"miss"`` (synthesized for this call) or ``"coalesced"`` (joined one in flight).
+
+        ``on_queued`` is called as soon as the store has answered or the synthesis is queued
+        (the assembler uses it to queue a text's sentences in order)."""
         mk = self.master_key_for(req)
         found = await self.store.get(mk)
         if found is not None:
+            if on_queued is not None:
+                on_queued()
             loop = asyncio.get_running_loop()
             pcm, src_rate = await loop.run_in_executor(
                 self._encode_pool, audio.decode_master, found.entry.audio
@@ -205,20 +212,28 @@ class SpeechService:
             if req.pinned and not found.entry.meta.pinned:
                 await self.store.put(mk, found.entry.pinned_copy())
             return Audio(pcm, src_rate), "hit"
-        stored, leader = await self._masters.do(mk, lambda: self._synthesize_once(req, mk))
+        if on_queued is not None and self._masters.running(mk):
+            on_queued()  # joining a synthesis already queued
+        stored, leader = await self._masters.do(
+            mk, lambda: self._synthesize_once(req, mk, on_queued)
+        )
         return stored, "miss" if leader else "coalesced"
 
-    async def _synthesize_once(self, req: SpeechRequest, mk: str) -> Audio:
+    async def _synthesize_once(
+        self, req: SpeechRequest, mk: str, on_queued: Callable[[], None] | None = None
+    ) -> Audio:
         """Master ``mk`` as stored, synthesized once; once across all replicas when Redis is
         configured (issue 4): another replica's master is adopted from Redis, decoded exactly as
         :func:`audio.as_stored` renders a fresh one, so every replica sends the same bytes."""
 
         async def produce() -> Audio:
-            result = await self._synthesize(req, mk)
+            result = await self._synthesize(req, mk, on_queued)
             return Audio(audio.as_stored(result.pcm), result.sample_rate)
 
         if self.cross_replica is None:
             return await produce()
+        if on_queued is not None:
+            on_queued()  # across replicas the order is not ours to keep: do not hold the rest
         loop = asyncio.get_running_loop()
 
         async def adopt(entry: Entry) -> Audio:
@@ -229,11 +244,16 @@ class SpeechService:
 
         return await self.cross_replica.run(mk, produce, adopt)
 
-    async def _synthesize(self, req: SpeechRequest, mk: str) -> Audio:
+    async def _synthesize(
+        self, req: SpeechRequest, mk: str, on_queued: Callable[[], None] | None = None
+    ) -> Audio:
         handle = self.models[req.model]
         if not handle.ready.is_set():
             raise Overloaded(f"model '{req.model}' is still loading", retry_after_s=2.0)
         item = SynthesisItem(req.text, req.voice, req.speed)
+        if on_queued is not None:
+            # submit() queues the item before its first suspension; this runs right after.
+            asyncio.get_running_loop().call_soon(on_queued)
         result = await handle.scheduler.submit(item)
         loop = asyncio.get_running_loop()
         master = await loop.run_in_executor(
