@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "bench"
+sys.path.insert(0, str(ROOT))
+
+from bench.common import free_port  # noqa: E402
+
 SENTENCES = [
     "Your call is important to us",
     "Please hold while we connect you",
@@ -41,12 +44,6 @@ SENTENCES = [
     "We are transferring your call now",
     "Goodbye and have a nice day",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:

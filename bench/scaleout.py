@@ -31,6 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import wait_http  # noqa: E402
 from tests.redis_support import GatewayProcess, gateway_processes, metric_sum  # noqa: E402
 from tests.support import free_port, redis_server  # noqa: E402
 
@@ -58,18 +59,6 @@ def post(url: str, payload: dict[str, Any]) -> tuple[int, dict[str, str], bytes]
 def scrape(url: str) -> str:
     with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
         return r.read().decode()
-
-
-def wait_http(url: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise TimeoutError(url)
 
 
 # ---- the baseline server and the fallback load generator (run as subprocesses) ------------

@@ -162,16 +162,7 @@ class Assembler:
         synthesized = "miss" in outcomes
         if not synthesized:
             self.metrics.transcodes.labels(req.fmt.name).inc()
-        entry = Entry.create(
-            data,
-            content_type=req.fmt.content_type,
-            fmt=req.fmt.name,
-            sample_rate=prod.rate,
-            model=req.model,
-            voice=req.voice,
-            pinned=req.pinned,
-            duration_s=len(pcm) / rate_in,
-        )
+        entry = req.entry(data, req.fmt, prod.rate, len(pcm) / rate_in)
         await self._store_put(prod.key, entry)
         if len(texts) > 1:
             log.debug(

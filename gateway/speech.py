@@ -44,6 +44,21 @@ class SpeechRequest:
     sample_rate: int | None = None
     pinned: bool = False
 
+    def entry(
+        self, data: bytes, fmt: audio.AudioFormat, sample_rate: int, duration_s: float
+    ) -> Entry:
+        """Stored audio for this request: ``data`` in ``fmt``, tagged with model, voice and pin."""
+        return Entry.create(
+            data,
+            content_type=fmt.content_type,
+            fmt=fmt.name,
+            sample_rate=sample_rate,
+            model=self.model,
+            voice=self.voice,
+            pinned=self.pinned,
+            duration_s=duration_s,
+        )
+
 
 @dataclass(frozen=True)
 class SpeechResult:
@@ -260,17 +275,7 @@ class SpeechService:
             self._encode_pool, audio.encode_master, result.pcm, result.sample_rate
         )
         await self.store.put(
-            mk,
-            Entry.create(
-                master,
-                content_type=audio.MASTER_FORMAT.content_type,
-                fmt=audio.MASTER_FORMAT.name,
-                sample_rate=result.sample_rate,
-                model=req.model,
-                voice=req.voice,
-                pinned=req.pinned,
-                duration_s=result.duration_s,
-            ),
+            mk, req.entry(master, audio.MASTER_FORMAT, result.sample_rate, result.duration_s)
         )
         log.info(
             "synthesized key=%s model=%s voice=%s audio_s=%.2f",

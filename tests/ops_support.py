@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.support import free_port
+from tests.support import free_port, serve_command
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,19 +52,7 @@ class ServerProcess:
         directory.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gateway",
-                "serve",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--cache-dir",
-                str(directory / "cache"),
-                *args,
-            ],
+            serve_command(self.port, directory / "cache", *args),
             cwd=ROOT,
             env=env if env is not None else clean_env(),
             stdout=self._log,

@@ -11,13 +11,12 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from tests.support import RedisServer, free_port
+from tests.support import RedisServer, free_port, serve_command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -118,21 +117,7 @@ class GatewayProcess:
     def __init__(self, cache_dir: Path, *, redis_url: str = "", args: Sequence[str] = ()) -> None:
         self.port = free_port()
         self.cache_dir = cache_dir
-        cmd = [
-            sys.executable,
-            "-m",
-            "gateway",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--cache-dir",
-            str(cache_dir),
-            "--log-level",
-            "warning",
-            *args,
-        ]
+        cmd = serve_command(self.port, cache_dir, "--log-level", "warning", *args)
         if redis_url:
             cmd += ["--redis-url", redis_url]
         env = {k: v for k, v in os.environ.items() if not k.startswith("VOXGATE_")}

@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -69,6 +70,13 @@ class CountingEngine:
 
     def describe(self) -> Mapping[str, object]:
         return self.inner.describe()
+
+
+def serve_command(port: int, cache_dir: Path, *args: str) -> list[str]:
+    """``python -m gateway serve`` on 127.0.0.1:``port`` with its own cache dir (run it with
+    ``cwd`` = the repo root, so the tree under test is the one imported)."""
+    return [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(port),
+            "--cache-dir", str(cache_dir), *args]
 
 
 def free_port() -> int:
