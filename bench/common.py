@@ -73,9 +73,37 @@ def post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
         return r.status, dict(r.headers), r.read()
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_split() -> tuple[set[int], set[int]] | None:
+    """``(server_cpus, load_cpus)``: the last CPU for the servers under test, the others for the
+    load generator, so the two never compete for a core (None on a 1-CPU machine).
+
+    Each server is measured on the same single core in turn; without this, wrk and the server
+    fight over 2 cores and the scheduler's choices moved single rounds by +-25% here.
+    """
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    return {cpus[-1]}, set(cpus[:-1])
+
+
+def pin(pid: int, cpus: set[int] | None) -> None:
+    """Run ``pid`` (and the threads it starts later) on ``cpus`` only; no-op for None."""
+    if cpus is not None:
+        os.sched_setaffinity(pid, cpus)
+
+
 def wrk_rate(url: str, *, body: str | None, seconds: float, connections: int,
-             threads: int = 1) -> dict[str, float]:
-    """Requests/s and latency percentiles from wrk (POST when ``body`` is given)."""
+             threads: int = 1, cpus: set[int] | None = None) -> dict[str, float]:
+    """Requests/s and latency percentiles from wrk (POST when ``body`` is given), run on
+    ``cpus`` when given."""
     wrk = shutil.which("wrk")
     if wrk is None:
         return python_rate(url, body=body, seconds=seconds, connections=connections)
@@ -89,10 +117,14 @@ def wrk_rate(url: str, *, body: str | None, seconds: float, connections: int,
                      "wrk.headers['Content-Type'] = 'application/json'\n")
         script.close()
         args += ["-s", script.name]
-    out = subprocess.run([*args, url], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [*args, url], capture_output=True, text=True, check=True,
+        preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
+    ).stdout
     if script is not None:
         os.unlink(script.name)
     rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    total = re.search(r"(\d+) requests in", out)
     errors = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
     if errors:
         raise RuntimeError(f"wrk saw {errors.group(1)} error responses from {url}")
@@ -102,7 +134,7 @@ def wrk_rate(url: str, *, body: str | None, seconds: float, connections: int,
         if m:
             scale = {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)]
             pct[key] = float(m.group(1)) * scale
-    return {"rps": rate, **pct}
+    return {"rps": rate, **pct, "requests": float(total.group(1)) if total else rate * seconds}
 
 
 def python_rate(url: str, *, body: str | None, seconds: float,

@@ -1,9 +1,13 @@
 """Hit path: one cached ~250 KB WAV served by the gateway vs the same bytes from a bare aiohttp
 handler, under the same concurrent load, in one run (rounds interleaved so drift hits both).
 
-    python bench/hit_path.py [--seconds 5] [--rounds 3] [--connections 32]
+    python bench/hit_path.py [--seconds 4] [--rounds 7] [--connections 32] [--no-pin]
 
 Target: gateway >= 0.8 x bare. Writes docs/bench/hit_path.json and hit_path.png.
+
+On a machine with 2+ CPUs both servers run on the last CPU (each in its own rounds) and wrk on
+the others, so the load generator never competes with the server it measures. Each round also
+records each server's CPU time per request (from /proc), the figure least moved by neighbours.
 """
 
 from __future__ import annotations
@@ -21,8 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     ROOT,
     bar_plot,
+    cpu_seconds,
+    cpu_split,
     free_port,
     median,
+    pin,
     post,
     start_gateway,
     stop,
@@ -40,8 +47,10 @@ TEXT = (
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--seconds", type=float, default=5.0, help="length of each measured round")
-    ap.add_argument("--rounds", type=int, default=5, help="rounds per server (interleaved)")
+    ap.add_argument("--seconds", type=float, default=4.0, help="length of each measured round")
+    ap.add_argument("--rounds", type=int, default=7, help="rounds per server (interleaved)")
+    ap.add_argument("--no-pin", action="store_true",
+                    help="let the OS place servers and wrk (default: pin them apart)")
     ap.add_argument("--connections", type=int, default=32, help="concurrent connections")
     ap.add_argument("--no-write", action="store_true", help="do not write docs/bench results")
     args = ap.parse_args()
@@ -65,16 +74,29 @@ def main() -> int:
             wait_http(f"http://127.0.0.1:{bport}/readyz")
             burl = f"http://127.0.0.1:{bport}/v1/audio/speech"
             payload = json.dumps(body)
+            split = None if args.no_pin else cpu_split()
+            server_cpus, load_cpus = split if split else (None, None)
+            pin(gateway.pid, server_cpus)
+            pin(bare.pid, server_cpus)
+
+            def measure(target: str, pid: int) -> dict[str, float]:
+                before = cpu_seconds(pid)
+                run = wrk_rate(target, body=payload, seconds=args.seconds,
+                               connections=args.connections, cpus=load_cpus)
+                run["server_cpu_us_per_request"] = (
+                    1e6 * (cpu_seconds(pid) - before) / run["requests"])
+                return run
+
             # warm both (connection setup, caches)
-            wrk_rate(url, body=payload, seconds=1, connections=args.connections)
-            wrk_rate(burl, body=payload, seconds=1, connections=args.connections)
-            g_runs, b_runs = [], []
+            measure(url, gateway.pid)
+            measure(burl, bare.pid)
+            g_runs: list[dict[str, float]] = []
+            b_runs: list[dict[str, float]] = []
             for i in range(args.rounds):
                 # alternate which server goes first, so neither always gets the warmer slot
-                order = [(url, g_runs), (burl, b_runs)]
-                for target, runs in order if i % 2 == 0 else reversed(order):
-                    runs.append(wrk_rate(target, body=payload, seconds=args.seconds,
-                                         connections=args.connections))
+                order = [(url, gateway.pid, g_runs), (burl, bare.pid, b_runs)]
+                for target, pid, runs in order if i % 2 == 0 else reversed(order):
+                    runs.append(measure(target, pid))
         finally:
             stop(gateway)
             if bare is not None:
@@ -88,14 +110,20 @@ def main() -> int:
     ratio = median(ratios)
     g_p50 = median([r.get("p50_ms", 0.0) for r in g_runs])
     b_p50 = median([r.get("p50_ms", 0.0) for r in b_runs])
+    g_cpu = median([r["server_cpu_us_per_request"] for r in g_runs])
+    b_cpu = median([r["server_cpu_us_per_request"] for r in b_runs])
+    placement = ("servers pinned to CPU " + ",".join(map(str, sorted(server_cpus)))
+                 + ", wrk to CPU " + ",".join(map(str, sorted(load_cpus)))
+                 if server_cpus and load_cpus else "unpinned")
     print(f"\nhit path, {len(audio):,} byte WAV, {args.connections} connections, "
-          f"{args.rounds} x {args.seconds:g} s rounds (median)")
-    print(f"{'server':<28}{'req/s':>10}{'p50 ms':>10}")
-    print(f"{'gateway (POST speech, HIT)':<28}{g:>10.0f}{g_p50:>10.2f}")
-    print(f"{'bare aiohttp (same bytes)':<28}{b:>10.0f}{b_p50:>10.2f}")
+          f"{args.rounds} x {args.seconds:g} s rounds (median), {placement}")
+    print(f"{'server':<28}{'req/s':>10}{'p50 ms':>10}{'CPU us/req':>12}")
+    print(f"{'gateway (POST speech, HIT)':<28}{g:>10.0f}{g_p50:>10.2f}{g_cpu:>12.1f}")
+    print(f"{'bare aiohttp (same bytes)':<28}{b:>10.0f}{b_p50:>10.2f}{b_cpu:>12.1f}")
     print("per-round ratios: " + ", ".join(f"{r:.3f}" for r in ratios))
     print(f"ratio gateway/bare (median of rounds): {ratio:.3f} (target >= 0.8) -> "
           f"{'PASS' if ratio >= 0.8 else 'MISS'}")
+    print(f"CPU per request, bare/gateway: {b_cpu / g_cpu:.3f}")
     if not args.no_write:
         write_results("hit_path", {
             "benchmark": "hit_path",
@@ -110,6 +138,10 @@ def main() -> int:
             "bare_rps_median": b,
             "ratio": ratio,
             "round_ratios": ratios,
+            "placement": placement,
+            "gateway_cpu_us_per_request_median": g_cpu,
+            "bare_cpu_us_per_request_median": b_cpu,
+            "cpu_ratio_bare_over_gateway": b_cpu / g_cpu,
             "target_ratio": 0.8,
             "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
         })

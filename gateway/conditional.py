@@ -15,6 +15,34 @@ from gateway.errors import error_body
 
 IMMUTABLE = "public, max-age=31536000, immutable"
 
+# Above this size the status line and headers go out in their own write, ahead of the body.
+SEPARATE_HEADERS_FROM = 16 * 1024
+
+
+class AudioResponse(web.Response):
+    """A response with an audio body that is sent without being copied.
+
+    aiohttp coalesces the headers and a bytes body into one buffer before writing (on Python
+    before 3.12.9 it never uses ``writelines``): for a 250 KB prompt that is a 250 KB allocation
+    and copy on every cache hit, a large part of a hit's CPU time. For a large body this sends
+    the headers on their own first (one small extra ``send``), then hands the stored bytes
+    object to the transport as it is.
+    """
+
+    def __init__(self, request: web.Request, *, body: bytes, status: int = 200,
+                 headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(body=body, status=status, headers=headers)
+        self._writer = request.writer if len(body) >= SEPARATE_HEADERS_FROM else None
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        writer = self._writer
+        if writer is not None:
+            self._writer = None
+            send_headers = getattr(writer, "send_headers", None)
+            if send_headers is not None:  # aiohttp's StreamWriter; others just coalesce
+                send_headers()
+        await super().write_eof(data)
+
 
 def etag_for(key: str) -> str:
     """The (strong) entity tag of the audio stored under ``key``."""
@@ -100,12 +128,12 @@ def audio_response(
     if conditional and none_match(request, etag):
         return not_modified(headers)
     if not ranges:
-        return web.Response(body=body, headers=headers)
+        return AudioResponse(request, body=body, headers=headers)
     headers = {**headers, "Accept-Ranges": "bytes"}
     header = request.headers.get("Range")
     if_range = request.headers.get("If-Range")
     if header is None or (if_range is not None and if_range.strip() != etag):
-        return web.Response(body=body, headers=headers)
+        return AudioResponse(request, body=body, headers=headers)
     size = len(body)
     try:
         span = parse_range(header, size)
@@ -122,7 +150,7 @@ def audio_response(
             headers={"Content-Range": f"bytes */{size}", "ETag": etag},
         )
     if span is None:
-        return web.Response(body=body, headers=headers)
+        return AudioResponse(request, body=body, headers=headers)
     first, last = span
     headers["Content-Range"] = f"bytes {first}-{last}/{size}"
-    return web.Response(status=206, body=body[first : last + 1], headers=headers)
+    return AudioResponse(request, status=206, body=body[first : last + 1], headers=headers)

@@ -11,11 +11,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 from gateway import keys
-from gateway.conditional import IMMUTABLE, audio_response, etag_for, none_match, not_modified
+from gateway.conditional import (
+    IMMUTABLE,
+    AudioResponse,
+    audio_response,
+    etag_for,
+    none_match,
+    not_modified,
+)
 from gateway.speech import SpeechRequest, SpeechService
 from synth import audio, sentences
 
@@ -30,6 +39,29 @@ def _headers(key: str, fmt: audio.AudioFormat, rate: int, cache: str) -> dict[st
         "ETag": etag_for(key),
         "X-Audio-Sample-Rate": str(rate),
     }
+
+
+class _HitHeaders:
+    """The response headers of a memory hit, built once per key (bounded LRU).
+
+    They are a pure function of the content address (which fixes the format and rate), and
+    copying a ready ``CIMultiDict`` is cheaper than building one from a dict on every hit.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._items: OrderedDict[str, CIMultiDict[str]] = OrderedDict()
+
+    def get(self, key: str, fmt: audio.AudioFormat, rate: int) -> CIMultiDict[str]:
+        headers = self._items.get(key)
+        if headers is None:
+            headers = self._items[key] = CIMultiDict(_headers(key, fmt, rate, "hit"))
+            if len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return headers
+
+
+_hit_headers = _HitHeaders()
 
 
 def _record(request: web.Request, req: SpeechRequest, key: str, cache: str) -> None:
@@ -50,8 +82,9 @@ async def serve_speech(
         entry = service.store.get_memory(key)
         if entry is not None:
             _record(request, req, key, "hit")
-            return web.Response(
-                body=entry.audio, headers=_headers(key, req.fmt, entry.meta.sample_rate, "hit")
+            return AudioResponse(
+                request, body=entry.audio,
+                headers=_hit_headers.get(key, req.fmt, entry.meta.sample_rate),
             )
     if none_match(request, etag_for(key), exists=False):
         # Content-addressed audio never changes: a client holding this key holds these bytes.

@@ -13,7 +13,14 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from synth.errors import EngineDead, EngineError, Overloaded, SynthesisError, SynthesisTimeout
+from synth.errors import (
+    EngineDead,
+    EngineError,
+    Overloaded,
+    SynthesisError,
+    SynthesisTimeout,
+    UnspeakableInput,
+)
 
 log = logging.getLogger("voxgate.gateway")
 
@@ -53,6 +60,17 @@ class NotFound(VoxgateError):
     type = "not_found_error"
 
 
+class MethodNotAllowed(VoxgateError):
+    """The path exists, the method does not; ``allow`` lists the methods that do."""
+
+    status = 405
+    type = "invalid_request_error"
+
+    def __init__(self, message: str, *, allow: str) -> None:
+        super().__init__(message)
+        self.allow = allow
+
+
 class PayloadTooLarge(VoxgateError):
     """The body is larger than the configured bound."""
 
@@ -81,6 +99,8 @@ def error_response(exc: VoxgateError) -> web.Response:
     headers = {}
     if exc.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+    if isinstance(exc, MethodNotAllowed):
+        headers["Allow"] = exc.allow
     return web.Response(
         status=exc.status,
         body=error_body(exc.message, exc.type, exc.param, exc.code),
@@ -93,6 +113,8 @@ def from_synthesis_error(exc: SynthesisError) -> VoxgateError:
     """Map a synthesis failure to its HTTP error."""
     if isinstance(exc, Overloaded):
         return Unavailable(str(exc), code="queue_full", retry_after_s=exc.retry_after_s or 1.0)
+    if isinstance(exc, UnspeakableInput):
+        return BadRequest(str(exc), param="input", code="nothing_to_speak")
     if isinstance(exc, (EngineDead, SynthesisTimeout)):
         return Unavailable(str(exc), code="engine_unavailable", retry_after_s=exc.retry_after_s)
     if isinstance(exc, EngineError):
@@ -106,27 +128,34 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _HTTP_TYPES = {404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error"}
 
 
-async def handle_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Run ``handler``; turn every failure into a JSON error response."""
-    try:
-        return await handler(request)
-    except VoxgateError as exc:
+def error_response_for(request: web.Request, exc: Exception) -> web.Response:
+    """The JSON error response for any failure of a handler.
+
+    Our own errors and synthesis failures say what is wrong; aiohttp's HTTP errors (a body over
+    ``client_max_size``) keep their status; anything else is a bug: logged with its traceback
+    and the route (never the request text) and answered 500, and the server keeps serving.
+    A 2xx/3xx ``HTTPException`` (a redirect) is raised again for aiohttp to send.
+    """
+    if isinstance(exc, VoxgateError):
         return error_response(exc)
-    except SynthesisError as exc:
+    if isinstance(exc, SynthesisError):
         return error_response(from_synthesis_error(exc))
-    except web.HTTPException as exc:
+    if isinstance(exc, web.HTTPException):
         if exc.status < 400:
-            raise
+            raise exc
         message = exc.text or exc.reason
         if exc.status == 413:
             message = "request body too large"
-        elif exc.status == 404:
-            message = f"no route for {request.method} {request.path}"
-        elif exc.status == 405:
-            message = f"method {request.method} not allowed on {request.path}"
         return web.Response(
             status=exc.status,
             body=error_body(message, _HTTP_TYPES.get(exc.status, "invalid_request_error")),
             content_type="application/json",
-            headers={k: v for k, v in exc.headers.items() if k.lower() == "allow"},
         )
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else "?"
+    if isinstance(exc, ConnectionResetError):
+        # The client went away mid-answer: nothing to send it, nothing wrong with us.
+        log.info("client went away during %s %s", request.method, route)
+        return web.Response(status=499, reason="Client Closed Request")
+    log.error("unexpected error answering %s %s", request.method, route, exc_info=exc)
+    return error_response(VoxgateError("internal error: the gateway failed to answer; see its log"))

@@ -21,13 +21,10 @@ ACCESS_LOG = web.AppKey("access_log", AccessLog)
 REQUEST_MEMO = web.AppKey("request_memo", RequestMemo)
 OBSERVER = web.AppKey("observer", RequestObserver)
 
-# Per-request values the handlers leave for the observing middleware.
+# Per-request values the handlers leave for the edge wrapper (gateway.app.edge) to record.
 CACHE_RESULT = web.RequestKey("cache_result", str)
 AUDIO_KEY = web.RequestKey("audio_key", str)
 
 # --- operations (issue 6) ---
-# When the request started (perf_counter), for time to first byte; the authenticated client's id
-# (set by authentication when it exists) for the access log.
 # perf_counter() when a streamed response's headers were sent (time to first byte).
 FIRST_BYTE_AT = web.RequestKey("first_byte_at", float)
-CLIENT_ID = web.RequestKey("client_id", str)

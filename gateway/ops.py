@@ -35,12 +35,6 @@ def record_build_info(metrics: Metrics) -> None:
     metrics.build_info.labels(version(), platform.python_version()).set(1)
 
 
-def route_of(request: web.Request) -> str:
-    """The route template (a bounded label), never the concrete path."""
-    resource = request.match_info.route.resource
-    return resource.canonical if resource is not None else "unmatched"
-
-
 async def _probe(tier: Any) -> dict[str, Any]:
     try:
         stats = await asyncio.wait_for(tier.stats(), TIER_PROBE_TIMEOUT_S)

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from synth.engine import Audio, ParamValue, SynthesisItem, VoiceInfo, fingerprint_files
-from synth.errors import EngineError
+from synth.errors import EngineError, UnspeakableInput
 
 log = logging.getLogger("voxgate.synth.coqui")
 
@@ -305,7 +305,7 @@ class CoquiEngine:
         model = self._synth.tts_model
         ids = list(model.tokenizer.text_to_ids(item.text))
         if not ids:
-            raise EngineError("the text has no characters this model can speak")
+            raise UnspeakableInput("the text has no characters this model can speak")
         speaker, language = self._voices[item.voice]
         sid = model.speaker_manager.name_to_id[speaker] if speaker is not None else None
         lid = (
@@ -396,7 +396,7 @@ class CoquiEngine:
             )
         pcm = np.asarray(wav, dtype=np.float32)
         if not len(pcm):
-            raise EngineError("the model produced no audio for this input")
+            raise UnspeakableInput("the model produced no audio for this input: it has nothing to speak")
         return Audio(pcm, self.sample_rate)
 
 

@@ -1,7 +1,8 @@
 """Synthesis-side errors. The gateway maps each to an HTTP status in one place.
 
 Recoverable (the client may retry): :class:`Overloaded`, :class:`EngineDead`, :class:`SynthesisTimeout`.
-Not recoverable for that input: :class:`EngineError`. Messages are safe to show to a client: they
+Not recoverable for that input: :class:`EngineError`, and :class:`UnspeakableInput` when the input
+itself holds nothing to speak (a 400, not a 500). Messages are safe to show to a client: they
 never contain the request text.
 """
 
@@ -24,6 +25,10 @@ class Overloaded(SynthesisError):
 
 class EngineError(SynthesisError):
     """The engine failed on this input."""
+
+
+class UnspeakableInput(EngineError):
+    """The input has nothing the voice can speak (only punctuation, say): a client error."""
 
 
 class EngineDead(SynthesisError):

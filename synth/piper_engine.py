@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from synth.engine import Audio, ParamValue, SynthesisItem, VoiceInfo, fingerprint_files
-from synth.errors import EngineError
+from synth.errors import EngineError, UnspeakableInput
 
 log = logging.getLogger("voxgate.synth.piper")
 
@@ -137,7 +137,7 @@ class PiperEngine:
         )
         chunks = [c.audio_float_array for c in voice.synthesize(item.text, syn_config=config)]
         if not chunks:
-            raise EngineError("the voice produced no audio for this input")
+            raise UnspeakableInput("the voice produced no audio for this input: it has nothing to speak")
         pcm = np.concatenate(chunks).astype(np.float32, copy=False)
         return Audio(pcm, self.sample_rate)
 

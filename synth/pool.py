@@ -29,7 +29,13 @@ from typing import Any
 
 from metrics import Metrics
 from synth.engine import Audio, Engine, SynthesisItem
-from synth.errors import EngineDead, EngineError, SynthesisError, SynthesisTimeout
+from synth.errors import (
+    EngineDead,
+    EngineError,
+    SynthesisError,
+    SynthesisTimeout,
+    UnspeakableInput,
+)
 
 log = logging.getLogger("voxgate.synth.pool")
 
@@ -140,7 +146,11 @@ class _Worker:
         if reply[0] == "ok":
             return [Audio(pcm, rate) for pcm, rate in reply[1]]
         kind, message = reply[1], reply[2]
-        error = {"EngineDead": EngineDead, "SynthesisTimeout": SynthesisTimeout}.get(
+        error = {
+            "EngineDead": EngineDead,
+            "SynthesisTimeout": SynthesisTimeout,
+            "UnspeakableInput": UnspeakableInput,
+        }.get(
             kind, EngineError
         )
         raise error(message)

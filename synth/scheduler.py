@@ -18,7 +18,7 @@ from typing import Protocol
 
 from metrics import Metrics
 from synth.engine import Audio, SynthesisItem
-from synth.errors import EngineError, Overloaded, SynthesisError
+from synth.errors import EngineError, Overloaded, SynthesisError, UnspeakableInput
 
 log = logging.getLogger("voxgate.synth")
 
@@ -173,6 +173,7 @@ class Scheduler:
         m.batch_size.labels(self.model).observe(len(batch))
         m.busy_workers.labels(self.model).inc()
         started = time.perf_counter()
+        split = False
         try:
             outputs = await self.runner.run_batch([p.item for p in batch])
             if len(outputs) != len(batch):
@@ -184,6 +185,15 @@ class Scheduler:
                 if not p.future.done():
                     p.future.set_exception(Overloaded("server is shutting down"))
             raise
+        except UnspeakableInput as exc:
+            # One item with nothing to speak must not fail the others batched with it: run each
+            # alone, so only that one gets its 400.
+            split = len(batch) > 1
+            if not split:
+                m.syntheses.labels(self.model, "error").inc()
+                if not batch[0].future.done():
+                    batch[0].future.set_exception(exc)
+                return
         except SynthesisError as exc:
             m.syntheses.labels(self.model, "error").inc(len(batch))
             for p in batch:
@@ -200,6 +210,10 @@ class Scheduler:
             return
         finally:
             m.busy_workers.labels(self.model).dec()
+        if split:
+            for p in batch:
+                await self._run([p])
+            return
         elapsed = time.perf_counter() - started
         m.synthesis_seconds.labels(self.model).observe(elapsed)
         m.synthesis_busy_seconds.labels(self.model).inc(elapsed)

@@ -89,3 +89,52 @@ async def test_audio_by_key_malformed_and_unknown(gateway: GatewayFactory) -> No
     assert (await r.json())["error"]["param"] == "key"
     r = await client.get("/v1/audio/" + "0" * 64)
     assert r.status == 404
+
+
+async def test_input_with_nothing_to_speak_is_400_and_not_cached(
+    gateway: GatewayFactory,
+) -> None:
+    client = await gateway()
+    for _ in range(2):  # the second time too: a failure is never stored
+        r = await client.post("/v1/audio/speech", json={**GOOD, "input": "?"})
+        assert r.status == 400
+        err = (await r.json())["error"]
+        assert err["param"] == "input"
+        assert err["code"] == "nothing_to_speak"
+        assert "nothing to speak" in err["message"]
+    ok = await client.post("/v1/audio/speech", json=GOOD)
+    assert ok.status == 200
+
+
+async def test_405_names_the_allowed_methods(gateway: GatewayFactory) -> None:
+    client = await gateway()
+    r = await client.get("/v1/audio/speech")
+    assert r.status == 405
+    assert r.headers["Allow"] == "POST"
+    assert "allowed: POST" in (await r.json())["error"]["message"]
+    r = await client.post("/v1/voices")
+    assert r.status == 405
+    assert r.headers["Allow"] == "GET, HEAD"
+
+
+async def test_a_bug_in_a_handler_is_a_json_500_and_the_server_keeps_serving(
+    gateway: GatewayFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from gateway import app as app_module
+
+    client = await gateway()
+
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(app_module, "serve_speech", broken)
+    r = await client.post("/v1/audio/speech", json=GOOD)
+    assert r.status == 500
+    err = (await r.json())["error"]
+    assert err["type"] == "server_error"
+    assert "a bug" not in err["message"]  # internals stay in the log
+    assert any(rec.exc_info and "a bug" in str(rec.exc_info[1]) for rec in caplog.records)
+    assert GOOD["input"] not in caplog.text
+    monkeypatch.undo()
+    ok = await client.post("/v1/audio/speech", json=GOOD)
+    assert ok.status == 200

@@ -21,6 +21,8 @@ def registered_routes(settings: Settings, engine: CountingEngine) -> set[tuple[s
     for route in app.router.routes():
         if route.method == "HEAD":
             continue  # aiohttp adds HEAD beside every GET; the document says HEAD is accepted
+        if route.method == "*":
+            continue  # the fallbacks that answer other methods 405 and unknown paths 404
         info = route.resource.get_info() if route.resource is not None else {}
         path = info.get("path") or info.get("formatter")
         assert path, route
