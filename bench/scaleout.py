@@ -7,7 +7,12 @@ processes sharing one Redis (syntheses in total), next to 3 replicas without Red
 
 Target for (1): gateway-from-Redis >= 0.4 x bare. Writes docs/bench/scaleout.json and .png.
 The load generator is wrk in its own process (or, without wrk, this script's own aiohttp client
-in a subprocess).
+in a subprocess). On 2+ CPUs the server under test (gateway or bare) runs on the last CPU and
+wrk and redis-server on the others, as Redis would run on its own host in a deployment.
+
+It also measures, in the same run and on the same core, what redis-py's asyncio client alone
+spends to GET the same value (no HTTP, no gateway): with the bare server's CPU per request, that
+bounds the ratio any gateway built on redis.asyncio can reach here.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import wait_http  # noqa: E402
+from bench.common import cpu_seconds, cpu_split, pin, wait_http  # noqa: E402
 from tests.redis_support import GatewayProcess, gateway_processes, metric_sum  # noqa: E402
 from tests.support import free_port, redis_server  # noqa: E402
 
@@ -119,8 +124,11 @@ async def _python_load(
     }
 
 
-def load(url: str, payload: dict[str, Any], seconds: float, connections: int) -> dict[str, Any]:
-    """Drive ``url`` from a separate process for ``seconds``; requests/s and latency."""
+def load(url: str, payload: dict[str, Any], seconds: float, connections: int,
+         cpus: set[int] | None = None) -> dict[str, Any]:
+    """Drive ``url`` from a separate process (on ``cpus`` when given) for ``seconds``;
+    requests/s and latency."""
+    affinity = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
     wrk = shutil.which("wrk")
     data = json.dumps(payload)
     if wrk is None:
@@ -141,6 +149,7 @@ def load(url: str, payload: dict[str, Any], seconds: float, connections: int) ->
             text=True,
             check=True,
             cwd=ROOT,
+            preexec_fn=affinity,
         ).stdout
         return dict(json.loads(out), generator="python-aiohttp")
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
@@ -154,6 +163,7 @@ def load(url: str, payload: dict[str, Any], seconds: float, connections: int) ->
         capture_output=True,
         text=True,
         check=True,
+        preexec_fn=affinity,
     ).stdout
     Path(script).unlink()
 
@@ -177,12 +187,6 @@ def load(url: str, payload: dict[str, Any], seconds: float, connections: int) ->
 
 
 # ---- the two measurements -----------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process has used (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def hit_path(
@@ -212,6 +216,11 @@ def hit_path(
         wait_http(bare + "/readyz")
         status, _, same = post(bare + "/v1/audio/speech", body(TEXT))
         assert same == audio
+        split = cpu_split()
+        server_cpus, other_cpus = split if split else (None, None)
+        pin(gw.proc.pid, server_cpus)
+        pin(bare_pid, server_cpus)
+        pin(redis_pid, other_cpus)
         before = scrape(gw.url)
         rounds: dict[str, list[dict[str, Any]]] = {"gateway_redis_only": [], "bare_aiohttp": []}
         for r in range(args.rounds):
@@ -219,7 +228,7 @@ def hit_path(
                 # CPU per request is robust to a busy host where requests/s is not: record both.
                 pids = [gw.proc.pid, redis_pid] if name == "gateway_redis_only" else [bare_pid]
                 cpu0 = [cpu_seconds(p) for p in pids]
-                res = load(url, body(TEXT), args.seconds, args.connections)
+                res = load(url, body(TEXT), args.seconds, args.connections, other_cpus)
                 used = [cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True)]
                 n = res.get("requests") or res["rps"] * args.seconds
                 res["server_cpu_us_per_request"] = 1e6 * used[0] / n
@@ -233,12 +242,17 @@ def hit_path(
                     flush=True,
                 )
         after = scrape(gw.url)
+        floor = client_floor(redis_url, audio, args.connections, server_cpus)
+        print(f"redis-py asyncio GET alone: {floor:.0f} us CPU per {len(audio) // 1000} KB value",
+              flush=True)
         lookups = "voxgate_cache_lookups_total"
         redis_hits = metric_sum(after, lookups, tier="redis", result="hit") - metric_sum(
             before, lookups, tier="redis", result="hit"
         )
         local = sum(metric_sum(after, lookups, tier=t) for t in ("memory", "disk"))
         med = {k: statistics.median(x["rps"] for x in v) for k, v in rounds.items()}
+        bare_cpu = statistics.median(
+            x["server_cpu_us_per_request"] for x in rounds["bare_aiohttp"])
         return {
             "payload_bytes": len(audio),
             "connections": args.connections,
@@ -258,6 +272,12 @@ def hit_path(
                 ),
             },
             "target_ratio": 0.4,
+            "placement": "server under test on CPU "
+            + ",".join(map(str, sorted(server_cpus or [])))
+            + "; wrk and redis-server on CPU " + ",".join(map(str, sorted(other_cpus or [])))
+            if server_cpus else "unpinned",
+            "redis_py_asyncio_get_cpu_us": floor,
+            "ratio_bound_for_redis_asyncio": bare_cpu / (bare_cpu + floor),
             "redis_tier_hits_during_load": redis_hits,
             "local_tier_lookups": local,
         }
@@ -266,6 +286,37 @@ def hit_path(
             bare_proc.terminate()
             bare_proc.wait(10)
         gw.stop()
+
+
+_FLOOR = """
+import asyncio, os, sys, time
+import redis.asyncio as ra
+async def main(url, size, conns):
+    r = ra.Redis.from_url(url, socket_read_size=1 << 20)
+    await r.set("voxgate-bench-floor", os.urandom(size))
+    async def worker(n):
+        for _ in range(n):
+            await r.get("voxgate-bench-floor")
+    await asyncio.gather(*(worker(20) for _ in range(conns)))  # warm
+    n = 4000 // conns
+    t = time.process_time()
+    await asyncio.gather(*(worker(n) for _ in range(conns)))
+    print(1e6 * (time.process_time() - t) / (n * conns))
+    await r.delete("voxgate-bench-floor")
+    await r.aclose()
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
+"""
+
+
+def client_floor(redis_url: str, audio: bytes, connections: int, cpus: set[int] | None) -> float:
+    """CPU microseconds redis-py's asyncio client spends per GET of a value of ``audio``'s size,
+    with ``connections`` concurrent callers (the gateway's client settings), on ``cpus``."""
+    out = subprocess.run(
+        [sys.executable, "-c", _FLOOR, redis_url, str(len(audio)), str(connections)],
+        capture_output=True, text=True, check=True, cwd=ROOT,
+        preexec_fn=None if cpus is None else (lambda: os.sched_setaffinity(0, cpus)),
+    ).stdout
+    return float(out.strip())
 
 
 async def _herd(urls: list[str], n: int) -> tuple[list[int], list[bytes], float]:
@@ -396,6 +447,11 @@ def main() -> None:
     print(
         f"CPU per request: gateway {cpu['gateway']:.0f} us + redis-server "
         f"{cpu['redis_server']:.0f} us vs bare aiohttp {cpu['bare_aiohttp']:.0f} us"
+    )
+    print(
+        f"redis-py asyncio GET alone: {hp['redis_py_asyncio_get_cpu_us']:.0f} us CPU; a gateway "
+        f"on redis.asyncio that cost nothing else would reach at most "
+        f"{hp['ratio_bound_for_redis_asyncio']:.2f}x here"
     )
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "scaleout.json").write_text(json.dumps(result, indent=2) + "\n")

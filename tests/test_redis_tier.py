@@ -115,6 +115,22 @@ async def test_corrupt_value_raises(tier: RedisTier) -> None:
         await tier.get(KEY)
 
 
+async def test_frames_written_by_earlier_versions_still_read(tier: RedisTier) -> None:
+    import struct
+    import zlib
+
+    blob = entry().to_blob()
+    legacy = struct.pack(">4sI", b"VXR1", zlib.crc32(blob)) + blob  # zlib CRC-32 frame
+    await tier.client.set(tier.entry_key(KEY), legacy)
+    got = await tier.get(KEY)
+    assert got is not None and got.audio == entry().audio
+    flipped = bytearray(legacy)
+    flipped[-1] ^= 0x01
+    await tier.client.set(tier.entry_key(KEY), bytes(flipped))
+    with pytest.raises(CorruptEntry):
+        await tier.get(KEY)
+
+
 async def test_oversized_entry_is_skipped_and_counted(redis_url: str) -> None:
     metrics = Metrics()
     t = await make_tier(redis_url, metrics, max_entry_bytes=1000)

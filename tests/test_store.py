@@ -110,3 +110,23 @@ async def test_purge_older_than(tmp_path: Path) -> None:
     assert await store.purge(PurgeFilter(older_than=cutoff - 3600)) == {"disk": 0}
     assert await store.purge(PurgeFilter(older_than=cutoff)) == {"disk": 1}
     await store.close()
+
+
+def test_checksums_are_crc32c_and_legacy_blake2b_entries_still_verify() -> None:
+    import hashlib
+    from dataclasses import replace
+
+    from cache.entry import CorruptEntry
+
+    audio = b"RIFF" + bytes(range(256)) * 40
+    fresh = Entry.create(audio, content_type="audio/wav", fmt="wav", sample_rate=22050)
+    assert fresh.meta.checksum.startswith("crc32c:")
+    fresh.verify()
+    legacy = replace(fresh, meta=replace(
+        fresh.meta, checksum=hashlib.blake2b(audio, digest_size=16).hexdigest()))
+    assert Entry.from_blob(legacy.to_blob()).audio == audio  # written before CRC-32C
+    for e in (fresh, legacy):
+        bad = bytearray(e.to_blob())
+        bad[-1] ^= 0x10
+        with pytest.raises(CorruptEntry):
+            Entry.from_blob(bytes(bad))
