@@ -166,13 +166,15 @@ def cmd_say(args: argparse.Namespace) -> int:
 
 async def _cache_stats(settings: Settings) -> list[dict[str, Any]]:
     from cache.disk import DiskTier
+    from cache.redis_tier import RedisTier
+    from cache.tier import TierError
 
     tier = DiskTier(settings.cache_dir, max(1, settings.disk_cache_mb) * 1024 * 1024)
     try:
         s = await tier.stats()
     finally:
         await tier.close()
-    return [
+    rows: list[dict[str, Any]] = [
         {
             "tier": s.name,
             "directory": str(settings.cache_dir),
@@ -182,6 +184,34 @@ async def _cache_stats(settings: Settings) -> list[dict[str, Any]]:
             "pinned": s.pinned,
         }
     ]
+    if settings.redis_url:
+        # The memory tier lives inside each server process: its figures are on /metrics.
+        redis = RedisTier.from_url(
+            settings.redis_url, prefix=settings.redis_prefix,
+            timeout_s=settings.redis_timeout_ms / 1000,
+        )
+        row: dict[str, Any] = {"tier": "redis", "url": _safe_url(settings.redis_url)}
+        try:
+            r = await redis.stats()
+            row.update(keys=r.entries, used_memory_bytes=r.bytes)
+        except TierError as exc:
+            row["error"] = str(exc)
+        finally:
+            await redis.close()
+        rows.append(row)
+    return rows
+
+
+def _safe_url(url: str) -> str:
+    """``url`` without its password (a stats line may end up in a ticket)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def cmd_cache_stats(args: argparse.Namespace) -> int:
@@ -191,12 +221,20 @@ def cmd_cache_stats(args: argparse.Namespace) -> int:
         print(json.dumps(stats, indent=2))
     else:
         for s in stats:
+            if s["tier"] == "redis":
+                print(f"redis    {s['url']}")
+                if "error" in s:
+                    print(f"  unreachable: {s['error']}")
+                else:
+                    print(f"  keys    {s['keys']:>10}  (the whole database: Redis may be shared)\n"
+                          f"  memory  {s['used_memory_bytes']:>10}  bytes used")
+                continue
             print(
                 f"{s['tier']:<8} {s['directory']}\n  entries {s['entries']:>10}  "
                 f"(pinned {s['pinned']})\n  bytes   {s['bytes']:>10}  "
                 f"of {s['max_bytes']} max"
             )
-    return 0
+    return 0 if all("error" not in s for s in stats) else 1
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
@@ -231,9 +269,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     cache = sub.add_parser("cache", help="Inspect the disk tier.")
     cache_sub = cache.add_subparsers(dest="cache_command", required=True)
-    stats = cache_sub.add_parser("stats", help="Entries and bytes in the disk tier.")
+    stats = cache_sub.add_parser(
+        "stats", help="Entries and bytes in the disk tier, and the Redis tier's when configured."
+    )
     stats.add_argument("--json", action="store_true", help="Print JSON.")
-    _setting_flags(stats, only=["cache_dir", "disk_cache_mb"])
+    _setting_flags(
+        stats,
+        only=["cache_dir", "disk_cache_mb", "redis_url", "redis_prefix", "redis_timeout_ms"],
+    )
     stats.set_defaults(func=cmd_cache_stats)
 
     config = sub.add_parser("config", help="Settings.")
