@@ -49,6 +49,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--seconds", type=float, default=4.0, help="length of each measured round")
     ap.add_argument("--rounds", type=int, default=7, help="rounds per server (interleaved)")
+    ap.add_argument("--disk-only", action="store_true",
+                    help="serve hits from the disk tier (memory tier off); results are not "
+                    "written, the target is for memory hits")
     ap.add_argument("--no-pin", action="store_true",
                     help="let the OS place servers and wrk (default: pin them apart)")
     ap.add_argument("--connections", type=int, default=32, help="concurrent connections")
@@ -58,7 +61,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tmpdir = Path(tmp)
         gport, bport = free_port(), free_port()
-        gateway = start_gateway(gport, tmpdir / "cache", log_path=tmpdir / "gateway.log")
+        extra = ["--memory-cache-mb", "0"] if args.disk_only else []
+        gateway = start_gateway(gport, tmpdir / "cache", *extra, log_path=tmpdir / "gateway.log")
         bare = None
         try:
             url = f"http://127.0.0.1:{gport}/v1/audio/speech"
@@ -115,7 +119,8 @@ def main() -> int:
     placement = ("servers pinned to CPU " + ",".join(map(str, sorted(server_cpus)))
                  + ", wrk to CPU " + ",".join(map(str, sorted(load_cpus)))
                  if server_cpus and load_cpus else "unpinned")
-    print(f"\nhit path, {len(audio):,} byte WAV, {args.connections} connections, "
+    tier = "disk" if args.disk_only else "memory"
+    print(f"\n{tier} hit path, {len(audio):,} byte WAV, {args.connections} connections, "
           f"{args.rounds} x {args.seconds:g} s rounds (median), {placement}")
     print(f"{'server':<28}{'req/s':>10}{'p50 ms':>10}{'CPU us/req':>12}")
     print(f"{'gateway (POST speech, HIT)':<28}{g:>10.0f}{g_p50:>10.2f}{g_cpu:>12.1f}")
@@ -124,7 +129,7 @@ def main() -> int:
     print(f"ratio gateway/bare (median of rounds): {ratio:.3f} (target >= 0.8) -> "
           f"{'PASS' if ratio >= 0.8 else 'MISS'}")
     print(f"CPU per request, bare/gateway: {b_cpu / g_cpu:.3f}")
-    if not args.no_write:
+    if not args.no_write and not args.disk_only:
         write_results("hit_path", {
             "benchmark": "hit_path",
             "command": "python bench/hit_path.py " + " ".join(sys.argv[1:]),

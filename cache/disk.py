@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import diskcache
 
 from cache.entry import CorruptEntry, Entry
-from cache.tier import PurgeFilter, TierError, TierStats
+from cache.tier import PurgeFilter, TierError, TierStats, bounded
 
 T = TypeVar("T")
 
@@ -61,7 +61,7 @@ class DiskTier:
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
         try:
-            return await asyncio.wait_for(
+            return await bounded(
                 loop.run_in_executor(self._pool, functools.partial(fn, *args)), self.timeout_s
             )
         except (OSError, sqlite3.Error, diskcache.Timeout, TimeoutError) as exc:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-import sys
 import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -39,7 +38,7 @@ from redis.exceptions import RedisError
 
 from cache.breaker import BreakerState, CircuitBreaker
 from cache.entry import CorruptEntry, Entry, read_meta
-from cache.tier import PurgeFilter, TierError, TierStats, TierUnavailable
+from cache.tier import PurgeFilter, TierError, TierStats, TierUnavailable, bounded
 from metrics import Metrics
 
 log = logging.getLogger("voxgate.cache.redis")
@@ -76,20 +75,6 @@ def unframe(value: bytes) -> Entry:
     if (crc32c(blob) if magic == _MAGIC else zlib.crc32(blob)) != crc:
         raise CorruptEntry("crc mismatch")
     return Entry.from_blob(blob, verify=False)
-
-
-if sys.version_info >= (3, 11):
-
-    async def _bounded(call: Callable[[], Awaitable[T]], timeout_s: float) -> T:
-        """``await call()`` within ``timeout_s``; ``asyncio.timeout`` runs it in the caller's
-        task, where ``wait_for`` (before Python 3.12) wraps it in a new task every time."""
-        async with asyncio.timeout(timeout_s):
-            return await call()
-
-else:  # pragma: no cover - Python 3.10
-
-    async def _bounded(call: Callable[[], Awaitable[T]], timeout_s: float) -> T:
-        return await asyncio.wait_for(call(), timeout_s)
 
 
 # Enough of a blob to hold its metadata (a few hundred bytes of JSON) when a purge scans entries.
@@ -235,7 +220,7 @@ class RedisTier:
             self._skipped(op, "breaker_open")
             raise TierUnavailable("redis tier skipped: circuit breaker open")
         try:
-            result = await _bounded(call, timeout_s or self.timeout_s)
+            result = await bounded(call(), timeout_s or self.timeout_s)
         except (RedisError, OSError, asyncio.TimeoutError, TimeoutError) as exc:
             self.breaker.failure()
             if self.metrics is not None:
