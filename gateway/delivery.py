@@ -117,9 +117,9 @@ async def _stream(
     loop = asyncio.get_running_loop()
     pool = service.assembler.encode_pool
     pause_s = service.assembler.pause_s
-    head = audio.stream_header(req.fmt, rate)
-    data = head + await loop.run_in_executor(
-        pool, audio.stream_chunk, first.pcm, first.sample_rate, req.fmt, rate
+    # One encoder for the whole stream (continuous MP3/AAC: no encoder delay at sentence joins).
+    encoder, data = await loop.run_in_executor(
+        pool, _open_stream, req.fmt, rate, first.pcm, first.sample_rate
     )
     headers = _headers(key, req.fmt, rate, cache)
     # The streamed bytes are not the stored rendition's bytes (a WAV header of unknown length,
@@ -136,12 +136,11 @@ async def _stream(
         for part in parts[1:]:
             sentence = await asyncio.shield(part)
             pcm = sentences.leading_pause(sentence.pcm, sentence.sample_rate, pause_s)
-            chunk = await loop.run_in_executor(
-                pool, audio.stream_chunk, pcm, sentence.sample_rate, req.fmt, rate
-            )
+            chunk = await loop.run_in_executor(pool, encoder.encode, pcm, sentence.sample_rate)
             if request.transport is None or request.transport.is_closing():
                 raise ConnectionResetError("client went away")
             await resp.write(chunk)
+        await resp.write(await loop.run_in_executor(pool, encoder.finish))
         await resp.write_eof()
     except asyncio.CancelledError:
         metrics.streams.labels("disconnected").inc()
@@ -160,6 +159,14 @@ async def _stream(
         return resp
     metrics.streams.labels("complete").inc()
     return resp
+
+
+def _open_stream(
+    fmt: audio.AudioFormat, rate: int, pcm: audio.FloatPCM, src_rate: int
+) -> tuple[audio.StreamEncoder, bytes]:
+    """A stream's encoder and its first bytes (header and first sentence); runs off the loop."""
+    encoder = audio.StreamEncoder(fmt, rate)
+    return encoder, encoder.header() + encoder.encode(pcm, src_rate)
 
 
 async def serve_stored(request: web.Request, key: str) -> web.StreamResponse | None:
