@@ -10,8 +10,9 @@ Execution modes (``mode``):
 - ``torch``: eager fp32. VITS models run real batches (``x_lengths``), each item trimmed to its own
   predicted length, so a batched item is the same audio as its single run (see
   :meth:`CoquiEngine.synthesize_batch` for the one place they can differ).
-- ``onnx``: Coqui's own VITS ONNX export (``Vits.export_onnx``) run in ONNX Runtime. Exported once
-  into ``onnx_dir`` under the model fingerprint and reused by every worker and restart. The exported
+- ``onnx``: Coqui's own VITS ONNX export (``Vits.export_onnx``) run in ONNX Runtime, its 1-D
+  convolutions recast as 2-D (:mod:`synth.onnx_layout`: same output, faster CPU kernels). Exported
+  once into ``onnx_dir`` under the model fingerprint and reused by every worker and restart. The exported
   graph returns only the padded waveform (no per-item lengths), so items run one at a time.
 - ``int8``: torch dynamic int8 quantization of ``Linear``/``LSTM`` layers. Applied only when the
   model has such layers; VITS has none, so for VITS it is logged as a no-op and runs as ``torch``.
@@ -37,6 +38,7 @@ import numpy as np
 
 from synth.engine import Audio, ParamValue, SynthesisItem, VoiceInfo, fingerprint_files
 from synth.errors import EngineError, UnspeakableInput
+from synth.onnx_layout import rewrite_file
 
 log = logging.getLogger("voxgate.synth.coqui")
 
@@ -252,7 +254,8 @@ class CoquiEngine:
     def _onnx_session(self, model: Any) -> Any:
         import onnxruntime
 
-        path = self.onnx_dir / f"{self.fingerprint}.onnx"
+        # ".conv2d": the export after synth.onnx_layout's rewrite (files from before it differ).
+        path = self.onnx_dir / f"{self.fingerprint}.conv2d.onnx"
         if not path.is_file():
             self.onnx_dir.mkdir(parents=True, exist_ok=True)
             with _file_lock(self.onnx_dir / f"{self.fingerprint}.lock"):
@@ -260,6 +263,8 @@ class CoquiEngine:
                     tmp = path.with_suffix(f".{os.getpid()}.tmp")
                     log.info("exporting coqui model to ONNX (once per fingerprint): %s", path)
                     model.export_onnx(output_path=str(tmp), verbose=False)
+                    changed = rewrite_file(str(tmp), str(tmp))
+                    log.info("coqui onnx: %d 1-D convolutions recast as 2-D", changed)
                     tmp.replace(path)
         opts = onnxruntime.SessionOptions()
         # Coqui's load_onnx() leaves ONNX Runtime's threads at "all cores"; workers x threads must

@@ -93,8 +93,15 @@ def test_onnx_mode_exports_once_and_matches_torch(
 ) -> None:
     engine = CoquiEngine(*coqui_model_files, mode="onnx", onnx_dir=tmp_path)
     engine.load()
-    exported = tmp_path / f"{engine.fingerprint}.onnx"
+    exported = tmp_path / f"{engine.fingerprint}.conv2d.onnx"
     assert exported.is_file()
+    import onnx
+
+    graph = onnx.load(str(exported)).graph
+    dims = {i.name: len(i.dims) for i in graph.initializer}
+    convs = [n for n in graph.node if n.op_type in ("Conv", "ConvTranspose")]
+    # The layout rewrite ran: no constant-weight convolution is left in 1-D.
+    assert convs and all(dims.get(n.input[1]) != 3 for n in convs)
     stamp = exported.stat().st_mtime_ns
     again = CoquiEngine(*coqui_model_files, mode="onnx", onnx_dir=tmp_path)
     again.load()
