@@ -94,6 +94,14 @@ def cpu_split() -> tuple[set[int], set[int]] | None:
     return {cpus[-1]}, set(cpus[:-1])
 
 
+def placement(server_cpus: set[int] | None, load_cpus: set[int] | None, load: str = "wrk") -> str:
+    """Where the servers and the load ran, for the printed table and the JSON."""
+    if not server_cpus or not load_cpus:
+        return "unpinned"
+    return (f"servers pinned to CPU {','.join(map(str, sorted(server_cpus)))}, "
+            f"{load} to CPU {','.join(map(str, sorted(load_cpus)))}")
+
+
 def pin(pid: int, cpus: set[int] | None) -> None:
     """Run ``pid`` (and the threads it starts later) on ``cpus`` only; no-op for None."""
     if cpus is not None:

@@ -30,6 +30,7 @@ from common import (
     free_port,
     median,
     pin,
+    placement,
     post,
     start_gateway,
     stop,
@@ -116,12 +117,10 @@ def main() -> int:
     b_p50 = median([r.get("p50_ms", 0.0) for r in b_runs])
     g_cpu = median([r["server_cpu_us_per_request"] for r in g_runs])
     b_cpu = median([r["server_cpu_us_per_request"] for r in b_runs])
-    placement = ("servers pinned to CPU " + ",".join(map(str, sorted(server_cpus)))
-                 + ", wrk to CPU " + ",".join(map(str, sorted(load_cpus)))
-                 if server_cpus and load_cpus else "unpinned")
+    where = placement(server_cpus, load_cpus)
     tier = "disk" if args.disk_only else "memory"
     print(f"\n{tier} hit path, {len(audio):,} byte WAV, {args.connections} connections, "
-          f"{args.rounds} x {args.seconds:g} s rounds (median), {placement}")
+          f"{args.rounds} x {args.seconds:g} s rounds (median), {where}")
     print(f"{'server':<28}{'req/s':>10}{'p50 ms':>10}{'CPU us/req':>12}")
     print(f"{'gateway (POST speech, HIT)':<28}{g:>10.0f}{g_p50:>10.2f}{g_cpu:>12.1f}")
     print(f"{'bare aiohttp (same bytes)':<28}{b:>10.0f}{b_p50:>10.2f}{b_cpu:>12.1f}")
@@ -143,7 +142,7 @@ def main() -> int:
             "bare_rps_median": b,
             "ratio": ratio,
             "round_ratios": ratios,
-            "placement": placement,
+            "placement": where,
             "gateway_cpu_us_per_request_median": g_cpu,
             "bare_cpu_us_per_request_median": b_cpu,
             "cpu_ratio_bare_over_gateway": b_cpu / g_cpu,

@@ -36,7 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import cpu_seconds, cpu_split, pin, wait_http  # noqa: E402
+from bench.common import cpu_seconds, cpu_split, pin, placement, wait_http  # noqa: E402
 from tests.redis_support import GatewayProcess, gateway_processes, metric_sum  # noqa: E402
 from tests.support import free_port, redis_server  # noqa: E402
 
@@ -272,10 +272,7 @@ def hit_path(
                 ),
             },
             "target_ratio": 0.4,
-            "placement": "server under test on CPU "
-            + ",".join(map(str, sorted(server_cpus or [])))
-            + "; wrk and redis-server on CPU " + ",".join(map(str, sorted(other_cpus or [])))
-            if server_cpus else "unpinned",
+            "placement": placement(server_cpus, other_cpus, "wrk and redis-server"),
             "redis_py_asyncio_get_cpu_us": floor,
             "ratio_bound_for_redis_asyncio": bare_cpu / (bare_cpu + floor),
             "redis_tier_hits_during_load": redis_hits,

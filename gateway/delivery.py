@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -25,6 +24,7 @@ from gateway.conditional import (
     none_match,
     not_modified,
 )
+from gateway.memo import BoundedMemo
 from gateway.speech import SpeechRequest, SpeechService
 from synth import audio, sentences
 
@@ -41,27 +41,19 @@ def _headers(key: str, fmt: audio.AudioFormat, rate: int, cache: str) -> dict[st
     }
 
 
-class _HitHeaders:
-    """The response headers of a memory hit, built once per key (bounded LRU).
-
-    They are a pure function of the content address (which fixes the format and rate), and
-    copying a ready ``CIMultiDict`` is cheaper than building one from a dict on every hit.
-    """
-
-    def __init__(self, size: int = 4096) -> None:
-        self.size = size
-        self._items: OrderedDict[str, CIMultiDict[str]] = OrderedDict()
-
-    def get(self, key: str, fmt: audio.AudioFormat, rate: int) -> CIMultiDict[str]:
-        headers = self._items.get(key)
-        if headers is None:
-            headers = self._items[key] = CIMultiDict(_headers(key, fmt, rate, "hit"))
-            if len(self._items) > self.size:
-                self._items.popitem(last=False)
-        return headers
+# The response headers of a memory hit, built once per key: they are a pure function of the
+# content address (which fixes the format and rate), and copying a ready CIMultiDict is cheaper
+# than building one from a dict on every hit.
+_hit_headers: BoundedMemo[str, CIMultiDict[str]] = BoundedMemo(4096)
 
 
-_hit_headers = _HitHeaders()
+def _hit_headers_for(key: str, fmt: audio.AudioFormat, rate: int) -> CIMultiDict[str]:
+    headers = _hit_headers.get(key)
+    if headers is None:
+        headers = CIMultiDict(_headers(key, fmt, rate, "hit"))
+        _hit_headers.put(key, headers)
+    return headers
+
 
 
 def _record(request: web.Request, req: SpeechRequest, key: str, cache: str) -> None:
@@ -84,7 +76,7 @@ async def serve_speech(
             _record(request, req, key, "hit")
             return AudioResponse(
                 request, body=entry.audio,
-                headers=_hit_headers.get(key, req.fmt, entry.meta.sample_rate),
+                headers=_hit_headers_for(key, req.fmt, entry.meta.sample_rate),
             )
     if none_match(request, etag_for(key), exists=False):
         # Content-addressed audio never changes: a client holding this key holds these bytes.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,6 +11,7 @@ from aiohttp import web
 
 from cache.keys import normalize_text
 from gateway.errors import BadRequest, PayloadTooLarge
+from gateway.memo import BoundedMemo
 from gateway.settings import Settings
 from gateway.speech import SpeechRequest, SpeechService
 from synth import audio
@@ -72,8 +72,8 @@ async def read_json_object(request: web.Request, max_bytes: int) -> dict[str, An
     return parse_json_object(await read_body(request, max_bytes))
 
 
-class RequestMemo:
-    """Validated requests by their exact body bytes (bounded LRU).
+class RequestMemo(BoundedMemo[bytes, tuple[SpeechRequest, bool]]):
+    """Validated requests by their exact body bytes (bounded, oldest first out).
 
     Bots and IVR systems send the same few thousand bodies again and again; parsing, validating
     and normalizing them was a third of a cache hit's Python time. Validation depends only on the
@@ -82,21 +82,13 @@ class RequestMemo:
     """
 
     def __init__(self, size: int = 4096, max_body: int = 8192) -> None:
-        self.size = size
+        super().__init__(size)
         self.max_body = max_body
-        self._items: OrderedDict[bytes, tuple[SpeechRequest, bool]] = OrderedDict()
-
-    def get(self, raw: bytes) -> tuple[SpeechRequest, bool] | None:
-        """``(request, stream)`` validated from these exact bytes before, if any."""
-        return self._items.get(raw)
 
     def put(self, raw: bytes, req: tuple[SpeechRequest, bool]) -> None:
-        """Remember ``req`` (request, stream) for ``raw``."""
-        if len(raw) > self.max_body:
-            return
-        self._items[raw] = req
-        if len(self._items) > self.size:
-            self._items.popitem(last=False)
+        """Remember ``req`` (request, stream) for ``raw`` (small bodies only)."""
+        if len(raw) <= self.max_body:
+            super().put(raw, req)
 
 
 def _require_str(body: Mapping[str, Any], name: str) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -21,6 +20,7 @@ from cache.keys import master_key, rendition_key
 from cache.singleflight import SingleFlight
 from cache.store import TieredStore
 from gateway.assembly import Assembler
+from gateway.memo import BoundedMemo
 from metrics import Metrics
 from synth import audio
 from synth.engine import Audio, Engine, ParamValue, SynthesisItem
@@ -108,7 +108,9 @@ class SpeechService:
         self.cross_replica: CrossReplicaFlight | None = None
         # Content addresses of recent requests: hashing the canonical JSON is most of a hit's CPU
         # cost, and the same few thousand prompts repeat. Bounded; evicts oldest first.
-        self._key_memo: OrderedDict[tuple[object, ...], tuple[str, str, int]] = OrderedDict()
+        self._key_memo: BoundedMemo[tuple[object, ...], tuple[str, str, int]] = BoundedMemo(
+            KEY_MEMO_SIZE
+        )
         self._encode_pool = concurrent.futures.ThreadPoolExecutor(
             encode_threads, thread_name_prefix="encode"
         )
@@ -160,9 +162,7 @@ class SpeechService:
         if keys is not None:
             return keys
         keys = self._compute_keys(req, engine)
-        self._key_memo[memo_key] = keys
-        if len(self._key_memo) > KEY_MEMO_SIZE:
-            self._key_memo.popitem(last=False)
+        self._key_memo.put(memo_key, keys)
         return keys
 
     def _compute_keys(self, req: SpeechRequest, engine: Engine) -> tuple[str, str, int]:

@@ -1,0 +1,34 @@
+"""A bounded memo: the few thousand requests, keys and headers that repeat, kept without growth."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Generic, TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class BoundedMemo(Generic[K, V]):
+    """At most ``size`` values by key; beyond that the oldest stored goes first.
+
+    A read does not reorder (it stays one dict lookup on the hit path): the memos hold what is
+    derived from their key, so dropping a popular entry costs one recomputation, not a miss.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[K, V] = OrderedDict()
+
+    def get(self, key: K) -> V | None:
+        """The value stored for ``key``, if any."""
+        return self._items.get(key)
+
+    def put(self, key: K, value: V) -> None:
+        """Store ``value`` for ``key``, dropping the oldest entry when over ``size``."""
+        self._items[key] = value
+        if len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._items)
