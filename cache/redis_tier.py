@@ -38,6 +38,7 @@ from redis.exceptions import RedisError
 
 from cache.breaker import BreakerState, CircuitBreaker
 from cache.entry import CorruptEntry, Entry, read_meta
+from cache.resp import RespReader
 from cache.tier import PurgeFilter, TierError, TierStats, TierUnavailable, bounded
 from metrics import Metrics
 
@@ -64,7 +65,7 @@ def frame(blob: bytes) -> bytes:
     return _FRAME.pack(_MAGIC, crc32c(blob)) + blob
 
 
-def unframe(value: bytes) -> Entry:
+def unframe(value: bytes | memoryview) -> Entry:
     """The entry in a Redis value; :class:`CorruptEntry` when the frame or its CRC is wrong."""
     if len(value) < _FRAME.size:
         raise CorruptEntry("redis value too short")
@@ -166,8 +167,11 @@ class RedisTier:
         timeout_s: float = 0.5,
         breaker: CircuitBreaker | None = None,
         metrics: Metrics | None = None,
+        reader: RespReader | None = None,
     ) -> None:
         self.client = client
+        # GETs of entries go through the lean reader when there is one (cache/resp.py says why).
+        self.reader = reader
         self.prefix = prefix
         self.ttl_s = ttl_s
         self.max_entry_bytes = max_entry_bytes
@@ -187,13 +191,21 @@ class RedisTier:
         timeout_s: float = 0.5,
         breaker_failures: int = 5,
         breaker_reset_s: float = 2.0,
+        lean_reads: bool = True,
         **kw: Any,
     ) -> RedisTier:
-        """Connect to ``url`` (lazily: the first command opens the connection)."""
+        """Connect to ``url`` (lazily: the first command opens the connection).
+
+        With ``lean_reads`` (the default) entry GETs on a ``redis://`` or ``unix://`` URL go
+        through :class:`~cache.resp.RespReader`; everything else, and every other URL, through
+        redis-py.
+        """
         return cls(
             connect(url, timeout_s=timeout_s),
             timeout_s=timeout_s,
             breaker=CircuitBreaker(breaker_failures, breaker_reset_s),
+            # A GET cancelled by the timeout (not sooner) drops the lean reader's connection.
+            reader=RespReader.for_url(url, stall_s=0.9 * timeout_s) if lean_reads else None,
             **kw,
         )
 
@@ -236,6 +248,11 @@ class RedisTier:
     # ---- Tier protocol -------------------------------------------------------------------------
 
     async def get(self, key: str) -> Entry | None:
+        reader = self.reader
+        if reader is not None:
+            name = self.entry_key(key).encode()
+            # unframe runs as the reply lands (a CorruptEntry it raises comes out of the call).
+            return await self.guarded("get", lambda: reader.get(name, unframe))
         blob = await self.guarded("get", lambda: self.client.get(self.entry_key(key)))
         if blob is None:
             return None
@@ -337,6 +354,8 @@ class RedisTier:
             return False
 
     async def close(self) -> None:
+        if self.reader is not None:
+            await self.reader.close()
         await self.client.aclose()
 
     def state(self) -> str:

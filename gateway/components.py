@@ -54,6 +54,7 @@ def build_tiers(settings: Settings, metrics: Metrics) -> list[Tier]:
                 timeout_s=settings.redis_timeout_ms / 1000,
                 breaker_failures=settings.redis_breaker_failures,
                 breaker_reset_s=settings.redis_breaker_reset_ms / 1000,
+                lean_reads=settings.redis_lean_reads,
                 metrics=metrics,
             )
         )

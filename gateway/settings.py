@@ -164,6 +164,11 @@ class Settings:
     redis_lock_wait_s: int = _opt(
         60, "Longest wait on another replica's synthesis before synthesizing here, in seconds."
     )
+    redis_lean_reads: bool = _opt(
+        True,
+        "Read entries over voxgate's own pipelined RESP reader (redis:// and unix:// URLs; half "
+        "the CPU per GET of redis-py or less); false: through redis-py, like every other command.",
+    )
 
     # ---- loading ---------------------------------------------------------------------------
 
