@@ -80,7 +80,13 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
     for sock in getattr(server, "sockets", None) or []:
         host, port = sock.getsockname()[:2]
         addresses.append(f"http://{host}:{port}")
-    log.info("listening on %s; loading models", ", ".join(addresses) or site.name)
+    from gateway.eventloop import describe
+
+    log.info(
+        "listening on %s (event loop: %s); loading models",
+        ", ".join(addresses) or site.name,
+        describe(loop),
+    )
     ready = asyncio.ensure_future(wait_ready(app))
     stopped = asyncio.ensure_future(stop.wait())
     await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -107,7 +113,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from gateway.workers import run_workers
 
         return run_workers(settings, args.argv)
-    asyncio.run(_serve(settings, args.worker_of))
+    from gateway import eventloop
+
+    try:
+        eventloop.resolve(settings.event_loop)
+    except eventloop.EventLoopUnavailable as exc:
+        raise SettingsError(f"setting 'event_loop': {exc}") from exc
+    eventloop.run(_serve(settings, args.worker_of), settings.event_loop)
     return 0
 
 

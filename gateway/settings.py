@@ -372,6 +372,10 @@ class Settings:
     workers: int = _opt(
         1, "Gateway processes serving one port (SO_REUSEPORT); metrics are aggregated across them."
     )
+    event_loop: str = _opt(
+        "auto",
+        "Event loop of the server: uvloop, asyncio, or auto (uvloop when installed, else asyncio).",
+    )
     shutdown_timeout_s: int = _opt(
         30, "On SIGTERM, seconds to let in-flight requests finish before closing connections."
     )
@@ -385,6 +389,11 @@ class Settings:
         for key, ok, what in (
             ("log_format", self.log_format in ("json", "text"), "must be json or text"),
             ("workers", 1 <= self.workers <= 64, "must be 1-64"),
+            (
+                "event_loop",
+                self.event_loop in ("auto", "uvloop", "asyncio"),
+                "must be auto, uvloop or asyncio",
+            ),
             ("shutdown_timeout_s", self.shutdown_timeout_s >= 0, "must be >= 0"),
             ("max_catalogue_prompts", self.max_catalogue_prompts >= 1, "must be >= 1"),
             ("catalogue_concurrency", self.catalogue_concurrency >= 1, "must be >= 1"),

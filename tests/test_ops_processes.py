@@ -79,6 +79,7 @@ async def test_sigterm_finishes_twenty_in_flight_requests(tmp_path: Path) -> Non
         logs = server.logs()
         assert "draining in-flight requests" in logs
         assert '"msg": "stopped"' in logs
+        assert "(event loop: uvloop" in logs  # the default, where uvloop is installed
     finally:
         server.close()
 
@@ -277,7 +278,13 @@ def test_warm_csv_and_yaml_catalogues_then_purge(tmp_path: Path) -> None:
 @pytest.mark.parametrize("source", ["env", "toml", "flag"])
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("workers", "0"), ("log_format", "xml"), ("shutdown_timeout_s", "soon"), ("port", "99999")],
+    [
+        ("workers", "0"),
+        ("log_format", "xml"),
+        ("shutdown_timeout_s", "soon"),
+        ("port", "99999"),
+        ("event_loop", "gevent"),
+    ],
 )
 def test_bad_setting_fails_at_start_naming_the_key(
     tmp_path: Path, source: str, key: str, value: str

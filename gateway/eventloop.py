@@ -1,0 +1,86 @@
+"""Which event loop the server runs on: uvloop when it is there, else asyncio's own.
+
+Why uvloop: a gateway's time goes into the loop itself (selecting, reading into and writing out of
+sockets, waking tasks), and uvloop runs all of that in C on libuv. Measured here
+(``bench/scaleout.py``, both servers on the same loop): a Redis hit cost 345 us of gateway CPU on
+asyncio's loop and 225 us on uvloop, while a bare aiohttp handler went from 108 to 102 us. The
+gateway does several loop round trips per request (the client, Redis, the response) where the
+bare handler does one, so it gains the most.
+
+``asyncio`` stays selectable (``--event-loop asyncio``) for platforms without uvloop (Windows)
+and to rule the loop out when debugging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+CHOICES = ("auto", "uvloop", "asyncio")
+
+
+class EventLoopUnavailable(RuntimeError):
+    """The configured event loop cannot be had here (``uvloop`` asked for, not installed)."""
+
+
+def resolve(choice: str) -> str:
+    """``"uvloop"`` or ``"asyncio"``: what ``choice`` (one of :data:`CHOICES`) means here."""
+    if choice not in CHOICES:
+        raise ValueError(f"event loop must be one of {', '.join(CHOICES)} (got {choice!r})")
+    installed = importlib.util.find_spec("uvloop") is not None
+    if choice == "uvloop" and not installed:
+        raise EventLoopUnavailable(
+            "event_loop is uvloop but uvloop is not installed: pip install uvloop, "
+            "or set --event-loop asyncio"
+        )
+    if choice == "auto":
+        return "uvloop" if installed else "asyncio"
+    return choice
+
+
+def factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """A function that makes a new loop of the kind ``choice`` resolves to."""
+    if resolve(choice) == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return asyncio.new_event_loop
+
+
+def describe(loop: asyncio.AbstractEventLoop) -> str:
+    """The loop's implementation and version, for the startup log."""
+    return _named("uvloop" if type(loop).__module__.split(".")[0] == "uvloop" else "asyncio")
+
+
+def label(choice: str) -> str:
+    """What ``choice`` runs on here, with its version (``"uvloop 0.23.0"``), for benchmarks."""
+    return _named(resolve(choice))
+
+
+def _named(kind: str) -> str:
+    if kind == "uvloop":
+        import uvloop
+
+        return f"uvloop {getattr(uvloop, '__version__', '?')}"
+    return "asyncio"
+
+
+def run(main: Coroutine[Any, Any, T], choice: str) -> T:
+    """``asyncio.run(main)`` on the loop ``choice`` selects."""
+    make = factory(choice)
+    if sys.version_info >= (3, 11):
+        with asyncio.Runner(loop_factory=make) as runner:
+            return runner.run(main)
+    loop = make()  # pragma: no cover - Python 3.10
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(main)
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        asyncio.set_event_loop(None)
+        loop.close()
