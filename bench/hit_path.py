@@ -2,12 +2,14 @@
 handler, under the same concurrent load, in one run (rounds interleaved so drift hits both).
 
     python bench/hit_path.py [--seconds 4] [--rounds 7] [--connections 32] [--no-pin]
+                             [--event-loop auto|uvloop|asyncio] [--disk-only]
 
 Target: gateway >= 0.8 x bare. Writes docs/bench/hit_path.json and hit_path.png.
 
 On a machine with 2+ CPUs both servers run on the last CPU (each in its own rounds) and wrk on
 the others, so the load generator never competes with the server it measures. Each round also
 records each server's CPU time per request (from /proc), the figure least moved by neighbours.
+Both servers run on the same event loop (``--event-loop``, default: the gateway's default).
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ from common import (
     wrk_rate,
 )
 
+sys.path.insert(0, str(ROOT))
+from gateway.eventloop import label
+
 # About 5.7 s of speech: a ~250 KB PCM16 WAV at the voice's 22,050 Hz.
 TEXT = (
     "Thank you for calling. Your call is important to us. All of our agents are currently "
@@ -57,12 +62,15 @@ def main() -> int:
                     help="let the OS place servers and wrk (default: pin them apart)")
     ap.add_argument("--connections", type=int, default=32, help="concurrent connections")
     ap.add_argument("--no-write", action="store_true", help="do not write docs/bench results")
+    ap.add_argument("--event-loop", default="auto", choices=("auto", "uvloop", "asyncio"),
+                    help="event loop of both servers (default: auto, as the gateway's default)")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
         tmpdir = Path(tmp)
         gport, bport = free_port(), free_port()
         extra = ["--memory-cache-mb", "0"] if args.disk_only else []
+        extra += ["--event-loop", args.event_loop]
         gateway = start_gateway(gport, tmpdir / "cache", *extra, log_path=tmpdir / "gateway.log")
         bare = None
         try:
@@ -75,7 +83,7 @@ def main() -> int:
             (tmpdir / "audio.wav").write_bytes(audio)
             bare = subprocess.Popen(
                 [sys.executable, str(ROOT / "bench" / "bare_server.py"), str(bport),
-                 str(tmpdir / "audio.wav"), "audio/wav"], cwd=ROOT)
+                 str(tmpdir / "audio.wav"), "audio/wav", args.event_loop], cwd=ROOT)
             wait_http(f"http://127.0.0.1:{bport}/readyz")
             burl = f"http://127.0.0.1:{bport}/v1/audio/speech"
             payload = json.dumps(body)
@@ -143,6 +151,7 @@ def main() -> int:
             "ratio": ratio,
             "round_ratios": ratios,
             "placement": where,
+            "event_loop": label(args.event_loop),
             "gateway_cpu_us_per_request_median": g_cpu,
             "bare_cpu_us_per_request_median": b_cpu,
             "cpu_ratio_bare_over_gateway": b_cpu / g_cpu,

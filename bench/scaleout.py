@@ -4,15 +4,19 @@ run with interleaved rounds; (2) the herd: 300 concurrent identical requests ove
 processes sharing one Redis (syntheses in total), next to 3 replicas without Redis.
 
     .venv/bin/python bench/scaleout.py [--seconds 6] [--rounds 3] [--connections 16]
+                                       [--event-loop auto|uvloop|asyncio] [--skip-herd]
 
 Target for (1): gateway-from-Redis >= 0.4 x bare. Writes docs/bench/scaleout.json and .png.
 The load generator is wrk in its own process (or, without wrk, this script's own aiohttp client
 in a subprocess). On 2+ CPUs the server under test (gateway or bare) runs on the last CPU and
 wrk and redis-server on the others, as Redis would run on its own host in a deployment.
 
-It also measures, in the same run and on the same core, what redis-py's asyncio client alone
-spends to GET the same value (no HTTP, no gateway): with the bare server's CPU per request, that
-bounds the ratio any gateway built on redis.asyncio can reach here.
+Both servers run on the same event loop (``--event-loop``, default: the gateway's default).
+
+It also measures, in the same run and on the same core, what a Redis client alone spends to GET
+the same value (no HTTP, no gateway): redis-py's asyncio client, and the lean reader the tier
+reads entries with (cache/resp.py). With the bare server's CPU per request, each bounds the
+ratio a gateway reading through it can reach here.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import cpu_seconds, cpu_split, pin, placement, wait_http  # noqa: E402
+from gateway.eventloop import label  # noqa: E402
 from tests.redis_support import GatewayProcess, gateway_processes, metric_sum  # noqa: E402
 from tests.support import free_port, redis_server  # noqa: E402
 
@@ -67,25 +72,6 @@ def scrape(url: str) -> str:
 
 
 # ---- the baseline server and the fallback load generator (run as subprocesses) ------------
-
-
-def serve_bare(port: int, path: Path) -> None:
-    """A bare aiohttp app answering every request with the bytes of ``path``."""
-    from aiohttp import web
-
-    data = path.read_bytes()
-
-    async def handler(request: web.Request) -> web.Response:
-        await request.read()  # a fair baseline reads the request body too
-        return web.Response(body=data, content_type="audio/wav")
-
-    async def ok(request: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    app = web.Application()
-    app.router.add_get("/readyz", ok)
-    app.router.add_route("*", "/{tail:.*}", handler)
-    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
 
 async def _python_load(
@@ -195,7 +181,7 @@ def hit_path(
     gw = GatewayProcess(
         work / "gw" / "cache",
         redis_url=redis_url,
-        args=["--memory-cache-mb", "0", "--disk-cache-mb", "0"],
+        args=["--memory-cache-mb", "0", "--disk-cache-mb", "0", "--event-loop", args.event_loop],
     )
     bare_proc = None
     try:
@@ -209,7 +195,9 @@ def hit_path(
         wav.write_bytes(audio)
         bare_port = free_port()
         bare_proc = subprocess.Popen(
-            [sys.executable, __file__, "--bare", str(bare_port), str(wav)], cwd=ROOT
+            [sys.executable, str(ROOT / "bench" / "bare_server.py"), str(bare_port), str(wav),
+             "audio/wav", args.event_loop],
+            cwd=ROOT,
         )
         bare = f"http://127.0.0.1:{bare_port}"
         bare_pid = bare_proc.pid
@@ -242,9 +230,12 @@ def hit_path(
                     flush=True,
                 )
         after = scrape(gw.url)
-        floor = client_floor(redis_url, audio, args.connections, server_cpus)
-        print(f"redis-py asyncio GET alone: {floor:.0f} us CPU per {len(audio) // 1000} KB value",
-              flush=True)
+        floor = client_floor(redis_url, audio, args.connections, server_cpus, "redis-py",
+                             args.event_loop)
+        lean = client_floor(redis_url, audio, args.connections, server_cpus, "lean",
+                            args.event_loop)
+        print(f"GET of the {len(audio) // 1000} KB value alone: redis-py asyncio {floor:.0f} us "
+              f"CPU, voxgate's lean reader {lean:.0f} us", flush=True)
         lookups = "voxgate_cache_lookups_total"
         redis_hits = metric_sum(after, lookups, tier="redis", result="hit") - metric_sum(
             before, lookups, tier="redis", result="hit"
@@ -273,8 +264,11 @@ def hit_path(
             },
             "target_ratio": 0.4,
             "placement": placement(server_cpus, other_cpus, "wrk and redis-server"),
+            "event_loop": label(args.event_loop),
             "redis_py_asyncio_get_cpu_us": floor,
             "ratio_bound_for_redis_asyncio": bare_cpu / (bare_cpu + floor),
+            "lean_reader_get_cpu_us": lean,
+            "ratio_bound_for_lean_reader": bare_cpu / (bare_cpu + lean),
             "redis_tier_hits_during_load": redis_hits,
             "local_tier_lookups": local,
         }
@@ -287,13 +281,21 @@ def hit_path(
 
 _FLOOR = """
 import asyncio, os, sys, time
+sys.path.insert(0, os.getcwd())
 import redis.asyncio as ra
-async def main(url, size, conns):
+from cache.resp import RespReader
+from gateway.eventloop import run
+async def main(url, size, conns, kind):
     r = ra.Redis.from_url(url, socket_read_size=1 << 20)
     await r.set("voxgate-bench-floor", os.urandom(size))
+    lean = RespReader.for_url(url)
+    if kind == "lean":
+        get = lambda: lean.get(b"voxgate-bench-floor", bytes)  # one copy, as the tier's decode
+    else:
+        get = lambda: r.get("voxgate-bench-floor")
     async def worker(n):
         for _ in range(n):
-            await r.get("voxgate-bench-floor")
+            await get()
     await asyncio.gather(*(worker(20) for _ in range(conns)))  # warm
     n = 4000 // conns
     t = time.process_time()
@@ -301,15 +303,19 @@ async def main(url, size, conns):
     print(1e6 * (time.process_time() - t) / (n * conns))
     await r.delete("voxgate-bench-floor")
     await r.aclose()
-asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
+    await lean.close()
+run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]), sys.argv[5])
 """
 
 
-def client_floor(redis_url: str, audio: bytes, connections: int, cpus: set[int] | None) -> float:
-    """CPU microseconds redis-py's asyncio client spends per GET of a value of ``audio``'s size,
-    with ``connections`` concurrent callers (the gateway's client settings), on ``cpus``."""
+def client_floor(redis_url: str, audio: bytes, connections: int, cpus: set[int] | None,
+                 kind: str, event_loop: str) -> float:
+    """CPU microseconds one client spends per GET of a value of ``audio``'s size, with
+    ``connections`` concurrent callers, on ``cpus``: ``kind`` is ``redis-py`` (its asyncio
+    client, with the settings the tier used to read with) or ``lean`` (cache.resp.RespReader)."""
     out = subprocess.run(
-        [sys.executable, "-c", _FLOOR, redis_url, str(len(audio)), str(connections)],
+        [sys.executable, "-c", _FLOOR, redis_url, str(len(audio)), str(connections), kind,
+         event_loop],
         capture_output=True, text=True, check=True, cwd=ROOT,
         preexec_fn=None if cpus is None else (lambda: os.sched_setaffinity(0, cpus)),
     ).stdout
@@ -405,13 +411,11 @@ def main() -> None:
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--skip-herd", action="store_true")
     ap.add_argument("--unix", action="store_true", help="reach Redis over a unix socket")
-    ap.add_argument("--bare", nargs=2, metavar=("PORT", "FILE"), help=argparse.SUPPRESS)
+    ap.add_argument("--event-loop", default="auto", choices=("auto", "uvloop", "asyncio"),
+                    help="event loop of both servers (default: auto, as the gateway's default)")
     ap.add_argument("--load", metavar="URL", help=argparse.SUPPRESS)
     ap.add_argument("--payload", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.bare:
-        serve_bare(int(args.bare[0]), Path(args.bare[1]))
-        return
     if args.load:
         res = asyncio.run(
             _python_load(args.load, args.payload.encode(), args.seconds, args.connections)
@@ -446,9 +450,11 @@ def main() -> None:
         f"{cpu['redis_server']:.0f} us vs bare aiohttp {cpu['bare_aiohttp']:.0f} us"
     )
     print(
-        f"redis-py asyncio GET alone: {hp['redis_py_asyncio_get_cpu_us']:.0f} us CPU; a gateway "
-        f"on redis.asyncio that cost nothing else would reach at most "
-        f"{hp['ratio_bound_for_redis_asyncio']:.2f}x here"
+        f"GET alone: redis-py asyncio {hp['redis_py_asyncio_get_cpu_us']:.0f} us CPU (a gateway "
+        f"reading through it that cost nothing else would reach at most "
+        f"{hp['ratio_bound_for_redis_asyncio']:.2f}x here); the lean reader "
+        f"{hp['lean_reader_get_cpu_us']:.0f} us (bound {hp['ratio_bound_for_lean_reader']:.2f}x); "
+        f"event loop: {hp['event_loop']}"
     )
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "scaleout.json").write_text(json.dumps(result, indent=2) + "\n")
