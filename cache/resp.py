@@ -38,11 +38,12 @@ T = TypeVar("T")
 # Turns a bulk reply into what the caller wants, as the reply lands (see RespProtocol.request).
 Decode = Callable[[memoryview], Any]
 
-# Replies up to this size are parsed out of the scratch buffer; a larger bulk reply gets a buffer
-# of its own, of its exact size, that the socket reads straight into.
-_SCRATCH = 64 * 1024
+# Replies that fit are parsed out of the scratch buffer; a larger bulk reply gets a buffer of its
+# own, of its exact size, that the socket reads straight into. Kept small on purpose: the first
+# read of a large reply lands here and has to be copied over.
+_SCRATCH = 8 * 1024
 # A status, error or length line longer than this is not a RESP2 reply we asked for.
-_MAX_LINE = 16 * 1024
+_MAX_LINE = 4 * 1024
 # The buffer of a large reply is kept for the next one (see RespProtocol._body_buffer) up to this
 # size; a larger one is left to the allocator.
 _KEEP_BUFFER = 4 * 1024 * 1024
@@ -188,7 +189,7 @@ class RespProtocol(asyncio.BufferedProtocol):
                     continue
                 # The rest of this reply has not arrived: give it a buffer of its own.
                 self._body = self._body_buffer(length + 2)
-                self._body[:available] = buf[pos : self._filled]
+                self._body[:available] = memoryview(buf)[pos : self._filled]
                 self._body_got = available
                 pos = self._filled
                 break
