@@ -271,6 +271,7 @@ class RespReader:
         self.stall_s = stall_s
         self._conn: RespProtocol | None = None
         self._connecting: asyncio.Lock | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop both belong to
 
     @classmethod
     def for_url(cls, url: str, *, stall_s: float = 0.5) -> RespReader | None:
@@ -307,8 +308,10 @@ class RespReader:
 
     async def call(self, command: bytes, decode: Decode | None = None) -> Any:
         """Send one encoded command and return its reply (an error reply is raised)."""
-        conn = self._conn if self._conn is not None and self._conn.usable else await self._connect()
         loop = asyncio.get_running_loop()
+        conn = self._conn
+        if conn is None or not conn.usable or loop is not self._loop:
+            conn = await self._connect(loop)
         sent = loop.time()
         waiter = conn.request(command, decode)
         try:
@@ -321,13 +324,17 @@ class RespReader:
             raise reply
         return reply
 
-    async def _connect(self) -> RespProtocol:
-        if self._connecting is None:
-            self._connecting = asyncio.Lock()
+    async def _connect(self, loop: asyncio.AbstractEventLoop) -> RespProtocol:
+        if loop is not self._loop:
+            # First use, or used from another loop than before (a CLI command, a test): the
+            # connection and the lock of the old loop cannot be used from this one.
+            if self._conn is not None and self._loop is not None and not self._loop.is_closed():
+                self._conn.close()
+            self._conn, self._connecting, self._loop = None, asyncio.Lock(), loop
+        assert self._connecting is not None
         async with self._connecting:  # one connect at a time; the others use its result
             if self._conn is not None and self._conn.usable:
                 return self._conn
-            loop = asyncio.get_running_loop()
             if self.path:
                 _, conn = await loop.create_unix_connection(RespProtocol, self.path)
             else:
@@ -363,6 +370,6 @@ class RespReader:
 
     async def close(self) -> None:
         """Close the connection (a later call opens a new one)."""
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        conn, self._conn = self._conn, None
+        if conn is not None and self._loop is not None and not self._loop.is_closed():
+            conn.close()  # (one of a loop already closed cannot be: it goes with that loop)

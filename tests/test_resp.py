@@ -366,3 +366,31 @@ async def test_a_request_cancelled_early_leaves_the_others_on_the_connection_alo
         t.cancel()
     await asyncio.gather(*others, return_exceptions=True)
     await reader.close()
+
+
+async def test_a_unix_socket_url_reads_over_the_socket(tmp_path: Path) -> None:
+    sock = tmp_path / "r" / "redis.sock"
+    with redis_server(tmp_path / "r", extra=["--unixsocket", str(sock)]) as server:
+        await seed_plain(server.port, "k", BIG)
+        reader = RespReader.for_url(f"unix://{sock}?db=0")
+        assert reader is not None and reader.path == str(sock)
+        try:
+            assert await reader.get(b"k", bytes) == BIG
+        finally:
+            await reader.close()
+
+
+def test_one_reader_serves_one_event_loop_after_another(tmp_path: Path) -> None:
+    """`voxgate say` and tests run a loop each; a reader used by an earlier loop reconnects."""
+    with redis_server(tmp_path / "r") as server:
+        asyncio.run(seed_plain(server.port, "k", b"v"))
+        reader = RespReader(port=server.port)
+        for _ in range(2):
+            assert asyncio.run(reader.get(b"k", bytes)) == b"v"
+        asyncio.run(reader.close())
+
+
+async def seed_plain(port: int, key: str, value: bytes) -> None:
+    client = aioredis.Redis(port=port)
+    await client.set(key, value)
+    await client.aclose()
