@@ -233,6 +233,11 @@ class RedisTier:
             raise TierUnavailable("redis tier skipped: circuit breaker open")
         try:
             result = await bounded(call(), timeout_s or self.timeout_s)
+        except CorruptEntry:
+            # Redis answered; the value was bad (the lean reader checks it as it lands). That is
+            # the store's business (a miss and a delete), and for the breaker a success.
+            self.breaker.success()
+            raise
         except (RedisError, OSError, asyncio.TimeoutError, TimeoutError) as exc:
             self.breaker.failure()
             if self.metrics is not None:

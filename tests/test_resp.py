@@ -394,3 +394,21 @@ async def seed_plain(port: int, key: str, value: bytes) -> None:
     client = aioredis.Redis(port=port)
     await client.set(key, value)
     await client.aclose()
+
+
+async def test_a_corrupt_entry_read_by_the_lean_reader_counts_as_redis_answering(
+    tmp_path: Path,
+) -> None:
+    """The reader unframes as the reply lands, so CorruptEntry comes out of the guarded call:
+    a half-open breaker must still close on it (Redis answered), not wait out another probe."""
+    with redis_server(tmp_path / "r") as server:
+        tier = RedisTier.from_url(server.url, breaker_failures=1, breaker_reset_s=0.05)
+        try:
+            await tier.client.set(tier.entry_key("k"), b"VXR2garbage-that-is-no-frame")
+            tier.breaker.failure()  # open
+            await asyncio.sleep(0.06)  # half-open: the next call is the probe
+            with pytest.raises(CorruptEntry):
+                await tier.get("k")
+            assert tier.state() == "closed"
+        finally:
+            await tier.close()
