@@ -71,3 +71,28 @@ def test_the_server_serves_on_asyncio_when_asked(tmp_path: Path) -> None:
         assert server.terminate() == 0
     finally:
         server.close()
+
+
+@pytest.mark.slow
+async def test_uvloop_server_with_worker_processes_synthesizes_then_hits(tmp_path: Path) -> None:
+    """The default loop with the pieces that touch the loop most: a synthesis worker process
+    (pipes, executor threads), a miss, then a hit."""
+    import aiohttp
+
+    server = ServerProcess(tmp_path, "--event-loop", "uvloop", "--synth-workers", "1")
+    try:
+        await asyncio.to_thread(server.wait_ready)
+        body = {"model": "tts-1", "input": "Your call is important to us.", "voice": "alloy",
+                "response_format": "wav"}
+        async with aiohttp.ClientSession() as session:
+            seen = []
+            for _ in range(2):
+                async with session.post(server.url + "/v1/audio/speech", json=body) as r:
+                    assert r.status == 200
+                    seen.append((r.headers["X-Cache"], await r.read()))
+        assert [c for c, _ in seen] == ["MISS", "HIT"]
+        assert seen[0][1] == seen[1][1] and seen[0][1][:4] == b"RIFF"
+        assert "(event loop: uvloop" in server.logs()
+        assert await asyncio.to_thread(server.terminate) == 0
+    finally:
+        server.close()
