@@ -33,7 +33,7 @@ from redis.asyncio.connection import SSLConnection, parse_url
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse, ResponseError
 
-Reply = bytes | memoryview | int | str | ResponseError | None
+Reply = memoryview | int | str | ResponseError | None
 T = TypeVar("T")
 # Turns a bulk reply into what the caller wants, as the reply lands (see RespProtocol.request).
 Decode = Callable[[memoryview], Any]
@@ -98,7 +98,7 @@ class RespProtocol(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._body is not None:
             # Exactly the rest of this reply: the socket never reads past it into the next one.
-            return memoryview(self._body)[self._body_got :]
+            return self._body[self._body_got :]
         return memoryview(self._scratch)[self._filled :]
 
     def buffer_updated(self, nbytes: int) -> None:

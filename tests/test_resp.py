@@ -240,8 +240,8 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
         yield server
 
 
-async def seed(port: int, db: int, key: str, value: bytes) -> None:
-    client = aioredis.Redis(port=port, password="s3cret", db=db)
+async def seed(port: int, key: str, value: bytes, *, password: str | None = None, db: int = 0) -> None:
+    client = aioredis.Redis(port=port, password=password, db=db)
     await client.set(key, value)
     await client.aclose()
 
@@ -250,7 +250,7 @@ async def seed(port: int, db: int, key: str, value: bytes) -> None:
     "credentials", [":s3cret@", "app:apppw@", "default:s3cret@"], ids=["password", "acl", "default"]
 )
 async def test_auth_and_select_against_a_real_server(secured: RedisServer, credentials: str) -> None:
-    await seed(secured.port, 5, "k", BIG)
+    await seed(secured.port, "k", BIG, password="s3cret", db=5)
     reader = RespReader.for_url(f"redis://{credentials}127.0.0.1:{secured.port}/5")
     assert reader is not None
     try:
@@ -274,18 +274,14 @@ async def test_the_reader_reconnects_after_redis_restarts(tmp_path: Path) -> Non
     server = RedisServer(tmp_path / "r")
     server.start()
     try:
-        client = aioredis.Redis(port=server.port)
-        await client.set("k", b"v1")
-        await client.aclose()
+        await seed(server.port, "k", b"v1")
         reader = RespReader(port=server.port)
         assert await reader.get(b"k", bytes) == b"v1"
         server.stop()
         with pytest.raises((RedisConnectionError, OSError)):
             await reader.get(b"k", bytes)
         server.start()
-        client = aioredis.Redis(port=server.port)
-        await client.set("k", b"v2")
-        await client.aclose()
+        await seed(server.port, "k", b"v2")
         assert await reader.get(b"k", bytes) == b"v2"
         await reader.close()
     finally:
@@ -371,7 +367,7 @@ async def test_a_request_cancelled_early_leaves_the_others_on_the_connection_alo
 async def test_a_unix_socket_url_reads_over_the_socket(tmp_path: Path) -> None:
     sock = tmp_path / "r" / "redis.sock"
     with redis_server(tmp_path / "r", extra=["--unixsocket", str(sock)]) as server:
-        await seed_plain(server.port, "k", BIG)
+        await seed(server.port, "k", BIG)
         reader = RespReader.for_url(f"unix://{sock}?db=0")
         assert reader is not None and reader.path == str(sock)
         try:
@@ -383,17 +379,11 @@ async def test_a_unix_socket_url_reads_over_the_socket(tmp_path: Path) -> None:
 def test_one_reader_serves_one_event_loop_after_another(tmp_path: Path) -> None:
     """`voxgate say` and tests run a loop each; a reader used by an earlier loop reconnects."""
     with redis_server(tmp_path / "r") as server:
-        asyncio.run(seed_plain(server.port, "k", b"v"))
+        asyncio.run(seed(server.port, "k", b"v"))
         reader = RespReader(port=server.port)
         for _ in range(2):
             assert asyncio.run(reader.get(b"k", bytes)) == b"v"
         asyncio.run(reader.close())
-
-
-async def seed_plain(port: int, key: str, value: bytes) -> None:
-    client = aioredis.Redis(port=port)
-    await client.set(key, value)
-    await client.aclose()
 
 
 async def test_a_corrupt_entry_read_by_the_lean_reader_counts_as_redis_answering(
