@@ -35,8 +35,9 @@ def main() -> None:
     app = web.Application()
     app.router.add_route("*", "/readyz", ok)
     app.router.add_route("*", "/{tail:.*}", handler)
-    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None,
-                loop=factory(loop_choice)())
+    web.run_app(
+        app, host="127.0.0.1", port=port, access_log=None, print=None, loop=factory(loop_choice)()
+    )
 
 
 if __name__ == "__main__":

@@ -42,14 +42,26 @@ def wait_http(url: str, timeout_s: float = 120.0) -> None:
     raise TimeoutError(f"{url} did not answer 200 within {timeout_s} s")
 
 
-def start_gateway(port: int, cache_dir: Path, *extra: str,
-                  log_path: Path | None = None) -> subprocess.Popen[bytes]:
+def start_gateway(
+    port: int, cache_dir: Path, *extra: str, log_path: Path | None = None
+) -> subprocess.Popen[bytes]:
     """``python -m gateway serve`` on ``port`` with its own cache dir."""
     log = open(log_path or os.devnull, "wb")  # noqa: SIM115 - handed to the child process
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--port", str(port),
-         "--cache-dir", str(cache_dir), *extra],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "serve",
+            "--port",
+            str(port),
+            "--cache-dir",
+            str(cache_dir),
+            *extra,
+        ],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     wait_http(f"http://127.0.0.1:{port}/readyz")
     return proc
@@ -67,8 +79,9 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 def post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
     """One JSON POST; returns status, headers and body."""
-    req = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=120) as r:
         return r.status, dict(r.headers), r.read()
 
@@ -98,8 +111,10 @@ def placement(server_cpus: set[int] | None, load_cpus: set[int] | None, load: st
     """Where the servers and the load ran, for the printed table and the JSON."""
     if not server_cpus or not load_cpus:
         return "unpinned"
-    return (f"servers pinned to CPU {','.join(map(str, sorted(server_cpus)))}, "
-            f"{load} to CPU {','.join(map(str, sorted(load_cpus)))}")
+    return (
+        f"servers pinned to CPU {','.join(map(str, sorted(server_cpus)))}, "
+        f"{load} to CPU {','.join(map(str, sorted(load_cpus)))}"
+    )
 
 
 def pin(pid: int, cpus: set[int] | None) -> None:
@@ -108,8 +123,15 @@ def pin(pid: int, cpus: set[int] | None) -> None:
         os.sched_setaffinity(pid, cpus)
 
 
-def wrk_rate(url: str, *, body: str | None, seconds: float, connections: int,
-             threads: int = 1, cpus: set[int] | None = None) -> dict[str, float]:
+def wrk_rate(
+    url: str,
+    *,
+    body: str | None,
+    seconds: float,
+    connections: int,
+    threads: int = 1,
+    cpus: set[int] | None = None,
+) -> dict[str, float]:
     """Requests/s and latency percentiles from wrk (POST when ``body`` is given), run on
     ``cpus`` when given."""
     wrk = shutil.which("wrk")
@@ -120,13 +142,18 @@ def wrk_rate(url: str, *, body: str | None, seconds: float, connections: int,
     if body is not None:
         script = tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False)  # noqa: SIM115
         escaped = body.replace("\\", "\\\\").replace("'", "\\'")
-        script.write("wrk.method = 'POST'\n"
-                     f"wrk.body = '{escaped}'\n"
-                     "wrk.headers['Content-Type'] = 'application/json'\n")
+        script.write(
+            "wrk.method = 'POST'\n"
+            f"wrk.body = '{escaped}'\n"
+            "wrk.headers['Content-Type'] = 'application/json'\n"
+        )
         script.close()
         args += ["-s", script.name]
     out = subprocess.run(
-        [*args, url], capture_output=True, text=True, check=True,
+        [*args, url],
+        capture_output=True,
+        text=True,
+        check=True,
         preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
     ).stdout
     if script is not None:
@@ -145,8 +172,9 @@ def wrk_rate(url: str, *, body: str | None, seconds: float, connections: int,
     return {"rps": rate, **pct, "requests": float(total.group(1)) if total else rate * seconds}
 
 
-def python_rate(url: str, *, body: str | None, seconds: float,
-                connections: int) -> dict[str, float]:
+def python_rate(
+    url: str, *, body: str | None, seconds: float, connections: int
+) -> dict[str, float]:
     """Fallback load generator (aiohttp client in a child process) when wrk is missing."""
     code = f"""
 import asyncio, json, time, aiohttp
@@ -171,8 +199,9 @@ async def main():
         print(n / (time.perf_counter() - t))
 asyncio.run(main())
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     return {"rps": float(out.strip())}
 
 
@@ -191,8 +220,15 @@ def write_results(name: str, data: dict[str, Any]) -> Path:
     return path
 
 
-def bar_plot(name: str, title: str, labels: Sequence[str], values: Sequence[float],
-             ylabel: str, *, target: float | None = None) -> Path:
+def bar_plot(
+    name: str,
+    title: str,
+    labels: Sequence[str],
+    values: Sequence[float],
+    ylabel: str,
+    *,
+    target: float | None = None,
+) -> Path:
     """A bar chart saved as ``docs/bench/<name>.png``."""
     import matplotlib
 
@@ -202,8 +238,12 @@ def bar_plot(name: str, title: str, labels: Sequence[str], values: Sequence[floa
     fig, ax = plt.subplots(figsize=(7, 4))
     bars = ax.bar(labels, values, color=["#3b7dd8", "#9aa5b1", "#e07b39", "#5aa469"][: len(values)])
     for b, v in zip(bars, values, strict=True):
-        ax.annotate(f"{v:,.2f}" if v < 100 else f"{v:,.0f}", (b.get_x() + b.get_width() / 2, v),
-                    ha="center", va="bottom")
+        ax.annotate(
+            f"{v:,.2f}" if v < 100 else f"{v:,.0f}",
+            (b.get_x() + b.get_width() / 2, v),
+            ha="center",
+            va="bottom",
+        )
     if target is not None:
         ax.axhline(target, color="red", linestyle="--", label=f"target {target:g}")
         ax.legend()

@@ -281,8 +281,9 @@ def paired_median(rtf: list[dict[str, Any]], slow: dict[str, Any], fast: dict[st
     compares torch's luckiest round with an ordinary ONNX one."""
 
     def pick(sel: dict[str, Any]) -> list[float]:
-        return list(next(r for r in rtf if all(r[k] == v for k, v in sel.items()))[
-            "cpu_rtf_rounds"])
+        return list(
+            next(r for r in rtf if all(r[k] == v for k, v in sel.items()))["cpu_rtf_rounds"]
+        )
 
     pairs = sorted(a / b for a, b in zip(pick(slow), pick(fast), strict=True))
     n = len(pairs)

@@ -55,15 +55,25 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--seconds", type=float, default=4.0, help="length of each measured round")
     ap.add_argument("--rounds", type=int, default=7, help="rounds per server (interleaved)")
-    ap.add_argument("--disk-only", action="store_true",
-                    help="serve hits from the disk tier (memory tier off); results are not "
-                    "written, the target is for memory hits")
-    ap.add_argument("--no-pin", action="store_true",
-                    help="let the OS place servers and wrk (default: pin them apart)")
+    ap.add_argument(
+        "--disk-only",
+        action="store_true",
+        help="serve hits from the disk tier (memory tier off); results are not "
+        "written, the target is for memory hits",
+    )
+    ap.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="let the OS place servers and wrk (default: pin them apart)",
+    )
     ap.add_argument("--connections", type=int, default=32, help="concurrent connections")
     ap.add_argument("--no-write", action="store_true", help="do not write docs/bench results")
-    ap.add_argument("--event-loop", default="auto", choices=("auto", "uvloop", "asyncio"),
-                    help="event loop of both servers (default: auto, as the gateway's default)")
+    ap.add_argument(
+        "--event-loop",
+        default="auto",
+        choices=("auto", "uvloop", "asyncio"),
+        help="event loop of both servers (default: auto, as the gateway's default)",
+    )
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -82,8 +92,16 @@ def main() -> int:
             assert headers["X-Cache"] == "HIT" and again == audio
             (tmpdir / "audio.wav").write_bytes(audio)
             bare = subprocess.Popen(
-                [sys.executable, str(ROOT / "bench" / "bare_server.py"), str(bport),
-                 str(tmpdir / "audio.wav"), "audio/wav", args.event_loop], cwd=ROOT)
+                [
+                    sys.executable,
+                    str(ROOT / "bench" / "bare_server.py"),
+                    str(bport),
+                    str(tmpdir / "audio.wav"),
+                    "audio/wav",
+                    args.event_loop,
+                ],
+                cwd=ROOT,
+            )
             wait_http(f"http://127.0.0.1:{bport}/readyz")
             burl = f"http://127.0.0.1:{bport}/v1/audio/speech"
             payload = json.dumps(body)
@@ -94,10 +112,16 @@ def main() -> int:
 
             def measure(target: str, pid: int) -> dict[str, float]:
                 before = cpu_seconds(pid)
-                run = wrk_rate(target, body=payload, seconds=args.seconds,
-                               connections=args.connections, cpus=load_cpus)
+                run = wrk_rate(
+                    target,
+                    body=payload,
+                    seconds=args.seconds,
+                    connections=args.connections,
+                    cpus=load_cpus,
+                )
                 run["server_cpu_us_per_request"] = (
-                    1e6 * (cpu_seconds(pid) - before) / run["requests"])
+                    1e6 * (cpu_seconds(pid) - before) / run["requests"]
+                )
                 return run
 
             # warm both (connection setup, caches)
@@ -127,39 +151,54 @@ def main() -> int:
     b_cpu = median([r["server_cpu_us_per_request"] for r in b_runs])
     where = placement(server_cpus, load_cpus)
     tier = "disk" if args.disk_only else "memory"
-    print(f"\n{tier} hit path, {len(audio):,} byte WAV, {args.connections} connections, "
-          f"{args.rounds} x {args.seconds:g} s rounds (median), {where}")
+    print(
+        f"\n{tier} hit path, {len(audio):,} byte WAV, {args.connections} connections, "
+        f"{args.rounds} x {args.seconds:g} s rounds (median), {where}"
+    )
     print(f"{'server':<28}{'req/s':>10}{'p50 ms':>10}{'CPU us/req':>12}")
     print(f"{'gateway (POST speech, HIT)':<28}{g:>10.0f}{g_p50:>10.2f}{g_cpu:>12.1f}")
     print(f"{'bare aiohttp (same bytes)':<28}{b:>10.0f}{b_p50:>10.2f}{b_cpu:>12.1f}")
     print("per-round ratios: " + ", ".join(f"{r:.3f}" for r in ratios))
-    print(f"ratio gateway/bare (median of rounds): {ratio:.3f} (target >= 0.8) -> "
-          f"{'PASS' if ratio >= 0.8 else 'MISS'}")
+    print(
+        f"ratio gateway/bare (median of rounds): {ratio:.3f} (target >= 0.8) -> "
+        f"{'PASS' if ratio >= 0.8 else 'MISS'}"
+    )
     print(f"CPU per request, bare/gateway: {b_cpu / g_cpu:.3f}")
     if not args.no_write and not args.disk_only:
-        write_results("hit_path", {
-            "benchmark": "hit_path",
-            "command": "python bench/hit_path.py " + " ".join(sys.argv[1:]),
-            "audio_bytes": len(audio),
-            "connections": args.connections,
-            "seconds_per_round": args.seconds,
-            "rounds": args.rounds,
-            "gateway_rps": g_runs,
-            "bare_rps": b_runs,
-            "gateway_rps_median": g,
-            "bare_rps_median": b,
-            "ratio": ratio,
-            "round_ratios": ratios,
-            "placement": where,
-            "event_loop": label(args.event_loop),
-            "gateway_cpu_us_per_request_median": g_cpu,
-            "bare_cpu_us_per_request_median": b_cpu,
-            "cpu_ratio_bare_over_gateway": b_cpu / g_cpu,
-            "target_ratio": 0.8,
-            "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
-        })
-        bar_plot("hit_path", f"Cached {len(audio) // 1000} KB WAV: gateway vs bare aiohttp",
-                 ["gateway hit", "bare aiohttp"], [g, b], "requests/s")
+        write_results(
+            "hit_path",
+            {
+                "benchmark": "hit_path",
+                "command": "python bench/hit_path.py " + " ".join(sys.argv[1:]),
+                "audio_bytes": len(audio),
+                "connections": args.connections,
+                "seconds_per_round": args.seconds,
+                "rounds": args.rounds,
+                "gateway_rps": g_runs,
+                "bare_rps": b_runs,
+                "gateway_rps_median": g,
+                "bare_rps_median": b,
+                "ratio": ratio,
+                "round_ratios": ratios,
+                "placement": where,
+                "event_loop": label(args.event_loop),
+                "gateway_cpu_us_per_request_median": g_cpu,
+                "bare_cpu_us_per_request_median": b_cpu,
+                "cpu_ratio_bare_over_gateway": b_cpu / g_cpu,
+                "target_ratio": 0.8,
+                "machine": {
+                    "cpus": __import__("os").cpu_count(),
+                    "python": platform.python_version(),
+                },
+            },
+        )
+        bar_plot(
+            "hit_path",
+            f"Cached {len(audio) // 1000} KB WAV: gateway vs bare aiohttp",
+            ["gateway hit", "bare aiohttp"],
+            [g, b],
+            "requests/s",
+        )
         print("wrote docs/bench/hit_path.json and docs/bench/hit_path.png")
     return 0
 

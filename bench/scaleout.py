@@ -110,8 +110,13 @@ async def _python_load(
     }
 
 
-def load(url: str, payload: dict[str, Any], seconds: float, connections: int,
-         cpus: set[int] | None = None) -> dict[str, Any]:
+def load(
+    url: str,
+    payload: dict[str, Any],
+    seconds: float,
+    connections: int,
+    cpus: set[int] | None = None,
+) -> dict[str, Any]:
     """Drive ``url`` from a separate process (on ``cpus`` when given) for ``seconds``;
     requests/s and latency."""
     affinity = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
@@ -195,8 +200,14 @@ def hit_path(
         wav.write_bytes(audio)
         bare_port = free_port()
         bare_proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "bench" / "bare_server.py"), str(bare_port), str(wav),
-             "audio/wav", args.event_loop],
+            [
+                sys.executable,
+                str(ROOT / "bench" / "bare_server.py"),
+                str(bare_port),
+                str(wav),
+                "audio/wav",
+                args.event_loop,
+            ],
             cwd=ROOT,
         )
         bare = f"http://127.0.0.1:{bare_port}"
@@ -230,20 +241,24 @@ def hit_path(
                     flush=True,
                 )
         after = scrape(gw.url)
-        floor = client_floor(redis_url, audio, args.connections, server_cpus, "redis-py",
-                             args.event_loop)
-        lean = client_floor(redis_url, audio, args.connections, server_cpus, "lean",
-                            args.event_loop)
-        print(f"GET of the {len(audio) // 1000} KB value alone: redis-py asyncio {floor:.0f} us "
-              f"CPU, voxgate's lean reader {lean:.0f} us", flush=True)
+        floor = client_floor(
+            redis_url, audio, args.connections, server_cpus, "redis-py", args.event_loop
+        )
+        lean = client_floor(
+            redis_url, audio, args.connections, server_cpus, "lean", args.event_loop
+        )
+        print(
+            f"GET of the {len(audio) // 1000} KB value alone: redis-py asyncio {floor:.0f} us "
+            f"CPU, voxgate's lean reader {lean:.0f} us",
+            flush=True,
+        )
         lookups = "voxgate_cache_lookups_total"
         redis_hits = metric_sum(after, lookups, tier="redis", result="hit") - metric_sum(
             before, lookups, tier="redis", result="hit"
         )
         local = sum(metric_sum(after, lookups, tier=t) for t in ("memory", "disk"))
         med = {k: statistics.median(x["rps"] for x in v) for k, v in rounds.items()}
-        bare_cpu = statistics.median(
-            x["server_cpu_us_per_request"] for x in rounds["bare_aiohttp"])
+        bare_cpu = statistics.median(x["server_cpu_us_per_request"] for x in rounds["bare_aiohttp"])
         return {
             "payload_bytes": len(audio),
             "connections": args.connections,
@@ -308,15 +323,32 @@ run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]), sys.argv
 """
 
 
-def client_floor(redis_url: str, audio: bytes, connections: int, cpus: set[int] | None,
-                 kind: str, event_loop: str) -> float:
+def client_floor(
+    redis_url: str,
+    audio: bytes,
+    connections: int,
+    cpus: set[int] | None,
+    kind: str,
+    event_loop: str,
+) -> float:
     """CPU microseconds one client spends per GET of a value of ``audio``'s size, with
     ``connections`` concurrent callers, on ``cpus``: ``kind`` is ``redis-py`` (its asyncio
     client, with the settings the tier used to read with) or ``lean`` (cache.resp.RespReader)."""
     out = subprocess.run(
-        [sys.executable, "-c", _FLOOR, redis_url, str(len(audio)), str(connections), kind,
-         event_loop],
-        capture_output=True, text=True, check=True, cwd=ROOT,
+        [
+            sys.executable,
+            "-c",
+            _FLOOR,
+            redis_url,
+            str(len(audio)),
+            str(connections),
+            kind,
+            event_loop,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
         preexec_fn=None if cpus is None else (lambda: os.sched_setaffinity(0, cpus)),
     ).stdout
     return float(out.strip())
@@ -411,8 +443,12 @@ def main() -> None:
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--skip-herd", action="store_true")
     ap.add_argument("--unix", action="store_true", help="reach Redis over a unix socket")
-    ap.add_argument("--event-loop", default="auto", choices=("auto", "uvloop", "asyncio"),
-                    help="event loop of both servers (default: auto, as the gateway's default)")
+    ap.add_argument(
+        "--event-loop",
+        default="auto",
+        choices=("auto", "uvloop", "asyncio"),
+        help="event loop of both servers (default: auto, as the gateway's default)",
+    )
     ap.add_argument("--load", metavar="URL", help=argparse.SUPPRESS)
     ap.add_argument("--payload", help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -137,7 +137,9 @@ class RespProtocol(asyncio.BufferedProtocol):
     @property
     def usable(self) -> bool:
         """True while the connection is open."""
-        return self._transport is not None and self._lost is None and not self._transport.is_closing()
+        return (
+            self._transport is not None and self._lost is None and not self._transport.is_closing()
+        )
 
     def request(self, command: bytes, decode: Decode | None = None) -> asyncio.Future[Any]:
         """Send one encoded command; the future resolves with its reply.
@@ -338,9 +340,7 @@ class RespReader:
             if self.path:
                 _, conn = await loop.create_unix_connection(RespProtocol, self.path)
             else:
-                transport, conn = await loop.create_connection(
-                    RespProtocol, self.host, self.port
-                )
+                transport, conn = await loop.create_connection(RespProtocol, self.host, self.port)
                 sock = transport.get_extra_info("socket")
                 if sock is not None:  # asyncio sets it already on 3.11+; be explicit
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -67,9 +67,9 @@ class AccessLog:
         second = int(now)
         if second != self._second:
             self._second = second
-            self._prefix = datetime.datetime.fromtimestamp(
-                second, datetime.timezone.utc
-            ).strftime("%Y-%m-%dT%H:%M:%S")
+            self._prefix = datetime.datetime.fromtimestamp(second, datetime.timezone.utc).strftime(
+                "%Y-%m-%dT%H:%M:%S"
+            )
         return f"{self._prefix}.{int((now - second) * 1000):03d}+00:00"
 
     def record(

@@ -199,7 +199,8 @@ async def _cache_stats(settings: Settings) -> list[dict[str, Any]]:
     if settings.redis_url:
         # The memory tier lives inside each server process: its figures are on /metrics.
         redis = RedisTier.from_url(
-            settings.redis_url, prefix=settings.redis_prefix,
+            settings.redis_url,
+            prefix=settings.redis_prefix,
             timeout_s=settings.redis_timeout_ms / 1000,
         )
         row: dict[str, Any] = {"tier": "redis", "url": _safe_url(settings.redis_url)}
@@ -238,8 +239,10 @@ def cmd_cache_stats(args: argparse.Namespace) -> int:
                 if "error" in s:
                     print(f"  unreachable: {s['error']}")
                 else:
-                    print(f"  keys    {s['keys']:>10}  (the whole database: Redis may be shared)\n"
-                          f"  memory  {s['used_memory_bytes']:>10}  bytes used")
+                    print(
+                        f"  keys    {s['keys']:>10}  (the whole database: Redis may be shared)\n"
+                        f"  memory  {s['used_memory_bytes']:>10}  bytes used"
+                    )
                 continue
             print(
                 f"{s['tier']:<8} {s['directory']}\n  entries {s['entries']:>10}  "

@@ -29,8 +29,14 @@ class AudioResponse(web.Response):
     object to the transport as it is.
     """
 
-    def __init__(self, request: web.Request, *, body: bytes, status: int = 200,
-                 headers: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        request: web.Request,
+        *,
+        body: bytes,
+        status: int = 200,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(body=body, status=status, headers=headers)
         self._writer = request.writer if len(body) >= SEPARATE_HEADERS_FROM else None
 

@@ -55,7 +55,6 @@ def _hit_headers_for(key: str, fmt: audio.AudioFormat, rate: int) -> CIMultiDict
     return headers
 
 
-
 def _record(request: web.Request, req: SpeechRequest, key: str, cache: str) -> None:
     request[keys.CACHE_RESULT] = cache
     request[keys.AUDIO_KEY] = key
@@ -75,7 +74,8 @@ async def serve_speech(
         if entry is not None:
             _record(request, req, key, "hit")
             return AudioResponse(
-                request, body=entry.audio,
+                request,
+                body=entry.audio,
                 headers=_hit_headers_for(key, req.fmt, entry.meta.sample_rate),
             )
     if none_match(request, etag_for(key), exists=False):

@@ -39,9 +39,19 @@ class RequestObserver:
         self._children[k] = children
         return children
 
-    def observe(self, *, route: str, method: str, status: int, cache: str, key: str | None,
-                seconds: float, nbytes: int, ttfb: float | None = None,
-                client: str | None = None) -> None:
+    def observe(
+        self,
+        *,
+        route: str,
+        method: str,
+        status: int,
+        cache: str,
+        key: str | None,
+        seconds: float,
+        nbytes: int,
+        ttfb: float | None = None,
+        client: str | None = None,
+    ) -> None:
         """Record one answered request (``route`` is the route template, never the path)."""
         k = (route, method, status, cache)
         children = self._children.get(k)
@@ -52,5 +62,13 @@ class RequestObserver:
         timer.observe(seconds)
         first.observe(seconds if ttfb is None else ttfb)
         sent.inc(nbytes)
-        self.log.record(route=route, method=method, status=status, key=key, cache=cache,
-                        seconds=seconds, nbytes=nbytes, client=client)
+        self.log.record(
+            route=route,
+            method=method,
+            status=status,
+            key=key,
+            cache=cache,
+            seconds=seconds,
+            nbytes=nbytes,
+            client=client,
+        )

@@ -330,8 +330,9 @@ def build_openapi(settings: Settings) -> dict[str, Any]:
                                             "type": "array",
                                             "description": "Strings, or objects with input, "
                                             "voice, model, response_format, speed, sample_rate.",
-                                            "items": {"oneOf": [{"type": "string"},
-                                                                {"type": "object"}]},
+                                            "items": {
+                                                "oneOf": [{"type": "string"}, {"type": "object"}]
+                                            },
                                         },
                                         "defaults": {
                                             "type": "object",

@@ -310,8 +310,15 @@ class Settings:
         need(
             not self.redis_url
             or self.redis_url.split("://", 1)[0].lower()
-            in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel",
-                "rediss+sentinel"),
+            in (
+                "redis",
+                "rediss",
+                "unix",
+                "redis+cluster",
+                "rediss+cluster",
+                "redis+sentinel",
+                "rediss+sentinel",
+            ),
             "redis_url",
             "must start with redis://, rediss://, unix://, redis+cluster:// or redis+sentinel://",
         )
@@ -365,6 +372,7 @@ class Settings:
         if self.max_batch:
             return self.max_batch
         return 8 if self.uses_cuda() else 1
+
     # --- operations (issue 6) ---
     log_format: str = _opt(
         "json", "Log line format: json (one JSON object a line) or text (for a terminal)."
@@ -400,6 +408,7 @@ class Settings:
         ):
             if not ok:
                 raise SettingsError(f"setting {key!r}: {what} (got {getattr(self, key)!r})")
+
 
 def settings_table() -> str:
     """The settings as a Markdown table (the README's table is this, checked by a test)."""

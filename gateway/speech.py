@@ -156,8 +156,15 @@ class SpeechService:
         changed pause never serves audio assembled with the old one.
         """
         engine = self.models[req.model].engine
-        memo_key = (req.text, req.model, req.voice, req.fmt.name, req.speed, req.sample_rate,
-                    engine.fingerprint)
+        memo_key = (
+            req.text,
+            req.model,
+            req.voice,
+            req.fmt.name,
+            req.speed,
+            req.sample_rate,
+            engine.fingerprint,
+        )
         keys = self._key_memo.get(memo_key)
         if keys is not None:
             return keys

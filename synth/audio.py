@@ -258,7 +258,9 @@ class StreamEncoder:
         out = resample(pcm, src_rate, self.rate)
         if self._codec is None:
             if self.fmt.container == "WAV":
-                raw = FORMATS["pcm"] if self.fmt.subtype == "PCM_16" else _RAW_G711[self.fmt.subtype]
+                raw = (
+                    FORMATS["pcm"] if self.fmt.subtype == "PCM_16" else _RAW_G711[self.fmt.subtype]
+                )
                 return encode(out, self.rate, raw)
             return encode(out, self.rate, self.fmt)
         import av

@@ -401,7 +401,9 @@ class CoquiEngine:
             )
         pcm = np.asarray(wav, dtype=np.float32)
         if not len(pcm):
-            raise UnspeakableInput("the model produced no audio for this input: it has nothing to speak")
+            raise UnspeakableInput(
+                "the model produced no audio for this input: it has nothing to speak"
+            )
         return Audio(pcm, self.sample_rate)
 
 

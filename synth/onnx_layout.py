@@ -55,15 +55,20 @@ def conv1d_as_conv2d(model: Any) -> int:
             arr = numpy_helper.to_array(init)
             weights_2d[weight] = f"{weight}__2d"
             graph.initializer.append(
-                numpy_helper.from_array(np.ascontiguousarray(arr[:, :, None, :]), weights_2d[weight])
+                numpy_helper.from_array(
+                    np.ascontiguousarray(arr[:, :, None, :]), weights_2d[weight]
+                )
             )
         x, y = node.input[0], node.output[0]
         x4, y4 = f"{y}__in2d", f"{y}__out2d"
         nodes.append(helper.make_node("Unsqueeze", [x, _AXES], [x4]))
         nodes.append(
             helper.make_node(
-                node.op_type, [x4, weights_2d[weight], *node.input[2:]], [y4],
-                name=node.name, **_attrs_2d(node),
+                node.op_type,
+                [x4, weights_2d[weight], *node.input[2:]],
+                [y4],
+                name=node.name,
+                **_attrs_2d(node),
             )
         )
         nodes.append(helper.make_node("Squeeze", [y4, _AXES], [y]))

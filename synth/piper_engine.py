@@ -137,7 +137,9 @@ class PiperEngine:
         )
         chunks = [c.audio_float_array for c in voice.synthesize(item.text, syn_config=config)]
         if not chunks:
-            raise UnspeakableInput("the voice produced no audio for this input: it has nothing to speak")
+            raise UnspeakableInput(
+                "the voice produced no audio for this input: it has nothing to speak"
+            )
         pcm = np.concatenate(chunks).astype(np.float32, copy=False)
         return Audio(pcm, self.sample_rate)
 

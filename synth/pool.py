@@ -150,9 +150,7 @@ class _Worker:
             "EngineDead": EngineDead,
             "SynthesisTimeout": SynthesisTimeout,
             "UnspeakableInput": UnspeakableInput,
-        }.get(
-            kind, EngineError
-        )
+        }.get(kind, EngineError)
         raise error(message)
 
     def kill(self) -> None:

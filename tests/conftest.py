@@ -73,8 +73,11 @@ async def gateway(
         engines: Mapping[str, Engine] | None = None,
         wait_ready: bool = True,
     ) -> TestClient[Any, Any]:
-        app = create_app(settings, metrics=metrics,
-                         engines=engines if engines is not None else {"piper": counting_engine})
+        app = create_app(
+            settings,
+            metrics=metrics,
+            engines=engines if engines is not None else {"piper": counting_engine},
+        )
         client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"))
         await client.start_server()
         clients.append(client)

@@ -75,8 +75,19 @@ class CountingEngine:
 def serve_command(port: int, cache_dir: Path, *args: str) -> list[str]:
     """``python -m gateway serve`` on 127.0.0.1:``port`` with its own cache dir (run it with
     ``cwd`` = the repo root, so the tree under test is the one imported)."""
-    return [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(port),
-            "--cache-dir", str(cache_dir), *args]
+    return [
+        sys.executable,
+        "-m",
+        "gateway",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--cache-dir",
+        str(cache_dir),
+        *args,
+    ]
 
 
 def free_port() -> int:
@@ -89,8 +100,7 @@ def free_port() -> int:
 class RedisServer:
     """A real ``redis-server`` on a free loopback port, in its own temp directory."""
 
-    def __init__(self, directory: Path, port: int | None = None,
-                 extra: Sequence[str] = ()) -> None:
+    def __init__(self, directory: Path, port: int | None = None, extra: Sequence[str] = ()) -> None:
         self.directory = directory
         self.port = port or free_port()
         self.extra = list(extra)
@@ -106,15 +116,29 @@ class RedisServer:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
         self.directory.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.directory), *self.extra],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.directory),
+                *self.extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(
-                ("127.0.0.1", self.port), timeout=0.2
-            ) as s:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s,
+            ):
                 s.sendall(b"PING\r\n")
                 if s.recv(16).startswith(b"+PONG"):
                     return

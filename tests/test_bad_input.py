@@ -34,23 +34,41 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
     ("not JSON at all", b"input=hello&voice=alloy", 400, None, "not valid JSON"),
     ("JSON but not an object", b'["tts-1", "hello"]', 400, None, "JSON object"),
     ("empty body", b"", 400, None, "empty"),
-    ("invalid UTF-8", b'{"model": "tts-1", "input": "caf\xe9", "voice": "alloy"}', 400, None,
-     "UTF-8"),
-    ("lone surrogate", b'{"model": "tts-1", "input": "a\\ud800b", "voice": "alloy"}', 400,
-     "input", "invalid Unicode"),
+    (
+        "invalid UTF-8",
+        b'{"model": "tts-1", "input": "caf\xe9", "voice": "alloy"}',
+        400,
+        None,
+        "UTF-8",
+    ),
+    (
+        "lone surrogate",
+        b'{"model": "tts-1", "input": "a\\ud800b", "voice": "alloy"}',
+        400,
+        "input",
+        "invalid Unicode",
+    ),
     ("oversized body", {**GOOD, "input": "x" * 300_000}, 413, None, "too large"),
 ]
 
 
-@pytest.mark.parametrize(("name", "payload", "status", "param", "words"), CASES,
-                         ids=[c[0] for c in CASES])
-async def test_bad_input(gateway: GatewayFactory, counting_engine: CountingEngine,
-                         name: str, payload: Any, status: int, param: str | None,
-                         words: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "payload", "status", "param", "words"), CASES, ids=[c[0] for c in CASES]
+)
+async def test_bad_input(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    name: str,
+    payload: Any,
+    status: int,
+    param: str | None,
+    words: str,
+) -> None:
     client = await gateway()
     data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    resp = await client.post("/v1/audio/speech", data=data,
-                             headers={"Content-Type": "application/json"})
+    resp = await client.post(
+        "/v1/audio/speech", data=data, headers={"Content-Type": "application/json"}
+    )
     assert resp.status == status, await resp.text()
     assert resp.content_type == "application/json"
     err = (await resp.json())["error"]

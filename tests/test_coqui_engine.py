@@ -154,7 +154,9 @@ async def test_gateway_serves_coqui_beside_piper(
     settings = settings.replace(
         coqui_model=str(model), coqui_config=str(config), coqui_mode=mode, synth_workers=workers
     )
-    client = await gateway(settings=settings, engines=await asyncio.to_thread(default_engine_specs, settings))
+    client = await gateway(
+        settings=settings, engines=await asyncio.to_thread(default_engine_specs, settings)
+    )
     listing = await (await client.get("/v1/voices")).json()
     models = {m["id"]: m for m in listing["models"]}
     assert set(models) == {"piper", "coqui"}

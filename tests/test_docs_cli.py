@@ -38,8 +38,11 @@ def test_settings_precedence_and_errors(tmp_path: Path) -> None:
     cfg.write_text('port = 9000\nqueue_size = 5\n[voice_aliases]\nalloy = "joe"\n')
     s = Settings.load(config_file=cfg, env={"VOXGATE_PORT": "9100"}, overrides={"queue_size": "7"})
     assert (s.port, s.queue_size, s.voice_aliases) == (9100, 7, {"alloy": "joe"})
-    for env, key in (({"VOXGATE_PORT": "eighty"}, "port"), ({"VOXGATE_QUEUE_SIZE": "0"},
-                     "queue_size"), ({"VOXGATE_ACCESS_LOG": "maybe"}, "access_log")):
+    for env, key in (
+        ({"VOXGATE_PORT": "eighty"}, "port"),
+        ({"VOXGATE_QUEUE_SIZE": "0"}, "queue_size"),
+        ({"VOXGATE_ACCESS_LOG": "maybe"}, "access_log"),
+    ):
         try:
             Settings.load(env=env)
         except SettingsError as exc:
@@ -59,7 +62,10 @@ def test_settings_precedence_and_errors(tmp_path: Path) -> None:
 def run_cli(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gateway", *args, "--cache-dir", str(cache)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -98,8 +104,9 @@ def test_cache_stats_reports_redis_and_never_prints_its_password(tmp_path: Path)
         assert shared["tier"] == "redis" and shared["keys"] == 0
         assert shared["used_memory_bytes"] > 0
     down = f"redis://ops:hunter2@127.0.0.1:{free_port()}/0"
-    bad = run_cli("cache", "stats", "--redis-url", down, "--redis-timeout-ms", "300",
-                  cache=tmp_path / "c")
+    bad = run_cli(
+        "cache", "stats", "--redis-url", down, "--redis-timeout-ms", "300", cache=tmp_path / "c"
+    )
     assert bad.returncode == 1
     assert "unreachable" in bad.stdout and "ops:***@127.0.0.1" in bad.stdout
     assert "hunter2" not in bad.stdout + bad.stderr

@@ -82,8 +82,12 @@ async def test_uvloop_server_with_worker_processes_synthesizes_then_hits(tmp_pat
     server = ServerProcess(tmp_path, "--event-loop", "uvloop", "--synth-workers", "1")
     try:
         await asyncio.to_thread(server.wait_ready)
-        body = {"model": "tts-1", "input": "Your call is important to us.", "voice": "alloy",
-                "response_format": "wav"}
+        body = {
+            "model": "tts-1",
+            "input": "Your call is important to us.",
+            "voice": "alloy",
+            "response_format": "wav",
+        }
         async with aiohttp.ClientSession() as session:
             seen = []
             for _ in range(2):

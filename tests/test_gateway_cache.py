@@ -24,8 +24,9 @@ def body(**kw: Any) -> dict[str, Any]:
     return base
 
 
-async def test_miss_then_hit_byte_identical(gateway: GatewayFactory,
-                                            counting_engine: CountingEngine) -> None:
+async def test_miss_then_hit_byte_identical(
+    gateway: GatewayFactory, counting_engine: CountingEngine
+) -> None:
     client = await gateway()
     r1 = await client.post("/v1/audio/speech", json=body())
     assert r1.status == 200
@@ -41,8 +42,9 @@ async def test_miss_then_hit_byte_identical(gateway: GatewayFactory,
     assert counting_engine.items == 1
 
 
-async def test_whitespace_and_nfc_variants_hit(gateway: GatewayFactory,
-                                               counting_engine: CountingEngine) -> None:
+async def test_whitespace_and_nfc_variants_hit(
+    gateway: GatewayFactory, counting_engine: CountingEngine
+) -> None:
     client = await gateway()
     text = "Caf\u00e9 opens at nine."
     r1 = await client.post("/v1/audio/speech", json=body(input=text))
@@ -58,9 +60,14 @@ async def test_changed_parameters_change_the_key(gateway: GatewayFactory) -> Non
     client = await gateway()
     base = await client.post("/v1/audio/speech", json=body())
     keys = {base.headers["X-Audio-Key"]}
-    for change in ({"input": SENTENCE.lower()}, {"input": SENTENCE.rstrip(".") + "!"},
-                   {"speed": 1.25}, {"response_format": "flac"}, {"sample_rate": 16000},
-                   {"response_format": "pcm"}):
+    for change in (
+        {"input": SENTENCE.lower()},
+        {"input": SENTENCE.rstrip(".") + "!"},
+        {"speed": 1.25},
+        {"response_format": "flac"},
+        {"sample_rate": 16000},
+        {"response_format": "pcm"},
+    ):
         r = await client.post("/v1/audio/speech", json=body(**change))
         assert r.status == 200, await r.text()
         assert r.headers["X-Cache"] in ("MISS", "HIT")
@@ -68,9 +75,9 @@ async def test_changed_parameters_change_the_key(gateway: GatewayFactory) -> Non
     assert len(keys) == 7
 
 
-async def test_model_change_changes_the_key(gateway: GatewayFactory, tmp_path: Any,
-                                            settings: Settings,
-                                            counting_engine: CountingEngine) -> None:
+async def test_model_change_changes_the_key(
+    gateway: GatewayFactory, tmp_path: Any, settings: Settings, counting_engine: CountingEngine
+) -> None:
     client = await gateway()
     r1 = await client.post("/v1/audio/speech", json=body())
     counting_engine.fingerprint = "0" * 64  # as if the weights changed
@@ -102,8 +109,9 @@ async def test_fifty_concurrent_identical_misses_synthesize_once(
     assert ok == 1.0
 
 
-async def test_wav_and_flac_decode_at_voice_rate(gateway: GatewayFactory,
-                                                 counting_engine: CountingEngine) -> None:
+async def test_wav_and_flac_decode_at_voice_rate(
+    gateway: GatewayFactory, counting_engine: CountingEngine
+) -> None:
     client = await gateway()
     for fmt in ("wav", "flac"):
         r = await client.post("/v1/audio/speech", json=body(response_format=fmt))
@@ -114,8 +122,7 @@ async def test_wav_and_flac_decode_at_voice_rate(gateway: GatewayFactory,
 
 
 async def test_corrupted_disk_entry_is_never_served(
-    gateway: GatewayFactory, settings: Settings, counting_engine: CountingEngine,
-    metrics: Metrics
+    gateway: GatewayFactory, settings: Settings, counting_engine: CountingEngine, metrics: Metrics
 ) -> None:
     # No memory tier, so every read goes to disk.
     client = await gateway(settings=settings.replace(memory_cache_mb=0))
@@ -140,6 +147,10 @@ async def test_corrupted_disk_entry_is_never_served(
     data, rate = sf.read(io.BytesIO(await again.read()))
     assert rate == 22050 and len(data) / rate > 0.5
     assert counting_engine.items == 2
-    assert metrics.registry.get_sample_value(
-        "voxgate_cache_lookups_total", {"tier": "disk", "result": "corrupt"}) == 2.0
+    assert (
+        metrics.registry.get_sample_value(
+            "voxgate_cache_lookups_total", {"tier": "disk", "result": "corrupt"}
+        )
+        == 2.0
+    )
     assert len(good) > 0

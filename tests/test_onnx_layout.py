@@ -36,18 +36,28 @@ def decoder_like() -> onnx.ModelProto:
         numpy_helper.from_array(w(16, 4, 7), "w4"),  # group 4: (out, in/group, k)
     ]
     nodes = [
-        helper.make_node("Conv", ["x", "w1"], ["h1"], kernel_shape=[3], pads=[3, 3],
-                         dilations=[3]),
+        helper.make_node("Conv", ["x", "w1"], ["h1"], kernel_shape=[3], pads=[3, 3], dilations=[3]),
         helper.make_node("LeakyRelu", ["h1"], ["h2"], alpha=0.1),
-        helper.make_node("Conv", ["h2", "w2", "b2"], ["h3"], kernel_shape=[5], pads=[2, 1],
-                         strides=[2]),
-        helper.make_node("ConvTranspose", ["h3", "w3"], ["h4"], kernel_shape=[4], strides=[2],
-                         pads=[1, 1], output_padding=[1]),
+        helper.make_node(
+            "Conv", ["h2", "w2", "b2"], ["h3"], kernel_shape=[5], pads=[2, 1], strides=[2]
+        ),
+        helper.make_node(
+            "ConvTranspose",
+            ["h3", "w3"],
+            ["h4"],
+            kernel_shape=[4],
+            strides=[2],
+            pads=[1, 1],
+            output_padding=[1],
+        ),
         helper.make_node("Conv", ["h4", "w4"], ["y"], kernel_shape=[7], pads=[3, 3], group=4),
     ]
     graph = helper.make_graph(
-        nodes, "decoder", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, None])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, None])], inits,
+        nodes,
+        "decoder",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, None])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, None])],
+        inits,
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 

@@ -18,8 +18,7 @@ def miss(i: int) -> dict[str, object]:
 
 
 async def test_full_queue_503_while_hits_served(
-    gateway: GatewayFactory, settings: Settings, counting_engine: CountingEngine,
-    metrics: Metrics
+    gateway: GatewayFactory, settings: Settings, counting_engine: CountingEngine, metrics: Metrics
 ) -> None:
     client = await gateway(settings=settings.replace(queue_size=2, retry_after_s=3))
     warm = await client.post("/v1/audio/speech", json=CACHED)
@@ -56,12 +55,16 @@ async def test_full_queue_503_while_hits_served(
         counting_engine.release.set()
     responses = await asyncio.gather(*inflight)
     assert [r.status for r in responses] == [200, 200, 200]
-    assert metrics.registry.get_sample_value(
-        "voxgate_synthesis_rejected_total", {"model": "piper"}) == 1.0
+    assert (
+        metrics.registry.get_sample_value("voxgate_synthesis_rejected_total", {"model": "piper"})
+        == 1.0
+    )
 
 
-async def test_readyz_503_until_warm(gateway: GatewayFactory, counting_engine: CountingEngine,
-                                     ) -> None:
+async def test_readyz_503_until_warm(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+) -> None:
     counting_engine.release.clear()  # warm-up blocks
     try:
         slow = CountingEngine(counting_engine.inner)

@@ -25,16 +25,20 @@ KEY = "f" * 64
 
 def replica_synced(port: int, key: str) -> bool:
     cli = shutil.which("redis-cli") or "redis-cli"
-    out = subprocess.run([cli, "-p", str(port), "exists", key], capture_output=True, text=True,
-                         timeout=5).stdout
+    out = subprocess.run(
+        [cli, "-p", str(port), "exists", key], capture_output=True, text=True, timeout=5
+    ).stdout
     return out.strip() == "1"
 
 
 @pytest.mark.slow
 async def test_tier_follows_a_sentinel_failover_without_a_restart(tmp_path: Path) -> None:
-    with redis_server(tmp_path / "master") as master, redis_server(
-        tmp_path / "replica", extra=["--replicaof", "127.0.0.1", str(master.port)]
-    ) as replica:
+    with (
+        redis_server(tmp_path / "master") as master,
+        redis_server(
+            tmp_path / "replica", extra=["--replicaof", "127.0.0.1", str(master.port)]
+        ) as replica,
+    ):
         sentinel = SentinelServer(tmp_path / "sentinel", master.port)
         await asyncio.to_thread(sentinel.start)
         try:
@@ -43,12 +47,15 @@ async def test_tier_follows_a_sentinel_failover_without_a_restart(tmp_path: Path
                 functools.partial(
                     RedisTier.from_url,
                     f"redis+sentinel://127.0.0.1:{sentinel.port}/{sentinel.service}/0",
-                    metrics=metrics, timeout_s=0.5, breaker_failures=2,
+                    metrics=metrics,
+                    timeout_s=0.5,
+                    breaker_failures=2,
                     breaker_reset_s=0.5,
                 )
             )
-            entry = Entry.create(b"RIFF" + b"\x01" * 4000, content_type="audio/wav",
-                                 fmt="wav", sample_rate=16000)
+            entry = Entry.create(
+                b"RIFF" + b"\x01" * 4000, content_type="audio/wav", fmt="wav", sample_rate=16000
+            )
             await tier.put(KEY, entry)
             name = tier.entry_key(KEY)
             deadline = time.monotonic() + 10

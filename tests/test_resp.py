@@ -193,7 +193,9 @@ async def test_a_lost_connection_fails_what_is_in_flight_and_refuses_more() -> N
 
 
 def test_commands_are_encoded_as_arrays_of_bulk_strings() -> None:
-    assert encode_command(b"GET", "k\u00e9", 5) == b"*3\r\n$3\r\nGET\r\n$3\r\nk\xc3\xa9\r\n$1\r\n5\r\n"
+    assert (
+        encode_command(b"GET", "k\u00e9", 5) == b"*3\r\n$3\r\nGET\r\n$3\r\nk\xc3\xa9\r\n$1\r\n5\r\n"
+    )
 
 
 @pytest.mark.parametrize(
@@ -240,7 +242,9 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
         yield server
 
 
-async def seed(port: int, key: str, value: bytes, *, password: str | None = None, db: int = 0) -> None:
+async def seed(
+    port: int, key: str, value: bytes, *, password: str | None = None, db: int = 0
+) -> None:
     client = aioredis.Redis(port=port, password=password, db=db)
     await client.set(key, value)
     await client.aclose()
@@ -249,7 +253,9 @@ async def seed(port: int, key: str, value: bytes, *, password: str | None = None
 @pytest.mark.parametrize(
     "credentials", [":s3cret@", "app:apppw@", "default:s3cret@"], ids=["password", "acl", "default"]
 )
-async def test_auth_and_select_against_a_real_server(secured: RedisServer, credentials: str) -> None:
+async def test_auth_and_select_against_a_real_server(
+    secured: RedisServer, credentials: str
+) -> None:
     await seed(secured.port, "k", BIG, password="s3cret", db=5)
     reader = RespReader.for_url(f"redis://{credentials}127.0.0.1:{secured.port}/5")
     assert reader is not None

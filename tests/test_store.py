@@ -23,8 +23,15 @@ async def open_disk(path: Path) -> DiskTier:
 
 
 def entry(data: bytes, *, voice: str = "joe", model: str = "piper", pinned: bool = False) -> Entry:
-    return Entry.create(data, content_type="audio/wav", fmt="wav", sample_rate=22050,
-                        voice=voice, model=model, pinned=pinned)
+    return Entry.create(
+        data,
+        content_type="audio/wav",
+        fmt="wav",
+        sample_rate=22050,
+        voice=voice,
+        model=model,
+        pinned=pinned,
+    )
 
 
 def test_normalization_keeps_case_and_punctuation() -> None:
@@ -36,11 +43,17 @@ def test_normalization_keeps_case_and_punctuation() -> None:
 def test_keys_differ_by_every_field() -> None:
     base = dict(text="hi", engine="piper", voice="joe", fingerprint="f", params={"speed": 1.0})
     k = master_key(**base)  # type: ignore[arg-type]
-    for field, value in (("text", "Hi"), ("engine", "coqui"), ("voice", "amy"),
-                         ("fingerprint", "g"), ("params", {"speed": 1.5})):
+    for field, value in (
+        ("text", "Hi"),
+        ("engine", "coqui"),
+        ("voice", "amy"),
+        ("fingerprint", "g"),
+        ("params", {"speed": 1.5}),
+    ):
         assert master_key(**{**base, field: value}) != k  # type: ignore[arg-type]
     assert rendition_key(k, fmt="wav", sample_rate=8000) != rendition_key(
-        k, fmt="wav", sample_rate=16000)
+        k, fmt="wav", sample_rate=16000
+    )
     assert len(k) == 64
 
 
@@ -52,8 +65,12 @@ async def test_read_promotes_from_disk_to_memory(tmp_path: Path) -> None:
     found = await store.get("k" * 64)
     assert found is not None and found.tier == "disk"
     assert memory.get_nowait("k" * 64) is not None
-    assert m.registry.get_sample_value(
-        "voxgate_cache_lookups_total", {"tier": "disk", "result": "hit"}) == 1.0
+    assert (
+        m.registry.get_sample_value(
+            "voxgate_cache_lookups_total", {"tier": "disk", "result": "hit"}
+        )
+        == 1.0
+    )
     await store.close()
 
 
@@ -69,8 +86,12 @@ async def test_corrupt_disk_entry_is_a_counted_miss_and_deleted(tmp_path: Path) 
     raw[-10] ^= 0xFF
     path.write_bytes(bytes(raw))
     assert await store.get(key) is None
-    assert m.registry.get_sample_value(
-        "voxgate_cache_lookups_total", {"tier": "disk", "result": "corrupt"}) == 1.0
+    assert (
+        m.registry.get_sample_value(
+            "voxgate_cache_lookups_total", {"tier": "disk", "result": "corrupt"}
+        )
+        == 1.0
+    )
     assert await disk.get(key) is None  # deleted
     await store.close()
 
@@ -122,8 +143,9 @@ def test_checksums_are_crc32c_and_legacy_blake2b_entries_still_verify() -> None:
     fresh = Entry.create(audio, content_type="audio/wav", fmt="wav", sample_rate=22050)
     assert fresh.meta.checksum.startswith("crc32c:")
     fresh.verify()
-    legacy = replace(fresh, meta=replace(
-        fresh.meta, checksum=hashlib.blake2b(audio, digest_size=16).hexdigest()))
+    legacy = replace(
+        fresh, meta=replace(fresh.meta, checksum=hashlib.blake2b(audio, digest_size=16).hexdigest())
+    )
     assert Entry.from_blob(legacy.to_blob()).audio == audio  # written before CRC-32C
     for e in (fresh, legacy):
         bad = bytearray(e.to_blob())
