@@ -17,7 +17,7 @@ from aiohttp import web
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gateway.eventloop import factory  # noqa: E402
+from gateway.runtime.eventloop import factory  # noqa: E402
 
 
 def main() -> None:

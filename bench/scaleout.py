@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import cpu_seconds, cpu_split, pin, placement, wait_http  # noqa: E402
-from gateway.eventloop import label  # noqa: E402
+from gateway.runtime.eventloop import label  # noqa: E402
 from tests.redis_support import GatewayProcess, gateway_processes, metric_sum  # noqa: E402
 from tests.support import free_port, redis_server  # noqa: E402
 
@@ -299,7 +299,7 @@ import asyncio, os, sys, time
 sys.path.insert(0, os.getcwd())
 import redis.asyncio as ra
 from cache.resp import RespReader
-from gateway.eventloop import run
+from gateway.runtime.eventloop import run
 async def main(url, size, conns, kind):
     r = ra.Redis.from_url(url, socket_read_size=1 << 20)
     await r.set("voxgate-bench-floor", os.urandom(size))

@@ -30,8 +30,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from gateway.app import create_app, wait_ready
-from gateway.settings import Settings
+from gateway.http.app import create_app, wait_ready
+from gateway.runtime.settings import Settings
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "bench"
 

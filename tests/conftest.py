@@ -12,8 +12,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from blockbuster import blockbuster_ctx
 
-from gateway.app import create_app
-from gateway.settings import Settings
+from gateway.http.app import create_app
+from gateway.runtime.settings import Settings
 from metrics import Metrics
 from synth.engine import Engine
 from synth.piper_engine import PiperEngine, PiperVoiceFiles

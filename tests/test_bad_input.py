@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.settings import Settings
+from gateway.runtime.settings import Settings
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine
 
@@ -138,7 +138,7 @@ async def test_405_names_the_allowed_methods(gateway: GatewayFactory) -> None:
 async def test_a_bug_in_a_handler_is_a_json_500_and_the_server_keeps_serving(
     gateway: GatewayFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from gateway import app as app_module
+    from gateway.http import handlers as app_module
 
     client = await gateway()
 

@@ -126,7 +126,7 @@ async def test_synthesize_bad_input(
 
 
 def test_cli_logging_keeps_piper_text_out_at_debug() -> None:
-    from gateway.cli import _setup_logging
+    from gateway.cli.common import setup_logging as _setup_logging
 
     piper = logging.getLogger("piper")
     before = piper.level

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from gateway.components import default_engine_specs
-from gateway.settings import Settings
+from gateway.runtime.components import default_engine_specs
+from gateway.runtime.settings import Settings
 from synth.coqui_engine import CoquiEngine
 from synth.engine import Engine, SynthesisItem
 from tests.conftest import GatewayFactory

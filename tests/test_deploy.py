@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.settings import Settings, SettingsError
+from gateway.runtime.settings import Settings, SettingsError
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import soundfile as sf
 
-from gateway.settings import Settings, SettingsError, settings_table
+from gateway.runtime.settings import Settings, SettingsError, settings_table
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from gateway import cli, eventloop
+from gateway.cli import main as cli
+from gateway.runtime import eventloop
 from tests.ops_support import ServerProcess
 
 UVLOOP = importlib.util.find_spec("uvloop") is not None

@@ -9,8 +9,8 @@ from typing import Any
 import soundfile as sf
 
 from cache.disk import DiskTier
-from gateway import keys
-from gateway.settings import Settings
+from gateway.http import keys
+from gateway.runtime.settings import Settings
 from metrics import Metrics
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine

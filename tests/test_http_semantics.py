@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gateway.conditional import RangeError, parse_range
+from gateway.http.conditional import RangeError, parse_range
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gateway.app import create_app
-from gateway.settings import Settings
+from gateway.http.app import create_app
+from gateway.runtime.settings import Settings
 from synth import audio
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine
@@ -44,7 +44,7 @@ async def test_every_route_is_described_and_the_saved_copy_matches(
     assert described <= routes, described - routes  # nothing described that is not served
     saved = json.loads(SAVED.read_text())
     assert saved == served, (
-        "docs/openapi.json is stale: python -m gateway.openapi docs/openapi.json"
+        "docs/openapi.json is stale: python -m gateway.http.openapi docs/openapi.json"
     )
 
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from cache.tier import TierError, TierStats
-from gateway import keys
+from gateway.http import keys
 from metrics import Metrics
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.catalogue import CatalogueError, parse_catalogue, read_catalogue
-from gateway.cli_ops import parse_duration
-from gateway.logs import JsonFormatter, TextFormatter, configure_logging
+from gateway.api.catalogue import CatalogueError, parse_catalogue, read_catalogue
+from gateway.cli.cache import parse_duration
+from gateway.runtime.logs import JsonFormatter, TextFormatter, configure_logging
 
 
 def test_txt_catalogue_skips_blanks_and_comments() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gateway.settings import Settings
+from gateway.runtime.settings import Settings
 from metrics import Metrics
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway import keys
-from gateway.settings import Settings
+from gateway.http import keys
+from gateway.runtime.settings import Settings
 from metrics import Metrics
 from synth.engine import SynthesisItem
 from synth.errors import EngineDead, SynthesisTimeout

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.settings import Settings
+from gateway.runtime.settings import Settings
 from metrics import Metrics
 from tests.conftest import GatewayFactory
 from tests.redis_support import gateway_processes, metric_sum

@@ -336,7 +336,7 @@ async def test_tier_survives_redis_outage_and_recovers_without_restart(tmp_path:
 
 
 def test_redis_settings_mask_the_url_and_reject_unknown_schemes() -> None:
-    from gateway.settings import Settings, SettingsError
+    from gateway.runtime.settings import Settings, SettingsError
 
     s = Settings.load(env={"VOXGATE_REDIS_URL": "redis://user:s3cret@127.0.0.1:6379/0"})
     assert s.redis_url.endswith("@127.0.0.1:6379/0")

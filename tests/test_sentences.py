@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from gateway.settings import Settings
+from gateway.runtime.settings import Settings
 from metrics import Metrics
 from synth import sentences
 from tests.conftest import GatewayFactory

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway import keys
-from gateway.components import default_engine_specs
-from gateway.settings import Settings, SettingsError
+from gateway.http import keys
+from gateway.runtime.components import default_engine_specs
+from gateway.runtime.settings import Settings, SettingsError
 from metrics import Metrics
 from tests.conftest import GatewayFactory
 

@@ -17,8 +17,8 @@ from cache.memory import MemoryTier
 from cache.redis_tier import RedisTier
 from cache.store import TieredStore
 from cache.tier import Tier
-from gateway.settings import Settings
-from gateway.speech import ModelHandle, SpeechService
+from gateway.runtime.settings import Settings
+from gateway.speech.service import ModelHandle, SpeechService
 from metrics import Metrics
 from synth.coqui_engine import resolve_model_files
 from synth.engine import Engine

@@ -1,10 +1,7 @@
 """The request shapes existing clients send besides OpenAI's: Coqui tts-server's ``/api/tts`` and the
 plain query-string ``GET /synthesize``. Both end in the same :class:`SpeechRequest` (same cache
 keys: ``/api/tts`` and ``/synthesize`` and ``/v1/audio/speech`` for the same text, voice and format
-share one entry).
-
-Query strings carry request text here: the access log writes only the route template, never the
-URL, so the text does not reach the logs.
+share one entry). Their handlers are :mod:`gateway.http.compat`.
 """
 
 from __future__ import annotations
@@ -12,22 +9,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from aiohttp import web
-
-from gateway import keys
-from gateway.delivery import serve_speech
-from gateway.errors import BadRequest
-from gateway.parsing import (
+from gateway.api.parsing import (
     parse_sample_rate,
     parse_speed,
-    read_json_object,
     resolve_format,
     resolve_model,
     resolve_voice,
     validate_text,
 )
-from gateway.settings import Settings
-from gateway.speech import SpeechRequest, SpeechService
+from gateway.errors import BadRequest
+from gateway.runtime.settings import Settings
+from gateway.speech.request import SpeechRequest
+from gateway.speech.service import SpeechService
 from synth import audio
 
 # Coqui's server reads each field from a header first, then from the query string or form.
@@ -41,7 +34,7 @@ COQUI_FIELDS = {
 SYNTHESIZE_FIELDS = ("text", "speaker", "model", "format", "sample_rate", "speed")
 
 
-def _unknown(fields: set[str], known: tuple[str, ...] | Mapping[str, str], route: str) -> None:
+def check_unknown(fields: set[str], known: tuple[str, ...] | Mapping[str, str], route: str) -> None:
     unknown = sorted(fields - set(known))
     if unknown:
         raise BadRequest(
@@ -88,23 +81,6 @@ def check_language(language: str, model: str, voice: str, speech: SpeechService)
     )
 
 
-async def coqui_fields(request: web.Request) -> dict[str, str]:
-    """The fields of a Coqui ``/api/tts`` request: headers, then query string, then form/JSON."""
-    values: dict[str, str] = {k: v for k, v in request.query.items()}
-    if request.method == "POST" and request.can_read_body:
-        if request.content_type == "application/json":
-            body = await read_json_object(request, request.app[keys.MAX_BODY_BYTES])
-            values.update({k: v if isinstance(v, str) else str(v) for k, v in body.items()})
-        else:
-            form = await request.post()
-            values.update({k: v for k, v in form.items() if isinstance(v, str)})
-    _unknown(set(values), COQUI_FIELDS, "/api/tts")
-    for name, header in COQUI_FIELDS.items():
-        if request.headers.get(header):
-            values[name] = request.headers[header]
-    return values
-
-
 def parse_coqui(
     values: Mapping[str, str], settings: Settings, speech: SpeechService
 ) -> SpeechRequest:
@@ -128,7 +104,7 @@ def parse_synthesize(
     query: Mapping[str, str], settings: Settings, speech: SpeechService
 ) -> SpeechRequest:
     """A :class:`SpeechRequest` for ``GET /synthesize?text=...&speaker=...&model=...&format=...``."""
-    _unknown(set(query), SYNTHESIZE_FIELDS, "/synthesize")
+    check_unknown(set(query), SYNTHESIZE_FIELDS, "/synthesize")
     model = resolve_model(query.get("model") or settings.default_model, settings, speech)
     text = validate_text(query.get("text", ""), settings, param="text")
     voice = _voice(query.get("speaker", ""), model, "speaker", settings, speech)
@@ -149,19 +125,3 @@ def _number(query: Mapping[str, str], name: str, kind: type[int] | type[float]) 
     except ValueError as exc:
         what = "an integer" if kind is int else "a number"
         raise BadRequest(f"'{name}' must be {what}", param=name) from exc
-
-
-async def api_tts(request: web.Request) -> web.StreamResponse:
-    """``GET|POST /api/tts``: Coqui tts-server compatible; answers WAV."""
-    service = request.app[keys.SPEECH]
-    values = await coqui_fields(request)
-    req = parse_coqui(values, request.app[keys.SETTINGS], service)
-    return await serve_speech(request, req)
-
-
-async def synthesize(request: web.Request) -> web.StreamResponse:
-    """``GET /synthesize``: the plain query-string form."""
-    service = request.app[keys.SPEECH]
-    query = {k: v for k, v in request.query.items()}
-    req = parse_synthesize(query, request.app[keys.SETTINGS], service)
-    return await serve_speech(request, req)

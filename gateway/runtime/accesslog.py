@@ -4,7 +4,7 @@ Going through ``logging`` for every request (record creation, formatting, a writ
 about a tenth of a cache hit's CPU time. Like nginx's ``access_log ... buffer=``, lines are built
 with no logging machinery, kept in memory, and written together at most ``flush_interval_s``
 later (or when ``max_lines`` pile up). The lines have the same shape as every other log line
-(:mod:`gateway.logs`: one JSON object with ts, level, logger, pid, msg, then the fields; or the
+(:mod:`gateway.runtime.logs`: one JSON object with ts, level, logger, pid, msg, then the fields; or the
 text form). The request text is never part of a line: only the route template, status, content
 key, cache result, timing, bytes and client id.
 """
@@ -22,7 +22,7 @@ import time
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from gateway.settings import Settings
+    from gateway.runtime.settings import Settings
 
 LOGGER = "voxgate.access"
 
@@ -62,7 +62,7 @@ class AccessLog:
         return self._stream if self._stream is not None else sys.stderr
 
     def _timestamp(self, now: float) -> str:
-        """ISO 8601 UTC with milliseconds, as gateway.logs writes it; the part up to the second
+        """ISO 8601 UTC with milliseconds, as gateway.runtime.logs writes it; the part up to the second
         is formatted once a second (datetime formatting per request was most of a line's cost)."""
         second = int(now)
         if second != self._second:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.accesslog import AccessLog
+from gateway.runtime.accesslog import AccessLog
 from metrics import Metrics
 
 

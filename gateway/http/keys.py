@@ -5,11 +5,11 @@ from __future__ import annotations
 from aiohttp import web
 
 from cache.store import TieredStore
-from gateway.accesslog import AccessLog
-from gateway.observe import RequestObserver
-from gateway.parsing import RequestMemo
-from gateway.settings import Settings
-from gateway.speech import SpeechService
+from gateway.api.parsing import RequestMemo
+from gateway.http.observe import RequestObserver
+from gateway.runtime.accesslog import AccessLog
+from gateway.runtime.settings import Settings
+from gateway.speech.service import SpeechService
 from metrics import Metrics
 
 SETTINGS = web.AppKey("settings", Settings)

@@ -19,8 +19,9 @@ from cache.entry import Entry
 from cache.keys import master_key, rendition_key
 from cache.singleflight import SingleFlight
 from cache.store import TieredStore
-from gateway.assembly import Assembler
 from gateway.memo import BoundedMemo
+from gateway.speech.assembly import Assembler, SpeechStream
+from gateway.speech.request import SpeechRequest, SpeechResult
 from metrics import Metrics
 from synth import audio
 from synth.engine import Audio, Engine, ParamValue, SynthesisItem
@@ -30,43 +31,6 @@ from synth.scheduler import Scheduler
 log = logging.getLogger("voxgate.speech")
 
 KEY_MEMO_SIZE = 8192
-
-
-@dataclass(frozen=True)
-class SpeechRequest:
-    """A validated request: ``text`` is normalized, ``model`` and ``voice`` are resolved names."""
-
-    text: str
-    model: str
-    voice: str
-    fmt: audio.AudioFormat
-    speed: float = 1.0
-    sample_rate: int | None = None
-    pinned: bool = False
-
-    def entry(
-        self, data: bytes, fmt: audio.AudioFormat, sample_rate: int, duration_s: float
-    ) -> Entry:
-        """Stored audio for this request: ``data`` in ``fmt``, tagged with model, voice and pin."""
-        return Entry.create(
-            data,
-            content_type=fmt.content_type,
-            fmt=fmt.name,
-            sample_rate=sample_rate,
-            model=self.model,
-            voice=self.voice,
-            pinned=self.pinned,
-            duration_s=duration_s,
-        )
-
-
-@dataclass(frozen=True)
-class SpeechResult:
-    """The audio for a request, its content address, and how the store answered."""
-
-    entry: Entry
-    key: str
-    cache: str  # "hit", "miss" (synthesized for this request) or "coalesced"
 
 
 @dataclass
@@ -180,6 +144,25 @@ class SpeechService:
 
     # ---- serving ----------------------------------------------------------------------------
 
+    def memory_hit(self, req: SpeechRequest) -> tuple[str, Entry] | None:
+        """``(rendition_key, entry)`` when ``req`` is in the memory tier: the hot path, no awaits."""
+        key = self.keys_for(req)[1]
+        entry = self.store.get_memory(key)
+        return None if entry is None else (key, entry)
+
+    async def answer(
+        self, req: SpeechRequest, *, stream: bool = False
+    ) -> SpeechResult | SpeechStream:
+        """The one call every endpoint makes: ``req``'s audio whole (:class:`SpeechResult`), or,
+        with ``stream`` and nothing stored yet, a :class:`SpeechStream` that follows the
+        synthesis sentence by sentence (stored audio always comes whole)."""
+        if not stream:
+            return await self.speak(req)
+        key, rate, entry = await self.lookup(req)
+        if entry is not None:
+            return SpeechResult(entry, key, "hit")
+        return await self.assembler.stream(req, key, rate)
+
     async def speak(self, req: SpeechRequest) -> SpeechResult:
         """The audio for ``req``: from the store when it is there, else synthesized once."""
         mk, rk, rate = self.keys_for(req)
@@ -202,7 +185,7 @@ class SpeechService:
 
     async def _produce(self, req: SpeechRequest, mk: str, rk: str, rate: int) -> tuple[Entry, bool]:
         """Make the rendition ``rk`` from its sentences' masters (stored ones are transcoded, the
-        others synthesized concurrently); see :mod:`gateway.assembly`."""
+        others synthesized concurrently); see :mod:`gateway.speech.assembly`."""
         return await self.assembler.produce(req, rk, rate)
 
     async def lookup(self, req: SpeechRequest) -> tuple[str, int, Entry | None]:

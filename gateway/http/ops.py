@@ -1,38 +1,23 @@
-"""Operator-facing endpoints and hooks: readiness per tier, ``POST /v1/prompts``, time to first
-byte, build info."""
+"""Operator-facing endpoints: readiness per tier and ``POST /v1/prompts`` (render and pin a
+catalogue)."""
 
 from __future__ import annotations
 
 import asyncio
-import platform
-from importlib import metadata
 from typing import Any
 
 from aiohttp import web
 
 from cache.tier import TierError
-from gateway import keys
-from gateway.catalogue import CatalogueError, Prompt, normalize_prompt, render, to_requests
+from gateway.api.catalogue import CatalogueError, Prompt, normalize_prompt, to_requests
+from gateway.api.parsing import read_json_object
 from gateway.errors import BadRequest
-from gateway.parsing import read_json_object
-from metrics import Metrics
+from gateway.http import keys
+from gateway.speech.catalogue import render
 
 # A readiness probe must answer quickly even when a tier hangs: past this, the tier is degraded.
 TIER_PROBE_TIMEOUT_S = 1.0
 PROMPTS_FIELDS = frozenset({"prompts", "defaults"})
-
-
-def version() -> str:
-    """The installed voxgate version, or ``unknown`` when run from a source tree."""
-    try:
-        return metadata.version("voxgate")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def record_build_info(metrics: Metrics) -> None:
-    """Set ``voxgate_build_info`` (1, labelled with the versions running)."""
-    metrics.build_info.labels(version(), platform.python_version()).set(1)
 
 
 async def _probe(tier: Any) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from types import FrameType
 
 from prometheus_client import multiprocess
 
-from gateway.settings import Settings
+from gateway.runtime.settings import Settings
 from metrics import MULTIPROC_ENV
 
 log = logging.getLogger("voxgate.workers")

@@ -1,7 +1,7 @@
 """Delivering speech over HTTP, shared by every speech endpoint: whole responses (with ETag,
 304 and Content-Length) and streamed ones (chunked, one chunk per sentence as it is ready).
 
-A stream follows a :class:`gateway.assembly.Production`; it never owns it. A client that
+A stream follows a :class:`gateway.speech.assembly.SpeechStream`; it never owns it. A client that
 disconnects ends only its own stream: the sentences it was waiting on are still synthesized, and the
 full rendition is still stored, for whoever asks next.
 """
@@ -15,8 +15,8 @@ import time
 from aiohttp import web
 from multidict import CIMultiDict
 
-from gateway import keys
-from gateway.conditional import (
+from gateway.http import keys
+from gateway.http.conditional import (
     IMMUTABLE,
     AudioResponse,
     audio_response,
@@ -25,8 +25,9 @@ from gateway.conditional import (
     not_modified,
 )
 from gateway.memo import BoundedMemo
-from gateway.speech import SpeechRequest, SpeechService
-from synth import audio, sentences
+from gateway.speech.assembly import SpeechStream
+from gateway.speech.request import SpeechRequest
+from synth import audio
 
 log = logging.getLogger("voxgate.gateway")
 
@@ -67,53 +68,37 @@ async def serve_speech(
     """Answer ``req``: 304 when the client holds it, else the audio, streamed when asked (and not
     already stored: stored audio goes out whole, with its Content-Length)."""
     service = request.app[keys.SPEECH]
-    _, key, rate = service.keys_for(req)
     if "If-None-Match" not in request.headers and not stream and not req.pinned:
         # The hot path, a memory hit: no awaits, no intermediate objects.
-        entry = service.store.get_memory(key)
-        if entry is not None:
+        hit = service.memory_hit(req)
+        if hit is not None:
+            key, entry = hit
             _record(request, req, key, "hit")
             return AudioResponse(
                 request,
                 body=entry.audio,
                 headers=_hit_headers_for(key, req.fmt, entry.meta.sample_rate),
             )
+    _, key, rate = service.keys_for(req)
     if none_match(request, etag_for(key), exists=False):
         # Content-addressed audio never changes: a client holding this key holds these bytes.
         # (`*` is not answered from the key alone: it asks whether anything is stored.)
         _record(request, req, key, "hit")
         return not_modified(_headers(key, req.fmt, rate, "hit"))
-    if stream:
-        key, rate, entry = await service.lookup(req)
-        if entry is None:
-            return await _stream(request, service, req, key, rate)
-        _record(request, req, key, "hit")
-        headers = _headers(key, req.fmt, rate, "hit")
-        return audio_response(request, entry.audio, headers, conditional=False)
-    result = await service.speak(req)
-    _record(request, req, result.key, result.cache)
-    headers = _headers(result.key, req.fmt, result.entry.meta.sample_rate, result.cache)
-    return audio_response(request, result.entry.audio, headers, conditional=False)
+    answer = await service.answer(req, stream=stream)
+    if isinstance(answer, SpeechStream):
+        return await _stream(request, req, answer)
+    _record(request, req, answer.key, answer.cache)
+    headers = _headers(answer.key, req.fmt, answer.entry.meta.sample_rate, answer.cache)
+    return audio_response(request, answer.entry.audio, headers, conditional=False)
 
 
 async def _stream(
-    request: web.Request, service: SpeechService, req: SpeechRequest, key: str, rate: int
+    request: web.Request, req: SpeechRequest, stream: SpeechStream
 ) -> web.StreamResponse:
-    prod, leader = service.assembler.production(req, key, rate)
-    cache = "miss" if leader else "coalesced"
-    _record(request, req, key, cache)
-    parts = await prod.sentence_parts()
-    # Wait for the first sentence before sending the status line: an error up to here (a full
-    # queue, an engine failure) is still answered with a proper 4xx/5xx JSON body.
-    first = await asyncio.shield(parts[0])
-    loop = asyncio.get_running_loop()
-    pool = service.assembler.encode_pool
-    pause_s = service.assembler.pause_s
-    # One encoder for the whole stream (continuous MP3/AAC: no encoder delay at sentence joins).
-    encoder, data = await loop.run_in_executor(
-        pool, _open_stream, req.fmt, rate, first.pcm, first.sample_rate
-    )
-    headers = _headers(key, req.fmt, rate, cache)
+    key = stream.key
+    _record(request, req, key, stream.cache)
+    headers = _headers(key, req.fmt, stream.rate, stream.cache)
     # The streamed bytes are not the stored rendition's bytes (a WAV header of unknown length,
     # MP3/AAC frames per sentence): no ETag; the key names the stored audio for a later GET.
     del headers["ETag"]
@@ -124,15 +109,11 @@ async def _stream(
     request[keys.FIRST_BYTE_AT] = time.perf_counter()
     await resp.prepare(request)
     try:
-        await resp.write(data)
-        for part in parts[1:]:
-            sentence = await asyncio.shield(part)
-            pcm = sentences.leading_pause(sentence.pcm, sentence.sample_rate, pause_s)
-            chunk = await loop.run_in_executor(pool, encoder.encode, pcm, sentence.sample_rate)
+        await resp.write(stream.first)
+        async for chunk in stream.chunks():
             if request.transport is None or request.transport.is_closing():
                 raise ConnectionResetError("client went away")
             await resp.write(chunk)
-        await resp.write(await loop.run_in_executor(pool, encoder.finish))
         await resp.write_eof()
     except asyncio.CancelledError:
         metrics.streams.labels("disconnected").inc()
@@ -151,14 +132,6 @@ async def _stream(
         return resp
     metrics.streams.labels("complete").inc()
     return resp
-
-
-def _open_stream(
-    fmt: audio.AudioFormat, rate: int, pcm: audio.FloatPCM, src_rate: int
-) -> tuple[audio.StreamEncoder, bytes]:
-    """A stream's encoder and its first bytes (header and first sentence); runs off the loop."""
-    encoder = audio.StreamEncoder(fmt, rate)
-    return encoder, encoder.header() + encoder.encode(pcm, src_rate)
 
 
 async def serve_stored(request: web.Request, key: str) -> web.StreamResponse | None:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
-from gateway.errors import error_body
+from gateway.http.errors import error_body
 
 IMMUTABLE = "public, max-age=31536000, immutable"
 

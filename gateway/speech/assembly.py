@@ -17,16 +17,14 @@ import concurrent.futures
 import dataclasses
 import functools
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from cache.entry import Entry
+from gateway.speech.request import SpeechRequest
 from metrics import Metrics
 from synth import audio, sentences
 from synth.engine import Audio
-
-if TYPE_CHECKING:
-    from gateway.speech import SpeechRequest
 
 log = logging.getLogger("voxgate.speech")
 
@@ -34,7 +32,7 @@ log = logging.getLogger("voxgate.speech")
 # call) or "coalesced" (joined a synthesis already in flight).
 # fetch_master(request, on_queued): ``on_queued`` is called once the sentence is answered from
 # the store or handed to synthesis, so the next sentence may start its own lookup.
-MasterFetch = Callable[["SpeechRequest", Callable[[], None]], Awaitable[tuple[Audio, str]]]
+MasterFetch = Callable[[SpeechRequest, Callable[[], None]], Awaitable[tuple[Audio, str]]]
 Store = Callable[[str, Entry], Awaitable[None]]
 
 
@@ -58,6 +56,41 @@ class Production:
         """Wait for the finished, stored rendition (a cancelled waiter does not cancel it)."""
         assert self.result is not None
         return await asyncio.shield(self.result)
+
+
+@dataclasses.dataclass
+class SpeechStream:
+    """A rendition sent as it is made: ``first`` (the format's header and the first sentence) is
+    ready, the rest follows sentence by sentence from :meth:`chunks`. It follows a
+    :class:`Production` without owning it: a reader that stops early cancels nothing."""
+
+    key: str
+    rate: int
+    cache: str  # "miss" (this call started the production) or "coalesced"
+    first: bytes
+    _rest: list[asyncio.Future[Audio]]
+    _encoder: audio.StreamEncoder
+    _pool: concurrent.futures.Executor
+    _pause_s: float
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The encoded bytes after ``first``: one chunk per sentence, then the encoder's tail."""
+        loop = asyncio.get_running_loop()
+        for part in self._rest:
+            sentence = await asyncio.shield(part)
+            pcm = sentences.leading_pause(sentence.pcm, sentence.sample_rate, self._pause_s)
+            yield await loop.run_in_executor(
+                self._pool, self._encoder.encode, pcm, sentence.sample_rate
+            )
+        yield await loop.run_in_executor(self._pool, self._encoder.finish)
+
+
+def _open_encoder(
+    fmt: audio.AudioFormat, rate: int, pcm: audio.FloatPCM, src_rate: int
+) -> tuple[audio.StreamEncoder, bytes]:
+    """A stream's encoder and its first bytes (header and first sentence); runs off the loop."""
+    encoder = audio.StreamEncoder(fmt, rate)
+    return encoder, encoder.header() + encoder.encode(pcm, src_rate)
 
 
 class Assembler:
@@ -112,6 +145,28 @@ class Assembler:
         """Make (or join the making of) rendition ``key`` and return ``(entry, synthesized)``."""
         prod, _ = self.production(req, key, rate)
         return await prod.entry()
+
+    async def stream(self, req: SpeechRequest, key: str, rate: int) -> SpeechStream:
+        """Start (or join) the production of ``key`` and return it as a stream once its first
+        sentence is ready: a failure up to then (a full queue, an engine error) is raised here,
+        while the caller can still answer it with an error status."""
+        prod, leader = self.production(req, key, rate)
+        parts = await prod.sentence_parts()
+        first = await asyncio.shield(parts[0])
+        # One encoder for the whole stream (continuous MP3/AAC: no encoder delay at joins).
+        encoder, data = await asyncio.get_running_loop().run_in_executor(
+            self.encode_pool, _open_encoder, req.fmt, rate, first.pcm, first.sample_rate
+        )
+        return SpeechStream(
+            key=key,
+            rate=rate,
+            cache="miss" if leader else "coalesced",
+            first=data,
+            _rest=parts[1:],
+            _encoder=encoder,
+            _pool=self.encode_pool,
+            _pause_s=self.pause_s,
+        )
 
     async def _run(self, prod: Production) -> tuple[Entry, bool]:
         req = prod.req

@@ -3,7 +3,7 @@
 Built from the same tables the server uses (formats, settings defaults and limits), so it cannot
 drift from them; ``tests/test_openapi.py`` checks every registered route is described and that
 ``docs/openapi.json`` equals what a default server serves. Regenerate the saved copy with
-``python -m gateway.openapi docs/openapi.json``.
+``python -m gateway.http.openapi docs/openapi.json``.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway import keys
-from gateway.parsing import MAX_RATE, MAX_SPEED, MIN_RATE, MIN_SPEED
-from gateway.settings import OPENAI_MODELS, OPENAI_VOICES, Settings
+from gateway.api.parsing import MAX_RATE, MAX_SPEED, MIN_RATE, MIN_SPEED
+from gateway.http import keys
+from gateway.runtime.settings import OPENAI_MODELS, OPENAI_VOICES, Settings
 from synth import audio
 
 VERSION = "0.1.0"

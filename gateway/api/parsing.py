@@ -12,8 +12,9 @@ from aiohttp import web
 from cache.keys import normalize_text
 from gateway.errors import BadRequest, PayloadTooLarge
 from gateway.memo import BoundedMemo
-from gateway.settings import Settings
-from gateway.speech import SpeechRequest, SpeechService
+from gateway.runtime.settings import Settings
+from gateway.speech.request import SpeechRequest
+from gateway.speech.service import SpeechService
 from synth import audio
 
 MIN_SPEED, MAX_SPEED = 0.25, 4.0

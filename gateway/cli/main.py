@@ -1,0 +1,35 @@
+"""The ``voxgate`` command: one module per command group beside this one."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from gateway.cli import cache, config, say, serve, warm
+from gateway.runtime.settings import SettingsError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``voxgate`` argument parser."""
+    parser = argparse.ArgumentParser(prog="voxgate", description="Cached text-to-speech gateway.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for group in (serve, say, warm, cache, config):
+        group.add_command(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``voxgate`` command."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]  # for `serve --workers N`
+    try:
+        return int(args.func(args))
+    except SettingsError as exc:
+        print(f"voxgate: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""``voxgate say TEXT -o FILE``: one synthesis through the same store as the server."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from gateway.cli.common import add_setting_flags, load_settings, setup_logging
+from gateway.runtime.settings import Settings
+
+
+async def _say(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
+    from gateway.api.parsing import parse_openai_speech
+    from gateway.runtime.components import open_speech
+    from metrics import Metrics
+
+    metrics = Metrics()
+    async with open_speech(settings, metrics, wait_ready=True) as service:
+        body: dict[str, Any] = {
+            "model": args.model or settings.default_model,
+            "input": args.text,
+            "voice": args.voice or settings.default_voice,
+            "response_format": args.format,
+            "speed": args.speed,
+        }
+        if args.sample_rate:
+            body["sample_rate"] = args.sample_rate
+        req = parse_openai_speech(body, settings, service)
+        result = await service.speak(req)
+        await service.store.drain()
+    await asyncio.to_thread(Path(args.output).write_bytes, result.entry.audio)
+    return {
+        "output": args.output,
+        "key": result.key,
+        "cache": result.cache,
+        "bytes": result.entry.size,
+        "format": result.entry.meta.format,
+        "sample_rate": result.entry.meta.sample_rate,
+        "duration_s": round(result.entry.meta.duration_s, 3),
+    }
+
+
+def cmd_say(args: argparse.Namespace) -> int:
+    from gateway.errors import VoxgateError
+
+    settings = load_settings(args)
+    setup_logging("warning" if settings.log_level == "info" else settings.log_level)
+    fmt = args.format or Path(args.output).suffix.lstrip(".") or "wav"
+    args.format = fmt
+    try:
+        info = asyncio.run(_say(settings, args))
+    except VoxgateError as exc:
+        print(f"voxgate say: {exc.message}", file=sys.stderr)
+        return 2
+    print(json.dumps(info))
+    return 0
+
+
+def add_command(sub: Any) -> None:
+    """Register ``say``."""
+    say = sub.add_parser("say", help="Synthesize TEXT to a file through the store.")
+    say.add_argument("text")
+    say.add_argument("-o", "--output", required=True, help="Output file.")
+    say.add_argument("--model", help="Model or alias (default: the default model).")
+    say.add_argument("--voice", help="Voice or alias (default: the default voice).")
+    say.add_argument("--format", help="Output format (default: from -o's suffix, else wav).")
+    say.add_argument("--speed", type=float, default=1.0, help="0.25-4.0 (default 1.0).")
+    say.add_argument("--sample-rate", type=int, help="Output rate in Hz (8000-48000).")
+    add_setting_flags(say, only=["cache_dir", "piper_voices", "memory_cache_mb", "disk_cache_mb"])
+    say.set_defaults(func=cmd_say)

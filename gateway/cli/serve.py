@@ -1,0 +1,94 @@
+"""``voxgate serve``: run the HTTP gateway (one process, or N supervised ones on one port)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from typing import Any
+
+from aiohttp import web
+
+from gateway.cli.common import add_setting_flags, load_settings
+from gateway.runtime.settings import Settings, SettingsError
+
+log = logging.getLogger("voxgate")
+
+
+async def _serve(settings: Settings, worker_of: int | None = None) -> None:
+    from gateway.http.app import create_app, wait_ready
+
+    app = create_app(settings)
+    # On SIGTERM, runner.cleanup() stops listening, lets in-flight requests finish for up to
+    # shutdown_timeout_s, then runs the cleanup contexts (schedulers, engines, tiers) in reverse.
+    runner = web.AppRunner(
+        app, access_log=None, handle_signals=False, shutdown_timeout=settings.shutdown_timeout_s
+    )
+    await runner.setup()
+    # A worker of `serve --workers N` shares the port with its siblings (SO_REUSEPORT).
+    site = web.TCPSite(runner, settings.host, settings.port, reuse_port=worker_of is not None)
+    await site.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    orphan_watch = None
+    if worker_of is not None:
+        from gateway.runtime.workers import watch_parent
+
+        orphan_watch = asyncio.ensure_future(watch_parent(worker_of, stop))
+    addresses = []
+    server = getattr(site, "_server", None)
+    for sock in getattr(server, "sockets", None) or []:
+        host, port = sock.getsockname()[:2]
+        addresses.append(f"http://{host}:{port}")
+    from gateway.runtime.eventloop import describe
+
+    log.info(
+        "listening on %s (event loop: %s); loading models",
+        ", ".join(addresses) or site.name,
+        describe(loop),
+    )
+    ready = asyncio.ensure_future(wait_ready(app))
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if ready.done():
+        log.info(
+            "voxgate ready on %s (cache: %s)", ", ".join(addresses) or site.name, settings.cache_dir
+        )
+        await stopped
+    else:
+        ready.cancel()
+    if orphan_watch is not None:
+        orphan_watch.cancel()
+    log.info("shutting down: draining in-flight requests (up to %ss)", settings.shutdown_timeout_s)
+    await runner.cleanup()
+    log.info("stopped")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from gateway.runtime.logs import configure_logging
+
+    settings = load_settings(args)
+    configure_logging(settings.log_level, settings.log_format)
+    if settings.workers > 1 and args.worker_of is None:
+        from gateway.runtime.workers import run_workers
+
+        return run_workers(settings, args.argv)
+    from gateway.runtime import eventloop
+
+    try:
+        eventloop.resolve(settings.event_loop)
+    except eventloop.EventLoopUnavailable as exc:
+        raise SettingsError(f"setting 'event_loop': {exc}") from exc
+    eventloop.run(_serve(settings, args.worker_of), settings.event_loop)
+    return 0
+
+
+def add_command(sub: Any) -> None:
+    """Register ``serve``."""
+    serve = sub.add_parser("serve", help="Run the HTTP gateway.")
+    add_setting_flags(serve)
+    serve.add_argument("--worker-of", type=int, default=None, help=argparse.SUPPRESS)
+    serve.set_defaults(func=cmd_serve)

@@ -1,0 +1,108 @@
+"""``voxgate warm FILE``: render and pin a prompt catalogue, with a progress bar."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from gateway.cli.common import add_setting_flags, load_settings, quiet_logging
+from gateway.runtime.settings import Settings
+
+
+async def _warm(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    from gateway.api.catalogue import read_catalogue, to_requests
+    from gateway.runtime.components import open_speech
+    from gateway.speech.catalogue import render
+    from metrics import Metrics
+
+    prompts = read_catalogue(Path(args.file))
+    defaults: dict[str, Any] = {}
+    for name, value in (
+        ("model", args.model),
+        ("voice", args.voice),
+        ("response_format", args.format),
+        ("sample_rate", args.rate),
+        ("speed", args.speed),
+    ):
+        if value is not None:
+            defaults[name] = value
+    if "response_format" not in defaults:
+        defaults["response_format"] = settings.default_format
+    metrics = Metrics()
+    async with open_speech(settings, metrics, wait_ready=True) as service:
+        requests = to_requests(prompts, defaults, settings, service)
+        with tqdm(
+            total=len(requests), desc="warming", unit="prompt", file=sys.stderr, mininterval=0.2
+        ) as bar:
+            counts = {"miss": 0, "hit": 0, "coalesced": 0, "error": 0}
+
+            def done(result: Any) -> None:
+                counts[result.cache] = counts.get(result.cache, 0) + 1
+                bar.set_postfix(
+                    synthesized=counts["miss"],
+                    cached=counts["hit"] + counts["coalesced"],
+                    failed=counts["error"],
+                    refresh=False,
+                )
+                bar.update(1)
+
+            summary = await render(
+                service, requests, metrics, concurrency=settings.catalogue_concurrency, on_done=done
+            )
+        await service.store.drain()
+    out = summary.as_json()
+    out["file"] = str(args.file)
+    errors = [r for r in summary.results if r.error is not None]
+    out["errors"] = [{"where": prompts[r.index].where, "error": r.error} for r in errors[:20]]
+    return out
+
+
+def cmd_warm(args: argparse.Namespace) -> int:
+    from gateway.api.catalogue import CatalogueError
+    from gateway.errors import VoxgateError
+
+    settings = load_settings(args)
+    quiet_logging(settings)
+    try:
+        out = asyncio.run(_warm(settings, args))
+    except CatalogueError as exc:
+        print(f"voxgate warm: {exc}", file=sys.stderr)
+        return 2
+    except VoxgateError as exc:
+        print(f"voxgate warm: {exc.message}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(
+            f"{out['prompts']} prompts in {out['seconds']:.1f}s: {out['synthesized']} synthesized, "
+            f"{out['cached']} already cached, {out['coalesced']} coalesced, {out['failed']} failed; "
+            f"{out['bytes']} bytes pinned"
+        )
+        for err in out["errors"]:
+            print(f"  {err['where']}: {err['error']}")
+    return 1 if out["failed"] else 0
+
+
+def add_command(sub: Any) -> None:
+    """Register ``warm``."""
+    warm = sub.add_parser(
+        "warm",
+        help="Render and pin a prompt catalogue (txt: one prompt a line; CSV or YAML with "
+        "text, voice, model, format, rate, speed per prompt).",
+    )
+    warm.add_argument("file", help="Catalogue file: .txt, .csv, .yaml/.yml.")
+    warm.add_argument("--model", help="Model for prompts that name none.")
+    warm.add_argument("--voice", help="Voice for prompts that name none.")
+    warm.add_argument("--format", help="Format for prompts that name none (default_format).")
+    warm.add_argument("--rate", type=int, help="Sample rate (Hz) for prompts that name none.")
+    warm.add_argument("--speed", type=float, help="Speed for prompts that name none.")
+    warm.add_argument("--json", action="store_true", help="Print the summary as JSON.")
+    add_setting_flags(warm)
+    warm.set_defaults(func=cmd_warm)

@@ -1,0 +1,81 @@
+"""The aiohttp application: the route table, and the resources as cleanup contexts."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping, Sequence
+
+from aiohttp import web
+
+from gateway.api.parsing import RequestMemo
+from gateway.http import keys, ops
+from gateway.http.compat import api_tts, synthesize
+from gateway.http.edge import add_routes
+from gateway.http.handlers import audio_by_key, healthz, metrics_handler, readyz, speech, voices
+from gateway.http.observe import RequestObserver
+from gateway.http.openapi import openapi_handler
+from gateway.runtime.accesslog import AccessLog
+from gateway.runtime.buildinfo import record_build_info
+from gateway.runtime.components import open_speech
+from gateway.runtime.settings import Settings
+from metrics import Metrics
+from synth.engine import Engine
+from synth.pool import EngineSpec
+
+
+def create_app(
+    settings: Settings,
+    *,
+    metrics: Metrics | None = None,
+    engines: Mapping[str, Engine | Sequence[EngineSpec]] | None = None,
+) -> web.Application:
+    """Build the gateway. ``engines`` replaces the configured engines (tests inject wrappers)."""
+    max_body = settings.max_body_kb * 1024
+    app = web.Application(client_max_size=max_body)
+    app[keys.MAX_BODY_BYTES] = max_body
+    app[keys.SETTINGS] = settings
+    app[keys.METRICS] = metrics if metrics is not None else Metrics()
+    app[keys.REQUEST_MEMO] = RequestMemo()
+    app[keys.ACCESS_LOG] = AccessLog.from_settings(settings)
+    app[keys.OBSERVER] = RequestObserver(app[keys.METRICS], app[keys.ACCESS_LOG])
+
+    async def access_log_ctx(app: web.Application) -> AsyncIterator[None]:
+        # The version comes from package metadata (a filesystem scan): not on the loop.
+        await asyncio.to_thread(record_build_info, app[keys.METRICS])
+        app[keys.ACCESS_LOG].start()
+        yield
+        await app[keys.ACCESS_LOG].close()
+
+    async def speech_ctx(app: web.Application) -> AsyncIterator[None]:
+        async with open_speech(settings, app[keys.METRICS], engines) as service:
+            app[keys.SPEECH] = service
+            app[keys.STORE] = service.store
+            yield
+
+    app.cleanup_ctx.append(access_log_ctx)
+    app.cleanup_ctx.append(speech_ctx)
+    add_routes(
+        app,
+        [
+            ("POST", "/v1/audio/speech", speech),
+            ("GET", "/v1/audio/{key}", audio_by_key),
+            ("GET", "/v1/voices", voices),
+            ("GET", "/healthz", healthz),
+            ("GET", "/readyz", readyz),
+            ("GET", "/metrics", metrics_handler),
+            # --- compatible endpoints and the API description (issue 5) ---
+            ("GET", "/api/tts", api_tts),
+            ("POST", "/api/tts", api_tts),
+            ("GET", "/synthesize", synthesize),
+            ("GET", "/openapi.json", openapi_handler),
+            # --- operations (issue 6) ---
+            ("POST", "/v1/prompts", ops.prompts),
+        ],
+    )
+    return app
+
+
+async def wait_ready(app: web.Application) -> None:
+    """Wait until every model of a started app is warm."""
+    for handle in app[keys.SPEECH].models.values():
+        await handle.ready.wait()

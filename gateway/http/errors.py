@@ -1,0 +1,101 @@
+"""The one place every error becomes an HTTP response.
+
+Errors are answered in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, so an
+OpenAI client shows them as it shows OpenAI's own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from gateway.errors import BadRequest, MethodNotAllowed, Unavailable, VoxgateError
+from synth.errors import (
+    EngineDead,
+    EngineError,
+    Overloaded,
+    SynthesisError,
+    SynthesisTimeout,
+    UnspeakableInput,
+)
+
+log = logging.getLogger("voxgate.gateway")
+
+
+def error_body(
+    message: str, type_: str, param: str | None = None, code: str | None = None
+) -> bytes:
+    """Serialize an error in OpenAI's shape."""
+    return json.dumps(
+        {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    ).encode()
+
+
+def error_response(exc: VoxgateError) -> web.Response:
+    """The HTTP response for ``exc``."""
+    headers = {}
+    if exc.retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+    if isinstance(exc, MethodNotAllowed):
+        headers["Allow"] = exc.allow
+    return web.Response(
+        status=exc.status,
+        body=error_body(exc.message, exc.type, exc.param, exc.code),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def from_synthesis_error(exc: SynthesisError) -> VoxgateError:
+    """Map a synthesis failure to its HTTP error."""
+    if isinstance(exc, Overloaded):
+        return Unavailable(str(exc), code="queue_full", retry_after_s=exc.retry_after_s or 1.0)
+    if isinstance(exc, UnspeakableInput):
+        return BadRequest(str(exc), param="input", code="nothing_to_speak")
+    if isinstance(exc, (EngineDead, SynthesisTimeout)):
+        return Unavailable(str(exc), code="engine_unavailable", retry_after_s=exc.retry_after_s)
+    if isinstance(exc, EngineError):
+        err = VoxgateError(str(exc), code="engine_error")
+        return err
+    return VoxgateError("synthesis failed", code="engine_error")
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_HTTP_TYPES = {404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error"}
+
+
+def error_response_for(request: web.Request, exc: Exception) -> web.Response:
+    """The JSON error response for any failure of a handler.
+
+    Our own errors and synthesis failures say what is wrong; aiohttp's HTTP errors (a body over
+    ``client_max_size``) keep their status; anything else is a bug: logged with its traceback
+    and the route (never the request text) and answered 500, and the server keeps serving.
+    A 2xx/3xx ``HTTPException`` (a redirect) is raised again for aiohttp to send.
+    """
+    if isinstance(exc, VoxgateError):
+        return error_response(exc)
+    if isinstance(exc, SynthesisError):
+        return error_response(from_synthesis_error(exc))
+    if isinstance(exc, web.HTTPException):
+        if exc.status < 400:
+            raise exc
+        message = exc.text or exc.reason
+        if exc.status == 413:
+            message = "request body too large"
+        return web.Response(
+            status=exc.status,
+            body=error_body(message, _HTTP_TYPES.get(exc.status, "invalid_request_error")),
+            content_type="application/json",
+        )
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else "?"
+    if isinstance(exc, ConnectionResetError):
+        # The client went away mid-answer: nothing to send it, nothing wrong with us.
+        log.info("client went away during %s %s", request.method, route)
+        return web.Response(status=499, reason="Client Closed Request")
+    log.error("unexpected error answering %s %s", request.method, route, exc_info=exc)
+    return error_response(VoxgateError("internal error: the gateway failed to answer; see its log"))

@@ -1,0 +1,75 @@
+"""The gateway's own endpoints: speech, stored audio, voices, health, metrics."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from cache.keys import is_key
+from gateway.api.parsing import parse_json_object, parse_openai_speech, parse_stream, read_body
+from gateway.errors import BadRequest, NotFound
+from gateway.http import keys, ops
+from gateway.http.delivery import serve_speech, serve_stored
+from metrics import CONTENT_TYPE_LATEST, exposition
+
+
+async def speech(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/audio/speech``: OpenAI-compatible text to speech."""
+    app = request.app
+    settings = app[keys.SETTINGS]
+    service = app[keys.SPEECH]
+    raw = await read_body(request, settings.max_body_kb * 1024)
+    memo = app[keys.REQUEST_MEMO]
+    parsed = memo.get(raw)
+    if parsed is None:
+        body = parse_json_object(raw)
+        req = parse_openai_speech(body, settings, service)
+        parsed = (req, parse_stream(body, req.fmt))
+        memo.put(raw, parsed)
+    req, stream = parsed
+    # ETag / If-None-Match, Content-Length, and streaming: gateway.delivery.
+    return await serve_speech(request, req, stream=stream)
+
+
+async def audio_by_key(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/audio/{key}``: stored audio by content address (immutable; 304, Range/206)."""
+    key = request.match_info["key"]
+    if not is_key(key):
+        raise BadRequest("malformed audio key: expected 64 lowercase hex digits", param="key")
+    response = await serve_stored(request, key)
+    if response is None:
+        raise NotFound(f"no audio stored under key {key}", param="key")
+    return response
+
+
+async def voices(request: web.Request) -> web.Response:
+    """``GET /v1/voices``: models, their voices, and the accepted aliases."""
+    settings = request.app[keys.SETTINGS]
+    return web.json_response(
+        {
+            "models": list(request.app[keys.SPEECH].voice_listing()),
+            "model_aliases": settings.model_aliases,
+            "voice_aliases": settings.voice_aliases,
+        }
+    )
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """``GET /healthz``: the process is alive."""
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """``GET /readyz``: 200 once every model is warmed, else 503; each tier's state in the body."""
+    status, body = await ops.readiness(request.app)
+    return web.json_response(body, status=status)
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    """``GET /metrics``: Prometheus text exposition."""
+    m = request.app[keys.METRICS]
+    service = request.app.get(keys.SPEECH)
+    if service is not None:
+        await service.store.stats()
+    resp = web.Response(body=exposition(m.registry))
+    resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+    return resp

@@ -1,0 +1,45 @@
+"""The speech path's value types: a validated request, and the audio answered for it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cache.entry import Entry
+from synth import audio
+
+
+@dataclass(frozen=True)
+class SpeechRequest:
+    """A validated request: ``text`` is normalized, ``model`` and ``voice`` are resolved names."""
+
+    text: str
+    model: str
+    voice: str
+    fmt: audio.AudioFormat
+    speed: float = 1.0
+    sample_rate: int | None = None
+    pinned: bool = False
+
+    def entry(
+        self, data: bytes, fmt: audio.AudioFormat, sample_rate: int, duration_s: float
+    ) -> Entry:
+        """Stored audio for this request: ``data`` in ``fmt``, tagged with model, voice and pin."""
+        return Entry.create(
+            data,
+            content_type=fmt.content_type,
+            fmt=fmt.name,
+            sample_rate=sample_rate,
+            model=self.model,
+            voice=self.voice,
+            pinned=self.pinned,
+            duration_s=duration_s,
+        )
+
+
+@dataclass(frozen=True)
+class SpeechResult:
+    """The audio for a request, its content address, and how the store answered."""
+
+    entry: Entry
+    key: str
+    cache: str  # "hit", "miss" (synthesized for this request) or "coalesced"
