@@ -1,4 +1,4 @@
-"""The server's event loop setting (gateway/eventloop.py): uvloop by default, asyncio on request,
+"""The server's event loop setting (gateway/runtime/eventloop.py): uvloop by default, asyncio on request,
 a clear error when uvloop is asked for and missing."""
 
 from __future__ import annotations
