@@ -224,7 +224,10 @@ class PromptFields(RequestModel):
     """One prompt of ``POST /v1/prompts`` (or its ``defaults``): OpenAI's speech fields, all
     optional, with the short names catalogue files use (``text``, ``format``, ``rate``)."""
 
-    model_config = ConfigDict(title="Prompt")
+    # The example is a complete prompt: a prompt object needs the text unless the defaults give it.
+    model_config = ConfigDict(
+        title="Prompt", json_schema_extra={"examples": [{"input": "Welcome."}]}
+    )
 
     input: str | None = None
     text: str | None = Field(None, description="Same as `input`.")
@@ -399,15 +402,22 @@ def request_models(
             str,
             Field(
                 description="A served model (see /v1/voices) or an alias; OpenAI's names "
-                f"({', '.join(OPENAI_MODELS)}) map to '{default_model}' by default."
+                f"({', '.join(OPENAI_MODELS)}) map to '{default_model}' by default.",
+                examples=[OPENAI_MODELS[0]],
             ),
         ),
-        input=(str, Field(description="Text to speak (split into sentences).", **bounds)),
+        input=(
+            str,
+            Field(
+                description="Text to speak (split into sentences).", examples=["Hello."], **bounds
+            ),
+        ),
         voice=(
             str,
             Field(
                 description="A voice of the model or an alias; OpenAI's voices "
-                f"({', '.join(OPENAI_VOICES)}) map to '{default_voice}' by default."
+                f"({', '.join(OPENAI_VOICES)}) map to '{default_voice}' by default.",
+                examples=[OPENAI_VOICES[0]],
             ),
         ),
         response_format=(
@@ -422,8 +432,9 @@ def request_models(
     prompt = create_model(
         "Prompt",
         __base__=PromptFields,
-        input=(str | None, Field(None, description="Text to speak.", **bounds)),
-        text=(str | None, Field(None, description="Same as `input`.", **bounds)),
+        # Optional but never null: without text a prompt has nothing to say.
+        input=(str, Field(None, description="Text to speak.", **bounds)),
+        text=(str, Field(None, description="Same as `input`.", **bounds)),
     )
     # (Types built at run time, so written as expressions: mypy reads no annotation from them.)
     text_item: Any = Annotated[str, Field(**bounds)]
@@ -436,6 +447,7 @@ def request_models(
                 min_length=1,
                 max_length=max_prompts,
                 description="Strings (the text), or objects with the speech fields.",
+                examples=[["Welcome."]],
             ),
         ),
         defaults=(
@@ -446,11 +458,16 @@ def request_models(
     coqui = create_model(
         "CoquiRequest",
         __base__=CoquiFields,
-        text=(str, Field(description="Text to speak (or the `text` header).", **bounds)),
+        text=(
+            str,
+            Field(
+                description="Text to speak (or the `text` header).", examples=["Hello."], **bounds
+            ),
+        ),
     )
     synthesize = create_model(
         "SynthesizeQuery",
         __base__=SynthesizeQuery,
-        text=(str, Field(description="Text to speak.", **bounds)),
+        text=(str, Field(description="Text to speak.", examples=["Hello."], **bounds)),
     )
     return RequestModels(speech=speech, prompts=prompts, coqui=coqui, synthesize=synthesize)
