@@ -79,8 +79,10 @@ class Metrics:
         )
         self.bad_requests = Counter(
             "voxgate_bad_requests_total",
-            "Requests rejected as invalid, by error parameter (the field at fault).",
-            ["param"],
+            "Requests answered 4xx because of their input, by endpoint (route template) and reason "
+            "(our error code, else invalid, too_large, not_found, method_not_allowed, "
+            "range_not_satisfiable).",
+            ["endpoint", "reason"],
             registry=r,
         )
 

@@ -233,3 +233,49 @@ async def test_post_prompts_rejects_bad_input(
     assert err["param"] == param
     assert fragment in err["message"]
     assert counting_engine.items == 0  # nothing rendered when any prompt is invalid
+
+
+async def test_bad_requests_are_counted_by_endpoint_and_reason(
+    gateway: GatewayFactory, metrics: Metrics
+) -> None:
+    client = await gateway()
+
+    def count(endpoint: str, reason: str) -> float:
+        value = metrics.registry.get_sample_value(
+            "voxgate_bad_requests_total", {"endpoint": endpoint, "reason": reason}
+        )
+        return value or 0.0
+
+    good = {"model": "tts-1", "input": "Counted.", "voice": "alloy"}
+    assert (await client.post("/v1/audio/speech", json=good)).status == 200
+    assert (await client.get("/v1/audio/" + "0" * 64)).status == 404
+    # A well-formed key with nothing stored under it is a 404 caused by the input.
+    assert count("/v1/audio/{key}", "not_found") == 1
+    assert count("/v1/audio/speech", "invalid") == 0
+    assert (await client.post("/v1/audio/speech", json={**good, "speed": 9})).status == 400
+    assert (await client.post("/v1/audio/speech", json={**good, "voice": "nobody"})).status == 400
+    assert (await client.post("/v1/audio/speech", json={**good, "input": "a" * 5000})).status == 400
+    assert (await client.get("/v1/audio/speech")).status == 405
+    assert (await client.get("/api/tts", params={"text": "x", "emotion": "y"})).status == 400
+    assert count("/v1/audio/speech", "invalid") == 1
+    assert count("/v1/audio/speech", "voice_not_found") == 1
+    assert count("/v1/audio/speech", "input_too_long") == 1
+    assert count("/v1/audio/speech", "method_not_allowed") == 1
+    assert count("/api/tts", "invalid") == 1
+    # A good request moves nothing; a 5xx or a 2xx is never counted.
+    before = {
+        (s.labels["endpoint"], s.labels["reason"]): s.value
+        for metric in metrics.registry.collect()
+        if metric.name == "voxgate_bad_requests"
+        for s in metric.samples
+        if s.name == "voxgate_bad_requests_total"
+    }
+    assert (await client.post("/v1/audio/speech", json=good)).status == 200
+    after = {
+        (s.labels["endpoint"], s.labels["reason"]): s.value
+        for metric in metrics.registry.collect()
+        if metric.name == "voxgate_bad_requests"
+        for s in metric.samples
+        if s.name == "voxgate_bad_requests_total"
+    }
+    assert after == before

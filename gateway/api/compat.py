@@ -9,14 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.api.parsing import (
-    parse_sample_rate,
-    parse_speed,
-    resolve_format,
-    resolve_model,
-    resolve_voice,
-    validate_text,
-)
+from gateway.api.models import models_for
+from gateway.api.parsing import resolve_format, resolve_model, resolve_voice, validate_text
 from gateway.errors import BadRequest
 from gateway.runtime.settings import Settings
 from gateway.speech.request import SpeechRequest
@@ -24,24 +18,14 @@ from gateway.speech.service import SpeechService
 from synth import audio
 
 # Coqui's server reads each field from a header first, then from the query string or form.
-COQUI_FIELDS = {
+# (The fields themselves, their types and bounds: gateway.api.models.CoquiFields.)
+COQUI_HEADERS = {
     "text": "text",
     "speaker_id": "speaker-id",
     "language_id": "language-id",
     "style_wav": "style-wav",
     "speaker_wav": "speaker-wav",
 }
-SYNTHESIZE_FIELDS = ("text", "speaker", "model", "format", "sample_rate", "speed")
-
-
-def check_unknown(fields: set[str], known: tuple[str, ...] | Mapping[str, str], route: str) -> None:
-    unknown = sorted(fields - set(known))
-    if unknown:
-        raise BadRequest(
-            f"unsupported field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: "
-            f"{route} takes {', '.join(known)}",
-            param=unknown[0],
-        )
 
 
 def default_voice(model: str, settings: Settings, speech: SpeechService) -> str:
@@ -82,21 +66,18 @@ def check_language(language: str, model: str, voice: str, speech: SpeechService)
 
 
 def parse_coqui(
-    values: Mapping[str, str], settings: Settings, speech: SpeechService
+    values: Mapping[str, Any], settings: Settings, speech: SpeechService
 ) -> SpeechRequest:
-    """A :class:`SpeechRequest` for Coqui's ``/api/tts``: default model, WAV at the voice's rate."""
-    for unsupported in ("style_wav", "speaker_wav"):
-        if values.get(unsupported, "").strip():
-            raise BadRequest(
-                f"'{unsupported}' is not supported: the served voices do not clone or transfer "
-                "style from reference audio; leave it empty",
-                param=unsupported,
-                code="unsupported_parameter",
-            )
+    """A :class:`SpeechRequest` for Coqui's ``/api/tts``: default model, WAV at the voice's rate.
+
+    ``values`` are the request's fields (strings from headers, query and forms; anything from a
+    JSON body, where a non-string such as ``null`` is a 400, never spoken as "None").
+    """
+    fields = models_for(settings).coqui.check(values)
     model = resolve_model(settings.default_model, settings, speech)
-    text = validate_text(values.get("text", ""), settings, param="text")
-    voice = _voice(values.get("speaker_id", "").strip(), model, "speaker_id", settings, speech)
-    check_language(values.get("language_id", ""), model, voice, speech)
+    text = validate_text(fields.text, settings, param="text")
+    voice = _voice(fields.speaker_id.strip(), model, "speaker_id", settings, speech)
+    check_language(fields.language_id, model, voice, speech)
     return SpeechRequest(text=text, model=model, voice=voice, fmt=audio.FORMATS["wav"])
 
 
@@ -104,24 +85,19 @@ def parse_synthesize(
     query: Mapping[str, str], settings: Settings, speech: SpeechService
 ) -> SpeechRequest:
     """A :class:`SpeechRequest` for ``GET /synthesize?text=...&speaker=...&model=...&format=...``."""
-    check_unknown(set(query), SYNTHESIZE_FIELDS, "/synthesize")
-    model = resolve_model(query.get("model") or settings.default_model, settings, speech)
-    text = validate_text(query.get("text", ""), settings, param="text")
-    voice = _voice(query.get("speaker", ""), model, "speaker", settings, speech)
+    fields = models_for(settings).synthesize.check(query)
+    model = resolve_model(fields.model or settings.default_model, settings, speech)
+    text = validate_text(fields.text, settings, param="text")
+    voice = _voice(fields.speaker, model, "speaker", settings, speech)
     try:
-        fmt = resolve_format(query.get("format") or "wav")
+        fmt = resolve_format(fields.format)
     except BadRequest as exc:
         raise BadRequest(exc.message, param="format", code=exc.code) from exc
-    speed = parse_speed(_number(query, "speed", float)) if "speed" in query else 1.0
-    rate = parse_sample_rate(_number(query, "sample_rate", int)) if "sample_rate" in query else None
     return SpeechRequest(
-        text=text, model=model, voice=voice, fmt=fmt, speed=speed, sample_rate=rate
+        text=text,
+        model=model,
+        voice=voice,
+        fmt=fmt,
+        speed=fields.speed,
+        sample_rate=fields.sample_rate,
     )
-
-
-def _number(query: Mapping[str, str], name: str, kind: type[int] | type[float]) -> Any:
-    try:
-        return kind(query[name])
-    except ValueError as exc:
-        what = "an integer" if kind is int else "a number"
-        raise BadRequest(f"'{name}' must be {what}", param=name) from exc

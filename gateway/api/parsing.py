@@ -3,36 +3,20 @@
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
+from pydantic import ValidationError
 
 from cache.keys import normalize_text
+from gateway.api.models import SpeechBody, models_for
 from gateway.errors import BadRequest, PayloadTooLarge
 from gateway.memo import BoundedMemo
 from gateway.runtime.settings import Settings
 from gateway.speech.request import SpeechRequest
 from gateway.speech.service import SpeechService
 from synth import audio
-
-MIN_SPEED, MAX_SPEED = 0.25, 4.0
-MIN_RATE, MAX_RATE = 8000, 48000
-
-SPEECH_FIELDS = frozenset(
-    {
-        "model",
-        "input",
-        "voice",
-        "response_format",
-        "speed",
-        "sample_rate",
-        "stream",
-        "stream_format",
-        "instructions",
-    }
-)
 
 
 async def read_body(request: web.Request, max_bytes: int) -> bytes:
@@ -90,15 +74,6 @@ class RequestMemo(BoundedMemo[bytes, tuple[SpeechRequest, bool]]):
         """Remember ``req`` (request, stream) for ``raw`` (small bodies only)."""
         if len(raw) <= self.max_body:
             super().put(raw, req)
-
-
-def _require_str(body: Mapping[str, Any], name: str) -> str:
-    if name not in body or body[name] is None:
-        raise BadRequest(f"missing required field '{name}'", param=name)
-    value = body[name]
-    if not isinstance(value, str):
-        raise BadRequest(f"'{name}' must be a string", param=name)
-    return value
 
 
 def validate_text(raw: str, settings: Settings, param: str = "input") -> str:
@@ -165,78 +140,59 @@ def resolve_format(name: str) -> audio.AudioFormat:
     return fmt
 
 
-def parse_speed(value: Any) -> float:
-    """A speed in [0.25, 4.0]."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise BadRequest("'speed' must be a number", param="speed")
-    speed = float(value)
-    if not math.isfinite(speed) or not MIN_SPEED <= speed <= MAX_SPEED:
-        raise BadRequest(
-            f"'speed' must be between {MIN_SPEED} and {MAX_SPEED}, got {value}", param="speed"
-        )
-    return speed
-
-
-def parse_sample_rate(value: Any) -> int | None:
-    """An output sample rate in [8000, 48000] Hz, or None for the format's default."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest("'sample_rate' must be an integer (Hz)", param="sample_rate")
-    if not MIN_RATE <= value <= MAX_RATE:
-        raise BadRequest(
-            f"'sample_rate' must be between {MIN_RATE} and {MAX_RATE} Hz", param="sample_rate"
-        )
-    return value
-
-
 def parse_openai_speech(
     body: Mapping[str, Any], settings: Settings, speech: SpeechService
 ) -> SpeechRequest:
-    """Validate an OpenAI ``/v1/audio/speech`` body."""
-    unknown = sorted(set(body) - SPEECH_FIELDS)
-    if unknown:
-        raise BadRequest(f"unrecognized request argument: {', '.join(unknown)}", param=unknown[0])
-    model = resolve_model(_require_str(body, "model"), settings, speech)
-    text = validate_text(_require_str(body, "input"), settings)
-    voice = resolve_voice(_require_str(body, "voice"), model, settings, speech)
-    fmt_name = body.get("response_format")
-    if fmt_name is None:
-        fmt_name = settings.default_format
-    if not isinstance(fmt_name, str):
-        raise BadRequest("'response_format' must be a string", param="response_format")
-    fmt = resolve_format(fmt_name)
-    speed = parse_speed(body.get("speed", 1.0))
-    rate = parse_sample_rate(body.get("sample_rate"))
-    parse_stream(body, fmt)
-    if body.get("instructions"):
-        raise BadRequest(
-            f"model '{model}' does not follow 'instructions'; omit the field", param="instructions"
-        )
-    return SpeechRequest(
-        text=text, model=model, voice=voice, fmt=fmt, speed=speed, sample_rate=rate
+    """Validate an OpenAI ``/v1/audio/speech`` body (a parsed JSON object)."""
+    return speech_request(models_for(settings).speech.check(body), settings, speech)[0]
+
+
+def parse_speech_body(
+    raw: bytes, settings: Settings, speech: SpeechService
+) -> tuple[SpeechRequest, bool]:
+    """Validate the raw bytes of a ``/v1/audio/speech`` body: the request, and whether it streams.
+
+    A valid body is parsed and validated in one pass (pydantic's JSON parser, faster than
+    ``json.loads`` alone). Any failure is parsed again the slow way, so a malformed body is named
+    as before (empty, not UTF-8, not JSON, not an object) and a field's failure as for any body.
+    """
+    model = models_for(settings).speech
+    try:
+        body = model.model_validate_json(raw)
+    except ValidationError:
+        body = model.check(parse_json_object(raw))
+    return speech_request(body, settings, speech)
+
+
+def speech_request(
+    body: SpeechBody, settings: Settings, speech: SpeechService
+) -> tuple[SpeechRequest, bool]:
+    """The checks a model cannot make alone (served models, voices and aliases, the configured
+    limit's normalized text, streamable formats), and the :class:`SpeechRequest`."""
+    model = resolve_model(body.model, settings, speech)
+    text = validate_text(body.input, settings)
+    voice = resolve_voice(body.voice, model, settings, speech)
+    fmt = resolve_format(body.response_format or settings.default_format)
+    stream = streams(body, fmt)
+    req = SpeechRequest(
+        text=text,
+        model=model,
+        voice=voice,
+        fmt=fmt,
+        speed=body.speed,
+        sample_rate=body.sample_rate,
     )
+    return req, stream
 
 
-def parse_stream(body: Mapping[str, Any], fmt: audio.AudioFormat) -> bool:
+def streams(body: SpeechBody, fmt: audio.AudioFormat) -> bool:
     """Whether the response streams: ``stream: true``, or OpenAI's ``stream_format: "audio"``.
 
     Only formats whose sentence chunks concatenate into one valid stream can stream.
     """
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise BadRequest("'stream' must be true or false", param="stream")
-    stream_format = body.get("stream_format")
-    if stream_format not in (None, "audio"):
-        raise BadRequest(
-            f"unsupported stream_format {stream_format!r}: only 'audio' is supported "
-            "(server-sent events are not)",
-            param="stream_format",
-            code="unsupported_stream_format",
-        )
-    if stream_format == "audio" and stream is False:
+    if body.stream_format == "audio" and body.stream is False:
         raise BadRequest("'stream_format' is 'audio' but 'stream' is false", param="stream")
-    streaming = bool(stream) or stream_format == "audio"
+    streaming = bool(body.stream) or body.stream_format == "audio"
     if streaming and not fmt.streamable:
         names = ", ".join(f.name for f in audio.FORMATS.values() if f.streamable)
         raise BadRequest(

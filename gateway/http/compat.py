@@ -7,26 +7,31 @@ URL, so the text does not reach the logs.
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 
-from gateway.api.compat import COQUI_FIELDS, check_unknown, parse_coqui, parse_synthesize
+from gateway.api.compat import COQUI_HEADERS, parse_coqui, parse_synthesize
 from gateway.api.parsing import read_json_object
 from gateway.http import keys
 from gateway.http.delivery import serve_speech
 
 
-async def coqui_fields(request: web.Request) -> dict[str, str]:
-    """The fields of a Coqui ``/api/tts`` request: headers, then query string, then form/JSON."""
-    values: dict[str, str] = {k: v for k, v in request.query.items()}
+async def coqui_fields(request: web.Request) -> dict[str, Any]:
+    """The fields of a Coqui ``/api/tts`` request: headers, then query string, then form/JSON.
+
+    JSON values are passed on as they are (the model rejects a non-string); an uploaded file in
+    a form is passed on as itself too, so it is refused rather than silently dropped.
+    """
+    values: dict[str, Any] = {k: v for k, v in request.query.items()}
     if request.method == "POST" and request.can_read_body:
         if request.content_type == "application/json":
             body = await read_json_object(request, request.app[keys.MAX_BODY_BYTES])
-            values.update({k: v if isinstance(v, str) else str(v) for k, v in body.items()})
+            values.update(body)
         else:
             form = await request.post()
-            values.update({k: v for k, v in form.items() if isinstance(v, str)})
-    check_unknown(set(values), COQUI_FIELDS, "/api/tts")
-    for name, header in COQUI_FIELDS.items():
+            values.update(form.items())
+    for name, header in COQUI_HEADERS.items():
         if request.headers.get(header):
             values[name] = request.headers[header]
     return values

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from gateway.errors import MethodNotAllowed, NotFound
 from gateway.http import keys
-from gateway.http.errors import Handler, error_response_for
+from gateway.http.errors import Handler, error_response_for, rejection_reason
 
 
 def edge(route: str, handler: Handler) -> Handler:
@@ -26,11 +26,18 @@ def edge(route: str, handler: Handler) -> Handler:
 
     async def wrapped(request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
+        failure: Exception | None = None
         try:
             response = await handler(request)
         except Exception as exc:  # every failure is answered: error_response_for says how
             response = error_response_for(request, exc)
+            failure = exc
         elapsed = time.perf_counter() - started
+        if response.status >= 400:
+            # Every 4xx its input caused is counted here, once (a 416 is answered, not raised).
+            reason = rejection_reason(response.status, failure)
+            if reason is not None:
+                request.app[keys.METRICS].bad_requests.labels(route, reason).inc()
         if response.prepared:
             # Streamed: its headers went out when the handler prepared it (gateway.http.delivery
             # notes when), and its body has been sent by now.

@@ -67,6 +67,28 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _HTTP_TYPES = {404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error"}
 
+# The reason a 4xx without an error code of ours is counted under (a bounded set).
+_REASONS = {
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "too_large",
+    416: "range_not_satisfiable",
+}
+
+
+def rejection_reason(status: int, exc: BaseException | None) -> str | None:
+    """Why a request was answered ``status``, if its input caused it (a 4xx); else None.
+
+    The reason is the error code when ``exc`` carries one of ours (codes are literals in this
+    code base, so the label stays bounded), else named by the status. 499 is the client leaving,
+    not its input.
+    """
+    if not 400 <= status < 500 or status == 499:
+        return None
+    if isinstance(exc, VoxgateError) and exc.code:
+        return exc.code
+    return _REASONS.get(status, "invalid")
+
 
 def error_response_for(request: web.Request, exc: Exception) -> web.Response:
     """The JSON error response for any failure of a handler.

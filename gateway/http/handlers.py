@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from cache.keys import is_key
-from gateway.api.parsing import parse_json_object, parse_openai_speech, parse_stream, read_body
+from gateway.api.parsing import parse_speech_body, read_body
 from gateway.errors import BadRequest, NotFound
 from gateway.http import keys, ops
 from gateway.http.delivery import serve_speech, serve_stored
@@ -21,9 +21,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
     memo = app[keys.REQUEST_MEMO]
     parsed = memo.get(raw)
     if parsed is None:
-        body = parse_json_object(raw)
-        req = parse_openai_speech(body, settings, service)
-        parsed = (req, parse_stream(body, req.fmt))
+        parsed = parse_speech_body(raw, settings, service)
         memo.put(raw, parsed)
     req, stream = parsed
     # ETag / If-None-Match, Content-Length, and streaming: gateway.delivery.

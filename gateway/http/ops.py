@@ -9,15 +9,14 @@ from typing import Any
 from aiohttp import web
 
 from cache.tier import TierError
-from gateway.api.catalogue import CatalogueError, Prompt, normalize_prompt, to_requests
+from gateway.api.catalogue import Prompt, normalize_prompt, to_requests
+from gateway.api.models import models_for
 from gateway.api.parsing import read_json_object
-from gateway.errors import BadRequest
 from gateway.http import keys
 from gateway.speech.catalogue import render
 
 # A readiness probe must answer quickly even when a tier hangs: past this, the tier is degraded.
 TIER_PROBE_TIMEOUT_S = 1.0
-PROMPTS_FIELDS = frozenset({"prompts", "defaults"})
 
 
 async def _probe(tier: Any) -> dict[str, Any]:
@@ -56,39 +55,18 @@ async def prompts(request: web.Request) -> web.Response:
     app = request.app
     settings = app[keys.SETTINGS]
     service = app[keys.SPEECH]
-    body = await read_json_object(request, settings.max_body_kb * 1024)
-    unknown = sorted(set(body) - PROMPTS_FIELDS)
-    if unknown:
-        raise BadRequest(f"unrecognized request argument: {', '.join(unknown)}", param=unknown[0])
-    items = body.get("prompts")
-    if not isinstance(items, list) or not items:
-        raise BadRequest("'prompts' must be a non-empty list", param="prompts")
-    if len(items) > settings.max_catalogue_prompts:
-        raise BadRequest(
-            f"'prompts' has {len(items)} entries; the limit is {settings.max_catalogue_prompts}",
-            param="prompts",
-            code="too_many_prompts",
-        )
-    defaults = body.get("defaults")
-    if defaults is None:
-        defaults = {}
-    if not isinstance(defaults, dict):
-        raise BadRequest("'defaults' must be an object", param="defaults")
-    try:
-        base = normalize_prompt(defaults, "defaults")
-    except CatalogueError as exc:
-        raise BadRequest(str(exc), param="defaults") from exc
+    raw = await read_json_object(request, settings.max_body_kb * 1024)
+    # Shape and bounds (gateway.api.models.PromptsBody); every prompt is then validated as a
+    # speech body with the defaults applied (to_requests).
+    body = models_for(settings).prompts.check(raw)
+    base = {}
+    if body.defaults is not None:
+        base = normalize_prompt(body.defaults.model_dump(exclude_none=True), "defaults")
     parsed: list[Prompt] = []
-    try:
-        for i, item in enumerate(items):
-            where = f"prompt {i}"
-            if isinstance(item, str):
-                item = {"input": item}
-            if not isinstance(item, dict):
-                raise BadRequest(f"{where}: expected a string or an object", param=f"prompts[{i}]")
-            parsed.append(Prompt(normalize_prompt(item, where), where))
-    except CatalogueError as exc:
-        raise BadRequest(str(exc), param="prompts") from exc
+    for i, item in enumerate(body.prompts):
+        where = f"prompt {i}"
+        fields = {"input": item} if isinstance(item, str) else item.model_dump(exclude_none=True)
+        parsed.append(Prompt(normalize_prompt(fields, where), where))
     requests = to_requests(parsed, base, settings, service)
     summary = await render(
         service, requests, app[keys.METRICS], concurrency=settings.catalogue_concurrency

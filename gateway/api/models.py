@@ -1,0 +1,473 @@
+"""Request models: each endpoint's request shape and bounds, stated once.
+
+The server validates every request with these models, and the OpenAPI document's request schemas
+are generated from them (:mod:`gateway.http.openapi`), so the two cannot disagree. What needs the
+running service (aliases, served models and voices, a voice's language, streamable formats) is
+checked after, in :mod:`gateway.api.parsing` and :mod:`gateway.api.compat`.
+
+Why pydantic v2 and not msgspec, measured here (100,000 validations of
+``{"model":"tts-1","input":"Thank you for calling.","voice":"alloy","response_format":"wav"}``,
+best of 3): pydantic ``model_validate_json`` 1.31 us, ``model_validate`` of a parsed dict 1.28 us;
+msgspec ``Decoder.decode`` 0.20 us, ``convert`` of a dict 0.23 us; ``json.loads`` alone, which
+the hand-written validation paid before any check, 1.84 us. msgspec saves about 1.1 us per body,
+and only for bodies the request memo has not seen; pydantic's errors carry the field, the failed
+constraint and its bound, which the messages below are built from, and it is already installed.
+
+Models depend on a few settings (the longest input, the most prompts one catalogue may carry, the
+defaults named in descriptions): :func:`request_models` builds them once per distinct value.
+"""
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, cast
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic_core import ErrorDetails
+
+from gateway.errors import BadRequest
+from gateway.runtime.settings import OPENAI_MODELS, OPENAI_VOICES, Settings
+from synth import audio
+
+MIN_SPEED, MAX_SPEED = 0.25, 4.0
+MIN_RATE, MAX_RATE = 8000, 48000
+
+# Text the engine would find empty after normalization (cache.keys.normalize_text collapses and
+# strips whitespace) is refused by the model, so the document states it. Python's ``re`` engine is
+# used (model_config below) so ``\s`` is exactly the whitespace ``str.strip`` removes.
+NOT_BLANK = r"\S"
+# A value that must be empty or whitespace only (Coqui's style_wav/speaker_wav).
+BLANK = r"^\s*$"
+
+if TYPE_CHECKING:
+    FormatName = str
+else:
+    # The enum is the format table itself: a format added in synth.audio is documented and accepted.
+    FormatName = Literal[tuple(audio.FORMATS)]
+
+Speed = Annotated[
+    float,
+    Field(ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False, description="Speaking rate."),
+]
+SampleRate = Annotated[
+    int,
+    Field(
+        ge=MIN_RATE,
+        le=MAX_RATE,
+        description="Output rate in Hz (resampled with soxr). Default: the voice's rate, 8000 for "
+        "the G.711 formats; MP3/AAC/Opus round up to a rate their codec runs at.",
+    ),
+]
+
+
+# ---- error messages ----------------------------------------------------------------------------
+
+# A message per pydantic error type, for any field. ``{field}`` is the field's name; ``{shown}``
+# the rejected value, used only where it is a short token (never the text to speak).
+_MESSAGES: dict[str, str] = {
+    "missing": "missing required field '{field}'",
+    "string_type": "'{field}' must be a string",
+    "string_unicode": "'{field}' contains invalid Unicode (a lone surrogate)",
+    "float_type": "'{field}' must be a number",
+    "float_parsing": "'{field}' must be a number",
+    "int_type": "'{field}' must be an integer",
+    "int_parsing": "'{field}' must be an integer",
+    "int_from_float": "'{field}' must be an integer",
+    "bool_type": "'{field}' must be true or false",
+    "bool_parsing": "'{field}' must be true or false",
+    "string_too_short": "'{field}' is empty or whitespace only",
+    "string_pattern_mismatch": "'{field}' is empty or whitespace only",
+    "string_too_long": "'{field}' is {length} characters; the limit is {max_length}",
+    "literal_error": "unsupported {field} {shown}; supported: {expected}",
+    "model_type": "'{field}' must be an object",
+    "dict_type": "'{field}' must be an object",
+    "list_type": "'{field}' must be a list",
+}
+_RANGE = ("greater_than_equal", "less_than_equal", "finite_number")
+_CODES = {"string_too_long": "input_too_long"}
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+class RequestModel(BaseModel):
+    """Base of the request models: strict JSON types, unknown fields refused, and every failure
+    turned into a :class:`BadRequest` that names the field (:meth:`bad_request`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, regex_engine="python-re")
+
+    # (field, pydantic error type) -> (message, code) where a field needs its own words; the
+    # message is formatted like those of _MESSAGES.
+    messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {}
+    # The route named in "unsupported field" messages; None: OpenAI's wording.
+    route: ClassVar[str | None] = None
+
+    @classmethod
+    def unknown_fields(cls, names: list[str]) -> BadRequest:
+        """The error for fields the model does not have (``names`` sorted, never empty)."""
+        if cls.route is None:
+            return BadRequest(f"unrecognized request argument: {', '.join(names)}", param=names[0])
+        known = ", ".join(cls.model_fields)
+        return BadRequest(
+            f"unsupported field{'s' if len(names) > 1 else ''} {', '.join(names)}: "
+            f"{cls.route} takes {known}",
+            param=names[0],
+        )
+
+    @classmethod
+    def describe(cls, error: ErrorDetails, field: str) -> BadRequest:
+        """The error for one pydantic failure of ``field``."""
+        kind = error["type"]
+        ctx: dict[str, Any] = dict(error.get("ctx") or {})
+        value = error.get("input")
+        words = {
+            "field": field,
+            "shown": _shown(value),
+            "length": len(value) if isinstance(value, str) else 0,
+            **ctx,
+        }
+        custom = cls.messages.get((field, kind))
+        if custom is not None:
+            template, code = custom
+            return BadRequest(template.format(**words), param=field, code=code)
+        if kind in _RANGE:
+            low, high = cls.bounds(field)
+            return BadRequest(
+                f"'{field}' must be between {low} and {high}, got {_shown(value)}", param=field
+            )
+        generic = _MESSAGES.get(kind)
+        if generic is None:
+            # pydantic's own words never echo the value.
+            return BadRequest(f"'{field}' is invalid: {error['msg']}", param=field)
+        return BadRequest(generic.format(**words), param=field, code=_CODES.get(kind))
+
+    @classmethod
+    def bounds(cls, field: str) -> tuple[Any, Any]:
+        """``(minimum, maximum)`` of a numeric field, read from the model's own schema."""
+        schema = cls.model_json_schema()["properties"][field]
+        for option in [schema, *schema.get("anyOf", [])]:
+            if "minimum" in option or "maximum" in option:
+                return option.get("minimum"), option.get("maximum")
+        return None, None
+
+    @classmethod
+    def bad_request(cls, exc: ValidationError) -> BadRequest:
+        """The first failure in ``exc`` as a :class:`BadRequest` (unknown fields first, all named)."""
+        errors = exc.errors(include_url=False)
+        unknown = sorted(
+            str(e["loc"][0])
+            for e in errors
+            if e["type"] == "extra_forbidden" and len(e["loc"]) == 1
+        )
+        if unknown:
+            return cls.unknown_fields(unknown)
+        first = errors[0]
+        field = str(first["loc"][0]) if first["loc"] else "body"
+        return cls.describe(first, field)
+
+    @classmethod
+    def check(cls, data: Any) -> Any:
+        """Validate ``data`` (a parsed body or mapping of strings) or raise :class:`BadRequest`."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise cls.bad_request(exc) from None
+
+
+class SpeechBody(RequestModel):
+    """``POST /v1/audio/speech``: OpenAI's speech body."""
+
+    model_config = ConfigDict(title="SpeechRequest")
+    messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {
+        ("response_format", "literal_error"): (
+            "unsupported response_format {shown}; supported: {expected}",
+            "unsupported_format",
+        ),
+        ("stream_format", "literal_error"): (
+            "unsupported stream_format {shown}: only 'audio' is supported "
+            "(server-sent events are not)",
+            "unsupported_stream_format",
+        ),
+        ("instructions", "string_too_long"): (
+            "the served models do not follow 'instructions'; omit the field or leave it empty",
+            None,
+        ),
+    }
+
+    model: str = Field(description="A served model (see /v1/voices) or an alias.")
+    input: str
+    voice: str = Field(description="A voice of the model or an alias.")
+    response_format: FormatName | None = Field(
+        None, description="Output format; see the format table in the API description."
+    )
+    speed: Speed = 1.0
+    sample_rate: SampleRate | None = None
+    stream: bool | None = Field(
+        None,
+        description="Chunked response, one chunk per sentence as it is ready (streamable "
+        "formats only: " + ", ".join(f.name for f in audio.FORMATS.values() if f.streamable) + ").",
+    )
+    stream_format: Literal["audio"] | None = Field(
+        None,
+        description="OpenAI's form of `stream: true` ('sse' is not supported); not with "
+        "`stream: false`.",
+    )
+    instructions: str | None = Field(
+        None,
+        max_length=0,
+        description="Accepted only when empty: the served models take no instructions.",
+    )
+
+
+class PromptFields(RequestModel):
+    """One prompt of ``POST /v1/prompts`` (or its ``defaults``): OpenAI's speech fields, all
+    optional, with the short names catalogue files use (``text``, ``format``, ``rate``)."""
+
+    # The example is a complete prompt: a prompt object needs the text unless the defaults give it.
+    model_config = ConfigDict(
+        title="Prompt", json_schema_extra={"examples": [{"input": "Welcome."}]}
+    )
+
+    input: str | None = None
+    text: str | None = Field(None, description="Same as `input`.")
+    voice: str | None = None
+    model: str | None = None
+    response_format: FormatName | None = None
+    format: FormatName | None = Field(None, description="Same as `response_format`.")
+    speed: Speed | None = None
+    sample_rate: SampleRate | None = None
+    rate: SampleRate | None = Field(None, description="Same as `sample_rate`.")
+
+
+class PromptsBody(RequestModel):
+    """``POST /v1/prompts``: a catalogue to render and pin."""
+
+    model_config = ConfigDict(title="PromptsRequest")
+
+    prompts: list[str | PromptFields]
+    defaults: PromptFields | None = Field(None, description="Fields applied to every prompt.")
+
+    @classmethod
+    def bad_request(cls, exc: ValidationError) -> BadRequest:
+        """Errors inside a prompt name it (``prompts[i].field``); unknown fields inside one are
+        reported as a catalogue's are."""
+        errors = exc.errors(include_url=False)
+        for error in errors:
+            loc = error["loc"]
+            if loc[:1] == ("defaults",) and error["type"] == "extra_forbidden" and len(loc) == 2:
+                return BadRequest(
+                    f"defaults: unknown field {loc[1]!r}; expected one of "
+                    f"{', '.join(PromptFields.model_fields)}",
+                    param="defaults",
+                )
+            if loc[:1] == ("defaults",) and len(loc) == 2:
+                inner = PromptFields.describe(error, str(loc[1]))
+                return BadRequest(f"defaults: {inner.message}", param="defaults", code=inner.code)
+        items = [e for e in errors if e["loc"][:1] == ("prompts",) and len(e["loc"]) >= 2]
+        if not items:
+            first = errors[0]
+            if first["loc"][:1] == ("prompts",) and first["type"] == "too_long":
+                return BadRequest(
+                    f"'prompts' has {first['ctx']['actual_length']} entries; "
+                    f"the limit is {first['ctx']['max_length']}",
+                    param="prompts",
+                    code="too_many_prompts",
+                )
+            if first["loc"][:1] == ("prompts",):
+                return BadRequest("'prompts' must be a non-empty list", param="prompts")
+            return super().bad_request(exc)
+        index = int(items[0]["loc"][1])
+        # A string item fails only as "not a string": the object branch says what is wrong.
+        inside = [e for e in items if e["loc"][1] == index and len(e["loc"]) >= 4]
+        text = [
+            e
+            for e in items
+            if e["loc"][1] == index and len(e["loc"]) == 3 and isinstance(e.get("input"), str)
+        ]
+        if text:
+            # A string item that is a string but not acceptable text.
+            inner = PromptFields.describe(text[0], "input")
+            return BadRequest(
+                f"prompt {index}: {inner.message}", param=f"prompts[{index}].input", code=inner.code
+            )
+        if not inside:
+            return BadRequest(
+                f"prompt {index}: expected a string or an object", param=f"prompts[{index}]"
+            )
+        unknown = sorted(str(e["loc"][3]) for e in inside if e["type"] == "extra_forbidden")
+        if unknown:
+            return BadRequest(
+                f"prompt {index}: unknown field {unknown[0]!r}; expected one of "
+                f"{', '.join(PromptFields.model_fields)}",
+                param="prompts",
+            )
+        field = str(inside[0]["loc"][3])
+        inner = PromptFields.describe(inside[0], field)
+        return BadRequest(
+            f"prompt {index}: {inner.message}", param=f"prompts[{index}].{field}", code=inner.code
+        )
+
+
+class CoquiFields(RequestModel):
+    """``GET|POST /api/tts``: Coqui tts-server's fields, from headers, query string or body."""
+
+    model_config = ConfigDict(title="CoquiRequest")
+    route: ClassVar[str | None] = "/api/tts"
+    messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {
+        ("text", "missing"): ("'text' is missing or empty: send the text to speak", None),
+        **{
+            (name, "string_pattern_mismatch"): (
+                f"'{name}' is not supported: the served voices do not clone or transfer style "
+                "from reference audio; leave it empty",
+                "unsupported_parameter",
+            )
+            for name in ("style_wav", "speaker_wav")
+        },
+    }
+
+    text: str
+    speaker_id: str = Field(
+        "",
+        description="Voice of the default model (or the `speaker-id` header); empty: the "
+        "default voice.",
+    )
+    language_id: str = Field(
+        "", description="Empty, or the voice's language (`en_US` or `en`); else 400."
+    )
+    style_wav: str = Field("", pattern=BLANK, description="Must be empty (no style transfer).")
+    speaker_wav: str = Field("", pattern=BLANK, description="Must be empty (no voice cloning).")
+
+
+class SynthesizeQuery(RequestModel):
+    """``GET /synthesize``: the plain query string (numbers arrive as text, so not strict)."""
+
+    model_config = ConfigDict(title="SynthesizeQuery", strict=False)
+    route: ClassVar[str | None] = "/synthesize"
+    messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {
+        ("text", "missing"): ("'text' is missing or empty: send the text to speak", None),
+        ("format", "literal_error"): (
+            "unsupported format {shown}; supported: {expected}",
+            "unsupported_format",
+        ),
+    }
+
+    text: str
+    speaker: str = Field("", description="Voice (or alias); empty: the default voice.")
+    model: str = Field("", description="Model (or alias); empty: the default model.")
+    format: FormatName = Field("wav", description="Output format.")
+    sample_rate: SampleRate | None = None
+    speed: Speed = 1.0
+
+
+@dataclass(frozen=True)
+class RequestModels:
+    """The models of one configuration (see :func:`request_models`)."""
+
+    speech: type[SpeechBody]
+    prompts: type[PromptsBody]
+    coqui: type[CoquiFields]
+    synthesize: type[SynthesizeQuery]
+
+    def all(self) -> tuple[type[RequestModel], ...]:
+        """Every model whose schema the document carries."""
+        return (self.speech, self.prompts, self.coqui, self.synthesize)
+
+
+def models_for(settings: Settings) -> RequestModels:
+    """The request models for ``settings`` (built once per distinct set of values they use)."""
+    return request_models(
+        settings.max_input_chars,
+        settings.max_catalogue_prompts,
+        settings.default_model,
+        settings.default_voice,
+        settings.default_format,
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def request_models(
+    max_input_chars: int,
+    max_prompts: int,
+    default_model: str,
+    default_voice: str,
+    default_format: str,
+) -> RequestModels:
+    """The models with the configured bounds and defaults filled in."""
+    bounds: dict[str, Any] = {"min_length": 1, "max_length": max_input_chars, "pattern": NOT_BLANK}
+    speech = create_model(
+        "SpeechRequest",
+        __base__=SpeechBody,
+        model=(
+            str,
+            Field(
+                description="A served model (see /v1/voices) or an alias; OpenAI's names "
+                f"({', '.join(OPENAI_MODELS)}) map to '{default_model}' by default.",
+                examples=[OPENAI_MODELS[0]],
+            ),
+        ),
+        input=(
+            str,
+            Field(
+                description="Text to speak (split into sentences).", examples=["Hello."], **bounds
+            ),
+        ),
+        voice=(
+            str,
+            Field(
+                description="A voice of the model or an alias; OpenAI's voices "
+                f"({', '.join(OPENAI_VOICES)}) map to '{default_voice}' by default.",
+                examples=[OPENAI_VOICES[0]],
+            ),
+        ),
+        response_format=(
+            FormatName | None,
+            Field(
+                None,
+                description=f"Output format (default '{default_format}'); see the format "
+                "table in the API description.",
+            ),
+        ),
+    )
+    prompt = create_model(
+        "Prompt",
+        __base__=PromptFields,
+        # Optional but never null: without text a prompt has nothing to say.
+        input=(str, Field(None, description="Text to speak.", **bounds)),
+        text=(str, Field(None, description="Same as `input`.", **bounds)),
+    )
+    # (Types built at run time, so written as expressions: mypy reads no annotation from them.)
+    text_item: Any = Annotated[str, Field(**bounds)]
+    prompts = create_model(
+        "PromptsRequest",
+        __base__=PromptsBody,
+        prompts=(
+            cast(Any, list.__class_getitem__(text_item | prompt)),
+            Field(
+                min_length=1,
+                max_length=max_prompts,
+                description="Strings (the text), or objects with the speech fields.",
+                examples=[["Welcome."]],
+            ),
+        ),
+        defaults=(
+            cast(Any, prompt | None),
+            Field(None, description="Fields applied to every prompt."),
+        ),
+    )
+    coqui = create_model(
+        "CoquiRequest",
+        __base__=CoquiFields,
+        text=(
+            str,
+            Field(
+                description="Text to speak (or the `text` header).", examples=["Hello."], **bounds
+            ),
+        ),
+    )
+    synthesize = create_model(
+        "SynthesizeQuery",
+        __base__=SynthesizeQuery,
+        text=(str, Field(description="Text to speak.", examples=["Hello."], **bounds)),
+    )
+    return RequestModels(speech=speech, prompts=prompts, coqui=coqui, synthesize=synthesize)
