@@ -12,9 +12,12 @@ from gateway.cli.common import add_setting_flags
 from gateway.cli.main import main
 from gateway.runtime.settings import (
     GROUPS,
+    OPENAI_MODELS,
+    OPENAI_VOICES,
     Settings,
     SettingsError,
 )
+from tests.conftest import GatewayFactory
 
 
 def test_each_layer_is_named_in_the_error(tmp_path: Path) -> None:
@@ -81,6 +84,41 @@ def test_redis_url_is_a_secret_everywhere(capsys: pytest.CaptureFixture[str]) ->
     assert main(["config", "show", "--redis-url", url, "--cache-dir", "/tmp/x"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["redis_url"] == "****" and shown["cache_dir"] == "/tmp/x"
+
+
+def test_aliases_are_added_to_openai_names() -> None:
+    s = Settings.load(
+        env={"VOXGATE_MODEL_ALIASES": "fast=piper,tts-1=coqui"},
+        overrides={"voice_aliases": "narrator=joe"},
+    )
+    assert s.model_aliases == {
+        **dict.fromkeys(OPENAI_MODELS, "piper"),
+        "fast": "piper",
+        "tts-1": "coqui",
+    }
+    assert s.voice_aliases == {**dict.fromkeys(OPENAI_VOICES, "joe"), "narrator": "joe"}
+    assert s.replace(queue_size=2).model_aliases == s.model_aliases  # re-validation keeps them
+    with pytest.raises(SettingsError, match=r"'model_aliases'.*alias=target"):
+        Settings.load(env={"VOXGATE_MODEL_ALIASES": "fast"})
+    for name in ("model_aliases", "voice_aliases"):
+        assert "added to OpenAI's" in (Settings.model_fields[name].description or "")
+
+
+async def test_a_user_alias_and_openai_names_both_speak(
+    gateway: GatewayFactory, settings: Settings
+) -> None:
+    client = await gateway(
+        settings=settings.replace(
+            model_aliases={"fast": "piper"}, voice_aliases={"narrator": "joe"}
+        )
+    )
+    for model, voice in (("fast", "narrator"), ("tts-1", "alloy")):
+        body = {"model": model, "voice": voice, "input": "Hello there.", "response_format": "wav"}
+        resp = await client.post("/v1/audio/speech", json=body)
+        assert resp.status == 200, await resp.text()
+    listing = await (await client.get("/v1/voices")).json()
+    assert listing["model_aliases"]["fast"] == listing["model_aliases"]["tts-1"] == "piper"
+    assert listing["voice_aliases"]["narrator"] == listing["voice_aliases"]["nova"] == "joe"
 
 
 def test_every_setting_has_a_group_and_help_lists_flags_by_group() -> None:

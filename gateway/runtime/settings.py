@@ -55,7 +55,7 @@ OPENAI_VOICES = (
     "shimmer",
     "verse",
 )
-# What OpenAI's names mean here unless the user's aliases say otherwise.
+# What OpenAI's names mean here; the user's aliases are added to these (and win on a clash).
 DEFAULT_MODEL_ALIASES = dict.fromkeys(OPENAI_MODELS, "piper")
 DEFAULT_VOICE_ALIASES = dict.fromkeys(OPENAI_VOICES, "joe")
 
@@ -173,13 +173,14 @@ class Settings(BaseSettings):
     model_aliases: Aliases = _opt(
         "api",
         lambda: dict(DEFAULT_MODEL_ALIASES),
-        "Extra model names accepted as aliases (OpenAI's names map to piper by default); "
-        "env/flag form: alias=model,alias=model.",
+        "Model aliases added to OpenAI's names (tts-1, tts-1-hd, gpt-4o-mini-tts map to piper); "
+        "an alias of the same name replaces OpenAI's. Env/flag form: alias=model,alias=model.",
     )
     voice_aliases: Aliases = _opt(
         "api",
         lambda: dict(DEFAULT_VOICE_ALIASES),
-        "Extra voice names accepted as aliases (OpenAI's voices map to joe by default).",
+        "Voice aliases added to OpenAI's voices (alloy, ash, ... verse map to joe); an alias of "
+        "the same name replaces OpenAI's. Env/flag form: alias=voice,alias=voice.",
     )
 
     # --- cache tiers ---
@@ -388,6 +389,16 @@ class Settings(BaseSettings):
                 raise ValueError("expected alias=target pairs, comma-separated")
             out[alias.strip()] = target.strip()
         return out
+
+    @field_validator("model_aliases")
+    @classmethod
+    def _add_openai_models(cls, value: dict[str, str]) -> dict[str, str]:
+        return {**DEFAULT_MODEL_ALIASES, **value}
+
+    @field_validator("voice_aliases")
+    @classmethod
+    def _add_openai_voices(cls, value: dict[str, str]) -> dict[str, str]:
+        return {**DEFAULT_VOICE_ALIASES, **value}
 
     @field_validator("log_level", mode="before")
     @classmethod
