@@ -10,7 +10,7 @@ from pathlib import Path
 
 import soundfile as sf
 
-from gateway.runtime.settings import Settings, SettingsError, settings_table
+from gateway.runtime.settings import OPENAI_VOICES, Settings, SettingsError, settings_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,9 +35,11 @@ def test_ci_runs_the_readme_commands() -> None:
 
 def test_settings_precedence_and_errors(tmp_path: Path) -> None:
     cfg = tmp_path / "voxgate.toml"
-    cfg.write_text('port = 9000\nqueue_size = 5\n[voice_aliases]\nalloy = "joe"\n')
+    cfg.write_text('port = 9000\nqueue_size = 5\n[voice_aliases]\nalloy = "amy"\nbob = "joe"\n')
     s = Settings.load(config_file=cfg, env={"VOXGATE_PORT": "9100"}, overrides={"queue_size": "7"})
-    assert (s.port, s.queue_size, s.voice_aliases) == (9100, 7, {"alloy": "joe"})
+    assert (s.port, s.queue_size) == (9100, 7)
+    # The user's aliases are added to OpenAI's; one of the same name replaces OpenAI's.
+    assert s.voice_aliases == {**dict.fromkeys(OPENAI_VOICES, "joe"), "alloy": "amy", "bob": "joe"}
     for env, key in (
         ({"VOXGATE_PORT": "eighty"}, "port"),
         ({"VOXGATE_QUEUE_SIZE": "0"}, "queue_size"),

@@ -339,7 +339,8 @@ def test_redis_settings_mask_the_url_and_reject_unknown_schemes() -> None:
     from gateway.runtime.settings import Settings, SettingsError
 
     s = Settings.load(env={"VOXGATE_REDIS_URL": "redis://user:s3cret@127.0.0.1:6379/0"})
-    assert s.redis_url.endswith("@127.0.0.1:6379/0")
+    assert s.redis_url.get_secret_value().endswith("@127.0.0.1:6379/0")
+    assert "s3cret" not in repr(s) and "s3cret" not in str(s.redis_url)
     assert s.shown()["redis_url"] == "****"
     with pytest.raises(SettingsError, match="redis_url"):
         Settings.load(env={}, overrides={"redis_url": "http://127.0.0.1:6379"})

@@ -47,14 +47,15 @@ async def _cache_stats(settings: Settings) -> list[dict[str, Any]]:
             "pinned": s.pinned,
         }
     ]
-    if settings.redis_url:
+    redis_url = settings.redis_url.get_secret_value()
+    if redis_url:
         # The memory tier lives inside each server process: its figures are on /metrics.
         redis = RedisTier.from_url(
-            settings.redis_url,
+            redis_url,
             prefix=settings.redis_prefix,
             timeout_s=settings.redis_timeout_ms / 1000,
         )
-        row: dict[str, Any] = {"tier": "redis", "url": _safe_url(settings.redis_url)}
+        row: dict[str, Any] = {"tier": "redis", "url": _safe_url(redis_url)}
         try:
             r = await redis.stats()
             row.update(keys=r.entries, used_memory_bytes=r.bytes)

@@ -6,28 +6,35 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
-from dataclasses import fields
 
-from gateway.runtime.settings import Settings
+from gateway.runtime.settings import ENV_PREFIX, GROUPS, Settings
 
 
 def add_setting_flags(parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> None:
-    """One ``--name`` flag per setting (or per setting in ``only``), help from the field."""
-    parser.add_argument("--config", help="TOML settings file (also $VOXGATE_CONFIG).")
-    for f in fields(Settings):
-        if only is not None and f.name not in only:
+    """One ``--name`` flag per setting (or per setting in ``only``), in one help section per group.
+
+    Every flag defaults to None, meaning "not given": the environment and the TOML file then
+    decide (see :meth:`Settings.load`).
+    """
+    parser.add_argument("--config", help=f"TOML settings file (also ${ENV_PREFIX}CONFIG).")
+    names = [n for n in Settings.names() if only is None or n in only]
+    for group, title in GROUPS.items():
+        members = [n for n in names if Settings.group_of(n) == group]
+        if not members:
             continue
-        parser.add_argument(
-            f"--{f.name.replace('_', '-')}",
-            dest=f.name,
-            default=None,
-            help=f"{f.metadata['help']} (env VOXGATE_{f.name.upper()})",
-        )
+        section = parser.add_argument_group(title)
+        for name in members:
+            section.add_argument(
+                f"--{name.replace('_', '-')}",
+                dest=name,
+                default=None,
+                help=f"{Settings.model_fields[name].description} (env {ENV_PREFIX}{name.upper()})",
+            )
 
 
 def load_settings(args: argparse.Namespace) -> Settings:
     """The settings for a command: defaults < file < environment < its flags."""
-    overrides = {f.name: getattr(args, f.name, None) for f in fields(Settings)}
+    overrides = {name: getattr(args, name, None) for name in Settings.names()}
     return Settings.load(config_file=args.config, overrides=overrides)
 
 

@@ -44,10 +44,11 @@ def build_tiers(settings: Settings, metrics: Metrics) -> list[Tier]:
         )
     if settings.disk_cache_mb > 0:
         tiers.append(DiskTier(settings.cache_dir, settings.disk_cache_mb * MIB))
-    if settings.redis_url:  # issue 4: the shared tier, last; closed with the store
+    redis_url = settings.redis_url.get_secret_value()
+    if redis_url:  # issue 4: the shared tier, last; closed with the store
         tiers.append(
             RedisTier.from_url(
-                settings.redis_url,
+                redis_url,
                 prefix=settings.redis_prefix,
                 ttl_s=settings.redis_ttl_s,
                 max_entry_bytes=settings.redis_max_entry_mb * MIB,

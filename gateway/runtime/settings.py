@@ -1,18 +1,37 @@
 """One typed settings object: defaults < TOML file < ``VOXGATE_*`` environment < command-line flags.
 
-Every field documents itself (``metadata["help"]``); the README's settings table and
-``voxgate config show`` are made from the same list.
+Built on pydantic-settings: each layer is one of its sources (flags are the init source), merged in
+its order and validated by pydantic. Every field carries its help text and its group; the README's
+settings table, ``voxgate config show`` and the ``--help`` of every command are made from them.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    Field,
+    SecretStr,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    InitSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+from pydantic_settings.sources import DefaultSettingsSource
+from pydantic_settings.sources.utils import parse_env_vars
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -20,6 +39,7 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 ENV_PREFIX = "VOXGATE_"
+CONFIG_ENV = f"{ENV_PREFIX}CONFIG"
 
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 OPENAI_VOICES = (
@@ -35,6 +55,32 @@ OPENAI_VOICES = (
     "shimmer",
     "verse",
 )
+# What OpenAI's names mean here; the user's aliases are added to these (and win on a clash).
+DEFAULT_MODEL_ALIASES = dict.fromkeys(OPENAI_MODELS, "piper")
+DEFAULT_VOICE_ALIASES = dict.fromkeys(OPENAI_VOICES, "joe")
+
+REDIS_SCHEMES = (
+    "redis",
+    "rediss",
+    "unix",
+    "redis+cluster",
+    "rediss+cluster",
+    "redis+sentinel",
+    "rediss+sentinel",
+)
+
+# Settings by concern, in the order --help, the README and `voxgate config show` list them.
+GROUPS: dict[str, str] = {
+    "server": "Server: where and how the gateway listens",
+    "http": "HTTP limits: what one request may ask for",
+    "api": "Request defaults and aliases",
+    "cache": "Cache tiers in this process and on local disk",
+    "redis": "Redis tier shared by replicas",
+    "synthesis": "Synthesis: models, devices, queues and batches",
+    "sentences": "Sentences and streaming",
+    "logging": "Logging",
+    "catalogue": "Prompt catalogues (voxgate warm, POST /v1/prompts)",
+}
 
 
 class SettingsError(ValueError):
@@ -47,135 +93,364 @@ def default_cache_dir() -> Path:
     return Path(base) / "voxgate"
 
 
-def _opt(default: Any, help: str, *, secret: bool = False, **kw: Any) -> Any:
-    meta = {"help": help, "secret": secret}
+def _opt(group: str, default: Any, help: str, **constraints: Any) -> Any:
+    """A field with its group and help text; ``default`` may be a factory."""
+    assert group in GROUPS, group
+    extra: dict[str, Any] = {"group": group}
     if callable(default) and not isinstance(default, type):
-        return field(default_factory=default, metadata=meta, **kw)
-    return field(default=default, metadata=meta, **kw)
+        return Field(
+            default_factory=default, description=help, json_schema_extra=extra, **constraints
+        )
+    return Field(default, description=help, json_schema_extra=extra, **constraints)
 
 
-@dataclass(frozen=True)
-class Settings:
-    """Everything voxgate can be told. Field names map to env ``VOXGATE_<NAME>`` and flags."""
+# Comma-separated in env and flags ("cpu,cuda:0"), a list in TOML. NoDecode: pydantic-settings
+# would otherwise read a list-typed env value as JSON.
+Names = Annotated[tuple[str, ...], NoDecode]
+Aliases = Annotated[dict[str, str], NoDecode]
+Device = Annotated[str, StringConstraints(pattern=r"^(cpu|cuda(:\d+)?)$")]
 
-    host: str = _opt("127.0.0.1", "Address to listen on.")
-    port: int = _opt(8080, "TCP port to listen on.")
-    cache_dir: Path = _opt(default_cache_dir, "Directory of the disk tier (diskcache).")
-    memory_cache_mb: int = _opt(
-        256, "Byte bound of the in-process LRU tier, in MiB (0 turns it off)."
+
+class Settings(BaseSettings):
+    """Everything voxgate can be told. Field names map to env ``VOXGATE_<NAME>`` and flags.
+
+    Build it with :meth:`load`; ``Settings(**values)`` gives defaults plus ``values`` only.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_ignore_empty=True,  # VOXGATE_X= (empty) leaves the setting as it was
+        extra="forbid",  # an unknown key in the TOML file is a mistake worth stopping for
+        frozen=True,
+        coerce_numbers_to_str=True,  # `redis_prefix = 7` in TOML means "7"
+        validate_default=True,
     )
-    disk_cache_mb: int = _opt(4096, "Size bound of the disk tier, in MiB (0 turns it off).")
-    piper_voices: tuple[str, ...] = _opt(
-        ("joe",),
-        "Piper voices: 'joe' (bundled) or name=/path/model.onnx (config beside it), comma-separated.",
+
+    # --- server ---
+    host: str = _opt("server", "127.0.0.1", "Address to listen on.")
+    port: int = _opt("server", 8080, "TCP port to listen on.", ge=0, le=65535)
+    workers: int = _opt(
+        "server",
+        1,
+        "Gateway processes serving one port (SO_REUSEPORT); metrics are aggregated across them.",
+        ge=1,
+        le=64,
     )
-    default_model: str = _opt("piper", "Model used when a request names an alias of no model.")
-    default_voice: str = _opt("joe", "Voice the OpenAI voice aliases map to by default.")
+    event_loop: Literal["auto", "uvloop", "asyncio"] = _opt(
+        "server",
+        "auto",
+        "Event loop of the server: uvloop, asyncio, or auto (uvloop when installed, else asyncio).",
+    )
+    shutdown_timeout_s: int = _opt(
+        "server",
+        30,
+        "On SIGTERM, seconds to let in-flight requests finish before closing connections.",
+        ge=0,
+    )
+
+    # --- HTTP limits ---
+    max_input_chars: int = _opt("http", 4096, "Longest input text accepted, in characters.", ge=1)
+    max_body_kb: int = _opt("http", 256, "Largest request body accepted, in KiB.", ge=1)
+    retry_after_s: int = _opt(
+        "http", 1, "Retry-After seconds sent with a 503 for a full queue.", ge=0
+    )
+
+    # --- request defaults and aliases ---
+    default_model: str = _opt(
+        "api",
+        "piper",
+        "Model of requests that name none (voxgate say, catalogues, /api/tts, /synthesize); "
+        "an OpenAI voice alias on another model speaks with that model's first voice.",
+    )
+    default_voice: str = _opt(
+        "api",
+        "joe",
+        "Voice of requests that name none (voxgate say, catalogues, /api/tts).",
+    )
     default_format: str = _opt(
-        "mp3", "response_format when a request gives none (OpenAI's is mp3)."
+        "api", "mp3", "response_format when a request gives none (OpenAI's is mp3)."
     )
-    model_aliases: dict[str, str] = _opt(
-        lambda: dict.fromkeys(OPENAI_MODELS, "piper"),
-        "Extra model names accepted as aliases (OpenAI's names map to piper by default); "
-        "env/flag form: alias=model,alias=model.",
+    model_aliases: Aliases = _opt(
+        "api",
+        lambda: dict(DEFAULT_MODEL_ALIASES),
+        "Model aliases added to OpenAI's names (tts-1, tts-1-hd, gpt-4o-mini-tts map to piper); "
+        "an alias of the same name replaces OpenAI's. Env/flag form: alias=model,alias=model.",
     )
-    voice_aliases: dict[str, str] = _opt(
-        lambda: dict.fromkeys(OPENAI_VOICES, "joe"),
-        "Extra voice names accepted as aliases (OpenAI's voices map to joe by default).",
-    )
-    max_input_chars: int = _opt(4096, "Longest input text accepted, in characters.")
-    max_body_kb: int = _opt(256, "Largest request body accepted, in KiB.")
-    queue_size: int = _opt(
-        64, "Synthesis items that may wait per model; beyond it a miss gets 503."
-    )
-    synth_threads: int = _opt(1, "Batches one model runs at a time (in-process engine threads).")
-    intra_op_threads: int = _opt(0, "ONNX Runtime / torch threads per engine (0: cores / workers).")
-    retry_after_s: int = _opt(1, "Retry-After seconds sent with a 503 for a full queue.")
-    log_level: str = _opt("info", "Log level: debug, info, warning, error.")
-    access_log: bool = _opt(True, "Write one JSON line per request to stderr (buffered, <= 0.2 s).")
-
-    # --- sentences and streaming (issue 5) ---
-    sentence_pause_ms: int = _opt(
-        250, "Silence between sentences when a text's per-sentence audio is joined, in ms."
-    )
-    max_parallel_sentences: int = _opt(
-        8, "Sentences of one request submitted to the synthesis queue at the same time."
+    voice_aliases: Aliases = _opt(
+        "api",
+        lambda: dict(DEFAULT_VOICE_ALIASES),
+        "Voice aliases added to OpenAI's voices (alloy, ash, ... verse map to joe); an alias of "
+        "the same name replaces OpenAI's. Env/flag form: alias=voice,alias=voice.",
     )
 
-    # --- synthesis backend (issue 3) ---
-    coqui_model: str = _opt(
-        "",
-        "Coqui TTS model: a zoo name (e.g. tts_models/en/ljspeech/vits; Coqui downloads it once) "
-        "or a local checkpoint path; empty serves no Coqui model.",
+    # --- cache tiers ---
+    cache_dir: Path = _opt("cache", default_cache_dir, "Directory of the disk tier (diskcache).")
+    memory_cache_mb: int = _opt(
+        "cache", 256, "Byte bound of the in-process LRU tier, in MiB (0 turns it off).", ge=0
     )
-    coqui_config: str = _opt(
-        "", "config.json of a local Coqui checkpoint (default: config.json beside the checkpoint)."
-    )
-    coqui_name: str = _opt("coqui", "Model name the Coqui model is served under in the API.")
-    coqui_mode: str = _opt(
-        "torch",
-        "Coqui execution mode: torch (eager fp32), onnx (Coqui's VITS ONNX export in ONNX "
-        "Runtime), int8 (dynamic quantization of Linear/LSTM layers; a no-op for VITS), "
-        "fp16 or bf16 (autocast; fp16 needs CUDA).",
-    )
-    synth_workers: int = _opt(
-        0,
-        "Synthesis worker processes per model (0: engines run in-process threads). On CUDA "
-        "devices the pool has one worker per device.",
-    )
-    devices: tuple[str, ...] = _opt(
-        ("cpu",), "Devices the engines run on, comma-separated: cpu, or cuda:0,cuda:1."
-    )
-    max_batch: int = _opt(
-        0,
-        "Most items per engine batch (0: auto, 1 on CPU where batching measured slower, 8 on "
-        "CUDA). Engines that cannot split a batch exactly (Piper, Coqui onnx) always run 1.",
-    )
-    max_wait_ms: int = _opt(
-        5, "Milliseconds a batch waits for compatible items to join it (with max_batch > 1)."
-    )
-    batch_timeout_s: int = _opt(
-        120, "Seconds a worker may spend on one batch before it is killed and replaced."
+    disk_cache_mb: int = _opt(
+        "cache", 4096, "Size bound of the disk tier, in MiB (0 turns it off).", ge=0
     )
 
-    # --- Redis tier and scale-out (issue 4) ---
-    redis_url: str = _opt(
-        "",
+    # --- Redis tier and scale-out ---
+    redis_url: SecretStr = _opt(
+        "redis",
+        SecretStr(""),
         "Redis shared by all replicas (empty: no Redis tier): redis://[user:password@]host:port/db, "
         "rediss:// (TLS), unix:///path.sock, redis+cluster://host:port for Redis Cluster, or "
-        "redis+sentinel://host:26379[,host:port]/<service>/<db> for Sentinel.",
-        secret=True,
+        "redis+sentinel://host:26379[,host:port]/<service>/<db> for Sentinel. A secret: shown "
+        "masked, never logged.",
     )
-    redis_prefix: str = _opt("voxgate:", "Prefix of every Redis key voxgate writes.")
+    redis_prefix: str = _opt("redis", "voxgate:", "Prefix of every Redis key voxgate writes.")
     redis_ttl_s: int = _opt(
-        7 * 24 * 3600, "TTL of unpinned Redis entries, in seconds (0: none; pinned: never)."
+        "redis",
+        7 * 24 * 3600,
+        "TTL of unpinned Redis entries, in seconds (0: none; pinned: never).",
+        ge=0,
     )
-    redis_max_entry_mb: int = _opt(16, "Largest entry written to Redis, in MiB.")
-    redis_timeout_ms: int = _opt(500, "Timeout of one Redis operation, in ms (then: a miss).")
+    redis_max_entry_mb: int = _opt("redis", 16, "Largest entry written to Redis, in MiB.", ge=1)
+    redis_timeout_ms: int = _opt(
+        "redis", 500, "Timeout of one Redis operation, in ms (then: a miss).", ge=1
+    )
     redis_breaker_failures: int = _opt(
-        5, "Consecutive Redis failures that open the circuit breaker (Redis then skipped)."
+        "redis",
+        5,
+        "Consecutive Redis failures that open the circuit breaker (Redis then skipped).",
+        ge=1,
     )
     redis_breaker_reset_ms: int = _opt(
-        2000, "How long an open Redis breaker skips Redis before probing it again, in ms."
+        "redis",
+        2000,
+        "How long an open Redis breaker skips Redis before probing it again, in ms.",
+        ge=1,
     )
     redis_lock_ttl_ms: int = _opt(
-        30000, "TTL of a cross-replica synthesis lock (extended while held), in ms."
+        "redis",
+        30000,
+        "TTL of a cross-replica synthesis lock (extended while held), in ms.",
+        ge=100,
     )
     redis_lock_wait_s: int = _opt(
-        60, "Longest wait on another replica's synthesis before synthesizing here, in seconds."
+        "redis",
+        60,
+        "Longest wait on another replica's synthesis before synthesizing here, in seconds.",
+        ge=1,
     )
     redis_lean_reads: bool = _opt(
+        "redis",
         True,
         "Read entries over voxgate's own pipelined RESP reader (redis:// and unix:// URLs; half "
         "the CPU per GET of redis-py or less); false: through redis-py, like every other command.",
     )
 
+    # --- synthesis ---
+    piper_voices: Names = _opt(
+        "synthesis",
+        ("joe",),
+        "Piper voices: 'joe' (bundled) or name=/path/model.onnx (config beside it), comma-separated.",
+        min_length=1,
+    )
+    coqui_model: str = _opt(
+        "synthesis",
+        "",
+        "Coqui TTS model: a zoo name (e.g. tts_models/en/ljspeech/vits; Coqui downloads it once) "
+        "or a local checkpoint path; empty serves no Coqui model.",
+    )
+    coqui_config: str = _opt(
+        "synthesis",
+        "",
+        "config.json of a local Coqui checkpoint (default: config.json beside the checkpoint).",
+    )
+    coqui_name: str = _opt(
+        "synthesis",
+        "coqui",
+        "Model name the Coqui model is served under in the API.",
+        min_length=1,
+    )
+    coqui_mode: Literal["torch", "onnx", "int8", "fp16", "bf16"] = _opt(
+        "synthesis",
+        "torch",
+        "Coqui execution mode: torch (eager fp32), onnx (Coqui's VITS ONNX export in ONNX "
+        "Runtime), int8 (dynamic quantization of Linear/LSTM layers; a no-op for VITS), "
+        "fp16 or bf16 (autocast; fp16 needs CUDA).",
+    )
+    devices: Annotated[tuple[Device, ...], NoDecode] = _opt(
+        "synthesis",
+        ("cpu",),
+        "Devices the engines run on, comma-separated: cpu, or cuda:0,cuda:1.",
+        min_length=1,
+    )
+    synth_workers: int = _opt(
+        "synthesis",
+        0,
+        "Synthesis worker processes per model (0: engines run in-process threads). On CUDA "
+        "devices the pool has one worker per device.",
+        ge=0,
+    )
+    synth_threads: int = _opt(
+        "synthesis", 1, "Batches one model runs at a time (in-process engine threads).", ge=1
+    )
+    intra_op_threads: int = _opt(
+        "synthesis", 0, "ONNX Runtime / torch threads per engine (0: cores / workers).", ge=0
+    )
+    queue_size: int = _opt(
+        "synthesis",
+        64,
+        "Synthesis items that may wait per model; beyond it a miss gets 503.",
+        ge=1,
+    )
+    max_batch: int = _opt(
+        "synthesis",
+        0,
+        "Most items per engine batch (0: auto, 1 on CPU where batching measured slower, 8 on "
+        "CUDA). Engines that cannot split a batch exactly (Piper, Coqui onnx) always run 1.",
+        ge=0,
+    )
+    max_wait_ms: int = _opt(
+        "synthesis",
+        5,
+        "Milliseconds a batch waits for compatible items to join it (with max_batch > 1).",
+        ge=0,
+    )
+    batch_timeout_s: int = _opt(
+        "synthesis",
+        120,
+        "Seconds a worker may spend on one batch before it is killed and replaced.",
+        ge=1,
+    )
+
+    # --- sentences and streaming ---
+    sentence_pause_ms: int = _opt(
+        "sentences",
+        250,
+        "Silence between sentences when a text's per-sentence audio is joined, in ms.",
+        ge=0,
+        le=5000,
+    )
+    max_parallel_sentences: int = _opt(
+        "sentences",
+        8,
+        "Sentences of one request submitted to the synthesis queue at the same time.",
+        ge=1,
+    )
+
+    # --- logging ---
+    log_level: Literal["debug", "info", "warning", "error"] = _opt(
+        "logging", "info", "Log level: debug, info, warning, error."
+    )
+    log_format: Literal["json", "text"] = _opt(
+        "logging",
+        "json",
+        "Log line format: json (one JSON object a line) or text (for a terminal).",
+    )
+    access_log: bool = _opt(
+        "logging",
+        True,
+        "Write one JSON line per request to stderr (buffered, <= 0.2 s).",
+    )
+
+    # --- prompt catalogues ---
+    max_catalogue_prompts: int = _opt(
+        "catalogue", 1000, "Most prompts one POST /v1/prompts may carry.", ge=1
+    )
+    catalogue_concurrency: int = _opt(
+        "catalogue", 4, "Prompts rendered at once by voxgate warm and POST /v1/prompts.", ge=1
+    )
+
+    # ---- parsing the forms env and flags use --------------------------------------------------
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_int(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode takes `port = true` in TOML as 1; a boolean is never a count here.
+        field = cls.model_fields[info.field_name] if info.field_name else None
+        if isinstance(value, bool) and field is not None and field.annotation is int:
+            raise ValueError("expected an integer, got a boolean")
+        return value
+
+    @field_validator("piper_voices", "devices", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(s.strip() for s in value.split(",") if s.strip())
+        return value
+
+    @field_validator("model_aliases", "voice_aliases", mode="before")
+    @classmethod
+    def _alias_pairs(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        out: dict[str, str] = {}
+        for pair in value.split(","):
+            if not pair.strip():
+                continue
+            alias, sep, target = pair.partition("=")
+            if not sep:
+                raise ValueError("expected alias=target pairs, comma-separated")
+            out[alias.strip()] = target.strip()
+        return out
+
+    @field_validator("model_aliases")
+    @classmethod
+    def _add_openai_models(cls, value: dict[str, str]) -> dict[str, str]:
+        return {**DEFAULT_MODEL_ALIASES, **value}
+
+    @field_validator("voice_aliases")
+    @classmethod
+    def _add_openai_voices(cls, value: dict[str, str]) -> dict[str, str]:
+        return {**DEFAULT_VOICE_ALIASES, **value}
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_level(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("cache_dir")
+    @classmethod
+    def _expand_home(cls, value: Path) -> Path:
+        return value.expanduser()
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: SecretStr) -> SecretStr:
+        url = value.get_secret_value()
+        if url and url.split("://", 1)[0].lower() not in REDIS_SCHEMES:
+            raise ValueError(
+                "must start with redis://, rediss://, unix://, redis+cluster:// or "
+                "redis+sentinel://"
+            )
+        return value
+
     # ---- loading ---------------------------------------------------------------------------
 
     @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Direct construction and :meth:`replace` read their arguments only.
+
+        The process environment, the TOML file and the flags are layered by :meth:`load`; a
+        ``Settings(...)`` made in code (tests, ``replace``) must not pick up a stray
+        ``VOXGATE_*`` variable or ``.env`` file.
+        """
+        return (init_settings,)
+
+    @classmethod
     def names(cls) -> list[str]:
-        """Field names in declaration order."""
-        return [f.name for f in fields(cls)]
+        """Field names in declaration order (grouped by concern)."""
+        return list(cls.model_fields)
+
+    @classmethod
+    def group_of(cls, name: str) -> str:
+        """The group (a key of :data:`GROUPS`) the setting ``name`` belongs to."""
+        extra = cls.model_fields[name].json_schema_extra
+        assert isinstance(extra, dict)
+        return str(extra["group"])
 
     @classmethod
     def load(
@@ -191,156 +466,49 @@ class Settings:
         :class:`SettingsError` naming the key for any unknown key or unusable value.
         """
         env = os.environ if env is None else env
-        values: dict[str, Any] = {}
-        path = config_file or env.get(f"{ENV_PREFIX}CONFIG")
-        if path:
-            try:
-                with Path(path).open("rb") as f:
-                    data = tomllib.load(f)
-            except (OSError, tomllib.TOMLDecodeError) as exc:
-                raise SettingsError(f"config file {path}: {exc}") from exc
-            table = data.get("voxgate", data)
-            for key, raw in table.items():
-                values[key] = cls._convert(key, raw, source=f"{path}")
-        known = set(cls.names())
-        for name in known:
-            raw = env.get(ENV_PREFIX + name.upper())
-            if raw is not None and raw != "":
-                values[name] = cls._convert(name, raw, source=f"{ENV_PREFIX}{name.upper()}")
-        for key, raw in (overrides or {}).items():
-            if raw is not None:
-                values[key] = cls._convert(key, raw, source=f"--{key.replace('_', '-')}")
-        settings = cls(**values)
-        settings.validate()
-        return settings
-
-    @classmethod
-    def _convert(cls, key: str, raw: Any, *, source: str) -> Any:
-        hints = get_type_hints(cls)
-        if key not in hints:
-            raise SettingsError(f"unknown setting {key!r} (from {source})")
-        typ = hints[key]
+        path = config_file or env.get(CONFIG_ENV) or None
+        flags = {k: v for k, v in (overrides or {}).items() if v is not None}
+        # pydantic-settings merges its sources first to last, the first one winning.
+        sources: tuple[PydanticBaseSettingsSource, ...] = (
+            InitSettingsSource(cls, init_kwargs=flags),
+            MappingEnvSource(cls, env),
+            ConfigFileSource(cls, path),
+            DefaultSettingsSource(cls),
+        )
         try:
-            if typ is bool:
-                if isinstance(raw, bool):
-                    return raw
-                word = str(raw).strip().lower()
-                if word in ("1", "true", "yes", "on"):
-                    return True
-                if word in ("0", "false", "no", "off"):
-                    return False
-                raise ValueError("expected true or false")
-            if typ is int:
-                if isinstance(raw, bool):
-                    raise ValueError("expected an integer")
-                return int(raw)
-            if typ is str:
-                return str(raw)
-            if typ is Path:
-                return Path(str(raw)).expanduser()
-            if typ == tuple[str, ...]:
-                items = raw.split(",") if isinstance(raw, str) else list(raw)
-                return tuple(s.strip() for s in items if str(s).strip())
-            if typ == dict[str, str]:
-                if isinstance(raw, Mapping):
-                    return {str(k): str(v) for k, v in raw.items()}
-                out: dict[str, str] = {}
-                for pair in str(raw).split(","):
-                    if not pair.strip():
-                        continue
-                    k, sep, v = pair.partition("=")
-                    if not sep:
-                        raise ValueError(f"expected alias=target, got {pair!r}")
-                    out[k.strip()] = v.strip()
-                return out
-        except (TypeError, ValueError) as exc:
-            raise SettingsError(f"setting {key!r} (from {source}): {exc}") from exc
-        raise SettingsError(f"setting {key!r}: unsupported type {typ}")  # pragma: no cover
+            # mypy sees the fields-only __init__ of pydantic's dataclass_transform, not
+            # BaseSettings.__init__ and its documented underscore options.
+            return cls(_build_sources=(sources, flags))  # type: ignore[call-arg]
+        except ValidationError as exc:
 
-    def validate(self) -> None:
-        """Raise :class:`SettingsError` for values out of range."""
+            def origin(key: str) -> str:
+                if key in flags:
+                    return f"--{key.replace('_', '-')}"
+                if env.get(ENV_PREFIX + key.upper()):
+                    return ENV_PREFIX + key.upper()
+                return str(path) if path else "default"
 
-        def need(cond: bool, key: str, what: str) -> None:
-            if not cond:
-                raise SettingsError(f"setting {key!r}: {what} (got {getattr(self, key)!r})")
-
-        need(0 <= self.port <= 65535, "port", "must be 0-65535")
-        need(self.memory_cache_mb >= 0, "memory_cache_mb", "must be >= 0")
-        need(self.disk_cache_mb >= 0, "disk_cache_mb", "must be >= 0")
-        need(self.max_input_chars >= 1, "max_input_chars", "must be >= 1")
-        need(self.max_body_kb >= 1, "max_body_kb", "must be >= 1")
-        need(self.queue_size >= 1, "queue_size", "must be >= 1")
-        need(self.synth_threads >= 1, "synth_threads", "must be >= 1")
-        need(self.intra_op_threads >= 0, "intra_op_threads", "must be >= 0")
-        need(self.retry_after_s >= 0, "retry_after_s", "must be >= 0")
-        need(bool(self.piper_voices), "piper_voices", "needs at least one voice")
-        need(0 <= self.sentence_pause_ms <= 5000, "sentence_pause_ms", "must be 0-5000")
-        need(self.max_parallel_sentences >= 1, "max_parallel_sentences", "must be >= 1")
-        need(
-            self.log_level.lower() in ("debug", "info", "warning", "error"),
-            "log_level",
-            "must be debug, info, warning or error",
-        )
-        # --- synthesis backend (issue 3) ---
-        need(
-            self.coqui_mode in ("torch", "onnx", "int8", "fp16", "bf16"),
-            "coqui_mode",
-            "must be torch, onnx, int8, fp16 or bf16",
-        )
-        need(bool(self.coqui_name), "coqui_name", "must not be empty")
-        need(self.synth_workers >= 0, "synth_workers", "must be >= 0")
-        need(bool(self.devices), "devices", "needs at least one device")
-        need(
-            all(d == "cpu" or d == "cuda" or d.startswith("cuda:") for d in self.devices),
-            "devices",
-            "each device must be cpu, cuda or cuda:N",
-        )
-        need(self.max_batch >= 0, "max_batch", "must be >= 0")
-        need(self.max_wait_ms >= 0, "max_wait_ms", "must be >= 0")
-        need(self.batch_timeout_s >= 1, "batch_timeout_s", "must be >= 1")
-        self.validate_operations()
-        # --- Redis tier and scale-out (issue 4) ---
-        need(self.redis_ttl_s >= 0, "redis_ttl_s", "must be >= 0")
-        need(self.redis_max_entry_mb >= 1, "redis_max_entry_mb", "must be >= 1")
-        need(self.redis_timeout_ms >= 1, "redis_timeout_ms", "must be >= 1")
-        need(self.redis_breaker_failures >= 1, "redis_breaker_failures", "must be >= 1")
-        need(self.redis_breaker_reset_ms >= 1, "redis_breaker_reset_ms", "must be >= 1")
-        need(self.redis_lock_ttl_ms >= 100, "redis_lock_ttl_ms", "must be >= 100")
-        need(self.redis_lock_wait_s >= 1, "redis_lock_wait_s", "must be >= 1")
-        need(
-            not self.redis_url
-            or self.redis_url.split("://", 1)[0].lower()
-            in (
-                "redis",
-                "rediss",
-                "unix",
-                "redis+cluster",
-                "rediss+cluster",
-                "redis+sentinel",
-                "rediss+sentinel",
-            ),
-            "redis_url",
-            "must start with redis://, rediss://, unix://, redis+cluster:// or redis+sentinel://",
-        )
+            raise SettingsError(_describe(exc, origin)) from None
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` applied (validated)."""
-        new = dataclasses.replace(self, **changes)
-        new.validate()
-        return new
+        try:
+            return type(self).model_validate({**dict(self), **changes})
+        except ValidationError as exc:
+            raise SettingsError(_describe(exc, lambda key: None)) from None
 
     def shown(self) -> dict[str, Any]:
-        """The effective settings for display, secrets masked."""
+        """The effective settings for display (JSON types), grouped in order, secrets masked."""
         out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.metadata.get("secret") and value:
-                value = "****"
+        for name in self.names():
+            value = getattr(self, name)
+            if isinstance(value, SecretStr):
+                value = "****" if value.get_secret_value() else ""
             elif isinstance(value, Path):
                 value = str(value)
             elif isinstance(value, tuple):
                 value = list(value)
-            out[f.name] = value
+            out[name] = value
         return out
 
     def effective_intra_op_threads(self) -> int:
@@ -348,8 +516,6 @@ class Settings:
         if self.intra_op_threads:
             return self.intra_op_threads
         return max(1, (os.cpu_count() or 1) // self.synth_threads)
-
-    # --- synthesis backend (issue 3) ---
 
     def uses_cuda(self) -> bool:
         """True when the engines run on CUDA devices."""
@@ -373,65 +539,95 @@ class Settings:
             return self.max_batch
         return 8 if self.uses_cuda() else 1
 
-    # --- operations (issue 6) ---
-    log_format: str = _opt(
-        "json", "Log line format: json (one JSON object a line) or text (for a terminal)."
-    )
-    workers: int = _opt(
-        1, "Gateway processes serving one port (SO_REUSEPORT); metrics are aggregated across them."
-    )
-    event_loop: str = _opt(
-        "auto",
-        "Event loop of the server: uvloop, asyncio, or auto (uvloop when installed, else asyncio).",
-    )
-    shutdown_timeout_s: int = _opt(
-        30, "On SIGTERM, seconds to let in-flight requests finish before closing connections."
-    )
-    max_catalogue_prompts: int = _opt(1000, "Most prompts one POST /v1/prompts may carry.")
-    catalogue_concurrency: int = _opt(
-        4, "Prompts rendered at once by voxgate warm and POST /v1/prompts."
-    )
 
-    def validate_operations(self) -> None:
-        """Range checks for the operations settings (called by :meth:`validate`)."""
-        for key, ok, what in (
-            ("log_format", self.log_format in ("json", "text"), "must be json or text"),
-            ("workers", 1 <= self.workers <= 64, "must be 1-64"),
-            (
-                "event_loop",
-                self.event_loop in ("auto", "uvloop", "asyncio"),
-                "must be auto, uvloop or asyncio",
-            ),
-            ("shutdown_timeout_s", self.shutdown_timeout_s >= 0, "must be >= 0"),
-            ("max_catalogue_prompts", self.max_catalogue_prompts >= 1, "must be >= 1"),
-            ("catalogue_concurrency", self.catalogue_concurrency >= 1, "must be >= 1"),
-        ):
-            if not ok:
-                raise SettingsError(f"setting {key!r}: {what} (got {getattr(self, key)!r})")
+class MappingEnvSource(EnvSettingsSource):
+    """``VOXGATE_*`` variables read from a given mapping.
+
+    Glue: the library's env source reads ``os.environ`` only; :meth:`Settings.load` takes the
+    mapping as an argument so that tests and tools can load settings without the caller's
+    environment leaking in. Parsing (prefix, empty values, case) stays the library's.
+    """
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        self._environ = environ  # read by _load_env_vars, which the base __init__ calls
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return parse_env_vars(
+            self._environ, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str
+        )
+
+
+class ConfigFileSource(TomlConfigSettingsSource):
+    """The TOML settings file, its keys at the top level or under a ``[voxgate]`` table.
+
+    Glue: the library's TOML source skips a missing file silently and takes one fixed table
+    header; a file voxgate was told to read must exist and parse, and both layouts (a file of its
+    own, or a ``[voxgate]`` table in a shared one) are accepted.
+    """
+
+    def __init__(self, settings_cls: type[BaseSettings], path: str | Path | None) -> None:
+        if path is not None and not Path(path).is_file():
+            raise SettingsError(f"config file {path}: no such file")
+        super().__init__(settings_cls, toml_file=path)
+
+    def _read_file(self, file_path: Any) -> dict[str, Any]:
+        try:
+            with file_path.open("rb") as f:
+                data = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise SettingsError(f"config file {file_path}: {exc}") from exc
+        table = data.get("voxgate")
+        return table if isinstance(table, dict) else data
+
+
+def _describe(exc: ValidationError, origin: Callable[[str], str | None]) -> str:
+    """The problems, each naming the key and (when known) where its value came from."""
+    lines: dict[str, str] = {}
+    for err in exc.errors(include_url=False):
+        key = str(err["loc"][0]) if err["loc"] else "?"
+        if key in lines:  # a bad list item also fails the list's length: the first says why
+            continue
+        where = origin(key)
+        src = f" (from {where})" if where else ""
+        if err["type"] == "extra_forbidden":
+            lines[key] = f"unknown setting {key!r}{src}"
+            continue
+        msg = err["msg"].removeprefix("Value error, ")
+        field = Settings.model_fields.get(key)
+        # Never echo a secret's value: a Redis URL may carry a password.
+        secret = field is None or field.annotation is SecretStr
+        got = "" if secret else f" (got {err['input']!r})"
+        lines[key] = f"setting {key!r}{src}: {msg}{got}"
+    return "; ".join(lines.values())
+
+
+def _default_text(name: str) -> str:
+    field = Settings.model_fields[name]
+    if name == "cache_dir":
+        return "$XDG_CACHE_HOME/voxgate or ~/.cache/voxgate"
+    value = field.get_default(call_default_factory=True)
+    if isinstance(value, dict):
+        return "OpenAI names" if value else "{}"
+    if isinstance(value, tuple):
+        return ",".join(value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    return str(value)
 
 
 def settings_table() -> str:
-    """The settings as a Markdown table (the README's table is this, checked by a test)."""
-    rows = ["| setting | env | default | meaning |", "|---|---|---|---|"]
-    defaults = Settings.__dataclass_fields__
-    for f in fields(Settings):
-        d = defaults[f.name]
-        if d.default is not dataclasses.MISSING:
-            value: Any = d.default
-        elif d.default_factory is not dataclasses.MISSING:
-            value = d.default_factory()
-        else:  # pragma: no cover - every field has a default
-            value = ""
-        if f.name == "cache_dir":
-            value = "$XDG_CACHE_HOME/voxgate or ~/.cache/voxgate"
-        elif isinstance(value, dict):
-            value = "OpenAI names" if value else "{}"
-        elif isinstance(value, tuple):
-            value = ",".join(value)
-        elif isinstance(value, bool):
-            value = str(value).lower()
-        rows.append(
-            f"| `--{f.name.replace('_', '-')}` | `{ENV_PREFIX}{f.name.upper()}` | `{value}` | "
-            f"{f.metadata['help']} |"
-        )
-    return "\n".join(rows)
+    """The settings as Markdown, one table per group (the README's block, checked by a test)."""
+    parts: list[str] = []
+    for group, title in GROUPS.items():
+        names = [n for n in Settings.names() if Settings.group_of(n) == group]
+        rows = [f"**{title}**", "", "| setting | env | default | meaning |", "|---|---|---|---|"]
+        for name in names:
+            rows.append(
+                f"| `--{name.replace('_', '-')}` | `{ENV_PREFIX}{name.upper()}` | "
+                f"`{_default_text(name)}` | {Settings.model_fields[name].description} |"
+            )
+        parts.append("\n".join(rows))
+    return "\n\n".join(parts)
