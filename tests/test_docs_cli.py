@@ -23,7 +23,9 @@ def test_readme_settings_table_matches_settings() -> None:
     text = readme()
     m = re.search(r"<!-- settings-table:start -->\n(.*?)\n<!-- settings-table:end -->", text, re.S)
     assert m is not None
-    assert m.group(1) == settings_table(), "regenerate the README table from settings_table()"
+    assert m.group(1) == settings_table(), (
+        "regenerate: python -m gateway.runtime.settings README.md"
+    )
 
 
 def test_ci_runs_the_readme_commands() -> None:

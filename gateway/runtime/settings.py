@@ -8,6 +8,7 @@ settings table, ``voxgate config show`` and the ``--help`` of every command are 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -631,3 +632,24 @@ def settings_table() -> str:
             )
         parts.append("\n".join(rows))
     return "\n\n".join(parts)
+
+
+README_BLOCK = re.compile(
+    r"(<!-- settings-table:start -->\n)(.*?)(\n<!-- settings-table:end -->)", re.S
+)
+
+
+def main(argv: list[str]) -> int:
+    """Rewrite the settings block of the README at ``argv[0]`` (default README.md) from
+    :func:`settings_table`: ``python -m gateway.runtime.settings README.md``."""
+    path = Path(argv[0] if argv else "README.md")
+    text = path.read_text(encoding="utf-8")
+    if README_BLOCK.search(text) is None:
+        print(f"{path}: no <!-- settings-table:start/end --> block", file=sys.stderr)
+        return 1
+    path.write_text(README_BLOCK.sub(lambda m: m[1] + settings_table() + m[3], text), "utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
