@@ -10,6 +10,7 @@ are not installed.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -22,6 +23,11 @@ from gateway.runtime.extras import COQUI_INSTALL, check_extras
 from gateway.runtime.settings import Settings, SettingsError
 from synth.coqui_engine import REQUIRED_MODULES, missing_modules
 from tests.ops_support import clean_env, run_cli
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 # The heavy packages only the Coqui engine may import (the `coqui` extra's, less `six`, which other
@@ -165,3 +171,17 @@ def test_piper_speaks_without_the_extra(tmp_path: Path) -> None:
     assert json.loads(out.stdout)["cache"] == "miss"
     audio, rate = sf.read(wav)
     assert rate == 22050 and len(audio) > rate // 2
+
+
+def test_dev_extra_installs_everything() -> None:
+    # `bash .ci/install` installs `.[dev]`: the whole suite, Coqui tests included, needs the extra.
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    project = pyproject["project"]
+    assert "voxgate[coqui]" in project["optional-dependencies"]["dev"]
+    heavy = ("torch", "torchaudio", "torchcodec", "coqui-tts", "onnx", "six")
+    names = {re.split(r"[=<>~;\[ ]", d)[0] for d in project["dependencies"]}
+    assert names.isdisjoint(heavy)
+    coqui = {re.split(r"[=<>~;\[ ]", d)[0]: d for d in project["optional-dependencies"]["coqui"]}
+    assert set(coqui) == set(heavy)
+    # pinned: an exact release or a bounded range, never a bare name
+    assert all(re.search(r"==|<", spec) for spec in coqui.values()), coqui
