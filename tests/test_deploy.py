@@ -4,9 +4,11 @@ other and with voxgate (ports, probe paths, mounted files, settings names and va
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,11 @@ import pytest
 import yaml
 
 from gateway.runtime.settings import Settings, SettingsError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -64,6 +71,42 @@ def test_dockerfile_matches_the_settings() -> None:
         if src != "README.md":  # written at the top level by the project's README task
             assert (ROOT / src).exists(), src
     assert str(settings.cache_dir) in re.findall(r'VOLUME \["([^"]+)"\]', text)
+
+
+def dockerfile_pip_install(build_args: dict[str, str]) -> list[str]:
+    """The arguments the Dockerfile's ``RUN pip install`` passes to pip, under ``build_args``
+    (``docker build --build-arg``), expanded by a real ``sh`` as ``RUN`` would."""
+    text = (ROOT / "Dockerfile").read_text()
+    found = re.findall(r'^ARG (\w+)=(?:"([^"]*)"|(\S*))$', text, re.M)
+    args = {name: quoted or bare for name, quoted, bare in found}
+    args.update(build_args)
+    m = re.search(r"^RUN (pip install [^\n]*?)(?: \\)?$", text, re.M)
+    assert m is not None, "the Dockerfile installs voxgate with one `RUN pip install` line"
+    script = 'pip() { printf "%s\\n" "$@"; }\n' + m.group(1)
+    out = subprocess.run(
+        ["sh", "-c", script],
+        env={"PATH": os.defpath, **args},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    return out.stdout.splitlines()
+
+
+def test_dockerfile_builds_slim_by_default_and_coqui_with_a_build_arg() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    extras = pyproject["project"]["optional-dependencies"]
+    # slim: the base install, no torch and no torch index (pip would ask it for every package)
+    assert dockerfile_pip_install({}) == ["install", "."]
+    assert not any(
+        d.split("=")[0].startswith(("torch", "coqui")) for d in pyproject["project"]["dependencies"]
+    )
+    coqui = dockerfile_pip_install({"EXTRAS": "coqui"})
+    assert coqui[-1] == ".[coqui]"
+    assert coqui[1:3] == ["--extra-index-url", "https://download.pytorch.org/whl/cpu"]
+    assert any(d.startswith("torch==") for d in extras["coqui"])
+    assert any(d.startswith("coqui-tts==") for d in extras["coqui"])
 
 
 def test_compose_services_ports_and_settings() -> None:

@@ -68,9 +68,12 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from gateway.runtime.extras import check_extras
     from gateway.runtime.logs import configure_logging
 
     settings = load_settings(args)
+    # Before any process starts: `--workers N` would otherwise start N servers that each fail.
+    check_extras(settings)
     configure_logging(settings.log_level, settings.log_format)
     if settings.workers > 1 and args.worker_of is None:
         from gateway.runtime.workers import run_workers

@@ -17,10 +17,10 @@ from cache.memory import MemoryTier
 from cache.redis_tier import RedisTier
 from cache.store import TieredStore
 from cache.tier import Tier
+from gateway.runtime.extras import check_extras
 from gateway.runtime.settings import Settings
 from gateway.speech.service import ModelHandle, SpeechService
 from metrics import Metrics
-from synth.coqui_engine import resolve_model_files
 from synth.engine import Engine
 from synth.piper_engine import PiperVoiceFiles
 from synth.pool import EngineSpec, WorkerPool
@@ -97,6 +97,10 @@ def default_engine_specs(settings: Settings) -> dict[str, list[EngineSpec]]:
         ]
     }
     if settings.coqui_model:
+        check_extras(settings)
+        # Imported here: a process that serves no Coqui model never loads the Coqui engine's module.
+        from synth.coqui_engine import resolve_model_files
+
         # Resolve a zoo name here, once: the workers then find the files in Coqui's cache.
         model_path, config_path = resolve_model_files(
             settings.coqui_model, settings.coqui_config or None
