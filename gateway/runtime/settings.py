@@ -8,16 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
 
 ENV_PREFIX = "VOXGATE_"
 
