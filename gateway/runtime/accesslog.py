@@ -21,6 +21,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, TextIO
 
+from synth.cancellation import cancel_and_wait
+
 if TYPE_CHECKING:
     from gateway.runtime.settings import Settings
 
@@ -67,7 +69,7 @@ class AccessLog:
         second = int(now)
         if second != self._second:
             self._second = second
-            self._prefix = datetime.datetime.fromtimestamp(second, datetime.timezone.utc).strftime(
+            self._prefix = datetime.datetime.fromtimestamp(second, datetime.UTC).strftime(
                 "%Y-%m-%dT%H:%M:%S"
             )
         return f"{self._prefix}.{int((now - second) * 1000):03d}+00:00"
@@ -135,8 +137,6 @@ class AccessLog:
     async def close(self) -> None:
         """Stop the periodic flush and write what is left."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         self.flush()
