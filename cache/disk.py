@@ -106,13 +106,6 @@ class DiskTier:
         if pinned in (None, True):
             yield from (str(k) for k in self._pinned.iterkeys())
 
-    def read_meta_sync(self, key: str) -> Entry | None:
-        """Read one entry synchronously (for purge and stats scans in a thread)."""
-        try:
-            return self._get_sync(key)
-        except CorruptEntry:
-            return None
-
     def _purge_sync(self, match: PurgeFilter) -> int:
         removed = 0
         sides = []

@@ -3,11 +3,13 @@
 The in-process :class:`cache.singleflight.SingleFlight` makes one task per key in a process; this
 makes one *replica* per key do the work:
 
-1. ``SET <prefix>lock:<key> <token> NX PX <ttl>``: the replica that gets the lock produces the
-   value (and writes it to the store, Redis included). A keeper task extends the lock while the
-   work runs, so a slow synthesis never loses it; a holder that dies stops extending and the lock
-   expires after ``lock_ttl_s``.
-2. The lock is released by a compare-and-delete script, so a holder can only delete its own lock.
+1. redis-py's :class:`~redis.asyncio.lock.Lock` (``SET <prefix>lock:<key> <token> NX PX <ttl>``
+   with a random token per attempt): the replica that gets the lock produces the value (and
+   writes it to the store, Redis included). A keeper task extends the lock while the work runs,
+   so a slow synthesis never loses it; a holder that dies stops extending and the lock expires
+   after ``lock_ttl_s``.
+2. Extend and release are redis-py's compare-token scripts: only the holder extends or deletes
+   the lock, so a lock that expired and was taken by another replica is never released by us.
 3. Other replicas poll the store key with exponential backoff. Between polls they try the lock
    again: a holder that died (lock expired) or failed (lock released, no value) is taken over.
 4. A waiter gives up after ``max_wait_s`` and produces the value itself rather than hang.
@@ -16,17 +18,20 @@ Polling rather than pub/sub: a waiter needs the value, which lives in the store 
 subscription costs a dedicated connection per waiter (per cluster shard); the poll is at most
 ``poll_max_s`` late. Any Redis failure degrades to local work (counted), never to a failed request.
 
-Lock and data keys are single keys used one at a time, so every command is valid in Cluster mode.
+Lock and data keys are single keys used one at a time (the lock's scripts touch one key), so every
+command is valid in Cluster mode.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
+
+from redis.asyncio.lock import Lock
+from redis.exceptions import LockNotOwnedError
 
 from cache.entry import CorruptEntry, Entry
 from cache.redis_tier import RedisTier
@@ -36,17 +41,6 @@ from metrics import Metrics
 log = logging.getLogger("voxgate.cache.distributed")
 
 T = TypeVar("T")
-
-# KEYS[1] = lock, ARGV[1] = token: delete the lock only if we still hold it.
-UNLOCK = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
-return 0
-"""
-# KEYS[1] = lock, ARGV[1] = token, ARGV[2] = ttl ms: extend the lock only if we still hold it.
-EXTEND = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
-return 0
-"""
 
 
 class CrossReplicaFlight:
@@ -63,7 +57,7 @@ class CrossReplicaFlight:
         metrics: Metrics | None = None,
     ) -> None:
         self.tier = tier
-        self.lock_ttl_ms = max(1, int(lock_ttl_s * 1000))
+        self.lock_ttl_s = max(0.001, lock_ttl_s)
         self.max_wait_s = max_wait_s
         self.poll_min_s = poll_min_s
         self.poll_max_s = poll_max_s
@@ -90,7 +84,12 @@ class CrossReplicaFlight:
         """The value of ``key``: made here by ``produce`` if this replica gets the lock, else
         ``adopt``-ed from the entry another replica stores under ``key`` in the Redis tier.
         """
-        lock, token = self.lock_key(key), secrets.token_hex(16)
+        # thread_local=False: the token belongs to this call, and every await of it runs on the
+        # loop's thread anyway. The token is ours (secrets), not redis-py's default uuid1.
+        lock = Lock(
+            self.tier.client, self.lock_key(key), timeout=self.lock_ttl_s, thread_local=False
+        )
+        token = secrets.token_hex(16)
         try:
             acquired = await self._acquire(lock, token)
         except TierError:  # Redis down or breaker open: this replica works alone (counted)
@@ -98,49 +97,56 @@ class CrossReplicaFlight:
             return await produce()
         if acquired:
             self._count_lock("acquired")
-            return await self._hold(lock, token, produce)
+            return await self._hold(lock, produce)
         self._count_lock("contended")
         return await self._wait(key, lock, token, produce, adopt)
 
-    async def _acquire(self, lock: str, token: str) -> bool:
-        client = self.tier.client
-        got = await self.tier.guarded(
-            "lock", lambda: client.set(lock, token, nx=True, px=self.lock_ttl_ms)
-        )
+    async def _acquire(self, lock: Lock, token: str) -> bool:
+        got = await self.tier.guarded("lock", lambda: lock.acquire(blocking=False, token=token))
         return bool(got)
 
-    async def _hold(self, lock: str, token: str, produce: Callable[[], Awaitable[T]]) -> T:
-        keeper = asyncio.create_task(self._keep(lock, token), name="redis-lock-keeper")
+    async def _hold(self, lock: Lock, produce: Callable[[], Awaitable[T]]) -> T:
+        # The keeper lives exactly as long as the work: a TaskGroup cancels it and waits for it
+        # on every way out, and lets the caller's own cancellation through (where
+        # suppress(CancelledError) around awaiting the cancelled keeper swallowed it).
+        failure: BaseException | None = None
         try:
-            return await produce()
+            async with asyncio.TaskGroup() as scope:
+                keeper = scope.create_task(self._keep(lock), name="redis-lock-keeper")
+                try:
+                    return await produce()
+                finally:
+                    keeper.cancel()
+        except BaseExceptionGroup as group:
+            # The keeper never raises, so the group holds produce's one error: raised as itself
+            # below (outside this handler, so its own context stays as it was), as callers expect.
+            failure = group.exceptions[0]
         finally:
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
-            await self._release(lock, token)
+            await self._release(lock)
+        raise failure
 
-    async def _keep(self, lock: str, token: str) -> None:
-        """Extend the lock every third of its TTL while the work runs."""
-        client = self.tier.client
+    async def _keep(self, lock: Lock) -> None:
+        """Extend the lock every third of its TTL while the work runs; never raises (a keeper
+        failure must not fail or cancel the work: the lock then just expires)."""
         while True:
-            await asyncio.sleep(self.lock_ttl_ms / 3000)
+            await asyncio.sleep(self.lock_ttl_s / 3)
             try:
-                held = await self.tier.guarded(
-                    "lock", lambda: client.eval(EXTEND, 1, lock, token, self.lock_ttl_ms)
-                )
+                held = await self.tier.guarded("lock", lambda: _extend(lock, self.lock_ttl_s))
             except TierError as exc:
                 # Counted by guarded; the next tick tries again, and if Redis stays away the
                 # lock expires and another replica may duplicate the work: safe, only wasteful.
                 log.debug("lock extend failed: %s", exc)
                 continue
+            except Exception:
+                log.exception("the lock keeper failed; the lock will expire on its own")
+                return
             if not held:
-                log.warning("synthesis lock lost before the work finished: %s", lock)
+                log.warning("synthesis lock lost before the work finished: %s", lock.name)
                 return
 
-    async def _release(self, lock: str, token: str) -> None:
-        client = self.tier.client
+    async def _release(self, lock: Lock) -> None:
         try:
-            await self.tier.guarded("unlock", lambda: client.eval(UNLOCK, 1, lock, token))
+            await self.tier.guarded("unlock", lambda: _release_if_held(lock))
         except TierError as exc:
             # Counted by guarded; the lock expires on its own within its TTL.
             log.debug("lock release failed: %s", exc)
@@ -148,7 +154,7 @@ class CrossReplicaFlight:
     async def _wait(
         self,
         key: str,
-        lock: str,
+        lock: Lock,
         token: str,
         produce: Callable[[], Awaitable[T]],
         adopt: Callable[[Entry], Awaitable[T]],
@@ -177,7 +183,7 @@ class CrossReplicaFlight:
                 if await self._acquire(lock, token):
                     outcome = "takeover"
                     self._observe_wait(outcome, loop.time() - started)
-                    return await self._hold(lock, token, produce)
+                    return await self._hold(lock, produce)
         except TierError as exc:
             outcome = "error"
             log.warning(
@@ -196,3 +202,24 @@ class CrossReplicaFlight:
         if self.metrics is not None:
             self.metrics.redis_lock_waits.labels(outcome).inc()
             self.metrics.redis_lock_wait_seconds.observe(seconds)
+
+
+# Losing the lock is an answer from Redis, not a Redis failure: these keep redis-py's
+# LockNotOwnedError (a RedisError) away from the tier's breaker and error count.
+
+
+async def _extend(lock: Lock, ttl_s: float) -> bool:
+    """Reset ``lock``'s TTL to ``ttl_s`` if we still hold it; False when we lost it."""
+    try:
+        await lock.extend(ttl_s, replace_ttl=True)
+    except LockNotOwnedError:
+        return False
+    return True
+
+
+async def _release_if_held(lock: Lock) -> None:
+    """Delete ``lock`` if it still holds our token; a lock another replica took is left alone."""
+    try:
+        await lock.release()
+    except LockNotOwnedError:
+        log.debug("lock %s expired before release (another replica may hold it)", lock.name)

@@ -73,10 +73,6 @@ class MemoryTier:
             await self.delete(key)
         return len(doomed)
 
-    def keys(self) -> list[str]:
-        """Snapshot of the keys held (for purge)."""
-        return list(self._items)
-
     async def stats(self) -> TierStats:
         pinned = sum(1 for e in self._items.values() if e.meta.pinned)
         return TierStats(self.name, len(self._items), self._bytes, self.max_bytes, pinned)

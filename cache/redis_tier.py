@@ -18,7 +18,6 @@ URLs: ``redis://``, ``rediss://`` (TLS), ``unix://`` with optional ``user:passwo
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import struct
 import zlib
@@ -238,7 +237,7 @@ class RedisTier:
             # the store's business (a miss and a delete), and for the breaker a success.
             self.breaker.success()
             raise
-        except (RedisError, OSError, asyncio.TimeoutError, TimeoutError) as exc:
+        except (RedisError, OSError, TimeoutError) as exc:
             self.breaker.failure()
             if self.metrics is not None:
                 self.metrics.redis_errors.labels(op).inc()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, runtime_checkable
@@ -12,19 +11,13 @@ from cache.entry import Entry, EntryMeta
 
 T = TypeVar("T")
 
-if sys.version_info >= (3, 11):
 
-    async def bounded(aw: Awaitable[T], timeout_s: float) -> T:
-        """``await aw`` within ``timeout_s`` (``TimeoutError`` after). ``asyncio.timeout`` runs it
-        in the caller's task, where ``wait_for`` (before Python 3.12) wraps it in a new task:
-        a measurable part of a tier hit."""
-        async with asyncio.timeout(timeout_s):
-            return await aw
-
-else:  # pragma: no cover - Python 3.10
-
-    async def bounded(aw: Awaitable[T], timeout_s: float) -> T:
-        return await asyncio.wait_for(aw, timeout_s)
+async def bounded(aw: Awaitable[T], timeout_s: float) -> T:
+    """``await aw`` within ``timeout_s`` (``TimeoutError`` after). ``asyncio.timeout`` runs it
+    in the caller's task, where ``wait_for`` (before Python 3.12) wraps it in a new task:
+    a measurable part of a tier hit."""
+    async with asyncio.timeout(timeout_s):
+        return await aw
 
 
 class TierError(Exception):

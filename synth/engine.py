@@ -8,8 +8,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-import numpy as np
-
 from synth.audio import FloatPCM
 
 ParamValue = str | int | float | bool | None
@@ -85,8 +83,3 @@ def fingerprint_files(paths: Iterable[Path]) -> str:
             while chunk := f.read(1 << 20):
                 h.update(chunk)
     return h.hexdigest()
-
-
-def silence(seconds: float, sample_rate: int) -> FloatPCM:
-    """Zeros of the given length."""
-    return np.zeros(round(seconds * sample_rate), dtype=np.float32)

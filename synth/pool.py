@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from metrics import Metrics
+from synth.cancellation import cancel_and_wait
 from synth.engine import Audio, Engine, SynthesisItem
 from synth.errors import (
     EngineDead,
@@ -354,11 +355,7 @@ class WorkerPool:
     async def close(self) -> None:
         """Stop every worker (and any replacement in progress)."""
         self._closed = True
-        for task in list(self._replacing):
-            task.cancel()
-        for task in list(self._replacing):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._replacing)
         loop = asyncio.get_running_loop()
         workers = list(self._workers.values())
         self._workers.clear()

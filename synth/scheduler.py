@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from metrics import Metrics
+from synth.cancellation import cancel_and_wait
 from synth.engine import Audio, SynthesisItem
 from synth.errors import EngineError, Overloaded, SynthesisError, UnspeakableInput
 
@@ -88,11 +89,7 @@ class Scheduler:
     async def close(self) -> None:
         """Stop the loops and fail whatever is still queued."""
         self._closed = True
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
         self._tasks.clear()
         while self._queue:
             p = self._queue.popleft()

@@ -8,7 +8,7 @@ import os
 import re
 import shutil
 import subprocess
-import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +16,6 @@ import pytest
 import yaml
 
 from gateway.runtime.settings import Settings, SettingsError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"

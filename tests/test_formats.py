@@ -156,6 +156,53 @@ async def test_unsupported_format_lists_the_supported(gateway: GatewayFactory) -
         assert name in err["message"]
 
 
+def speechlike(rate: int, seconds: float = 2.3) -> np.ndarray[Any, np.dtype[np.float32]]:
+    """Noise under a syllable-rate envelope: broadband like speech, deterministic."""
+    n = int(rate * seconds)
+    t = np.arange(n) / rate
+    noise = np.random.default_rng(7).standard_normal(n)
+    return (0.2 * noise * (0.5 + 0.5 * np.sin(2 * np.pi * 4 * t))).astype(np.float32)
+
+
+def ffmpeg_count(data: bytes, tmp: Path) -> int:
+    return ffmpeg_samples(data, tmp, "x.bin", "")
+
+
+@pytest.mark.parametrize("name", ["mp3", "aac"])
+@pytest.mark.parametrize("rate", [8000, 22050, 44100])
+def test_whole_file_and_stream_are_one_encoder_path(name: str, rate: int, tmp_path: Path) -> None:
+    fmt = audio.FORMATS[name]
+    pcm = speechlike(rate)
+    whole = audio.encode(pcm, rate, fmt)
+    one = audio.StreamEncoder(fmt, rate)
+    stream = one.header() + one.encode(pcm, rate) + one.finish()
+    three = audio.StreamEncoder(fmt, rate)
+    parts = [three.encode(part, rate) for part in np.array_split(pcm, 3)]
+    streamed = three.header() + b"".join(parts) + three.finish()
+    assert all(parts)  # bytes leave with each sentence, not only at the end
+    frame = EXPECTED[name][2] // 2 if name == "aac" else EXPECTED[name][2]
+    n_whole, n_stream = ffmpeg_count(whole, tmp_path), ffmpeg_count(stream, tmp_path)
+    if name == "aac":
+        # ADTS: every frame carries its own header, so the file is the one-chunk stream.
+        assert whole == stream
+    else:
+        # The file is the stream after one Xing/LAME frame, which only a seekable file can have
+        # (the muxer fills in frame count and padding at the end). It declares LAME's encoder
+        # delay (576 + 529 samples) so decoders trim it; the raw stream cannot declare it.
+        assert whole.endswith(stream)
+        assert 0 < len(whole) - len(stream) <= 1500  # one frame at <= 96 kbps
+        n_stream -= 1105
+    assert abs(n_whole - n_stream) <= frame, (n_whole, n_stream)
+    assert abs(n_whole - len(pcm)) <= EXPECTED[name][2], (n_whole, len(pcm))
+    # Sentence by sentence through one encoder decodes as long as one piece.
+    assert abs(ffmpeg_count(streamed, tmp_path) - ffmpeg_count(stream, tmp_path)) <= frame
+    if name in SOUNDFILE_READS:
+        for data in (whole, stream):
+            decoded, sf_rate = sf.read(io.BytesIO(data), dtype="float32")
+            assert sf_rate == rate
+            assert np.abs(decoded).max() > 0.05
+
+
 def test_rates_round_up_to_what_the_codec_runs_at() -> None:
     assert audio.output_rate(audio.FORMATS["mp3"], 22050, 10000) == 11025
     assert audio.output_rate(audio.FORMATS["aac"], 22050, 47000) == 48000

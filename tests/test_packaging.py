@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -23,11 +24,6 @@ from gateway.runtime.extras import COQUI_INSTALL, check_extras
 from gateway.runtime.settings import Settings, SettingsError
 from synth.coqui_engine import REQUIRED_MODULES, missing_modules
 from tests.ops_support import clean_env, run_cli
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 # The heavy packages only the Coqui engine may import (the `coqui` extra's, less `six`, which other

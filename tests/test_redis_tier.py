@@ -271,6 +271,43 @@ async def test_lock_is_extended_while_the_work_runs(tier: RedisTier) -> None:
     assert seen[0] is not None
 
 
+async def test_a_failed_holder_raises_its_own_error_and_releases(tier: RedisTier) -> None:
+    flight = CrossReplicaFlight(tier, lock_ttl_s=5, max_wait_s=1)
+
+    async def produce() -> str:
+        raise ValueError("the engine refused")
+
+    async def adopt(e: Entry) -> str:
+        raise AssertionError("unused")
+
+    # The keeper runs in a TaskGroup: the caller still sees the error itself, not a group.
+    with pytest.raises(ValueError, match="the engine refused"):
+        await flight.run(KEY, produce, adopt)
+    assert await tier.client.exists(flight.lock_key(KEY)) == 0
+
+
+async def test_a_cancelled_holder_is_cancelled_and_releases(tier: RedisTier) -> None:
+    flight = CrossReplicaFlight(tier, lock_ttl_s=5, max_wait_s=1)
+    working = asyncio.Event()
+
+    async def produce() -> str:
+        working.set()
+        await asyncio.Event().wait()  # until cancelled
+        return "never"
+
+    async def adopt(e: Entry) -> str:
+        raise AssertionError("unused")
+
+    run = asyncio.create_task(flight.run(KEY, produce, adopt))
+    await working.wait()
+    assert await tier.client.exists(flight.lock_key(KEY)) == 1
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert run.cancelled()
+    assert await tier.client.exists(flight.lock_key(KEY)) == 0
+
+
 # ---- outage and breaker -------------------------------------------------------------------
 
 

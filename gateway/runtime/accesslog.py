@@ -3,7 +3,8 @@
 Going through ``logging`` for every request (record creation, formatting, a write syscall) cost
 about a tenth of a cache hit's CPU time. Like nginx's ``access_log ... buffer=``, lines are built
 with no logging machinery, kept in memory, and written together at most ``flush_interval_s``
-later (or when ``max_lines`` pile up). The lines have the same shape as every other log line
+later (or when ``max_lines`` pile up). The write itself (a syscall that blocks while a log pipe
+is full) runs on one writer thread, never on the event loop; one thread keeps batches in order. The lines have the same shape as every other log line
 (:mod:`gateway.runtime.logs`: one JSON object with ts, level, logger, pid, msg, then the fields; or the
 text form). The request text is never part of a line: only the route template, status, content
 key, cache result, timing, bytes and client id.
@@ -12,6 +13,7 @@ key, cache result, timing, bytes and client id.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import datetime
 import json
@@ -20,6 +22,8 @@ import os
 import sys
 import time
 from typing import TYPE_CHECKING, TextIO
+
+from synth.cancellation import cancel_and_wait
 
 if TYPE_CHECKING:
     from gateway.runtime.settings import Settings
@@ -49,6 +53,11 @@ class AccessLog:
         self._prefix = ""
         self._lines: list[str] = []
         self._task: asyncio.Task[None] | None = None
+        # Created on the first batch; its one thread writes batches in the order they are handed
+        # over. Non-daemon (concurrent.futures joins it at interpreter exit), so a handed-over
+        # batch is written even if close() never runs.
+        self._writer: concurrent.futures.ThreadPoolExecutor | None = None
+        self._last_write: concurrent.futures.Future[None] | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> AccessLog:
@@ -67,7 +76,7 @@ class AccessLog:
         second = int(now)
         if second != self._second:
             self._second = second
-            self._prefix = datetime.datetime.fromtimestamp(second, datetime.timezone.utc).strftime(
+            self._prefix = datetime.datetime.fromtimestamp(second, datetime.UTC).strftime(
                 "%Y-%m-%dT%H:%M:%S"
             )
         return f"{self._prefix}.{int((now - second) * 1000):03d}+00:00"
@@ -114,10 +123,16 @@ class AccessLog:
             self.flush()
 
     def flush(self) -> None:
-        """Write what is queued (one write call)."""
+        """Hand what is queued to the writer thread (one write call there); returns at once."""
         if not self._lines:
             return
         lines, self._lines = self._lines, []
+        if self._writer is None:
+            self._writer = concurrent.futures.ThreadPoolExecutor(1, "access-log-writer")
+        self._last_write = self._writer.submit(self._write, lines)
+
+    def _write(self, lines: list[str]) -> None:
+        """Runs on the writer thread."""
         with contextlib.suppress(ValueError, OSError):  # a closed stream must not fail requests
             self.stream.write("\n".join(lines) + "\n")
             self.stream.flush()
@@ -133,10 +148,17 @@ class AccessLog:
             self._task = asyncio.create_task(self._run(), name="access-log-flush")
 
     async def close(self) -> None:
-        """Stop the periodic flush and write what is left."""
+        """Stop the periodic flush and wait until every line queued so far is written."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         self.flush()
+        writer, last = self._writer, self._last_write
+        self._writer = self._last_write = None
+        if writer is None:
+            return
+        if last is not None:
+            # The writer thread runs batches in order, so the last one done means all are done.
+            # Shielded: a cancelled close must not cancel a batch not yet written.
+            await asyncio.shield(asyncio.wrap_future(last))
+        writer.shutdown(wait=False)  # nothing is left in it

@@ -21,6 +21,7 @@ from gateway.runtime.extras import check_extras
 from gateway.runtime.settings import Settings
 from gateway.speech.service import ModelHandle, SpeechService
 from metrics import Metrics
+from synth.cancellation import cancel_and_wait
 from synth.engine import Engine
 from synth.piper_engine import PiperVoiceFiles
 from synth.pool import EngineSpec, WorkerPool
@@ -193,11 +194,7 @@ async def open_models(
             await asyncio.gather(*loaders)
         yield handles
     finally:
-        for task in loaders:
-            task.cancel()
-        for task in loaders:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*loaders)
         for handle in handles.values():
             await handle.scheduler.close()
         for runner in runners:

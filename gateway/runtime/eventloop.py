@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -73,14 +72,5 @@ def _named(kind: str) -> str:
 def run(main: Coroutine[Any, Any, T], choice: str) -> T:
     """``asyncio.run(main)`` on the loop ``choice`` selects."""
     make = factory(choice)
-    if sys.version_info >= (3, 11):
-        with asyncio.Runner(loop_factory=make) as runner:
-            return runner.run(main)
-    loop = make()  # pragma: no cover - Python 3.10
-    try:
-        asyncio.set_event_loop(loop)
-        return loop.run_until_complete(main)
-    finally:
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        asyncio.set_event_loop(None)
-        loop.close()
+    with asyncio.Runner(loop_factory=make) as runner:
+        return runner.run(main)

@@ -29,7 +29,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "ts": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc).isoformat(
+            "ts": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(
                 timespec="milliseconds"
             ),
             "level": record.levelname.lower(),

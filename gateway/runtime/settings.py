@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -33,11 +34,6 @@ from pydantic_settings import (
 )
 from pydantic_settings.sources import DefaultSettingsSource
 from pydantic_settings.sources.utils import parse_env_vars
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
 
 ENV_PREFIX = "VOXGATE_"
 CONFIG_ENV = f"{ENV_PREFIX}CONFIG"
