@@ -92,3 +92,15 @@ async def test_a_blocked_stream_does_not_block_the_loop_and_nothing_is_lost() ->
     # Every line, in order, in the batches they were handed over in.
     assert [x["bytes"] for x in stream.lines()] == [0, 1, 0, 1, 0]
     assert len(stream.writes) == 3
+
+
+async def test_a_blocked_stream_costs_bounded_memory_and_the_drop_is_reported() -> None:
+    stream = RecordingStream(gated=True)
+    log = AccessLog(stream, max_lines=10, max_backlog_lines=30)  # type: ignore[arg-type]
+    record(log, 100)  # 10 batches of 10: the first 3 fit the backlog, 7 are dropped
+    assert log.dropped == 70
+    stream.gate.set()
+    await log.close()
+    lines = stream.lines()  # every line, the warning too, is one JSON object
+    assert [x["bytes"] for x in lines if x["msg"] == "request"] == list(range(30))
+    assert [x["dropped"] for x in lines if x["level"] == "warning"] == [70]

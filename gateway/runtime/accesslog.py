@@ -4,9 +4,12 @@ Going through ``logging`` for every request (record creation, formatting, a writ
 about a tenth of a cache hit's CPU time. Like nginx's ``access_log ... buffer=``, lines are built
 with no logging machinery, kept in memory, and written together at most ``flush_interval_s``
 later (or when ``max_lines`` pile up). The write itself (a syscall that blocks while a log pipe
-is full) runs on one writer thread, never on the event loop; one thread keeps batches in order. The lines have the same shape as every other log line
-(:mod:`gateway.runtime.logs`: one JSON object with ts, level, logger, pid, msg, then the fields; or the
-text form). The request text is never part of a line: only the route template, status, content
+is full) runs on one writer thread, never on the event loop; one thread keeps batches in order.
+Lines waiting for that thread are bounded (``max_backlog_lines``): while stderr is blocked, newer
+lines are dropped and counted, and the count is written once the stream drains, so a stuck log
+reader costs bounded memory. The lines have the same shape as every other log line
+(:mod:`gateway.runtime.logs`: one JSON object with ts, level, logger, pid, msg, then the fields;
+or the text form). The request text is never part of a line: only the route template, status, content
 key, cache result, timing, bytes and client id.
 """
 
@@ -20,6 +23,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING, TextIO
 
@@ -41,6 +45,7 @@ class AccessLog:
         fmt: str = "json",
         flush_interval_s: float = 0.2,
         max_lines: int = 512,
+        max_backlog_lines: int = 65536,
         enabled: bool = True,
     ) -> None:
         self._stream = stream
@@ -58,6 +63,13 @@ class AccessLog:
         # batch is written even if close() never runs.
         self._writer: concurrent.futures.ThreadPoolExecutor | None = None
         self._last_write: concurrent.futures.Future[None] | None = None
+        self.max_backlog_lines = max_backlog_lines
+        # Lines handed to the writer thread and not yet written, and lines dropped since the
+        # last write; both touched from the loop and the writer thread, hence the lock.
+        self._backlog = 0
+        self.dropped = 0
+        self._unreported = 0
+        self._count_lock = threading.Lock()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> AccessLog:
@@ -127,15 +139,40 @@ class AccessLog:
         if not self._lines:
             return
         lines, self._lines = self._lines, []
+        with self._count_lock:
+            if self._backlog + len(lines) > self.max_backlog_lines:
+                self.dropped += len(lines)
+                self._unreported += len(lines)
+                return
+            self._backlog += len(lines)
         if self._writer is None:
             self._writer = concurrent.futures.ThreadPoolExecutor(1, "access-log-writer")
         self._last_write = self._writer.submit(self._write, lines)
 
     def _write(self, lines: list[str]) -> None:
         """Runs on the writer thread."""
+        with self._count_lock:
+            dropped, self._unreported = self._unreported, 0
+        text = "\n".join(lines) + "\n"
+        if dropped:
+            text += self._dropped_line(dropped) + "\n"
         with contextlib.suppress(ValueError, OSError):  # a closed stream must not fail requests
-            self.stream.write("\n".join(lines) + "\n")
+            self.stream.write(text)
             self.stream.flush()
+        with self._count_lock:
+            self._backlog -= len(lines)
+
+    def _dropped_line(self, dropped: int) -> str:
+        """A warning line in the log's own format (written on the writer thread)."""
+        now = datetime.datetime.now(datetime.UTC)
+        msg = "access log lines dropped while the log stream was blocked"
+        if self.fmt == "json":
+            ts = now.isoformat(timespec="milliseconds")
+            return (
+                f'{{"ts":"{ts}","level":"warning","logger":"{LOGGER}","pid":{self._pid},'
+                f'"msg":"{msg}","dropped":{dropped}}}'
+            )
+        return f"{now:%Y-%m-%d %H:%M:%S} WARNING {LOGGER} {msg} dropped={dropped}"
 
     async def _run(self) -> None:
         while True:
