@@ -3,9 +3,12 @@ fallback), write JSON + PNG results under docs/bench/."""
 
 from __future__ import annotations
 
+import datetime
+import functools
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -212,11 +215,54 @@ def median(values: Sequence[float]) -> float:
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
+def git_commit() -> str:
+    """The commit the benchmark ran on, ``+dirty`` when the tree had uncommitted changes (the
+    figures then belong to code no commit holds); ``unknown`` outside a git checkout."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            # Results written by an earlier bench of the same session do not make the code dirty.
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/bench"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{head}+dirty" if dirty else head
+
+
+@functools.cache
+def provenance() -> dict[str, str]:
+    """How this run's results were made: the command line, the UTC date and time, and the git
+    commit, taken at the first call (a bench calls it as it starts, so later edits to the tree
+    do not mark its run dirty) and the same for the rest of the process.
+
+    Every JSON under docs/bench/ carries this (``write_results`` adds it), so a figure quoted in
+    the docs can be traced to the run and the code that produced it.
+    """
+    args = sys.argv
+    script = Path(args[0]) if args else Path("?")
+    with_root = script.resolve() if script.exists() else script
+    try:
+        shown = str(with_root.relative_to(ROOT))
+    except ValueError:
+        shown = str(script)
+    return {
+        "command": shlex.join(["python", shown, *args[1:]]),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "git_commit": git_commit(),
+    }
+
+
 def write_results(name: str, data: dict[str, Any]) -> Path:
-    """Write ``docs/bench/<name>.json``."""
+    """Write ``docs/bench/<name>.json`` with the run's :func:`provenance` first."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    path.write_text(json.dumps({**provenance(), **data}, indent=2) + "\n")
     return path
 
 
