@@ -134,15 +134,20 @@ def wrk_rate(
     connections: int,
     threads: int = 1,
     cpus: set[int] | None = None,
+    lua: Path | None = None,
 ) -> dict[str, float]:
-    """Requests/s and latency percentiles from wrk (POST when ``body`` is given), run on
-    ``cpus`` when given."""
+    """Requests/s and latency percentiles from wrk (POST when ``body`` is given, or the requests
+    a wrk Lua script ``lua`` makes), run on ``cpus`` when given."""
     wrk = shutil.which("wrk")
     if wrk is None:
+        if lua is not None:
+            raise RuntimeError("a scripted workload needs wrk (https://github.com/wg/wrk)")
         return python_rate(url, body=body, seconds=seconds, connections=connections)
     script = None
     args = [wrk, f"-t{threads}", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency"]
-    if body is not None:
+    if lua is not None:
+        args += ["-s", str(lua)]
+    elif body is not None:
         script = tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False)  # noqa: SIM115
         escaped = body.replace("\\", "\\\\").replace("'", "\\'")
         script.write(
