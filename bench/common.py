@@ -250,14 +250,17 @@ def provenance() -> dict[str, str]:
     the docs can be traced to the run and the code that produced it.
     """
     args = sys.argv
-    script = Path(args[0]) if args else Path("?")
-    with_root = script.resolve() if script.exists() else script
-    try:
-        shown = str(with_root.relative_to(ROOT))
-    except ValueError:
-        shown = str(script)
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name:  # run as ``python -m bench.x``
+        head = ["-m", spec.name.removesuffix(".__main__")]
+    else:
+        script = Path(args[0]) if args else Path("?")
+        try:
+            head = [str(script.resolve().relative_to(ROOT))]
+        except (OSError, ValueError):
+            head = [str(script)]
     return {
-        "command": shlex.join(["python", shown, *args[1:]]),
+        "command": shlex.join(["python", *head, *args[1:]]),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "git_commit": git_commit(),
     }
