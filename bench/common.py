@@ -221,15 +221,16 @@ def median(values: Sequence[float]) -> float:
 
 
 def git_commit() -> str:
-    """The commit the benchmark ran on, ``+dirty`` when the tree had uncommitted changes (the
-    figures then belong to code no commit holds); ``unknown`` outside a git checkout."""
+    """The commit the benchmark ran on, ``+dirty`` when the tree had uncommitted changes outside
+    docs/ (the figures then belong to code no commit holds); ``unknown`` outside a git checkout."""
     try:
         head = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            # Results written by an earlier bench of the same session do not make the code dirty.
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/bench"],
+            # Only what can change a measurement counts: edits to docs/ (results written by an
+            # earlier bench of the same session included) do not make the run dirty.
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs"],
             cwd=ROOT,
             capture_output=True,
             text=True,
