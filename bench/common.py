@@ -3,9 +3,12 @@ fallback), write JSON + PNG results under docs/bench/."""
 
 from __future__ import annotations
 
+import datetime
+import functools
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -131,15 +134,20 @@ def wrk_rate(
     connections: int,
     threads: int = 1,
     cpus: set[int] | None = None,
+    lua: Path | None = None,
 ) -> dict[str, float]:
-    """Requests/s and latency percentiles from wrk (POST when ``body`` is given), run on
-    ``cpus`` when given."""
+    """Requests/s and latency percentiles from wrk (POST when ``body`` is given, or the requests
+    a wrk Lua script ``lua`` makes), run on ``cpus`` when given."""
     wrk = shutil.which("wrk")
     if wrk is None:
+        if lua is not None:
+            raise RuntimeError("a scripted workload needs wrk (https://github.com/wg/wrk)")
         return python_rate(url, body=body, seconds=seconds, connections=connections)
     script = None
     args = [wrk, f"-t{threads}", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency"]
-    if body is not None:
+    if lua is not None:
+        args += ["-s", str(lua)]
+    elif body is not None:
         script = tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False)  # noqa: SIM115
         escaped = body.replace("\\", "\\\\").replace("'", "\\'")
         script.write(
@@ -212,11 +220,58 @@ def median(values: Sequence[float]) -> float:
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
+def git_commit() -> str:
+    """The commit the benchmark ran on, ``+dirty`` when the tree had uncommitted changes outside
+    docs/ (the figures then belong to code no commit holds); ``unknown`` outside a git checkout."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            # Only what can change a measurement counts: edits to docs/ (results written by an
+            # earlier bench of the same session included) do not make the run dirty.
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{head}+dirty" if dirty else head
+
+
+@functools.cache
+def provenance() -> dict[str, str]:
+    """How this run's results were made: the command line, the UTC date and time, and the git
+    commit, taken at the first call (a bench calls it as it starts, so later edits to the tree
+    do not mark its run dirty) and the same for the rest of the process.
+
+    Every JSON under docs/bench/ carries this (``write_results`` adds it), so a figure quoted in
+    the docs can be traced to the run and the code that produced it.
+    """
+    args = sys.argv
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name:  # run as ``python -m bench.x``
+        head = ["-m", spec.name.removesuffix(".__main__")]
+    else:
+        script = Path(args[0]) if args else Path("?")
+        try:
+            head = [str(script.resolve().relative_to(ROOT))]
+        except (OSError, ValueError):
+            head = [str(script)]
+    return {
+        "command": shlex.join(["python", *head, *args[1:]]),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "git_commit": git_commit(),
+    }
+
+
 def write_results(name: str, data: dict[str, Any]) -> Path:
-    """Write ``docs/bench/<name>.json``."""
+    """Write ``docs/bench/<name>.json`` with the run's :func:`provenance` first."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    path.write_text(json.dumps({**provenance(), **data}, indent=2) + "\n")
     return path
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import sys
@@ -39,6 +38,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import provenance, write_results  # noqa: E402
 from metrics import Metrics  # noqa: E402
 from synth.coqui_engine import CoquiEngine  # noqa: E402
 from synth.engine import Engine, SynthesisItem  # noqa: E402
@@ -371,6 +371,7 @@ def main() -> None:
     parser.add_argument("--no-coqui-pool", action="store_true", help="skip the Coqui pool runs")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
     args = parser.parse_args()
+    provenance()  # the commit and date as the run starts
     started = time.perf_counter()
     print("building / loading the LJSpeech-size random VITS ...", flush=True)
     model, config = ljspeech_vits()
@@ -406,7 +407,7 @@ def main() -> None:
         "summary": summary,
         "runtime_s": round(time.perf_counter() - started, 1),
     }
-    (OUT / "engines.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_results("engines", result)
     plot(rtf, pools, OUT / "engines.png")
     print(f"\nwrote {OUT / 'engines.json'} and engines.png in {result['runtime_s']}s")
 

@@ -21,6 +21,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import provenance, write_results  # noqa: E402
 from synth.coqui_engine import CoquiEngine  # noqa: E402
 from synth.engine import SynthesisItem  # noqa: E402
 
@@ -60,6 +61,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda:0")
     args = parser.parse_args()
+    provenance()  # the commit and date as the run starts
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device: this check needs a GPU")
     from bench.engines import ljspeech_vits
@@ -120,8 +122,7 @@ def main() -> None:
         print(rows[-1], flush=True)
     except Exception as exc:  # onnxruntime-gpu may be absent: record it, keep the torch results
         result["onnx_cuda_error"] = f"{type(exc).__name__}: {exc}"
-    out = ROOT / "docs" / "bench" / "gpu_check.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = write_results("gpu_check", result)
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=2))
     print(f"wrote {out}")
 

@@ -40,7 +40,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import cpu_seconds, cpu_split, pin, placement, wait_http  # noqa: E402
+from bench.common import (  # noqa: E402
+    cpu_seconds,
+    cpu_split,
+    pin,
+    placement,
+    provenance,
+    wait_http,
+    write_results,
+)
 from gateway.runtime.eventloop import label  # noqa: E402
 from tests.redis_support import GatewayProcess, gateway_processes, metric_sum  # noqa: E402
 from tests.support import free_port, redis_server  # noqa: E402
@@ -458,6 +466,7 @@ def main() -> None:
         )
         print(json.dumps(res))
         return
+    provenance()  # the commit and date as the run starts
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         sock = work / "redis" / "redis.sock"
@@ -493,7 +502,7 @@ def main() -> None:
         f"event loop: {hp['event_loop']}"
     )
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "scaleout.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_results("scaleout", result)
     if "herd" in result:
         plot(result, RESULTS / "scaleout.png")
     print(f"wrote {RESULTS / 'scaleout.json'}")

