@@ -64,9 +64,9 @@ def test_memo_miss_rate_matches_a_fifo_memo() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("wrk") is None, reason="the Zipf workload needs wrk")
 def test_hit_path_bench_both_workloads_tiny() -> None:
     """Both workloads run end to end with a tiny Zipf set (results not written)."""
+    assert shutil.which("wrk") is not None, "wrk missing: bash .ci/install installs it"
     out = subprocess.run(
         [
             sys.executable,
@@ -94,8 +94,6 @@ def test_hit_path_bench_both_workloads_tiny() -> None:
 @pytest.mark.slow
 def test_miss_path_bench_every_row_tiny() -> None:
     """Every row of the miss-path bench answers the same texts; the ratios are consistent."""
-    pytest.importorskip("fastapi")
-    pytest.importorskip("uvicorn")
     args = argparse.Namespace(clients=2, per_client=1, rounds=1, workers=1)
     result = miss_path.run(args)
     rows = result["servers"]

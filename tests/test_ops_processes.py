@@ -13,6 +13,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -106,11 +107,21 @@ async def test_two_workers_share_port_disk_and_metrics(tmp_path: Path) -> None:
                     assert r.status == 200
                     caches.append(r.headers["X-Cache"])
         assert caches[0] == "MISS" and set(caches[1:]) == {"HIT"}
-        access = [
-            line
-            for line in server.json_lines()
-            if line["logger"] == "voxgate.access" and line["route"] == "/healthz"
-        ]
+
+        def health_lines() -> list[dict[str, Any]]:
+            return [
+                line
+                for line in server.json_lines()
+                if line["logger"] == "voxgate.access" and line["route"] == "/healthz"
+            ]
+
+        # Each worker writes its access log in batches (at most 0.2 s later, longer on a loaded
+        # machine): wait until every request's line is there before counting who served it.
+        deadline = time.monotonic() + 30
+        while len(access := health_lines()) < n_health:
+            assert time.monotonic() < deadline, f"{len(access)} of {n_health} access lines"
+            await asyncio.sleep(0.05)
+        assert len(access) == n_health
         by_pid: dict[int, int] = {}
         for line in access:
             by_pid[line["pid"]] = by_pid.get(line["pid"], 0) + 1
