@@ -170,10 +170,13 @@ def test_piper_speaks_without_the_extra(tmp_path: Path) -> None:
 
 
 def test_dev_extra_installs_everything() -> None:
-    # `bash .ci/install` installs `.[dev]`: the whole suite, Coqui tests included, needs the extra.
+    # `bash .ci/install` installs `.[dev]`: the whole suite needs the Coqui extra (its engine
+    # tests) and the bench extra (the seed baseline the bench smoke tests start).
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     project = pyproject["project"]
-    assert "voxgate[coqui]" in project["optional-dependencies"]["dev"]
+    selves = [d for d in project["optional-dependencies"]["dev"] if d.startswith("voxgate[")]
+    assert len(selves) == 1
+    assert set(selves[0][len("voxgate[") : -1].split(",")) == {"coqui", "bench"}
     heavy = ("torch", "torchaudio", "torchcodec", "coqui-tts", "onnx", "six")
     names = {re.split(r"[=<>~;\[ ]", d)[0] for d in project["dependencies"]}
     assert names.isdisjoint(heavy)
