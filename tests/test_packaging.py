@@ -184,3 +184,16 @@ def test_dev_extra_installs_everything() -> None:
     assert set(coqui) == set(heavy)
     # pinned: an exact release or a bounded range, never a bare name
     assert all(re.search(r"==|<", spec) for spec in coqui.values()), coqui
+
+
+def test_the_voxgate_command_is_installed_and_runs() -> None:
+    """The installed ``voxgate`` console script names a callable that exists (a stale entry point,
+    such as one naming a module that became a package, fails here, not on a user's machine)."""
+    from importlib.metadata import entry_points
+
+    (script,) = entry_points(group="console_scripts", name="voxgate")
+    assert callable(script.load()), script.value
+    exe = Path(sys.executable).with_name("voxgate")
+    out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "serve" in out.stdout and "warm" in out.stdout
