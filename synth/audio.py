@@ -31,7 +31,8 @@ class AudioFormat:
     # written by PyAV instead (see _AV_CODECS).
     container: str | None
     subtype: str
-    # Telephony codecs default to 8 kHz when no rate is asked for; others keep the engine's rate.
+    # Telephony codecs default to 8 kHz when no rate is asked for, raw PCM to OpenAI's 24 kHz;
+    # others keep the engine's rate.
     default_rate: int | None = None
     lossless: bool = True
     # Rates the codec can run at; an asked rate outside them is raised to the next one up.
@@ -52,7 +53,9 @@ FORMATS: dict[str, AudioFormat] = {
     f.name: f
     for f in (
         AudioFormat("wav", "audio/wav", "WAV", "PCM_16", streamable=True),
-        AudioFormat("pcm", "audio/pcm", None, "PCM_16", streamable=True),
+        # OpenAI's `pcm` is 24 kHz 16-bit mono, and clients play it as such whatever the voice's
+        # rate (Pipecat, the Agents SDK, LiveKit): the rate is not in the bytes, so it is fixed.
+        AudioFormat("pcm", "audio/pcm", None, "PCM_16", default_rate=24000, streamable=True),
         AudioFormat("flac", "audio/flac", "FLAC", "PCM_16"),
         AudioFormat(
             "mp3",

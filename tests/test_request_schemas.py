@@ -212,6 +212,7 @@ async def test_every_request_schema_is_enforced_as_documented(
         "POST /api/tts",
         "GET /synthesize",
         "POST /v1/prompts",
+        "POST /",
     }, checked
     assert all(n > 5 for n in checked.values()), checked
     # ... and each saw both what the document allows and what it does not.

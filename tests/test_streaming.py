@@ -169,7 +169,9 @@ async def test_stream_of_stored_audio_is_a_plain_response(gateway: GatewayFactor
     [
         ({"stream": True, "response_format": "flac"}, "response_format"),
         ({"stream": True, "response_format": "opus"}, "response_format"),
-        ({"stream_format": "sse"}, "stream_format"),
+        ({"stream_format": "events"}, "stream_format"),
+        ({"stream_format": "sse", "response_format": "flac"}, "response_format"),
+        ({"stream": False, "stream_format": "sse"}, "stream"),
         ({"stream": "yes"}, "stream"),
         ({"stream": False, "stream_format": "audio"}, "stream"),
     ],

@@ -1,7 +1,7 @@
-"""The request shapes existing clients send besides OpenAI's: Coqui tts-server's ``/api/tts`` and the
-plain query-string ``GET /synthesize``. Both end in the same :class:`SpeechRequest` (same cache
-keys: ``/api/tts`` and ``/synthesize`` and ``/v1/audio/speech`` for the same text, voice and format
-share one entry). Their handlers are :mod:`gateway.http.compat`.
+"""The request shapes existing clients send besides OpenAI's: Coqui tts-server's ``/api/tts``, the
+plain query-string ``GET /synthesize`` and Piper's HTTP API (``POST /``). All end in the same
+:class:`SpeechRequest` (same cache keys: ``/api/tts``, ``/synthesize``, ``POST /`` and
+``/v1/audio/speech`` for the same text, voice and format share one entry). Their handlers are :mod:`gateway.http.compat`.
 """
 
 from __future__ import annotations
@@ -9,13 +9,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.api.models import models_for
+from gateway.api.models import MAX_SPEED, MIN_SPEED, models_for
 from gateway.api.parsing import resolve_format, resolve_model, resolve_voice, validate_text
 from gateway.errors import BadRequest
 from gateway.runtime.settings import Settings
 from gateway.speech.request import SpeechRequest
 from gateway.speech.service import SpeechService
 from synth import audio
+from synth.engine import ParamValue
 
 # Coqui's server reads each field from a header first, then from the query string or form.
 # (The fields themselves, their types and bounds: gateway.api.models.CoquiFields.)
@@ -100,4 +101,94 @@ def parse_synthesize(
         fmt=fmt,
         speed=fields.speed,
         sample_rate=fields.sample_rate,
+    )
+
+
+def find_voice(name: str | None, settings: Settings, speech: SpeechService) -> tuple[str, str]:
+    """``(model, voice)`` for a voice named by a client that names no model (Piper's HTTP API,
+    Wyoming): the default model's voice or alias first, then any served model's voice; no
+    name is the default model's default voice."""
+    default = resolve_model(settings.default_model, settings, speech)
+    if not name:
+        return default, default_voice(default, settings, speech)
+    for model in [default, *(m for m in speech.models if m != default)]:
+        if name in speech.models[model].voice_names():
+            return model, name
+    alias = settings.voice_aliases.get(name)
+    if alias is not None and alias in speech.models[default].voice_names():
+        return default, alias
+    known = sorted({v for h in speech.models.values() for v in h.voice_names()})
+    raise BadRequest(
+        f"unknown voice '{name}'; available: {', '.join(known)}",
+        param="voice",
+        code="voice_not_found",
+    )
+
+
+def check_speaker(speaker: str | None, speaker_id: int | None, voice: str) -> None:
+    """The served voices have one speaker each: accept only its id 0, or no speaker."""
+    if speaker_id not in (None, 0):
+        raise BadRequest(
+            f"voice '{voice}' has one speaker (id 0); got speaker_id {speaker_id}",
+            param="speaker_id",
+            code="speaker_not_found",
+        )
+    if speaker:
+        raise BadRequest(
+            f"voice '{voice}' has one speaker and no speaker names; omit 'speaker'",
+            param="speaker",
+            code="speaker_not_found",
+        )
+
+
+# Piper's field names -> the engine parameters they set (synth.piper_engine.default_params).
+PIPER_NOISE = {"noise_scale": "noise_scale", "noise_w_scale": "noise_w"}
+
+
+def parse_piper(
+    values: Mapping[str, Any], settings: Settings, speech: SpeechService
+) -> SpeechRequest:
+    """A :class:`SpeechRequest` for Piper's ``POST /``: WAV at the voice's rate.
+
+    ``length_scale`` is mapped to speed relative to the voice's own (so the voice's default is
+    speed 1 and shares its cache entries); noise scales become engine parameters, part of the
+    content address, on voices whose engine has them, and are refused on others.
+    """
+    fields = models_for(settings).piper.check(values)
+    text = validate_text(fields.text, settings, param="text")
+    model, voice = find_voice(fields.voice, settings, speech)
+    check_speaker(fields.speaker, fields.speaker_id, voice)
+    defaults = speech.models[model].engine.default_params(voice)
+    speed = 1.0
+    if fields.length_scale is not None:
+        own = defaults.get("length_scale")
+        base = float(own) if isinstance(own, (int, float)) else 1.0
+        speed = base / fields.length_scale
+        if not MIN_SPEED <= speed <= MAX_SPEED:
+            raise BadRequest(
+                f"'length_scale' {fields.length_scale} means speed {speed:.3g} for voice "
+                f"'{voice}' (length_scale {base}); the speed must be between {MIN_SPEED} and "
+                f"{MAX_SPEED}",
+                param="length_scale",
+            )
+    params: dict[str, ParamValue] = {}
+    for field, param in PIPER_NOISE.items():
+        value = getattr(fields, field)
+        if value is None:
+            continue
+        if param not in defaults:
+            raise BadRequest(
+                f"'{field}' is not supported by model '{model}': its voices have no such parameter",
+                param=field,
+                code="unsupported_parameter",
+            )
+        if value != defaults[param]:  # the voice's own value: the same audio, the same key
+            params[param] = float(value)
+    return SpeechRequest(
+        text=text,
+        model=model,
+        voice=voice,
+        fmt=audio.FORMATS["wav"],
+        speed=speed,
+        params=tuple(sorted(params.items())),
     )

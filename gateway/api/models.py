@@ -24,12 +24,15 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, cast
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic_core import ErrorDetails
 
+from gateway.api.frontend import NORMALIZE_MODES
 from gateway.errors import BadRequest
 from gateway.runtime.settings import OPENAI_MODELS, OPENAI_VOICES, Settings
 from synth import audio
 
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
 MIN_RATE, MAX_RATE = 8000, 48000
+# OpenAI documents no bound for `instructions`; ignored text still costs memory, so one applies.
+MAX_INSTRUCTIONS = 4096
 
 # Text the engine would find empty after normalization (cache.keys.normalize_text collapses and
 # strips whitespace) is refused by the model, so the document states it. Python's ``re`` engine is
@@ -40,9 +43,12 @@ BLANK = r"^\s*$"
 
 if TYPE_CHECKING:
     FormatName = str
+    NormalizeMode = str
 else:
     # The enum is the format table itself: a format added in synth.audio is documented and accepted.
     FormatName = Literal[tuple(audio.FORMATS)]
+    # Likewise the front ends' table (gateway.api.frontend).
+    NormalizeMode = Literal[NORMALIZE_MODES]
 
 Speed = Annotated[
     float,
@@ -176,22 +182,26 @@ class RequestModel(BaseModel):
 
 
 class SpeechBody(RequestModel):
-    """``POST /v1/audio/speech``: OpenAI's speech body."""
+    """``POST /v1/audio/speech``: OpenAI's speech body.
 
-    model_config = ConfigDict(title="SpeechRequest")
+    Fields this model does not know are kept aside (``model_extra``), not refused: later OpenAI
+    API versions add fields, and a client sending one must not break. The parser ignores them
+    and names them in a response header, or refuses them with ``strict_fields``.
+    """
+
+    model_config = ConfigDict(title="SpeechRequest", extra="allow")
     messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {
         ("response_format", "literal_error"): (
             "unsupported response_format {shown}; supported: {expected}",
             "unsupported_format",
         ),
         ("stream_format", "literal_error"): (
-            "unsupported stream_format {shown}: only 'audio' is supported "
-            "(server-sent events are not)",
+            "unsupported stream_format {shown}; supported: {expected}",
             "unsupported_stream_format",
         ),
-        ("instructions", "string_too_long"): (
-            "the served models do not follow 'instructions'; omit the field or leave it empty",
-            None,
+        ("normalize", "literal_error"): (
+            "unsupported normalize {shown}; supported: {expected}",
+            "unsupported_normalize",
         ),
     }
 
@@ -208,15 +218,24 @@ class SpeechBody(RequestModel):
         description="Chunked response, one chunk per sentence as it is ready (streamable "
         "formats only: " + ", ".join(f.name for f in audio.FORMATS.values() if f.streamable) + ").",
     )
-    stream_format: Literal["audio"] | None = Field(
+    stream_format: Literal["audio", "sse"] | None = Field(
         None,
-        description="OpenAI's form of `stream: true` ('sse' is not supported); not with "
-        "`stream: false`.",
+        description="OpenAI's streaming: 'audio' is `stream: true`; 'sse' answers "
+        "text/event-stream events `speech.audio.delta` (base64 audio, sentence by sentence) "
+        "and a final `speech.audio.done` with `usage`. Not with `stream: false`.",
     )
     instructions: str | None = Field(
         None,
-        max_length=0,
-        description="Accepted only when empty: the served models take no instructions.",
+        max_length=MAX_INSTRUCTIONS,
+        description="Voice instructions. The served models cannot follow them: they are "
+        "ignored (not part of the content address) and named in the X-Ignored-Fields header, "
+        "or refused with the strict_instructions setting.",
+    )
+    normalize: NormalizeMode | None = Field(
+        None,
+        description="Text front end: 'llm' makes a language model's Markdown speakable "
+        "(emphasis, code fences, links, emoji, URLs) before the content address is computed; "
+        "'none' takes the text as it is. Default: the normalize setting.",
     )
 
 
@@ -360,6 +379,49 @@ class SynthesizeQuery(RequestModel):
     speed: Speed = 1.0
 
 
+class PiperBody(RequestModel):
+    """``POST /``: Piper's HTTP server body (OHF-Voice/piper1-gpl, docs/API_HTTP.md)."""
+
+    model_config = ConfigDict(title="PiperRequest")
+    route: ClassVar[str | None] = "POST /"
+    messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {
+        ("text", "missing"): ("'text' is missing or empty: send the text to speak", None),
+    }
+
+    text: str
+    voice: str | None = Field(
+        None, description="A voice of any served model (see GET /voices); null: the default."
+    )
+    speaker: str | None = Field(
+        None, description="Speaker name of a multi-speaker voice (the served voices have one)."
+    )
+    speaker_id: int | None = Field(
+        None, ge=0, description="Speaker id (overrides speaker); 0 on a one-speaker voice."
+    )
+    length_scale: float | None = Field(
+        None,
+        ge=MIN_SPEED,
+        le=MAX_SPEED,
+        allow_inf_nan=False,
+        description="Phoneme length: the voice's own (1.0 for most) is normal speed; "
+        "mapped to speed = the voice's length_scale / this, which must lie in 0.25-4.",
+    )
+    noise_scale: float | None = Field(
+        None,
+        ge=0,
+        le=2,
+        allow_inf_nan=False,
+        description="Generator noise; part of the content address (Piper voices only).",
+    )
+    noise_w_scale: float | None = Field(
+        None,
+        ge=0,
+        le=2,
+        allow_inf_nan=False,
+        description="Phoneme width noise; part of the content address (Piper voices only).",
+    )
+
+
 @dataclass(frozen=True)
 class RequestModels:
     """The models of one configuration (see :func:`request_models`)."""
@@ -368,10 +430,11 @@ class RequestModels:
     prompts: type[PromptsBody]
     coqui: type[CoquiFields]
     synthesize: type[SynthesizeQuery]
+    piper: type[PiperBody]
 
     def all(self) -> tuple[type[RequestModel], ...]:
         """Every model whose schema the document carries."""
-        return (self.speech, self.prompts, self.coqui, self.synthesize)
+        return (self.speech, self.prompts, self.coqui, self.synthesize, self.piper)
 
 
 def models_for(settings: Settings) -> RequestModels:
@@ -470,4 +533,11 @@ def request_models(
         __base__=SynthesizeQuery,
         text=(str, Field(description="Text to speak.", examples=["Hello."], **bounds)),
     )
-    return RequestModels(speech=speech, prompts=prompts, coqui=coqui, synthesize=synthesize)
+    piper = create_model(
+        "PiperRequest",
+        __base__=PiperBody,
+        text=(str, Field(description="Text to speak.", examples=["Hello."], **bounds)),
+    )
+    return RequestModels(
+        speech=speech, prompts=prompts, coqui=coqui, synthesize=synthesize, piper=piper
+    )

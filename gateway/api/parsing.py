@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 from pydantic import ValidationError
 
 from cache.keys import normalize_text
+from gateway.api.frontend import front_end
 from gateway.api.models import SpeechBody, models_for
 from gateway.errors import BadRequest, PayloadTooLarge
 from gateway.memo import BoundedMemo
@@ -57,7 +60,18 @@ async def read_json_object(request: web.Request, max_bytes: int) -> dict[str, An
     return parse_json_object(await read_body(request, max_bytes))
 
 
-class RequestMemo(BoundedMemo[bytes, tuple[SpeechRequest, bool]]):
+@dataclass(frozen=True)
+class SpeechCall:
+    """A validated ``/v1/audio/speech`` body: the request, how to answer it, and the fields that
+    were accepted but have no effect (named in the ``X-Ignored-Fields`` response header)."""
+
+    req: SpeechRequest
+    stream: bool = False
+    sse: bool = False
+    ignored: tuple[str, ...] = ()
+
+
+class RequestMemo(BoundedMemo[bytes, SpeechCall]):
     """Validated requests by their exact body bytes (bounded, oldest first out).
 
     Bots and IVR systems send the same few thousand bodies again and again; parsing, validating
@@ -70,14 +84,17 @@ class RequestMemo(BoundedMemo[bytes, tuple[SpeechRequest, bool]]):
         super().__init__(size)
         self.max_body = max_body
 
-    def put(self, raw: bytes, req: tuple[SpeechRequest, bool]) -> None:
-        """Remember ``req`` (request, stream) for ``raw`` (small bodies only)."""
+    def put(self, raw: bytes, req: SpeechCall) -> None:
+        """Remember ``req`` for ``raw`` (small bodies only)."""
         if len(raw) <= self.max_body:
             super().put(raw, req)
 
 
-def validate_text(raw: str, settings: Settings, param: str = "input") -> str:
-    """Normalize ``raw``; reject empty, oversized or malformed Unicode input."""
+def validate_text(
+    raw: str, settings: Settings, param: str = "input", normalize: str | None = None
+) -> str:
+    """Run ``raw`` through its text front end (``normalize``, else the setting) and normalize
+    it; reject empty, oversized or malformed Unicode input. The limit applies to ``raw``."""
     if len(raw) > settings.max_input_chars:
         raise BadRequest(
             f"'{param}' is {len(raw)} characters; the limit is {settings.max_input_chars}",
@@ -90,8 +107,15 @@ def validate_text(raw: str, settings: Settings, param: str = "input") -> str:
         raise BadRequest(
             f"'{param}' contains invalid Unicode (a lone surrogate)", param=param
         ) from exc
-    text = normalize_text(raw)
+    mode = normalize or settings.normalize
+    text = normalize_text(front_end(raw, mode))
     if not text:
+        if normalize_text(raw):
+            raise BadRequest(
+                f"'{param}' has nothing to speak after the '{mode}' text front end",
+                param=param,
+                code="nothing_to_speak",
+            )
         raise BadRequest(f"'{param}' is empty or whitespace only", param=param)
     return text
 
@@ -144,13 +168,11 @@ def parse_openai_speech(
     body: Mapping[str, Any], settings: Settings, speech: SpeechService
 ) -> SpeechRequest:
     """Validate an OpenAI ``/v1/audio/speech`` body (a parsed JSON object)."""
-    return speech_request(models_for(settings).speech.check(body), settings, speech)[0]
+    return speech_request(models_for(settings).speech.check(body), settings, speech).req
 
 
-def parse_speech_body(
-    raw: bytes, settings: Settings, speech: SpeechService
-) -> tuple[SpeechRequest, bool]:
-    """Validate the raw bytes of a ``/v1/audio/speech`` body: the request, and whether it streams.
+def parse_speech_body(raw: bytes, settings: Settings, speech: SpeechService) -> SpeechCall:
+    """Validate the raw bytes of a ``/v1/audio/speech`` body.
 
     A valid body is parsed and validated in one pass (pydantic's JSON parser, faster than
     ``json.loads`` alone). Any failure is parsed again the slow way, so a malformed body is named
@@ -164,16 +186,28 @@ def parse_speech_body(
     return speech_request(body, settings, speech)
 
 
-def speech_request(
-    body: SpeechBody, settings: Settings, speech: SpeechService
-) -> tuple[SpeechRequest, bool]:
+def speech_request(body: SpeechBody, settings: Settings, speech: SpeechService) -> SpeechCall:
     """The checks a model cannot make alone (served models, voices and aliases, the configured
-    limit's normalized text, streamable formats), and the :class:`SpeechRequest`."""
+    limit's normalized text, streamable formats, fields to ignore), and the :class:`SpeechCall`."""
+    unknown = sorted(body.model_extra or {})
+    if unknown and settings.strict_fields:
+        raise type(body).unknown_fields(unknown)
     model = resolve_model(body.model, settings, speech)
-    text = validate_text(body.input, settings)
+    ignored: list[str] = []
+    if body.instructions:
+        # No served engine takes instructions (OpenAI's own tts-1 does not either). Ignored,
+        # they stay out of the request and so out of the content address.
+        if settings.strict_instructions:
+            raise BadRequest(
+                f"model '{model}' does not follow 'instructions'; omit the field or leave it empty",
+                param="instructions",
+                code="unsupported_parameter",
+            )
+        ignored.append("instructions")
+    text = validate_text(body.input, settings, normalize=body.normalize)
     voice = resolve_voice(body.voice, model, settings, speech)
     fmt = resolve_format(body.response_format or settings.default_format)
-    stream = streams(body, fmt)
+    stream, sse = streams(body, fmt)
     req = SpeechRequest(
         text=text,
         model=model,
@@ -182,17 +216,35 @@ def speech_request(
         speed=body.speed,
         sample_rate=body.sample_rate,
     )
-    return req, stream
+    return SpeechCall(req, stream, sse, tuple(ignored) + header_names(unknown))
 
 
-def streams(body: SpeechBody, fmt: audio.AudioFormat) -> bool:
-    """Whether the response streams: ``stream: true``, or OpenAI's ``stream_format: "audio"``.
+# A field name a header may carry as it is; others are counted, not echoed (a client's JSON key
+# can hold anything, a CR/LF included).
+_FIELD_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_MAX_NAMED = 16
+
+
+def header_names(names: Iterable[str]) -> tuple[str, ...]:
+    """``names`` as they may appear in a response header: safe names, at most 16, and a count
+    of the rest."""
+    names = list(names)
+    safe = [n for n in names if _FIELD_NAME.match(n)][:_MAX_NAMED]
+    rest = len(names) - len(safe)
+    return (*safe, f"{rest} more") if rest else tuple(safe)
+
+
+def streams(body: SpeechBody, fmt: audio.AudioFormat) -> tuple[bool, bool]:
+    """``(streams, as server-sent events)``: ``stream: true`` or OpenAI's
+    ``stream_format: "audio"`` stream the audio; ``stream_format: "sse"`` streams events.
 
     Only formats whose sentence chunks concatenate into one valid stream can stream.
     """
-    if body.stream_format == "audio" and body.stream is False:
-        raise BadRequest("'stream_format' is 'audio' but 'stream' is false", param="stream")
-    streaming = bool(body.stream) or body.stream_format == "audio"
+    if body.stream_format is not None and body.stream is False:
+        raise BadRequest(
+            f"'stream_format' is '{body.stream_format}' but 'stream' is false", param="stream"
+        )
+    streaming = bool(body.stream) or body.stream_format is not None
     if streaming and not fmt.streamable:
         names = ", ".join(f.name for f in audio.FORMATS.values() if f.streamable)
         raise BadRequest(
@@ -200,4 +252,4 @@ def streams(body: SpeechBody, fmt: audio.AudioFormat) -> bool:
             param="response_format",
             code="unsupported_format",
         )
-    return streaming
+    return streaming, body.stream_format == "sse"

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from aiohttp import web
 
 from gateway.api.parsing import RequestMemo
-from gateway.http import keys, ops
-from gateway.http.compat import api_tts, synthesize
+from gateway.http import keys, listings, ops
+from gateway.http.compat import api_tts, piper_speak, piper_voices, synthesize
 from gateway.http.edge import add_routes
 from gateway.http.handlers import audio_by_key, healthz, metrics_handler, readyz, speech, voices
 from gateway.http.observe import RequestObserver
@@ -58,6 +58,10 @@ def create_app(
         app,
         [
             ("POST", "/v1/audio/speech", speech),
+            # --- listings (issue 15); before /v1/audio/{key}, which would match them ---
+            ("GET", "/v1/models", listings.openai_models),
+            ("GET", "/v1/audio/models", listings.audio_models),
+            ("GET", "/v1/audio/voices", listings.audio_voices),
             ("GET", "/v1/audio/{key}", audio_by_key),
             ("GET", "/v1/voices", voices),
             ("GET", "/healthz", healthz),
@@ -70,6 +74,9 @@ def create_app(
             ("GET", "/openapi.json", openapi_handler),
             # --- operations (issue 6) ---
             ("POST", "/v1/prompts", ops.prompts),
+            # --- Piper's HTTP API (issue 15): POST only, GET / is left to other pages ---
+            ("POST", "/", piper_speak),
+            ("GET", "/voices", piper_voices),
         ],
     )
     return app

@@ -1,5 +1,6 @@
 """The HTTP side of the endpoints existing clients call besides OpenAI's: Coqui tts-server's
-``/api/tts`` and the plain query-string ``GET /synthesize`` (their parsing: :mod:`gateway.api.compat`).
+``/api/tts``, the plain query-string ``GET /synthesize`` and Piper's HTTP API (``POST /``,
+``GET /voices``) (their parsing: :mod:`gateway.api.compat`).
 
 Query strings carry request text here: the access log writes only the route template, never the
 URL, so the text does not reach the logs.
@@ -11,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.api.compat import COQUI_HEADERS, parse_coqui, parse_synthesize
+from gateway.api.compat import COQUI_HEADERS, parse_coqui, parse_piper, parse_synthesize
 from gateway.api.parsing import read_json_object
 from gateway.http import keys
 from gateway.http.delivery import serve_speech
@@ -51,3 +52,31 @@ async def synthesize(request: web.Request) -> web.StreamResponse:
     query = {k: v for k, v in request.query.items()}
     req = parse_synthesize(query, request.app[keys.SETTINGS], service)
     return await serve_speech(request, req)
+
+
+async def piper_speak(request: web.Request) -> web.StreamResponse:
+    """``POST /``: Piper's HTTP API (JSON body); answers WAV at the voice's rate."""
+    body = await read_json_object(request, request.app[keys.MAX_BODY_BYTES])
+    req = parse_piper(body, request.app[keys.SETTINGS], request.app[keys.SPEECH])
+    return await serve_speech(request, req)
+
+
+async def piper_voices(request: web.Request) -> web.Response:
+    """``GET /voices``: Piper's voice listing, ``{name: config}``, with the parts of a Piper
+    voice config a client reads (rate, language, speakers, inference defaults)."""
+    service = request.app[keys.SPEECH]
+    out: dict[str, Any] = {}
+    for model, handle in service.models.items():
+        for voice in handle.engine.voices():
+            if voice.name in out:
+                continue  # the first model serving a name is the one POST / speaks with
+            out[voice.name] = {
+                "audio": {"sample_rate": handle.engine.sample_rate},
+                "language": {"code": voice.language},
+                "num_speakers": 1,
+                "speaker_id_map": {},
+                "inference": dict(handle.engine.default_params(voice.name)),
+                "model": model,
+                "description": voice.description,
+            }
+    return web.json_response(out)

@@ -15,7 +15,7 @@ import time
 from aiohttp import web
 from multidict import CIMultiDict
 
-from gateway.http import keys
+from gateway.http import keys, sse
 from gateway.http.conditional import (
     IMMUTABLE,
     AudioResponse,
@@ -62,11 +62,22 @@ def _record(request: web.Request, req: SpeechRequest, key: str, cache: str) -> N
     request.app[keys.OBSERVER].count_speech(req.model, req.voice, req.fmt.name, cache)
 
 
+# Names the request fields that were accepted but changed nothing (OpenAI's `instructions` on a
+# model that cannot follow them, fields of later API versions): gateway.api.parsing.SpeechCall.
+IGNORED_FIELDS = "X-Ignored-Fields"
+
+
 async def serve_speech(
-    request: web.Request, req: SpeechRequest, *, stream: bool = False
+    request: web.Request,
+    req: SpeechRequest,
+    *,
+    stream: bool = False,
+    sse: bool = False,
+    ignored: tuple[str, ...] = (),
 ) -> web.StreamResponse:
     """Answer ``req``: 304 when the client holds it, else the audio, streamed when asked (and not
-    already stored: stored audio goes out whole, with its Content-Length)."""
+    already stored: stored audio goes out whole, with its Content-Length), or as server-sent
+    events with ``sse``. ``ignored`` names fields that had no effect (a response header)."""
     service = request.app[keys.SPEECH]
     if "If-None-Match" not in request.headers and not stream and not req.pinned:
         # The hot path, a memory hit: no awaits, no intermediate objects.
@@ -74,31 +85,50 @@ async def serve_speech(
         if hit is not None:
             key, entry = hit
             _record(request, req, key, "hit")
-            return AudioResponse(
-                request,
-                body=entry.audio,
-                headers=_hit_headers_for(key, req.fmt, entry.meta.sample_rate),
-            )
+            headers = _hit_headers_for(key, req.fmt, entry.meta.sample_rate)
+            if ignored:
+                headers = CIMultiDict(headers)
+                headers[IGNORED_FIELDS] = ", ".join(ignored)
+            return AudioResponse(request, body=entry.audio, headers=headers)
+    extra = {IGNORED_FIELDS: ", ".join(ignored)} if ignored else {}
+    if sse:
+        return await _events(request, req, extra)
     _, key, rate = service.keys_for(req)
     if none_match(request, etag_for(key), exists=False):
         # Content-addressed audio never changes: a client holding this key holds these bytes.
         # (`*` is not answered from the key alone: it asks whether anything is stored.)
         _record(request, req, key, "hit")
-        return not_modified(_headers(key, req.fmt, rate, "hit"))
+        return not_modified({**_headers(key, req.fmt, rate, "hit"), **extra})
     answer = await service.answer(req, stream=stream)
     if isinstance(answer, SpeechStream):
-        return await _stream(request, req, answer)
+        return await _stream(request, req, answer, extra)
     _record(request, req, answer.key, answer.cache)
-    headers = _headers(answer.key, req.fmt, answer.entry.meta.sample_rate, answer.cache)
-    return audio_response(request, answer.entry.audio, headers, conditional=False)
+    made = _headers(answer.key, req.fmt, answer.entry.meta.sample_rate, answer.cache)
+    return audio_response(request, answer.entry.audio, {**made, **extra}, conditional=False)
+
+
+async def _events(
+    request: web.Request, req: SpeechRequest, extra: dict[str, str]
+) -> web.StreamResponse:
+    """OpenAI's ``stream_format: "sse"``: the audio as ``speech.audio.delta`` events, sentence by
+    sentence as it is made (stored audio at once), then ``speech.audio.done``."""
+    answer = await request.app[keys.SPEECH].answer(req, stream=True)
+    if isinstance(answer, SpeechStream):
+        _record(request, req, answer.key, answer.cache)
+        headers = {**_headers(answer.key, req.fmt, answer.rate, answer.cache), **extra}
+        return await sse.send_stream(request, headers, answer, characters=len(req.text))
+    _record(request, req, answer.key, answer.cache)
+    rate = answer.entry.meta.sample_rate
+    headers = {**_headers(answer.key, req.fmt, rate, answer.cache), **extra}
+    return await sse.send_whole(request, headers, answer.entry, characters=len(req.text))
 
 
 async def _stream(
-    request: web.Request, req: SpeechRequest, stream: SpeechStream
+    request: web.Request, req: SpeechRequest, stream: SpeechStream, extra: dict[str, str]
 ) -> web.StreamResponse:
     key = stream.key
     _record(request, req, key, stream.cache)
-    headers = _headers(key, req.fmt, stream.rate, stream.cache)
+    headers = {**_headers(key, req.fmt, stream.rate, stream.cache), **extra}
     # The streamed bytes are not the stored rendition's bytes (a WAV header of unknown length,
     # MP3/AAC frames per sentence): no ETag; the key names the stored audio for a later GET.
     del headers["ETag"]

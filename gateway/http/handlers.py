@@ -10,6 +10,7 @@ from gateway.errors import BadRequest, NotFound
 from gateway.http import keys, ops
 from gateway.http.delivery import serve_speech, serve_stored
 from metrics import CONTENT_TYPE_LATEST, exposition
+from synth import audio
 
 
 async def speech(request: web.Request) -> web.StreamResponse:
@@ -19,13 +20,14 @@ async def speech(request: web.Request) -> web.StreamResponse:
     service = app[keys.SPEECH]
     raw = await read_body(request, settings.max_body_kb * 1024)
     memo = app[keys.REQUEST_MEMO]
-    parsed = memo.get(raw)
-    if parsed is None:
-        parsed = parse_speech_body(raw, settings, service)
-        memo.put(raw, parsed)
-    req, stream = parsed
+    call = memo.get(raw)
+    if call is None:
+        call = parse_speech_body(raw, settings, service)
+        memo.put(raw, call)
     # ETag / If-None-Match, Content-Length, and streaming: gateway.delivery.
-    return await serve_speech(request, req, stream=stream)
+    return await serve_speech(
+        request, call.req, stream=call.stream, sse=call.sse, ignored=call.ignored
+    )
 
 
 async def audio_by_key(request: web.Request) -> web.StreamResponse:
@@ -47,6 +49,16 @@ async def voices(request: web.Request) -> web.Response:
             "models": list(request.app[keys.SPEECH].voice_listing()),
             "model_aliases": settings.model_aliases,
             "voice_aliases": settings.voice_aliases,
+            # What each response_format is, and its rate when none is asked for (null: the
+            # voice's own): `pcm` is OpenAI's 24 kHz, whatever the voice's rate.
+            "formats": {
+                f.name: {
+                    "content_type": f.content_type,
+                    "default_sample_rate": f.default_rate,
+                    "streamable": f.streamable,
+                }
+                for f in audio.FORMATS.values()
+            },
         }
     )
 

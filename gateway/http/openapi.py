@@ -88,6 +88,109 @@ def _audio_ok(description: str) -> dict[str, Any]:
     }
 
 
+def _speech_ok() -> dict[str, Any]:
+    ok = _audio_ok(
+        "The audio. Streamed responses use chunked transfer encoding and carry no ETag or "
+        'Content-Length; with `stream_format: "sse"`, server-sent events.'
+    )
+    ok["headers"]["X-Ignored-Fields"] = {
+        "description": "Fields accepted but without effect (`instructions`, unknown fields), "
+        "comma-separated.",
+        "schema": {"type": "string"},
+    }
+    ok["content"]["text/event-stream"] = {
+        "schema": {"type": "string"},
+        "description": 'Lines `data: {"type": "speech.audio.delta", "audio": "<base64>"}`, '
+        'then `data: {"type": "speech.audio.done", "usage": {"input_tokens", '
+        '"output_tokens", "total_tokens", "input_characters", "audio_seconds"}}`.',
+    }
+    return ok
+
+
+def _json_ok(description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"description": description, "content": {JSON: {"schema": schema}}}
+
+
+def _listing_paths() -> dict[str, Any]:
+    named = {
+        "type": "object",
+        "properties": {"id": {"type": "string"}, "name": {"type": "string"}},
+    }
+    return {
+        "/v1/models": {
+            "get": {
+                "tags": ["speech"],
+                "summary": "OpenAI's model list: served models and their aliases",
+                "responses": {
+                    "200": _json_ok(
+                        '`{"object": "list", "data": [{"id", "object": "model", "created", '
+                        '"owned_by"}]}`',
+                        {"type": "object"},
+                    )
+                },
+            }
+        },
+        "/v1/audio/models": {
+            "get": {
+                "tags": ["speech"],
+                "summary": "Models as Open WebUI reads them",
+                "responses": {
+                    "200": _json_ok(
+                        "Served models and aliases.",
+                        {
+                            "type": "object",
+                            "properties": {"models": {"type": "array", "items": named}},
+                        },
+                    )
+                },
+            }
+        },
+        "/v1/audio/voices": {
+            "get": {
+                "tags": ["speech"],
+                "summary": "Voices as Open WebUI reads them",
+                "responses": {
+                    "200": _json_ok(
+                        "Voices, then the voice aliases that resolve to them.",
+                        {
+                            "type": "object",
+                            "properties": {"voices": {"type": "array", "items": named}},
+                        },
+                    ),
+                },
+            }
+        },
+    }
+
+
+def _piper_paths(models: RequestModels) -> dict[str, Any]:
+    body = models.piper.model_json_schema()["title"]
+    return {
+        "/": {
+            "post": {
+                "tags": ["compatible"],
+                "summary": "Piper's HTTP API: JSON body, WAV at the voice's rate",
+                "description": "`length_scale` is mapped to speed (the voice's own length "
+                "scale is speed 1); noise scales are part of the content address.",
+                "parameters": COND_PARAMS,
+                "requestBody": _json_body(body),
+                "responses": {
+                    "200": _audio_ok("WAV audio."),
+                    "304": _ref("responses", "NotModified"),
+                    **_errors(400, 413, 503),
+                },
+            }
+        },
+        "/voices": {
+            "get": {
+                "tags": ["compatible"],
+                "summary": "Piper's voice listing: {name: voice config}",
+                "responses": {"200": _json_ok("The voices.", {"type": "object"})},
+            }
+        },
+    }
+
+
 def _strip_titles(schema: dict[str, Any]) -> dict[str, Any]:
     """pydantic titles every property with its own name: noise in a document that names them."""
     for prop in schema.get("properties", {}).values():
@@ -167,14 +270,16 @@ def _speech_path() -> dict[str, Any]:
             "pause. With `stream` the response is chunked and sends each sentence as "
             "soon as it is ready (WAV with an open-ended header, or raw PCM / G.711, "
             "MP3 or AAC frames); the full audio is cached at the end. A matching "
-            "If-None-Match gets 304 (the content never changes for a key).",
+            "If-None-Match gets 304 (the content never changes for a key). With "
+            '`stream_format: "sse"` the body is `text/event-stream`: `speech.audio.delta` '
+            "events (base64 audio, in order, sentence by sentence) and a final "
+            "`speech.audio.done` with `usage`. `instructions` and unknown fields are ignored "
+            "and named in X-Ignored-Fields (400 with the strict_instructions / strict_fields "
+            "settings). `pcm` is 24 kHz unless `sample_rate` says otherwise.",
             "parameters": COND_PARAMS,
             "requestBody": _json_body("SpeechRequest"),
             "responses": {
-                "200": _audio_ok(
-                    "The audio. Streamed responses use chunked transfer encoding and "
-                    "carry no ETag or Content-Length."
-                ),
+                "200": _speech_ok(),
                 "304": _ref("responses", "NotModified"),
                 **_errors(400, 413, 503),
             },
@@ -425,6 +530,19 @@ def _response_schemas() -> dict[str, Any]:
                     "type": "object",
                     "additionalProperties": {"type": "string"},
                 },
+                "formats": {
+                    "type": "object",
+                    "description": "Per response_format: its Content-Type, its rate when no "
+                    "sample_rate is asked (null: the voice's; pcm: 24000), whether it streams.",
+                    "additionalProperties": {
+                        "type": "object",
+                        "properties": {
+                            "content_type": {"type": "string"},
+                            "default_sample_rate": {"type": ["integer", "null"]},
+                            "streamable": {"type": "boolean"},
+                        },
+                    },
+                },
             },
         },
         "Ready": {
@@ -517,6 +635,8 @@ def build_openapi(settings: Settings) -> dict[str, Any]:
             "/api/tts": _coqui_path(models),
             "/synthesize": _synthesize_path(models),
             "/v1/prompts": _prompts_path(),
+            **_listing_paths(),
+            **_piper_paths(models),
             **_operations_paths(),
         },
         "components": _components(settings, models),

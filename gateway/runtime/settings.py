@@ -77,6 +77,7 @@ GROUPS: dict[str, str] = {
     "sentences": "Sentences and streaming",
     "logging": "Logging",
     "catalogue": "Prompt catalogues (voxgate warm, POST /v1/prompts)",
+    "wyoming": "Wyoming protocol (Home Assistant)",
 }
 
 
@@ -178,6 +179,26 @@ class Settings(BaseSettings):
         lambda: dict(DEFAULT_VOICE_ALIASES),
         "Voice aliases added to OpenAI's voices (alloy, ash, ... verse map to joe); an alias of "
         "the same name replaces OpenAI's. Env/flag form: alias=voice,alias=voice.",
+    )
+
+    normalize: Literal["none", "llm"] = _opt(
+        "api",
+        "none",
+        "Text front end of requests that choose none (their `normalize` field): none (the text "
+        "as it is) or llm (Markdown emphasis, code fences, links, emoji and URLs made speakable "
+        "before the content address is computed; docs/api.md).",
+    )
+    strict_instructions: bool = _opt(
+        "api",
+        False,
+        "Answer 400 to OpenAI's `instructions` on a model that cannot follow them (off: they are "
+        "accepted, ignored, kept out of the content address, and named in X-Ignored-Fields).",
+    )
+    strict_fields: bool = _opt(
+        "api",
+        False,
+        "Answer 400 to fields /v1/audio/speech does not know (off: they are ignored and named in "
+        "X-Ignored-Fields, so fields that later OpenAI API versions add do not break clients).",
     )
 
     # --- cache tiers ---
@@ -352,6 +373,28 @@ class Settings(BaseSettings):
     )
     catalogue_concurrency: int = _opt(
         "catalogue", 4, "Prompts rendered at once by voxgate warm and POST /v1/prompts.", ge=1
+    )
+
+    # --- Wyoming (Home Assistant) ---
+    wyoming_port: int = _opt(
+        "wyoming",
+        0,
+        "TCP port of the Wyoming server Home Assistant connects to (0: off; wyoming-piper uses "
+        "10200).",
+        ge=0,
+        le=65535,
+    )
+    wyoming_host: str = _opt(
+        "wyoming", "", "Address the Wyoming server listens on (empty: the same as host)."
+    )
+    wyoming_max_connections: int = _opt(
+        "wyoming",
+        64,
+        "Wyoming connections served at once; one more is sent an error event and closed.",
+        ge=1,
+    )
+    wyoming_samples_per_chunk: int = _opt(
+        "wyoming", 1024, "Samples in each audio-chunk event the Wyoming server sends.", ge=64
     )
 
     # ---- parsing the forms env and flags use --------------------------------------------------

@@ -72,6 +72,8 @@ class SpeechStream:
     _encoder: audio.StreamEncoder
     _pool: concurrent.futures.Executor
     _pause_s: float
+    # Seconds of audio in the bytes made so far (``first`` and the chunks read).
+    audio_s: float = 0.0
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The encoded bytes after ``first``: one chunk per sentence, then the encoder's tail."""
@@ -79,6 +81,7 @@ class SpeechStream:
         for part in self._rest:
             sentence = await asyncio.shield(part)
             pcm = sentences.leading_pause(sentence.pcm, sentence.sample_rate, self._pause_s)
+            self.audio_s += len(pcm) / sentence.sample_rate
             yield await loop.run_in_executor(
                 self._pool, self._encoder.encode, pcm, sentence.sample_rate
             )
@@ -166,6 +169,7 @@ class Assembler:
             _encoder=encoder,
             _pool=self.encode_pool,
             _pause_s=self.pause_s,
+            audio_s=first.duration_s,
         )
 
     async def _run(self, prod: Production) -> tuple[Entry, bool]:

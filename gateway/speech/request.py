@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from cache.entry import Entry
 from synth import audio
+from synth.engine import ParamValue
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,9 @@ class SpeechRequest:
     speed: float = 1.0
     sample_rate: int | None = None
     pinned: bool = False
+    # Engine parameters asked for beyond the voice's defaults (Piper's noise scales, a speaker),
+    # sorted by name: part of the content address. Only names the engine's own defaults carry.
+    params: tuple[tuple[str, ParamValue], ...] = ()
 
     def entry(
         self, data: bytes, fmt: audio.AudioFormat, sample_rate: int, duration_s: float

@@ -99,7 +99,7 @@ class SpeechService:
     def params_for(self, req: SpeechRequest) -> dict[str, ParamValue]:
         """Everything that shapes the sound, for the master key."""
         engine = self.models[req.model].engine
-        return {**engine.default_params(req.voice), "speed": req.speed}
+        return {**engine.default_params(req.voice), **dict(req.params), "speed": req.speed}
 
     def master_key_for(self, req: SpeechRequest, **extra: ParamValue) -> str:
         """The format-free key of ``req``'s text (``extra`` joins the parameters)."""
@@ -127,6 +127,7 @@ class SpeechService:
             req.fmt.name,
             req.speed,
             req.sample_rate,
+            req.params,
             engine.fingerprint,
         )
         keys = self._key_memo.get(memo_key)
@@ -255,7 +256,7 @@ class SpeechService:
         handle = self.models[req.model]
         if not handle.ready.is_set():
             raise Overloaded(f"model '{req.model}' is still loading", retry_after_s=2.0)
-        item = SynthesisItem(req.text, req.voice, req.speed)
+        item = SynthesisItem(req.text, req.voice, req.speed, dict(req.params))
         if on_queued is not None:
             # submit() queues the item before its first suspension; this runs right after.
             asyncio.get_running_loop().call_soon(on_queued)

@@ -1,0 +1,60 @@
+"""The listings OpenAI-style clients read: ``GET /v1/models`` (OpenAI's list shape) and
+``GET /v1/audio/models`` / ``GET /v1/audio/voices`` (the shapes Open WebUI reads, as
+Kokoro-FastAPI and speaches serve them).
+
+Open WebUI (backend/open_webui/routers/audio.py) fills its model and voice pickers from
+``{base}/audio/models`` (``{"models": [{"id"}]}``) and ``{base}/audio/voices``
+(``{"voices": [{"id", "name"}]}``), falling back to OpenAI's names when they fail. Aliases are
+listed too: a client that picks ``tts-1`` or ``alloy`` is answered as by the model or voice the
+alias names.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from gateway.http import keys
+from gateway.runtime.settings import Settings
+from gateway.speech.service import SpeechService
+
+
+def model_names(settings: Settings, speech: SpeechService) -> list[tuple[str, str]]:
+    """``(name, served model)``: every served model, then every alias of a served one."""
+    names = [(m, m) for m in speech.models]
+    names += [(a, m) for a, m in settings.model_aliases.items() if m in speech.models]
+    return names
+
+
+async def openai_models(request: web.Request) -> web.Response:
+    """``GET /v1/models``: OpenAI's model list (``{"object": "list", "data": [...]}``)."""
+    settings, speech = request.app[keys.SETTINGS], request.app[keys.SPEECH]
+    data = [
+        {"id": name, "object": "model", "created": 0, "owned_by": "voxgate"}
+        for name, _ in model_names(settings, speech)
+    ]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def audio_models(request: web.Request) -> web.Response:
+    """``GET /v1/audio/models``: ``{"models": [{"id", "name"}]}``."""
+    settings, speech = request.app[keys.SETTINGS], request.app[keys.SPEECH]
+    models = [
+        {"id": name, "name": name if name == model else f"{name} ({model})"}
+        for name, model in model_names(settings, speech)
+    ]
+    return web.json_response({"models": models})
+
+
+async def audio_voices(request: web.Request) -> web.Response:
+    """``GET /v1/audio/voices``: ``{"voices": [{"id", "name", "language"}]}``: every served
+    voice, then the voice aliases that resolve to one."""
+    settings, speech = request.app[keys.SETTINGS], request.app[keys.SPEECH]
+    voices: dict[str, dict[str, str]] = {}
+    for handle in speech.models.values():
+        for v in handle.engine.voices():
+            voices.setdefault(v.name, {"id": v.name, "name": v.name, "language": v.language})
+    served = set(voices)
+    for alias, voice in settings.voice_aliases.items():
+        if voice in served and alias not in voices:
+            voices[alias] = {"id": alias, "name": f"{alias} ({voice})", "language": ""}
+    return web.json_response({"voices": list(voices.values())})

@@ -1,0 +1,131 @@
+"""OpenAI's ``stream_format: "sse"``: speech as server-sent events.
+
+The body is ``text/event-stream``; each event is one ``data:`` line holding a JSON object, then a
+blank line (OpenAI's speech events carry no ``event:`` line: their ``type`` field names them):
+
+- ``{"type": "speech.audio.delta", "audio": "<base64>"}``, in order: the audio's bytes in the
+  asked format, sentence by sentence as each is ready (stored audio goes out at once, in pieces);
+  the deltas joined are the audio stream;
+- ``{"type": "speech.audio.done", "usage": {...}}`` last. ``usage`` has OpenAI's shape
+  (``input_tokens``, ``output_tokens``, ``total_tokens``) and voxgate's own measures
+  (``input_characters``, ``audio_seconds``). The served engines have no tokens: input tokens
+  count the input's characters (what OpenAI bills tts-1 by) and output tokens are 0.
+
+Shapes from OpenAI's API reference (``SpeechAudioDeltaEvent``, ``SpeechAudioDoneEvent``) and what
+the clients parse: LiveKit's OpenAI plugin reads ``data:`` lines, ``type``, ``audio`` and
+``usage.input_tokens``/``output_tokens``. A failure after the first event cannot change the
+status: an ``error`` event in OpenAI's error shape is sent and the connection is dropped before
+the stream's end, like a failed audio stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Iterator
+
+from aiohttp import web
+
+from cache.entry import Entry
+from gateway.http import keys
+from gateway.speech.assembly import SpeechStream
+
+log = logging.getLogger("voxgate.gateway")
+
+# Bytes of audio per delta event: a stored rendition (or a long sentence) goes out in pieces of
+# this size (even: 16-bit PCM samples are never split across events).
+DELTA_BYTES = 32 * 1024
+CONTENT_TYPE = "text/event-stream"
+
+
+def event(payload: dict[str, object]) -> bytes:
+    """One server-sent event carrying ``payload`` as JSON."""
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+def deltas(data: bytes) -> Iterator[bytes]:
+    """``speech.audio.delta`` events for ``data``, in pieces of at most :data:`DELTA_BYTES`."""
+    for start in range(0, len(data), DELTA_BYTES):
+        piece = base64.b64encode(data[start : start + DELTA_BYTES]).decode("ascii")
+        yield event({"type": "speech.audio.delta", "audio": piece})
+
+
+def done(characters: int, audio_s: float) -> bytes:
+    """The final ``speech.audio.done`` event with its usage."""
+    usage = {
+        "input_tokens": characters,
+        "output_tokens": 0,
+        "total_tokens": characters,
+        "input_characters": characters,
+        "audio_seconds": round(audio_s, 3),
+    }
+    return event({"type": "speech.audio.done", "usage": usage})
+
+
+async def _open(request: web.Request, headers: dict[str, str]) -> web.StreamResponse:
+    headers = {**headers, "Content-Type": CONTENT_TYPE, "Cache-Control": "no-store"}
+    # The events are not the stored audio's bytes: no ETag (X-Audio-Key names the stored audio).
+    headers.pop("ETag", None)
+    resp = web.StreamResponse(headers=headers)
+    resp.enable_chunked_encoding()
+    request[keys.FIRST_BYTE_AT] = time.perf_counter()
+    await resp.prepare(request)
+    return resp
+
+
+async def send_whole(
+    request: web.Request, headers: dict[str, str], entry: Entry, *, characters: int
+) -> web.StreamResponse:
+    """Stored audio as events: every delta at once, then done."""
+    resp = await _open(request, headers)
+    for chunk in deltas(entry.audio):
+        await resp.write(chunk)
+    await resp.write(done(characters, entry.meta.duration_s))
+    await resp.write_eof()
+    return resp
+
+
+async def send_stream(
+    request: web.Request, headers: dict[str, str], stream: SpeechStream, *, characters: int
+) -> web.StreamResponse:
+    """A stream being made as events: a delta per sentence as it is ready, then done."""
+    metrics = request.app[keys.METRICS]
+    resp = await _open(request, headers)
+
+    async def pieces() -> AsyncIterator[bytes]:
+        yield stream.first
+        async for chunk in stream.chunks():
+            yield chunk
+
+    try:
+        async for data in pieces():
+            if request.transport is None or request.transport.is_closing():
+                raise ConnectionResetError("client went away")
+            for chunk in deltas(data):
+                await resp.write(chunk)
+        await resp.write(done(characters, stream.audio_s))
+        await resp.write_eof()
+    except asyncio.CancelledError:
+        metrics.streams.labels("disconnected").inc()
+        raise
+    except ConnectionResetError:
+        metrics.streams.labels("disconnected").inc()
+        log.info("event stream ended by the client key=%s", stream.key)
+        return resp
+    except Exception as exc:
+        # The status is sent: say what failed in an event, then drop the connection before the
+        # stream's end so no client takes the audio for complete.
+        metrics.streams.labels("failed").inc()
+        log.warning("event stream failed key=%s: %s", stream.key, type(exc).__name__)
+        error = {"message": "synthesis failed mid-stream", "type": "server_error"}
+        try:
+            await resp.write(event({"type": "error", "error": error}))
+        finally:
+            if request.transport is not None:
+                request.transport.close()
+        return resp
+    metrics.streams.labels("complete").inc()
+    return resp
