@@ -255,6 +255,22 @@ class Metrics:
             registry=r,
         )
 
+        # --- Wyoming protocol (Home Assistant; issue 15) ---------------------------------------
+        self.wyoming_connections = Gauge(
+            "voxgate_wyoming_connections",
+            "Wyoming connections open now.",
+            multiprocess_mode="livesum",
+            registry=r,
+        )
+        self.wyoming_events = Counter(
+            "voxgate_wyoming_events_total",
+            "Wyoming events received, by type (describe, synthesize, synthesize-start, "
+            "synthesize-chunk, synthesize-stop, ping, other) and result (ok, or error: answered "
+            "with an error event; refused: a connection over wyoming_max_connections).",
+            ["type", "result"],
+            registry=r,
+        )
+
         # --- Redis tier and cross-replica single flight (issue 4) ------------------------------
         self.redis_errors = Counter(
             "voxgate_redis_errors_total",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 
 from aiohttp import web
@@ -18,6 +19,8 @@ from gateway.runtime.accesslog import AccessLog
 from gateway.runtime.buildinfo import record_build_info
 from gateway.runtime.components import open_speech
 from gateway.runtime.settings import Settings
+from gateway.runtime.workers import WORKER_INDEX_ENV
+from gateway.wyoming.server import WyomingServer
 from metrics import Metrics
 from synth.engine import Engine
 from synth.pool import EngineSpec
@@ -52,8 +55,25 @@ def create_app(
             app[keys.STORE] = service.store
             yield
 
+    async def wyoming_ctx(app: web.Application) -> AsyncIterator[None]:
+        # Home Assistant's protocol (issue 15), off unless a port is set; the same service.
+        server = WyomingServer(
+            app[keys.SPEECH],
+            settings,
+            app[keys.METRICS],
+            reuse_port=os.environ.get(WORKER_INDEX_ENV) is not None,
+        )
+        await server.start()
+        app[keys.WYOMING] = server
+        try:
+            yield
+        finally:
+            await server.close()
+
     app.cleanup_ctx.append(access_log_ctx)
     app.cleanup_ctx.append(speech_ctx)
+    if settings.wyoming_port:
+        app.cleanup_ctx.append(wyoming_ctx)
     add_routes(
         app,
         [

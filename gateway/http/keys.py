@@ -10,6 +10,7 @@ from gateway.http.observe import RequestObserver
 from gateway.runtime.accesslog import AccessLog
 from gateway.runtime.settings import Settings
 from gateway.speech.service import SpeechService
+from gateway.wyoming.server import WyomingServer
 from metrics import Metrics
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -20,6 +21,8 @@ MAX_BODY_BYTES = web.AppKey("max_body_bytes", int)
 ACCESS_LOG = web.AppKey("access_log", AccessLog)
 REQUEST_MEMO = web.AppKey("request_memo", RequestMemo)
 OBSERVER = web.AppKey("observer", RequestObserver)
+# Set when the Wyoming server runs (wyoming_port; issue 15).
+WYOMING = web.AppKey("wyoming", WyomingServer)
 
 # Per-request values the handlers leave for the edge wrapper (gateway.app.edge) to record.
 CACHE_RESULT = web.RequestKey("cache_result", str)

@@ -31,6 +31,10 @@ from prometheus_client import multiprocess
 from gateway.runtime.settings import Settings
 from metrics import MULTIPROC_ENV
 
+# Set in each worker of `serve --workers N`: its index. Its listeners (HTTP, Wyoming) share their
+# ports with the other workers through SO_REUSEPORT.
+WORKER_INDEX_ENV = "VOXGATE_WORKER_INDEX"
+
 log = logging.getLogger("voxgate.workers")
 # A worker that dies this soon after starting, this many times in a row, is not restarted again.
 FAST_FAILURE_S = 10.0
@@ -91,7 +95,7 @@ class Supervisor:
             "--worker-of",
             str(os.getpid()),
         ]
-        env = {**os.environ, MULTIPROC_ENV: self.metrics_dir, "VOXGATE_WORKER_INDEX": str(index)}
+        env = {**os.environ, MULTIPROC_ENV: self.metrics_dir, WORKER_INDEX_ENV: str(index)}
         proc = subprocess.Popen(cmd, env=env)
         log.info("worker %d started (pid %d)", index, proc.pid)
         return proc

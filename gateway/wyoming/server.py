@@ -1,0 +1,464 @@
+"""A Wyoming TTS server (Home Assistant) over the speech service every HTTP endpoint uses.
+
+Built on the ``wyoming`` package (OHF-Voice/wyoming): its server and handler classes, its event
+types (``describe``/``info``, ``synthesize``, ``synthesize-start/-chunk/-stop/-stopped``,
+``audio-start/-chunk/-stop``, ``error``, ``ping``/``pong``) and its event writer. What happens on
+each event follows wyoming-piper (OHF-Voice/wyoming-piper, wyoming_piper/handler.py), the server
+Home Assistant's Piper add-on runs:
+
+- ``describe`` answers ``info``: one TTS program per served model, each voice with its language
+  (the served voices have one speaker each, so no speaker list), and
+  ``supports_synthesize_streaming``;
+- ``synthesize`` answers ``audio-start``, ``audio-chunk``s (16-bit mono PCM at the voice's rate,
+  sent sentence by sentence as the speech service makes them; stored audio at once) and
+  ``audio-stop``; a stored text costs no synthesis;
+- ``synthesize-start`` opens a text stream; each ``synthesize-chunk`` adds text, and every
+  sentence it completes is spoken at once as its own ``audio-start`` ... ``audio-stop``;
+  ``synthesize-stop`` speaks what is left and answers ``synthesize-stopped``. The plain
+  ``synthesize`` Home Assistant also sends inside a stream (for older servers) is ignored;
+- a bad event (unparseable, unknown type, bad fields, an unknown voice, a failed synthesis) is
+  answered with an ``error`` event, and the connection goes on serving.
+
+Reading is the one part not left to the package: its ``async_read_event`` trusts the
+``data_length`` and ``payload_length`` a client declares and reads that much into memory. Here
+each event's header line, data and payload are bounded (an oversized payload is read in pieces and
+dropped), so a hostile client costs bounded memory; events themselves are still the package's
+:class:`~wyoming.event.Event`. Connections are bounded by ``wyoming_max_connections``: one more is
+sent an ``error`` event and closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from functools import partial
+from typing import Any
+
+from wyoming.audio import AudioChunk, AudioStart, AudioStop
+from wyoming.error import Error
+from wyoming.event import Event
+from wyoming.info import Attribution, Describe, Info, TtsProgram, TtsVoice
+from wyoming.ping import Ping, Pong
+from wyoming.server import AsyncEventHandler, AsyncTcpServer, HandlerFactory
+from wyoming.tts import (
+    Synthesize,
+    SynthesizeChunk,
+    SynthesizeStart,
+    SynthesizeStop,
+    SynthesizeStopped,
+)
+
+from gateway.api.compat import check_language, check_speaker, find_voice
+from gateway.api.parsing import validate_text
+from gateway.errors import BadRequest, VoxgateError
+from gateway.runtime.buildinfo import version
+from gateway.runtime.settings import Settings
+from gateway.speech.assembly import SpeechStream
+from gateway.speech.request import SpeechRequest
+from gateway.speech.service import SpeechService
+from metrics import Metrics
+from synth import audio
+from synth.cancellation import cancel_and_wait
+from synth.errors import SynthesisError
+
+log = logging.getLogger("voxgate.wyoming")
+
+ATTRIBUTION = Attribution(name="voxgate", url="https://github.com/voxgate/voxgate")
+# Bounds on what one event may carry. A header line is a small JSON object; the data holds the
+# text (at most max_input_chars characters, 4 bytes each in UTF-8) and a voice; a TTS server
+# takes no payload, so any is read in pieces and dropped.
+MAX_LINE = 64 * 1024
+MAX_PAYLOAD_PIECE = 64 * 1024
+SAMPLE_WIDTH = 2  # 16-bit PCM
+KNOWN_EVENTS = (
+    "describe",
+    "synthesize",
+    "synthesize-start",
+    "synthesize-chunk",
+    "synthesize-stop",
+    "ping",
+)
+
+
+class BadEvent(Exception):
+    """An event that cannot be read or used; ``fatal`` when the framing is lost with it."""
+
+    def __init__(self, message: str, code: str = "bad_event", *, fatal: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.fatal = fatal
+
+
+async def read_event(reader: asyncio.StreamReader, max_data: int) -> Event | None:
+    """The next event, or None at the end of the stream; :class:`BadEvent` for one that breaks
+    the rules (the bytes it declared are consumed, so the next event can still be read)."""
+    try:
+        line = await reader.readline()
+    except ValueError as exc:  # longer than the reader's limit: the framing is lost
+        raise BadEvent(f"event header longer than {MAX_LINE} bytes", fatal=True) from exc
+    if not line:
+        return None
+    try:
+        header = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadEvent("event header is not a JSON object") from exc
+    if not isinstance(header, dict) or not isinstance(header.get("type"), str):
+        raise BadEvent("event header must be a JSON object with a string 'type'")
+    data_length = header.get("data_length") or 0
+    payload_length = header.get("payload_length") or 0
+    if not isinstance(data_length, int) or not isinstance(payload_length, int):
+        raise BadEvent("data_length and payload_length must be integers", fatal=True)
+    if data_length < 0 or payload_length < 0:
+        raise BadEvent("data_length and payload_length must not be negative", fatal=True)
+    data = header.get("data") or {}
+    too_big = data_length > max_data
+    if data_length:
+        if too_big:
+            await _discard(reader, data_length)
+        else:
+            raw = await reader.readexactly(data_length)
+            try:
+                extra = json.loads(raw)
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                await _discard(reader, payload_length)
+                raise BadEvent("event data is not a JSON object") from exc
+            if not isinstance(extra, dict) or not isinstance(data, dict):
+                await _discard(reader, payload_length)
+                raise BadEvent("event data must be a JSON object")
+            data = {**data, **extra}
+    # A TTS server reads no payload: it is consumed without being kept.
+    await _discard(reader, payload_length)
+    if too_big:
+        raise BadEvent(f"event data is {data_length} bytes; the limit is {max_data}")
+    if not isinstance(data, dict):
+        raise BadEvent("event data must be a JSON object")
+    return Event(type=header["type"], data=data)
+
+
+async def _discard(reader: asyncio.StreamReader, length: int) -> None:
+    while length > 0:
+        piece = await reader.read(min(length, MAX_PAYLOAD_PIECE))
+        if not piece:
+            raise asyncio.IncompleteReadError(b"", length)
+        length -= len(piece)
+
+
+class SpeechEventHandler(AsyncEventHandler):
+    """One Wyoming connection: TTS events answered from the speech service."""
+
+    def __init__(
+        self,
+        server: WyomingServer,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        super().__init__(reader, writer)
+        self.server = server
+        self.service = server.service
+        self.settings = server.settings
+        self.metrics = server.metrics
+        # A text stream (synthesize-start ... synthesize-stop): its voice and unspoken text.
+        self._stream_voice: dict[str, Any] | None = None
+        self._pending = ""
+
+    async def run(self) -> None:
+        """Read events until the client leaves; answer each (a bad one with an error event)."""
+        max_data = max(MAX_LINE, 4 * self.settings.max_input_chars + 4096)
+        task = asyncio.current_task()
+        assert task is not None
+        self.server.tasks.add(task)
+        try:
+            while True:
+                try:
+                    event = await read_event(self.reader, max_data)
+                except BadEvent as exc:
+                    self.metrics.wyoming_events.labels("other", "error").inc()
+                    await self.write_event(Error(text=str(exc), code=exc.code).event())
+                    if exc.fatal:
+                        break
+                    continue
+                if event is None:
+                    break
+                await self.handle_event(event)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            log.debug("wyoming client went away")
+        finally:
+            self.writer.close()
+            self.server.tasks.discard(task)
+            self.server.closed_one()
+
+    async def handle_event(self, event: Event) -> bool:
+        """Answer ``event``; a failure is answered with an ``error`` event. Always True: the
+        connection stays open."""
+        kind = event.type if event.type in KNOWN_EVENTS else "other"
+        try:
+            await self._dispatch(event)
+        except VoxgateError as exc:
+            self.metrics.wyoming_events.labels(kind, "error").inc()
+            await self.write_event(Error(text=exc.message, code=exc.code or "bad_request").event())
+            return True
+        except SynthesisError as exc:
+            self.metrics.wyoming_events.labels(kind, "error").inc()
+            log.warning("wyoming synthesis failed: %s", type(exc).__name__)
+            await self.write_event(Error(text=str(exc), code="synthesis_failed").event())
+            return True
+        self.metrics.wyoming_events.labels(kind, "ok").inc()
+        return True
+
+    async def _dispatch(self, event: Event) -> None:
+        if Describe.is_type(event.type):
+            await self.write_event(self.server.info().event())
+        elif Ping.is_type(event.type):
+            await self.write_event(Pong(text=Ping.from_event(event).text).event())
+        elif Synthesize.is_type(event.type):
+            if self._stream_voice is not None:
+                return  # sent inside a stream for servers without streaming: the stream speaks
+            text = _text(event.data)
+            await self._speak(self._request(text, _voice(event.data)))
+        elif SynthesizeStart.is_type(event.type):
+            self._stream_voice = _voice(event.data)
+            self._pending = ""
+        elif SynthesizeChunk.is_type(event.type):
+            if self._stream_voice is None:
+                raise BadRequest("synthesize-chunk outside a stream: send synthesize-start first")
+            await self._add_text(_text(event.data, allow_empty=True))
+        elif SynthesizeStop.is_type(event.type):
+            if self._stream_voice is None:
+                raise BadRequest("synthesize-stop outside a stream: send synthesize-start first")
+            voice, rest = self._stream_voice, self._pending
+            self._stream_voice, self._pending = None, ""
+            if rest.strip():
+                await self._speak(self._request(rest, voice))
+            await self.write_event(SynthesizeStopped().event())
+        else:
+            raise BadRequest(
+                f"unsupported event type {event.type[:40]!r}: this server answers "
+                + ", ".join(KNOWN_EVENTS),
+                code="unsupported_event",
+            )
+
+    async def _add_text(self, text: str) -> None:
+        """Add streamed text; speak every sentence it completes (all but the last one seen)."""
+        assert self._stream_voice is not None
+        self._pending += text
+        if len(self._pending) > self.settings.max_input_chars:
+            self._stream_voice, self._pending = None, ""
+            raise BadRequest(
+                f"streamed text holds over {self.settings.max_input_chars} characters without "
+                "ending a sentence; the stream is closed",
+                code="input_too_long",
+            )
+        splitter = self.service.assembler.splitter
+        sentences = await asyncio.to_thread(splitter.split, self._pending)
+        if len(sentences) < 2:
+            return
+        # The last sentence may still grow: keep it (from where it starts in the pending text).
+        last = sentences[-1]
+        self._pending = self._pending[self._pending.rstrip().rfind(last) :]
+        for sentence in sentences[:-1]:
+            await self._speak(self._request(sentence, self._stream_voice))
+
+    def _request(self, text: str, voice: dict[str, Any]) -> SpeechRequest:
+        name = voice.get("name")
+        language = voice.get("language")
+        speaker = voice.get("speaker")
+        for field, value in (("name", name), ("language", language), ("speaker", speaker)):
+            if value is not None and not isinstance(value, str):
+                raise BadRequest(f"voice {field} must be a string", param=f"voice.{field}")
+        model, chosen = (
+            find_voice(name, self.settings, self.service)
+            if name or not language
+            else self._voice_for_language(language)
+        )
+        if name and language:
+            check_language(language, model, chosen, self.service)
+        check_speaker(speaker, None, chosen)
+        engine = self.service.models[model].engine
+        return SpeechRequest(
+            text=validate_text(text, self.settings, param="text"),
+            model=model,
+            voice=chosen,
+            fmt=audio.FORMATS["pcm"],
+            sample_rate=engine.sample_rate,
+        )
+
+    def _voice_for_language(self, language: str) -> tuple[str, str]:
+        """The first served voice (default model first) that speaks ``language``."""
+        models = [self.settings.default_model, *self.service.models]
+        for model in dict.fromkeys(m for m in models if m in self.service.models):
+            for voice in self.service.models[model].engine.voices():
+                try:
+                    check_language(language, model, voice.name, self.service)
+                except BadRequest:
+                    continue
+                return model, voice.name
+        raise BadRequest(
+            f"no voice speaks language {language[:20]!r}",
+            param="voice.language",
+            code="unsupported_language",
+        )
+
+    async def _speak(self, req: SpeechRequest) -> None:
+        """``audio-start``, the audio as ``audio-chunk``s as it is made, ``audio-stop``."""
+        answer = await self.service.answer(req, stream=True)
+        rate = answer.rate if isinstance(answer, SpeechStream) else answer.entry.meta.sample_rate
+        await self.write_event(AudioStart(rate=rate, width=SAMPLE_WIDTH, channels=1).event())
+        if isinstance(answer, SpeechStream):
+            await self._send(answer.first, rate)
+            async for chunk in answer.chunks():
+                await self._send(chunk, rate)
+        else:
+            await self._send(answer.entry.audio, rate)
+        await self.write_event(AudioStop().event())
+
+    async def _send(self, pcm: bytes, rate: int) -> None:
+        step = self.settings.wyoming_samples_per_chunk * SAMPLE_WIDTH
+        for start in range(0, len(pcm), step):
+            chunk = AudioChunk(
+                rate=rate, width=SAMPLE_WIDTH, channels=1, audio=pcm[start : start + step]
+            )
+            await self.write_event(chunk.event())
+
+
+class RefusingHandler(AsyncEventHandler):
+    """A connection over the bound: told so in an error event, then closed."""
+
+    async def handle_event(self, event: Event) -> bool:
+        return False
+
+    async def run(self) -> None:
+        try:
+            await self.write_event(
+                Error(
+                    text="too many Wyoming connections; try again later",
+                    code="too_many_connections",
+                ).event()
+            )
+        except ConnectionError:
+            log.debug("refused wyoming client went away")
+        finally:
+            self.writer.close()
+
+
+def _text(data: dict[str, Any], *, allow_empty: bool = False) -> str:
+    text = data.get("text")
+    if not isinstance(text, str):
+        raise BadRequest("'text' must be a string", param="text")
+    if not allow_empty and not text.strip():
+        raise BadRequest("'text' is empty or whitespace only", param="text")
+    return text
+
+
+def _voice(data: dict[str, Any]) -> dict[str, Any]:
+    voice = data.get("voice") or {}
+    if not isinstance(voice, dict):
+        raise BadRequest("'voice' must be an object", param="voice")
+    return voice
+
+
+class _TcpServer(AsyncTcpServer):
+    """The package's TCP server, started with a bounded line length and, for
+    ``serve --workers N``, SO_REUSEPORT (every worker listens on the one port, as for HTTP)."""
+
+    def __init__(self, host: str, port: int, *, reuse_port: bool) -> None:
+        super().__init__(host, port)
+        self.reuse_port = reuse_port
+
+    async def start(self, handler_factory: HandlerFactory) -> None:
+        callback = partial(self._handler_callback, handler_factory)
+        self._server = await asyncio.start_server(
+            callback, host=self.host, port=self.port, limit=MAX_LINE, reuse_port=self.reuse_port
+        )
+        await self._server.start_serving()
+
+    @property
+    def port_bound(self) -> int:
+        """The port listened on (the asked one, or the one the OS chose for 0)."""
+        assert isinstance(self._server, asyncio.Server)
+        return int(self._server.sockets[0].getsockname()[1])
+
+
+class WyomingServer:
+    """The Wyoming server: started and closed by the app as a cleanup context."""
+
+    def __init__(
+        self,
+        service: SpeechService,
+        settings: Settings,
+        metrics: Metrics,
+        *,
+        reuse_port: bool = False,
+    ) -> None:
+        self.service = service
+        self.settings = settings
+        self.metrics = metrics
+        self._tcp = _TcpServer(
+            settings.wyoming_host or settings.host, settings.wyoming_port, reuse_port=reuse_port
+        )
+        # The connections' tasks (created by the package's server), ended on close.
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self._open = 0
+        self._version = "unknown"
+
+    @property
+    def port(self) -> int:
+        """The TCP port the server listens on."""
+        return self._tcp.port_bound
+
+    async def start(self) -> None:
+        """Listen; connections are served until :meth:`close`."""
+        # Package metadata is a filesystem scan: read once, off the loop.
+        self._version = await asyncio.to_thread(version)
+        await self._tcp.start(self._handler)
+        log.info("wyoming server listening on port %d", self.port)
+
+    def _handler(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> AsyncEventHandler:
+        if self._open >= self.settings.wyoming_max_connections:
+            self.metrics.wyoming_events.labels("other", "refused").inc()
+            return RefusingHandler(reader, writer)
+        self._open += 1
+        self.metrics.wyoming_connections.inc()
+        return SpeechEventHandler(self, reader, writer)
+
+    def closed_one(self) -> None:
+        """A connection ended."""
+        self._open -= 1
+        self.metrics.wyoming_connections.dec()
+
+    async def close(self) -> None:
+        """Stop listening and end every connection (a synthesis they started is not cancelled:
+        its audio is still stored)."""
+        await self._tcp.stop()
+        await cancel_and_wait(*self.tasks)
+
+    def info(self) -> Info:
+        """The ``info`` answer to ``describe``: a TTS program per model, with its voices."""
+        programs = []
+        for name, handle in self.service.models.items():
+            voices = [
+                TtsVoice(
+                    name=v.name,
+                    attribution=ATTRIBUTION,
+                    installed=True,
+                    description=v.description or v.name,
+                    version=None,
+                    languages=[v.language] if v.language else [],
+                    speakers=None,
+                )
+                for v in handle.engine.voices()
+            ]
+            programs.append(
+                TtsProgram(
+                    name=name,
+                    attribution=ATTRIBUTION,
+                    installed=True,
+                    description=f"voxgate model {name} ({handle.engine.name})",
+                    version=self._version,
+                    voices=voices,
+                    supports_synthesize_streaming=True,
+                )
+            )
+        return Info(tts=programs)

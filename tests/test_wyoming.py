@@ -1,0 +1,235 @@
+"""The Wyoming server (Home Assistant), driven by the ``wyoming`` package's own client.
+
+What the client does is what Home Assistant's wyoming integration does
+(home-assistant/core homeassistant/components/wyoming/tts.py): ``describe`` for the voices,
+``synthesize`` for a text (or ``synthesize-start`` / ``-chunk``s / ``-stop`` when the server says
+``supports_synthesize_streaming``), then it collects ``audio-chunk`` payloads between
+``audio-start`` and ``audio-stop``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from dataclasses import dataclass, field
+from typing import Any
+
+import soundfile as sf
+from aiohttp.test_utils import TestClient
+from wyoming.audio import AudioChunk, AudioStart, AudioStop
+from wyoming.client import AsyncTcpClient
+from wyoming.error import Error
+from wyoming.event import Event
+from wyoming.info import Describe, Info
+from wyoming.tts import (
+    Synthesize,
+    SynthesizeChunk,
+    SynthesizeStart,
+    SynthesizeStop,
+    SynthesizeStopped,
+    SynthesizeVoice,
+)
+
+from gateway.http import keys
+from gateway.runtime.settings import Settings
+from metrics import Metrics
+from tests.conftest import GatewayFactory
+from tests.support import CountingEngine, free_port
+
+TEXT = "Turning on the kitchen lights. They will dim at ten."
+
+
+@dataclass
+class Spoken:
+    """What a client received for one utterance."""
+
+    rate: int = 0
+    audio: bytearray = field(default_factory=bytearray)
+
+    @property
+    def seconds(self) -> float:
+        return len(self.audio) / 2 / self.rate
+
+
+async def start(
+    gateway: GatewayFactory, settings: Settings, **kw: Any
+) -> tuple[TestClient[Any, Any], int]:
+    port = free_port()
+    client = await gateway(settings=settings.replace(wyoming_port=port, **kw))
+    return client, port
+
+
+async def utterance(client: AsyncTcpClient) -> Spoken:
+    """Read one audio-start ... audio-stop."""
+    spoken = Spoken()
+    while True:
+        event = await client.read_event()
+        assert event is not None, "connection closed mid-utterance"
+        assert not Error.is_type(event.type), event.data
+        if AudioStart.is_type(event.type):
+            spoken.rate = AudioStart.from_event(event).rate
+            assert AudioStart.from_event(event).width == 2
+        elif AudioChunk.is_type(event.type):
+            chunk = AudioChunk.from_event(event)
+            assert chunk.rate == spoken.rate
+            spoken.audio += chunk.audio
+        elif AudioStop.is_type(event.type):
+            return spoken
+
+
+async def say(port: int, text: str, voice: SynthesizeVoice | None = None) -> Spoken:
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        await client.write_event(Synthesize(text=text, voice=voice).event())
+        return await utterance(client)
+
+
+async def wav_seconds(http: TestClient[Any, Any], text: str) -> float:
+    r = await http.post(
+        "/v1/audio/speech",
+        json={"model": "piper", "voice": "joe", "input": text, "response_format": "wav"},
+    )
+    info = sf.info(io.BytesIO(await r.read()))
+    return float(info.frames) / float(info.samplerate)
+
+
+def syntheses(metrics: Metrics) -> float:
+    value = metrics.registry.get_sample_value(
+        "voxgate_syntheses_total", {"model": "piper", "outcome": "ok"}
+    )
+    return value or 0.0
+
+
+async def test_describe_lists_every_voice(gateway: GatewayFactory, settings: Settings) -> None:
+    _, port = await start(gateway, settings)
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        await client.write_event(Describe().event())
+        event = await client.read_event()
+    assert event is not None and Info.is_type(event.type)
+    info = Info.from_event(event)
+    assert [p.name for p in info.tts] == ["piper"]
+    program = info.tts[0]
+    assert program.supports_synthesize_streaming
+    assert program.installed
+    assert [(v.name, v.languages) for v in program.voices] == [("joe", ["en_US"])]
+
+
+async def test_synthesize_lasts_as_long_as_the_wav_and_a_repeat_costs_nothing(
+    gateway: GatewayFactory, settings: Settings, metrics: Metrics
+) -> None:
+    http, port = await start(gateway, settings)
+    first = await say(port, TEXT, SynthesizeVoice(name="joe"))
+    assert first.rate == 22050
+    assert syntheses(metrics) == 2  # two sentences
+    seconds = await wav_seconds(http, TEXT)
+    assert abs(first.seconds - seconds) / seconds < 0.03
+    again = await say(port, TEXT)  # the default voice: the same audio, from the store
+    assert again.audio == first.audio
+    by_language = await say(port, TEXT, SynthesizeVoice(language="en_US"))
+    assert by_language.audio == first.audio
+    assert syntheses(metrics) == 2
+
+
+async def test_streaming_speaks_sentence_by_sentence(
+    gateway: GatewayFactory, settings: Settings, counting_engine: CountingEngine
+) -> None:
+    http, port = await start(gateway, settings)
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        await client.write_event(SynthesizeStart(voice=SynthesizeVoice(name="joe")).event())
+        for piece in ("Turning on the kit", "chen lights. They will", " dim at ten."):
+            await client.write_event(SynthesizeChunk(text=piece).event())
+        # Home Assistant also sends the whole text as a plain synthesize, for older servers.
+        await client.write_event(Synthesize(text=TEXT).event())
+        # The first sentence is complete once the second has begun: it is spoken already.
+        first = await utterance(client)
+        await client.write_event(SynthesizeStop().event())
+        second = await utterance(client)
+        stopped = await client.read_event()
+    assert stopped is not None and SynthesizeStopped.is_type(stopped.type)
+    assert counting_engine.texts == ["Turning on the kitchen lights.", "They will dim at ten."]
+    for spoken, text in (
+        (first, "Turning on the kitchen lights."),
+        (second, "They will dim at ten."),
+    ):
+        seconds = await wav_seconds(http, text)
+        assert abs(spoken.seconds - seconds) / seconds < 0.03
+
+
+async def test_bad_events_get_an_error_and_the_connection_keeps_serving(
+    gateway: GatewayFactory, settings: Settings
+) -> None:
+    _, port = await start(gateway, settings)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    client = AsyncTcpClient("127.0.0.1", port)
+    client._reader, client._writer = reader, writer  # the package's reader over our socket
+    bad: list[bytes] = [
+        b"this is not json\n",
+        b'{"type": 7}\n',
+        b'{"type": "synthesize", "data": {"text": 42}}\n',
+        b'{"type": "synthesize", "data": {"text": "Hi.", "voice": {"name": "nobody"}}}\n',
+        b'{"type": "synthesize", "data": {"text": "   "}}\n',
+        b'{"type": "synthesize-chunk", "data": {"text": "orphan"}}\n',
+        b'{"type": "transcribe"}\n',
+        # Declared data that is not JSON, and a payload a TTS server does not want: both read
+        # and dropped, so the framing holds.
+        b'{"type": "synthesize", "data_length": 5, "payload_length": 3}\nnope!xyz',
+    ]
+    for raw in bad:
+        writer.write(raw)
+        await writer.drain()
+        event = await client.read_event()
+        assert event is not None and Error.is_type(event.type), (raw, event)
+        assert Error.from_event(event).text
+    await client.write_event(Synthesize(text="Still here.").event())
+    spoken = await utterance(client)
+    assert spoken.seconds > 0.3
+    # Data larger than any text may be: refused without being kept, the framing still holds.
+    huge = 2_000_000
+    writer.write(b'{"type": "synthesize", "data_length": %d}\n' % huge + b" " * huge)
+    await writer.drain()
+    event = await client.read_event()
+    assert event is not None and Error.is_type(event.type)
+    assert "limit" in Error.from_event(event).text
+    await client.write_event(Describe().event())
+    event = await client.read_event()
+    assert event is not None and Info.is_type(event.type)
+    writer.close()
+    await writer.wait_closed()
+
+
+async def test_fifty_concurrent_clients_are_all_answered(
+    gateway: GatewayFactory, settings: Settings, counting_engine: CountingEngine
+) -> None:
+    _, port = await start(gateway, settings)
+    texts = [f"Timer {i % 5} is done." for i in range(50)]
+    spoken = await asyncio.gather(*(say(port, t) for t in texts))
+    assert all(s.seconds > 0.5 for s in spoken)
+    # Five distinct texts: each synthesized once, whatever the concurrency.
+    assert counting_engine.items == 5
+    assert spoken[0].audio == spoken[5].audio
+
+
+async def test_connections_over_the_bound_are_refused(
+    gateway: GatewayFactory, settings: Settings, metrics: Metrics
+) -> None:
+    http, port = await start(gateway, settings, wyoming_max_connections=2)
+    server = http.server.app[keys.WYOMING]
+    held = [AsyncTcpClient("127.0.0.1", port) for _ in range(2)]
+    for c in held:
+        await c.connect()
+        await c.write_event(Describe().event())
+        assert (await c.read_event()) is not None  # both served, so both counted as open
+    async with AsyncTcpClient("127.0.0.1", port) as extra:
+        event: Event | None = await extra.read_event()
+        assert event is not None and Error.is_type(event.type)
+        assert Error.from_event(event).code == "too_many_connections"
+        assert await extra.read_event() is None  # and closed
+    assert metrics.registry.get_sample_value("voxgate_wyoming_connections") == 2
+    for c in held:
+        await c.disconnect()
+    # Once they have left (their handlers have ended), a new client is served again.
+    if server.tasks:
+        async with asyncio.timeout(10):
+            await asyncio.wait(set(server.tasks))
+    assert metrics.registry.get_sample_value("voxgate_wyoming_connections") == 0
+    spoken = await say(port, "Done.")
+    assert spoken.seconds > 0.2
