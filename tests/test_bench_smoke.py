@@ -26,6 +26,14 @@ async def test_ttfa_bench_one_round() -> None:
     assert report["ttfa_over_full_response"] == med["stream_ttfa_s"] / med["full_response_s"]
 
 
+@pytest.mark.slow
+async def test_ttfa_bench_sse_one_round() -> None:
+    report = await ttfa.run(rounds=1, sse=True)
+    assert report["benchmark"] == "ttfa_sse"
+    assert report["sentences"] == 3 and report["format"] == "pcm"
+    assert all(v > 0 for v in report["median_s"].values())
+
+
 def test_results_record_command_date_and_commit(tmp_path: Path, monkeypatch: Any) -> None:
     """Every JSON written through ``write_results`` starts with how it was made."""
     monkeypatch.setattr(common, "RESULTS", tmp_path)
