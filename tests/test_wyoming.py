@@ -135,7 +135,8 @@ async def test_streaming_speaks_sentence_by_sentence(
     http, port = await start(gateway, settings)
     async with AsyncTcpClient("127.0.0.1", port) as client:
         await client.write_event(SynthesizeStart(voice=SynthesizeVoice(name="joe")).event())
-        for piece in ("Turning on the kit", "chen lights. They will", " dim at ten."):
+        # Chunks split words, and carry runs of spaces and newlines, as a model's tokens do.
+        for piece in ("Turning on  the kit", "chen lights.\n\nThey will ", "dim at ten."):
             await client.write_event(SynthesizeChunk(text=piece).event())
         # Home Assistant also sends the whole text as a plain synthesize, for older servers.
         await client.write_event(Synthesize(text=TEXT).event())

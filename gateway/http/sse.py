@@ -81,10 +81,13 @@ async def send_whole(
 ) -> web.StreamResponse:
     """Stored audio as events: every delta at once, then done."""
     resp = await _open(request, headers)
-    for chunk in deltas(entry.audio):
-        await resp.write(chunk)
-    await resp.write(done(characters, entry.meta.duration_s))
-    await resp.write_eof()
+    try:
+        for chunk in deltas(entry.audio):
+            await resp.write(chunk)
+        await resp.write(done(characters, entry.meta.duration_s))
+        await resp.write_eof()
+    except ConnectionResetError:
+        log.info("event stream ended by the client")
     return resp
 
 

@@ -49,6 +49,7 @@ from wyoming.tts import (
     SynthesizeStopped,
 )
 
+from cache.keys import normalize_text
 from gateway.api.compat import check_language, check_speaker, find_voice
 from gateway.api.parsing import validate_text
 from gateway.errors import BadRequest, VoxgateError
@@ -239,7 +240,8 @@ class SpeechEventHandler(AsyncEventHandler):
             )
 
     async def _add_text(self, text: str) -> None:
-        """Add streamed text; speak every sentence it completes (all but the last one seen)."""
+        """Add streamed text; speak every sentence it completes (all but the last one seen:
+        it may still grow)."""
         assert self._stream_voice is not None
         self._pending += text
         if len(self._pending) > self.settings.max_input_chars:
@@ -249,13 +251,18 @@ class SpeechEventHandler(AsyncEventHandler):
                 "ending a sentence; the stream is closed",
                 code="input_too_long",
             )
+        pending = normalize_text(self._pending)
+        if not pending:
+            return
         splitter = self.service.assembler.splitter
-        sentences = await asyncio.to_thread(splitter.split, self._pending)
+        sentences = await asyncio.to_thread(splitter.split, pending)
         if len(sentences) < 2:
             return
-        # The last sentence may still grow: keep it (from where it starts in the pending text).
-        last = sentences[-1]
-        self._pending = self._pending[self._pending.rstrip().rfind(last) :]
+        # The sentences joined by single spaces are the normalized text (SentenceSplitter's
+        # promise), so the last one is what follows the others; a space the client sent after
+        # it still separates it from the next chunk.
+        tail = " " if self._pending[-1:].isspace() else ""
+        self._pending = sentences[-1] + tail
         for sentence in sentences[:-1]:
             await self._speak(self._request(sentence, self._stream_voice))
 
