@@ -3,11 +3,12 @@ address is computed."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
 
-from gateway.api.frontend import NORMALIZE_MODES, front_end
+from gateway.api.frontend import FRONT_ENDS, NORMALIZE_MODES, front_end
 from gateway.api.llmtext import speakable
 from gateway.runtime.settings import Settings
 from tests.conftest import GatewayFactory
@@ -89,3 +90,26 @@ async def test_llm_front_end_errors(gateway: GatewayFactory) -> None:
     assert r.status == 400
     err = (await r.json())["error"]
     assert err["param"] == "normalize" and "'markdown'" in err["message"]
+
+
+async def test_front_end_runs_off_the_event_loop(
+    gateway: GatewayFactory, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Markdown parsing of a long hostile text takes tens of milliseconds: never on the loop."""
+    threads: list[str] = []
+
+    def recording(text: str) -> str:
+        threads.append(threading.current_thread().name)
+        return speakable(text)
+
+    monkeypatch.setitem(FRONT_ENDS, "llm", recording)
+    client = await gateway()
+    r = await client.post("/v1/audio/speech", json=speech(input="**Hi.**", normalize="llm"))
+    assert r.status == 200
+    llm = await gateway(settings=settings.replace(normalize="llm"))
+    for path, payload in (("/", {"text": "**Hi.**"}), ("/api/tts", {"text": "**Hi.**"})):
+        assert (await llm.post(path, json=payload)).status == 200, path
+    assert (await llm.get("/synthesize", params={"text": "**Hi.**"})).status == 200
+    loop_thread = threading.current_thread().name
+    assert len(threads) == 4
+    assert loop_thread not in threads

@@ -90,6 +90,13 @@ class RequestMemo(BoundedMemo[bytes, SpeechCall]):
             super().put(raw, req)
 
 
+def front_end_may_run(settings: Settings, raw: bytes = b"") -> bool:
+    """Whether validating a request may run a text front end (the ``normalize`` setting, or a
+    ``normalize`` field in ``raw``): markdown parsing of a long hostile text takes tens of
+    milliseconds, so such requests are validated off the event loop (``asyncio.to_thread``)."""
+    return settings.normalize != "none" or b'"normalize"' in raw
+
+
 def validate_text(
     raw: str, settings: Settings, param: str = "input", normalize: str | None = None
 ) -> str:

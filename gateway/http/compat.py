@@ -8,14 +8,19 @@ URL, so the text does not reach the logs.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import web
 
 from gateway.api.compat import COQUI_HEADERS, parse_coqui, parse_piper, parse_synthesize
-from gateway.api.parsing import read_json_object
+from gateway.api.parsing import front_end_may_run, read_json_object
 from gateway.http import keys
 from gateway.http.delivery import serve_speech
+from gateway.runtime.settings import Settings
+from gateway.speech.request import SpeechRequest
+from gateway.speech.service import SpeechService
 
 
 async def coqui_fields(request: web.Request) -> dict[str, Any]:
@@ -38,26 +43,35 @@ async def coqui_fields(request: web.Request) -> dict[str, Any]:
     return values
 
 
+Parser = Callable[[Any, Settings, SpeechService], SpeechRequest]
+
+
+async def _parse(request: web.Request, parse: Parser, values: Mapping[str, Any]) -> SpeechRequest:
+    """``parse(values)``, off the event loop when a text front end may run."""
+    settings, service = request.app[keys.SETTINGS], request.app[keys.SPEECH]
+    if front_end_may_run(settings):
+        return await asyncio.to_thread(parse, values, settings, service)
+    return parse(values, settings, service)
+
+
 async def api_tts(request: web.Request) -> web.StreamResponse:
     """``GET|POST /api/tts``: Coqui tts-server compatible; answers WAV."""
-    service = request.app[keys.SPEECH]
     values = await coqui_fields(request)
-    req = parse_coqui(values, request.app[keys.SETTINGS], service)
+    req = await _parse(request, parse_coqui, values)
     return await serve_speech(request, req)
 
 
 async def synthesize(request: web.Request) -> web.StreamResponse:
     """``GET /synthesize``: the plain query-string form."""
-    service = request.app[keys.SPEECH]
     query = {k: v for k, v in request.query.items()}
-    req = parse_synthesize(query, request.app[keys.SETTINGS], service)
+    req = await _parse(request, parse_synthesize, query)
     return await serve_speech(request, req)
 
 
 async def piper_speak(request: web.Request) -> web.StreamResponse:
     """``POST /``: Piper's HTTP API (JSON body); answers WAV at the voice's rate."""
     body = await read_json_object(request, request.app[keys.MAX_BODY_BYTES])
-    req = parse_piper(body, request.app[keys.SETTINGS], request.app[keys.SPEECH])
+    req = await _parse(request, parse_piper, body)
     return await serve_speech(request, req)
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
 from cache.keys import is_key
-from gateway.api.parsing import parse_speech_body, read_body
+from gateway.api.parsing import front_end_may_run, parse_speech_body, read_body
 from gateway.errors import BadRequest, NotFound
 from gateway.http import keys, ops
 from gateway.http.delivery import serve_speech, serve_stored
@@ -22,7 +24,10 @@ async def speech(request: web.Request) -> web.StreamResponse:
     memo = app[keys.REQUEST_MEMO]
     call = memo.get(raw)
     if call is None:
-        call = parse_speech_body(raw, settings, service)
+        if front_end_may_run(settings, raw):
+            call = await asyncio.to_thread(parse_speech_body, raw, settings, service)
+        else:
+            call = parse_speech_body(raw, settings, service)
         memo.put(raw, call)
     # ETag / If-None-Match, Content-Length, and streaming: gateway.delivery.
     return await serve_speech(

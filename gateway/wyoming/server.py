@@ -51,7 +51,7 @@ from wyoming.tts import (
 
 from cache.keys import normalize_text
 from gateway.api.compat import check_language, check_speaker, find_voice
-from gateway.api.parsing import validate_text
+from gateway.api.parsing import front_end_may_run, validate_text
 from gateway.errors import BadRequest, VoxgateError
 from gateway.runtime.buildinfo import version
 from gateway.runtime.settings import Settings
@@ -216,7 +216,7 @@ class SpeechEventHandler(AsyncEventHandler):
             if self._stream_voice is not None:
                 return  # sent inside a stream for servers without streaming: the stream speaks
             text = _text(event.data)
-            await self._speak(self._request(text, _voice(event.data)))
+            await self._speak(await self._request_off_loop(text, _voice(event.data)))
         elif SynthesizeStart.is_type(event.type):
             self._stream_voice = _voice(event.data)
             self._pending = ""
@@ -230,7 +230,7 @@ class SpeechEventHandler(AsyncEventHandler):
             voice, rest = self._stream_voice, self._pending
             self._stream_voice, self._pending = None, ""
             if rest.strip():
-                await self._speak(self._request(rest, voice))
+                await self._speak(await self._request_off_loop(rest, voice))
             await self.write_event(SynthesizeStopped().event())
         else:
             raise BadRequest(
@@ -264,7 +264,14 @@ class SpeechEventHandler(AsyncEventHandler):
         tail = " " if self._pending[-1:].isspace() else ""
         self._pending = sentences[-1] + tail
         for sentence in sentences[:-1]:
-            await self._speak(self._request(sentence, self._stream_voice))
+            await self._speak(await self._request_off_loop(sentence, self._stream_voice))
+
+    async def _request_off_loop(self, text: str, voice: dict[str, Any]) -> SpeechRequest:
+        """:meth:`_request`, in a thread when a text front end may run (tens of milliseconds
+        for a long Markdown text: not on the event loop)."""
+        if front_end_may_run(self.settings):
+            return await asyncio.to_thread(self._request, text, voice)
+        return self._request(text, voice)
 
     def _request(self, text: str, voice: dict[str, Any]) -> SpeechRequest:
         name = voice.get("name")
