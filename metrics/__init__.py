@@ -11,6 +11,7 @@ format names, cache results); never from request text or content keys.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -20,14 +21,23 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
-__all__ = ["CONTENT_TYPE_LATEST", "MULTIPROC_ENV", "Metrics", "exposition", "multiprocess_dir"]
+__all__ = [
+    "CONTENT_TYPE_LATEST",
+    "LATENCY_BUCKETS",
+    "MULTIPROC_ENV",
+    "Metrics",
+    "exposition",
+    "multiprocess_dir",
+]
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 # Hits are served in well under a millisecond; misses take a fraction of a second to many seconds.
-_LATENCY_BUCKETS = (
+LATENCY_BUCKETS = (
     0.0005,
     0.001,
     0.0025,
@@ -55,6 +65,10 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        # Registered first, so every collection of the registry runs the flushes of counts
+        # tallied outside prometheus-client (gateway.http.observe) before reading any metric.
+        self._before_collect: list[Callable[[], None]] = []
+        r.register(_BeforeCollect(self._before_collect))
 
         # --- HTTP edge -------------------------------------------------------------------------
         self.requests = Counter(
@@ -68,7 +82,7 @@ class Metrics:
             "Time from request received to response ready, by route and cache result "
             "(hit, miss, coalesced, or none for requests that do not touch the store).",
             ["route", "cache"],
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.speech_requests = Counter(
@@ -215,7 +229,7 @@ class Metrics:
             "voxgate_time_to_first_byte_seconds",
             "Time from request received to response headers sent, by route and cache result.",
             ["route", "cache"],
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.response_bytes = Counter(
@@ -316,10 +330,36 @@ class Metrics:
             registry=r,
         )
 
+    def before_collect(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` (a flush of counts kept outside prometheus-client) before every collection
+        of the registry and in :meth:`flush_pending`."""
+        self._before_collect.append(hook)
+
+    def flush_pending(self) -> None:
+        """Run the :meth:`before_collect` hooks now (before a multi-process exposition, which
+        reads the processes' files rather than this registry)."""
+        for hook in self._before_collect:
+            hook()
+
 
 def multiprocess_dir() -> str | None:
     """The shared metrics directory when several gateway processes serve one port, else None."""
     return os.environ.get(MULTIPROC_ENV) or None
+
+
+class _BeforeCollect(Collector):
+    """A collector with no metrics of its own: collecting it runs the flush hooks."""
+
+    def __init__(self, hooks: list[Callable[[], None]]) -> None:
+        self._hooks = hooks
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> list[Metric]:
+        for hook in self._hooks:
+            hook()
+        return []
 
 
 def exposition(registry: CollectorRegistry) -> bytes:

@@ -101,3 +101,48 @@ async def test_uvloop_server_with_worker_processes_synthesizes_then_hits(tmp_pat
         assert await asyncio.to_thread(server.terminate) == 0
     finally:
         server.close()
+
+
+def test_uvloop_sends_headers_and_body_in_one_writelines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On uvloop aiohttp's writelines skip (an asyncio CVE workaround, gateway/runtime/eventloop.py)
+    is lifted: headers and body go to the transport as one ``writelines`` (no copy, one writev),
+    and audio bodies small and large (past the socket buffer, so flow control pauses the
+    writer) still arrive whole."""
+    from aiohttp import http_writer, web
+
+    from gateway.http.conditional import AudioResponse
+
+    monkeypatch.setattr(http_writer, "SKIP_WRITELINES", True)  # restored after the test
+    make = eventloop.factory("uvloop")
+    assert http_writer.SKIP_WRITELINES is False
+    bodies = {"small": bytes(range(256)) * 141, "large": bytes(range(255, -1, -1)) * 16384}
+
+    async def main() -> None:
+        import aiohttp
+
+        async def handler(request: web.Request) -> web.StreamResponse:
+            return AudioResponse(request, body=bodies[request.match_info["name"]])
+
+        app = web.Application()
+        app.router.add_get("/{name}", handler)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        try:
+            async with aiohttp.ClientSession() as session:
+
+                async def fetch(name: str) -> bytes:
+                    async with session.get(f"http://127.0.0.1:{port}/{name}") as r:
+                        assert r.status == 200
+                        return await r.read()
+
+                names = ["small", "large"] * 8
+                got = await asyncio.gather(*(fetch(n) for n in names))
+                assert all(g == bodies[n] for g, n in zip(got, names, strict=True))
+        finally:
+            await runner.cleanup()
+
+    with asyncio.Runner(loop_factory=make) as runner:
+        runner.run(main())

@@ -131,7 +131,16 @@ async def test_two_workers_share_port_disk_and_metrics(tmp_path: Path) -> None:
             for line in server.json_lines()
             if line["logger"] == "voxgate.access" and line["route"] == "/v1/audio/speech"
         }
-        # Each process's counters hold only its own requests; /metrics must give the sum.
+        # Each process's counters hold only its own requests; /metrics must give the sum. A
+        # process adds its request tallies to its metric files within 0.1 s of a request
+        # (gateway/http/observe.py): wait for that, then the sum must hold on every scrape.
+        deadline = time.monotonic() + 30
+        while (
+            sample(m := server.metrics(), "voxgate_speech_requests_total", cache="hit") != 7
+            or sample(m, "voxgate_http_requests_total", route="/healthz") != n_health
+        ):
+            assert time.monotonic() < deadline, "request tallies never reached /metrics"
+            await asyncio.sleep(0.05)
         for _ in range(3):
             m = server.metrics()
             assert sample(m, "voxgate_http_requests_total", route="/healthz") == n_health

@@ -47,6 +47,7 @@ def create_app(
         await asyncio.to_thread(record_build_info, app[keys.METRICS])
         app[keys.ACCESS_LOG].start()
         yield
+        app[keys.OBSERVER].close()
         await app[keys.ACCESS_LOG].close()
 
     async def speech_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from aiohttp import web
+from aiohttp import http_writer, web
 
 from gateway.http.errors import error_body
 
@@ -26,7 +26,8 @@ class AudioResponse(web.Response):
     before 3.12.9 it never uses ``writelines``): for a 250 KB prompt that is a 250 KB allocation
     and copy on every cache hit, a large part of a hit's CPU time. For a large body this sends
     the headers on their own first (one small extra ``send``), then hands the stored bytes
-    object to the transport as it is.
+    object to the transport as it is. On uvloop neither is needed: headers and body go out as one
+    ``writev`` (:func:`gateway.runtime.eventloop.allow_writelines`), and this is a plain Response.
     """
 
     def __init__(
@@ -38,7 +39,11 @@ class AudioResponse(web.Response):
         headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(body=body, status=status, headers=headers)
-        self._writer = request.writer if len(body) >= SEPARATE_HEADERS_FROM else None
+        self._writer = (
+            request.writer
+            if len(body) >= SEPARATE_HEADERS_FROM and http_writer.SKIP_WRITELINES
+            else None
+        )
 
     async def write_eof(self, data: bytes = b"") -> None:
         writer = self._writer

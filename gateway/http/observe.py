@@ -1,43 +1,78 @@
-"""Per-request observation: Prometheus counters and timers plus the access-log line."""
+"""Per-request observation: Prometheus counters and timers plus the access-log line.
+
+A cache hit is answered in tens of microseconds, and recording it through prometheus-client
+directly (a lock per counter, a Python loop over the buckets per histogram: five metric updates per
+hit) cost about as much as the rest of the gateway's own work on it. So requests are tallied in
+plain numbers per label set, on the event loop, and added to the Prometheus metrics in bulk: before
+every collection of the registry (``/metrics``, tests' ``get_sample_value``) and at most
+``FLUSH_AFTER_S`` after a request, so a multi-process scrape (which reads each process's own files)
+lags by no more than that. An idle server schedules nothing.
+"""
 
 from __future__ import annotations
 
+import asyncio
+from bisect import bisect_left
 from typing import Any
 
 from gateway.runtime.accesslog import AccessLog
-from metrics import Metrics
+from metrics import LATENCY_BUCKETS, Metrics
+
+FLUSH_AFTER_S = 0.1
+
+
+class _Tally:
+    """One (route, method, status, cache) label set's requests since the last flush."""
+
+    __slots__ = ("count", "nbytes", "seconds_buckets", "seconds_sum", "ttfb_buckets", "ttfb_sum")
+
+    def __init__(self, buckets: int) -> None:
+        self.count = 0
+        self.nbytes = 0
+        self.seconds_sum = 0.0
+        self.ttfb_sum = 0.0
+        self.seconds_buckets = [0] * buckets
+        self.ttfb_buckets = [0] * buckets
+
+
+def add_to_histogram(child: Any, total: float, buckets: list[int]) -> None:
+    """Add observations already sorted into ``child``'s buckets (non-cumulative counts, in the
+    order of its upper bounds) and their ``total`` to a prometheus-client histogram child.
+
+    prometheus-client has no bulk ``observe``; this writes the same values its ``observe`` writes
+    (``_sum`` and one non-cumulative value per bucket, in-process or multi-process alike).
+    tests/test_observe.py checks the result against ``observe`` on the pinned release.
+    """
+    child._sum.inc(total)
+    for i, n in enumerate(buckets):
+        if n:
+            child._buckets[i].inc(n)
 
 
 class RequestObserver:
     """Counts, times and logs every request. Labelled metric children are resolved once per
-    (route, method, status, cache result) and kept: resolving ``labels()`` on every request was
-    a measurable part of a cache hit."""
+    label set and kept; counts are tallied here and flushed to them in bulk (module doc)."""
 
     def __init__(self, metrics: Metrics, log: AccessLog) -> None:
         self.metrics = metrics
         self.log = log
         self._children: dict[tuple[str, str, int, str], tuple[Any, Any, Any, Any]] = {}
-        self._speech: dict[tuple[str, str, str, str], Any] = {}
+        self._tallies: dict[tuple[str, str, int, str], _Tally] = {}
+        self._speech_children: dict[tuple[str, str, str, str], Any] = {}
+        self._speech: dict[tuple[str, str, str, str], int] = {}
+        # Both histograms have the latency buckets; prometheus-client adds +Inf last.
+        self._bounds = (*LATENCY_BUCKETS, float("inf"))
+        metrics.before_collect(self.flush)
+        self.flush_after_s = FLUSH_AFTER_S
+        self._flush_at: asyncio.TimerHandle | None = None
 
     def count_speech(self, model: str, voice: str, fmt: str, cache: str) -> None:
         """Count one speech response by model, voice, format and cache result."""
         k = (model, voice, fmt, cache)
-        child = self._speech.get(k)
-        if child is None:
-            child = self._speech[k] = self.metrics.speech_requests.labels(*k)
-        child.inc()
-
-    def _resolve(self, k: tuple[str, str, int, str]) -> tuple[Any, Any, Any, Any]:
-        route, method, status, cache = k
-        m = self.metrics
-        children = (
-            m.requests.labels(route, method, str(status)),
-            m.request_seconds.labels(route, cache),
-            m.time_to_first_byte.labels(route, cache),
-            m.response_bytes.labels(route),
-        )
-        self._children[k] = children
-        return children
+        speech = self._speech
+        speech[k] = speech.get(k, 0) + 1
+        if self._flush_at is None:
+            self._schedule_flush()
 
     def observe(
         self,
@@ -54,14 +89,19 @@ class RequestObserver:
     ) -> None:
         """Record one answered request (``route`` is the route template, never the path)."""
         k = (route, method, status, cache)
-        children = self._children.get(k)
-        if children is None:
-            children = self._resolve(k)
-        counter, timer, first, sent = children
-        counter.inc()
-        timer.observe(seconds)
-        first.observe(seconds if ttfb is None else ttfb)
-        sent.inc(nbytes)
+        tally = self._tallies.get(k)
+        if tally is None:
+            tally = self._tallies[k] = _Tally(len(self._bounds))
+        first = seconds if ttfb is None else ttfb
+        bounds = self._bounds
+        tally.count += 1
+        tally.nbytes += nbytes
+        tally.seconds_sum += seconds
+        tally.seconds_buckets[bisect_left(bounds, seconds)] += 1
+        tally.ttfb_sum += first
+        tally.ttfb_buckets[bisect_left(bounds, first)] += 1
+        if self._flush_at is None:
+            self._schedule_flush()
         self.log.record(
             route=route,
             method=method,
@@ -72,3 +112,52 @@ class RequestObserver:
             nbytes=nbytes,
             client=client,
         )
+
+    def _resolve(self, k: tuple[str, str, int, str]) -> tuple[Any, Any, Any, Any]:
+        route, method, status, cache = k
+        m = self.metrics
+        children = (
+            m.requests.labels(route, method, str(status)),
+            m.request_seconds.labels(route, cache),
+            m.time_to_first_byte.labels(route, cache),
+            m.response_bytes.labels(route),
+        )
+        self._children[k] = children
+        return children
+
+    def flush(self) -> None:
+        """Add everything tallied since the last flush to the Prometheus metrics."""
+        tallies, self._tallies = self._tallies, {}
+        for k, tally in tallies.items():
+            children = self._children.get(k)
+            if children is None:
+                children = self._resolve(k)
+            counter, timer, first, sent = children
+            counter.inc(tally.count)
+            add_to_histogram(timer, tally.seconds_sum, tally.seconds_buckets)
+            add_to_histogram(first, tally.ttfb_sum, tally.ttfb_buckets)
+            sent.inc(tally.nbytes)
+        speech, self._speech = self._speech, {}
+        for sk, n in speech.items():
+            child = self._speech_children.get(sk)
+            if child is None:
+                child = self._speech_children[sk] = self.metrics.speech_requests.labels(*sk)
+            child.inc(n)
+
+    def _schedule_flush(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # recorded outside a loop (a test): the next collection flushes
+            return
+        self._flush_at = loop.call_later(self.flush_after_s, self._scheduled_flush)
+
+    def _scheduled_flush(self) -> None:
+        self._flush_at = None
+        self.flush()
+
+    def close(self) -> None:
+        """Cancel a scheduled flush and flush what is left (at shutdown)."""
+        if self._flush_at is not None:
+            self._flush_at.cancel()
+            self._flush_at = None
+        self.flush()

@@ -1,0 +1,104 @@
+"""The request tallies of gateway.http.observe reach Prometheus exactly as direct updates would."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import math
+import random
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from gateway.http.observe import RequestObserver
+from gateway.runtime.accesslog import AccessLog
+from metrics import LATENCY_BUCKETS, Metrics
+
+
+def _observations(seed: int, n: int) -> list[tuple[str, str, int, str, float, float, int]]:
+    rng = random.Random(seed)
+    routes = [("/v1/audio/speech", "POST"), ("/v1/audio/{key}", "GET"), ("/healthz", "GET")]
+    out = []
+    for _ in range(n):
+        route, method = rng.choice(routes)
+        status = rng.choice([200, 200, 200, 304, 400, 404])
+        cache = rng.choice(["hit", "miss", "coalesced", "none"])
+        # Bucket edges exactly, values between them, and beyond the last one (+Inf).
+        seconds = rng.choice([*LATENCY_BUCKETS, rng.uniform(0, 0.01), rng.uniform(0, 60), 99.0])
+        ttfb = seconds * rng.random()
+        out.append((route, method, status, cache, seconds, ttfb, rng.randrange(100_000)))
+    return out
+
+
+def test_tallies_flush_to_the_same_exposition_as_direct_updates() -> None:
+    """Bulk-adding tallied buckets (prometheus-client has no bulk observe) gives what observing
+    each request directly gives, so an upgrade of the pinned library that changed its internals
+    fails here."""
+    observed = Metrics(CollectorRegistry())
+    observer = RequestObserver(observed, AccessLog(io.StringIO(), enabled=False))
+    direct = Metrics(CollectorRegistry())
+    for i, (route, method, status, cache, seconds, ttfb, nbytes) in enumerate(
+        _observations(3, 3000)
+    ):
+        observer.observe(
+            route=route,
+            method=method,
+            status=status,
+            cache=cache,
+            key=None,
+            seconds=seconds,
+            nbytes=nbytes,
+            ttfb=None if i % 7 == 0 else ttfb,
+        )
+        observer.count_speech("tts-1", "alloy", "mp3", cache)
+        direct.requests.labels(route, method, str(status)).inc()
+        direct.request_seconds.labels(route, cache).observe(seconds)
+        direct.time_to_first_byte.labels(route, cache).observe(seconds if i % 7 == 0 else ttfb)
+        direct.response_bytes.labels(route).inc(nbytes)
+        direct.speech_requests.labels("tts-1", "alloy", "mp3", cache).inc()
+        if i == 1500:  # a collection in the middle flushes; the rest is tallied anew
+            assert observed.registry.get_sample_value(
+                "voxgate_http_requests_total",
+                {"route": route, "method": method, "status": str(status)},
+            )
+
+    def lines(m: Metrics) -> list[str]:
+        text = generate_latest(m.registry).decode()
+        # _created timestamps differ between the two registries; everything else must not.
+        return sorted(line for line in text.splitlines() if "_created" not in line)
+
+    got, want = lines(observed), lines(direct)
+    # Same series, same values; sums of floats only to rounding (they are added in another order).
+    assert [line.rpartition(" ")[0] for line in got] == [line.rpartition(" ")[0] for line in want]
+    for g, w in zip(got, want, strict=True):
+        if not g.startswith("#"):
+            assert math.isclose(
+                float(g.rpartition(" ")[2]), float(w.rpartition(" ")[2]), rel_tol=1e-12
+            ), g
+    assert any(line.startswith("voxgate_http_request_duration_seconds_bucket") for line in got)
+
+
+def test_flush_follows_a_request_and_close() -> None:
+    """Without a collection, the observer flushes by itself soon after a request (multi-process
+    scrapes read each process's files, not this registry), and its close flushes what is left."""
+
+    async def main() -> None:
+        m = Metrics(CollectorRegistry())
+        observer = RequestObserver(m, AccessLog(io.StringIO(), enabled=False))
+        observer.flush_after_s = 0.01
+        flushed = asyncio.Event()
+        flush = observer.flush
+
+        def flush_and_tell() -> None:
+            flush()
+            flushed.set()
+
+        observer.flush = flush_and_tell  # type: ignore[method-assign]
+        sample = m.speech_requests.labels("tts-1", "alloy", "wav", "hit")
+        observer.count_speech("tts-1", "alloy", "wav", "hit")
+        await asyncio.wait_for(flushed.wait(), 10)
+        assert sample._value.get() == 1  # read directly: no collection ran
+        observer.count_speech("tts-1", "alloy", "wav", "hit")
+        observer.close()
+        assert sample._value.get() == 2
+
+    asyncio.run(main())
