@@ -12,12 +12,17 @@ drift hits every server alike). Two workloads:
   in a dict by exact body. The JSON records how often memos of 4096 and 8192 entries (the
   gateway's request/header and key memos) miss over the request sequence.
 
+- ``say-url`` (with ``--say-url``): the same text as a say URL, ``GET /v1/say/joe/<text>.wav``
+  (8 kHz PCM16 WAV, what Asterisk plays), against a bare aiohttp GET of the same bytes at the
+  same path: the hit path of a PBX fetching a prompt by URL.
+
     python bench/hit_path.py [--seconds 4] [--rounds 7] [--connections 32] [--no-pin]
                              [--event-loop auto|uvloop|asyncio] [--disk-only]
-                             [--zipf-prompts 5000] [--zipf-s 1.0] [--no-zipf]
+                             [--zipf-prompts 5000] [--zipf-s 1.0] [--no-zipf] [--say-url]
 
 Target: gateway >= 0.8 x bare for each workload. Writes docs/bench/hit_path.json and
-hit_path.png.
+hit_path.png (with ``--say-url``: hit_path_say_url.json and .png, so a say-URL run does not
+replace the one-body and Zipf results).
 
 On a machine with 2+ CPUs the servers run on the last CPU (each in its own rounds) and wrk on
 the others, so the load generator never competes with the server it measures. Each round also
@@ -44,6 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -66,7 +72,6 @@ from common import (
 )
 
 sys.path.insert(0, str(ROOT))
-from gateway.runtime.eventloop import label
 
 # About 5.7 s of speech: a ~250 KB PCM16 WAV at the voice's 22,050 Hz.
 TEXT = (
@@ -272,6 +277,14 @@ async def prewarm(url: str, bodies: Sequence[str], concurrency: int = 8) -> list
     return second
 
 
+def get(url: str) -> tuple[bytes, str]:
+    """The body and X-Cache of a GET."""
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=120) as r:
+        return r.read(), r.headers["X-Cache"]
+
+
 def cache_counters(port: int) -> dict[str, float]:
     """The gateway's store lookup and eviction counters by tier (from /metrics)."""
     import urllib.request
@@ -351,7 +364,13 @@ def main() -> int:
     ap.add_argument("--zipf-prompts", type=int, default=5000, help="distinct prompts (Zipf)")
     ap.add_argument("--zipf-s", type=float, default=1.0, help="Zipf exponent")
     ap.add_argument("--zipf-format", default="mulaw", help="response_format of the Zipf prompts")
-    ap.add_argument("--no-zipf", action="store_true", help="only the one-body workload")
+    ap.add_argument("--no-zipf", action="store_true", help="no Zipf workload")
+    ap.add_argument(
+        "--say-url",
+        action="store_true",
+        help="add the say-URL workload (GET /v1/say/joe/<text>.wav); results go to "
+        "docs/bench/hit_path_say_url.json",
+    )
     args = ap.parse_args()
     provenance()  # the commit and date as the run starts
 
@@ -399,6 +418,22 @@ def main() -> int:
                     info={"audio_bytes": len(audio)},
                 )
             ]
+            if args.say_url:
+                path = "/v1/say/joe/" + quote(TEXT, safe="") + ".wav"
+                say_url = f"http://127.0.0.1:{gport}{path}"
+                first, _ = get(say_url)  # a transcode of the one-body text's masters
+                again, cache = get(say_url)
+                assert cache == "HIT" and again == first, cache
+                (tmpdir / "say.wav").write_bytes(first)
+                bare = start_bare(tmpdir / "say.wav", "audio/x-wav")
+                workloads.append(
+                    Workload(
+                        "say-url",
+                        say_url,
+                        bare.replace("/v1/audio/speech", path),
+                        info={"audio_bytes": len(first), "path": "/v1/say/joe/<text>.wav"},
+                    )
+                )
             if not args.no_zipf:
                 prompts = zipf_prompts(args.zipf_prompts)
                 bodies = [
@@ -487,8 +522,9 @@ def main() -> int:
     )
     print(f"{'workload':<10}{'server':<28}{'req/s':>10}{'p50 ms':>10}{'CPU us/req':>12}")
     for name, r in results.items():
+        label = "gateway (GET say URL, HIT)" if name == "say-url" else "gateway (POST speech, HIT)"
         print(
-            f"{name:<10}{'gateway (POST speech, HIT)':<28}{r['gateway_rps_median']:>10.0f}"
+            f"{name:<10}{label:<28}{r['gateway_rps_median']:>10.0f}"
             f"{r['gateway_p50_ms_median']:>10.2f}{r['gateway_cpu_us_per_request_median']:>12.1f}"
         )
         print(
@@ -513,8 +549,9 @@ def main() -> int:
     }
     print(f"store counters during the measured rounds: {store_during_rounds}")
     if not args.no_write and not args.disk_only:
+        name = "hit_path_say_url" if args.say_url else "hit_path"
         write_results(
-            "hit_path",
+            name,
             {
                 "benchmark": "hit_path",
                 "connections": args.connections,
@@ -533,7 +570,7 @@ def main() -> int:
             labels += [f"{name}\ngateway", f"{name}\nbare aiohttp"]
             values += [r["gateway_rps_median"], r["bare_rps_median"]]
         bar_plot(
-            "hit_path",
+            name,
             "Cached hits: gateway vs bare aiohttp ("
             + ", ".join(f"{n} {r['ratio']:.2f}x" for n, r in results.items())
             + ")",
@@ -541,7 +578,7 @@ def main() -> int:
             values,
             "requests/s",
         )
-        print("wrote docs/bench/hit_path.json and docs/bench/hit_path.png")
+        print(f"wrote docs/bench/{name}.json and docs/bench/{name}.png")
     return 0
 
 

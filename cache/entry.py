@@ -42,7 +42,13 @@ class CorruptEntry(ValueError):
 
 @dataclass(frozen=True)
 class EntryMeta:
-    """What an entry is. ``voice`` and ``model`` exist so entries can be purged by voice or model."""
+    """What an entry is. ``voice`` and ``model`` exist so entries can be purged by voice or model.
+
+    A rendition also records where its audio came from, so another encoding of it is a transcode
+    (``GET /v1/audio/{key}.{ext}``), never a synthesis: ``master`` is the format-free address of
+    the whole text (its rendition keys derive from it), ``parts`` the stored master of each
+    sentence in order, joined with ``pause_ms`` of silence. Empty for masters and older entries.
+    """
 
     content_type: str
     format: str
@@ -53,6 +59,14 @@ class EntryMeta:
     created: float = field(default_factory=time.time)
     pinned: bool = False
     duration_s: float = 0.0
+    master: str = ""
+    parts: tuple[str, ...] = ()
+    pause_ms: int = 0
+
+    def __post_init__(self) -> None:
+        # JSON gives a list back; keep the frozen value hashable and equal to what was stored.
+        if not isinstance(self.parts, tuple):
+            object.__setattr__(self, "parts", tuple(self.parts))
 
 
 @dataclass(frozen=True)
@@ -74,6 +88,9 @@ class Entry:
         voice: str = "",
         pinned: bool = False,
         duration_s: float = 0.0,
+        master: str = "",
+        parts: tuple[str, ...] = (),
+        pause_ms: int = 0,
     ) -> Entry:
         """Build an entry, computing its checksum."""
         meta = EntryMeta(
@@ -85,6 +102,9 @@ class Entry:
             voice=voice,
             pinned=pinned,
             duration_s=duration_s,
+            master=master,
+            parts=parts,
+            pause_ms=pause_ms,
         )
         return cls(audio=audio, meta=meta)
 

@@ -41,6 +41,13 @@ class NotFound(VoxgateError):
     type = "not_found_error"
 
 
+class Forbidden(VoxgateError):
+    """The request is understood but not allowed (a bad or expired URL signature)."""
+
+    status = 403
+    type = "permission_error"
+
+
 class MethodNotAllowed(VoxgateError):
     """The path exists, the method does not; ``allow`` lists the methods that do."""
 

@@ -1,8 +1,8 @@
 """Audio encoding and resampling: float32 PCM in, the asked container/codec out.
 
-libsndfile (through soundfile) writes WAV, FLAC, Ogg Opus and G.711; MP3 and AAC go through PyAV
-(FFmpeg's encoders and muxers, bundled in its wheels), one path per codec for whole files and
-streams (:class:`CodecWriter`); soxr resamples. All functions here are CPU work: the gateway calls
+libsndfile (through soundfile) writes WAV, FLAC, Ogg Opus, G.711 and raw GSM 06.10 frames; MP3,
+AAC and G.722 go through PyAV (FFmpeg's encoders and muxers, bundled in its wheels), one path per
+codec for whole files and streams (:class:`CodecWriter`); soxr resamples. All functions here are CPU work: the gateway calls
 them off the event loop.
 """
 
@@ -90,8 +90,25 @@ FORMATS: dict[str, AudioFormat] = {
         AudioFormat(
             "aac", "audio/aac", "ADTS", "AAC", lossless=False, rates=_MPEG_RATES, streamable=True
         ),
+        # Telephony codecs PBXs play from files (Asterisk format_gsm / format_g722). GSM 06.10 as
+        # libsndfile writes it headerless: 33-byte frames of 160 samples (20 ms at 8 kHz), the
+        # layout Asterisk's `.gsm` and FFmpeg's `gsm` demuxer read. Not streamable: a sentence's
+        # samples would be padded to a whole frame at every join.
+        AudioFormat(
+            "gsm", "audio/gsm", "RAW", "GSM610", default_rate=8000, lossless=False, rates=(8000,)
+        ),
+        # G.722 (64 kbit/s ADPCM, 16 kHz audio): FFmpeg's encoder and raw muxer through PyAV.
+        AudioFormat(
+            "g722",
+            "audio/G722",
+            "G722",
+            "G722",
+            default_rate=16000,
+            lossless=False,
+            rates=(16000,),
+        ),
     )
-    if f.container not in ("MP3", "ADTS") or importlib.util.find_spec("av") is not None
+    if f.container not in ("MP3", "ADTS", "G722") or importlib.util.find_spec("av") is not None
 }
 
 
@@ -112,6 +129,8 @@ def encode(pcm: FloatPCM, sample_rate: int, fmt: AudioFormat) -> bytes:
     """Encode mono float32 ``pcm`` at ``sample_rate`` in ``fmt``."""
     if fmt.container is None:
         return to_int16(pcm).tobytes()
+    if fmt.container == "G722":
+        return _encode_g722(pcm, sample_rate)
     if fmt.container in _AV_CODECS:
         writer = CodecWriter(fmt, sample_rate, whole_file=True)
         writer.encode(pcm)
@@ -276,6 +295,25 @@ class CodecWriter:
         if self._whole is not None:
             return self._whole.getvalue()
         return self._drain.take()
+
+
+def _encode_g722(pcm: FloatPCM, sample_rate: int) -> bytes:
+    """Raw G.722 (what Asterisk's `.g722` and FFmpeg's ``g722`` demuxer read): FFmpeg's
+    ``adpcm_g722`` encoder into its raw ``g722`` muxer, 8,000 bytes a second of 16 kHz audio."""
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="g722") as container:
+        stream = container.add_stream("g722", rate=sample_rate, layout="mono")
+        assert isinstance(stream, av.AudioStream)  # (for mypy: an audio codec's stream)
+        frame = av.AudioFrame.from_ndarray(
+            to_int16(pcm).reshape(1, -1), format="s16", layout="mono"
+        )
+        frame.sample_rate = sample_rate
+        frame.pts = 0
+        container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    return buf.getvalue()
 
 
 class StreamEncoder:

@@ -72,8 +72,9 @@ def test_memo_miss_rate_matches_a_fifo_memo() -> None:
 
 
 @pytest.mark.slow
-def test_hit_path_bench_both_workloads_tiny() -> None:
-    """Both workloads run end to end with a tiny Zipf set (results not written)."""
+def test_hit_path_bench_every_workload_tiny() -> None:
+    """Every workload (one body, Zipf with a tiny set, say URL) runs end to end (results not
+    written)."""
     assert shutil.which("wrk") is not None, "wrk missing: bash .ci/install installs it"
     out = subprocess.run(
         [
@@ -87,6 +88,7 @@ def test_hit_path_bench_both_workloads_tiny() -> None:
             "4",
             "--zipf-prompts",
             "27",
+            "--say-url",
             "--no-write",
         ],
         cwd=common.ROOT,
@@ -97,6 +99,7 @@ def test_hit_path_bench_both_workloads_tiny() -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     assert "one-body: ratio gateway/bare" in out.stdout
     assert "zipf: ratio gateway/bare" in out.stdout
+    assert "say-url: ratio gateway/bare" in out.stdout
 
 
 @pytest.mark.slow

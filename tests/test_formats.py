@@ -33,6 +33,10 @@ EXPECTED: dict[str, tuple[str, str, int]] = {
     "alaw-raw": ("-f alaw -ar {rate} -ac 1", "pcm_alaw", 1),
     # AAC: 1024-sample frames; ADTS has no edit list, so the encoder's priming frame is decoded too.
     "aac": ("", "aac", 2048),
+    # Raw GSM 06.10: 160-sample (20 ms) frames of 33 bytes.
+    "gsm": ("-f gsm", "gsm", 160),
+    # Raw G.722: two samples a byte at 16 kHz.
+    "g722": ("-f g722", "adpcm_g722", 2),
 }
 SOUNDFILE_READS = {"wav", "flac", "mp3", "opus", "mulaw", "alaw"}
 

@@ -3,6 +3,8 @@ bodies into validated, pinned :class:`~gateway.speech.request.SpeechRequest` obj
 
 A prompt is an OpenAI speech body (``input``, ``voice``, ``model``, ``response_format``,
 ``speed``, ``sample_rate``); files may use the short names ``text``, ``format`` and ``rate``.
+A prompt may carry an ``id``: the name its files get when exported for a PBX (``voxgate export``),
+so it must be file-name safe and unique in the catalogue (:func:`check_ids`).
 Rendering them is :mod:`gateway.speech.catalogue`.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from gateway.api.models import PROMPT_ID
 from gateway.api.parsing import parse_openai_speech
 from gateway.errors import BadRequest
 from gateway.runtime.settings import Settings
@@ -27,6 +31,9 @@ from gateway.speech.service import SpeechService
 # Short column names accepted in files, mapped to the OpenAI field names.
 ALIASES = {"text": "input", "format": "response_format", "rate": "sample_rate"}
 FIELDS = ("input", "voice", "model", "response_format", "speed", "sample_rate")
+# A prompt's id names its exported files (Asterisk: sounds/<id>.ulaw): letters, digits, and
+# "_", "-", "." inside, never leading (no hidden files, no "..": no way out of the directory).
+ID_PATTERN = re.compile(PROMPT_ID)
 
 
 class CatalogueError(ValueError):
@@ -39,6 +46,7 @@ class Prompt:
 
     body: Mapping[str, Any]
     where: str  # "line 12" or "prompt 3": for error messages, never the text itself
+    id: str | None = None
 
 
 # ---- reading ------------------------------------------------------------------------------
@@ -49,10 +57,14 @@ def normalize_prompt(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
     body: dict[str, Any] = {}
     for key, value in raw.items():
         name = ALIASES.get(str(key).strip(), str(key).strip())
+        if name == "id":
+            if value is not None and str(value).strip():
+                body["id"] = str(value).strip()
+            continue
         if name not in FIELDS:
             raise CatalogueError(
                 f"{where}: unknown field {key!r}; expected one of "
-                f"{', '.join(sorted({*FIELDS, *ALIASES}))}"
+                f"{', '.join(sorted({*FIELDS, *ALIASES, 'id'}))}"
             )
         if value is None or (isinstance(value, str) and not value.strip() and name != "input"):
             continue  # an empty cell takes the default
@@ -85,7 +97,7 @@ def parse_catalogue(text: str, kind: str) -> list[Prompt]:
                 raise CatalogueError(f"{where}: more cells than header columns")
             if not any((v or "").strip() for v in row.values()):
                 continue
-            prompts.append(Prompt(_coerce(normalize_prompt(row, where), where), where))
+            prompts.append(make_prompt(_coerce(normalize_prompt(row, where), where), where))
         return prompts
     if kind == "yaml":
         try:
@@ -103,19 +115,49 @@ def parse_catalogue(text: str, kind: str) -> list[Prompt]:
         if not isinstance(data, list):
             raise CatalogueError("expected a list of prompts (or a mapping with 'prompts')")
         base = normalize_prompt(defaults, "defaults")
+        if "id" in base:
+            raise CatalogueError("defaults: 'id' names one prompt; it cannot be a default")
         for i, item in enumerate(data):
             where = f"prompt {i + 1}"
             if isinstance(item, str):
                 item = {"input": item}
             if not isinstance(item, Mapping):
                 raise CatalogueError(f"{where}: expected a string or a mapping")
-            prompts.append(Prompt(_coerce({**base, **normalize_prompt(item, where)}, where), where))
+            prompts.append(
+                make_prompt(_coerce({**base, **normalize_prompt(item, where)}, where), where)
+            )
         return prompts
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         prompts.append(Prompt({"input": line}, f"line {n}"))
     return prompts
+
+
+def make_prompt(body: dict[str, Any], where: str) -> Prompt:
+    """A prompt, its ``id`` taken out of the speech fields."""
+    ident = body.pop("id", None)
+    return Prompt(body, where, ident)
+
+
+def check_ids(prompts: Sequence[Prompt], *, required: bool = False) -> None:
+    """Refuse ids that are not file-name safe or not unique (and, with ``required``, missing
+    ones), naming the line or prompt: before any work is done."""
+    seen: dict[str, str] = {}
+    for prompt in prompts:
+        ident = prompt.id
+        if ident is None:
+            if required:
+                raise CatalogueError(f"{prompt.where}: missing id (export names files by id)")
+            continue
+        if not ID_PATTERN.match(ident):
+            raise CatalogueError(
+                f"{prompt.where}: id {ident[:40]!r} is not a safe file name: use letters, "
+                "digits and _ - . (not first), at most 128 characters"
+            )
+        if ident in seen:
+            raise CatalogueError(f"{prompt.where}: id {ident!r} is already used on {seen[ident]}")
+        seen[ident] = prompt.where
 
 
 def read_catalogue(path: Path) -> list[Prompt]:

@@ -27,6 +27,7 @@ from pydantic_core import ErrorDetails
 from gateway.api.frontend import NORMALIZE_MODES
 from gateway.errors import BadRequest
 from gateway.runtime.settings import OPENAI_MODELS, OPENAI_VOICES, Settings
+from gateway.speech.telephony import EXTENSIONS
 from synth import audio
 
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
@@ -44,11 +45,17 @@ BLANK = r"^\s*$"
 if TYPE_CHECKING:
     FormatName = str
     NormalizeMode = str
+    ExtensionName = str
 else:
     # The enum is the format table itself: a format added in synth.audio is documented and accepted.
     FormatName = Literal[tuple(audio.FORMATS)]
     # Likewise the front ends' table (gateway.api.frontend).
     NormalizeMode = Literal[NORMALIZE_MODES]
+    # And the telephony extensions' (gateway.speech.telephony).
+    ExtensionName = Literal[tuple(EXTENSIONS)]
+
+# A prompt id (gateway.api.catalogue.ID_PATTERN: a safe file name).
+PROMPT_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 
 Speed = Annotated[
     float,
@@ -247,6 +254,13 @@ class PromptFields(RequestModel):
     model_config = ConfigDict(
         title="Prompt", json_schema_extra={"examples": [{"input": "Welcome."}]}
     )
+    messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {
+        ("id", "string_pattern_mismatch"): (
+            "'id' is not a safe file name: use letters, digits and _ - . (not first), at most "
+            "128 characters",
+            "invalid_id",
+        ),
+    }
 
     input: str | None = None
     text: str | None = Field(None, description="Same as `input`.")
@@ -257,6 +271,12 @@ class PromptFields(RequestModel):
     speed: Speed | None = None
     sample_rate: SampleRate | None = None
     rate: SampleRate | None = Field(None, description="Same as `sample_rate`.")
+    id: str | None = Field(
+        None,
+        pattern=PROMPT_ID,
+        description="Names the prompt in the answer (and its files in `voxgate export`): "
+        "letters, digits, `_ - .` (not first); unique in the catalogue.",
+    )
 
 
 class PromptsBody(RequestModel):
@@ -266,6 +286,13 @@ class PromptsBody(RequestModel):
 
     prompts: list[str | PromptFields]
     defaults: PromptFields | None = Field(None, description="Fields applied to every prompt.")
+    extensions: list[ExtensionName] | None = Field(
+        None,
+        max_length=len(EXTENSIONS),
+        description="Telephony extensions (see GET /v1/audio/{key}.{ext}) to make ready: each "
+        "prompt's answer gets `urls` by extension, transcoded and pinned now (absolute when "
+        "`public_url` is set).",
+    )
 
     @classmethod
     def bad_request(cls, exc: ValidationError) -> BadRequest:
@@ -422,6 +449,53 @@ class PiperBody(RequestModel):
     )
 
 
+class JambonzBody(RequestModel):
+    """``POST /v1/jambonz/tts``: what jambonz sends a custom TTS vendor (jambonz speech-utils
+    ``synthCustomVendor``: ``{language, voice, type, text}``)."""
+
+    # Fields jambonz may add later are ignored rather than refused: jambonz, not a person, writes
+    # this body, and a 400 would silence every prompt of an upgraded jambonz at once.
+    model_config = ConfigDict(title="JambonzRequest", extra="ignore")
+    route: ClassVar[str | None] = "/v1/jambonz/tts"
+    messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {
+        ("type", "literal_error"): (
+            "unsupported type {shown}; jambonz sends 'text' (or 'ssml', not supported yet)",
+            "unsupported_type",
+        ),
+    }
+
+    language: str = Field("", description="jambonz language, e.g. en-US; may name a voice alias.")
+    voice: str = Field("", description="jambonz voice name: a voice or voice alias.")
+    # jambonz sends "ssml" for a text that starts with <speak>: refused (400) until the SSML front
+    # end (issue 16) lands, which adds it here.
+    type: Literal["text"] = Field(
+        "text",
+        description="'text'. ('ssml', sent for a text starting with <speak>, is a 400 "
+        "until SSML is supported.)",
+    )
+    text: str
+
+
+class SignBody(RequestModel):
+    """``POST /v1/say/sign``: a signed say URL for one prompt."""
+
+    model_config = ConfigDict(title="SignRequest")
+    route: ClassVar[str | None] = "/v1/say/sign"
+    messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {
+        ("ext", "literal_error"): (
+            "unsupported ext {shown}; supported: {expected}",
+            "unsupported_format",
+        ),
+    }
+
+    voice: str = Field(description="A voice of the default model, or an alias.", examples=["joe"])
+    text: str
+    ext: ExtensionName = Field(description="Extension of the URL (see GET /v1/audio/{key}.{ext}).")
+    expires_in: int = Field(
+        0, ge=0, le=10 * 365 * 86400, description="Seconds the URL stays valid (0: for ever)."
+    )
+
+
 @dataclass(frozen=True)
 class RequestModels:
     """The models of one configuration (see :func:`request_models`)."""
@@ -431,10 +505,20 @@ class RequestModels:
     coqui: type[CoquiFields]
     synthesize: type[SynthesizeQuery]
     piper: type[PiperBody]
+    jambonz: type[JambonzBody]
+    sign: type[SignBody]
 
     def all(self) -> tuple[type[RequestModel], ...]:
         """Every model whose schema the document carries."""
-        return (self.speech, self.prompts, self.coqui, self.synthesize, self.piper)
+        return (
+            self.speech,
+            self.prompts,
+            self.coqui,
+            self.synthesize,
+            self.piper,
+            self.jambonz,
+            self.sign,
+        )
 
 
 def models_for(settings: Settings) -> RequestModels:
@@ -538,6 +622,22 @@ def request_models(
         __base__=PiperBody,
         text=(str, Field(description="Text to speak.", examples=["Hello."], **bounds)),
     )
+    jambonz = create_model(
+        "JambonzRequest",
+        __base__=JambonzBody,
+        text=(str, Field(description="Text to speak.", examples=["Hello."], **bounds)),
+    )
+    sign = create_model(
+        "SignRequest",
+        __base__=SignBody,
+        text=(str, Field(description="Text to speak.", examples=["Press one."], **bounds)),
+    )
     return RequestModels(
-        speech=speech, prompts=prompts, coqui=coqui, synthesize=synthesize, piper=piper
+        speech=speech,
+        prompts=prompts,
+        coqui=coqui,
+        synthesize=synthesize,
+        piper=piper,
+        jambonz=jambonz,
+        sign=sign,
     )

@@ -16,12 +16,13 @@ from gateway.runtime.settings import Settings
 async def _warm(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
     from tqdm import tqdm
 
-    from gateway.api.catalogue import read_catalogue, to_requests
+    from gateway.api.catalogue import check_ids, read_catalogue, to_requests
     from gateway.runtime.components import open_speech
     from gateway.speech.catalogue import render
     from metrics import Metrics
 
     prompts = read_catalogue(Path(args.file))
+    check_ids(prompts)  # ids are optional here; a bad one is refused before any work
     defaults: dict[str, Any] = {}
     for name, value in (
         ("model", args.model),

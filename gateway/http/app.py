@@ -9,12 +9,24 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from aiohttp import web
 
 from gateway.api.parsing import RequestMemo
+from gateway.api.say import SayMemo
 from gateway.http import keys, listings, ops
 from gateway.http.compat import api_tts, piper_speak, piper_voices, synthesize
 from gateway.http.edge import add_routes
 from gateway.http.handlers import audio_by_key, healthz, metrics_handler, readyz, speech, voices
+from gateway.http.jambonz import jambonz_stream, jambonz_tts
 from gateway.http.observe import RequestObserver
 from gateway.http.openapi import openapi_handler
+from gateway.http.presentation import Presentations
+from gateway.http.telephony import (
+    AUDIO_EXT_ROUTE,
+    SAY_ROUTE,
+    SIGNED_SAY_ROUTE,
+    audio_by_key_ext,
+    say,
+    say_signed,
+    sign_say_url,
+)
 from gateway.runtime.accesslog import AccessLog
 from gateway.runtime.buildinfo import record_build_info
 from gateway.runtime.components import open_speech
@@ -39,6 +51,8 @@ def create_app(
     app[keys.SETTINGS] = settings
     app[keys.METRICS] = metrics if metrics is not None else Metrics()
     app[keys.REQUEST_MEMO] = RequestMemo()
+    app[keys.SAY_MEMO] = SayMemo()
+    app[keys.PRESENTATIONS] = Presentations.from_settings(settings)
     app[keys.ACCESS_LOG] = AccessLog.from_settings(settings)
     app[keys.OBSERVER] = RequestObserver(app[keys.METRICS], app[keys.ACCESS_LOG])
 
@@ -83,6 +97,8 @@ def create_app(
             ("GET", "/v1/models", listings.openai_models),
             ("GET", "/v1/audio/models", listings.audio_models),
             ("GET", "/v1/audio/voices", listings.audio_voices),
+            # (also before /v1/audio/{key}, whose segment would take "{key}.{ext}" whole)
+            ("GET", AUDIO_EXT_ROUTE, audio_by_key_ext),
             ("GET", "/v1/audio/{key}", audio_by_key),
             ("GET", "/v1/voices", voices),
             ("GET", "/healthz", healthz),
@@ -98,6 +114,12 @@ def create_app(
             # --- Piper's HTTP API (issue 15): POST only, GET / is left to other pages ---
             ("POST", "/", piper_speak),
             ("GET", "/voices", piper_voices),
+            # --- telephony (issue 14) ---
+            ("GET", SAY_ROUTE, say),
+            ("GET", SIGNED_SAY_ROUTE, say_signed),
+            ("POST", "/v1/say/sign", sign_say_url),
+            ("POST", "/v1/jambonz/tts", jambonz_tts),
+            ("GET", "/v1/jambonz/stream", jambonz_stream),
         ],
     )
     return app

@@ -58,14 +58,17 @@ async def api_tts(request: web.Request) -> web.StreamResponse:
     """``GET|POST /api/tts``: Coqui tts-server compatible; answers WAV."""
     values = await coqui_fields(request)
     req = await _parse(request, parse_coqui, values)
-    return await serve_speech(request, req)
+    # A GET is a URL a player may fetch and keep (max-age); a POST's answer is not kept.
+    get = request.method in ("GET", "HEAD")
+    present = request.app[keys.PRESENTATIONS].synthesis if get else None
+    return await serve_speech(request, req, present=present)
 
 
 async def synthesize(request: web.Request) -> web.StreamResponse:
     """``GET /synthesize``: the plain query-string form."""
     query = {k: v for k, v in request.query.items()}
     req = await _parse(request, parse_synthesize, query)
-    return await serve_speech(request, req)
+    return await serve_speech(request, req, present=request.app[keys.PRESENTATIONS].synthesis)
 
 
 async def piper_speak(request: web.Request) -> web.StreamResponse:

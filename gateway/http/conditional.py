@@ -1,19 +1,50 @@
-"""HTTP caching semantics for audio responses: ETag, If-None-Match (304), Range (206 / 416).
+"""HTTP caching semantics for audio responses: ETag, If-None-Match (304), If-Modified-Since,
+Cache-Control, Range (206 / 416).
 
 Audio is content-addressed and immutable, so the ETag is the content key itself (a strong
 validator), a matching ``If-None-Match`` is answered 304 without touching the store, and byte
-ranges of a stored entry are always consistent with one another.
+ranges of a stored entry are always consistent with one another. ``Last-Modified`` is when the
+entry was stored: players that revalidate by date (Twilio) get a 304 from it.
 """
 
 from __future__ import annotations
 
+import email.utils
 from collections.abc import Mapping
 
 from aiohttp import http_writer, web
 
 from gateway.http.errors import error_body
 
-IMMUTABLE = "public, max-age=31536000, immutable"
+
+def cache_control(max_age_s: int, *, immutable: bool = False) -> str:
+    """``Cache-Control`` for audio players may keep ``max_age_s`` seconds (Asterisk, FreeSWITCH,
+    Twilio and Bandwidth keep a fetched file fresh only with ``max-age``)."""
+    if max_age_s <= 0:
+        return "no-cache"
+    return f"public, max-age={max_age_s}" + (", immutable" if immutable else "")
+
+
+def http_date(timestamp: float) -> str:
+    """``timestamp`` as an HTTP date (RFC 9110 IMF-fixdate)."""
+    return email.utils.formatdate(timestamp, usegmt=True)
+
+
+def not_modified_since(request: web.Request, created: float) -> bool:
+    """True when ``If-Modified-Since`` is at or after ``created`` (answer 304).
+
+    Ignored when ``If-None-Match`` is present (RFC 9110 13.1.3) or the date does not parse."""
+    header = request.headers.get("If-Modified-Since")
+    if not header or "If-None-Match" in request.headers:
+        return False
+    try:
+        since = email.utils.parsedate_to_datetime(header)
+    except (TypeError, ValueError):
+        return False
+    if since.tzinfo is None:
+        return False
+    return int(created) <= since.timestamp()
+
 
 # Above this size the status line and headers go out in their own write, ahead of the body.
 SEPARATE_HEADERS_FROM = 16 * 1024
@@ -81,7 +112,7 @@ def none_match(request: web.Request, etag: str, *, exists: bool = True) -> bool:
 
 def not_modified(headers: Mapping[str, str]) -> web.Response:
     """A 304 carrying the validators and caching headers a 200 would have had."""
-    keep = ("ETag", "Cache-Control", "X-Audio-Key", "X-Cache", "Vary")
+    keep = ("ETag", "Cache-Control", "Last-Modified", "X-Audio-Key", "X-Cache", "Vary")
     return web.Response(status=304, headers={k: v for k, v in headers.items() if k in keep})
 
 
@@ -128,15 +159,19 @@ def audio_response(
     *,
     ranges: bool = False,
     conditional: bool = True,
+    created: float | None = None,
 ) -> web.Response:
     """A full (200), partial (206), 304 or 416 response for immutable ``body``.
 
     ``headers`` must carry the ``ETag``. ``Content-Length`` is always set (aiohttp does it for a
     bytes body). With ``ranges`` the response advertises and honours byte ranges. Without
-    ``conditional`` If-None-Match was already evaluated by the caller.
+    ``conditional`` If-None-Match was already evaluated by the caller. With ``created`` (when
+    the entry was stored) an If-Modified-Since at or after it is answered 304.
     """
     etag = headers["ETag"]
     if conditional and none_match(request, etag):
+        return not_modified(headers)
+    if created is not None and not_modified_since(request, created):
         return not_modified(headers)
     if not ranges:
         return AudioResponse(request, body=body, headers=headers)

@@ -17,29 +17,20 @@ from multidict import CIMultiDict
 
 from gateway.http import keys, sse
 from gateway.http.conditional import (
-    IMMUTABLE,
     AudioResponse,
     audio_response,
     etag_for,
+    http_date,
     none_match,
     not_modified,
 )
+from gateway.http.presentation import Presentation, audio_headers
 from gateway.memo import BoundedMemo
 from gateway.speech.assembly import SpeechStream
 from gateway.speech.request import SpeechRequest
 from synth import audio
 
 log = logging.getLogger("voxgate.gateway")
-
-
-def _headers(key: str, fmt: audio.AudioFormat, rate: int, cache: str) -> dict[str, str]:
-    return {
-        "Content-Type": fmt.content_type,
-        "X-Cache": cache.upper(),
-        "X-Audio-Key": key,
-        "ETag": etag_for(key),
-        "X-Audio-Sample-Rate": str(rate),
-    }
 
 
 # The response headers of a memory hit, built once per key: they are a pure function of the
@@ -51,7 +42,7 @@ _hit_headers: BoundedMemo[str, CIMultiDict[str]] = BoundedMemo(4096)
 def _hit_headers_for(key: str, fmt: audio.AudioFormat, rate: int) -> CIMultiDict[str]:
     headers = _hit_headers.get(key)
     if headers is None:
-        headers = CIMultiDict(_headers(key, fmt, rate, "hit"))
+        headers = CIMultiDict(audio_headers(key, fmt, rate, "hit"))
         _hit_headers.put(key, headers)
     return headers
 
@@ -74,18 +65,30 @@ async def serve_speech(
     stream: bool = False,
     sse: bool = False,
     ignored: tuple[str, ...] = (),
+    present: Presentation | None = None,
 ) -> web.StreamResponse:
     """Answer ``req``: 304 when the client holds it, else the audio, streamed when asked (and not
     already stored: stored audio goes out whole, with its Content-Length), or as server-sent
-    events with ``sse``. ``ignored`` names fields that had no effect (a response header)."""
+    events with ``sse``. ``ignored`` names fields that had no effect (a response header). A GET
+    route passes its ``present``: Cache-Control, Last-Modified (and If-Modified-Since), its
+    Content-Type."""
     service = request.app[keys.SPEECH]
-    if "If-None-Match" not in request.headers and not stream and not req.pinned:
+    asked = request.headers
+    if (
+        "If-None-Match" not in asked
+        and not stream
+        and not req.pinned
+        and (present is None or "If-Modified-Since" not in asked)
+    ):
         # The hot path, a memory hit: no awaits, no intermediate objects.
         hit = service.memory_hit(req)
         if hit is not None:
             key, entry = hit
             _record(request, req, key, "hit")
-            headers = _hit_headers_for(key, req.fmt, entry.meta.sample_rate)
+            if present is not None:
+                headers = present.hit_headers(key, req.fmt, entry)
+            else:
+                headers = _hit_headers_for(key, req.fmt, entry.meta.sample_rate)
             if ignored:
                 headers = CIMultiDict(headers)
                 headers[IGNORED_FIELDS] = ", ".join(ignored)
@@ -98,12 +101,20 @@ async def serve_speech(
         # Content-addressed audio never changes: a client holding this key holds these bytes.
         # (`*` is not answered from the key alone: it asks whether anything is stored.)
         _record(request, req, key, "hit")
-        return not_modified({**_headers(key, req.fmt, rate, "hit"), **extra})
+        if present is not None:
+            return not_modified({**present.headers(key, req.fmt, rate, "hit", None), **extra})
+        return not_modified({**audio_headers(key, req.fmt, rate, "hit"), **extra})
     answer = await service.answer(req, stream=stream)
     if isinstance(answer, SpeechStream):
         return await _stream(request, req, answer, extra)
     _record(request, req, answer.key, answer.cache)
-    made = _headers(answer.key, req.fmt, answer.entry.meta.sample_rate, answer.cache)
+    meta = answer.entry.meta
+    if present is not None:
+        made = present.headers(answer.key, req.fmt, meta.sample_rate, answer.cache, meta.created)
+        return audio_response(
+            request, answer.entry.audio, {**made, **extra}, conditional=False, created=meta.created
+        )
+    made = audio_headers(answer.key, req.fmt, meta.sample_rate, answer.cache)
     return audio_response(request, answer.entry.audio, {**made, **extra}, conditional=False)
 
 
@@ -115,11 +126,11 @@ async def _events(
     answer = await request.app[keys.SPEECH].answer(req, stream=True)
     if isinstance(answer, SpeechStream):
         _record(request, req, answer.key, answer.cache)
-        headers = {**_headers(answer.key, req.fmt, answer.rate, answer.cache), **extra}
+        headers = {**audio_headers(answer.key, req.fmt, answer.rate, answer.cache), **extra}
         return await sse.send_stream(request, headers, answer, characters=len(req.text))
     _record(request, req, answer.key, answer.cache)
     rate = answer.entry.meta.sample_rate
-    headers = {**_headers(answer.key, req.fmt, rate, answer.cache), **extra}
+    headers = {**audio_headers(answer.key, req.fmt, rate, answer.cache), **extra}
     return await sse.send_whole(request, headers, answer.entry, characters=len(req.text))
 
 
@@ -128,7 +139,7 @@ async def _stream(
 ) -> web.StreamResponse:
     key = stream.key
     _record(request, req, key, stream.cache)
-    headers = {**_headers(key, req.fmt, stream.rate, stream.cache), **extra}
+    headers = {**audio_headers(key, req.fmt, stream.rate, stream.cache), **extra}
     # The streamed bytes are not the stored rendition's bytes (a WAV header of unknown length,
     # MP3/AAC frames per sentence): no ETag; the key names the stored audio for a later GET.
     del headers["ETag"]
@@ -177,8 +188,9 @@ async def serve_stored(request: web.Request, key: str) -> web.StreamResponse | N
     request[keys.AUDIO_KEY] = key
     headers = {
         "ETag": etag_for(key),
-        "Cache-Control": IMMUTABLE,
+        "Cache-Control": request.app[keys.PRESENTATIONS].stored.cache_control,
         "Content-Type": entry.meta.content_type,
         "X-Audio-Sample-Rate": str(entry.meta.sample_rate),
+        "Last-Modified": http_date(entry.meta.created),
     }
-    return audio_response(request, entry.audio, headers, ranges=True)
+    return audio_response(request, entry.audio, headers, ranges=True, created=entry.meta.created)

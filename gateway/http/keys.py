@@ -6,7 +6,9 @@ from aiohttp import web
 
 from cache.store import TieredStore
 from gateway.api.parsing import RequestMemo
+from gateway.api.say import SayMemo
 from gateway.http.observe import RequestObserver
+from gateway.http.presentation import Presentations
 from gateway.runtime.accesslog import AccessLog
 from gateway.runtime.settings import Settings
 from gateway.speech.service import SpeechService
@@ -31,3 +33,7 @@ AUDIO_KEY = web.RequestKey("audio_key", str)
 # --- operations (issue 6) ---
 # perf_counter() when a streamed response's headers were sent (time to first byte).
 FIRST_BYTE_AT = web.RequestKey("first_byte_at", float)
+
+# --- telephony (issue 14) ---
+PRESENTATIONS = web.AppKey("presentations", Presentations)
+SAY_MEMO = web.AppKey("say_memo", SayMemo)

@@ -21,6 +21,7 @@ from aiohttp import web
 from gateway.api.models import RequestModel, RequestModels, models_for
 from gateway.http import keys
 from gateway.runtime.settings import Settings
+from gateway.speech.telephony import EXTENSIONS
 from synth import audio
 
 VERSION = "0.1.0"
@@ -50,6 +51,7 @@ def _format_table() -> str:
 def _errors(*codes: int) -> dict[str, Any]:
     names = {
         400: "BadRequest",
+        403: "Forbidden",
         404: "NotFound",
         413: "PayloadTooLarge",
         416: "RangeNotSatisfiable",
@@ -391,6 +393,177 @@ def _stored_audio_path() -> dict[str, Any]:
     }
 
 
+def _extension_table() -> str:
+    rows = ["| ext | encoding | Content-Type |", "|---|---|---|"]
+    for e in EXTENSIONS.values():
+        rows.append(f"| `{e.name}` | {e.summary} | `{e.content_type}` |")
+    return "\n".join(rows)
+
+
+def _player_audio(description: str) -> dict[str, Any]:
+    ok = _audio_ok(description)
+    ok["headers"]["Cache-Control"] = {
+        "description": "public, max-age=N (players keep a file only with max-age).",
+        "schema": {"type": "string"},
+    }
+    ok["headers"]["Last-Modified"] = {
+        "description": "When the audio was stored (If-Modified-Since answers 304).",
+        "schema": {"type": "string"},
+    }
+    ok["content"] = {
+        ct: {"schema": {"type": "string", "contentMediaType": ct}}
+        for ct in sorted({e.content_type for e in EXTENSIONS.values()})
+    }
+    return ok
+
+
+EXT_PARAM = {
+    "name": "ext",
+    "in": "path",
+    "required": True,
+    "description": "The encoding (table in this path's description).",
+    "schema": {"type": "string", "enum": list(EXTENSIONS)},
+}
+CONDITIONS = [*COND_PARAMS, {"$ref": "#/components/parameters/IfModifiedSince"}]
+
+
+def _telephony_paths() -> dict[str, Any]:
+    say_params = [
+        {
+            "name": "voice",
+            "in": "path",
+            "required": True,
+            "description": "A voice of the default model, or an alias.",
+            "schema": {"type": "string"},
+        },
+        {
+            "name": "text",
+            "in": "path",
+            "required": True,
+            "description": "The text, percent-encoded as one path segment: `/` as %2F, `%` as "
+            "%25, `?` as %3F, `#` as %23, `&` as %26; the extension follows the last `.`.",
+            "schema": {"type": "string"},
+        },
+        EXT_PARAM,
+        *CONDITIONS,
+    ]
+    say_responses: dict[str, Any] = {
+        "200": _player_audio("The audio."),
+        "304": _ref("responses", "NotModified"),
+        **_errors(400, 503),
+    }
+    say: dict[str, Any] = {
+        "tags": ["telephony"],
+        "description": "Speaks `text` in `voice` as the extension's encoding, with no query "
+        "string (Asterisk's Playback splits on `&`; FreeSWITCH reads the extension from the "
+        "path's end). Cache-Control max-age is `synthesis_max_age_s`.\n\n" + _extension_table(),
+        "responses": say_responses,
+    }
+    return {
+        "/v1/audio/{key}.{ext}": {
+            "get": {
+                "tags": ["telephony"],
+                "summary": "Stored audio in a telephony encoding (a transcode, never a synthesis)",
+                "description": "`key` is any content address voxgate returned; the extension "
+                "picks the encoding, made from the key's masters and stored.\n\n"
+                + _extension_table(),
+                "parameters": [
+                    {
+                        "name": "key",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                    },
+                    EXT_PARAM,
+                    *CONDITIONS,
+                    _ref("parameters", "Range"),
+                    _ref("parameters", "IfRange"),
+                ],
+                "responses": {
+                    "200": _player_audio("The audio (Cache-Control: immutable)."),
+                    "304": _ref("responses", "NotModified"),
+                    **_errors(400, 404),
+                },
+            }
+        },
+        "/v1/say/{voice}/{text}.{ext}": {
+            "get": {
+                **say,
+                "summary": "Say URL: speak the text in the path",
+                "parameters": say_params,
+            }
+        },
+        "/v1/say/s/{token}/{voice}/{text}.{ext}": {
+            "get": {
+                **say,
+                "summary": "Signed say URL (needs no API key)",
+                "parameters": [
+                    {
+                        "name": "token",
+                        "in": "path",
+                        "required": True,
+                        "description": "HMAC-SHA256 (url_signing_secret) over voice, text, "
+                        "extension and expiry: `{mac}` or `{expires}.{mac}`.",
+                        "schema": {"type": "string"},
+                    },
+                    *say_params,
+                ],
+                "responses": {**say_responses, **_errors(403)},
+            }
+        },
+        "/v1/say/sign": {
+            "post": {
+                "tags": ["telephony"],
+                "summary": "Sign a say URL",
+                "requestBody": _json_body("SignRequest"),
+                "responses": {
+                    "200": {
+                        "description": "`url` (absolute with public_url), `path`, `expires`.",
+                        "content": {JSON: {"schema": {"type": "object"}}},
+                    },
+                    **_errors(400, 403, 413),
+                },
+            }
+        },
+        "/v1/jambonz/tts": {
+            "post": {
+                "tags": ["telephony"],
+                "summary": "jambonz custom TTS vendor",
+                "description": "jambonz's request; answered as `jambonz_content_type` "
+                "(`audio/l16;rate=8000` raw PCM by default, `audio/l16;rate=16000`, or 8 kHz "
+                "`audio/wav`). `type: ssml` is a 400 for now.",
+                "requestBody": _json_body("JambonzRequest"),
+                "responses": {
+                    "200": _audio_ok("The audio."),
+                    **_errors(400, 413, 503),
+                },
+            }
+        },
+        "/v1/jambonz/stream": {
+            "get": {
+                "tags": ["telephony"],
+                "summary": "jambonz streaming TTS (WebSocket)",
+                "description": "Query `voice`, `language`, `sampleRate`. Server: "
+                '`{"type":"connect","data":{"sample_rate","base64_encoding":false}}`, then '
+                "binary 16-bit PCM per sentence. Client: `stream` (text), `flush`, `stop`.",
+                "parameters": [
+                    {"name": n, "in": "query", "required": False, "schema": {"type": t}}
+                    for n, t in (
+                        ("voice", "string"),
+                        ("language", "string"),
+                        ("sampleRate", "integer"),
+                    )
+                ],
+                "responses": {
+                    "101": {"description": "Switching to the WebSocket protocol."},
+                    "200": {"description": "Not sent: the connection upgrades (101)."},
+                    **_errors(400),
+                },
+            }
+        },
+    }
+
+
 def _voices_path() -> dict[str, Any]:
     return {
         "get": {
@@ -482,6 +655,7 @@ def _response_schemas() -> dict[str, Any]:
                             "type": "string",
                             "enum": [
                                 "invalid_request_error",
+                                "permission_error",
                                 "not_found_error",
                                 "server_overloaded",
                                 "server_error",
@@ -577,6 +751,13 @@ def _components(settings: Settings, models: RequestModels) -> dict[str, Any]:
                 "`bytes=-suffix`. Several ranges are answered with the whole entity.",
                 "schema": {"type": "string"},
             },
+            "IfModifiedSince": {
+                "name": "If-Modified-Since",
+                "in": "header",
+                "description": "An HTTP date at or after Last-Modified answers 304 (ignored "
+                "with If-None-Match).",
+                "schema": {"type": "string"},
+            },
             "IfRange": {
                 "name": "If-Range",
                 "in": "header",
@@ -592,6 +773,11 @@ def _components(settings: Settings, models: RequestModels) -> dict[str, Any]:
             "BadRequest": {
                 "description": "Invalid request: `param` names the field (unknown fields, "
                 "unsupported formats and stream formats, out-of-range values, bad JSON).",
+                "content": {JSON: {"schema": _ref("schemas", "Error")}},
+            },
+            "Forbidden": {
+                "description": "A signed say URL whose signature does not match or has expired, "
+                "or signing is off.",
                 "content": {JSON: {"schema": _ref("schemas", "Error")}},
             },
             "NotFound": {
@@ -626,6 +812,10 @@ def build_openapi(settings: Settings) -> dict[str, Any]:
         "tags": [
             {"name": "speech", "description": "Text to speech."},
             {"name": "compatible", "description": "Request shapes of other TTS servers."},
+            {
+                "name": "telephony",
+                "description": "URLs PBXs play (Asterisk, FreeSWITCH, Twilio) and jambonz.",
+            },
             {"name": "operations", "description": "Health, readiness, metrics, this document."},
         ],
         "paths": {
@@ -637,6 +827,7 @@ def build_openapi(settings: Settings) -> dict[str, Any]:
             "/v1/prompts": _prompts_path(),
             **_listing_paths(),
             **_piper_paths(models),
+            **_telephony_paths(),
             **_operations_paths(),
         },
         "components": _components(settings, models),

@@ -9,11 +9,20 @@ from typing import Any
 from aiohttp import web
 
 from cache.tier import TierError
-from gateway.api.catalogue import Prompt, normalize_prompt, to_requests
+from gateway.api.catalogue import (
+    CatalogueError,
+    Prompt,
+    check_ids,
+    make_prompt,
+    normalize_prompt,
+    to_requests,
+)
 from gateway.api.models import models_for
 from gateway.api.parsing import read_json_object
+from gateway.errors import BadRequest
 from gateway.http import keys
 from gateway.speech.catalogue import render
+from gateway.speech.telephony import EXTENSIONS
 
 # A readiness probe must answer quickly even when a tier hangs: past this, the tier is degraded.
 TIER_PROBE_TIMEOUT_S = 1.0
@@ -49,8 +58,11 @@ async def readiness(app: web.Application) -> tuple[int, dict[str, Any]]:
 async def prompts(request: web.Request) -> web.Response:
     """``POST /v1/prompts``: render and pin a catalogue; returns each prompt's content address.
 
-    Body: ``{"prompts": [str | {input, voice, model, response_format, speed, sample_rate}],
-    "defaults": {...}}``. Every prompt is validated before any is rendered.
+    Body: ``{"prompts": [str | {input, voice, model, response_format, speed, sample_rate, id}],
+    "defaults": {...}, "extensions": ["wav", "ulaw", ...]}``. Every prompt is validated before
+    any is rendered. With ``extensions`` each prompt's answer carries ready ``urls`` (the
+    encodings transcoded and pinned now): ``/v1/audio/{key}.{ext}``, absolute with
+    ``public_url``.
     """
     app = request.app
     settings = app[keys.SETTINGS]
@@ -62,15 +74,36 @@ async def prompts(request: web.Request) -> web.Response:
     base = {}
     if body.defaults is not None:
         base = normalize_prompt(body.defaults.model_dump(exclude_none=True), "defaults")
+        if "id" in base:
+            raise BadRequest(
+                "defaults: 'id' names one prompt; it cannot be a default", param="defaults"
+            )
     parsed: list[Prompt] = []
     for i, item in enumerate(body.prompts):
         where = f"prompt {i}"
         fields = {"input": item} if isinstance(item, str) else item.model_dump(exclude_none=True)
-        parsed.append(Prompt(normalize_prompt(fields, where), where))
+        parsed.append(make_prompt(normalize_prompt(fields, where), where))
+    try:
+        check_ids(parsed)
+    except CatalogueError as exc:
+        raise BadRequest(str(exc), param="prompts", code="invalid_id") from exc
     requests = to_requests(parsed, base, settings, service)
     summary = await render(
         service, requests, app[keys.METRICS], concurrency=settings.catalogue_concurrency
     )
-    return web.json_response(
-        {"prompts": [r.as_json() for r in summary.results], "summary": summary.as_json()}
-    )
+    answers = [r.as_json() for r in summary.results]
+    for prompt, answer in zip(parsed, answers, strict=True):
+        if prompt.id is not None:
+            answer["id"] = prompt.id
+    for ext_name in body.extensions or ():
+        ext = EXTENSIONS[ext_name]
+        for answer in answers:
+            key = answer["key"]
+            if key is None:
+                continue
+            # Transcoded and pinned now, so the first player to fetch the URL gets a hit.
+            await service.transcoder.get(key, ext, pinned=True)
+            answer.setdefault("urls", {})[ext_name] = (
+                f"{settings.public_url}/v1/audio/{key}.{ext_name}"
+            )
+    return web.json_response({"prompts": answers, "summary": summary.as_json()})

@@ -78,6 +78,7 @@ GROUPS: dict[str, str] = {
     "logging": "Logging",
     "catalogue": "Prompt catalogues (voxgate warm, POST /v1/prompts)",
     "wyoming": "Wyoming protocol (Home Assistant)",
+    "telephony": "Telephony: PBX-playable URLs, HTTP caching, signed say URLs, jambonz",
 }
 
 
@@ -397,6 +398,55 @@ class Settings(BaseSettings):
         "wyoming", 1024, "Samples in each audio-chunk event the Wyoming server sends.", ge=64
     )
 
+    # --- telephony ---
+    public_url: str = _opt(
+        "telephony",
+        "",
+        "Base URL players reach this gateway at (e.g. http://tts.example:8080): URLs returned by "
+        "POST /v1/prompts and voxgate sign-url are absolute when set, paths when empty.",
+        pattern=r"^(https?://[^\s?#]+)?$",
+    )
+    audio_max_age_s: int = _opt(
+        "telephony",
+        31536000,
+        "Cache-Control max-age of content-address URLs (/v1/audio/{key}[.ext]): their bytes never "
+        "change, so players may keep them long.",
+        ge=0,
+    )
+    synthesis_max_age_s: int = _opt(
+        "telephony",
+        86400,
+        "Cache-Control max-age of synthesis URLs players fetch with GET (/v1/say/..., "
+        "/synthesize, GET /api/tts): a new model or voice changes what they answer.",
+        ge=0,
+    )
+    url_signing_secret: SecretStr = _opt(
+        "telephony",
+        SecretStr(""),
+        "HMAC key of signed say URLs (/v1/say/s/{signature}/...) for players that cannot send an "
+        "API key; empty: signed URLs are refused. A secret: shown masked, never logged.",
+    )
+    public_audio_urls: bool = _opt(
+        "telephony",
+        True,
+        "With API keys on, content-address URLs (/v1/audio/{key}[.ext]) are read without a key: "
+        "a key is a 256-bit capability only the gateway hands out.",
+    )
+    jambonz_content_type: Literal["audio/l16;rate=8000", "audio/l16;rate=16000", "audio/wav"] = (
+        _opt(
+            "telephony",
+            "audio/l16;rate=8000",
+            "Encoding of POST /v1/jambonz/tts answers: raw 16-bit PCM at 8 or 16 kHz, or 8 kHz "
+            "PCM WAV.",
+        )
+    )
+    jambonz_unknown_voice: Literal["default", "reject"] = _opt(
+        "telephony",
+        "default",
+        "A jambonz voice (and language) that names no voice or alias: speak with the default "
+        "voice, or reject it with 400.",
+    )
+
     # ---- parsing the forms env and flags use --------------------------------------------------
 
     @field_validator("*", mode="before")
@@ -439,6 +489,11 @@ class Settings(BaseSettings):
     @classmethod
     def _add_openai_voices(cls, value: dict[str, str]) -> dict[str, str]:
         return {**DEFAULT_VOICE_ALIASES, **value}
+
+    @field_validator("public_url")
+    @classmethod
+    def _no_trailing_slash(cls, value: str) -> str:
+        return value.rstrip("/")
 
     @field_validator("log_level", mode="before")
     @classmethod

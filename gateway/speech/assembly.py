@@ -34,6 +34,8 @@ log = logging.getLogger("voxgate.speech")
 # the store or handed to synthesis, so the next sentence may start its own lookup.
 MasterFetch = Callable[[SpeechRequest, Callable[[], None]], Awaitable[tuple[Audio, str]]]
 Store = Callable[[str, Entry], Awaitable[None]]
+# master_key(request, **extra): the format-free key of the request's text (extra parameters join).
+MasterKey = Callable[..., str]
 
 
 @dataclasses.dataclass
@@ -106,6 +108,7 @@ class Assembler:
         store_put: Store,
         encode_pool: concurrent.futures.Executor,
         metrics: Metrics,
+        master_key: MasterKey | None = None,
         pause_ms: int = 250,
         max_parallel: int = 8,
         splitter: sentences.SentenceSplitter | None = None,
@@ -114,6 +117,8 @@ class Assembler:
         self._store_put = store_put
         self.encode_pool = encode_pool
         self.metrics = metrics
+        self._master_key = master_key
+        self.pause_ms = pause_ms
         self.pause_s = pause_ms / 1000.0
         self.max_parallel = max(1, max_parallel)
         self.splitter = splitter or sentences.SentenceSplitter()
@@ -221,7 +226,16 @@ class Assembler:
         synthesized = "miss" in outcomes
         if not synthesized:
             self.metrics.transcodes.labels(req.fmt.name).inc()
-        entry = req.entry(data, req.fmt, prod.rate, len(pcm) / rate_in)
+        # The rendition names its masters, so another encoding of it is a transcode of them
+        # (gateway.speech.telephony), whoever asks and by whichever address.
+        recipe: dict[str, Any] = {}
+        if self._master_key is not None:
+            recipe = {
+                "master": self._master_key(req, sentence_pause_ms=self.pause_ms),
+                "parts": tuple(self._master_key(dataclasses.replace(req, text=t)) for t in texts),
+                "pause_ms": self.pause_ms,
+            }
+        entry = req.entry(data, req.fmt, prod.rate, len(pcm) / rate_in, **recipe)
         await self._store_put(prod.key, entry)
         if len(texts) > 1:
             log.debug(

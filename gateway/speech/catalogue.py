@@ -74,7 +74,8 @@ class Summary:
 # ---- rendering -----------------------------------------------------------------------------
 
 
-async def _speak_patiently(service: SpeechService, req: SpeechRequest) -> SpeechResult:
+async def speak_patiently(service: SpeechService, req: SpeechRequest) -> SpeechResult:
+    """``service.speak(req)``, waiting out a full synthesis queue (background work)."""
     for _ in range(MAX_OVERLOAD_RETRIES):
         try:
             return await service.speak(req)
@@ -101,7 +102,7 @@ async def render(
     async def worker() -> None:
         for index, req in todo:  # the shared iterator hands each prompt to one worker
             try:
-                res = await _speak_patiently(service, req)
+                res = await speak_patiently(service, req)
             except (VoxgateError, SynthesisError) as exc:
                 result = PromptResult(index, None, "error", error=str(exc))
             else:

@@ -25,9 +25,18 @@ class SpeechRequest:
     params: tuple[tuple[str, ParamValue], ...] = ()
 
     def entry(
-        self, data: bytes, fmt: audio.AudioFormat, sample_rate: int, duration_s: float
+        self,
+        data: bytes,
+        fmt: audio.AudioFormat,
+        sample_rate: int,
+        duration_s: float,
+        *,
+        master: str = "",
+        parts: tuple[str, ...] = (),
+        pause_ms: int = 0,
     ) -> Entry:
-        """Stored audio for this request: ``data`` in ``fmt``, tagged with model, voice and pin."""
+        """Stored audio for this request: ``data`` in ``fmt``, tagged with model, voice and pin
+        (and, for a rendition, the masters it was made from: see :class:`cache.entry.EntryMeta`)."""
         return Entry.create(
             data,
             content_type=fmt.content_type,
@@ -37,6 +46,9 @@ class SpeechRequest:
             voice=self.voice,
             pinned=self.pinned,
             duration_s=duration_s,
+            master=master,
+            parts=parts,
+            pause_ms=pause_ms,
         )
 
 

@@ -22,6 +22,7 @@ from cache.store import TieredStore
 from gateway.memo import BoundedMemo
 from gateway.speech.assembly import Assembler, SpeechStream
 from gateway.speech.request import SpeechRequest, SpeechResult
+from gateway.speech.telephony import Transcoder
 from metrics import Metrics
 from synth import audio
 from synth.engine import Audio, Engine, ParamValue, SynthesisItem
@@ -84,8 +85,16 @@ class SpeechService:
             store_put=self.store.put,
             encode_pool=self._encode_pool,
             metrics=metrics,
+            master_key=self.master_key_for,
             pause_ms=sentence_pause_ms,
             max_parallel=max_parallel_sentences,
+        )
+        # Other encodings of stored audio by content address (GET /v1/audio/{key}.{ext}).
+        self.transcoder = Transcoder(
+            store,
+            {name: handle.engine for name, handle in self.models.items()},
+            metrics,
+            self._encode_pool,
         )
 
     async def close(self) -> None:

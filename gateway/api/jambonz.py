@@ -1,0 +1,93 @@
+"""jambonz as a client: its custom TTS vendor request, and its streaming query, as requests.
+
+jambonz (speech-utils ``lib/synth-audio.js``, ``synthCustomVendor``) POSTs
+``{language, voice, type: "text"|"ssml", text}`` with ``Authorization: Bearer <token>`` and plays
+the answer by its Content-Type (``getFileExtFromMime``): ``audio/l16;rate=N`` is raw 16-bit PCM
+at N Hz (written to a FreeSWITCH ``.rN`` file: little-endian samples), ``audio/wav`` or
+``audio/x-wav`` a WAV file taken as 8 kHz, ``audio/mpeg`` MP3; anything else is taken as WAV.
+Its voice and language names map to voxgate voices through the voice aliases.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.api.compat import default_voice
+from gateway.api.models import models_for
+from gateway.api.parsing import resolve_model, resolve_voice, validate_text
+from gateway.errors import BadRequest
+from gateway.runtime.settings import Settings
+from gateway.speech.request import SpeechRequest
+from gateway.speech.service import SpeechService
+from synth import audio
+
+# jambonz_content_type -> (our format, rate). jambonz reads a WAV as 8 kHz whatever its header
+# says, so WAV is only ever sent at 8 kHz.
+ENCODINGS: dict[str, tuple[str, int]] = {
+    "audio/l16;rate=8000": ("pcm", 8000),
+    "audio/l16;rate=16000": ("pcm", 16000),
+    "audio/wav": ("wav", 8000),
+}
+# Rates the streaming protocol may ask for (sampleRate): those jambonz names L16 files for.
+STREAM_RATES = (8000, 16000, 24000, 32000, 48000)
+
+
+def jambonz_voice(
+    voice: str, language: str, model: str, settings: Settings, speech: SpeechService
+) -> str:
+    """Our voice for a jambonz voice and language: the voice (or its alias), else the language
+    as an alias (``en-US=joe``), else the default voice or a 400 (``jambonz_unknown_voice``)."""
+    for name in (voice, language):
+        if not name:
+            continue
+        try:
+            return resolve_voice(name, model, settings, speech)
+        except BadRequest:
+            continue
+    if settings.jambonz_unknown_voice == "default" or not (voice or language):
+        return default_voice(model, settings, speech)
+    known = sorted(set(speech.models[model].voice_names()) | set(settings.voice_aliases))
+    raise BadRequest(
+        f"unknown jambonz voice {voice[:64]!r} (language {language[:16]!r}); voices and "
+        f"aliases: {', '.join(known)}",
+        param="voice",
+        code="voice_not_found",
+    )
+
+
+def parse_jambonz(body: dict[str, Any], settings: Settings, speech: SpeechService) -> SpeechRequest:
+    """The request for a jambonz custom-vendor body, in the encoding ``jambonz_content_type``
+    names."""
+    if body.get("type") == "ssml":
+        raise BadRequest(
+            "type 'ssml' is not supported yet: send plain text (jambonz sends ssml when the "
+            "text starts with <speak>)",
+            param="type",
+            code="ssml_unsupported",
+        )
+    fields = models_for(settings).jambonz.check(body)
+    model = resolve_model(settings.default_model, settings, speech)
+    text = validate_text(fields.text, settings, param="text")
+    voice = jambonz_voice(fields.voice, fields.language, model, settings, speech)
+    fmt, rate = ENCODINGS[settings.jambonz_content_type]
+    return SpeechRequest(
+        text=text, model=model, voice=voice, fmt=audio.FORMATS[fmt], sample_rate=rate
+    )
+
+
+def parse_stream_query(
+    query: dict[str, str], settings: Settings, speech: SpeechService
+) -> tuple[str, str, int]:
+    """``(model, voice, rate)`` of a streaming connection's query (``voice``, ``language``,
+    ``sampleRate``: what jambonz puts on the custom vendor's WebSocket URL)."""
+    model = resolve_model(settings.default_model, settings, speech)
+    voice = jambonz_voice(
+        query.get("voice", ""), query.get("language", ""), model, settings, speech
+    )
+    raw = query.get("sampleRate", "8000")
+    if not raw.isdigit() or int(raw) not in STREAM_RATES:
+        raise BadRequest(
+            f"sampleRate must be one of {', '.join(map(str, STREAM_RATES))}",
+            param="sampleRate",
+        )
+    return model, voice, int(raw)

@@ -1,0 +1,173 @@
+"""jambonz's custom TTS vendor endpoints: ``POST /v1/jambonz/tts`` (one prompt, answered in the
+encoding ``jambonz_content_type`` names) and the streaming protocol at ``GET /v1/jambonz/stream``
+(a WebSocket, sentence by sentence from the cache). Parsing: :mod:`gateway.api.jambonz`.
+
+The streaming protocol, as jambonz's custom-speech-example (``lib/tts/streaming/elevenlabs.js``)
+serves it: the query carries ``voice``, ``language`` and ``sampleRate``; the server first sends
+``{"type": "connect", "data": {"sample_rate", "base64_encoding": false}}``; jambonz then sends
+``{"type": "stream", "text"}`` (text as it comes, e.g. from an LLM), ``{"type": "flush"}`` (speak
+what is buffered) and ``{"type": "stop"}``; audio goes back as binary messages of raw 16-bit PCM
+at ``sample_rate``; a failure as ``{"error": message}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+from collections.abc import Awaitable
+
+from aiohttp import WSMsgType, web
+
+from gateway.api.jambonz import parse_jambonz, parse_stream_query
+from gateway.api.parsing import read_json_object, validate_text
+from gateway.errors import BadRequest, VoxgateError
+from gateway.http import keys
+from gateway.http.delivery import serve_speech
+from gateway.runtime.settings import Settings
+from gateway.speech.request import SpeechRequest, SpeechResult
+from gateway.speech.service import SpeechService
+from synth import audio
+from synth.cancellation import cancel_and_wait
+from synth.errors import SynthesisError
+
+log = logging.getLogger("voxgate.gateway")
+
+# Sentences of one stream synthesized ahead of the one being sent (bounded: a client that sends
+# text faster than it can be spoken waits for the queue, not the gateway's memory).
+STREAM_AHEAD = 8
+
+
+async def jambonz_tts(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/jambonz/tts``: jambonz's custom-vendor request, answered as the configured
+    Content-Type (exactly: jambonz compares the string)."""
+    app = request.app
+    settings = app[keys.SETTINGS]
+    body = await read_json_object(request, app[keys.MAX_BODY_BYTES])
+    req = parse_jambonz(body, settings, app[keys.SPEECH])
+    return await serve_speech(request, req, present=app[keys.PRESENTATIONS].jambonz)
+
+
+async def jambonz_stream(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/jambonz/stream``: jambonz's streaming TTS protocol over a WebSocket."""
+    app = request.app
+    settings = app[keys.SETTINGS]
+    service = app[keys.SPEECH]
+    # A bad query is a 400 before the upgrade, while a status can still say so.
+    model, voice, rate = parse_stream_query(dict(request.query), settings, service)
+    ws = web.WebSocketResponse(max_msg_size=app[keys.MAX_BODY_BYTES], heartbeat=30.0)
+    await ws.prepare(request)
+    request[keys.CACHE_RESULT] = "stream"
+    await ws.send_json({"type": "connect", "data": {"sample_rate": rate, "base64_encoding": False}})
+    base = SpeechRequest(
+        text="", model=model, voice=voice, fmt=audio.FORMATS["pcm"], sample_rate=rate
+    )
+    pending: asyncio.Queue[asyncio.Task[SpeechResult]] = asyncio.Queue(STREAM_AHEAD)
+    sender = asyncio.create_task(_send_in_order(ws, pending))
+    text = TextBuffer(service, settings.max_input_chars)
+    try:
+        async for msg in ws:
+            if msg.type != WSMsgType.TEXT:
+                continue  # jambonz sends only JSON text messages; binary ones mean nothing here
+            try:
+                command = json.loads(msg.data)
+                kind = command.get("type") if isinstance(command, dict) else None
+                if kind == "stream":
+                    chunk = command.get("text")
+                    if not isinstance(chunk, str):
+                        raise BadRequest("'stream' needs a string 'text'", param="text")
+                    sentences = await text.add(chunk)
+                elif kind == "flush":
+                    sentences = await text.flush()
+                elif kind == "stop":
+                    break
+                else:
+                    raise BadRequest("expected a message of type stream, flush or stop")
+                for sentence in sentences:
+                    # A full queue waits here: reading pauses until the sender catches up.
+                    await pending.put(_speak(service, base, sentence, settings))
+            except (ValueError, VoxgateError) as exc:
+                message = exc.message if isinstance(exc, VoxgateError) else "not valid JSON"
+                await ws.send_json({"error": message})
+    finally:
+        # The loop ends on "stop" (jambonz's way to cut the prompt short) or when the socket
+        # closes: nobody is left to send to. Waiters are cancelled; a synthesis others share
+        # goes on (single flight), and what it makes is stored for the next time.
+        await cancel_and_wait(sender)
+        while not pending.empty():
+            pending.get_nowait().cancel()
+        await ws.close()
+    return ws
+
+
+def _speak(
+    service: SpeechService, base: SpeechRequest, sentence: str, settings: Settings
+) -> asyncio.Task[SpeechResult]:
+    # Each sentence is its own request (and cache entry): a repeated sentence is a hit.
+    req = dataclasses.replace(base, text=validate_text(sentence, settings, param="text"))
+    return asyncio.create_task(service.speak(req))
+
+
+async def _send_in_order(
+    ws: web.WebSocketResponse, pending: asyncio.Queue[asyncio.Task[SpeechResult]]
+) -> None:
+    """Send each sentence's audio as it is ready, in the order the text came. Once the socket
+    cannot be written, the queue is still drained (its waiters cancelled), so the reader never
+    blocks on a full queue nobody empties."""
+    broken = False
+    while True:
+        task = await pending.get()
+        if broken:
+            task.cancel()
+            continue
+        try:
+            result = await task
+            await ws.send_bytes(result.entry.audio)
+        except (VoxgateError, SynthesisError) as exc:
+            message = exc.message if isinstance(exc, VoxgateError) else str(exc)
+            with contextlib.suppress(ConnectionError):
+                await ws.send_json({"error": message})
+        except ConnectionError:
+            broken = True
+
+
+class TextBuffer:
+    """Streamed text cut into sentences: complete ones go out as soon as the next begins, the
+    rest on ``flush``. Bounded: a buffer that reaches the input limit is spoken as it is."""
+
+    def __init__(self, service: SpeechService, max_chars: int) -> None:
+        self._splitter = service.assembler.splitter
+        self._pool = service.assembler.encode_pool
+        self._max = max_chars
+        self._text = ""
+
+    async def add(self, chunk: str) -> list[str]:
+        """Append ``chunk``; the sentences now complete."""
+        self._text += chunk
+        if len(self._text) >= self._max:
+            return await self.flush()
+        parts = await self._split()
+        if len(parts) < 2:
+            return []
+        # The last part may still be growing; everything before it is a finished sentence.
+        done, last = parts[:-1], parts[-1]
+        cut = self._text.rfind(last)
+        self._text = self._text[cut:] if cut >= 0 else last
+        return done
+
+    async def flush(self) -> list[str]:
+        """Everything buffered, as sentences (the buffer empties)."""
+        parts = await self._split()
+        self._text = ""
+        return parts
+
+    async def _split(self) -> list[str]:
+        if not self._text.strip():
+            return []
+        loop = asyncio.get_running_loop()
+        split: Awaitable[list[str]] = loop.run_in_executor(
+            self._pool, self._splitter.split, self._text
+        )
+        return [p.strip() for p in await split if p.strip()]

@@ -1,0 +1,153 @@
+"""What PBXs and hosted players fetch: stored audio in a telephony encoding by extension
+(``GET /v1/audio/{key}.{ext}``) and say URLs (``GET /v1/say/{voice}/{text}.{ext}``, signed:
+``GET /v1/say/s/{token}/{voice}/{text}.{ext}``). Encodings: :mod:`gateway.speech.telephony`;
+say URLs and signatures: :mod:`gateway.api.say`.
+
+Say URLs carry request text in the path: the access log writes only the route template, never
+the URL, so the text does not reach the logs.
+"""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from cache.keys import is_key
+from gateway.api.models import models_for
+from gateway.api.parsing import read_json_object
+from gateway.api.say import SIGNED, SayParsed, expiry_of, parse_say, signed_say_path, verify
+from gateway.errors import BadRequest, Forbidden, NotFound
+from gateway.http import keys
+from gateway.http.conditional import AudioResponse, audio_response, etag_for, none_match
+from gateway.http.conditional import not_modified as not_modified_response
+from gateway.http.delivery import serve_speech
+from gateway.speech.telephony import extension
+
+AUDIO_EXT_ROUTE = "/v1/audio/{key}.{ext}"
+SAY_ROUTE = "/v1/say/{voice}/{text}.{ext}"
+SIGNED_SAY_ROUTE = "/v1/say/" + SIGNED + "/{token}/{voice}/{text}.{ext}"
+
+
+async def audio_by_key_ext(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/audio/{key}.{ext}``: the audio stored under ``key`` in the encoding ``ext``
+    names, transcoded from its masters (never synthesized) and stored for the next player."""
+    key = request.match_info["key"]
+    ext = extension(request.match_info["ext"])
+    if not is_key(key):
+        raise BadRequest("malformed audio key: expected 64 lowercase hex digits", param="key")
+    app = request.app
+    present = app[keys.PRESENTATIONS].by_key[ext.name]
+    transcoder = app[keys.SPEECH].transcoder
+    known = transcoder.known_key(key, ext)
+    if known is not None:
+        if none_match(request, etag_for(known), exists=False):
+            # Asterisk revalidates with HEAD + If-None-Match: answered from the key alone.
+            request[keys.CACHE_RESULT] = "hit"
+            request[keys.AUDIO_KEY] = known
+            rate = ext.rate or 0
+            return not_modified_response(present.headers(known, ext.fmt, rate, "hit", None))
+        entry = app[keys.STORE].get_memory(known)
+        if entry is not None and not _conditional(request):
+            request[keys.CACHE_RESULT] = "hit"
+            request[keys.AUDIO_KEY] = known
+            return AudioResponse(
+                request, body=entry.audio, headers=present.hit_headers(known, ext.fmt, entry)
+            )
+    got = await transcoder.get(key, ext)
+    if got is None:
+        raise NotFound(f"no audio stored under key {key}", param="key")
+    request[keys.CACHE_RESULT] = got.cache
+    request[keys.AUDIO_KEY] = got.key
+    meta = got.entry.meta
+    headers = present.headers(got.key, ext.fmt, meta.sample_rate, got.cache, meta.created)
+    return audio_response(request, got.entry.audio, headers, ranges=True, created=meta.created)
+
+
+def _conditional(request: web.Request) -> bool:
+    headers = request.headers
+    return "If-None-Match" in headers or "If-Modified-Since" in headers or "Range" in headers
+
+
+async def say(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/say/{voice}/{text}.{ext}``: speak ``text`` in ``voice`` as ``ext``."""
+    match = request.match_info
+    segments = (match["voice"], match["text"], match["ext"])
+    memo = request.app[keys.SAY_MEMO]
+    parsed = memo.get(segments)
+    if parsed is None:
+        parsed = _parse(request, *segments)
+        memo.put(segments, parsed)
+    req, ext = parsed
+    return await serve_speech(request, req, present=request.app[keys.PRESENTATIONS].say[ext.name])
+
+
+async def say_signed(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/say/s/{token}/{voice}/{text}.{ext}``: a say URL that authorizes itself."""
+    match = request.match_info
+    token, voice, text, ext_name = match["token"], match["voice"], match["text"], match["ext"]
+    segments = (SIGNED, token, voice, text, ext_name)
+    memo = request.app[keys.SAY_MEMO]
+    parsed = memo.get(segments)
+    if parsed is None:
+        verify(_secret(request), token, voice, text, ext_name)
+        parsed = _parse(request, voice, text, ext_name)
+        memo.put(segments, parsed)
+    else:
+        # (Remembered only once verified: what is left to check is the clock.)
+        expires = expiry_of(token)
+        if expires and time.time() > expires:
+            raise Forbidden("the signed say URL has expired", param="token", code="url_expired")
+    req, ext = parsed
+    return await serve_speech(request, req, present=request.app[keys.PRESENTATIONS].say[ext.name])
+
+
+async def sign_say_url(request: web.Request) -> web.Response:
+    """``POST /v1/say/sign``: a signed say URL for ``{voice, text, ext, expires_in}`` (what
+    ``voxgate sign-url`` prints), for players that cannot send an API key."""
+    app = request.app
+    settings = app[keys.SETTINGS]
+    raw = await read_json_object(request, app[keys.MAX_BODY_BYTES])
+    body = models_for(settings).sign.check(raw)
+    secret = _secret(request)
+    if not secret:
+        raise Forbidden(
+            "signed say URLs are off on this gateway (url_signing_secret is empty)",
+            code="signing_disabled",
+        )
+    # Signed only if it would play: an unknown voice or unspeakable text is refused now.
+    parse_say(body.voice, body.text, body.ext, settings, app[keys.SPEECH])
+    expires = int(time.time()) + body.expires_in if body.expires_in else None
+    path = signed_say_path(secret, body.voice, body.text, body.ext, expires)
+    return web.json_response({"url": settings.public_url + path, "path": path, "expires": expires})
+
+
+def _secret(request: web.Request) -> str:
+    return request.app[keys.SETTINGS].url_signing_secret.get_secret_value()
+
+
+def _parse(request: web.Request, voice: str, text: str, ext: str) -> SayParsed:
+    app = request.app
+    return parse_say(voice, text, ext, app[keys.SETTINGS], app[keys.SPEECH])
+
+
+def self_authorized(request: web.Request) -> str | None:
+    """Why ``request`` needs no API key, or None: the seam for the API-key check (issue 12).
+
+    ``"signature"``: a signed say URL whose HMAC and expiry check out (it authorizes exactly its
+    own prompt). ``"capability"``: a content-address URL (``/v1/audio/{key}[.{ext}]``) while
+    ``public_audio_urls`` is on: a key is 256 bits only the gateway hands out. Players that
+    cannot send headers (Asterisk, FreeSWITCH, Twilio) fetch these.
+    """
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else ""
+    if route in ("/v1/audio/{key}", AUDIO_EXT_ROUTE):
+        return "capability" if request.app[keys.SETTINGS].public_audio_urls else None
+    if route == SIGNED_SAY_ROUTE:
+        match = request.match_info
+        try:
+            verify(_secret(request), match["token"], match["voice"], match["text"], match["ext"])
+        except Forbidden:
+            return None
+        return "signature"
+    return None

@@ -1,0 +1,242 @@
+"""Telephony encodings by file extension, and other encodings of stored audio by content address.
+
+PBXs choose how to play a URL from its extension (Asterisk's res_http_media_cache, FreeSWITCH's
+mod_http_cache), so each extension here names one exact encoding: Asterisk's ``wav`` is PCM16
+mono 8 kHz only, ``wav16`` the same at 16 kHz, ``ulaw``/``alaw`` headerless G.711, ``sln*``
+headerless 16-bit PCM, ``gsm`` raw GSM 06.10 frames, ``g722`` raw G.722. The Content-Type of each
+follows IANA where a registration fits, and the players' own lists where they differ (see
+docs/telephony.md for the table and why).
+
+:class:`Transcoder` makes such an encoding of audio already stored under a content address: it
+decodes the masters the stored rendition names (:class:`cache.entry.EntryMeta`), joins them as
+the rendition did, and encodes. That is a transcode, never a synthesis; the result is stored
+under a key derived from the same format-free master as a request for that encoding would use,
+so ``/v1/audio/{key}.ulaw`` and ``/v1/say/{voice}/{text}.ulaw`` share one entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import io
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import soundfile as sf
+
+from cache.entry import Entry, EntryMeta
+from cache.keys import rendition_key
+from cache.singleflight import SingleFlight
+from cache.store import TieredStore
+from gateway.errors import BadRequest, NotFound
+from gateway.memo import BoundedMemo
+from metrics import Metrics
+from synth import audio, sentences
+from synth.engine import Engine
+
+
+@dataclass(frozen=True)
+class Extension:
+    """One URL extension: the encoding it names, its rate, and how it is labelled."""
+
+    name: str
+    fmt: audio.AudioFormat
+    rate: int | None  # None: the voice's own rate
+    content_type: str
+    # The extension Asterisk plays this encoding under (export names files with it); None when
+    # core Asterisk has no format module for it.
+    asterisk: str | None
+    summary: str
+
+
+def _table() -> dict[str, Extension]:
+    f = audio.FORMATS
+    rows = [
+        # audio/x-wav: the one WAV type that Asterisk (format_wav), FreeSWITCH (mime.types),
+        # Twilio and jambonz all know; FreeSWITCH's mime.types has no audio/wav.
+        Extension("wav", f["wav"], 8000, "audio/x-wav", "wav", "PCM16 mono 8 kHz WAV"),
+        # Not audio/(x-)wav: Asterisk reads the Content-Type first, and would take the file as
+        # its 8 kHz-only `wav` format. RFC 2361's audio/vnd.wave maps to no Asterisk format, so
+        # it goes on to the `.wav16` extension.
+        Extension("wav16", f["wav"], 16000, "audio/vnd.wave", "wav16", "PCM16 mono 16 kHz WAV"),
+        Extension("ulaw", f["ulaw"], 8000, "audio/basic", "ulaw", "raw G.711 u-law 8 kHz"),
+        Extension("ul", f["ulaw"], 8000, "audio/basic", "ulaw", "raw G.711 u-law 8 kHz"),
+        Extension("pcmu", f["ulaw"], 8000, "audio/PCMU", "ulaw", "raw G.711 u-law 8 kHz"),
+        Extension(
+            "alaw", f["alaw-raw"], 8000, "audio/x-alaw-basic", "alaw", "raw G.711 A-law 8 kHz"
+        ),
+        Extension("al", f["alaw-raw"], 8000, "audio/x-alaw-basic", "alaw", "raw G.711 A-law 8 kHz"),
+        Extension("pcma", f["alaw-raw"], 8000, "audio/PCMA", "alaw", "raw G.711 A-law 8 kHz"),
+        # Little-endian samples (Asterisk's slin, jambonz's audio/l16), unlike RFC 2586's
+        # network order: the label is the players' convention.
+        Extension("sln", f["pcm"], 8000, "audio/L16;rate=8000", "sln", "raw s16le 8 kHz"),
+        Extension("raw", f["pcm"], 8000, "audio/L16;rate=8000", "sln", "raw s16le 8 kHz"),
+        Extension("sln16", f["pcm"], 16000, "audio/L16;rate=16000", "sln16", "raw s16le 16 kHz"),
+        Extension("sln24", f["pcm"], 24000, "audio/L16;rate=24000", "sln24", "raw s16le 24 kHz"),
+        Extension("sln48", f["pcm"], 48000, "audio/L16;rate=48000", "sln48", "raw s16le 48 kHz"),
+        Extension("gsm", f["gsm"], 8000, "audio/gsm", "gsm", "raw GSM 06.10, 33-byte frames"),
+        Extension("g722", f["g722"], 16000, "audio/G722", "g722", "raw G.722, 64 kbit/s"),
+        # Core Asterisk has no MP3 format (format_mp3 is an add-on).
+        Extension("mp3", f["mp3"], None, "audio/mpeg", None, "MP3 at the voice's rate"),
+    ]
+    return {e.name: e for e in rows if e.fmt.name in audio.FORMATS}
+
+
+EXTENSIONS: dict[str, Extension] = _table()
+
+
+def extension(name: str, param: str = "ext") -> Extension:
+    """The extension called ``name``, or a 400 listing the supported ones."""
+    found = EXTENSIONS.get(name)
+    if found is None:
+        raise BadRequest(
+            f"unsupported extension '.{name[:16]}'; supported: {', '.join(EXTENSIONS)}",
+            param=param,
+            code="unsupported_format",
+        )
+    return found
+
+
+class MasterGone(NotFound):
+    """The stored audio names masters that are no longer stored, and is itself lossy: no other
+    encoding can be made of it without a synthesis."""
+
+
+@dataclass(frozen=True)
+class Transcoded:
+    """An encoding of stored audio: its key, the entry, and how it was had: ``hit`` (stored, or
+    transcoded now: no synthesis either way, as :meth:`SpeechService.speak` reports it) or
+    ``coalesced`` (joined a transcode in flight)."""
+
+    key: str
+    entry: Entry
+    cache: str
+
+
+class Transcoder:
+    """Other encodings of audio stored under a content address (a transcode of its masters)."""
+
+    def __init__(
+        self,
+        store: TieredStore,
+        models: Mapping[str, Engine],
+        metrics: Metrics,
+        encode_pool: concurrent.futures.Executor,
+    ) -> None:
+        self.store = store
+        self.engines = models
+        self.metrics = metrics
+        self.encode_pool = encode_pool
+        # (source key, extension) -> derived key: a repeated URL costs one dict lookup before
+        # the store, and a conditional request (If-None-Match) none.
+        self._derived: BoundedMemo[tuple[str, str], str] = BoundedMemo(4096)
+        self._flight: SingleFlight[Entry] = SingleFlight()
+
+    def known_key(self, key: str, ext: Extension) -> str | None:
+        """The derived key of ``key`` in ``ext`` if it was computed before (no I/O)."""
+        return self._derived.get((key, ext.name))
+
+    async def _lookup(self, key: str) -> Entry | None:
+        entry = self.store.get_memory(key)
+        if entry is None:
+            found = await self.store.get(key)
+            entry = found.entry if found is not None else None
+        return entry
+
+    def derived_key(self, key: str, meta: EntryMeta, ext: Extension) -> tuple[str, int]:
+        """``(key, rate)`` of ``ext``'s encoding of the audio stored under ``key``.
+
+        From the rendition's format-free master when it names one (the key a speech request for
+        that encoding computes), else from ``key`` itself (audio stored before masters were
+        recorded)."""
+        engine = self.engines.get(meta.model)
+        base_rate = engine.sample_rate if engine is not None else meta.sample_rate
+        rate = audio.output_rate(ext.fmt, base_rate, ext.rate)
+        return rendition_key(meta.master or key, fmt=ext.fmt.name, sample_rate=rate), rate
+
+    async def get(self, key: str, ext: Extension, *, pinned: bool = False) -> Transcoded | None:
+        """``ext``'s encoding of the audio under ``key``: stored, or transcoded now and stored.
+        None when nothing is stored under ``key``; :class:`MasterGone` when it cannot be made
+        without a synthesis."""
+        known = self._derived.get((key, ext.name))
+        if known is not None and not pinned:
+            entry = await self._lookup(known)
+            if entry is not None:
+                return Transcoded(known, entry, "hit")
+        source = await self._lookup(key)
+        if source is None:
+            return None
+        derived, rate = self.derived_key(key, source.meta, ext)
+        self._derived.put((key, ext.name), derived)
+        entry = await self._lookup(derived)
+        if entry is not None:
+            if pinned and not entry.meta.pinned:
+                entry = entry.pinned_copy()
+                await self.store.put(derived, entry)
+            return Transcoded(derived, entry, "hit")
+        made, leader = await self._flight.do(
+            derived, lambda: self._make(source, ext, rate, derived, pinned)
+        )
+        return Transcoded(derived, made, "hit" if leader else "coalesced")
+
+    async def _make(
+        self, source: Entry, ext: Extension, rate: int, key: str, pinned: bool
+    ) -> Entry:
+        meta = source.meta
+        pcm, src_rate = await self._audio_of(source)
+        loop = asyncio.get_running_loop()
+        data = await loop.run_in_executor(
+            self.encode_pool, audio.render, pcm, src_rate, ext.fmt, rate
+        )
+        entry = Entry.create(
+            data,
+            content_type=ext.fmt.content_type,
+            fmt=ext.fmt.name,
+            sample_rate=rate,
+            model=meta.model,
+            voice=meta.voice,
+            pinned=pinned or meta.pinned,
+            duration_s=len(pcm) / src_rate,
+            master=meta.master,
+            parts=meta.parts,
+            pause_ms=meta.pause_ms,
+        )
+        await self.store.put(key, entry)
+        self.metrics.transcodes.labels(ext.fmt.name).inc()
+        return entry
+
+    async def _audio_of(self, source: Entry) -> tuple[audio.FloatPCM, int]:
+        """The audio of ``source`` as float PCM: its masters joined (as the rendition joined
+        them), else the source itself when it is lossless."""
+        meta = source.meta
+        loop = asyncio.get_running_loop()
+        if meta.parts:
+            parts = await asyncio.gather(*(self._lookup(k) for k in meta.parts))
+            if all(p is not None for p in parts):
+                decoded = await asyncio.gather(
+                    *(
+                        loop.run_in_executor(self.encode_pool, audio.decode_master, p.audio)
+                        for p in parts
+                        if p is not None
+                    )
+                )
+                rate = decoded[0][1]
+                joined = sentences.join([pcm for pcm, _ in decoded], rate, meta.pause_ms / 1000.0)
+                return joined, rate
+        if meta.format in ("wav", "flac", "pcm"):
+            return await loop.run_in_executor(self.encode_pool, _decode_lossless, source)
+        raise MasterGone(
+            "the masters of this audio are no longer stored and it is lossy: ask for it again "
+            "through /v1/audio/speech or a say URL (that synthesizes it once more)",
+            param="key",
+            code="master_not_stored",
+        )
+
+
+def _decode_lossless(entry: Entry) -> tuple[audio.FloatPCM, int]:
+    if entry.meta.format == "pcm":
+        pcm = np.frombuffer(entry.audio, dtype="<i2").astype(np.float32) / np.float32(32768.0)
+        return pcm, entry.meta.sample_rate
+    data, rate = sf.read(io.BytesIO(entry.audio), dtype="float32", always_2d=False)
+    return np.asarray(data, dtype=np.float32), int(rate)

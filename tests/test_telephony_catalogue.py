@@ -1,0 +1,328 @@
+"""Prompts deployed to PBXs: ready URLs from POST /v1/prompts, catalogue ids, ``voxgate export``
+into Asterisk/FreeSWITCH layouts, and signed say URLs for players that send no API key."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import wave
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import make_mocked_request
+
+from gateway.api.catalogue import CatalogueError, check_ids, parse_catalogue
+from gateway.api.say import signed_say_path
+from gateway.cli.export import run_export
+from gateway.http import keys
+from gateway.http.telephony import self_authorized
+from gateway.runtime.settings import Settings
+from tests.conftest import GatewayFactory
+from tests.support import CountingEngine
+
+ROOT = Path(__file__).resolve().parents[1]
+SECRET = "test-signing-secret"
+
+CATALOGUE = """id,text
+welcome,Welcome to Acme.
+press-one,Press one for billing.
+goodbye,Goodbye.
+"""
+
+
+# ---- POST /v1/prompts: ids and ready URLs ----------------------------------------------------------
+
+
+async def test_prompts_return_ready_absolute_urls(
+    gateway: GatewayFactory, settings: Settings, counting_engine: CountingEngine
+) -> None:
+    client = await gateway(settings=settings.replace(public_url="http://tts.example:8080/"))
+    r = await client.post(
+        "/v1/prompts",
+        json={
+            "prompts": [{"input": "Welcome.", "id": "welcome"}, "Goodbye."],
+            "extensions": ["wav", "ulaw"],
+        },
+    )
+    assert r.status == 200, await r.text()
+    answers = (await r.json())["prompts"]
+    assert answers[0]["id"] == "welcome" and "id" not in answers[1]
+    store = client.server.app[keys.STORE]
+    synthesized = counting_engine.items
+    for answer in answers:
+        assert set(answer["urls"]) == {"wav", "ulaw"}
+        for ext, url in answer["urls"].items():
+            assert url == f"http://tts.example:8080/v1/audio/{answer['key']}.{ext}"
+            path = url.removeprefix("http://tts.example:8080")
+            got = await client.get(path)
+            assert got.status == 200
+            assert got.headers["X-Cache"] == "HIT"
+            found = await store.get(got.headers["X-Audio-Key"])
+            assert found is not None and found.entry.meta.pinned  # made ready and pinned
+    assert counting_engine.items == synthesized  # the URLs cost nothing more
+
+
+@pytest.mark.parametrize(
+    ("prompts", "fragment"),
+    [
+        ([{"input": "A.", "id": "../x"}], "'id' is not a safe file name"),
+        ([{"input": "A.", "id": "a"}, {"input": "B.", "id": "a"}], "id 'a' is already used"),
+    ],
+)
+async def test_bad_prompt_ids_are_400(
+    gateway: GatewayFactory, counting_engine: CountingEngine, prompts: Any, fragment: str
+) -> None:
+    client = await gateway()
+    r = await client.post("/v1/prompts", json={"prompts": prompts})
+    assert r.status == 400
+    assert fragment in (await r.json())["error"]["message"]
+    assert counting_engine.items == 0
+
+
+def test_catalogue_ids_are_checked_with_the_line() -> None:
+    prompts = parse_catalogue("id,text\nok,A.\nok,B.\n", "csv")
+    with pytest.raises(CatalogueError, match="line 3: id 'ok' is already used on line 2"):
+        check_ids(prompts)
+    prompts = parse_catalogue("id,text\nok,A.\n../x,B.\n", "csv")
+    with pytest.raises(
+        CatalogueError, match=re.escape("line 3: id '../x' is not a safe file name")
+    ):
+        check_ids(prompts)
+    prompts = parse_catalogue("text\nA.\n", "csv")
+    check_ids(prompts)  # ids are optional for warm
+    with pytest.raises(CatalogueError, match="line 2: missing id"):
+        check_ids(prompts, required=True)
+    yaml_prompts = parse_catalogue("prompts:\n- {id: hello, text: Hello.}\n", "yaml")
+    assert yaml_prompts[0].id == "hello" and "id" not in yaml_prompts[0].body
+
+
+# ---- voxgate export ------------------------------------------------------------------------------
+
+
+def export_args(catalogue: Path, out: Path, formats: str, layout: str) -> argparse.Namespace:
+    return argparse.Namespace(
+        catalogue=str(catalogue),
+        dir=str(out),
+        format=formats,
+        layout=layout,
+        model=None,
+        voice=None,
+        speed=None,
+        no_progress=True,
+    )
+
+
+def files_under(directory: Path) -> dict[str, float]:
+    return {
+        str(p.relative_to(directory)): p.stat().st_mtime_ns
+        for p in directory.rglob("*")
+        if p.is_file()
+    }
+
+
+async def test_export_writes_each_layout_and_a_rerun_writes_nothing(
+    tmp_path: Path, settings: Settings, counting_engine: CountingEngine
+) -> None:
+    catalogue = tmp_path / "prompts.csv"
+    catalogue.write_text(CATALOGUE)
+    engines = {"piper": counting_engine}
+    out = tmp_path / "asterisk"
+    args = export_args(catalogue, out, "ulaw,wav,sln16", "asterisk")
+    first = await run_export(settings, args, engines)
+    assert (first["files"], first["written"], first["unchanged"], first["failed"]) == (9, 9, 0, 0)
+    assert first["synthesized"] >= 3
+    names = sorted(files_under(out))
+    assert names == sorted(
+        [f"{i}.{e}" for i in ("welcome", "press-one", "goodbye") for e in ("ulaw", "wav", "sln16")]
+        + ["manifest.json"]
+    )
+    with wave.open(str(out / "welcome.wav")) as w:
+        assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (8000, 1, 2)
+    manifest = json.loads((out / "manifest.json").read_text())
+    entry = manifest["prompts"]["press-one"]
+    assert entry["text"] == "Press one for billing." and entry["voice"] == "joe"
+    assert len(entry["key"]) == 64
+    assert entry["files"]["ulaw"]["path"] == "press-one.ulaw"
+    before = files_under(out)
+    items = counting_engine.items
+    second = await run_export(settings, args, engines)
+    assert (second["written"], second["unchanged"], second["manifest_written"]) == (0, 9, False)
+    assert files_under(out) == before  # not one file touched
+    assert counting_engine.items == items
+    # A changed prompt rewrites its own files only.
+    catalogue.write_text(CATALOGUE.replace("Goodbye.", "Goodbye and thanks."))
+    third = await run_export(settings, args, engines)
+    assert (third["written"], third["unchanged"]) == (3, 6)
+    after = files_under(out)
+    changed = {name for name in after if after[name] != before[name]}
+    assert changed == {"goodbye.ulaw", "goodbye.wav", "goodbye.sln16", "manifest.json"}
+    # A file changed on disk (same size) is not trusted to be the prompt: it is written again.
+    damaged = out / "welcome.ulaw"
+    data = bytearray(damaged.read_bytes())
+    data[100] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    fourth = await run_export(settings, args, engines)
+    assert (fourth["written"], fourth["unchanged"]) == (1, 8)
+    assert damaged.read_bytes() != bytes(data)
+    # FreeSWITCH: one directory per rate, <id>.wav in each.
+    fs = tmp_path / "freeswitch"
+    result = await run_export(
+        settings, export_args(catalogue, fs, "wav,wav16", "freeswitch"), engines
+    )
+    assert result["written"] == 6
+    assert sorted(p for p in files_under(fs) if p != "manifest.json") == sorted(
+        f"{rate}/{i}.wav" for rate in (8000, 16000) for i in ("welcome", "press-one", "goodbye")
+    )
+    with wave.open(str(fs / "16000" / "welcome.wav")) as w:
+        assert w.getframerate() == 16000
+
+
+def run_cli(*argv: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli.main", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("rows", "fragment"),
+    [
+        ("id,text\na,A.\na,B.\n", "line 3: id 'a' is already used on line 2"),
+        ("id,text\na,A.\n../x,B.\n", "line 3: id '../x' is not a safe file name"),
+    ],
+)
+def test_export_refuses_a_bad_id_before_any_work(tmp_path: Path, rows: str, fragment: str) -> None:
+    catalogue = tmp_path / "bad.csv"
+    catalogue.write_text(rows)
+    out = tmp_path / "out"
+    done = run_cli("export", str(catalogue), str(out), "--format", "ulaw", tmp_path=tmp_path)
+    assert done.returncode == 2
+    assert fragment in done.stderr
+    assert not out.exists()
+    assert not (tmp_path / "xdg").exists()  # no store opened, no model loaded
+
+
+def test_export_refuses_formats_the_layout_cannot_hold(tmp_path: Path) -> None:
+    catalogue = tmp_path / "ok.csv"
+    catalogue.write_text(CATALOGUE)
+    for formats, layout, fragment in (
+        ("mp3", "asterisk", "core Asterisk plays no mp3 files"),
+        ("ulaw", "freeswitch", "the freeswitch layout writes <rate>/<id>.wav"),
+        ("ulaw,pcmu", "asterisk", "formats ulaw and pcmu would write the same file"),
+        ("ogg", "flat", "unknown format 'ogg'"),
+    ):
+        done = run_cli(
+            "export",
+            str(catalogue),
+            str(tmp_path / "o"),
+            "--format",
+            formats,
+            "--layout",
+            layout,
+            tmp_path=tmp_path,
+        )
+        assert done.returncode == 2, done.stderr
+        assert fragment in done.stderr
+
+
+@pytest.mark.slow
+def test_export_command_prints_a_json_summary(tmp_path: Path) -> None:
+    catalogue = tmp_path / "prompts.csv"
+    catalogue.write_text(CATALOGUE)
+    out = tmp_path / "sounds"
+    argv = ("export", str(catalogue), str(out), "--format", "gsm,g722", "--json", "--no-progress")
+    done = run_cli(*argv, "--cache-dir", str(tmp_path / "cache"), tmp_path=tmp_path)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert (summary["files"], summary["written"], summary["layout"]) == (6, 6, "asterisk")
+    assert summary["formats"] == ["gsm", "g722"]
+    assert (out / "welcome.gsm").stat().st_size % 33 == 0  # whole GSM frames
+
+
+# ---- signed say URLs ----------------------------------------------------------------------------
+
+
+async def test_signed_say_urls(gateway: GatewayFactory, settings: Settings) -> None:
+    signing = settings.replace(url_signing_secret=SECRET, public_url="http://tts:8080")
+    client = await gateway(settings=signing)
+    path = signed_say_path(SECRET, "joe", "Press one.", "wav")
+    assert "&" not in path and "?" not in path
+    r = await client.get(path)
+    assert r.status == 200, await r.text()
+    plain = await client.get("/v1/say/joe/Press%20one..wav")
+    assert await r.read() == await plain.read()  # the same prompt, the same bytes
+    # Made by the API too.
+    made = await client.post(
+        "/v1/say/sign", json={"voice": "joe", "text": "Press one.", "ext": "wav"}
+    )
+    assert made.status == 200
+    answer = await made.json()
+    assert answer == {"url": "http://tts:8080" + path, "path": path, "expires": None}
+    # Any change to voice, text or extension breaks the signature.
+    token = path.split("/")[4]
+    for forged in (
+        f"/v1/say/s/{token}/joe/Press%20two..wav",
+        f"/v1/say/s/{token}/alloy/Press%20one..wav",
+        f"/v1/say/s/{token}/joe/Press%20one..ulaw",
+        f"/v1/say/s/x{token}/joe/Press%20one..wav",
+    ):
+        bad = await client.get(forged)
+        assert bad.status == 403, forged
+        assert (await bad.json())["error"]["code"] == "bad_signature"
+    # Expiry is signed: a past one is refused, a future one plays.
+    expired = signed_say_path(SECRET, "joe", "Press one.", "wav", int(time.time()) - 5)
+    r = await client.get(expired)
+    assert r.status == 403 and (await r.json())["error"]["code"] == "url_expired"
+    later = await client.post(
+        "/v1/say/sign",
+        json={"voice": "joe", "text": "Press one.", "ext": "ulaw", "expires_in": 60},
+    )
+    r = await client.get((await later.json())["path"])
+    assert r.status == 200
+    unsignable = await client.post(
+        "/v1/say/sign", json={"voice": "nobody", "text": "Hi.", "ext": "wav"}
+    )
+    assert unsignable.status == 400
+
+
+async def test_signing_off_refuses_signed_urls(gateway: GatewayFactory) -> None:
+    client = await gateway()
+    r = await client.get(signed_say_path("other", "joe", "Hi.", "wav"))
+    assert r.status == 403
+    assert (await r.json())["error"]["code"] == "signing_disabled"
+    r = await client.post("/v1/say/sign", json={"voice": "joe", "text": "Hi.", "ext": "wav"})
+    assert r.status == 403
+
+
+async def test_the_api_key_seam_knows_which_urls_authorize_themselves(
+    gateway: GatewayFactory, settings: Settings
+) -> None:
+    """Players that cannot send headers: a signed say URL authorizes itself, and content-address
+    URLs do while ``public_audio_urls`` is on (issue 12's key check asks
+    :func:`self_authorized`)."""
+
+    async def why(app: Any, path: str) -> str | None:
+        match = await app.router.resolve(make_mocked_request("GET", path, app=app))
+        return self_authorized(SimpleNamespace(app=app, match_info=match))  # type: ignore[arg-type]
+
+    key = "ab" * 32
+    on = (await gateway(settings=settings.replace(url_signing_secret=SECRET))).server.app
+    assert await why(on, signed_say_path(SECRET, "joe", "Hi.", "wav")) == "signature"
+    assert await why(on, signed_say_path("wrong", "joe", "Hi.", "wav")) is None
+    assert await why(on, f"/v1/audio/{key}.ulaw") == "capability"
+    assert await why(on, f"/v1/audio/{key}") == "capability"
+    assert await why(on, "/v1/say/joe/Hi..wav") is None
+    off = (await gateway(settings=settings.replace(public_audio_urls=False))).server.app
+    assert await why(off, f"/v1/audio/{key}.ulaw") is None

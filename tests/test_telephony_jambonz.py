@@ -1,0 +1,178 @@
+"""jambonz as a client of voxgate: the custom TTS vendor request and the streaming protocol, as
+jambonz's own code sends and reads them."""
+
+from __future__ import annotations
+
+import io
+import re
+import wave
+
+import pytest
+from aiohttp import WSMsgType
+
+from gateway.runtime.settings import Settings
+from tests.conftest import GatewayFactory
+from tests.support import CountingEngine
+
+
+def jambonz_file_ext(mime: str) -> tuple[str, int]:
+    """jambonz/speech-utils lib/synth-audio.js ``getFileExtFromMime``: how jambonz reads a
+    custom vendor's Content-Type (an exact string match for the WAV and MP3 types; a regular
+    expression for L16; anything else is WAV). The rate is what jambonz plays the file at."""
+    if mime in ("audio/wav", "audio/x-wav"):
+        return "wav", 8000
+    for rate in (8000, 16000, 24000, 32000, 48000):
+        if re.search(rf"audio/l16.*rate={rate}", mime):
+            return f"r{rate // 1000}", rate
+    if mime in ("audio/mpeg", "audio/mp3"):
+        return "mp3", 8000
+    return "wav", 8000
+
+
+def jambonz_body(text: str, voice: str = "joe", language: str = "en-US") -> dict[str, str]:
+    """speech-utils ``synthCustomVendor``: ``{language, voice, type, text}``, type "ssml" when
+    the text starts with <speak>."""
+    return {
+        "language": language,
+        "voice": voice,
+        "type": "ssml" if text.startswith("<speak>") else "text",
+        "text": text,
+    }
+
+
+TEXT = "Thanks for calling. One moment please."
+
+
+@pytest.mark.parametrize(
+    ("content_type", "ext", "rate"),
+    [
+        ("audio/l16;rate=8000", "r8", 8000),
+        ("audio/l16;rate=16000", "r16", 16000),
+        ("audio/wav", "wav", 8000),
+    ],
+)
+async def test_jambonz_plays_the_answer_at_the_declared_rate(
+    gateway: GatewayFactory, settings: Settings, content_type: str, ext: str, rate: int
+) -> None:
+    """The answer's Content-Type is one jambonz maps to the intended file type, exactly; the
+    body's length at that rate matches the WAV rendering's duration within one 20 ms frame."""
+    client = await gateway(settings=settings.replace(jambonz_content_type=content_type))
+    r = await client.post(
+        "/v1/jambonz/tts",
+        json=jambonz_body(TEXT),
+        headers={"Authorization": "Bearer some-token"},
+    )
+    assert r.status == 200, await r.text()
+    assert r.headers["Content-Type"] == content_type
+    assert jambonz_file_ext(r.headers["Content-Type"]) == (ext, rate)
+    body = await r.read()
+    reference = await client.get(f"/v1/say/joe/{TEXT.replace(' ', '%20')}.wav")
+    with wave.open(io.BytesIO(await reference.read())) as w:
+        wav_s = w.getnframes() / w.getframerate()
+    if ext == "wav":
+        with wave.open(io.BytesIO(body)) as w:
+            assert w.getframerate() == 8000  # jambonz takes every WAV as 8 kHz
+            assert (w.getnchannels(), w.getsampwidth()) == (1, 2)
+            seconds = w.getnframes() / 8000
+    else:
+        seconds = len(body) / 2 / rate
+    assert abs(seconds - wav_s) <= 0.020, (seconds, wav_s)
+
+
+async def test_voice_and_language_map_through_aliases(
+    gateway: GatewayFactory, settings: Settings, counting_engine: CountingEngine
+) -> None:
+    aliased = settings.replace(voice_aliases="en-GB=joe,polly.Joanna=joe")
+    client = await gateway(settings=aliased)
+    for body in (
+        jambonz_body("Hello.", voice="polly.Joanna"),
+        jambonz_body("Hello.", voice="unknown", language="en-GB"),
+        jambonz_body("Hello.", voice="alloy"),
+    ):
+        r = await client.post("/v1/jambonz/tts", json=body)
+        assert r.status == 200, await r.text()
+    assert counting_engine.items == 1  # all three are the joe voice: one synthesis
+
+
+async def test_unknown_voice_is_the_default_or_a_400_by_setting(
+    gateway: GatewayFactory, settings: Settings
+) -> None:
+    lenient = await gateway()
+    r = await lenient.post(
+        "/v1/jambonz/tts", json=jambonz_body("Hi.", voice="nobody", language="xx")
+    )
+    assert r.status == 200
+    strict = await gateway(settings=settings.replace(jambonz_unknown_voice="reject"))
+    r = await strict.post(
+        "/v1/jambonz/tts", json=jambonz_body("Hi.", voice="nobody", language="xx")
+    )
+    assert r.status == 400
+    error = (await r.json())["error"]
+    assert error["param"] == "voice" and "nobody" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        (jambonz_body("<speak>Hello.</speak>"), "type 'ssml' is not supported yet"),
+        ({"voice": "joe", "type": "text"}, "missing required field 'text'"),
+        ({"text": "Hi.", "type": "html"}, "unsupported type 'html'"),
+        ({"text": "   ", "type": "text"}, "'text' is empty"),
+    ],
+)
+async def test_bad_jambonz_bodies_are_400(
+    gateway: GatewayFactory, body: dict[str, str], fragment: str
+) -> None:
+    client = await gateway()
+    r = await client.post("/v1/jambonz/tts", json=body)
+    assert r.status == 400
+    assert fragment in (await r.json())["error"]["message"]
+
+
+async def test_streaming_protocol_sentence_by_sentence_from_the_cache(
+    gateway: GatewayFactory, counting_engine: CountingEngine
+) -> None:
+    """jambonz/custom-speech-example lib/tts/streaming/elevenlabs.js: voice, language and
+    sampleRate in the query; the server sends ``{type: "connect", data: {sample_rate,
+    base64_encoding}}``, then binary PCM; jambonz sends ``stream`` (text pieces), ``flush`` and
+    ``stop``."""
+    client = await gateway()
+    r = await client.post(
+        "/v1/audio/speech",
+        json={
+            "model": "tts-1",
+            "input": "How can I help you today?",
+            "voice": "alloy",
+            "response_format": "pcm",
+            "sample_rate": 16000,
+        },
+    )
+    cached = await r.read()
+    assert counting_engine.items == 1
+    async with client.ws_connect(
+        "/v1/jambonz/stream?voice=joe&language=en-US&sampleRate=16000"
+    ) as ws:
+        hello = await ws.receive_json()
+        assert hello == {
+            "type": "connect",
+            "data": {"sample_rate": 16000, "base64_encoding": False},
+        }
+        for piece in ("How can I help", " you today? Your order", " has shipped."):
+            await ws.send_json({"type": "stream", "text": piece})
+        first = await ws.receive()
+        assert first.type == WSMsgType.BINARY
+        assert first.data == cached  # the first sentence came from the cache
+        await ws.send_json({"type": "flush"})
+        second = await ws.receive()
+        assert second.type == WSMsgType.BINARY
+        assert len(second.data) % 2 == 0 and len(second.data) > 16000  # over half a second
+        await ws.send_json({"type": "nonsense"})
+        error = await ws.receive_json()
+        assert "stream, flush or stop" in error["error"]
+        await ws.send_json({"type": "stop"})
+        closing = await ws.receive()
+        assert closing.type in (WSMsgType.CLOSE, WSMsgType.CLOSED, WSMsgType.CLOSING)
+    assert counting_engine.items == 2  # only "Your order has shipped." was new
+    bad = await client.get("/v1/jambonz/stream?sampleRate=11025")
+    assert bad.status == 400
+    assert "sampleRate" in (await bad.json())["error"]["message"]
