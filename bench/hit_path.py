@@ -522,9 +522,9 @@ def main() -> int:
     )
     print(f"{'workload':<10}{'server':<28}{'req/s':>10}{'p50 ms':>10}{'CPU us/req':>12}")
     for name, r in results.items():
-        label = "gateway (GET say URL, HIT)" if name == "say-url" else "gateway (POST speech, HIT)"
+        server = "gateway (GET say URL, HIT)" if name == "say-url" else "gateway (POST speech, HIT)"
         print(
-            f"{name:<10}{label:<28}{r['gateway_rps_median']:>10.0f}"
+            f"{name:<10}{server:<28}{r['gateway_rps_median']:>10.0f}"
             f"{r['gateway_p50_ms_median']:>10.2f}{r['gateway_cpu_us_per_request_median']:>12.1f}"
         )
         print(

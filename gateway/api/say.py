@@ -30,22 +30,22 @@ from gateway.speech.telephony import Extension, extension
 
 SIGNED = "s"  # /v1/say/s/{token}/...: "s" is never a voice's URL segment there
 
-# Longest say-URL segment remembered by the memo (longer ones are parsed each time).
-MEMO_MAX_SEGMENT = 2048
+# Longest say-URL path remembered by the memo (longer ones are parsed each time).
+MEMO_MAX_PATH = 2048
 
 SayParsed = tuple[SpeechRequest, Extension]
 
 
-class SayMemo(BoundedMemo[tuple[str, ...], SayParsed]):
-    """Validated say URLs by their decoded path segments, so a repeated URL costs one dict
-    lookup. Only valid URLs are kept, and only short ones."""
+class SayMemo(BoundedMemo[str, SayParsed]):
+    """Validated say URLs by their path as sent, so a repeated URL costs one dict lookup. Only
+    valid URLs are kept (a signed one once verified), and only short ones."""
 
     def __init__(self, size: int = 4096) -> None:
         super().__init__(size)
 
-    def put(self, key: tuple[str, ...], value: SayParsed) -> None:
-        """Remember ``value`` for the segments ``key`` (short ones only)."""
-        if sum(len(k) for k in key) <= MEMO_MAX_SEGMENT:
+    def put(self, key: str, value: SayParsed) -> None:
+        """Remember ``value`` for the path ``key`` (short ones only)."""
+        if len(key) <= MEMO_MAX_PATH:
             super().put(key, value)
 
 

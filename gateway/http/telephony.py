@@ -70,29 +70,33 @@ def _conditional(request: web.Request) -> bool:
 
 
 async def say(request: web.Request) -> web.StreamResponse:
-    """``GET /v1/say/{voice}/{text}.{ext}``: speak ``text`` in ``voice`` as ``ext``."""
-    match = request.match_info
-    segments = (match["voice"], match["text"], match["ext"])
-    memo = request.app[keys.SAY_MEMO]
-    parsed = memo.get(segments)
+    """``GET /v1/say/{voice}/{text}.{ext}``: speak ``text`` in ``voice`` as ``ext``.
+
+    A repeated URL is one memo lookup by the path exactly as sent (one string: no segments to
+    pick out and hash), then the memory hit of :func:`serve_speech`."""
+    app = request.app
+    raw = request.raw_path
+    memo = app[keys.SAY_MEMO]
+    parsed = memo.get(raw)
     if parsed is None:
-        parsed = _parse(request, *segments)
-        memo.put(segments, parsed)
+        match = request.match_info
+        parsed = _parse(request, match["voice"], match["text"], match["ext"])
+        memo.put(raw, parsed)
     req, ext = parsed
-    return await serve_speech(request, req, present=request.app[keys.PRESENTATIONS].say[ext.name])
+    return await serve_speech(request, req, present=app[keys.PRESENTATIONS].say[ext.name])
 
 
 async def say_signed(request: web.Request) -> web.StreamResponse:
     """``GET /v1/say/s/{token}/{voice}/{text}.{ext}``: a say URL that authorizes itself."""
     match = request.match_info
     token, voice, text, ext_name = match["token"], match["voice"], match["text"], match["ext"]
-    segments = (SIGNED, token, voice, text, ext_name)
+    raw = request.raw_path  # (holds the token: a URL is remembered once verified)
     memo = request.app[keys.SAY_MEMO]
-    parsed = memo.get(segments)
+    parsed = memo.get(raw)
     if parsed is None:
         verify(_secret(request), token, voice, text, ext_name)
         parsed = _parse(request, voice, text, ext_name)
-        memo.put(segments, parsed)
+        memo.put(raw, parsed)
     else:
         # (Remembered only once verified: what is left to check is the clock.)
         expires = expiry_of(token)
