@@ -72,6 +72,7 @@ from common import (
 )
 
 sys.path.insert(0, str(ROOT))
+from gateway.runtime.eventloop import label
 
 # About 5.7 s of speech: a ~250 KB PCM16 WAV at the voice's 22,050 Hz.
 TEXT = (
