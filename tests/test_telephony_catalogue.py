@@ -4,6 +4,7 @@ into Asterisk/FreeSWITCH layouts, and signed say URLs for players that send no A
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import re
@@ -295,6 +296,31 @@ async def test_signed_say_urls(gateway: GatewayFactory, settings: Settings) -> N
         "/v1/say/sign", json={"voice": "nobody", "text": "Hi.", "ext": "wav"}
     )
     assert unsignable.status == 400
+
+
+async def test_sign_url_command_prints_a_url_the_gateway_plays(
+    gateway: GatewayFactory, settings: Settings, tmp_path: Path
+) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VOXGATE_URL_SIGNING_SECRET": SECRET}
+    argv = ["sign-url", "joe", "Press one, or hold.", "ulaw", "--public-url", "http://tts:8080"]
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "gateway.cli.main", *argv, "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    assert printed["expires"] is None
+    assert printed["url"].startswith("http://tts:8080/v1/say/s/")
+    assert "%2C" in printed["url"] and "&" not in printed["url"]
+    client = await gateway(settings=settings.replace(url_signing_secret=SECRET))
+    r = await client.get(printed["url"].removeprefix("http://tts:8080"))
+    assert r.status == 200
+    assert r.headers["Content-Type"] == "audio/basic"
 
 
 async def test_signing_off_refuses_signed_urls(gateway: GatewayFactory) -> None:
