@@ -3,6 +3,7 @@ route (and per telephony extension), made once from the settings."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from multidict import CIMultiDict
@@ -13,6 +14,9 @@ from gateway.memo import BoundedMemo
 from gateway.runtime.settings import Settings
 from gateway.speech.telephony import EXTENSIONS
 from synth import audio
+
+# Hit headers remembered across every GET route and extension of one app (about 1 KB each).
+HIT_HEADERS = 8192
 
 
 def audio_headers(key: str, fmt: audio.AudioFormat, rate: int, cache: str) -> dict[str, str]:
@@ -31,13 +35,16 @@ class Presentation:
     """How a GET route presents audio to players: its ``Cache-Control``, and its
     ``Content-Type`` where that is not the format's own (a telephony extension's). Players keep
     a file only with ``max-age`` and revalidate with ETag or Last-Modified, so both are sent.
-    The headers of a memory hit are built once per key, as for POST."""
+    The headers of a memory hit are built once per key, as for POST, in a memo all of an app's
+    presentations share (``hits``, keyed by this presentation's ``tag`` and the key): one bound
+    for the headers of every route and extension, however many are used."""
 
     cache_control: str
     content_type: str | None = None
-    _hits: BoundedMemo[str, CIMultiDict[str]] = field(
-        default_factory=lambda: BoundedMemo(4096), repr=False
+    hits: BoundedMemo[tuple[int, str], CIMultiDict[str]] = field(
+        default_factory=lambda: BoundedMemo(HIT_HEADERS), repr=False
     )
+    tag: int = 0
 
     def headers(
         self, key: str, fmt: audio.AudioFormat, rate: int, cache: str, created: float | None
@@ -53,11 +60,11 @@ class Presentation:
 
     def hit_headers(self, key: str, fmt: audio.AudioFormat, entry: Entry) -> CIMultiDict[str]:
         """The headers of a hit on ``key`` (built once per key: they never change for it)."""
-        found = self._hits.get(key)
+        found = self.hits.get((self.tag, key))
         if found is None:
             meta = entry.meta
             found = CIMultiDict(self.headers(key, fmt, meta.sample_rate, "hit", meta.created))
-            self._hits.put(key, found)
+            self.hits.put((self.tag, key), found)
         return found
 
 
@@ -77,10 +84,16 @@ class Presentations:
         the served model says today (``synthesis_max_age_s``)."""
         forever = cache_control(settings.audio_max_age_s, immutable=True)
         today = cache_control(settings.synthesis_max_age_s)
+        hits: BoundedMemo[tuple[int, str], CIMultiDict[str]] = BoundedMemo(HIT_HEADERS)
+        tags = itertools.count()
+
+        def present(cache: str, content_type: str | None = None) -> Presentation:
+            return Presentation(cache, content_type, hits=hits, tag=next(tags))
+
         return cls(
-            synthesis=Presentation(today),
-            stored=Presentation(forever),
-            say={name: Presentation(today, e.content_type) for name, e in EXTENSIONS.items()},
-            by_key={name: Presentation(forever, e.content_type) for name, e in EXTENSIONS.items()},
-            jambonz=Presentation("no-store", settings.jambonz_content_type),
+            synthesis=present(today),
+            stored=present(forever),
+            say={name: present(today, e.content_type) for name, e in EXTENSIONS.items()},
+            by_key={name: present(forever, e.content_type) for name, e in EXTENSIONS.items()},
+            jambonz=present("no-store", settings.jambonz_content_type),
         )
