@@ -386,7 +386,10 @@ class Settings(BaseSettings):
         le=65535,
     )
     wyoming_host: str = _opt(
-        "wyoming", "", "Address the Wyoming server listens on (empty: the same as host)."
+        "wyoming",
+        "",
+        "Address the Wyoming server listens on (empty: the same as host). The protocol has no "
+        "authentication: listen only where Home Assistant, and nobody else, can reach it.",
     )
     wyoming_max_connections: int = _opt(
         "wyoming",
