@@ -9,12 +9,17 @@ import io
 import json
 from typing import Any
 
+import aiohttp
 import numpy as np
+import pytest
 import soundfile as sf
 
 from gateway.runtime.settings import Settings
+from metrics import Metrics
+from synth.piper_engine import PiperEngine
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine
+from tests.test_streaming import FailingEngine
 
 THREE = "Your balance is ten dollars. Press one to pay it now. Press two for an agent."
 
@@ -191,3 +196,32 @@ async def test_listings(gateway: GatewayFactory) -> None:
     for vid in list(by_id)[:3]:
         r = await client.post("/v1/audio/speech", json=body(voice=vid, response_format="wav"))
         assert r.status == 200, vid
+
+
+async def test_sse_failure_after_the_first_event(
+    gateway: GatewayFactory, piper_engine: PiperEngine, metrics: Metrics
+) -> None:
+    """A sentence that fails after the first delta: an error event, then the connection is cut
+    before the stream's end (no speech.audio.done), so no client takes the audio as complete."""
+    client = await gateway(engines={"piper": FailingEngine(piper_engine)})
+    r = await client.post(
+        "/v1/audio/speech",
+        json=body(input="We talk. Then explode.", response_format="pcm", stream_format="sse"),
+    )
+    assert r.status == 200
+    received = bytearray()
+    with pytest.raises(aiohttp.ClientPayloadError):
+        async for chunk in r.content.iter_any():
+            received += chunk
+    events = sse_events(bytes(received))
+    assert events[0]["type"] == "speech.audio.delta"
+    assert events[-1]["type"] == "error"
+    assert "speech.audio.done" not in {e["type"] for e in events}
+    assert metrics.registry.get_sample_value("voxgate_streams_total", {"outcome": "failed"}) == 1
+    # Failing before the first event is still a plain JSON error.
+    r = await client.post(
+        "/v1/audio/speech",
+        json=body(input="We explode.", stream_format="sse", response_format="pcm"),
+    )
+    assert r.status == 500
+    assert (await r.json())["error"]["code"] == "engine_error"
