@@ -15,10 +15,14 @@ class SingleFlight(Generic[T]):
 
     The shared work runs as its own task, and callers await it through ``asyncio.shield``: a caller
     that is cancelled (its client went away) stops waiting, but the work others wait on goes on.
+    With ``cancel_abandoned``, the work is cancelled once the last of its callers is: nobody is
+    left to answer.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, cancel_abandoned: bool = False) -> None:
         self._inflight: dict[str, asyncio.Task[T]] = {}
+        self.cancel_abandoned = cancel_abandoned
+        self._waiters: dict[asyncio.Task[T], int] = {}
 
     def __len__(self) -> int:
         return len(self._inflight)
@@ -47,4 +51,20 @@ class SingleFlight(Generic[T]):
             task = asyncio.ensure_future(work())
             self._inflight[key] = task
             task.add_done_callback(functools.partial(self._finished, key))
-        return await asyncio.shield(task), leader
+        if not self.cancel_abandoned:
+            return await asyncio.shield(task), leader
+        self._waiters[task] = self._waiters.get(task, 0) + 1
+        try:
+            return await asyncio.shield(task), leader
+        finally:
+            left = self._waiters[task] - 1
+            if left:
+                self._waiters[task] = left
+            else:
+                del self._waiters[task]
+                if not task.done():
+                    # The last caller left before the work was done (it can only have been
+                    # cancelled): stop the work, and let a new caller start afresh.
+                    task.cancel()
+                    if self._inflight.get(key) is task:
+                        del self._inflight[key]

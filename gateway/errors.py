@@ -66,6 +66,13 @@ class PayloadTooLarge(VoxgateError):
     type = "invalid_request_error"
 
 
+class TooManyRequests(VoxgateError):
+    """This client asked for more than its share; carries Retry-After."""
+
+    status = 429
+    type = "rate_limit_exceeded"
+
+
 class Unavailable(VoxgateError):
     """Recoverable: overloaded, warming up, or a worker died. Carries Retry-After."""
 

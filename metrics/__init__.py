@@ -207,6 +207,13 @@ class Metrics:
             multiprocess_mode="livesum",
             registry=r,
         )
+        self.client_rejected = Counter(
+            "voxgate_synthesis_client_rejected_total",
+            "Misses turned away because their client already had its share of the synthesis "
+            "queue waiting (queue_per_client; answered 429).",
+            ["model"],
+            registry=r,
+        )
         self.worker_restarts = Counter(
             "voxgate_synthesis_worker_restarts_total",
             "Synthesis workers replaced after dying or hanging, by model and reason.",
@@ -254,6 +261,11 @@ class Metrics:
         )
 
         # --- sentences and streaming (issue 5) ---------------------------------------------------
+        self.sentences_abandoned = Counter(
+            "voxgate_sentences_abandoned_total",
+            "Sentences never synthesized because every client waiting for their text was gone.",
+            registry=r,
+        )
         self.sentences = Counter(
             "voxgate_sentences_total",
             "Sentence masters used to assemble renditions, by how each was had: hit (stored), "

@@ -40,6 +40,7 @@ import numpy as np
 from synth.engine import Audio, ParamValue, SynthesisItem, VoiceInfo, fingerprint_files
 from synth.errors import EngineError, UnspeakableInput
 from synth.onnx_layout import rewrite_file
+from synth.onnx_memory import ShrinkingSession
 
 log = logging.getLogger("voxgate.synth.coqui")
 
@@ -237,7 +238,8 @@ class CoquiEngine:
         if self.mode == "onnx":
             if self.model_type != "vits":
                 raise EngineError(f"coqui mode onnx needs a VITS model, got {self.model_type!r}")
-            self._onnx = self._onnx_session(model)
+            # The arena shrinks after each run: memory comes back after a long input.
+            self._onnx = ShrinkingSession(self._onnx_session(model))
         elif self.mode == "int8":
             self._quantize(model)
         log.info(

@@ -23,6 +23,10 @@ class Overloaded(SynthesisError):
         self.retry_after_s = retry_after_s
 
 
+class ClientQueueFull(Overloaded):
+    """This client already has its share of the queue waiting; others are still served (429)."""
+
+
 class EngineError(SynthesisError):
     """The engine failed on this input."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +14,13 @@ import numpy as np
 
 from synth.engine import Audio, ParamValue, SynthesisItem, VoiceInfo, fingerprint_files
 from synth.errors import EngineError, UnspeakableInput
+from synth.onnx_memory import TRIM_AFTER_AUDIO_S, ShrinkingSession, release_freed_memory
+
+# Longest phoneme sequence one ONNX run is given at speed 1 (about 16 s of audio: the joe voice
+# speaks about 22 phonemes a second). Peak memory grows with the audio of one run, about 20 MB a
+# second, so a run is held to about 330 MB at any speed: slower speech gets shorter runs.
+MAX_RUN_PHONEMES = 350
+MIN_RUN_PHONEMES = 40
 
 log = logging.getLogger("voxgate.synth.piper")
 
@@ -113,7 +120,7 @@ class PiperEngine:
                 str(files.model_path), sess_options=opts, providers=providers
             )
             self._voices[name] = PiperVoice(
-                session=session, config=PiperConfig.from_dict(self._configs[name])
+                session=ShrinkingSession(session), config=PiperConfig.from_dict(self._configs[name])
             )
         log.info("piper voices loaded: %s", ", ".join(self._files))
 
@@ -135,13 +142,28 @@ class PiperEngine:
             noise_scale=float(params["noise_scale"]),
             noise_w_scale=float(params["noise_w"]),
         )
-        chunks = [c.audio_float_array for c in voice.synthesize(item.text, syn_config=config)]
+        chunks = list(self._runs(voice, item.text, config, item.speed))
         if not chunks:
             raise UnspeakableInput(
                 "the voice produced no audio for this input: it has nothing to speak"
             )
         pcm = np.concatenate(chunks).astype(np.float32, copy=False)
+        if len(pcm) > TRIM_AFTER_AUDIO_S * self.sample_rate:
+            release_freed_memory()
         return Audio(pcm, self.sample_rate)
+
+    @staticmethod
+    def _runs(voice: Any, text: str, config: Any, speed: float) -> Iterator[np.ndarray[Any, Any]]:
+        """Audio of ``text`` as ``PiperVoice.synthesize`` makes it (one run per espeak sentence,
+        each peak-normalized and clipped), except that a sentence of more phonemes than one run
+        may take is cut between words into several runs."""
+        limit = max(MIN_RUN_PHONEMES, round(MAX_RUN_PHONEMES * min(1.0, speed)))
+        for phonemes in voice.phonemize(text):
+            for run in _bounded_runs(phonemes, limit):
+                audio = voice.phoneme_ids_to_audio(voice.phonemes_to_ids(run), config)
+                peak = np.max(np.abs(audio)) if audio.size else 0.0
+                audio = np.zeros_like(audio) if peak < 1e-8 else audio / peak
+                yield np.clip(audio, -1.0, 1.0).astype(np.float32)
 
     def synthesize_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]:
         if not self._voices:
@@ -151,6 +173,7 @@ class PiperEngine:
     def describe(self) -> Mapping[str, object]:
         return {
             "engine": "piper",
+            "max_run_phonemes": MAX_RUN_PHONEMES,
             "runtime": "onnxruntime",
             "device": "cuda" if self.use_cuda else "cpu",
             "intra_op_threads": self.intra_op_threads,
@@ -158,3 +181,16 @@ class PiperEngine:
             "sample_rate": self.sample_rate,
             "fingerprint": self.fingerprint,
         }
+
+
+def _bounded_runs(phonemes: list[str], limit: int) -> Iterator[list[str]]:
+    """``phonemes`` in runs of at most ``limit``, cut after a word (a space phoneme) where one
+    falls in the run, else at the limit."""
+    start = 0
+    while len(phonemes) - start > limit:
+        end = start + limit
+        cut = max((i + 1 for i in range(start, end) if phonemes[i] == " "), default=end)
+        yield phonemes[start:cut]
+        start = cut
+    if start < len(phonemes):
+        yield phonemes[start:]

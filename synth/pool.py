@@ -10,6 +10,14 @@ worker over a pipe. A worker that dies mid-batch is replaced and the batch retri
 worker; a second death fails the batch with :class:`EngineDead` (HTTP 503). A batch running past
 ``batch_timeout_s`` gets its worker killed and replaced and fails with :class:`SynthesisTimeout`
 (not retried: a hanging input would hang the next worker too).
+
+Replies are not pickles: a worker runs an engine on untrusted text, so what it sends back is
+parsed, not executed. A reply is one framed message (a JSON header, then the float32 samples),
+read with a size bound (``max_reply_bytes``) before anything is allocated for it, and checked
+field by field. A reply that is too large, malformed, or fails in any other unexpected way gets its
+worker replaced (its pipe may hold the rest of a message) and fails the batch with
+:class:`EngineError`; before, any exception other than the four expected kinds left the worker
+neither idle nor replaced, and every later request waited out the batch timeout.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import importlib
+import json
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -26,6 +35,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from metrics import Metrics
 from synth.cancellation import cancel_and_wait
@@ -63,6 +74,91 @@ class EngineSpec:
         return engine
 
 
+# A worker's messages to the gateway: b"<kind>\n" + a JSON header, and for "ok" a newline and
+# the items' float32 samples back to back. The header lists each item's (samples, rate).
+_MAX_MESSAGE_CHARS = 500  # error texts from a worker are cut to this before they reach a client
+
+
+def encode_reply(kind: str, header: Mapping[str, Any], pcm: Sequence[Any] = ()) -> bytes:
+    """One framed worker message (runs in the worker)."""
+    head = kind.encode() + b"\n" + json.dumps(header).encode()
+    if kind != "ok":
+        return head
+    return b"".join([head, b"\n", *(np.ascontiguousarray(p, dtype="<f4").tobytes() for p in pcm)])
+
+
+class BadReply(Exception):
+    """A worker's reply that cannot be trusted: too large, malformed, or inconsistent."""
+
+
+def decode_reply(data: bytes, expected_items: int) -> tuple[str, Any]:
+    """``("ok", [Audio...])``, ``("error", (kind, message))``, ``("ready", pid)`` or
+    ``("failed", message)`` from one worker message; :class:`BadReply` for anything else."""
+    kind, sep, rest = data.partition(b"\n")
+    if not sep:
+        raise BadReply("reply without a header")
+    if kind == b"ok":
+        head, sep, samples = rest.partition(b"\n")
+        if not sep:
+            raise BadReply("ok reply without samples")
+        header = _json_object(head)
+        items = header.get("items")
+        if not isinstance(items, list) or len(items) != expected_items:
+            raise BadReply(f"reply has {_count(items)} items for a batch of {expected_items}")
+        out: list[Audio] = []
+        offset = 0
+        for item in items:
+            if (
+                not isinstance(item, list)
+                or len(item) != 2
+                or not all(type(v) is int for v in item)
+                or item[0] < 0
+                or not 1 <= item[1] <= 1_000_000
+            ):
+                raise BadReply("reply item is not [samples, rate]")
+            n, rate = item
+            end = offset + 4 * n
+            if end > len(samples):
+                raise BadReply("reply shorter than its header says")
+            # A copy: a view would keep the whole reply alive as long as any one item.
+            pcm = np.frombuffer(samples, dtype="<f4", count=n, offset=offset).astype(np.float32)
+            if not np.isfinite(pcm).all():
+                raise BadReply("reply holds samples that are not finite")
+            out.append(Audio(pcm, rate))
+            offset = end
+        if offset != len(samples):
+            raise BadReply("reply longer than its header says")
+        return "ok", out
+    header = _json_object(rest)
+    if kind == b"error":
+        error_kind, message = header.get("kind"), header.get("message")
+        if not isinstance(error_kind, str) or not isinstance(message, str):
+            raise BadReply("error reply without kind and message")
+        return "error", (error_kind, message[:_MAX_MESSAGE_CHARS])
+    if kind == b"ready":
+        pid = header.get("pid")
+        if type(pid) is not int:
+            raise BadReply("ready message without a pid")
+        return "ready", pid
+    if kind == b"failed":
+        return "failed", str(header.get("message", ""))[:_MAX_MESSAGE_CHARS]
+    raise BadReply("reply of an unknown kind")
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise BadReply("reply header is not JSON") from exc
+    if not isinstance(value, dict):
+        raise BadReply("reply header is not a JSON object")
+    return value
+
+
+def _count(items: object) -> str:
+    return str(len(items)) if isinstance(items, list) else "no"
+
+
 def _worker_main(
     spec: EngineSpec, threads: int, conn: multiprocessing.connection.Connection
 ) -> None:
@@ -77,9 +173,10 @@ def _worker_main(
         engine.warm_up()
     except BaseException as exc:
         with contextlib.suppress(OSError):
-            conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+            message = f"{type(exc).__name__}: {exc}"
+            conn.send_bytes(encode_reply("failed", {"message": message}))
         raise
-    conn.send(("ready", os.getpid()))
+    conn.send_bytes(encode_reply("ready", {"pid": os.getpid()}))
     while True:
         try:
             items = conn.recv()
@@ -87,13 +184,18 @@ def _worker_main(
             return  # the gateway closed the pipe: shut down
         try:
             outputs = engine.synthesize_batch(items)
-            reply: tuple[Any, ...] = ("ok", [(a.pcm, a.sample_rate) for a in outputs])
+            reply = encode_reply(
+                "ok",
+                {"items": [[len(a.pcm), a.sample_rate] for a in outputs]},
+                [a.pcm for a in outputs],
+            )
         except SynthesisError as exc:
-            reply = ("error", type(exc).__name__, str(exc))
+            reply = encode_reply("error", {"kind": type(exc).__name__, "message": str(exc)})
         except Exception as exc:  # an engine bug fails this batch, not the worker
             logging.getLogger("voxgate.synth.worker").exception("batch failed")
-            reply = ("error", "EngineError", f"synthesis failed: {type(exc).__name__}")
-        conn.send(reply)
+            message = f"synthesis failed: {type(exc).__name__}"
+            reply = encode_reply("error", {"kind": "EngineError", "message": message})
+        conn.send_bytes(reply)
 
 
 class WorkerDied(Exception):
@@ -103,9 +205,10 @@ class WorkerDied(Exception):
 class _Worker:
     """One worker process and the parent's end of its pipe."""
 
-    def __init__(self, index: int, spec: EngineSpec, threads: int) -> None:
+    def __init__(self, index: int, spec: EngineSpec, threads: int, max_reply_bytes: int) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.index = index
+        self.max_reply_bytes = max_reply_bytes
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(
             target=_worker_main,
@@ -126,27 +229,51 @@ class _Worker:
             self.kill()
             raise TimeoutError(f"synthesis worker {self.index} not ready in {timeout_s:.0f}s")
         try:
-            message = self.conn.recv()
-        except (EOFError, OSError) as exc:
+            kind, value = decode_reply(self._receive(), 0)
+        except (EOFError, WorkerDied) as exc:
             raise WorkerDied(f"synthesis worker {self.index} died while loading") from exc
-        if message[0] != "ready":
+        except BadReply as exc:
             self.kill()
-            raise EngineError(f"synthesis worker {self.index} failed to load: {message[1]}")
+            raise EngineError(f"synthesis worker {self.index} sent a bad message: {exc}") from None
+        if kind != "ready":
+            self.kill()
+            raise EngineError(f"synthesis worker {self.index} failed to load: {value}")
+
+    def _receive(self) -> bytes:
+        """One message, refused before it is read when it declares more than the bound."""
+        try:
+            return self.conn.recv_bytes(self.max_reply_bytes)
+        except OSError as exc:
+            # multiprocessing raises OSError("bad message length") for a message over the bound,
+            # before reading it; any other OSError is a broken pipe: the worker is gone.
+            if "bad message length" in str(exc):
+                raise BadReply(
+                    f"reply larger than the {self.max_reply_bytes} bytes allowed"
+                ) from None
+            raise WorkerDied(f"synthesis worker {self.index} died") from exc
 
     def call(self, items: Sequence[SynthesisItem], timeout_s: float) -> list[Audio]:
-        """Run one batch (blocking). ``WorkerDied`` on death, ``TimeoutError`` past the bound."""
+        """Run one batch (blocking). ``WorkerDied`` on death, ``TimeoutError`` past the bound,
+        :class:`BadReply` for a reply that cannot be trusted."""
         try:
             self.conn.send(list(items))
             answered = self.conn.poll(timeout_s)
-            reply = self.conn.recv() if answered else None
         except (EOFError, OSError) as exc:
             raise WorkerDied(f"synthesis worker {self.index} died") from exc
-        if reply is None:
+        if not answered:
             # Raised outside the try: TimeoutError is an OSError and must not read as a death.
             raise TimeoutError(f"synthesis worker {self.index} timed out")
-        if reply[0] == "ok":
-            return [Audio(pcm, rate) for pcm, rate in reply[1]]
-        kind, message = reply[1], reply[2]
+        try:
+            data = self._receive()
+        except EOFError as exc:
+            raise WorkerDied(f"synthesis worker {self.index} died") from exc
+        kind, value = decode_reply(data, len(items))
+        if kind == "ok":
+            audios: list[Audio] = value
+            return audios
+        if kind != "error":
+            raise BadReply(f"unexpected {kind!r} message during a batch")
+        kind, message = value
         error = {
             "EngineDead": EngineDead,
             "SynthesisTimeout": SynthesisTimeout,
@@ -192,6 +319,7 @@ class WorkerPool:
         threads: int = 1,
         batch_timeout_s: float = 60.0,
         start_timeout_s: float = 600.0,
+        max_reply_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         if not specs:
             raise ValueError("a worker pool needs at least one engine spec")
@@ -202,6 +330,7 @@ class WorkerPool:
         self.threads = threads
         self.batch_timeout_s = batch_timeout_s
         self.start_timeout_s = start_timeout_s
+        self.max_reply_bytes = max_reply_bytes
         self._workers: dict[int, _Worker] = {}
         self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
         self._replacing: set[asyncio.Task[None]] = set()
@@ -229,7 +358,7 @@ class WorkerPool:
     async def _spawn(self, index: int) -> _Worker:
         loop = asyncio.get_running_loop()
         starting = loop.run_in_executor(
-            self._threads, _Worker, index, self.specs[index], self.threads
+            self._threads, _Worker, index, self.specs[index], self.threads, self.max_reply_bytes
         )
         try:
             worker = await asyncio.shield(starting)
@@ -347,6 +476,22 @@ class WorkerPool:
                 # The pipe may still carry this batch's reply: the worker cannot be reused.
                 self._replace(worker, "cancelled")
                 raise
+            except Exception as exc:
+                # A reply too large or malformed, or anything else not foreseen: the pipe's state
+                # is unknown, so the worker is replaced, never left neither idle nor replaced.
+                reason = "bad_reply" if isinstance(exc, BadReply) else "error"
+                log.error(
+                    "synthesis worker %d failed a batch of %d: %s: %s",
+                    worker.index,
+                    len(items),
+                    type(exc).__name__,
+                    exc,
+                )
+                self._replace(worker, reason)
+                raise EngineError(
+                    f"the synthesis worker sent an unusable reply ({type(exc).__name__}); "
+                    "it was replaced"
+                ) from None
             finally:
                 if healthy:
                     self._idle.put_nowait(worker)

@@ -3,12 +3,19 @@
 Contract (after Ray Serve's ``@serve.batch``): one future per item; cancelled items are dropped
 before a batch runs; the runner must return exactly one output per input; on any error every future
 of the batch fails, none is left hanging; queue wait and batch size are histogrammed.
+
+Each client gets a bounded share of the queue: the caller names it in the :data:`CLIENT` context
+variable (the gateway sets it per request: an API key's name, else the client's address), and a
+client with ``max_per_client`` items waiting gets :class:`ClientQueueFull` (HTTP 429) for the next
+one, while other clients' misses still find room. Tasks inherit the variable, so every sentence
+of a text counts against the client whose request started its synthesis.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 from collections import deque
@@ -19,9 +26,18 @@ from typing import Protocol
 from metrics import Metrics
 from synth.cancellation import cancel_and_wait
 from synth.engine import Audio, SynthesisItem
-from synth.errors import EngineError, Overloaded, SynthesisError, UnspeakableInput
+from synth.errors import (
+    ClientQueueFull,
+    EngineError,
+    Overloaded,
+    SynthesisError,
+    UnspeakableInput,
+)
 
 log = logging.getLogger("voxgate.synth")
+
+# Who a synthesis is for; "" (not set: the CLI, catalogue warm-up) is bound by the queue only.
+CLIENT: contextvars.ContextVar[str] = contextvars.ContextVar("voxgate_client", default="")
 
 
 class BatchRunner(Protocol):
@@ -34,7 +50,9 @@ class BatchRunner(Protocol):
 class _Pending:
     item: SynthesisItem
     future: asyncio.Future[Audio]
+    client: str = ""
     enqueued: float = field(default_factory=time.perf_counter)
+    waiting: bool = True  # counted in its client's share
 
 
 class Scheduler:
@@ -57,9 +75,14 @@ class Scheduler:
         max_wait_ms: float = 0.0,
         concurrency: int = 1,
         retry_after_s: float = 1.0,
+        max_per_client: int | None = None,
     ) -> None:
         if max_queue < 1 or max_batch < 1 or concurrency < 1:
             raise ValueError("max_queue, max_batch and concurrency must be >= 1")
+        if max_per_client is not None and max_per_client < 1:
+            raise ValueError("max_per_client must be >= 1")
+        self.max_per_client = max_per_client
+        self._per_client: dict[str, int] = {}
         self.model = model
         self.runner = runner
         self.metrics = metrics
@@ -93,9 +116,26 @@ class Scheduler:
         self._tasks.clear()
         while self._queue:
             p = self._queue.popleft()
+            self._dequeued(p)
             if not p.future.done():
                 p.future.set_exception(Overloaded("server is shutting down", self.retry_after_s))
         self._set_depth()
+
+    def waiting_for(self, client: str) -> int:
+        """Items ``client`` has waiting (not yet in a running batch)."""
+        return self._per_client.get(client, 0)
+
+    def _dequeued(self, p: _Pending) -> None:
+        """``p`` no longer waits (taken into a batch, dropped, or cancelled): free its share."""
+        if not p.waiting:
+            return
+        p.waiting = False
+        if p.client:
+            left = self._per_client[p.client] - 1
+            if left:
+                self._per_client[p.client] = left
+            else:
+                del self._per_client[p.client]
 
     def _set_depth(self) -> None:
         self.metrics.queue_depth.labels(self.model).set(len(self._queue))
@@ -110,8 +150,25 @@ class Scheduler:
                 f"synthesis queue for model {self.model!r} is full ({self.max_queue} waiting)",
                 self.retry_after_s,
             )
+        client = CLIENT.get()
+        if (
+            client
+            and self.max_per_client is not None
+            and self._per_client.get(client, 0) >= self.max_per_client
+        ):
+            self.metrics.client_rejected.labels(self.model).inc()
+            raise ClientQueueFull(
+                f"this client already has {self.max_per_client} syntheses waiting for model "
+                f"{self.model!r} (queue_per_client); retry when they are done",
+                self.retry_after_s,
+            )
         future: asyncio.Future[Audio] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending(item, future))
+        pending = _Pending(item, future, client)
+        if client:
+            self._per_client[client] = self._per_client.get(client, 0) + 1
+            # A waiter that gives up frees its share at once, not when the loop gets to it.
+            future.add_done_callback(lambda _: self._dequeued(pending))
+        self._queue.append(pending)
         self._set_depth()
         self._wakeup.set()
         return await future
@@ -122,6 +179,7 @@ class Scheduler:
                 self._wakeup.clear()
                 await self._wakeup.wait()
             first = self._queue.popleft()
+            self._dequeued(first)
             if first.future.cancelled():
                 continue
             batch = [first]
@@ -145,8 +203,13 @@ class Scheduler:
         while self._queue and len(taken) < limit:
             p = self._queue.popleft()
             if p.future.cancelled():
+                self._dequeued(p)
                 continue
-            (taken if p.item.batch_group() == group else keep).append(p)
+            if p.item.batch_group() == group:
+                self._dequeued(p)
+                taken.append(p)
+            else:
+                keep.append(p)
         keep.extend(self._queue)
         self._queue.clear()
         self._queue.extend(keep)

@@ -4,11 +4,23 @@ Templated prompts ("Your balance is 42 dollars. Press 1 to repeat.") share most 
 sentence is cached and synthesized on its own. pysbd is rule-based (abbreviations, decimals,
 initials: "Dr. Smith paid $4.50." stays one sentence) and costs about 0.2-1 ms per text, so callers
 run it off the event loop and only on a miss.
+
+A sentence longer than ``max_chars`` is cut further, at clause boundaries first (after ``,;:``
+and dashes), then between words, so no one engine run is asked for minutes of audio: an
+unpunctuated 900-character sentence at speed 0.25 cost 2.76 GB in one run (issue 12). Engines
+bound their runs too (Piper by phonemes), since characters are a loose measure of speech.
+
+:func:`speech_weight` is the character count the request budget is estimated from: symbols and
+emoji are read out as names ("grinning face with big eyes", about 20 phonemes each) and long digit
+strings digit by digit, so they weigh more than a letter.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 import threading
+import unicodedata
 from collections.abc import Sequence
 
 import numpy as np
@@ -35,11 +47,19 @@ class SentenceSplitter:
             self._local.segmenter = seg
         return seg
 
-    def split(self, text: str) -> list[str]:
-        """The sentences of ``text`` (already whitespace-normalized), stripped, none empty.
+    def split(self, text: str, max_chars: int | None = None) -> list[str]:
+        """The sentences of ``text`` (already whitespace-normalized), stripped, none empty, each
+        at most ``max_chars`` long (longer ones cut by :func:`bound_length`).
 
-        Joining the result with single spaces gives ``text`` back, so nothing is dropped.
+        Joining the result with single spaces gives ``text`` back, so nothing is dropped (a word
+        longer than ``max_chars`` is the one exception: it is cut where it must be).
         """
+        parts = self._sentences(text)
+        if max_chars is None or all(len(p) <= max_chars for p in parts):
+            return parts
+        return [piece for part in parts for piece in bound_length(part, max_chars)]
+
+    def _sentences(self, text: str) -> list[str]:
         sentences: list[str] = []
         pending = ""  # leading fragments with nothing to say, carried into the next sentence
         for part in self._segmenter().segment(text):
@@ -59,6 +79,85 @@ class SentenceSplitter:
         if pending:
             return [text]  # nothing speakable anywhere: the engine decides what to do with it
         return sentences or [text]
+
+
+# A clause ends after , ; : or a dash, before a space (text is whitespace-normalized).
+_CLAUSE_END = re.compile(r"(?<=[,;:\u2013\u2014)])\s|\s(?=[\u2013\u2014(])")
+
+
+def bound_length(sentence: str, max_chars: int) -> list[str]:
+    """``sentence`` in pieces of at most ``max_chars``: whole clauses packed together where they
+    fit, a clause too long cut between words, a word too long cut where it must be."""
+    if max_chars < 1:
+        raise ValueError("max_chars must be >= 1")
+    if len(sentence) <= max_chars:
+        return [sentence]
+    pieces: list[str] = []
+    for clause in _CLAUSE_END.split(sentence):
+        if len(clause) > max_chars:
+            # Cut between words, starting a piece of its own: a cut at the clause boundary
+            # before it sounds more natural than one inside the clause.
+            pieces.extend(_pack(_words(clause, max_chars), max_chars))
+        elif pieces and len(pieces[-1]) + 1 + len(clause) <= max_chars:
+            pieces[-1] = f"{pieces[-1]} {clause}"
+        else:
+            pieces.append(clause)
+    return pieces
+
+
+def _pack(units: list[str], max_chars: int) -> list[str]:
+    packed: list[str] = []
+    for unit in units:
+        if packed and len(packed[-1]) + 1 + len(unit) <= max_chars:
+            packed[-1] = f"{packed[-1]} {unit}"
+        else:
+            packed.append(unit)
+    return packed
+
+
+def _words(clause: str, max_chars: int) -> list[str]:
+    out: list[str] = []
+    for word in clause.split(" "):
+        while len(word) > max_chars:
+            out.append(word[:max_chars])
+            word = word[max_chars:]
+        if word:
+            out.append(word)
+    return out
+
+
+# Weights by Unicode category, measured as phonemes per character with the joe voice (espeak-ng):
+# letters and punctuation about 1.2, symbols and emoji 4 to 23 (read out by name), digits up to 11
+# (a long number is read digit by digit), CJK characters on an English voice about 15.
+SYMBOL_WEIGHT = 20
+DIGIT_WEIGHT = 4
+WIDE_WEIGHT = 4
+
+
+@functools.lru_cache(maxsize=4096)
+def speech_weight(text: str) -> int:
+    """How many plain letters ``text`` speaks like: its length, with symbols, emoji, digits and
+    wide (CJK) characters counted at their measured weight. Memoized: the same prompts repeat."""
+    if text.isascii():
+        digits = sum(ch.isdigit() for ch in text)
+        symbols = sum(1 for ch in text if ch in _ASCII_SYMBOLS)
+        return len(text) + (DIGIT_WEIGHT - 1) * digits + (SYMBOL_WEIGHT // 5 - 1) * symbols
+    weight = 0
+    for ch in text:
+        category = unicodedata.category(ch)
+        if category[0] == "S":
+            weight += SYMBOL_WEIGHT if not ch.isascii() else SYMBOL_WEIGHT // 5
+        elif category == "Nd":
+            weight += DIGIT_WEIGHT
+        elif unicodedata.east_asian_width(ch) in ("W", "F"):
+            weight += WIDE_WEIGHT
+        else:
+            weight += 1
+    return weight
+
+
+# ASCII symbols ($ % & + < = > ^ ` | ~ and friends) are read by name too, but short ones.
+_ASCII_SYMBOLS = frozenset(ch for ch in map(chr, range(128)) if unicodedata.category(ch)[0] == "S")
 
 
 def join(parts: Sequence[FloatPCM], sample_rate: int, pause_s: float) -> FloatPCM:

@@ -167,8 +167,10 @@ class ToneEngine:
     """A tiny deterministic engine for worker-process tests (built in the worker by dotted path).
 
     Each item becomes a tone whose length follows its text. A text containing ``hang`` blocks
-    forever (the per-batch timeout test), one containing ``crash`` ends the process; ``delay_s`` slows every batch so a test can act while a
-    batch runs.
+    forever (the per-batch timeout test), one containing ``crash`` ends the process; ``huge``
+    gives 10 s of audio per character (an oversized reply), ``stereo`` a two-channel array (a
+    reply whose header and samples disagree); ``delay_s`` slows every batch so a test can act
+    while a batch runs.
     """
 
     name = "tone"
@@ -203,8 +205,13 @@ class ToneEngine:
         out = []
         for item in items:
             n = 160 * (len(item.text) + 1)
+            if "huge" in item.text:
+                n = self.sample_rate * 10 * len(item.text)
             t = np.arange(n, dtype=np.float32) / self.sample_rate
-            out.append(Audio((0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), 16000))
+            pcm = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+            if "stereo" in item.text:
+                pcm = np.stack([pcm, pcm], axis=1)
+            out.append(Audio(pcm, 16000))
         return out
 
     def describe(self) -> Mapping[str, object]:

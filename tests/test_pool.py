@@ -18,8 +18,8 @@ from gateway.http import keys
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 from synth.engine import SynthesisItem
-from synth.errors import EngineDead, SynthesisTimeout
-from synth.pool import EngineSpec, WorkerPool
+from synth.errors import EngineDead, EngineError, SynthesisTimeout
+from synth.pool import BadReply, EngineSpec, WorkerPool, decode_reply, encode_reply
 from tests.conftest import GatewayFactory
 from tests.support import ToneEngine
 
@@ -27,10 +27,21 @@ TONE = "tests.support:ToneEngine"
 
 
 def tone_pool(
-    metrics: Metrics, workers: int = 2, delay_s: float = 0.0, timeout_s: float = 30.0
+    metrics: Metrics,
+    workers: int = 2,
+    delay_s: float = 0.0,
+    timeout_s: float = 30.0,
+    max_reply_bytes: int = 64 * 1024 * 1024,
 ) -> WorkerPool:
     spec = EngineSpec(TONE, {"delay_s": delay_s})
-    return WorkerPool("tone", spec.build(), [spec] * workers, metrics, batch_timeout_s=timeout_s)
+    return WorkerPool(
+        "tone",
+        spec.build(),
+        [spec] * workers,
+        metrics,
+        batch_timeout_s=timeout_s,
+        max_reply_bytes=max_reply_bytes,
+    )
 
 
 async def wait_for_workers(pool: WorkerPool, count: int, within_s: float) -> float:
@@ -166,3 +177,92 @@ async def test_close_during_a_batch_leaves_no_worker_processes(metrics: Metrics)
     await asyncio.sleep(0.2)
     alive = [p.name for p in multiprocessing.active_children() if p.name.startswith("synth-worker")]
     assert alive == []
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("huge reply", "bad_reply"),  # 100 s of audio: over the 1 MiB bound, refused unread
+        ("stereo reply", "bad_reply"),  # header and samples disagree
+    ],
+)
+async def test_poisoned_reply_replaces_the_worker_and_later_batches_succeed(
+    metrics: Metrics, text: str, reason: str
+) -> None:
+    """Issue 12, point 6: a reply that cannot be trusted replaced its worker (before, any
+    exception but four kinds left the worker neither idle nor replaced, and every later batch
+    waited out the batch timeout)."""
+    pool = tone_pool(metrics, workers=1, max_reply_bytes=1024 * 1024)
+    await pool.start()
+    try:
+        before = pool.worker_pids()
+        with pytest.raises(EngineError, match="replaced"):
+            await pool.run_batch([SynthesisItem(text, "beep")])
+        assert restarts(metrics, reason) == 1
+        await wait_for_workers(pool, 1, 20)
+        assert pool.worker_pids() != before
+        for i in range(3):  # no wedge: each later batch is answered, well within the timeout
+            audios = await asyncio.wait_for(pool.run_batch([SynthesisItem(f"ok {i}", "beep")]), 10)
+            assert len(audios[0].pcm) == 160 * 5
+    finally:
+        await pool.close()
+
+
+async def test_an_unforeseen_exception_in_a_reply_replaces_the_worker(
+    metrics: Metrics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any exception kind, not only the foreseen ones, replaces the worker."""
+    pool = tone_pool(metrics, workers=1)
+    await pool.start()
+    try:
+        import synth.pool
+
+        def explode(data: bytes, expected: int) -> object:
+            raise MemoryError("decoding the reply ran out of memory")
+
+        monkeypatch.setattr(synth.pool, "decode_reply", explode)
+        with pytest.raises(EngineError):
+            await pool.run_batch([SynthesisItem("one", "beep")])
+        monkeypatch.undo()
+        assert restarts(metrics, "error") == 1
+        await wait_for_workers(pool, 1, 20)
+        assert len(await asyncio.wait_for(pool.run_batch([SynthesisItem("two", "beep")]), 10)) == 1
+    finally:
+        await pool.close()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"ok",  # no header
+        b"ok\n{}\n",  # no items
+        b'ok\n{"items": [[4, 16000]]}\n' + b"\0" * 8,  # shorter than declared
+        b'ok\n{"items": [[1, 16000]]}\n' + b"\0" * 8,  # longer than declared
+        b'ok\n{"items": [[1, 0]]}\n' + b"\0" * 4,  # a rate of 0
+        b'ok\n{"items": [[1.5, 16000]]}\n' + b"\0" * 4,  # a fractional count
+        b'ok\n{"items": [[1, 16000]]}\n' + b"\x00\x00\xc0\x7f",  # NaN
+        b"ok\n[1]\n",  # header not an object
+        b"ok\n\xff\n",  # header not UTF-8
+        b'error\n{"kind": 3}',
+        b"cos\nsystem\n(S'echo pwned'\ntR.",  # a pickle is not executed, only refused
+    ],
+)
+def test_malformed_replies_are_refused(data: bytes) -> None:
+    with pytest.raises(BadReply):
+        decode_reply(data, 1)
+
+
+def test_a_reply_round_trips() -> None:
+    import numpy as np
+
+    pcm = np.linspace(-1, 1, 7, dtype=np.float32)
+    data = encode_reply("ok", {"items": [[7, 22050], [0, 22050]]}, [pcm, pcm[:0]])
+    kind, audios = decode_reply(data, 2)
+    assert kind == "ok"
+    assert [a.sample_rate for a in audios] == [22050, 22050]
+    assert np.array_equal(audios[0].pcm, pcm) and len(audios[1].pcm) == 0
+    message = "x" * 10_000
+    kind, (error_kind, text) = decode_reply(
+        encode_reply("error", {"kind": "EngineError", "message": message}), 1
+    )
+    assert (kind, error_kind, len(text)) == ("error", "EngineError", 500)

@@ -22,8 +22,15 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
     app = create_app(settings)
     # On SIGTERM, runner.cleanup() stops listening, lets in-flight requests finish for up to
     # shutdown_timeout_s, then runs the cleanup contexts (schedulers, engines, tiers) in reverse.
+    # handler_cancellation: a client that hangs up cancels its handler, so a miss nobody waits
+    # for any more stops its synthesis (gateway.speech.assembly); aiohttp's test server does this
+    # by default, its AppRunner does not.
     runner = web.AppRunner(
-        app, access_log=None, handle_signals=False, shutdown_timeout=settings.shutdown_timeout_s
+        app,
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=settings.shutdown_timeout_s,
+        handler_cancellation=True,
     )
     await runner.setup()
     # A worker of `serve --workers N` shares the port with its siblings (SO_REUSEPORT).

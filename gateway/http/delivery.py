@@ -2,8 +2,8 @@
 304 and Content-Length) and streamed ones (chunked, one chunk per sentence as it is ready).
 
 A stream follows a :class:`gateway.speech.assembly.SpeechStream`; it never owns it. A client that
-disconnects ends only its own stream: the sentences it was waiting on are still synthesized, and the
-full rendition is still stored, for whoever asks next.
+disconnects ends its own stream; the production goes on while anyone else waits for it (and its
+rendition is stored for them), else its sentences not yet queued are dropped.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from gateway.memo import BoundedMemo
 from gateway.speech.assembly import SpeechStream
 from gateway.speech.request import SpeechRequest
 from synth import audio
+from synth.scheduler import CLIENT
 
 log = logging.getLogger("voxgate.gateway")
 
@@ -45,6 +46,15 @@ def _hit_headers_for(key: str, fmt: audio.AudioFormat, rate: int) -> CIMultiDict
         headers = CIMultiDict(audio_headers(key, fmt, rate, "hit"))
         _hit_headers.put(key, headers)
     return headers
+
+
+def client_of(request: web.Request) -> str:
+    """Who is asking: the API key's name when keys are on (``keys.CLIENT_NAME``, set by the
+    authentication step), else the peer's address."""
+    name = request.get(keys.CLIENT_NAME)
+    if name:
+        return f"key:{name}"
+    return f"addr:{request.remote or 'unknown'}"
 
 
 def _record(request: web.Request, req: SpeechRequest, key: str, cache: str) -> None:
@@ -104,6 +114,8 @@ async def serve_speech(
         if present is not None:
             return not_modified({**present.headers(key, req.fmt, rate, "hit", None), **extra})
         return not_modified({**audio_headers(key, req.fmt, rate, "hit"), **extra})
+    # The synthesis queue's share is per client; this handler's tasks inherit the name.
+    CLIENT.set(client_of(request))
     answer = await service.answer(req, stream=stream)
     if isinstance(answer, SpeechStream):
         return await _stream(request, req, answer, extra)
@@ -127,7 +139,10 @@ async def _events(
     if isinstance(answer, SpeechStream):
         _record(request, req, answer.key, answer.cache)
         headers = {**audio_headers(answer.key, req.fmt, answer.rate, answer.cache), **extra}
-        return await sse.send_stream(request, headers, answer, characters=len(req.text))
+        try:
+            return await sse.send_stream(request, headers, answer, characters=len(req.text))
+        finally:
+            answer.close()  # this reader no longer waits for the production
     _record(request, req, answer.key, answer.cache)
     rate = answer.entry.meta.sample_rate
     headers = {**audio_headers(answer.key, req.fmt, rate, answer.cache), **extra}
@@ -135,6 +150,15 @@ async def _events(
 
 
 async def _stream(
+    request: web.Request, req: SpeechRequest, stream: SpeechStream, extra: dict[str, str]
+) -> web.StreamResponse:
+    try:
+        return await _send_stream(request, req, stream, extra)
+    finally:
+        stream.close()  # this reader no longer waits for the production
+
+
+async def _send_stream(
     request: web.Request, req: SpeechRequest, stream: SpeechStream, extra: dict[str, str]
 ) -> web.StreamResponse:
     key = stream.key

@@ -12,8 +12,15 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from gateway.errors import BadRequest, MethodNotAllowed, Unavailable, VoxgateError
+from gateway.errors import (
+    BadRequest,
+    MethodNotAllowed,
+    TooManyRequests,
+    Unavailable,
+    VoxgateError,
+)
 from synth.errors import (
+    ClientQueueFull,
     EngineDead,
     EngineError,
     Overloaded,
@@ -51,6 +58,10 @@ def error_response(exc: VoxgateError) -> web.Response:
 
 def from_synthesis_error(exc: SynthesisError) -> VoxgateError:
     """Map a synthesis failure to its HTTP error."""
+    if isinstance(exc, ClientQueueFull):
+        return TooManyRequests(
+            str(exc), code="client_queue_full", retry_after_s=exc.retry_after_s or 1.0
+        )
     if isinstance(exc, Overloaded):
         return Unavailable(str(exc), code="queue_full", retry_after_s=exc.retry_after_s or 1.0)
     if isinstance(exc, UnspeakableInput):

@@ -37,3 +37,8 @@ FIRST_BYTE_AT = web.RequestKey("first_byte_at", float)
 # --- telephony (issue 14) ---
 PRESENTATIONS = web.AppKey("presentations", Presentations)
 SAY_MEMO = web.AppKey("say_memo", SayMemo)
+
+# --- trust (issue 12) ---
+# Who is asking, for per-client shares: the API key's name once keys are checked (set by the
+# authentication step), else the client's address (gateway.http.delivery.client_of).
+CLIENT_NAME = web.RequestKey("client_name", str)

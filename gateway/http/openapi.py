@@ -55,6 +55,7 @@ def _errors(*codes: int) -> dict[str, Any]:
         404: "NotFound",
         413: "PayloadTooLarge",
         416: "RangeNotSatisfiable",
+        429: "TooManyRequests",
         503: "Unavailable",
     }
     return {str(c): _ref("responses", names[c]) for c in codes}
@@ -283,7 +284,7 @@ def _speech_path() -> dict[str, Any]:
             "responses": {
                 "200": _speech_ok(),
                 "304": _ref("responses", "NotModified"),
-                **_errors(400, 413, 503),
+                **_errors(400, 413, 429, 503),
             },
         }
     }
@@ -300,7 +301,7 @@ def _coqui_path(models: RequestModels) -> dict[str, Any]:
         "responses": {
             "200": _audio_ok("WAV audio."),
             "304": _ref("responses", "NotModified"),
-            **_errors(400, 413, 503),
+            **_errors(400, 413, 429, 503),
         },
     }
     body = _ref("schemas", models.coqui.model_json_schema()["title"])
@@ -336,7 +337,7 @@ def _synthesize_path(models: RequestModels) -> dict[str, Any]:
             "responses": {
                 "200": _audio_ok("The audio."),
                 "304": _ref("responses", "NotModified"),
-                **_errors(400, 503),
+                **_errors(400, 429, 503),
             },
         }
     }
@@ -791,6 +792,12 @@ def _components(settings: Settings, models: RequestModels) -> dict[str, Any]:
             "RangeNotSatisfiable": {
                 "description": "The range starts past the end; Content-Range: bytes */size.",
                 "headers": {"Content-Range": {"schema": {"type": "string"}}},
+                "content": {JSON: {"schema": _ref("schemas", "Error")}},
+            },
+            "TooManyRequests": {
+                "description": "This client already has its share of the synthesis queue "
+                "waiting (`queue_per_client`); retry after Retry-After seconds.",
+                "headers": {"Retry-After": {"schema": {"type": "integer"}}},
                 "content": {JSON: {"schema": _ref("schemas", "Error")}},
             },
             "Unavailable": {

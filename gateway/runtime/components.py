@@ -184,6 +184,8 @@ async def open_models(
                 max_wait_ms=float(settings.max_wait_ms),
                 concurrency=concurrency,
                 retry_after_s=settings.retry_after_s,
+                # One text queues up to max_parallel_sentences at once: never its own obstacle.
+                max_per_client=max(settings.queue_per_client, settings.max_parallel_sentences),
             )
             scheduler.start()
             ready = asyncio.Event()
@@ -205,13 +207,24 @@ def _runner_for(
     name: str, given: Engine | Sequence[EngineSpec], settings: Settings, metrics: Metrics
 ) -> tuple[ThreadRunner | WorkerPool, Engine, int]:
     """``(runner, engine for metadata, batches at once)`` for one model."""
+
+    def in_process(engine: Engine) -> tuple[ThreadRunner, Engine, int]:
+        runner = ThreadRunner(
+            engine,
+            settings.synth_threads,
+            batch_timeout_s=float(settings.batch_timeout_s),
+            model=name,
+            metrics=metrics,
+        )
+        return runner, engine, settings.synth_threads
+
     if isinstance(given, Engine):
-        return ThreadRunner(given, settings.synth_threads), given, settings.synth_threads
+        return in_process(given)
     specs = list(given)
     # The gateway's copy is never loaded: it only answers voices, fingerprint and sample rate.
     engine = specs[0].build()
     if settings.pool_workers() < 1:
-        return ThreadRunner(engine, settings.synth_threads), engine, settings.synth_threads
+        return in_process(engine)
     pool = WorkerPool(
         name,
         engine,
@@ -219,6 +232,7 @@ def _runner_for(
         metrics,
         threads=settings.worker_threads(),
         batch_timeout_s=float(settings.batch_timeout_s),
+        max_reply_bytes=settings.synth_max_reply_mb * MIB,
     )
     return pool, engine, pool.size
 
@@ -242,6 +256,8 @@ async def open_speech(
             metrics,
             sentence_pause_ms=settings.sentence_pause_ms,
             max_parallel_sentences=settings.max_parallel_sentences,
+            max_sentence_chars=settings.max_sentence_chars,
+            max_audio_s=settings.max_audio_s,
         )
         service.cross_replica = CrossReplicaFlight.for_tiers(  # issue 4; None without Redis
             store.tiers,

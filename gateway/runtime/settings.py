@@ -150,6 +150,14 @@ class Settings(BaseSettings):
     # --- HTTP limits ---
     max_input_chars: int = _opt("http", 4096, "Longest input text accepted, in characters.", ge=1)
     max_body_kb: int = _opt("http", 256, "Largest request body accepted, in KiB.", ge=1)
+    max_audio_s: int = _opt(
+        "http",
+        600,
+        "Most seconds of audio one request may ask for, estimated up front from its characters "
+        "(symbols, emoji and digits weigh more: they are read out) and its speed; beyond it a "
+        "400 naming this limit.",
+        ge=1,
+    )
     retry_after_s: int = _opt(
         "http", 1, "Retry-After seconds sent with a 503 for a full queue.", ge=0
     )
@@ -334,7 +342,23 @@ class Settings(BaseSettings):
     batch_timeout_s: int = _opt(
         "synthesis",
         120,
-        "Seconds a worker may spend on one batch before it is killed and replaced.",
+        "Seconds one batch may run: a worker process past it is killed and replaced; an "
+        "in-process engine's batch is abandoned (its thread cannot be killed) and answered 503.",
+        ge=1,
+    )
+    queue_per_client: int = _opt(
+        "synthesis",
+        16,
+        "Synthesis items one client (its API key's name when keys are on, else its address) may "
+        "have waiting per model, so no one client fills the queue; beyond it a miss gets 429. "
+        "At least max_parallel_sentences is used, so one long text never trips it alone.",
+        ge=1,
+    )
+    synth_max_reply_mb: int = _opt(
+        "synthesis",
+        64,
+        "Largest reply a synthesis worker process may send for one batch, in MiB; a larger one "
+        "is refused unread and the worker replaced.",
         ge=1,
     )
 
@@ -351,6 +375,14 @@ class Settings(BaseSettings):
         8,
         "Sentences of one request submitted to the synthesis queue at the same time.",
         ge=1,
+    )
+    max_sentence_chars: int = _opt(
+        "sentences",
+        300,
+        "Longest sentence synthesized as one piece, in characters; a longer one is cut at "
+        "clause, then word boundaries (each piece is its own cache entry).",
+        ge=20,
+        le=100_000,
     )
 
     # --- logging ---

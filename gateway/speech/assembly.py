@@ -6,8 +6,11 @@ engine, voice and parameters), so templated prompts that share sentences share a
 master concurrently (through the model's scheduler, each sentence single-flighted), joins them,
 encodes the result, and stores it under the rendition key. Streaming readers follow the same
 production sentence by sentence, so a stream and a plain request for the same rendition share all
-work, and a reader that goes away (client disconnect) never cancels it: the rendition is stored at
-the end whoever is still listening.
+work. A reader that goes away (client disconnect) cancels nothing while anyone else still waits
+for the production, and the rendition is stored at the end for them. When the last one goes, the
+sentences not yet queued for synthesis are cancelled (a 60-sentence text abandoned after its first
+sentence kept synthesizing for 30 s before, holding queue slots: issue 12); sentences already
+queued or running finish and are stored, for the retry.
 """
 
 from __future__ import annotations
@@ -49,6 +52,11 @@ class Production:
     rate: int
     parts: asyncio.Future[list[asyncio.Future[Audio]]]
     result: asyncio.Task[tuple[Entry, bool]] | None = None
+    # Readers and whole-answer waiters following this production; at 0 it is abandoned.
+    waiters: int = 0
+    # One event per sentence, set once it is answered from the store or queued for synthesis.
+    queued: list[asyncio.Event] = dataclasses.field(default_factory=list)
+    abandoned: bool = False
 
     async def sentence_parts(self) -> list[asyncio.Future[Audio]]:
         """The per-sentence futures (await each through :func:`asyncio.shield`)."""
@@ -76,6 +84,13 @@ class SpeechStream:
     _pause_s: float
     # Seconds of audio in the bytes made so far (``first`` and the chunks read).
     audio_s: float = 0.0
+    _release: Callable[[], None] | None = None
+
+    def close(self) -> None:
+        """Stop following the production (idempotent): the reader is gone or done."""
+        release, self._release = self._release, None
+        if release is not None:
+            release()
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The encoded bytes after ``first``: one chunk per sentence, then the encoder's tail."""
@@ -111,6 +126,7 @@ class Assembler:
         master_key: MasterKey | None = None,
         pause_ms: int = 250,
         max_parallel: int = 8,
+        max_sentence_chars: int | None = None,
         splitter: sentences.SentenceSplitter | None = None,
     ) -> None:
         self._fetch_master = fetch_master
@@ -122,6 +138,7 @@ class Assembler:
         self.pause_s = pause_ms / 1000.0
         self.max_parallel = max(1, max_parallel)
         self.splitter = splitter or sentences.SentenceSplitter()
+        self.max_sentence_chars = max_sentence_chars
         self._inflight: dict[str, Production] = {}
 
     def production(self, req: SpeechRequest, key: str, rate: int) -> tuple[Production, bool]:
@@ -143,6 +160,38 @@ class Assembler:
         # Consume outcomes nobody awaited (every reader gone) so asyncio does not warn about them.
         _consume(task)
 
+    def _join(self, prod: Production) -> None:
+        prod.waiters += 1
+
+    def _leave(self, prod: Production) -> None:
+        """One waiter fewer; the last one out abandons what is not yet queued."""
+        prod.waiters -= 1
+        if prod.waiters > 0 or prod.result is None or prod.result.done():
+            return
+        if prod.parts.done():
+            pending = [
+                part
+                for part, queued in zip(prod.parts.result(), prod.queued, strict=True)
+                if not part.done() and not queued.is_set()
+            ]
+            if not pending:
+                return  # every sentence is queued or done: let it finish and be stored
+        else:
+            pending = []  # still splitting: nothing is queued yet
+        prod.abandoned = True
+        # A new request for this rendition starts afresh rather than join one being taken apart.
+        if self._inflight.get(prod.key) is prod:
+            del self._inflight[prod.key]
+        if not pending:
+            prod.result.cancel()
+            return
+        for part in pending:
+            part.cancel()
+        self.metrics.sentences_abandoned.inc(len(pending))
+        log.info(
+            "production abandoned key=%s: %d sentences not synthesized", prod.key, len(pending)
+        )
+
     def cancel_all(self) -> None:
         """Stop every production in flight (shutdown: nobody is left to store for)."""
         for prod in list(self._inflight.values()):
@@ -152,19 +201,28 @@ class Assembler:
     async def produce(self, req: SpeechRequest, key: str, rate: int) -> tuple[Entry, bool]:
         """Make (or join the making of) rendition ``key`` and return ``(entry, synthesized)``."""
         prod, _ = self.production(req, key, rate)
-        return await prod.entry()
+        self._join(prod)
+        try:
+            return await prod.entry()
+        finally:
+            self._leave(prod)
 
     async def stream(self, req: SpeechRequest, key: str, rate: int) -> SpeechStream:
         """Start (or join) the production of ``key`` and return it as a stream once its first
         sentence is ready: a failure up to then (a full queue, an engine error) is raised here,
         while the caller can still answer it with an error status."""
         prod, leader = self.production(req, key, rate)
-        parts = await prod.sentence_parts()
-        first = await asyncio.shield(parts[0])
-        # One encoder for the whole stream (continuous MP3/AAC: no encoder delay at joins).
-        encoder, data = await asyncio.get_running_loop().run_in_executor(
-            self.encode_pool, _open_encoder, req.fmt, rate, first.pcm, first.sample_rate
-        )
+        self._join(prod)
+        try:
+            parts = await prod.sentence_parts()
+            first = await asyncio.shield(parts[0])
+            # One encoder for the whole stream (continuous MP3/AAC: no encoder delay at joins).
+            encoder, data = await asyncio.get_running_loop().run_in_executor(
+                self.encode_pool, _open_encoder, req.fmt, rate, first.pcm, first.sample_rate
+            )
+        except BaseException:
+            self._leave(prod)
+            raise
         return SpeechStream(
             key=key,
             rate=rate,
@@ -175,13 +233,16 @@ class Assembler:
             _pool=self.encode_pool,
             _pause_s=self.pause_s,
             audio_s=first.duration_s,
+            _release=functools.partial(self._leave, prod),
         )
 
     async def _run(self, prod: Production) -> tuple[Entry, bool]:
         req = prod.req
         loop = asyncio.get_running_loop()
         try:
-            texts = await loop.run_in_executor(self.encode_pool, self.splitter.split, req.text)
+            texts = await loop.run_in_executor(
+                self.encode_pool, self.splitter.split, req.text, self.max_sentence_chars
+            )
         except BaseException as exc:
             prod.parts.set_exception(exc)
             raise
@@ -193,7 +254,7 @@ class Assembler:
         # sentence first looks itself up in the store (disk and Redis I/O), and those lookups
         # finish in any order. So sentence i starts its lookup only once sentence i-1 has been
         # answered from the store or queued for synthesis; synthesis itself stays concurrent.
-        turns = [asyncio.Event() for _ in texts]
+        turns = prod.queued = [asyncio.Event() for _ in texts]
 
         async def one(i: int, text: str) -> Audio:
             async with gate:

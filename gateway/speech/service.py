@@ -19,12 +19,13 @@ from cache.entry import Entry
 from cache.keys import master_key, rendition_key
 from cache.singleflight import SingleFlight
 from cache.store import TieredStore
+from gateway.errors import BadRequest
 from gateway.memo import BoundedMemo
 from gateway.speech.assembly import Assembler, SpeechStream
 from gateway.speech.request import SpeechRequest, SpeechResult
 from gateway.speech.telephony import Transcoder
 from metrics import Metrics
-from synth import audio
+from synth import audio, sentences
 from synth.engine import Audio, Engine, ParamValue, SynthesisItem
 from synth.errors import Overloaded
 from synth.scheduler import Scheduler
@@ -32,6 +33,15 @@ from synth.scheduler import Scheduler
 log = logging.getLogger("voxgate.speech")
 
 KEY_MEMO_SIZE = 8192
+
+# Characters spoken per second at speed 1, for the up-front audio estimate: a little slower than
+# the joe voice's measured 18.6, so the estimate errs long.
+CHARS_PER_SECOND = 15.0
+
+
+def estimated_audio_s(text: str, speed: float) -> float:
+    """Seconds of audio ``text`` is expected to make at ``speed`` (from its weighted length)."""
+    return sentences.speech_weight(text) / (CHARS_PER_SECOND * speed)
 
 
 @dataclass
@@ -63,11 +73,15 @@ class SpeechService:
         encode_threads: int = 2,
         sentence_pause_ms: int = 250,
         max_parallel_sentences: int = 8,
+        max_sentence_chars: int | None = None,
+        max_audio_s: float | None = None,
     ) -> None:
         self.store = store
+        self.max_audio_s = max_audio_s
         self.models = dict(models)
         self.metrics = metrics
-        self._renditions: SingleFlight[tuple[Entry, bool]] = SingleFlight()
+        # Cancelled once every waiter is gone, so the production below learns nobody waits.
+        self._renditions: SingleFlight[tuple[Entry, bool]] = SingleFlight(cancel_abandoned=True)
         self._masters: SingleFlight[Audio] = SingleFlight()
         # Set when Redis is configured (issue 4): one replica of many synthesizes each master.
         self.cross_replica: CrossReplicaFlight | None = None
@@ -88,6 +102,7 @@ class SpeechService:
             master_key=self.master_key_for,
             pause_ms=sentence_pause_ms,
             max_parallel=max_parallel_sentences,
+            max_sentence_chars=max_sentence_chars,
         )
         # Other encodings of stored audio by content address (GET /v1/audio/{key}.{ext}).
         self.transcoder = Transcoder(
@@ -168,13 +183,30 @@ class SpeechService:
         synthesis sentence by sentence (stored audio always comes whole)."""
         if not stream:
             return await self.speak(req)
+        self.check_budget(req)
         key, rate, entry = await self.lookup(req)
         if entry is not None:
             return SpeechResult(entry, key, "hit")
         return await self.assembler.stream(req, key, rate)
 
+    def check_budget(self, req: SpeechRequest) -> None:
+        """Refuse up front (400) a request whose audio would run past ``max_audio_s``: its cost
+        in time and memory grows with the audio, whatever its length in characters."""
+        if self.max_audio_s is None:
+            return
+        seconds = estimated_audio_s(req.text, req.speed)
+        if seconds > self.max_audio_s:
+            raise BadRequest(
+                f"'input' would make about {seconds:.0f} s of audio at speed {req.speed:g}; the "
+                f"limit is {self.max_audio_s:g} s per request (max_audio_s): send less text or "
+                "a higher speed",
+                param="input",
+                code="audio_too_long",
+            )
+
     async def speak(self, req: SpeechRequest) -> SpeechResult:
         """The audio for ``req``: from the store when it is there, else synthesized once."""
+        self.check_budget(req)
         mk, rk, rate = self.keys_for(req)
         entry = self.store.get_memory(rk)
         if entry is None:

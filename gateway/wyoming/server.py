@@ -316,13 +316,19 @@ class SpeechEventHandler(AsyncEventHandler):
     async def _speak(self, req: SpeechRequest) -> None:
         """``audio-start``, the audio as ``audio-chunk``s as it is made, ``audio-stop``."""
         answer = await self.service.answer(req, stream=True)
-        rate = answer.rate if isinstance(answer, SpeechStream) else answer.entry.meta.sample_rate
-        await self.write_event(AudioStart(rate=rate, width=SAMPLE_WIDTH, channels=1).event())
         if isinstance(answer, SpeechStream):
-            await self._send(answer.first, rate)
-            async for chunk in answer.chunks():
-                await self._send(chunk, rate)
+            try:
+                await self.write_event(
+                    AudioStart(rate=answer.rate, width=SAMPLE_WIDTH, channels=1).event()
+                )
+                await self._send(answer.first, answer.rate)
+                async for chunk in answer.chunks():
+                    await self._send(chunk, answer.rate)
+            finally:
+                answer.close()  # no longer waiting: a production nobody waits for stops
         else:
+            rate = answer.entry.meta.sample_rate
+            await self.write_event(AudioStart(rate=rate, width=SAMPLE_WIDTH, channels=1).event())
             await self._send(answer.entry.audio, rate)
         await self.write_event(AudioStop().event())
 

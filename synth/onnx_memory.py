@@ -1,0 +1,74 @@
+"""Giving memory back after a large synthesis.
+
+ONNX Runtime's CPU arena keeps every block it ever grew to: one 300-character sentence at speed
+0.25 (64 s of audio) raised a Piper process by 1.29 GB and it stayed there (issue 12). Two
+levers, measured on the joe voice (2-core VM; CPU time of 12 ordinary sentences / RSS above the
+resting value after that large run):
+
+- arena kept (ONNX Runtime's default): 4.7 s / +1,290 MB;
+- arena off (``enable_cpu_mem_arena = False``): 5.1-5.7 s / +240-350 MB (glibc keeps the
+  freed heap) and -5 MB with ``malloc_trim``;
+- arena kept, shrunk after each run (run option ``memory.enable_memory_arena_shrinkage``) plus
+  ``malloc_trim``: 5.2-5.5 s / +8 MB.
+
+voxgate shrinks the arena after every run and trims the C heap after a run that made long audio:
+about a tenth more CPU per sentence, and a worker's memory is back near its resting value once a
+large request is done.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+# A run that made more audio than this (seconds) is followed by malloc_trim: the call walks the
+# heap (about a millisecond), so ordinary sentences skip it.
+TRIM_AFTER_AUDIO_S = 10.0
+
+
+def shrinking_run_options() -> Any:
+    """``onnxruntime.RunOptions`` that return the CPU arena's free blocks at the end of a run."""
+    import onnxruntime
+
+    options = onnxruntime.RunOptions()
+    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    return options
+
+
+class ShrinkingSession:
+    """An ``InferenceSession`` whose ``run`` shrinks the CPU arena afterwards.
+
+    For callers that call ``session.run(outputs, feeds)`` themselves (Piper's ``PiperVoice``) and
+    so cannot be handed run options.
+    """
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.run_options = shrinking_run_options()
+
+    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any]) -> Any:
+        return self.session.run(output_names, input_feed, self.run_options)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.session, name)
+
+
+@functools.cache
+def _libc_trim() -> Any:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None)  # glibc only
+    return trim
+
+
+def release_freed_memory() -> bool:
+    """Hand the C heap's free pages back to the OS (glibc ``malloc_trim``); False elsewhere."""
+    trim = _libc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True

@@ -1,0 +1,338 @@
+"""Bounded cost per request (issue 12, points 3 and 6): long sentences are cut before synthesis,
+a request's audio is budgeted up front, work nobody waits for stops, each client gets a bounded
+share of the synthesis queue, and a poisoned worker reply never wedges the pool."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import aiohttp
+import psutil
+import pytest
+
+from gateway.http import keys
+from gateway.runtime.settings import Settings
+from metrics import Metrics
+from synth.piper_engine import PiperEngine
+from synth.pool import EngineSpec, WorkerPool
+from tests.conftest import GatewayFactory
+from tests.support import CountingEngine
+
+WORDS = tuple(
+    [
+        "the",
+        "quick",
+        "brown",
+        "fox",
+        "jumps",
+        "over",
+        "lazy",
+        "dogs",
+        "while",
+        "seven",
+        "happy",
+        "zebras",
+        "dance",
+    ]
+)
+
+
+def unpunctuated(chars: int) -> str:
+    """One sentence of ``chars`` characters with no punctuation at all."""
+    return " ".join(WORDS[i % len(WORDS)] for i in range(chars))[:chars].strip()
+
+
+def body(text: str, **kw: Any) -> dict[str, Any]:
+    return {"model": "tts-1", "voice": "alloy", "input": text, "response_format": "wav", **kw}
+
+
+def sample(metrics: Metrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+async def until(condition: Callable[[], bool], within_s: float = 60.0) -> None:
+    """Wait for ``condition`` (polled); fail past ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+# ---- long sentences and the audio budget -----------------------------------------------------
+
+
+async def test_long_sentences_are_cut_before_synthesis(
+    gateway: GatewayFactory, settings: Settings, counting_engine: CountingEngine
+) -> None:
+    text = "Press one for billing, two for support; " + unpunctuated(160) + "."
+    client = await gateway(settings=settings.replace(max_sentence_chars=60))
+    resp = await client.post("/v1/audio/speech", json=body(text))
+    assert resp.status == 200, await resp.text()
+    assert len(await resp.read()) > 44
+    pieces = counting_engine.texts
+    assert len(pieces) >= 4
+    assert all(len(p) <= 60 for p in pieces), [len(p) for p in pieces]
+    assert " ".join(pieces) == text  # cut at clauses and words: nothing lost
+    assert pieces[0] == "Press one for billing, two for support;"
+
+
+async def test_audio_budget_refuses_at_once_naming_the_limit(
+    gateway: GatewayFactory, settings: Settings, counting_engine: CountingEngine
+) -> None:
+    client = await gateway(settings=settings.replace(max_audio_s=60))
+    started = time.perf_counter()
+    resp = await client.post("/v1/audio/speech", json=body(unpunctuated(900), speed=0.25))
+    elapsed = time.perf_counter() - started
+    assert resp.status == 400
+    error = (await resp.json())["error"]
+    assert error["code"] == "audio_too_long"
+    assert "max_audio_s" in error["message"] and "60 s" in error["message"]
+    assert counting_engine.items == 0
+    assert elapsed < 5  # refused before any synthesis (a bound against a hang, not a benchmark)
+    # Emoji are read out by name: 150 of them weigh as much as 3,000 letters.
+    resp = await client.post("/v1/audio/speech", json=body("\U0001f600" * 150))
+    assert resp.status == 400
+    # The same budget guards every speech endpoint and streams.
+    resp = await client.get("/synthesize", params={"text": unpunctuated(1000)})
+    assert resp.status == 400
+    resp = await client.post(
+        "/v1/audio/speech", json=body(unpunctuated(900), speed=0.25, stream=True)
+    )
+    assert resp.status == 400
+    assert counting_engine.items == 0
+    # The default budget (600 s) refuses the longest input at the lowest speed.
+    client = await gateway()
+    resp = await client.post("/v1/audio/speech", json=body(unpunctuated(4096), speed=0.25))
+    assert resp.status == 400
+    assert "max_audio_s" in (await resp.json())["error"]["message"]
+
+
+def _rss_tree() -> int:
+    me = psutil.Process()
+    total = me.memory_info().rss
+    for child in me.children(recursive=True):
+        try:
+            total += child.memory_info().rss
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
+@pytest.fixture
+def rss_peak() -> Iterator[Callable[[], int]]:
+    """Peak RSS (this process and its children) since the fixture started, sampled at 20 Hz."""
+    peak = [_rss_tree()]
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.05):
+            peak[0] = max(peak[0], _rss_tree())
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    yield lambda: peak[0]
+    stop.set()
+    thread.join()
+
+
+@pytest.mark.slow
+async def test_900_chars_at_quarter_speed_costs_under_1_gb_while_hits_are_served(
+    gateway: GatewayFactory, piper_engine: PiperEngine, rss_peak: Callable[[], int]
+) -> None:
+    """Acceptance 2: before, this request raised the server by 2.76 GB and kept it."""
+    client = await gateway(engines={"piper": piper_engine})
+    prompt = body("Thank you for calling.")
+    assert (await client.post("/v1/audio/speech", json=prompt)).status == 200
+    base = _rss_tree()
+    big = asyncio.create_task(
+        client.post("/v1/audio/speech", json=body(unpunctuated(900), speed=0.25))
+    )
+    metrics = client.app[keys.METRICS]
+    await until(lambda: sample(metrics, "voxgate_synthesis_busy_workers", model="piper") > 0)
+    hits = 0
+    while not big.done():  # a cached prompt is served all along
+        resp = await client.post("/v1/audio/speech", json=prompt)
+        assert resp.status == 200 and resp.headers["X-Cache"] == "HIT"
+        hits += 1
+        await asyncio.wait({big}, timeout=0.2)  # pace the hits (also returns once it is done)
+    resp = await big
+    assert resp.status == 200
+    audio = await resp.read()
+    assert len(audio) > 22050 * 2 * 100  # over 100 s of 16-bit audio
+    assert hits > 3
+    growth = rss_peak() - base
+    assert growth < 1 << 30, f"peak growth {growth / 2**20:.0f} MiB"
+
+
+# ---- work nobody waits for stops ---------------------------------------------------------------
+
+
+class HeldEngine(CountingEngine):
+    """The real voice; batches after the first wait for ``gate``."""
+
+    def __init__(self, inner: PiperEngine) -> None:
+        super().__init__(inner)
+        self.gate = threading.Event()
+
+    def synthesize_batch(self, items: Any) -> Any:
+        if self.batches >= 1:
+            self.gate.wait(60)
+        return super().synthesize_batch(items)
+
+
+@pytest.fixture
+def held(piper_engine: PiperEngine) -> Iterator[HeldEngine]:
+    engine = HeldEngine(piper_engine)
+    yield engine
+    engine.gate.set()
+
+
+SIXTY = " ".join(f"This is sentence number {n}." for n in range(1, 61))
+
+
+def ok_syntheses(metrics: Metrics) -> float:
+    return sample(metrics, "voxgate_syntheses_total", model="piper", outcome="ok")
+
+
+async def _settles(metrics: Metrics) -> float:
+    """Wait until nothing is queued or running any more; the syntheses done by then."""
+    await until(
+        lambda: (
+            sample(metrics, "voxgate_synthesis_queue_depth", model="piper") == 0
+            and sample(metrics, "voxgate_synthesis_busy_workers", model="piper") == 0
+        )
+    )
+    return ok_syntheses(metrics)
+
+
+async def test_a_stream_dropped_after_its_first_bytes_stops_synthesizing(
+    gateway: GatewayFactory, held: HeldEngine, metrics: Metrics
+) -> None:
+    client = await gateway(engines={"piper": held})
+    resp = await client.post("/v1/audio/speech", json=body(SIXTY, stream=True))
+    assert resp.status == 200
+    assert len(await resp.content.readany()) > 0  # the first sentence's bytes
+    resp.close()  # the client hangs up
+    await until(lambda: sample(metrics, "voxgate_sentences_abandoned_total") > 0)
+    held.gate.set()
+    done = await _settles(metrics)
+    # Before: all 60 were synthesized. Now: the first, and those already queued (at most
+    # max_parallel_sentences = 8) finish and are stored; the rest never reach the engine.
+    assert done <= 1 + 8, done
+    assert sample(metrics, "voxgate_sentences_abandoned_total") >= 60 - 1 - 8
+    assert held.items == done
+    # The sentences that were made are stored: asking again synthesizes only the rest.
+    resp = await client.post("/v1/audio/speech", json=body(SIXTY))
+    assert resp.status == 200
+    assert ok_syntheses(metrics) == 60
+
+
+async def test_a_whole_answer_abandoned_by_its_client_stops_synthesizing(
+    gateway: GatewayFactory, held: HeldEngine, metrics: Metrics
+) -> None:
+    client = await gateway(engines={"piper": held})
+    asking = asyncio.create_task(client.post("/v1/audio/speech", json=body(SIXTY)))
+    await until(lambda: held.batches >= 1)  # synthesis is under way
+    asking.cancel()  # the client gives up: its connection closes
+    with pytest.raises(asyncio.CancelledError):
+        await asking
+    await until(lambda: sample(metrics, "voxgate_sentences_abandoned_total") > 0)
+    held.gate.set()
+    done = await _settles(metrics)
+    assert done <= 1 + 8 + 1, done
+    assert (await client.get("/healthz")).status == 200
+
+
+async def test_a_coalesced_waiter_keeps_the_production_going(
+    gateway: GatewayFactory, held: HeldEngine, metrics: Metrics
+) -> None:
+    text = " ".join(f"Coalesced sentence {n}." for n in range(1, 13))
+    client = await gateway(engines={"piper": held})
+    stream = await client.post("/v1/audio/speech", json=body(text, stream=True))
+    assert len(await stream.content.readany()) > 0
+    productions = client.app[keys.SPEECH].assembler._inflight
+    production = productions[stream.headers["X-Audio-Key"]]
+    staying = asyncio.create_task(client.post("/v1/audio/speech", json=body(text)))
+    await until(lambda: production.waiters == 2)
+    stream.close()  # one client leaves, the other still waits
+    held.gate.set()
+    resp = await staying
+    assert resp.status == 200
+    assert held.items == 12
+    assert sample(metrics, "voxgate_sentences_abandoned_total") == 0
+
+
+# ---- each client gets a bounded share of the queue ---------------------------------------------
+
+
+async def test_one_client_cannot_fill_the_queue(
+    gateway: GatewayFactory, settings: Settings, counting_engine: CountingEngine
+) -> None:
+    counting_engine.release.clear()  # every batch waits: the queue fills
+    client = await gateway(settings=settings.replace(queue_per_client=2, max_parallel_sentences=1))
+    scheduler = client.app[keys.SPEECH].models["piper"].scheduler
+    metrics = client.app[keys.METRICS]
+    try:
+        first = asyncio.create_task(client.post("/v1/audio/speech", json=body("Number one.")))
+        # Running (held in the engine), so no longer waiting in the queue.
+        await until(lambda: sample(metrics, "voxgate_synthesis_busy_workers", model="piper") == 1)
+        assert scheduler.waiting_for("addr:127.0.0.1") == 0
+        waiting = [
+            asyncio.create_task(client.post("/v1/audio/speech", json=body(f"Number {n}.")))
+            for n in ("two", "three")
+        ]
+        await until(lambda: scheduler.waiting_for("addr:127.0.0.1") == 2)
+        refused = await client.post("/v1/audio/speech", json=body("Number four."))
+        assert refused.status == 429
+        assert refused.headers["Retry-After"] == "1"
+        assert (await refused.json())["error"]["code"] == "client_queue_full"
+        # Another client still finds room.
+        connector = aiohttp.TCPConnector(local_addr=("127.0.0.2", 0))
+        async with aiohttp.ClientSession(connector=connector) as other:
+            url = client.make_url("/v1/audio/speech")
+            other_task = asyncio.create_task(other.post(url, json=body("Number five.")))
+            await until(lambda: scheduler.waiting_for("addr:127.0.0.2") == 1)
+            counting_engine.release.set()
+            resp = await other_task
+            assert resp.status == 200
+        for task in (first, *waiting):
+            assert (await task).status == 200
+        assert scheduler.waiting_for("addr:127.0.0.1") == 0
+    finally:
+        counting_engine.release.set()
+
+
+# ---- the pool never wedges ----------------------------------------------------------------------
+
+
+async def test_a_poisoned_reply_through_the_gateway_then_requests_succeed(
+    gateway: GatewayFactory, settings: Settings, metrics: Metrics
+) -> None:
+    spec = EngineSpec("tests.support:ToneEngine", {})
+    client = await gateway(
+        settings=settings.replace(synth_workers=1, synth_max_reply_mb=1),
+        engines={"tone": [spec]},
+    )
+    pool = client.app[keys.SPEECH].models["tone"].scheduler.runner
+    assert isinstance(pool, WorkerPool)
+    tone = {"model": "tone", "voice": "beep", "response_format": "wav"}
+    for poison in ("a huge reply", "a stereo reply"):
+        resp = await client.post("/v1/audio/speech", json={**tone, "input": poison})
+        assert resp.status == 500
+        assert (await resp.json())["error"]["code"] == "engine_error"
+    assert (
+        sample(metrics, "voxgate_synthesis_worker_restarts_total", model="tone", reason="bad_reply")
+        == 2
+    )
+    for n in range(3):
+        resp = await asyncio.wait_for(
+            client.post("/v1/audio/speech", json={**tone, "input": f"fine {n}"}), 30
+        )
+        assert resp.status == 200
+    assert os.getpid() not in pool.worker_pids()
