@@ -114,3 +114,34 @@ def test_miss_path_bench_every_row_tiny() -> None:
     gw, pd = rows["voxgate"]["throughput_rps"], rows["pool-direct"]["throughput_rps"]
     assert ratio == round(gw / pd, 3)
     assert rows["voxgate"]["gateway_process_cpu_ms_per_request"] > 0
+
+
+@pytest.mark.slow
+def test_soak_bench_runs_every_kind_of_load_for_a_few_seconds(tmp_path: Path) -> None:
+    """bench/soak.py end to end at a tiny length: every client kind answered, the Redis restart
+    done, samples of every server process taken, and no 5xx."""
+    from bench import soak
+
+    args = argparse.Namespace(
+        minutes=0.25,
+        warmup_min=0.05,
+        sample_s=1.0,
+        workers=1,
+        memory_mb=16,
+        no_write=True,
+        long_request=False,
+    )
+    result = soak.soak(args, tmp_path)
+    load = result["load"]
+    assert load["5xx"] == 0, load
+    assert result["healthy_after"] is True
+    responses = load["responses"]
+    for kind in ("hit", "hit_by_key", "miss", "stream", "disconnect"):
+        assert responses[kind].get("200", 0) >= 1, (kind, responses)
+    assert set(responses["bad"]) <= {str(s) for s in range(400, 500)}, responses["bad"]
+    assert result["redis_restart"]["down_s"] > 0
+    samples = result["samples"]
+    assert len(samples) >= 5
+    assert all(s["processes"] >= 2 and s["rss_mb"] > 0 and s["fds"] > 0 for s in samples)
+    assert "rss_growth_pct" in result["steady_state"]
+    assert result["tracebacks_in_server_log"] == 0
