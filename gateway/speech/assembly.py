@@ -149,6 +149,7 @@ class Assembler:
             return prod, False
         loop = asyncio.get_running_loop()
         prod = Production(key=key, req=req, rate=rate, parts=loop.create_future())
+        prod.parts.add_done_callback(_consume)  # an abandoned split fails it unread
         prod.result = asyncio.ensure_future(self._run(prod))
         self._inflight[key] = prod
         prod.result.add_done_callback(functools.partial(self._finished, key, prod))
