@@ -39,7 +39,17 @@ def speech(text: str) -> dict[str, str]:
 
 @pytest.mark.slow
 async def test_sigterm_finishes_twenty_in_flight_requests(tmp_path: Path) -> None:
-    server = ServerProcess(tmp_path, "--shutdown-timeout-s", "120", "--log-format", "json")
+    # One client with 20 misses in flight: beyond the default queue_per_client (16) the rest would
+    # get 429 before the shutdown this test is about.
+    server = ServerProcess(
+        tmp_path,
+        "--shutdown-timeout-s",
+        "120",
+        "--log-format",
+        "json",
+        "--queue-per-client",
+        "32",
+    )
     try:
         server.wait_ready()
         texts = [
