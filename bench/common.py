@@ -60,6 +60,10 @@ def start_gateway(
             str(port),
             "--cache-dir",
             str(cache_dir),
+            # Every request of a bench comes from one loopback address, which stands for many
+            # clients: the per-client queue share (429 beyond it) would refuse a pre-warm.
+            "--queue-per-client",
+            "100000",
             *extra,
         ],
         cwd=ROOT,

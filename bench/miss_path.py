@@ -185,6 +185,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             str(args.workers),
             "--log-level",
             "warning",
+            # One loopback address stands for many clients: no per-client queue share (429).
+            "--queue-per-client",
+            "100000",
         ],
         tmp / "gateway.log",
     )
