@@ -550,9 +550,9 @@ def main() -> int:
     }
     print(f"store counters during the measured rounds: {store_during_rounds}")
     if not args.no_write and not args.disk_only:
-        name = "hit_path_say_url" if args.say_url else "hit_path"
+        out = "hit_path_say_url" if args.say_url else "hit_path"
         write_results(
-            name,
+            out,
             {
                 "benchmark": "hit_path",
                 "connections": args.connections,
@@ -571,7 +571,7 @@ def main() -> int:
             labels += [f"{name}\ngateway", f"{name}\nbare aiohttp"]
             values += [r["gateway_rps_median"], r["bare_rps_median"]]
         bar_plot(
-            name,
+            out,
             "Cached hits: gateway vs bare aiohttp ("
             + ", ".join(f"{n} {r['ratio']:.2f}x" for n, r in results.items())
             + ")",
@@ -579,7 +579,7 @@ def main() -> int:
             values,
             "requests/s",
         )
-        print(f"wrote docs/bench/{name}.json and docs/bench/{name}.png")
+        print(f"wrote docs/bench/{out}.json and docs/bench/{out}.png")
     return 0
 
 
