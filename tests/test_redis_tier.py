@@ -60,7 +60,10 @@ def redis_url(
 
 async def make_tier(url: str, metrics: Metrics | None = None, **kw: object) -> RedisTier:
     # A fresh prefix per test keeps tests on the shared server apart. Built in a thread, as the
-    # gateway does: the cluster client reads package metadata from disk when constructed.
+    # gateway does: the cluster client reads package metadata from disk when constructed. The
+    # per-operation bound is 5 s unless a test sets its own: the default 0.5 s timed out a first
+    # cluster connect in CI on a loaded 2-core machine (tests of the bound pass their own).
+    kw.setdefault("timeout_s", 5.0)
     return await asyncio.to_thread(
         functools.partial(
             RedisTier.from_url,
