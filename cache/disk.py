@@ -2,6 +2,13 @@
 
 diskcache is synchronous (SQLite + files), so every call runs in a small dedicated thread pool and
 the event loop only awaits it.
+
+What is on disk is data, never code: diskcache's own ``Disk`` unpickles any row whose mode says
+pickle, before voxgate could check that the value is bytes, so whoever could write one row to the
+cache directory ran code as the gateway (issue 12). :class:`RawBytesDisk` stores and reads raw
+bytes only and refuses every other row. The directories are created 0700, and each value is framed
+with a CRC-32C over the whole blob, so a flipped bit in the metadata (its content type, its
+format) is caught like one in the audio.
 """
 
 from __future__ import annotations
@@ -9,20 +16,103 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import logging
+import os
 import sqlite3
+import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import diskcache
+from crc32c import crc32c
 
 from cache.entry import CorruptEntry, Entry
 from cache.tier import PurgeFilter, TierError, TierStats, bounded
 
 T = TypeVar("T")
 
+log = logging.getLogger("voxgate.cache.disk")
+
 # Pinned entries are tagged so that purge and eviction can tell them apart.
 PINNED_TAG = "pinned"
+
+# A disk value is a frame: magic, CRC-32C of the blob (metadata and audio), then the blob
+# (Entry.to_blob). Values written before the frame start with the blob's 4-byte metadata length,
+# whose first byte is 0 for any real entry, so they are told apart from a frame and still read
+# (their audio checksum verified, as before).
+_FRAME = struct.Struct(">4sI")
+_MAGIC = b"VXD1"
+
+
+def frame(blob: bytes) -> bytes:
+    """The disk value holding ``blob``."""
+    return _FRAME.pack(_MAGIC, crc32c(blob)) + blob
+
+
+def unframe(value: bytes) -> Entry:
+    """The entry in a disk value; :class:`CorruptEntry` when the frame or its CRC is wrong."""
+    if value[:4] != _MAGIC:
+        return Entry.from_blob(value)  # written before frames: the audio checksum only
+    if len(value) < _FRAME.size:
+        raise CorruptEntry("disk value too short")
+    _, crc = _FRAME.unpack_from(value, 0)
+    blob = memoryview(value)[_FRAME.size :]
+    if crc32c(blob) != crc:
+        raise CorruptEntry("crc mismatch")
+    return Entry.from_blob(blob, verify=False)
+
+
+class RawBytesDisk(diskcache.Disk):  # type: ignore[misc]  # diskcache ships no type hints
+    """A diskcache ``Disk`` that stores and reads ``str`` keys and ``bytes`` values only.
+
+    diskcache's own ``Disk`` pickles anything else and unpickles any row whose mode says so; a
+    row planted in the cache directory then runs code when read. Here a pickle or text row, a key
+    stored pickled, or a value that is not bytes is refused with :class:`CorruptEntry` (a miss,
+    and the store deletes it); nothing from disk is ever unpickled.
+    """
+
+    def put(self, key: Any) -> tuple[Any, bool]:
+        if type(key) is not str:
+            raise TypeError(f"disk tier keys are str, not {type(key).__name__}")
+        return key, True
+
+    def get(self, key: Any, raw: bool) -> Any:
+        if not raw or type(key) is not str:
+            raise CorruptEntry("a disk row with a pickled key: refused, never unpickled")
+        return key
+
+    def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
+        if type(value) is not bytes or read:
+            raise TypeError(f"disk tier values are bytes, not {type(value).__name__}")
+        return super().store(value, read, key=key)
+
+    def fetch(self, mode: int, filename: str | None, value: Any, read: bool) -> Any:
+        if read:
+            raise TypeError("disk tier values are read whole")
+        if mode == diskcache.core.MODE_RAW:
+            if not isinstance(value, bytes):
+                raise CorruptEntry(f"a disk row holding {type(value).__name__}, not bytes")
+            return value
+        if mode == diskcache.core.MODE_BINARY:
+            return super().fetch(mode, filename, value, read)
+        # MODE_PICKLE above all: never handed to pickle. MODE_TEXT: never written by us.
+        raise CorruptEntry(f"a disk row in mode {mode}: refused, never unpickled")
+
+
+def _private_dir(path: Path) -> None:
+    """Create ``path`` (and parents) so that only this user can enter it.
+
+    A directory that exists already keeps its mode (an operator may have chosen it) unless
+    others can write to it: then it is made 0700, as one of ours must be.
+    """
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o022:
+        try:
+            path.chmod(0o700)
+        except OSError as exc:
+            log.warning("cache directory %s is writable by others (%o): %s", path, mode, exc)
 
 
 class DiskTier:
@@ -41,7 +131,10 @@ class DiskTier:
         self.directory = Path(directory)
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
-        self.directory.mkdir(parents=True, exist_ok=True)
+        _private_dir(self.directory)
+        for side in ("lru", "pinned"):  # before diskcache makes them 0755
+            (self.directory / side).mkdir(mode=0o700, exist_ok=True)
+            os.chmod(self.directory / side, 0o700)
         # Two caches: the bounded one evicts least-recently-stored entries when full; the pinned
         # one (a prompt catalogue) has no size limit, so eviction can never touch it.
         self._cache = diskcache.Cache(
@@ -49,12 +142,14 @@ class DiskTier:
             size_limit=max_bytes,
             eviction_policy="least-recently-stored",
             timeout=timeout_s,
+            disk=RawBytesDisk,
         )
         self._pinned = diskcache.Cache(
             str(self.directory / "pinned"),
             size_limit=2**62,
             eviction_policy="none",
             timeout=timeout_s,
+            disk=RawBytesDisk,
         )
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="disk-tier")
 
@@ -75,13 +170,13 @@ class DiskTier:
             return None
         if not isinstance(blob, bytes):
             raise CorruptEntry("unexpected value type")
-        return Entry.from_blob(blob)
+        return unframe(blob)
 
     async def get(self, key: str) -> Entry | None:
         return await self._run(self._get_sync, key)
 
     def _put_sync(self, key: str, entry: Entry) -> None:
-        blob = entry.to_blob()
+        blob = frame(entry.to_blob())
         if entry.meta.pinned:
             self._pinned.set(key, blob, tag=PINNED_TAG)
             self._cache.delete(key)
@@ -102,9 +197,9 @@ class DiskTier:
     def iter_keys_sync(self, *, pinned: bool | None = None) -> Iterator[str]:
         """Iterate keys (synchronously; call from a thread). ``pinned`` selects one side."""
         if pinned in (None, False):
-            yield from (str(k) for k in self._cache.iterkeys())
+            yield from _keys(self._cache)
         if pinned in (None, True):
-            yield from (str(k) for k in self._pinned.iterkeys())
+            yield from _keys(self._pinned)
 
     def _purge_sync(self, match: PurgeFilter) -> int:
         removed = 0
@@ -114,12 +209,12 @@ class DiskTier:
         if match.pinned in (None, True):
             sides.append(self._pinned)
         for cache in sides:
-            for key in list(cache.iterkeys()):
-                blob = cache.get(key)
-                if not isinstance(blob, bytes):
-                    continue
+            for key in list(_keys(cache)):
                 try:
-                    meta = Entry.from_blob(blob).meta
+                    blob = cache.get(key)
+                    if blob is None:
+                        continue  # gone since the listing
+                    meta = unframe(blob).meta
                 except CorruptEntry:
                     cache.delete(key)  # unreadable: it could never be served anyway
                     removed += 1
@@ -167,3 +262,10 @@ class DiskTier:
 
     async def close(self) -> None:
         await asyncio.to_thread(self._close_sync)
+
+
+def _keys(cache: diskcache.Cache) -> Iterator[str]:
+    """The keys of ``cache`` stored as text. diskcache's own ``iterkeys`` would unpickle a key
+    stored pickled; such a row (never written by voxgate) is never read, so never served."""
+    rows = cache._sql("SELECT key FROM Cache WHERE raw = 1 ORDER BY rowid").fetchall()
+    return (row[0] for row in rows if isinstance(row[0], str))

@@ -152,3 +152,122 @@ def test_checksums_are_crc32c_and_legacy_blake2b_entries_still_verify() -> None:
         bad[-1] ^= 0x10
         with pytest.raises(CorruptEntry):
             Entry.from_blob(bytes(bad))
+
+
+class _Plant:
+    """Unpickling this creates the file ``marker``: the stand-in for a planted shell command."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return (open, (str(self.marker), "w"))
+
+
+@pytest.mark.parametrize("side", ["lru", "pinned"])
+@pytest.mark.parametrize("min_file_size", [0, 1 << 15])  # the pickle in its own file, in the row
+async def test_a_planted_pickle_row_is_never_unpickled(
+    tmp_path: Path, side: str, min_file_size: int
+) -> None:
+    """Issue 12, point 5: a pickle-mode row (value, and key) planted in the cache directory is a
+    counted miss and is deleted; reading, listing and purging never run it."""
+    import diskcache
+
+    marker = tmp_path / "pwned"
+    m = Metrics()
+    disk = await open_disk(tmp_path / "cache")
+    store = TieredStore([disk], m)
+    key = "c" * 64
+
+    def plant() -> None:
+        # diskcache's own Disk, as an attacker with write access to the directory would use.
+        with diskcache.Cache(
+            str(tmp_path / "cache" / side), disk_min_file_size=min_file_size
+        ) as foreign:
+            foreign.set(key, _Plant(marker))  # value pickled
+            foreign.set(_Plant(marker), b"x")  # key pickled
+        assert not marker.exists()  # planting it ran nothing
+
+    await asyncio.to_thread(plant)
+    assert await store.get(key) is None
+    assert not marker.exists()
+    assert (
+        m.registry.get_sample_value(
+            "voxgate_cache_lookups_total", {"tier": "disk", "result": "corrupt"}
+        )
+        == 1.0
+    )
+    keys = await asyncio.to_thread(lambda: list(disk.iter_keys_sync()))
+    assert key not in keys  # deleted by the store
+    assert await store.purge(PurgeFilter()) == {"disk": 0}
+    assert not marker.exists()
+    await store.put(key, entry(b"real audio" * 10))  # the key works again
+    found = await store.get(key)
+    assert found is not None and found.entry.audio == b"real audio" * 10
+    await store.close()
+
+
+async def test_a_value_that_is_not_bytes_is_a_counted_miss(tmp_path: Path) -> None:
+    import diskcache
+
+    m = Metrics()
+    disk = await open_disk(tmp_path)
+    store = TieredStore([disk], m)
+    await asyncio.to_thread(lambda: diskcache.Cache(str(tmp_path / "lru")).set("d" * 64, 42))
+    assert await store.get("d" * 64) is None
+    assert (
+        m.registry.get_sample_value(
+            "voxgate_cache_lookups_total", {"tier": "disk", "result": "corrupt"}
+        )
+        == 1.0
+    )
+    await store.close()
+
+
+async def test_a_flipped_metadata_byte_is_caught(tmp_path: Path) -> None:
+    """The disk frame's checksum covers the metadata too: a content type rotted on disk is a
+    corrupt entry, not a different Content-Type served."""
+    m = Metrics()
+    disk = await open_disk(tmp_path)
+    store = TieredStore([disk], m)
+    key = "e" * 64
+    await store.put(key, entry(bytes(range(256)) * 400))
+    path = await asyncio.to_thread(disk.path_of, key)
+    assert path is not None
+    raw = path.read_bytes()
+    at = raw.index(b"audio/wav")
+    path.write_bytes(raw[:at] + b"audio/wax" + raw[at + 9 :])
+    assert await store.get(key) is None
+    assert (
+        m.registry.get_sample_value(
+            "voxgate_cache_lookups_total", {"tier": "disk", "result": "corrupt"}
+        )
+        == 1.0
+    )
+    await store.close()
+
+
+async def test_an_entry_written_before_the_frame_is_still_read(tmp_path: Path) -> None:
+    """Upgrading keeps the disk tier: an unframed blob (the old layout) is read, its audio
+    checksum verified."""
+    disk = await open_disk(tmp_path)
+    old = entry(b"old audio" * 50)
+    await asyncio.to_thread(disk._cache.set, "f" * 64, old.to_blob())
+    got = await disk.get("f" * 64)
+    assert got is not None and got.audio == old.audio and got.meta == old.meta
+    await disk.close()
+
+
+async def test_the_cache_directory_is_private(tmp_path: Path) -> None:
+    """Created 0700 (whoever can write a row there decides what is served); an existing one
+    writable by others is tightened."""
+    disk = await open_disk(tmp_path / "new" / "cache")
+    for path in (tmp_path / "new" / "cache", tmp_path / "new" / "cache" / "lru"):
+        assert path.stat().st_mode & 0o777 == 0o700, path
+    await disk.close()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    disk = await open_disk(shared)
+    assert shared.stat().st_mode & 0o777 == 0o700
+    await disk.close()
