@@ -10,6 +10,24 @@ from synth.engine import ParamValue
 
 
 @dataclass(frozen=True)
+class Segment:
+    """One piece of an SSML expansion (issue 16): words said at one ``rate``, then a pause.
+
+    ``words`` is normalized text (or IPA phonemes when ``phonemes``); ``pause_ms`` is the exact
+    silence after it, ``None`` for the gateway's sentence pause (nothing after the last segment).
+    """
+
+    words: str
+    pause_ms: int | None = None
+    rate: float = 1.0
+    phonemes: bool = False
+
+    def key_material(self) -> list[object]:
+        """The segment as it enters the content address."""
+        return [self.words, self.pause_ms, self.rate, self.phonemes]
+
+
+@dataclass(frozen=True)
 class SpeechRequest:
     """A validated request: ``text`` is normalized, ``model`` and ``voice`` are resolved names."""
 
@@ -23,6 +41,12 @@ class SpeechRequest:
     # Engine parameters asked for beyond the voice's defaults (Piper's noise scales, a speaker),
     # sorted by name: part of the content address. Only names the engine's own defaults carry.
     params: tuple[tuple[str, ParamValue], ...] = ()
+    # An SSML expansion that plain text cannot stand for (pauses, rates, phonemes): its segments,
+    # in order; ``text`` is then their words joined. Empty for plain text, so a plain request and
+    # ``<speak>`` around it have one content address.
+    segments: tuple[Segment, ...] = ()
+    # ``words`` of this (one-sentence) request are IPA phonemes (a ``<phoneme>`` segment).
+    phonemes: bool = False
 
     def entry(
         self,

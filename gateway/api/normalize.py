@@ -1,0 +1,306 @@
+"""Text normalization: numbers, amounts, dates, times and telephone numbers as the words a voice
+should say, in the voice's language (issue 16).
+
+Phonemizers guess at "4096", "$12.50" or "03/04/2026" (espeak-ng reads some, mangles others, and
+never knows whether a date is month-first), so the gateway writes them out before the text is
+hashed: the words, not the digits, are the content address. Words come from num2words (a
+maintained library covering some 50 languages); what it has no words for here (month names
+outside English, a currency code it does not know) is said with what it does have, or refused.
+
+Used two ways: inside SSML ``<say-as>`` (always, :func:`say_as`), and on plain text when a request
+or the ``normalize`` setting asks for ``numbers`` (:func:`normalize_numbers`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
+
+from num2words import CONVERTER_CLASSES, num2words
+
+from gateway.errors import BadRequest
+
+SAY_AS_KINDS = (
+    "characters",
+    "spell-out",
+    "digits",
+    "cardinal",
+    "number",
+    "ordinal",
+    "telephone",
+    "currency",
+    "date",
+    "time",
+)
+DATE_FORMATS = ("mdy", "dmy", "ymd", "ydm", "md", "dm", "ym", "my", "y", "m", "d")
+
+# Currency symbols a prompt writes, by ISO code (num2words speaks codes).
+_SYMBOLS = {"$": "USD", "€": "EUR", "£": "GBP"}
+_MONTHS_EN = (
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+)
+
+
+def language_of(voice_language: str) -> str:
+    """num2words' language for a voice's language code ("en_US" -> "en", "pt_BR" stays), or ""
+    when it has none."""
+    code = voice_language.replace("-", "_")
+    if code in CONVERTER_CLASSES:
+        return code
+    base = code.split("_")[0].lower()
+    return base if base in CONVERTER_CLASSES else ""
+
+
+def _bad(message: str, code: str = "invalid_ssml") -> BadRequest:
+    return BadRequest(message, param="input", code=code)
+
+
+def _need_language(lang: str, what: str) -> str:
+    if not lang:
+        raise _bad(
+            f"{what} needs number words in the voice's language, and none are known for it",
+            code="unsupported_language",
+        )
+    return lang
+
+
+def _words(number: Decimal | int, lang: str, to: str = "cardinal") -> str:
+    try:
+        return str(num2words(number, lang=lang, to=to))
+    except (NotImplementedError, OverflowError, ValueError, KeyError) as exc:
+        raise _bad(f"cannot say this number as {to} in language '{lang}'") from exc
+
+
+def _decimal(text: str, what: str) -> Decimal:
+    cleaned = text.strip().replace(",", "").replace("\u2212", "-")
+    if not re.fullmatch(r"[+-]?(\d+(\.\d*)?|\.\d+)", cleaned):
+        raise _bad(f"say-as {what}: not a number")
+    try:
+        return Decimal(cleaned)
+    except InvalidOperation as exc:  # the pattern above makes this unreachable; kept honest
+        raise _bad(f"say-as {what}: not a number") from exc
+
+
+def _digit_words(text: str, lang: str) -> str:
+    return " ".join(_words(int(ch), lang) for ch in text if ch.isdigit())
+
+
+def characters(text: str, lang: str) -> str:
+    """Each letter or digit on its own ("AB1" -> "A B one"); other characters are dropped."""
+    out = []
+    for ch in text:
+        if ch.isdigit():
+            out.append(_words(int(ch), _need_language(lang, "say-as characters")))
+        elif ch.isalnum():
+            out.append(ch)
+    return " ".join(out)
+
+
+def digits(text: str, lang: str) -> str:
+    """Every digit as a word ("4096" -> "four zero nine six")."""
+    lang = _need_language(lang, "say-as digits")
+    if not any(ch.isdigit() for ch in text):
+        raise _bad("say-as digits: no digits to say")
+    return _digit_words(text, lang)
+
+
+def cardinal(text: str, lang: str) -> str:
+    """A number as words ("4,096" -> "four thousand and ninety-six", "3.5", "-7")."""
+    return _words(_decimal(text, "cardinal"), _need_language(lang, "say-as cardinal"))
+
+
+def ordinal(text: str, lang: str) -> str:
+    """An ordinal ("3" or "3rd" -> "third")."""
+    match = re.fullmatch(r"\s*(\d+)\s*(st|nd|rd|th|\.|º|ª|e|er|re|ème)?\s*", text, re.IGNORECASE)
+    if match is None:
+        raise _bad("say-as ordinal: not a whole number")
+    return _words(int(match.group(1)), _need_language(lang, "say-as ordinal"), "ordinal")
+
+
+def telephone(text: str, lang: str) -> str:
+    """A telephone number digit by digit, its groups kept apart by a comma (a short pause):
+    "+1 555 0100" -> "plus one, five five five, zero one zero zero"."""
+    lang = _need_language(lang, "say-as telephone")
+    stripped = text.strip()
+    groups = [g for g in re.split(r"[\s\-./()]+", stripped.lstrip("+")) if g]
+    if not groups or not all(g.isdigit() for g in groups):
+        raise _bad("say-as telephone: only digits, spaces, + ( ) - . are allowed")
+    spoken = ", ".join(_digit_words(g, lang) for g in groups)
+    return f"plus {spoken}" if stripped.startswith("+") and lang.startswith("en") else spoken
+
+
+_CURRENCY_RE = re.compile(
+    r"^\s*(?:(?P<sym>[$€£])\s*(?P<a>[\d,]*\.?\d+)|(?P<code1>[A-Z]{3})\s*(?P<b>[\d,]*\.?\d+)"
+    r"|(?P<c>[\d,]*\.?\d+)\s*(?:(?P<sym2>[$€£])|(?P<code2>[A-Z]{3})))\s*$"
+)
+
+
+def currency(text: str, lang: str) -> str:
+    """An amount ("$12.50", "12.50 EUR", "GBP 3") as words: "twelve dollars, fifty cents"."""
+    lang = _need_language(lang, "say-as currency")
+    match = _CURRENCY_RE.match(text)
+    if match is None:
+        raise _bad("say-as currency: write an amount with a symbol ($ € £) or an ISO code")
+    code = (
+        match.group("code1")
+        or match.group("code2")
+        or _SYMBOLS[match.group("sym") or match.group("sym2")]
+    )
+    amount = _decimal(match.group("a") or match.group("b") or match.group("c") or "", "currency")
+    amount = amount.quantize(Decimal("0.01"))
+    try:
+        said = str(num2words(amount, lang=lang, to="currency", currency=code))
+    except (NotImplementedError, KeyError, ValueError) as exc:
+        raise _bad(
+            f"say-as currency: no words for currency '{code}' in language '{lang}'",
+            code="unsupported_currency",
+        ) from exc
+    if amount == amount.to_integral_value():
+        # "twelve dollars", not "twelve dollars, zero cents": drop the zero-cents phrase the
+        # language puts after its first ", " (where it has one that way).
+        zero = str(num2words(Decimal("0.00"), lang=lang, to="currency", currency=code))
+        _, sep, cents = zero.partition(", ")
+        if sep and said.endswith(sep + cents):
+            said = said[: -len(sep + cents)]
+    return said
+
+
+def date(text: str, lang: str, fmt: str = "mdy") -> str:
+    """A date in ``fmt`` order (``mdy``, ``dmy``, ``ymd``, ``md``, ``y``...) as words:
+    "03/04/2026" (mdy) -> "March fourth, twenty twenty-six". Month names are English only;
+    other languages say the month's number."""
+    lang = _need_language(lang, "say-as date")
+    if fmt not in DATE_FORMATS:
+        raise _bad(f"say-as date: unsupported format '{fmt}'; supported: {', '.join(DATE_FORMATS)}")
+    fields = [f for f in re.split(r"[\s/.\-,]+", text.strip()) if f]
+    if len(fields) != len(fmt) or not all(f.isdigit() for f in fields):
+        raise _bad(f"say-as date: expected {len(fmt)} numeric fields for format '{fmt}'")
+    parts = dict(zip(fmt, (int(f) for f in fields), strict=True))
+    if not 1 <= parts.get("m", 1) <= 12 or not 1 <= parts.get("d", 1) <= 31:
+        raise _bad("say-as date: month or day out of range")
+    english = lang.startswith("en")
+    month = _MONTHS_EN[parts["m"] - 1] if "m" in parts and english else None
+    if "m" in parts and month is None:
+        month = _words(parts["m"], lang)
+    # English says "the fourth"; other languages mostly say the day's number ("le quatre").
+    day = _words(parts["d"], lang, "ordinal" if english else "cardinal") if "d" in parts else None
+    year = _words(parts["y"], lang, "year") if "y" in parts else None
+    if english:
+        # "March fourth, twenty twenty-six" (US order) or "the fourth of March" (day first).
+        if fmt.index("d") < fmt.index("m") if "d" in parts and "m" in parts else False:
+            head = f"the {day} of {month}"
+        else:
+            head = " ".join(p for p in (month, day) if p)
+        return f"{head}, {year}" if head and year else head or year or ""
+    return " ".join(p for p in (day, month, year) if p)
+
+
+_TIME_RE = re.compile(
+    r"^\s*(?P<h>\d{1,2})(?::(?P<m>\d{2}))?(?::(?P<s>\d{2}))?\s*(?P<ap>[ap]\.?m\.?)?\s*$",
+    re.IGNORECASE,
+)
+
+
+def time(text: str, lang: str) -> str:
+    """A clock time ("14:30" -> "fourteen thirty", "9:05 am" -> "nine oh five a m")."""
+    lang = _need_language(lang, "say-as time")
+    match = _TIME_RE.match(text)
+    if match is None:
+        raise _bad("say-as time: write a time as H:MM (24-hour) or H:MM am/pm")
+    hour, minute = int(match.group("h")), int(match.group("m") or 0)
+    if hour > 23 or minute > 59 or (match.group("ap") and not 1 <= hour <= 12):
+        raise _bad("say-as time: hour or minute out of range")
+    words = [_words(hour, lang)]
+    english = lang.startswith("en")
+    if minute:
+        if english and minute < 10:
+            words.append(f"oh {_words(minute, lang)}")
+        else:
+            words.append(_words(minute, lang))
+    elif english and not match.group("ap"):
+        words.append("o'clock" if hour <= 12 else "hundred")
+    if match.group("ap"):
+        words.append("a m" if match.group("ap").lower().startswith("a") else "p m")
+    return " ".join(words)
+
+
+def say_as(kind: str, text: str, lang: str, fmt: str = "") -> str:
+    """``text`` said as ``kind`` (one of :data:`SAY_AS_KINDS`) in num2words language ``lang``."""
+    if kind == "date":
+        return date(text, lang, fmt or "mdy")
+    handler = _SAY_AS.get(kind)
+    if handler is None:
+        raise _bad(
+            f"say-as: unsupported interpret-as '{kind[:40]}'; supported: {', '.join(SAY_AS_KINDS)}"
+        )
+    return handler(text, lang)
+
+
+_SAY_AS: dict[str, Callable[[str, str], str]] = {
+    "characters": characters,
+    "spell-out": characters,
+    "digits": digits,
+    "cardinal": cardinal,
+    "number": cardinal,
+    "ordinal": ordinal,
+    "telephone": telephone,
+    "currency": currency,
+    "time": time,
+}
+
+# Plain-text normalization ("normalize": "numbers"): the written forms a prompt commonly holds,
+# tried in this order (a phone number before its digit groups are read as cardinals).
+_PLAIN = re.compile(
+    r"(?P<phone>\+\d{1,3}(?:[ \-.]\d{2,5}){2,5}\b)"
+    r"|(?P<money>[$€£]\s?\d[\d,]*(?:\.\d+)?)"
+    r"|(?P<date>\b\d{1,4}/\d{1,2}/\d{2,4}\b)"
+    r"|(?P<time>\b\d{1,2}:\d{2}(?:\s?[ap]\.?m\.?\b)?)"
+    r"|(?P<ordinal>\b\d+(?:st|nd|rd|th)\b)"
+    r"|(?P<number>(?<![\w.])-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w])|(?<![\w.])-?\d+(?:\.\d+)?(?![\w]))",
+    re.IGNORECASE,
+)
+
+
+def normalize_numbers(text: str, lang: str, date_format: str = "") -> str:
+    """Plain ``text`` with its numbers, amounts, dates, times, ordinals and international
+    telephone numbers written out in ``lang``. A date's order is ``date_format``, else month
+    first for US English and day first otherwise."""
+    if not any(ch.isdigit() for ch in text):
+        return text
+    lang = _need_language(lang, "normalize 'numbers'")
+    order = date_format or ("mdy" if lang == "en" else "dmy")
+
+    def spoken(match: re.Match[str]) -> str:
+        kind = match.lastgroup or "number"
+        value = match.group(0)
+        try:
+            if kind == "phone":
+                return telephone(value, lang)
+            if kind == "money":
+                return currency(value, lang)
+            if kind == "date":
+                parts = value.split("/")
+                if len(parts[0]) == 4:
+                    return date(value, lang, "ymd")
+                return date(value, lang, order)
+            if kind == "time":
+                return time(value, lang)
+            if kind == "ordinal":
+                return ordinal(value, lang)
+            return cardinal(value, lang)
+        except BadRequest:
+            return value  # not a well-formed instance of its kind: leave it to the voice
+
+    return _PLAIN.sub(spoken, text)

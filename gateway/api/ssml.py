@@ -1,0 +1,388 @@
+"""The SSML front end (issue 16): a ``<speak>`` document as a list of (words, pause, rate) segments.
+
+Neither Piper nor Coqui parses SSML, so the gateway does, before hashing: the content address is
+computed from the expansion (:class:`gateway.speech.request.Segment`), not from the markup, so
+``<speak>Hi.</speak>`` and ``Hi.`` share one audio, and so do ``<sub alias="World Health
+Organization">WHO</sub>`` and those words. Pauses and rate changes are applied by the gateway when
+it joins the segments' audio (exact silence), not asked of the engine.
+
+Parsing is defusedxml's: a DTD, an entity declaration or an external reference is refused before
+anything is expanded. Depth, element count and the expanded length are bounded (settings), and
+the expansion counts against the request's audio budget like any text. Nothing fetches a URL:
+``<audio>`` and ``<lexicon>`` are refused.
+
+Supported (docs/ssml.md compares it with Polly's, Google's and Azure's): ``speak``, ``p``, ``s``,
+``break`` (``time``, ``strength``), ``say-as`` (:data:`gateway.api.normalize.SAY_AS_KINDS`),
+``sub``, ``prosody rate``, ``phoneme alphabet="ipa"`` (engines that take phonemes); accepted and
+ignored: ``emphasis``, ``prosody pitch/volume``, ``mark``, ``lang``.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import defusedxml
+from defusedxml.ElementTree import fromstring
+
+from cache.keys import normalize_text
+from gateway.api import normalize
+from gateway.errors import BadRequest
+from gateway.speech.request import Segment
+
+# The first characters that make a text SSML. A startswith on the stripped text is the whole cost
+# of detection on the plain-text hit path.
+SSML_PREFIXES = ("<speak", "<?xml", "<!DOCTYPE")
+
+MAX_BREAK_MS = 10_000  # Polly's and Azure's bound on one break
+MIN_RATE, MAX_RATE = 0.2, 4.0
+# Azure documents these as multipliers; Polly and Google name the same words without numbers.
+RATE_WORDS = {
+    "x-slow": 0.5,
+    "slow": 0.64,
+    "medium": 1.0,
+    "default": 1.0,
+    "fast": 1.55,
+    "x-fast": 2.0,
+}
+BREAK_STRENGTHS = {
+    "none": 0,
+    "x-weak": 125,
+    "weak": 250,
+    "medium": 500,
+    "strong": 750,
+    "x-strong": 1000,
+}
+IGNORED_TAGS = frozenset({"emphasis", "mark", "lang"})
+CONTAINER_TAGS = frozenset({"speak", "p", "s", "paragraph", "sentence"})
+# Tags whose purpose is to fetch something: refused whatever the unknown-tag setting says.
+FETCHING_TAGS = frozenset({"audio", "lexicon", "lookup"})
+UNKNOWN_TAG_MODES = ("refuse", "strip")
+# Sentence-final punctuation (optionally closed by quotes or brackets): two segments with the
+# default pause between them, the first ending so, say the same as their words joined.
+_SENTENCE_END = re.compile(r"[.!?\u2026\u3002\uff01\uff1f][\"'\u201d\u2019)\]]*$")
+_TIME_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s)\s*$")
+
+
+@dataclass(frozen=True)
+class SsmlLimits:
+    """Bounds on one document (settings ``ssml_*``)."""
+
+    max_depth: int = 32
+    max_elements: int = 1000
+    max_expanded_chars: int = 8192
+    unknown_tags: str = "refuse"
+
+
+def is_ssml(text: str) -> bool:
+    """Whether ``text`` is an SSML document (its first non-blank characters are ``<speak``, an
+    XML declaration or a doctype, which is then refused)."""
+    return text.lstrip().startswith(SSML_PREFIXES)
+
+
+def _bad(message: str, code: str = "invalid_ssml") -> BadRequest:
+    return BadRequest(f"SSML: {message}", param="input", code=code)
+
+
+def _shown(value: str) -> str:
+    return repr(value if len(value) <= 24 else value[:21] + "...")
+
+
+class _Tight:
+    """The boundary between two segments that are one phrase (a rate change): no pause."""
+
+
+_TIGHT = _Tight()
+Boundary = int | None | _Tight
+
+
+def _combine(a: Boundary, b: Boundary) -> Boundary:
+    # A break replaces the sentence pause it falls on; consecutive breaks add up.
+    if isinstance(a, _Tight):
+        return b
+    if isinstance(b, _Tight):
+        return a
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b
+
+
+@dataclass
+class _Piece:
+    words: str
+    pause: Boundary
+    rate: float
+    phonemes: bool = False
+
+
+class _Expander:
+    def __init__(self, lang: str, engine: str, takes_phonemes: bool, limits: SsmlLimits) -> None:
+        self.lang = lang
+        self.engine = engine
+        self.takes_phonemes = takes_phonemes
+        self.limits = limits
+        self.pieces: list[_Piece] = []
+        self.buffer: list[str] = []
+        self.buffer_rate = 1.0
+        self.leading: Boundary = _TIGHT
+
+    # ---- building -------------------------------------------------------------------------
+
+    def text(self, value: str | None, rate: float) -> None:
+        if not value:
+            return
+        if rate != self.buffer_rate and "".join(self.buffer).strip():
+            self.boundary(_TIGHT)
+        self.buffer_rate = rate
+        self.buffer.append(value)
+
+    def boundary(self, pause: Boundary) -> None:
+        words = normalize_text("".join(self.buffer))
+        self.buffer.clear()
+        if words:
+            self.pieces.append(_Piece(words, pause, self.buffer_rate))
+        elif self.pieces:
+            self.pieces[-1].pause = _combine(self.pieces[-1].pause, pause)
+        else:
+            self.leading = _combine(self.leading, pause)
+
+    def phoneme_piece(self, ph: str, rate: float) -> None:
+        self.boundary(_TIGHT)
+        self.pieces.append(_Piece(normalize_text(ph), _TIGHT, rate, phonemes=True))
+
+    # ---- walking --------------------------------------------------------------------------
+
+    def walk(self, element: ET.Element, depth: int, rate: float) -> None:
+        if depth > self.limits.max_depth:
+            raise _bad(
+                f"elements nested deeper than {self.limits.max_depth} (ssml_max_depth)",
+                code="ssml_too_deep",
+            )
+        tag = _local(element.tag)
+        if tag in FETCHING_TAGS:
+            raise _bad(f"<{tag}> would fetch a URL; it is not supported", code="ssml_fetch")
+        if tag in CONTAINER_TAGS:
+            if tag != "speak":
+                self.boundary(None)
+            self.children(element, depth, rate)
+            if tag != "speak":
+                self.boundary(None)
+        elif tag == "break":
+            self.boundary(_break_ms(element))
+        elif tag == "say-as":
+            kind = element.get("interpret-as", "")
+            said = normalize.say_as(
+                kind, _only_text(element, tag), self.lang, element.get("format", "")
+            )
+            self.text(said, rate)
+        elif tag == "sub":
+            alias = element.get("alias")
+            if alias is None:
+                raise _bad("<sub> needs an alias attribute")
+            _only_text(element, tag)
+            self.text(alias, rate)
+        elif tag == "prosody":
+            self.children(element, depth, _prosody_rate(element, rate))
+        elif tag == "phoneme":
+            self.phoneme(element, rate)
+        elif tag in IGNORED_TAGS or self.limits.unknown_tags == "strip":
+            self.children(element, depth, rate)
+        else:
+            raise _bad(
+                f"unsupported tag <{tag[:40]}> (ssml_unknown_tags=strip speaks its text instead)",
+                code="ssml_unsupported_tag",
+            )
+
+    def children(self, element: ET.Element, depth: int, rate: float) -> None:
+        self.text(element.text, rate)
+        for child in element:
+            self.walk(child, depth + 1, rate)
+            self.text(child.tail, rate)
+
+    def phoneme(self, element: ET.Element, rate: float) -> None:
+        alphabet = element.get("alphabet", "ipa")
+        if alphabet != "ipa":
+            raise _bad(
+                f'<phoneme> alphabet {_shown(alphabet)} is not supported; use alphabet="ipa"',
+                code="ssml_unsupported_tag",
+            )
+        if not self.takes_phonemes:
+            raise _bad(
+                f"<phoneme> needs an engine that takes phonemes; engine '{self.engine}' does not",
+                code="ssml_unsupported_tag",
+            )
+        ph = element.get("ph")
+        if not ph or not ph.strip():
+            raise _bad("<phoneme> needs a ph attribute")
+        _only_text(element, "phoneme")
+        self.phoneme_piece(ph, rate)
+
+    # ---- result ---------------------------------------------------------------------------
+
+    def segments(self) -> tuple[Segment, ...]:
+        self.boundary(_TIGHT)
+        merged: list[_Piece] = []
+        for piece in self.pieces:
+            prev = merged[-1] if merged else None
+            if prev is not None and _joins(prev, piece):
+                prev.words = f"{prev.words} {piece.words}"
+                prev.pause = piece.pause
+            else:
+                merged.append(_Piece(piece.words, piece.pause, piece.rate, piece.phonemes))
+        out: list[Segment] = []
+        leading = self.leading
+        if isinstance(leading, int) and leading > 0:
+            out.append(Segment("", leading, 1.0))
+        for i, piece in enumerate(merged):
+            pause = piece.pause
+            if isinstance(pause, _Tight):
+                pause = None if i == len(merged) - 1 else 0
+            elif pause == 0 and i == len(merged) - 1:
+                pause = None
+            out.append(Segment(piece.words, pause, piece.rate, piece.phonemes))
+        return tuple(out)
+
+
+def _joins(prev: _Piece, piece: _Piece) -> bool:
+    """Whether two neighbouring pieces say the same as their words joined by a space."""
+    if prev.phonemes or piece.phonemes or prev.rate != piece.rate:
+        return False
+    if isinstance(prev.pause, _Tight) or prev.pause == 0:
+        return True
+    return prev.pause is None and bool(_SENTENCE_END.search(prev.words))
+
+
+def _local(tag: object) -> str:
+    if not isinstance(tag, str):
+        raise _bad("comments and processing instructions are not supported")
+    return tag.rsplit("}", 1)[-1]
+
+
+def _only_text(element: ET.Element, tag: str) -> str:
+    if len(element):
+        raise _bad(f"<{tag}> may hold text only, not elements")
+    return element.text or ""
+
+
+def _break_ms(element: ET.Element) -> int:
+    if len(element) or (element.text or "").strip():
+        raise _bad("<break> must be empty")
+    time_attr = element.get("time")
+    if time_attr is not None:
+        match = _TIME_RE.match(time_attr)
+        if match is None:
+            raise _bad(f"<break> time {_shown(time_attr)}: write it as 500ms or 1.5s")
+        value = float(match.group(1)) * (1000 if match.group(2) == "s" else 1)
+        if value > MAX_BREAK_MS:
+            raise _bad(f"<break> longer than {MAX_BREAK_MS} ms", code="ssml_break_too_long")
+        return round(value)
+    strength = element.get("strength", "medium")
+    if strength not in BREAK_STRENGTHS:
+        raise _bad(f"<break> strength {_shown(strength)}; supported: {', '.join(BREAK_STRENGTHS)}")
+    return BREAK_STRENGTHS[strength]
+
+
+def _prosody_rate(element: ET.Element, rate: float) -> float:
+    value = element.get("rate")
+    if value is None:
+        return rate  # pitch and volume alone: accepted and ignored
+    value = value.strip()
+    factor: float | None = RATE_WORDS.get(value)
+    if factor is None:
+        try:
+            if value.endswith("%"):
+                number = float(value[:-1])
+                # "+10%" / "-20%" are relative (Azure); "80%" is a percentage of normal (Polly).
+                factor = 1 + number / 100 if value[0] in "+-" else number / 100
+            else:
+                factor = float(value)
+        except ValueError:
+            factor = None
+    if factor is None or not MIN_RATE <= factor <= MAX_RATE:
+        raise _bad(
+            f"<prosody> rate {_shown(value)}: use x-slow..x-fast, a percentage (20%-400%) or a "
+            "multiplier (0.2-4)"
+        )
+    combined = round(rate * factor, 4)
+    if not MIN_RATE <= combined <= MAX_RATE:
+        raise _bad("<prosody> rates nested beyond 0.2-4 times the normal rate")
+    return combined
+
+
+def expand(
+    text: str,
+    *,
+    language: str,
+    engine: str = "",
+    takes_phonemes: bool = False,
+    limits: SsmlLimits | None = None,
+) -> tuple[Segment, ...]:
+    """The segments ``text`` (an SSML document) says, in canonical form: neighbours that say the
+    same joined are joined, so equal speech has one expansion. ``language`` is the voice's
+    language code (numbers are said in it); ``engine`` and ``takes_phonemes`` decide whether
+    ``<phoneme>`` is possible. Raises :class:`BadRequest` for anything refused."""
+    limits = limits or SsmlLimits()
+    # Cheap bound before parsing: every element costs at least one '<'.
+    if text.count("<") > 2 * limits.max_elements + 2:
+        raise _bad(
+            f"more than {limits.max_elements} elements (ssml_max_elements)",
+            code="ssml_too_many_elements",
+        )
+    try:
+        root = fromstring(text, forbid_dtd=True, forbid_entities=True, forbid_external=True)
+    except defusedxml.DTDForbidden as exc:
+        raise _bad("document type declarations are refused", code="ssml_forbidden") from exc
+    except defusedxml.EntitiesForbidden as exc:
+        raise _bad("entity declarations are refused", code="ssml_forbidden") from exc
+    except defusedxml.ExternalReferenceForbidden as exc:
+        raise _bad("external references are refused", code="ssml_forbidden") from exc
+    except ET.ParseError as exc:
+        line, column = exc.position
+        raise _bad(f"not well-formed XML (line {line}, column {column})") from exc
+    if _local(root.tag) != "speak":
+        raise _bad("the document's root element must be <speak>")
+    count = sum(1 for _ in root.iter())
+    if count > limits.max_elements:
+        raise _bad(
+            f"{count} elements; the limit is {limits.max_elements} (ssml_max_elements)",
+            code="ssml_too_many_elements",
+        )
+    expander = _Expander(
+        normalize.language_of(language), engine or "this engine", takes_phonemes, limits
+    )
+    expander.walk(root, 1, 1.0)
+    segments = expander.segments()
+    expanded = sum(len(s.words) for s in segments)
+    if expanded > limits.max_expanded_chars:
+        raise _bad(
+            f"expands to {expanded} characters; the limit is {limits.max_expanded_chars} "
+            "(ssml_max_expanded_chars)",
+            code="input_too_long",
+        )
+    if not any(s.words for s in segments):
+        raise BadRequest(
+            "'input' has nothing to speak after SSML expansion",
+            param="input",
+            code="nothing_to_speak",
+        )
+    return segments
+
+
+def plain_text(segments: Sequence[Segment]) -> str | None:
+    """The plain text ``segments`` stand for when they are just words (one segment, normal rate,
+    no pause, no phonemes): such an expansion has plain text's content address."""
+    if len(segments) != 1:
+        return None
+    seg = segments[0]
+    if seg.pause_ms is not None or seg.rate != 1.0 or seg.phonemes:
+        return None
+    return seg.words
+
+
+def joined_words(segments: Sequence[Segment]) -> str:
+    """The segments' words joined by spaces (logs, budgets and the request's ``text``)."""
+    return " ".join(s.words for s in segments if s.words)
