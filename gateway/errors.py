@@ -41,8 +41,16 @@ class NotFound(VoxgateError):
     type = "not_found_error"
 
 
+class Unauthorized(VoxgateError):
+    """No API key, or one the gateway does not know (answered with ``WWW-Authenticate``)."""
+
+    status = 401
+    type = "invalid_request_error"
+
+
 class Forbidden(VoxgateError):
-    """The request is understood but not allowed (a bad or expired URL signature)."""
+    """The request is understood but not allowed (a bad or expired URL signature, an API key
+    without the route's scope)."""
 
     status = 403
     type = "permission_error"

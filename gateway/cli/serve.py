@@ -17,6 +17,7 @@ log = logging.getLogger("voxgate")
 
 
 async def _serve(settings: Settings, worker_of: int | None = None) -> None:
+    from gateway.http import keys
     from gateway.http.app import create_app, wait_ready
 
     app = create_app(settings)
@@ -40,6 +41,16 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    reloads: set[asyncio.Task[bool]] = set()
+
+    def reload_keys() -> None:
+        # The file is read off the loop; the task is kept until done (the loop holds only a
+        # weak reference to it).
+        task = asyncio.ensure_future(app[keys.AUTH].reload())
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, reload_keys)
     orphan_watch = None
     if worker_of is not None:
         from gateway.runtime.workers import watch_parent
@@ -81,6 +92,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = load_settings(args)
     # Before any process starts: `--workers N` would otherwise start N servers that each fail.
     check_extras(settings)
+    if settings.api_keys_file:
+        from gateway.runtime.apikeys import KeyRing, KeysFileError
+
+        try:
+            KeyRing.load(settings.api_keys_file)
+        except KeysFileError as exc:
+            raise SettingsError(f"setting 'api_keys_file': {exc}") from None
     configure_logging(settings.log_level, settings.log_format)
     if settings.workers > 1 and args.worker_of is None:
         from gateway.runtime.workers import run_workers

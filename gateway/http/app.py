@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import logging
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 
@@ -11,6 +13,7 @@ from aiohttp import web
 from gateway.api.parsing import RequestMemo
 from gateway.api.say import SayMemo
 from gateway.http import keys, listings, ops
+from gateway.http.auth import ADMIN, ANY_KEY, OPEN, READ, SIGNED, SPEAK
 from gateway.http.compat import api_tts, piper_speak, piper_voices, synthesize
 from gateway.http.edge import add_routes
 from gateway.http.handlers import audio_by_key, healthz, metrics_handler, readyz, speech, voices
@@ -28,6 +31,7 @@ from gateway.http.telephony import (
     sign_say_url,
 )
 from gateway.runtime.accesslog import AccessLog
+from gateway.runtime.apikeys import Authenticator
 from gateway.runtime.buildinfo import record_build_info
 from gateway.runtime.components import open_speech
 from gateway.runtime.settings import Settings
@@ -36,6 +40,18 @@ from gateway.wyoming.server import WyomingServer
 from metrics import Metrics
 from synth.engine import Engine
 from synth.pool import EngineSpec
+
+log = logging.getLogger("voxgate")
+
+
+def is_loopback(host: str) -> bool:
+    """True when ``host`` is a loopback address or ``localhost`` (reachable from this host only)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def create_app(
@@ -55,6 +71,28 @@ def create_app(
     app[keys.PRESENTATIONS] = Presentations.from_settings(settings)
     app[keys.ACCESS_LOG] = AccessLog.from_settings(settings)
     app[keys.OBSERVER] = RequestObserver(app[keys.METRICS], app[keys.ACCESS_LOG])
+    app[keys.AUTH] = Authenticator(settings.api_keys_file)
+
+    async def auth_ctx(app: web.Application) -> AsyncIterator[None]:
+        # Read off the loop; a keys file that cannot be used stops the start (serve checks it
+        # earlier, so its error names the file rather than a traceback).
+        ring = await app[keys.AUTH].load()
+        if ring is not None:
+            log.info(
+                "API keys on: %d keys from %s (reloaded on SIGHUP)",
+                len(ring.keys),
+                settings.api_keys_file,
+            )
+        elif is_loopback(settings.host):
+            log.info("no API keys file: every route is open (api_keys_file)")
+        else:
+            log.warning(
+                "no API keys file and listening on %s, not loopback: anyone who reaches the port "
+                "can synthesize, pin prompts and read metrics (set api_keys_file; "
+                "docs/security.md)",
+                settings.host,
+            )
+        yield
 
     async def access_log_ctx(app: web.Application) -> AsyncIterator[None]:
         # The version comes from package metadata (a filesystem scan): not on the loop.
@@ -85,6 +123,7 @@ def create_app(
         finally:
             await server.close()
 
+    app.cleanup_ctx.append(auth_ctx)
     app.cleanup_ctx.append(access_log_ctx)
     app.cleanup_ctx.append(speech_ctx)
     if settings.wyoming_port:
@@ -92,34 +131,34 @@ def create_app(
     add_routes(
         app,
         [
-            ("POST", "/v1/audio/speech", speech),
+            ("POST", "/v1/audio/speech", speech, SPEAK),
             # --- listings (issue 15); before /v1/audio/{key}, which would match them ---
-            ("GET", "/v1/models", listings.openai_models),
-            ("GET", "/v1/audio/models", listings.audio_models),
-            ("GET", "/v1/audio/voices", listings.audio_voices),
+            ("GET", "/v1/models", listings.openai_models, ANY_KEY),
+            ("GET", "/v1/audio/models", listings.audio_models, ANY_KEY),
+            ("GET", "/v1/audio/voices", listings.audio_voices, ANY_KEY),
             # (also before /v1/audio/{key}, whose segment would take "{key}.{ext}" whole)
-            ("GET", AUDIO_EXT_ROUTE, audio_by_key_ext),
-            ("GET", "/v1/audio/{key}", audio_by_key),
-            ("GET", "/v1/voices", voices),
-            ("GET", "/healthz", healthz),
-            ("GET", "/readyz", readyz),
-            ("GET", "/metrics", metrics_handler),
+            ("GET", AUDIO_EXT_ROUTE, audio_by_key_ext, READ),
+            ("GET", "/v1/audio/{key}", audio_by_key, READ),
+            ("GET", "/v1/voices", voices, ANY_KEY),
+            ("GET", "/healthz", healthz, OPEN),
+            ("GET", "/readyz", readyz, OPEN),
+            ("GET", "/metrics", metrics_handler, ADMIN if settings.metrics_auth else OPEN),
             # --- compatible endpoints and the API description (issue 5) ---
-            ("GET", "/api/tts", api_tts),
-            ("POST", "/api/tts", api_tts),
-            ("GET", "/synthesize", synthesize),
-            ("GET", "/openapi.json", openapi_handler),
+            ("GET", "/api/tts", api_tts, SPEAK),
+            ("POST", "/api/tts", api_tts, SPEAK),
+            ("GET", "/synthesize", synthesize, SPEAK),
+            ("GET", "/openapi.json", openapi_handler, OPEN),
             # --- operations (issue 6) ---
-            ("POST", "/v1/prompts", ops.prompts),
+            ("POST", "/v1/prompts", ops.prompts, ADMIN),
             # --- Piper's HTTP API (issue 15): POST only, GET / is left to other pages ---
-            ("POST", "/", piper_speak),
-            ("GET", "/voices", piper_voices),
+            ("POST", "/", piper_speak, SPEAK),
+            ("GET", "/voices", piper_voices, ANY_KEY),
             # --- telephony (issue 14) ---
-            ("GET", SAY_ROUTE, say),
-            ("GET", SIGNED_SAY_ROUTE, say_signed),
-            ("POST", "/v1/say/sign", sign_say_url),
-            ("POST", "/v1/jambonz/tts", jambonz_tts),
-            ("GET", "/v1/jambonz/stream", jambonz_stream),
+            ("GET", SAY_ROUTE, say, SPEAK),
+            ("GET", SIGNED_SAY_ROUTE, say_signed, SIGNED),
+            ("POST", "/v1/say/sign", sign_say_url, SPEAK),
+            ("POST", "/v1/jambonz/tts", jambonz_tts, SPEAK),
+            ("GET", "/v1/jambonz/stream", jambonz_stream, SPEAK),
         ],
     )
     return app

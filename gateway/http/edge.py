@@ -10,6 +10,7 @@ from aiohttp import web
 
 from gateway.errors import MethodNotAllowed, NotFound
 from gateway.http import keys
+from gateway.http.auth import Access, guarded
 from gateway.http.errors import Handler, error_response_for, rejection_reason
 
 
@@ -48,7 +49,6 @@ def edge(route: str, handler: Handler) -> Handler:
             ttfb = elapsed
             sent = response.content_length or 0
         get = request.get
-        # (The access log's client field stays null until authentication sets one.)
         request.app[keys.OBSERVER].observe(
             route=route,
             method=request.method,
@@ -58,6 +58,7 @@ def edge(route: str, handler: Handler) -> Handler:
             seconds=elapsed,
             ttfb=ttfb,
             nbytes=sent,
+            client=get(keys.CLIENT_NAME),  # the API key's name, set by gateway.http.auth
         )
         return response
 
@@ -84,16 +85,18 @@ def method_not_allowed(allowed: Sequence[str]) -> Handler:
     return not_allowed
 
 
-def add_routes(app: web.Application, routes: Sequence[tuple[str, str, Handler]]) -> None:
-    """Register ``(method, path, handler)`` routes, each wrapped by :func:`edge`; every path
-    answers its other methods with 405, and unknown paths get 404 (both counted as usual)."""
+def add_routes(app: web.Application, routes: Sequence[tuple[str, str, Handler, Access]]) -> None:
+    """Register ``(method, path, handler, access)`` routes, each behind its access check
+    (:func:`gateway.http.auth.guarded`: none for open routes) and wrapped by :func:`edge`; every
+    path answers its other methods with 405, and unknown paths get 404 (both counted as usual)."""
     methods: dict[str, list[str]] = {}
-    for method, path, handler in routes:
+    for method, path, handler, access in routes:
+        wrapped = edge(path, guarded(access, handler))
         if method == "GET":
-            app.router.add_get(path, edge(path, handler))
+            app.router.add_get(path, wrapped)
             methods.setdefault(path, []).extend(["GET", "HEAD"])
         else:
-            app.router.add_route(method, path, edge(path, handler))
+            app.router.add_route(method, path, wrapped)
             methods.setdefault(path, []).append(method)
     for path, allowed in methods.items():
         app.router.add_route("*", path, edge(path, method_not_allowed(allowed)))

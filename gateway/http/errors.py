@@ -16,6 +16,7 @@ from gateway.errors import (
     BadRequest,
     MethodNotAllowed,
     TooManyRequests,
+    Unauthorized,
     Unavailable,
     VoxgateError,
 )
@@ -48,6 +49,8 @@ def error_response(exc: VoxgateError) -> web.Response:
         headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
     if isinstance(exc, MethodNotAllowed):
         headers["Allow"] = exc.allow
+    elif isinstance(exc, Unauthorized):
+        headers["WWW-Authenticate"] = 'Bearer realm="voxgate"'
     return web.Response(
         status=exc.status,
         body=error_body(exc.message, exc.type, exc.param, exc.code),

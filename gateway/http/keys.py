@@ -10,6 +10,7 @@ from gateway.api.say import SayMemo
 from gateway.http.observe import RequestObserver
 from gateway.http.presentation import Presentations
 from gateway.runtime.accesslog import AccessLog
+from gateway.runtime.apikeys import Authenticator
 from gateway.runtime.settings import Settings
 from gateway.speech.service import SpeechService
 from gateway.wyoming.server import WyomingServer
@@ -42,3 +43,5 @@ SAY_MEMO = web.AppKey("say_memo", SayMemo)
 # Who is asking, for per-client shares: the API key's name once keys are checked (set by the
 # authentication step), else the client's address (gateway.http.delivery.client_of).
 CLIENT_NAME = web.RequestKey("client_name", str)
+# The API keys in force (a ring that SIGHUP reloads; none without a keys file).
+AUTH = web.AppKey("auth", Authenticator)

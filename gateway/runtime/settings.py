@@ -79,6 +79,7 @@ GROUPS: dict[str, str] = {
     "catalogue": "Prompt catalogues (voxgate warm, POST /v1/prompts)",
     "wyoming": "Wyoming protocol (Home Assistant)",
     "telephony": "Telephony: PBX-playable URLs, HTTP caching, signed say URLs, jambonz",
+    "security": "Security: API keys, scopes and limits (docs/security.md)",
 }
 
 
@@ -480,6 +481,21 @@ class Settings(BaseSettings):
         "default",
         "A jambonz voice (and language) that names no voice or alias: speak with the default "
         "voice, or reject it with 400.",
+    )
+
+    # --- security (issue 12; docs/security.md) ---
+    api_keys_file: str = _opt(
+        "security",
+        "",
+        "TOML file of API keys (names, SHA-256 hashes of their secrets, scopes, per-minute "
+        "limits; `voxgate keys add` writes it), reloaded on SIGHUP. Empty: no keys, every "
+        "route is open.",
+    )
+    metrics_auth: bool = _opt(
+        "security",
+        False,
+        "With API keys on, GET /metrics needs a key with the admin scope (off: it is open, like "
+        "/healthz).",
     )
 
     # ---- parsing the forms env and flags use --------------------------------------------------

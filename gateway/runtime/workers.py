@@ -7,7 +7,8 @@ metrics to one directory in prometheus-client's multiprocess mode, so ``/metrics
 answers the sum over all of them.
 
 The supervisor restarts a worker that dies, forwards SIGTERM/SIGINT to every worker (each drains
-its in-flight requests), and exits 0 when all of them exited 0.
+its in-flight requests) and SIGHUP (each reloads its API keys), and exits 0 when all of them
+exited 0.
 """
 
 from __future__ import annotations
@@ -103,10 +104,17 @@ class Supervisor:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = True
 
+    def _on_hangup(self, signum: int, frame: FrameType | None) -> None:
+        # Every worker holds its own copy of the API keys: each rereads the file.
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGHUP)
+
     def run(self) -> int:
         """Run until SIGTERM/SIGINT (or repeated worker failure); the exit status."""
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGHUP, self._on_hangup)
         n = self.settings.workers
         self.procs = [self.spawn(i) for i in range(n)]
         self.started = [time.monotonic()] * n

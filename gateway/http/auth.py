@@ -1,0 +1,97 @@
+"""Who may call a route (issue 12): each route is registered with an :class:`Access`, and every
+route that needs a key is wrapped, at registration, by :func:`guarded`.
+
+Open routes get no wrapper at all, so they pay nothing; with no keys file every guard is one
+attribute read. A guarded request presents its secret as ``Authorization: Bearer <secret>`` or
+``X-API-Key: <secret>``; the key's scopes must include one of the route's. Secrets are never
+logged: the key's *name* is what the access log (``client``), the metrics and the per-client
+queue share see.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+from multidict import CIMultiDictProxy
+
+from gateway.errors import Forbidden, Unauthorized
+from gateway.http import keys
+from gateway.http.errors import Handler
+from gateway.http.telephony import self_authorized
+from gateway.runtime.apikeys import SCOPES
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """What a route asks of its caller: a key with one of ``scopes`` (none: open to all).
+
+    ``capability``: the URL may authorize itself (a content address while public_audio_urls is
+    on; :func:`gateway.http.telephony.self_authorized`), so a request without a key is let
+    through when it does.
+    """
+
+    name: str
+    scopes: frozenset[str]
+    capability: bool = False
+
+
+OPEN = Access("open", frozenset())
+# A signed say URL: its handler checks the signature and answers 403 for a bad or expired one.
+SIGNED = Access("signature", frozenset())
+SPEAK = Access("speak", frozenset({"speak"}))
+READ = Access("read", frozenset({"read"}), capability=True)
+ADMIN = Access("admin", frozenset({"admin"}))
+# Listings (models, voices): any valid key. They name what a client may ask for, so whoever holds
+# a key of any scope may read them; a caller without a key learns nothing.
+ANY_KEY = Access("any key", frozenset(SCOPES))
+
+
+def presented_secret(headers: CIMultiDictProxy[str]) -> str | None:
+    """The secret in ``Authorization: Bearer`` (scheme case-insensitive) or ``X-API-Key``."""
+    auth = headers.get("Authorization")
+    if auth is not None:
+        scheme, _, secret = auth.strip().partition(" ")
+        if scheme.lower() == "bearer" and secret.strip():
+            return secret.strip()
+    key = headers.get("X-API-Key")
+    if key is not None and key.strip():
+        return key.strip()
+    return None
+
+
+def guarded(access: Access, handler: Handler) -> Handler:
+    """``handler`` behind ``access``'s check (``handler`` itself for an open route)."""
+    if not access.scopes:
+        return handler
+    needed = access.scopes
+    capability = access.capability
+    scope_text = " or ".join(sorted(needed))
+
+    async def guard(request: web.Request) -> web.StreamResponse:
+        ring = request.app[keys.AUTH].ring
+        if ring is None:
+            return await handler(request)
+        secret = presented_secret(request.headers)
+        if secret is None:
+            if capability and self_authorized(request) is not None:
+                return await handler(request)
+            raise Unauthorized(
+                "this route needs an API key: send 'Authorization: Bearer <key>' or "
+                "'X-API-Key: <key>'",
+                code="missing_api_key",
+            )
+        key = ring.identify(secret)
+        if key is None:
+            raise Unauthorized("invalid API key", code="invalid_api_key")
+        request[keys.CLIENT_NAME] = key.name
+        if not key.scopes & needed:
+            raise Forbidden(
+                f"API key {key.name!r} lacks the scope this route needs ({scope_text})",
+                code="insufficient_scope",
+            )
+        return await handler(request)
+
+    guard.__name__ = getattr(handler, "__name__", "handler")
+    guard.__doc__ = handler.__doc__
+    return guard

@@ -1,0 +1,217 @@
+"""API keys (issue 12): the keys file, read into a :class:`KeyRing` that finds a key by its secret.
+
+The file holds SHA-256 hashes, never secrets::
+
+    [[key]]
+    name = "ivr-prod"                 # in logs and metrics; the secret never is
+    sha256 = "<hex SHA-256 of the secret>"
+    scopes = ["speak", "read"]        # speak | read | admin
+    requests_per_minute = 600         # 0 or absent: unlimited
+    chars_per_minute = 0              # characters sent to synthesis (misses); 0: unlimited
+
+A presented secret is hashed and looked up in a dict by its digest; the stored digest is then
+compared with :func:`hmac.compare_digest`. The lookup's timing depends on the digest only, which an
+attacker cannot steer towards a stored one without knowing a secret, so nothing about a stored
+secret leaks through it. Nothing here logs or keeps a secret.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import re
+import secrets
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+log = logging.getLogger("voxgate.auth")
+
+SCOPES = ("speak", "read", "admin")
+Scope = Literal["speak", "read", "admin"]
+
+# Names appear in metric labels and log lines: a short, plain alphabet keeps both safe.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+class KeysFileError(ValueError):
+    """The keys file cannot be used; the message names the file and the problem (never a secret:
+    the file holds none)."""
+
+
+class _KeyEntry(BaseModel):
+    """One ``[[key]]`` table of the file."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
+    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-fA-F]{64}$")]
+    scopes: list[Scope] = Field(min_length=1)
+    requests_per_minute: int = Field(0, ge=0)
+    chars_per_minute: int = Field(0, ge=0)
+
+
+class _KeysFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    key: list[_KeyEntry] = Field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class APIKey:
+    """A key as the gateway knows it: its name, scopes and per-minute limits (0: unlimited)."""
+
+    name: str
+    digest: bytes
+    scopes: frozenset[str]
+    requests_per_minute: int = 0
+    chars_per_minute: int = 0
+
+    @property
+    def limited(self) -> bool:
+        """True when either limit is set (only then is a rate check made)."""
+        return bool(self.requests_per_minute or self.chars_per_minute)
+
+
+def digest_of(secret: str) -> bytes:
+    """The SHA-256 digest of a presented secret."""
+    return hashlib.sha256(secret.encode("utf-8", "surrogateescape")).digest()
+
+
+class KeyRing:
+    """The keys of one keys file, found by secret."""
+
+    def __init__(self, keys: list[APIKey]) -> None:
+        self.keys = tuple(keys)
+        self._by_digest = {k.digest: k for k in keys}
+
+    def identify(self, secret: str) -> APIKey | None:
+        """The key whose secret is ``secret``, or None."""
+        digest = digest_of(secret)
+        key = self._by_digest.get(digest)
+        if key is None or not hmac.compare_digest(key.digest, digest):
+            return None
+        return key
+
+    def names(self) -> list[str]:
+        """The key names, in file order."""
+        return [k.name for k in self.keys]
+
+    @classmethod
+    def load(cls, path: str | Path) -> KeyRing:
+        """Read and check the keys file (blocking: call it off the event loop)."""
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except OSError as exc:
+            raise KeysFileError(f"API keys file {path}: {exc.strerror or exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise KeysFileError(f"API keys file {path}: {exc}") from None
+        try:
+            parsed = _KeysFile.model_validate(data)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+                for err in exc.errors(include_url=False, include_input=False)
+            )
+            raise KeysFileError(f"API keys file {path}: {problems}") from None
+        keys: list[APIKey] = []
+        names: set[str] = set()
+        digests: set[bytes] = set()
+        for entry in parsed.key:
+            digest = bytes.fromhex(entry.sha256)
+            if entry.name in names:
+                raise KeysFileError(f"API keys file {path}: key name {entry.name!r} used twice")
+            if digest in digests:
+                raise KeysFileError(
+                    f"API keys file {path}: key {entry.name!r} has the hash of another key"
+                )
+            names.add(entry.name)
+            digests.add(digest)
+            keys.append(
+                APIKey(
+                    name=entry.name,
+                    digest=digest,
+                    scopes=frozenset(entry.scopes),
+                    requests_per_minute=entry.requests_per_minute,
+                    chars_per_minute=entry.chars_per_minute,
+                )
+            )
+        return cls(keys)
+
+
+def new_secret() -> str:
+    """A new API key secret: 32 random bytes, URL-safe base64 (43 characters)."""
+    return secrets.token_urlsafe(32)
+
+
+def key_table(
+    name: str,
+    secret: str,
+    scopes: list[str],
+    requests_per_minute: int = 0,
+    chars_per_minute: int = 0,
+) -> str:
+    """The ``[[key]]`` TOML table for a key (its hash, never ``secret``)."""
+    if re.fullmatch(NAME_PATTERN, name) is None:
+        raise KeysFileError(
+            f"key name {name!r}: use 1-64 letters, digits, '.', '_' or '-' (it appears in "
+            "logs and metrics)"
+        )
+    bad = [s for s in scopes if s not in SCOPES]
+    if bad or not scopes:
+        raise KeysFileError(f"scopes {scopes!r}: choose from {', '.join(SCOPES)}")
+    if requests_per_minute < 0 or chars_per_minute < 0:
+        raise KeysFileError("limits are 0 (unlimited) or more")
+    quoted = ", ".join(f'"{s}"' for s in scopes)
+    return (
+        "[[key]]\n"
+        f'name = "{name}"\n'
+        f'sha256 = "{digest_of(secret).hex()}"\n'
+        f"scopes = [{quoted}]\n"
+        f"requests_per_minute = {requests_per_minute}\n"
+        f"chars_per_minute = {chars_per_minute}\n"
+    )
+
+
+class Authenticator:
+    """The gateway's current key ring (None: no keys file, every route open), reloadable.
+
+    A reload reads the file off the event loop and swaps the ring in one assignment, so a request
+    sees either the old keys or the new ones; a file that fails to load leaves the old ring in
+    place (and says why in the log).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.ring: KeyRing | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """True when a keys file is configured."""
+        return bool(self.path)
+
+    async def load(self) -> KeyRing | None:
+        """Read the keys file (at start): raises :class:`KeysFileError` when it cannot be used."""
+        if not self.path:
+            return None
+        self.ring = await asyncio.to_thread(KeyRing.load, self.path)
+        return self.ring
+
+    async def reload(self) -> bool:
+        """Read the keys file again (on SIGHUP); False, with the old keys kept, if it fails."""
+        if not self.path:
+            return False
+        try:
+            ring = await asyncio.to_thread(KeyRing.load, self.path)
+        except KeysFileError as exc:
+            log.error("API keys not reloaded, the previous keys stay in use: %s", exc)
+            return False
+        self.ring = ring
+        log.info("API keys reloaded: %d keys from %s", len(ring.keys), self.path)
+        return True

@@ -1,0 +1,252 @@
+"""API keys (issue 12, acceptance 1): 401 without or with a wrong key, 403 outside a key's scopes,
+200 with Bearer and with X-API-Key; URLs that authorize themselves; reload; `voxgate keys add`;
+no secret in any log line at any level."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.runtime.apikeys import Authenticator, KeyRing, KeysFileError, key_table
+from gateway.runtime.settings import Settings
+from tests.conftest import GatewayFactory
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEAK_SECRET = "speak-secret-0123456789-abcdefghijklmnop"
+READ_SECRET = "read-secret-0123456789-abcdefghijklmnopq"
+ADMIN_SECRET = "admin-secret-0123456789-abcdefghijklmno"
+BODY = {"model": "piper", "voice": "joe", "input": "Press one for sales.", "response_format": "wav"}
+
+
+def write_keys(path: Path, *tables: str) -> Path:
+    path.write_text("\n".join(tables), encoding="utf-8")
+    return path
+
+
+def standard_keys(path: Path) -> Path:
+    return write_keys(
+        path,
+        key_table("ivr-prod", SPEAK_SECRET, ["speak"]),
+        key_table("player", READ_SECRET, ["read"]),
+        key_table("ops", ADMIN_SECRET, ["admin"]),
+    )
+
+
+@pytest.fixture
+def keyed(settings: Settings, tmp_path: Path) -> Settings:
+    return settings.replace(api_keys_file=str(standard_keys(tmp_path / "keys.toml")))
+
+
+def error_of(body: bytes) -> dict[str, object]:
+    err = json.loads(body)["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    return dict(err)
+
+
+async def test_401_403_and_200_by_bearer_and_x_api_key(
+    gateway: GatewayFactory, keyed: Settings
+) -> None:
+    http = await gateway(settings=keyed)
+    missing = await http.post("/v1/audio/speech", json=BODY)
+    assert missing.status == 401
+    assert missing.headers["WWW-Authenticate"].startswith("Bearer")
+    assert error_of(await missing.read())["code"] == "missing_api_key"
+    for headers in (
+        {"Authorization": "Bearer not-a-key"},
+        {"X-API-Key": "not-a-key"},
+        {"Authorization": f"Basic {SPEAK_SECRET}"},  # a secret under another scheme is no key
+    ):
+        wrong = await http.post("/v1/audio/speech", json=BODY, headers=headers)
+        assert wrong.status == 401, headers
+        assert wrong.headers["WWW-Authenticate"].startswith("Bearer")
+    scope = await http.post(
+        "/v1/audio/speech", json=BODY, headers={"Authorization": f"Bearer {READ_SECRET}"}
+    )
+    assert scope.status == 403
+    err = error_of(await scope.read())
+    assert err["type"] == "permission_error" and err["code"] == "insufficient_scope"
+    bearer = await http.post(
+        "/v1/audio/speech", json=BODY, headers={"Authorization": f"bearer {SPEAK_SECRET}"}
+    )
+    assert bearer.status == 200 and (await bearer.read())[:4] == b"RIFF"
+    by_header = await http.post("/v1/audio/speech", json=BODY, headers={"X-API-Key": SPEAK_SECRET})
+    assert by_header.status == 200 and by_header.headers["X-Cache"] == "HIT"
+    # The other synthesis endpoints are speak too; health stays open.
+    assert (await http.get("/synthesize", params={"text": "Hi."})).status == 401
+    assert (await http.get("/v1/say/joe/Hello.wav")).status == 401
+    assert (await http.get("/healthz")).status == 200
+    assert (await http.get("/openapi.json")).status == 200
+
+
+async def test_admin_routes_listings_and_metrics(gateway: GatewayFactory, keyed: Settings) -> None:
+    http = await gateway(settings=keyed)
+    prompts = {"prompts": ["Goodbye."]}
+    speak = {"X-API-Key": SPEAK_SECRET}
+    assert (await http.post("/v1/prompts", json=prompts)).status == 401
+    assert (await http.post("/v1/prompts", json=prompts, headers=speak)).status == 403
+    ok = await http.post("/v1/prompts", json=prompts, headers={"X-API-Key": ADMIN_SECRET})
+    assert ok.status == 200, await ok.text()
+    # Listings: any valid key, none without one.
+    assert (await http.get("/v1/models")).status == 401
+    for secret in (SPEAK_SECRET, READ_SECRET, ADMIN_SECRET):
+        assert (await http.get("/v1/models", headers={"X-API-Key": secret})).status == 200
+    assert (await http.get("/metrics")).status == 200  # open unless metrics_auth
+
+
+async def test_metrics_auth_makes_metrics_admin(gateway: GatewayFactory, keyed: Settings) -> None:
+    http = await gateway(settings=keyed.replace(metrics_auth=True))
+    assert (await http.get("/metrics")).status == 401
+    assert (await http.get("/metrics", headers={"X-API-Key": SPEAK_SECRET})).status == 403
+    assert (await http.get("/metrics", headers={"X-API-Key": ADMIN_SECRET})).status == 200
+
+
+async def test_content_addresses_are_capabilities_unless_turned_off(
+    gateway: GatewayFactory, keyed: Settings
+) -> None:
+    http = await gateway(settings=keyed)
+    made = await http.post("/v1/audio/speech", json=BODY, headers={"X-API-Key": SPEAK_SECRET})
+    key = made.headers["X-Audio-Key"]
+    assert (await http.get(f"/v1/audio/{key}")).status == 200
+    assert (await http.get(f"/v1/audio/{key}.ulaw")).status == 200
+    closed = await gateway(settings=keyed.replace(public_audio_urls=False))
+    made = await closed.post("/v1/audio/speech", json=BODY, headers={"X-API-Key": SPEAK_SECRET})
+    key = made.headers["X-Audio-Key"]
+    assert (await closed.get(f"/v1/audio/{key}")).status == 401
+    assert (await closed.get(f"/v1/audio/{key}", headers={"X-API-Key": SPEAK_SECRET})).status == 403
+    assert (await closed.get(f"/v1/audio/{key}", headers={"X-API-Key": READ_SECRET})).status == 200
+
+
+async def test_signed_say_urls_authorize_themselves(
+    gateway: GatewayFactory, keyed: Settings
+) -> None:
+    http = await gateway(settings=keyed.replace(url_signing_secret="sign-me"))
+    signed = await http.post(
+        "/v1/say/sign",
+        json={"voice": "joe", "text": "Hello.", "ext": "wav"},
+        headers={"X-API-Key": SPEAK_SECRET},
+    )
+    assert signed.status == 200
+    path = (await signed.json())["path"]
+    assert (await http.get(path)).status == 200  # no key: the signature is the authorization
+    forged = path.replace("/Hello", "/Goodbye")
+    assert forged != path
+    bad = await http.get(forged)
+    assert bad.status == 403 and error_of(await bad.read())["type"] == "permission_error"
+
+
+async def test_without_a_keys_file_everything_is_open(gateway: GatewayFactory) -> None:
+    http = await gateway()
+    assert (await http.post("/v1/audio/speech", json=BODY)).status == 200
+    assert (await http.post("/v1/prompts", json={"prompts": ["Goodbye."]})).status == 200
+
+
+async def test_reload_swaps_keys_and_keeps_them_when_the_file_is_bad(tmp_path: Path) -> None:
+    path = write_keys(tmp_path / "keys.toml", key_table("a", SPEAK_SECRET, ["speak"]))
+    auth = Authenticator(str(path))
+    ring = await auth.load()
+    assert ring is not None and ring.identify(SPEAK_SECRET) is not None
+    write_keys(path, key_table("b", READ_SECRET, ["read"]))
+    assert await auth.reload()
+    assert auth.ring is not None
+    assert auth.ring.identify(SPEAK_SECRET) is None
+    found = auth.ring.identify(READ_SECRET)
+    assert found is not None and found.name == "b"
+    path.write_text("[[key]]\nname = 'c'\n", encoding="utf-8")  # no hash, no scopes
+    assert not await auth.reload()
+    assert auth.ring.identify(READ_SECRET) is not None
+
+
+async def test_reload_is_seen_by_a_running_gateway(
+    gateway: GatewayFactory, keyed: Settings
+) -> None:
+    from gateway.http import keys
+
+    http = await gateway(settings=keyed)
+    headers = {"X-API-Key": SPEAK_SECRET}
+    assert (await http.post("/v1/audio/speech", json=BODY, headers=headers)).status == 200
+    write_keys(Path(keyed.api_keys_file), key_table("player", READ_SECRET, ["read"]))
+    assert await http.app[keys.AUTH].reload()
+    assert (await http.post("/v1/audio/speech", json=BODY, headers=headers)).status == 401
+
+
+def test_keys_file_errors_name_the_problem(tmp_path: Path) -> None:
+    cases = {
+        "dup.toml": key_table("a", "s1", ["speak"]) + key_table("a", "s2", ["read"]),
+        "scope.toml": '[[key]]\nname = "a"\nsha256 = "' + "0" * 64 + '"\nscopes = ["write"]\n',
+        "hash.toml": '[[key]]\nname = "a"\nsha256 = "xyz"\nscopes = ["speak"]\n',
+        "toml.toml": "[[key]\n",
+    }
+    for name, text in cases.items():
+        path = write_keys(tmp_path / name, text)
+        with pytest.raises(KeysFileError, match=name):
+            KeyRing.load(path)
+    with pytest.raises(KeysFileError, match="no-such"):
+        KeyRing.load(tmp_path / "no-such.toml")
+
+
+def test_keys_add_round_trip_and_serve_refuses_a_bad_file(tmp_path: Path) -> None:
+    path = tmp_path / "keys.toml"
+
+    def keys_add(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gateway", "keys", "add", *args, "--file", str(path)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    first = keys_add("ivr-prod", "--scopes", "speak,read", "--rpm", "600")
+    assert first.returncode == 0, first.stderr
+    secret = first.stdout.strip()
+    assert len(secret) >= 43 and "\n" not in secret
+    second = keys_add("ops", "--scopes", "admin")
+    assert second.returncode == 0, second.stderr
+    text = path.read_text()
+    assert secret not in text and second.stdout.strip() not in text  # hashes only
+    assert path.stat().st_mode & 0o777 == 0o600
+    ring = KeyRing.load(path)
+    found = ring.identify(secret)
+    assert found is not None and found.name == "ivr-prod"
+    assert found.scopes == {"speak", "read"} and found.requests_per_minute == 600
+    assert ring.names() == ["ivr-prod", "ops"]
+    again = keys_add("ops", "--scopes", "read")
+    assert again.returncode == 2 and "exists already" in again.stderr
+    bad_scope = keys_add("x", "--scopes", "write")
+    assert bad_scope.returncode == 2 and "scopes" in bad_scope.stderr
+    assert KeyRing.load(path).names() == ["ivr-prod", "ops"]
+    broken = write_keys(tmp_path / "broken.toml", "[[key]]\nname = 1\n")
+    serve = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--api-keys-file", str(broken)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert serve.returncode == 2 and "api_keys_file" in serve.stderr
+
+
+async def test_no_secret_in_any_log_line(
+    gateway: GatewayFactory,
+    keyed: Settings,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    http = await gateway(settings=keyed.replace(log_level="debug"))
+    for secret in (SPEAK_SECRET, READ_SECRET, ADMIN_SECRET, "wrong-" + SPEAK_SECRET):
+        for headers in ({"Authorization": f"Bearer {secret}"}, {"X-API-Key": secret}):
+            await http.post("/v1/audio/speech", json=BODY, headers=headers)
+            await http.post("/v1/prompts", json={"prompts": ["Bye."]}, headers=headers)
+    await http.close()  # flushes the access log
+    out, err = capfd.readouterr()
+    logged = caplog.text + out + err
+    assert '"client":"ivr-prod"' in logged or "client=ivr-prod" in logged  # the name is logged
+    for secret in (SPEAK_SECRET, READ_SECRET, ADMIN_SECRET):
+        # Any 12-character piece of a secret would already be a leak.
+        assert secret[:12] not in logged and secret[-12:] not in logged
