@@ -342,6 +342,34 @@ class Metrics:
             registry=r,
         )
 
+        # --- API keys and their limits (issue 12) -------------------------------------------------
+        # Key names come from the operator's keys file: a bounded set.
+        self.api_key_requests = Counter(
+            "voxgate_api_key_requests_total",
+            "Requests that presented a known API key, by key name and result (ok; forbidden: "
+            "outside its scopes; rate_limited: over its requests_per_minute).",
+            ["key", "result"],
+            registry=r,
+        )
+        self.api_key_chars = Counter(
+            "voxgate_api_key_synthesis_chars_total",
+            "Characters sent to synthesis (misses) on behalf of each API key.",
+            ["key"],
+            registry=r,
+        )
+        self.api_key_chars_limited = Counter(
+            "voxgate_api_key_chars_limited_total",
+            "Syntheses refused (429) because their key was over its chars_per_minute.",
+            ["key"],
+            registry=r,
+        )
+        self.rate_limit_fallbacks = Counter(
+            "voxgate_rate_limit_fallbacks_total",
+            "Rate-limit checks decided in this process because Redis was unreachable (the "
+            "limit then holds per replica, not across them).",
+            registry=r,
+        )
+
     def before_collect(self, hook: Callable[[], None]) -> None:
         """Run ``hook`` (a flush of counts kept outside prometheus-client) before every collection
         of the registry and in :meth:`flush_pending`."""

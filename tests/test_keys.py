@@ -12,9 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from gateway.runtime.apikeys import Authenticator, KeyRing, KeysFileError, key_table
+from gateway.errors import TooManyRequests
+from gateway.runtime.apikeys import APIKey, Authenticator, KeyRing, KeysFileError, key_table
+from gateway.runtime.ratelimit import KeyLimits, limits_storage_uri
 from gateway.runtime.settings import Settings
+from metrics import Metrics
 from tests.conftest import GatewayFactory
+from tests.support import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEAK_SECRET = "speak-secret-0123456789-abcdefghijklmnop"
@@ -250,3 +254,115 @@ async def test_no_secret_in_any_log_line(
     for secret in (SPEAK_SECRET, READ_SECRET, ADMIN_SECRET):
         # Any 12-character piece of a secret would already be a leak.
         assert secret[:12] not in logged and secret[-12:] not in logged
+
+
+# ---- limits per key (issue 12, point 2) ------------------------------------------------------
+
+
+async def test_requests_per_minute_3_gives_200_200_200_then_429(
+    gateway: GatewayFactory, settings: Settings, tmp_path: Path, metrics: Metrics
+) -> None:
+    path = write_keys(
+        tmp_path / "keys.toml",
+        key_table("tight", SPEAK_SECRET, ["speak"], requests_per_minute=3),
+        key_table("free", READ_SECRET, ["speak"]),
+    )
+    http = await gateway(settings=settings.replace(api_keys_file=str(path)))
+    statuses = []
+    for _ in range(4):
+        r = await http.post("/v1/audio/speech", json=BODY, headers={"X-API-Key": SPEAK_SECRET})
+        statuses.append(r.status)
+    assert statuses == [200, 200, 200, 429]
+    assert int(r.headers["Retry-After"]) >= 1
+    err = error_of(await r.read())
+    assert err["type"] == "rate_limit_exceeded" and err["code"] == "requests_per_minute"
+    # Another key's budget is its own; an unlimited key is never counted.
+    for _ in range(5):
+        r = await http.post("/v1/audio/speech", json=BODY, headers={"X-API-Key": READ_SECRET})
+        assert r.status == 200
+    count = metrics.registry.get_sample_value
+    assert count("voxgate_api_key_requests_total", {"key": "tight", "result": "ok"}) == 3
+    assert count("voxgate_api_key_requests_total", {"key": "tight", "result": "rate_limited"}) == 1
+    assert count("voxgate_api_key_requests_total", {"key": "free", "result": "ok"}) == 5
+
+
+async def test_two_replicas_sharing_redis_spend_one_budget(
+    gateway: GatewayFactory, settings: Settings, tmp_path: Path, redis: RedisServer
+) -> None:
+    path = write_keys(
+        tmp_path / "keys.toml", key_table("shared", SPEAK_SECRET, ["speak"], requests_per_minute=6)
+    )
+    shared = settings.replace(api_keys_file=str(path), redis_url=redis.url)
+    replicas = [
+        await gateway(settings=shared.replace(cache_dir=str(tmp_path / f"cache{i}")))
+        for i in range(2)
+    ]
+    statuses = []
+    for i in range(10):
+        r = await replicas[i % 2].get("/v1/models", headers={"X-API-Key": SPEAK_SECRET})
+        statuses.append(r.status)
+    assert statuses.count(200) == 6 and statuses.count(429) == 4, statuses
+    assert statuses[:6] == [200] * 6
+
+
+async def test_chars_per_minute_counts_misses_only(
+    gateway: GatewayFactory, settings: Settings, tmp_path: Path, metrics: Metrics
+) -> None:
+    path = write_keys(
+        tmp_path / "keys.toml", key_table("chatty", SPEAK_SECRET, ["speak"], chars_per_minute=40)
+    )
+    http = await gateway(settings=settings.replace(api_keys_file=str(path)))
+    headers = {"X-API-Key": SPEAK_SECRET}
+    first = {**BODY, "input": "Press one for sales."}  # 20 characters
+    second = {**BODY, "input": "Press two for support."}  # 22: 42 in all, over 40
+    assert (await http.post("/v1/audio/speech", json=first, headers=headers)).status == 200
+    over = await http.post("/v1/audio/speech", json=second, headers=headers)
+    assert over.status == 429 and int(over.headers["Retry-After"]) >= 1
+    assert error_of(await over.read())["code"] == "chars_per_minute"
+    # A hit sends nothing to synthesis: still served.
+    again = await http.post("/v1/audio/speech", json=first, headers=headers)
+    assert again.status == 200 and again.headers["X-Cache"] == "HIT"
+    count = metrics.registry.get_sample_value
+    assert count("voxgate_api_key_synthesis_chars_total", {"key": "chatty"}) == 42
+    assert count("voxgate_api_key_chars_limited_total", {"key": "chatty"}) == 1
+
+
+async def test_redis_down_falls_back_to_local_limits_counted_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    metrics = Metrics()
+    limits = KeyLimits(metrics, redis_url=f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.2)
+    key = APIKey("k", b"\0" * 32, frozenset({"speak"}), requests_per_minute=2)
+    caplog.set_level(logging.INFO, logger="voxgate.auth")
+    await limits.start()
+    try:
+        await limits.admit_request(key)
+        await limits.admit_request(key)
+        with pytest.raises(TooManyRequests) as refused:
+            await limits.admit_request(key)
+    finally:
+        await limits.close()
+    assert refused.value.retry_after_s is not None and refused.value.retry_after_s >= 1
+    assert metrics.registry.get_sample_value("voxgate_rate_limit_fallbacks_total") == 3
+    warnings = [r for r in caplog.records if "Redis unreachable" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+def test_limits_storage_for_each_redis_url_form() -> None:
+    from limits.aio.storage import RedisClusterStorage, RedisSentinelStorage, RedisStorage
+
+    assert limits_storage_uri("redis://:pw@h:6379/2") == (
+        RedisStorage,
+        "async+redis://:pw@h:6379/2",
+        {},
+    )
+    assert limits_storage_uri("unix:///run/redis.sock")[1] == "async+redis+unix:///run/redis.sock"
+    assert limits_storage_uri("redis+cluster://h:7000")[:2] == (
+        RedisClusterStorage,
+        "async+redis+cluster://h:7000",
+    )
+    assert limits_storage_uri("redis+sentinel://h:26379,g:26379/mymaster/0") == (
+        RedisSentinelStorage,
+        "async+redis+sentinel://h:26379,g:26379",
+        {"service_name": "mymaster"},
+    )

@@ -34,6 +34,7 @@ from gateway.runtime.accesslog import AccessLog
 from gateway.runtime.apikeys import Authenticator
 from gateway.runtime.buildinfo import record_build_info
 from gateway.runtime.components import open_speech
+from gateway.runtime.ratelimit import KeyLimits
 from gateway.runtime.settings import Settings
 from gateway.runtime.workers import WORKER_INDEX_ENV
 from gateway.wyoming.server import WyomingServer
@@ -72,11 +73,21 @@ def create_app(
     app[keys.ACCESS_LOG] = AccessLog.from_settings(settings)
     app[keys.OBSERVER] = RequestObserver(app[keys.METRICS], app[keys.ACCESS_LOG])
     app[keys.AUTH] = Authenticator(settings.api_keys_file)
+    # With keys on and Redis configured, one budget per key across replicas (a lazy client:
+    # nothing connects until a limited key is used).
+    app[keys.LIMITS] = KeyLimits(
+        app[keys.METRICS],
+        redis_url=settings.redis_url.get_secret_value() if settings.api_keys_file else "",
+        prefix=settings.redis_prefix,
+        timeout_s=settings.redis_timeout_ms / 1000,
+        retry_redis_after_s=settings.redis_breaker_reset_ms / 1000,
+    )
 
     async def auth_ctx(app: web.Application) -> AsyncIterator[None]:
         # Read off the loop; a keys file that cannot be used stops the start (serve checks it
         # earlier, so its error names the file rather than a traceback).
         ring = await app[keys.AUTH].load()
+        await app[keys.LIMITS].start()
         if ring is not None:
             log.info(
                 "API keys on: %d keys from %s (reloaded on SIGHUP)",
@@ -92,7 +103,10 @@ def create_app(
                 "docs/security.md)",
                 settings.host,
             )
-        yield
+        try:
+            yield
+        finally:
+            await app[keys.LIMITS].close()
 
     async def access_log_ctx(app: web.Application) -> AsyncIterator[None]:
         # The version comes from package metadata (a filesystem scan): not on the loop.
@@ -105,6 +119,8 @@ def create_app(
     async def speech_ctx(app: web.Application) -> AsyncIterator[None]:
         async with open_speech(settings, app[keys.METRICS], engines) as service:
             app[keys.SPEECH] = service
+            if settings.api_keys_file:
+                service.admit_synthesis = app[keys.LIMITS].admit_synthesis
             app[keys.STORE] = service.store
             yield
 

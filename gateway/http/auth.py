@@ -20,6 +20,7 @@ from gateway.http import keys
 from gateway.http.errors import Handler
 from gateway.http.telephony import self_authorized
 from gateway.runtime.apikeys import SCOPES
+from gateway.runtime.ratelimit import CALLER
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,12 +86,22 @@ def guarded(access: Access, handler: Handler) -> Handler:
         if key is None:
             raise Unauthorized("invalid API key", code="invalid_api_key")
         request[keys.CLIENT_NAME] = key.name
+        limits = request.app[keys.LIMITS]
         if not key.scopes & needed:
+            limits.count(key.name, "forbidden")
             raise Forbidden(
                 f"API key {key.name!r} lacks the scope this route needs ({scope_text})",
                 code="insufficient_scope",
             )
-        return await handler(request)
+        if key.requests_per_minute:  # (only keys with a limit pay for a check)
+            await limits.admit_request(key)
+        limits.count(key.name, "ok")
+        # Misses this request sends to synthesis count against the key's chars_per_minute.
+        token = CALLER.set(key)
+        try:
+            return await handler(request)
+        finally:
+            CALLER.reset(token)
 
     guard.__name__ = getattr(handler, "__name__", "handler")
     guard.__doc__ = handler.__doc__

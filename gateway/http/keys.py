@@ -11,6 +11,7 @@ from gateway.http.observe import RequestObserver
 from gateway.http.presentation import Presentations
 from gateway.runtime.accesslog import AccessLog
 from gateway.runtime.apikeys import Authenticator
+from gateway.runtime.ratelimit import KeyLimits
 from gateway.runtime.settings import Settings
 from gateway.speech.service import SpeechService
 from gateway.wyoming.server import WyomingServer
@@ -45,3 +46,5 @@ SAY_MEMO = web.AppKey("say_memo", SayMemo)
 CLIENT_NAME = web.RequestKey("client_name", str)
 # The API keys in force (a ring that SIGHUP reloads; none without a keys file).
 AUTH = web.AppKey("auth", Authenticator)
+# Per-key request and character limits (shared through Redis when configured).
+LIMITS = web.AppKey("limits", KeyLimits)

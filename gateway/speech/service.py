@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from cache.distributed import CrossReplicaFlight
@@ -85,6 +85,9 @@ class SpeechService:
         self._masters: SingleFlight[Audio] = SingleFlight()
         # Set when Redis is configured (issue 4): one replica of many synthesizes each master.
         self.cross_replica: CrossReplicaFlight | None = None
+        # Set with API keys on (issue 12): called with a sentence's length before it is queued
+        # for synthesis (misses only); raises to refuse it (a key over its chars_per_minute).
+        self.admit_synthesis: Callable[[int], Awaitable[None]] | None = None
         # Content addresses of recent requests: hashing the canonical JSON is most of a hit's CPU
         # cost, and the same few thousand prompts repeat. Bounded; evicts oldest first.
         self._key_memo: BoundedMemo[tuple[object, ...], tuple[str, str, int]] = BoundedMemo(
@@ -298,6 +301,8 @@ class SpeechService:
         if not handle.ready.is_set():
             raise Overloaded(f"model '{req.model}' is still loading", retry_after_s=2.0)
         item = SynthesisItem(req.text, req.voice, req.speed, dict(req.params))
+        if self.admit_synthesis is not None:
+            await self.admit_synthesis(len(req.text))
         if on_queued is not None:
             # submit() queues the item before its first suspension; this runs right after.
             asyncio.get_running_loop().call_soon(on_queued)

@@ -1,0 +1,221 @@
+"""Per-key limits (issue 12): ``requests_per_minute`` on every request of a key and
+``chars_per_minute`` on the characters its misses send to synthesis.
+
+Counting is the ``limits`` library's sliding-window counter (two counters per key and window,
+weighted: no burst of twice the limit at a window edge, and a cost of N characters is one
+increment, not N entries as a moving window stores). With ``redis_url`` set the counters live in
+Redis (atomic Lua scripts of the library), so every replica spends one budget per key; without
+it they live in this process. When Redis cannot be reached, checks fall back to this process's
+counters for ``redis_breaker_reset_ms`` before Redis is tried again: a limit is then enforced per
+replica (looser, never off), counted in ``voxgate_rate_limit_fallbacks_total`` and logged once per
+outage. All storage calls are async: the event loop never waits on a socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis
+from limits import RateLimitItem, RateLimitItemPerMinute
+from limits.aio.storage import MemoryStorage, RedisClusterStorage, RedisSentinelStorage
+from limits.aio.storage import RedisStorage as LimitsRedisStorage
+from limits.aio.strategies import SlidingWindowCounterRateLimiter
+from limits.errors import StorageError
+from redis.driver_info import DriverInfo
+from redis.exceptions import RedisError
+
+from gateway.errors import TooManyRequests
+from gateway.runtime.apikeys import APIKey
+from metrics import Metrics
+
+log = logging.getLogger("voxgate.auth")
+
+# The key of the request being served: set by the route guard (gateway.http.auth), read where a
+# miss is sent to synthesis (tasks the request starts inherit it, so every sentence of its text
+# counts against it).
+CALLER: contextvars.ContextVar[APIKey | None] = contextvars.ContextVar(
+    "voxgate_caller", default=None
+)
+
+
+def limits_storage_uri(redis_url: str) -> tuple[type[LimitsRedisStorage], str, dict[str, Any]]:
+    """The ``limits`` storage class, URI and options for one of voxgate's Redis URLs."""
+    scheme, _, rest = redis_url.partition("://")
+    scheme = scheme.lower()
+    if scheme in ("redis+cluster", "rediss+cluster"):
+        return RedisClusterStorage, f"async+{scheme}://{rest}", {}
+    if scheme in ("redis+sentinel", "rediss+sentinel"):
+        # voxgate's form is host:port[,host:port]/<service>/<db>; limits takes the service apart.
+        parts = urlsplit(redis_url)
+        segments = [s for s in parts.path.split("/") if s]
+        service = segments[0] if segments else None
+        netloc = parts.netloc
+        return (
+            RedisSentinelStorage,
+            f"async+{scheme}://{netloc}",
+            {"service_name": service} if service else {},
+        )
+    if scheme == "unix":
+        return LimitsRedisStorage, f"async+redis+unix://{rest}", {}
+    return LimitsRedisStorage, f"async+{scheme}://{rest}", {}
+
+
+class KeyLimits:
+    """Admits or refuses (429, ``TooManyRequests`` with Retry-After) a key's requests and
+    characters; shared through Redis when one is configured."""
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        *,
+        redis_url: str = "",
+        prefix: str = "voxgate:",
+        timeout_s: float = 0.5,
+        retry_redis_after_s: float = 2.0,
+    ) -> None:
+        self.metrics = metrics
+        self.timeout_s = timeout_s
+        self.retry_redis_after_s = retry_redis_after_s
+        self._local = SlidingWindowCounterRateLimiter(MemoryStorage())
+        self._shared: SlidingWindowCounterRateLimiter | None = None
+        self._redis: LimitsRedisStorage | None = None
+        self._redis_url = redis_url
+        self._prefix = prefix
+        # Redis is skipped until this monotonic time after a failure (0: in use).
+        self._redis_down_until = 0.0
+        self._items: dict[int, RateLimitItem] = {}
+        self._children: dict[tuple[str, str], Any] = {}
+
+    async def start(self) -> None:
+        """Make the Redis storage when one is configured (nothing connects yet: the first
+        limited request does). Built in a thread: ``limits`` imports its Redis clients then."""
+        if not self._redis_url or self._redis is not None:
+            return
+        cls, uri, options = limits_storage_uri(self._redis_url)
+        options.update(
+            socket_timeout=self.timeout_s,
+            socket_connect_timeout=self.timeout_s,
+            # Given explicitly: left out, redis-py 8 reads its version from the package metadata
+            # for every new connection, on the event loop (as cache/redis_tier.py notes).
+            driver_info=DriverInfo(name="redis-py", lib_version=redis.__version__),
+        )
+        storage = await asyncio.to_thread(
+            lambda: cls(
+                uri,
+                wrap_exceptions=True,
+                implementation="redispy",
+                key_prefix=f"{self._prefix}ratelimit",
+                **options,
+            )
+        )
+        self._redis = storage
+        self._shared = SlidingWindowCounterRateLimiter(storage)
+
+    async def close(self) -> None:
+        """Close the Redis connections (at shutdown)."""
+        # limits gives its storages no close; the redis-py client is its bridge's ``storage``.
+        client = getattr(getattr(self._redis, "bridge", None), "storage", None)
+        close = getattr(client, "aclose", None)
+        if close is not None:
+            await close()
+
+    @property
+    def shared(self) -> bool:
+        """True when the budgets live in Redis (one per key across replicas)."""
+        return self._shared is not None
+
+    def _item(self, per_minute: int) -> RateLimitItem:
+        item = self._items.get(per_minute)
+        if item is None:
+            item = self._items[per_minute] = RateLimitItemPerMinute(per_minute)
+        return item
+
+    def count(self, key: str, result: str) -> None:
+        """Count one request of ``key`` by result (ok, forbidden, rate_limited)."""
+        child = self._children.get((key, result))
+        if child is None:
+            child = self._children[(key, result)] = self.metrics.api_key_requests.labels(
+                key, result
+            )
+        child.inc()
+
+    async def _limiter(self) -> SlidingWindowCounterRateLimiter:
+        if self._shared is not None and time.monotonic() >= self._redis_down_until:
+            return self._shared
+        return self._local
+
+    async def _hit(self, item: RateLimitItem, identity: str, cost: int) -> tuple[bool, float]:
+        """(admitted, seconds until it would be) for ``cost`` units of ``item`` under
+        ``identity``: in Redis when configured and reachable, else in this process."""
+        limiter = await self._limiter()
+        if limiter is self._shared:
+            try:
+                async with asyncio.timeout(self.timeout_s * 2):
+                    ok = await limiter.hit(item, identity, cost=cost)
+                    retry = 0.0 if ok else await self._retry_after(limiter, item, identity)
+                if self._redis_down_until:
+                    self._redis_down_until = 0.0
+                    log.info("rate limits: Redis reachable again; budgets are shared again")
+                return ok, retry
+            except (StorageError, RedisError, OSError, TimeoutError) as exc:
+                if not self._redis_down_until:
+                    log.warning(
+                        "rate limits: Redis unreachable (%s); enforcing them per replica until "
+                        "it is back",
+                        type(exc).__name__,
+                    )
+                self._redis_down_until = time.monotonic() + self.retry_redis_after_s
+            limiter = self._local
+        if self._shared is not None:
+            self.metrics.rate_limit_fallbacks.inc()
+        ok = await limiter.hit(item, identity, cost=cost)
+        return ok, 0.0 if ok else await self._retry_after(limiter, item, identity)
+
+    @staticmethod
+    async def _retry_after(
+        limiter: SlidingWindowCounterRateLimiter, item: RateLimitItem, identity: str
+    ) -> float:
+        stats = await limiter.get_window_stats(item, identity)
+        return max(1.0, stats.reset_time - time.time())
+
+    async def admit_request(self, key: APIKey) -> None:
+        """Count one request of ``key`` against its ``requests_per_minute`` (429 beyond)."""
+        ok, retry = await self._hit(self._item(key.requests_per_minute), f"r:{key.name}", 1)
+        if not ok:
+            self.count(key.name, "rate_limited")
+            raise TooManyRequests(
+                f"API key {key.name!r} is over its limit of {key.requests_per_minute} requests "
+                "per minute",
+                code="requests_per_minute",
+                retry_after_s=retry,
+            )
+
+    async def admit_synthesis(self, chars: int) -> None:
+        """Count ``chars`` characters sent to synthesis against the calling key's
+        ``chars_per_minute`` (429 beyond); no key (keys off, a signed URL, the CLI): nothing."""
+        key = CALLER.get()
+        if key is None:
+            return
+        self.metrics.api_key_chars.labels(key.name).inc(chars)
+        if not key.chars_per_minute:
+            return
+        if chars > key.chars_per_minute:
+            raise TooManyRequests(
+                f"this sentence has {chars} characters; API key {key.name!r} may send "
+                f"{key.chars_per_minute} per minute to synthesis: send shorter sentences",
+                code="chars_per_minute",
+            )
+        ok, retry = await self._hit(self._item(key.chars_per_minute), f"c:{key.name}", chars)
+        if not ok:
+            self.metrics.api_key_chars_limited.labels(key.name).inc()
+            raise TooManyRequests(
+                f"API key {key.name!r} is over its limit of {key.chars_per_minute} characters "
+                "per minute sent to synthesis",
+                code="chars_per_minute",
+                retry_after_s=retry,
+            )
