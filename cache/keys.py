@@ -21,7 +21,7 @@ from typing import Any
 KEY_SCHEMA_VERSION = 1
 
 KEY_HEX_LENGTH = 64
-_KEY_RE = re.compile(r"^[0-9a-f]{64}$")
+_KEY_RE = re.compile(r"[0-9a-f]{64}")
 _WHITESPACE_RE = re.compile(r"\s+")
 
 ParamValue = str | int | float | bool | None
@@ -77,5 +77,8 @@ def rendition_key(master: str, *, fmt: str, sample_rate: int) -> str:
 
 
 def is_key(value: str) -> bool:
-    """True when ``value`` has the shape of a content address (64 lowercase hex digits)."""
-    return bool(_KEY_RE.match(value))
+    """True when ``value`` has the shape of a content address (64 lowercase hex digits).
+
+    ``fullmatch``: ``$`` in a ``match`` also accepts a trailing newline, which a percent-encoded
+    ``%0A`` in a URL puts there."""
+    return _KEY_RE.fullmatch(value) is not None

@@ -5,6 +5,17 @@ contain request text or secrets.
 
 from __future__ import annotations
 
+# Names and values a message echoes are cut to this many characters: a client's voice name or
+# path can be 200 KB, and an error must not send it back (nor the access log keep it).
+ECHO_CHARS = 64
+
+
+def clip(value: object, limit: int = ECHO_CHARS) -> str:
+    """``value`` as a message may show it: ``repr``-quoted (control characters escaped) and cut
+    to about ``limit`` characters, with ``...`` where it was cut."""
+    text = repr(value) if isinstance(value, str) else repr(str(value))
+    return text if len(text) <= limit else text[: limit - 4] + "...'"
+
 
 class VoxgateError(Exception):
     """Root of errors raised at the HTTP edge. ``status`` and ``type`` choose the response."""

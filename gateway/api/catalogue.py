@@ -150,7 +150,7 @@ def check_ids(prompts: Sequence[Prompt], *, required: bool = False) -> None:
             if required:
                 raise CatalogueError(f"{prompt.where}: missing id (export names files by id)")
             continue
-        if not ID_PATTERN.match(ident):
+        if not ID_PATTERN.fullmatch(ident):
             raise CatalogueError(
                 f"{prompt.where}: id {ident[:40]!r} is not a safe file name: use letters, "
                 "digits and _ - . (not first), at most 128 characters"

@@ -11,7 +11,7 @@ from typing import Any
 
 from gateway.api.models import MAX_SPEED, MIN_SPEED, models_for
 from gateway.api.parsing import resolve_format, resolve_model, resolve_voice, validate_text
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, clip
 from gateway.runtime.settings import Settings
 from gateway.speech.request import SpeechRequest
 from gateway.speech.service import SpeechService
@@ -59,7 +59,7 @@ def check_language(language: str, model: str, voice: str, speech: SpeechService)
     if have and (asked == have or have.split("_")[0] == asked):
         return
     raise BadRequest(
-        f"language_id '{language}' is not supported: voice '{voice}' of model '{model}' "
+        f"language_id {clip(language, 24)} is not supported: voice '{voice}' of model '{model}' "
         f"speaks {spoken or 'one fixed language'}",
         param="language_id",
         code="unsupported_language",
@@ -119,7 +119,7 @@ def find_voice(name: str | None, settings: Settings, speech: SpeechService) -> t
         return default, alias
     known = sorted({v for h in speech.models.values() for v in h.voice_names()})
     raise BadRequest(
-        f"unknown voice '{name}'; available: {', '.join(known)}",
+        f"unknown voice {clip(name)}; available: {', '.join(known)}",
         param="voice",
         code="voice_not_found",
     )
@@ -129,7 +129,7 @@ def check_speaker(speaker: str | None, speaker_id: int | None, voice: str) -> No
     """The served voices have one speaker each: accept only its id 0, or no speaker."""
     if speaker_id not in (None, 0):
         raise BadRequest(
-            f"voice '{voice}' has one speaker (id 0); got speaker_id {speaker_id}",
+            f"voice '{voice}' has one speaker (id 0); got speaker_id {clip(speaker_id, 24)}",
             param="speaker_id",
             code="speaker_not_found",
         )

@@ -85,7 +85,8 @@ def parse_stream_query(
         query.get("voice", ""), query.get("language", ""), model, settings, speech
     )
     raw = query.get("sampleRate", "8000")
-    if not raw.isdigit() or int(raw) not in STREAM_RATES:
+    # (isascii and a length bound: isdigit alone takes "²", and int() refuses 4,300 digits)
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 6 or int(raw) not in STREAM_RATES:
         raise BadRequest(
             f"sampleRate must be one of {', '.join(map(str, STREAM_RATES))}",
             param="sampleRate",

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic_core import ErrorDetails
 
 from gateway.api.frontend import NORMALIZE_MODES
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, clip
 from gateway.runtime.settings import OPENAI_MODELS, OPENAI_VOICES, Settings
 from gateway.speech.telephony import EXTENSIONS
 from synth import audio
@@ -119,13 +119,17 @@ class RequestModel(BaseModel):
     @classmethod
     def unknown_fields(cls, names: list[str]) -> BadRequest:
         """The error for fields the model does not have (``names`` sorted, never empty)."""
+        # A client may send thousands of names, each as long as the body: a few are named, cut.
+        shown = ", ".join(n if len(n) <= 32 and n.isprintable() else clip(n, 32) for n in names[:8])
+        if len(names) > 8:
+            shown += f" and {len(names) - 8} more"
+        param = clip(names[0], 32) if len(names[0]) > 32 or not names[0].isprintable() else names[0]
         if cls.route is None:
-            return BadRequest(f"unrecognized request argument: {', '.join(names)}", param=names[0])
+            return BadRequest(f"unrecognized request argument: {shown}", param=param)
         known = ", ".join(cls.model_fields)
         return BadRequest(
-            f"unsupported field{'s' if len(names) > 1 else ''} {', '.join(names)}: "
-            f"{cls.route} takes {known}",
-            param=names[0],
+            f"unsupported field{'s' if len(names) > 1 else ''} {shown}: {cls.route} takes {known}",
+            param=param,
         )
 
     @classmethod
@@ -303,7 +307,7 @@ class PromptsBody(RequestModel):
             loc = error["loc"]
             if loc[:1] == ("defaults",) and error["type"] == "extra_forbidden" and len(loc) == 2:
                 return BadRequest(
-                    f"defaults: unknown field {loc[1]!r}; expected one of "
+                    f"defaults: unknown field {clip(loc[1], 32)}; expected one of "
                     f"{', '.join(PromptFields.model_fields)}",
                     param="defaults",
                 )
@@ -344,7 +348,7 @@ class PromptsBody(RequestModel):
         unknown = sorted(str(e["loc"][3]) for e in inside if e["type"] == "extra_forbidden")
         if unknown:
             return BadRequest(
-                f"prompt {index}: unknown field {unknown[0]!r}; expected one of "
+                f"prompt {index}: unknown field {clip(unknown[0], 32)}; expected one of "
                 f"{', '.join(PromptFields.model_fields)}",
                 param="prompts",
             )

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from cache.keys import normalize_text
 from gateway.api.frontend import front_end
 from gateway.api.models import SpeechBody, models_for
-from gateway.errors import BadRequest, PayloadTooLarge
+from gateway.errors import BadRequest, PayloadTooLarge, clip
 from gateway.memo import BoundedMemo
 from gateway.runtime.settings import Settings
 from gateway.speech.request import SpeechRequest
@@ -35,6 +35,39 @@ async def read_body(request: web.Request, max_bytes: int) -> bytes:
     return raw
 
 
+# The deepest nesting a request body may have. The deepest body any endpoint takes is 3 levels
+# (a prompt object in the prompts list); deeper bodies are hostile (5,000 levels was a
+# RecursionError), and pydantic's own JSON parser stops at about 250.
+MAX_JSON_DEPTH = 32
+
+
+def json_depth_exceeds(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether ``value`` (parsed JSON) nests lists and objects more than ``limit`` deep.
+
+    Iterative, so a deep value cannot exhaust the stack; it stops at the first path too deep."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Iterable[Any] = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def too_deep() -> BadRequest:
+    """The error for a body nested deeper than :data:`MAX_JSON_DEPTH`."""
+    return BadRequest(
+        f"request body is nested too deeply: the limit is {MAX_JSON_DEPTH} levels",
+        code="json_too_deep",
+    )
+
+
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     """Parse ``raw`` as a JSON object, whatever Content-Type the client sent (curl's ``-d``
     sends form encoding; rejecting it would only confuse)."""
@@ -50,8 +83,15 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         raise BadRequest(
             f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from exc
+    except RecursionError as exc:
+        raise too_deep() from exc
+    except ValueError as exc:
+        # A number of more than 4,300 digits (Python's int conversion limit).
+        raise BadRequest("request body is not valid JSON: a number is too long") from exc
     if not isinstance(body, dict):
         raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
+    if json_depth_exceeds(body):
+        raise too_deep()
     return body
 
 
@@ -97,6 +137,10 @@ def front_end_may_run(settings: Settings, raw: bytes = b"") -> bool:
     return settings.normalize != "none" or b'"normalize"' in raw
 
 
+# C0 and C1 control characters (Unicode category Cc) but tab, line feed and carriage return.
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
 def validate_text(
     raw: str, settings: Settings, param: str = "input", normalize: str | None = None
 ) -> str:
@@ -114,6 +158,16 @@ def validate_text(
         raise BadRequest(
             f"'{param}' contains invalid Unicode (a lone surrogate)", param=param
         ) from exc
+    control = _CONTROL.search(raw)
+    if control is not None:
+        # A NUL reaches espeak-ng as a C string terminator (it raised mid-synthesis: a 500);
+        # other control characters have no sound and no place in text to speak.
+        raise BadRequest(
+            f"'{param}' contains the control character U+{ord(control.group()):04X} at "
+            f"position {control.start()}: only tab, line feed and carriage return are allowed",
+            param=param,
+            code="control_character",
+        )
     mode = normalize or settings.normalize
     text = normalize_text(front_end(raw, mode))
     if not text:
@@ -133,7 +187,7 @@ def resolve_model(name: str, settings: Settings, speech: SpeechService) -> str:
     if resolved not in speech.models:
         known = sorted(set(speech.models) | set(settings.model_aliases))
         raise BadRequest(
-            f"unknown model '{name}'; available: {', '.join(known)}",
+            f"unknown model {clip(name)}; available: {', '.join(known)}",
             param="model",
             code="model_not_found",
         )
@@ -153,7 +207,7 @@ def resolve_voice(name: str, model: str, settings: Settings, speech: SpeechServi
         return voices[0]
     known = sorted(set(voices) | set(settings.voice_aliases))
     raise BadRequest(
-        f"unknown voice '{name}' for model '{model}'; available: {', '.join(known)}",
+        f"unknown voice {clip(name)} for model '{model}'; available: {', '.join(known)}",
         param="voice",
         code="voice_not_found",
     )
@@ -164,7 +218,7 @@ def resolve_format(name: str) -> audio.AudioFormat:
     fmt = audio.FORMATS.get(name)
     if fmt is None:
         raise BadRequest(
-            f"unsupported response_format '{name}'; supported: {', '.join(audio.FORMATS)}",
+            f"unsupported response_format {clip(name)}; supported: {', '.join(audio.FORMATS)}",
             param="response_format",
             code="unsupported_format",
         )
@@ -190,6 +244,10 @@ def parse_speech_body(raw: bytes, settings: Settings, speech: SpeechService) -> 
         body = model.model_validate_json(raw)
     except ValidationError:
         body = model.check(parse_json_object(raw))
+    else:
+        # Fields it does not know are kept as sent: held to the same depth as any body.
+        if body.model_extra and json_depth_exceeds(body.model_extra, MAX_JSON_DEPTH - 1):
+            raise too_deep()
     return speech_request(body, settings, speech)
 
 
@@ -228,7 +286,7 @@ def speech_request(body: SpeechBody, settings: Settings, speech: SpeechService) 
 
 # A field name a header may carry as it is; others are counted, not echoed (a client's JSON key
 # can hold anything, a CR/LF included).
-_FIELD_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_FIELD_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _MAX_NAMED = 16
 
 
@@ -236,7 +294,8 @@ def header_names(names: Iterable[str]) -> tuple[str, ...]:
     """``names`` as they may appear in a response header: safe names, at most 16, and a count
     of the rest."""
     names = list(names)
-    safe = [n for n in names if _FIELD_NAME.match(n)][:_MAX_NAMED]
+    # (fullmatch: ``$`` alone would let a trailing newline into the header)
+    safe = [n for n in names if _FIELD_NAME.fullmatch(n)][:_MAX_NAMED]
     rest = len(names) - len(safe)
     return (*safe, f"{rest} more") if rest else tuple(safe)
 

@@ -109,7 +109,8 @@ def verify(
     expires_s, dot, mac = token.rpartition(".")
     expires = 0
     if dot:
-        if not expires_s.isdigit() or len(expires_s) > 12:
+        # (isascii: isdigit alone takes "²", which int() refuses)
+        if not (expires_s.isascii() and expires_s.isdigit()) or len(expires_s) > 12:
             raise Forbidden("malformed say URL signature", param="token", code="bad_signature")
         expires = int(expires_s)
     expected = _mac(secret, voice, text, ext, expires)

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from gateway.api.compat import COQUI_HEADERS, parse_coqui, parse_piper, parse_synthesize
 from gateway.api.parsing import front_end_may_run, read_json_object
+from gateway.errors import BadRequest
 from gateway.http import keys
 from gateway.http.delivery import serve_speech
 from gateway.runtime.settings import Settings
@@ -35,7 +36,15 @@ async def coqui_fields(request: web.Request) -> dict[str, Any]:
             body = await read_json_object(request, request.app[keys.MAX_BODY_BYTES])
             values.update(body)
         else:
-            form = await request.post()
+            try:
+                form = await request.post()
+            except ValueError as exc:
+                # aiohttp's form parsing: a multipart type without a boundary, a part without
+                # a name, a value that is not UTF-8 (UnicodeDecodeError is a ValueError).
+                raise BadRequest(
+                    f"request body is not a valid {request.content_type} form",
+                    code="malformed_form",
+                ) from exc
             values.update(form.items())
     for name, header in COQUI_HEADERS.items():
         if request.headers.get(header):

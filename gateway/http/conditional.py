@@ -120,6 +120,13 @@ class RangeError(ValueError):
     """The Range header asks for bytes the entity does not have (answer 416)."""
 
 
+def _digits(text: str) -> bool:
+    """ASCII digits only, and few enough for ``int``: ``str.isdigit`` also takes ``²`` and
+    Arabic-Indic digits, which ``int`` refuses or reads (a 500 before), and 4,300 digits are
+    beyond ``int``'s limit. 18 digits is an exabyte, more than any entry."""
+    return 0 < len(text) <= 18 and text.isascii() and text.isdigit()
+
+
 def parse_range(header: str, size: int) -> tuple[int, int] | None:
     """The inclusive ``(first, last)`` byte positions of a single-range ``bytes=`` header.
 
@@ -134,7 +141,7 @@ def parse_range(header: str, size: int) -> tuple[int, int] | None:
     if not dash:
         return None
     first_s, last_s = first_s.strip(), last_s.strip()
-    if not (first_s.isdigit() or first_s == "") or not (last_s.isdigit() or last_s == ""):
+    if not (_digits(first_s) or first_s == "") or not (_digits(last_s) or last_s == ""):
         return None
     if first_s == "":
         if last_s == "":

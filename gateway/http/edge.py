@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from gateway.errors import MethodNotAllowed, NotFound
+from gateway.errors import MethodNotAllowed, NotFound, clip
 from gateway.http import keys
 from gateway.http.auth import Access, guarded
 from gateway.http.errors import Handler, error_response_for, rejection_reason
@@ -69,7 +69,7 @@ def edge(route: str, handler: Handler) -> Handler:
 
 async def no_route(request: web.Request) -> web.StreamResponse:
     """Any path no route serves: 404 in the JSON error shape."""
-    raise NotFound(f"no route for {request.method} {request.path}")
+    raise NotFound(f"no route for {clip(request.method, 24)} {clip(request.path, 128)}")
 
 
 def method_not_allowed(allowed: Sequence[str]) -> Handler:
@@ -78,7 +78,8 @@ def method_not_allowed(allowed: Sequence[str]) -> Handler:
 
     async def not_allowed(request: web.Request) -> web.StreamResponse:
         raise MethodNotAllowed(
-            f"method {request.method} not allowed on {request.path} (allowed: {allow})",
+            f"method {clip(request.method, 24)} not allowed on {clip(request.path, 128)} "
+            f"(allowed: {allow})",
             allow=allow,
         )
 

@@ -33,10 +33,19 @@ from synth.errors import (
 log = logging.getLogger("voxgate.gateway")
 
 
+# The longest message an error carries. Messages clip what they echo (gateway.errors.clip);
+# this is the backstop for one that does not, so no request can make an error body large.
+MAX_MESSAGE_CHARS = 1024
+
+
 def error_body(
     message: str, type_: str, param: str | None = None, code: str | None = None
 ) -> bytes:
     """Serialize an error in OpenAI's shape."""
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = message[: MAX_MESSAGE_CHARS - 3] + "..."
+    if param is not None and len(param) > 128:
+        param = param[:125] + "..."
     return json.dumps(
         {"error": {"message": message, "type": type_, "param": param, "code": code}}
     ).encode()

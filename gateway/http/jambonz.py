@@ -88,7 +88,8 @@ async def jambonz_stream(request: web.Request) -> web.StreamResponse:
                 for sentence in sentences:
                     # A full queue waits here: reading pauses until the sender catches up.
                     await pending.put(_speak(service, base, sentence, settings))
-            except (ValueError, VoxgateError) as exc:
+            except (ValueError, RecursionError, VoxgateError) as exc:
+                # (RecursionError: a message nested thousands deep)
                 message = exc.message if isinstance(exc, VoxgateError) else "not valid JSON"
                 await ws.send_json({"error": message})
     finally:

@@ -1,0 +1,1192 @@
+"""Hostile input against every endpoint: each case is answered below 500 (the specific 4xx where
+one is clearly right), errors in OpenAI's JSON shape with a bounded message, and after the whole
+table the server is healthy and still speaks.
+
+One real gateway serves the whole module (on loopback, in a thread with its own event loop), and
+the cases are sent as raw bytes over a socket: a well-behaved HTTP client would refuse to send
+half of them (control characters in a path, an unknown method, a header that is not ASCII).
+Requests that would synthesize are tiny, or refused before synthesis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from aiohttp import web
+
+from gateway.api.say import signed_say_path
+from gateway.http.app import create_app
+from gateway.runtime.settings import Settings
+from synth.piper_engine import PiperEngine
+from tests.support import CountingEngine
+
+SECRET = "hostile-suite-signing-secret"
+GOOD = {"model": "tts-1", "input": "Hi.", "voice": "alloy", "response_format": "wav"}
+KEY = "0" * 64
+# The longest error message any case may receive: names and values are echoed truncated.
+MAX_MESSAGE = 1024
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    seconds: float
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass(frozen=True)
+class Gateway:
+    host: str
+    port: int
+    engine: CountingEngine
+
+
+class ServerThread:
+    """A gateway served by an aiohttp ``AppRunner`` on its own event loop in a thread."""
+
+    def __init__(self, settings: Settings, engine: CountingEngine) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.loop = asyncio.new_event_loop()
+        self.port = 0
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="hostile-gateway", daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self._serve())
+        except BaseException as exc:  # reported to the test thread by start()
+            self._error = exc
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        app = create_app(self.settings, engines={"piper": self.engine})
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        server = site._server
+        assert server is not None and isinstance(server, asyncio.Server)
+        self.port = server.sockets[0].getsockname()[1]
+        self._stop = asyncio.Event()
+        self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await runner.cleanup()
+
+    def start(self) -> None:
+        self._thread.start()
+        if not self._ready.wait(120) or self._error is not None:
+            raise RuntimeError(f"gateway did not start: {self._error!r}")
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(60)
+
+
+@pytest.fixture(scope="module")
+def hostile_gateway(
+    piper_engine: PiperEngine, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
+    directory: Path = tmp_path_factory.mktemp("hostile")
+    settings = Settings.load(
+        env={},
+        overrides={
+            "cache_dir": str(directory / "cache"),
+            "port": "0",
+            "url_signing_secret": SECRET,
+        },
+    )
+    engine = CountingEngine(piper_engine)
+    server = ServerThread(settings, engine)
+    server.start()
+    gateway = Gateway("127.0.0.1", server.port, engine)
+    try:
+        deadline = time.monotonic() + 120
+        while send(gateway, "GET", "/readyz").status != 200:
+            if time.monotonic() > deadline:
+                raise TimeoutError("gateway did not become ready")
+            time.sleep(0.05)
+        yield gateway
+    finally:
+        server.stop()
+
+
+# ---- a raw HTTP/1.1 client ---------------------------------------------------------------------
+
+
+def _complete(data: bytes, method: str) -> bool:
+    """Whether ``data`` holds a whole response (so a reply is read without waiting for the
+    server to close: aiohttp lingers up to 10 s reading a body it refused)."""
+    head, sep, body = data.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    lines = head.decode("latin-1").lower().split("\r\n")
+    if method == "HEAD" or lines[0].split(" ")[1:2] in (["204"], ["304"]):
+        return True
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        if name.strip() == "content-length":
+            return len(body) >= int(value)
+        if name.strip() == "transfer-encoding" and "chunked" in value:
+            return body.endswith(b"0\r\n\r\n")
+    return False
+
+
+def _read_reply(sock: socket.socket, method: str) -> bytes:
+    data = b""
+    while not _complete(data, method):
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _dechunk(body: bytes) -> bytes:
+    out = bytearray()
+    while body:
+        size_line, _, body = body.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            break
+        out += body[:size]
+        body = body[size + 2 :]
+    return bytes(out)
+
+
+def parse_reply(data: bytes, method: str, seconds: float) -> Reply:
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ")[1])
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if method == "HEAD":
+        body = b""
+    elif headers.get("transfer-encoding", "").lower() == "chunked":
+        body = _dechunk(body)
+    elif "content-length" in headers:
+        body = body[: int(headers["content-length"])]
+    return Reply(status, headers, body, seconds)
+
+
+def exchange(gateway: Gateway, raw: bytes, method: str = "GET", timeout: float = 30) -> Reply:
+    """Send ``raw`` (a whole request, the connection closed after) and read the reply. A server
+    that answers before the body is all sent (413) may reset the connection under the sender."""
+    started = time.perf_counter()
+    with socket.create_connection((gateway.host, gateway.port), timeout=timeout) as sock:
+        # (a 413 may come, and the connection close, before the body is all sent)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(raw)
+        data = _read_reply(sock, method)
+    return parse_reply(data, method, time.perf_counter() - started)
+
+
+def request_bytes(
+    method: str | bytes,
+    target: str | bytes,
+    headers: dict[str, str | bytes] | None = None,
+    body: bytes = b"",
+    *,
+    length: bool = True,
+) -> bytes:
+    """A request as bytes; ``Content-Length`` added for a body unless ``headers`` has one (or
+    ``length`` is off)."""
+    m = method.encode() if isinstance(method, str) else method
+    t = target.encode() if isinstance(target, str) else target
+    lines = [m + b" " + t + b" HTTP/1.1", b"Host: 127.0.0.1", b"Connection: close"]
+    given = {k.lower() for k in (headers or {})}
+    for name, value in (headers or {}).items():
+        lines.append(name.encode() + b": " + (value.encode() if isinstance(value, str) else value))
+    if length and body and "content-length" not in given and "transfer-encoding" not in given:
+        lines.append(b"Content-Length: " + str(len(body)).encode())
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+def send(
+    gateway: Gateway,
+    method: str | bytes,
+    target: str | bytes,
+    headers: dict[str, str | bytes] | None = None,
+    body: bytes = b"",
+) -> Reply:
+    name = method.decode("latin-1") if isinstance(method, bytes) else method
+    return exchange(gateway, request_bytes(method, target, headers, body), name)
+
+
+# ---- the table ---------------------------------------------------------------------------------
+
+JSON = {"Content-Type": "application/json"}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One hostile request: ``raw`` bytes, or method/target/headers/body."""
+
+    method: str | bytes = "GET"
+    target: str | bytes = "/"
+    headers: dict[str, str | bytes] = field(default_factory=dict)
+    body: bytes = b""
+    status: int | None = None  # the exact status, where one is clearly right
+    json_error: bool = True  # answered with an OpenAI-shaped JSON error
+    param: str | None = None  # the error's param, where it names one
+    raw: bytes | None = None
+    max_seconds: float | None = None
+
+    def to_bytes(self) -> bytes:
+        if self.raw is not None:
+            return self.raw
+        return request_bytes(self.method, self.target, self.headers, self.body)
+
+
+def post_json(
+    target: str, body: Any, status: int | None = 400, param: str | None = None, **kw: Any
+) -> Case:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return Case("POST", target, dict(JSON), data, status=status, param=param, **kw)
+
+
+def speech(status: int | None = 400, param: str | None = None, **fields: Any) -> Case:
+    return post_json("/v1/audio/speech", {**GOOD, **fields}, status, param)
+
+
+def nested(depth: int) -> bytes:
+    return b'{"a":' * depth + b"1" + b"}" * depth
+
+
+def nested_list(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+DEEP = nested(5000)
+HUGE_INT = b"1" + b"0" * 400
+CONTROL = "Hi\x01there."
+NUL_ONLY = "\x00\x00\x00"
+LONG_NAME = "v" * 200_000
+
+CASES: list[Any] = [
+    # ---- POST /v1/audio/speech ----
+    pytest.param(speech(input="Hi\x00there."), id="speech-nul-in-input"),
+    pytest.param(speech(input=NUL_ONLY), id="speech-nul-only-input"),
+    pytest.param(speech(input=CONTROL), id="speech-control-char"),
+    pytest.param(speech(input="\x1b[31mred\x1b[0m"), id="speech-ansi-escape"),
+    pytest.param(speech(input="\x7f\x7f"), id="speech-del-only"),
+    pytest.param(speech(input="\u0085\u009b"), id="speech-c1-controls"),
+    pytest.param(post_json("/v1/audio/speech", DEEP), id="speech-json-5000-deep"),
+    pytest.param(post_json("/v1/audio/speech", nested_list(5000)), id="speech-list-5000-deep"),
+    pytest.param(
+        post_json(
+            "/v1/audio/speech",
+            json.dumps({**GOOD, "extra": {}}).encode().replace(b"{}", nested(3000)),
+            status=None,
+        ),
+        id="speech-deep-unknown-field",
+    ),
+    pytest.param(
+        post_json(
+            "/v1/audio/speech",
+            b'{"model":"tts-1","input":"Hi.","voice":"alloy","speed":' + HUGE_INT + b"}",
+            param="speed",
+        ),
+        id="speech-speed-10e400",
+    ),
+    pytest.param(
+        post_json(
+            "/v1/audio/speech",
+            b'{"model":"tts-1","input":"Hi.","voice":"alloy","sample_rate":' + HUGE_INT + b"}",
+            param="sample_rate",
+        ),
+        id="speech-rate-10e400",
+    ),
+    pytest.param(
+        post_json(
+            "/v1/audio/speech",
+            b'{"model":"tts-1","input":"Hi.","voice":"alloy","sample_rate":-' + HUGE_INT + b"}",
+            param="sample_rate",
+        ),
+        id="speech-rate-minus-10e400",
+    ),
+    pytest.param(
+        post_json(
+            "/v1/audio/speech",
+            b'{"model":"tts-1","input":"Hi.","voice":"alloy","speed":1e400}',
+            param="speed",
+        ),
+        id="speech-speed-1e400-float",
+    ),
+    pytest.param(
+        post_json(
+            "/v1/audio/speech", b'{"model":"tts-1","input":"Hi.","voice":"alloy","speed":NaN}'
+        ),
+        id="speech-speed-nan",
+    ),
+    pytest.param(
+        post_json(
+            "/v1/audio/speech", b'{"model":"tts-1","input":"Hi.","voice":"alloy","speed":Infinity}'
+        ),
+        id="speech-speed-infinity",
+    ),
+    pytest.param(
+        post_json(
+            "/v1/audio/speech", b'{"model":"tts-1","input":"Hi.","voice":"alloy","speed":-Infinity}'
+        ),
+        id="speech-speed-minus-infinity",
+    ),
+    pytest.param(speech(speed=True, param="speed"), id="speech-speed-bool"),
+    pytest.param(speech(speed=[1], param="speed"), id="speech-speed-list"),
+    pytest.param(speech(sample_rate=16000.5, param="sample_rate"), id="speech-rate-float"),
+    pytest.param(speech(sample_rate="16000", param="sample_rate"), id="speech-rate-string"),
+    pytest.param(speech(input=["Hi."], param="input"), id="speech-input-list"),
+    pytest.param(speech(input={"text": "Hi."}, param="input"), id="speech-input-object"),
+    pytest.param(speech(input=None, param="input"), id="speech-input-null"),
+    pytest.param(speech(model=1, param="model"), id="speech-model-int"),
+    pytest.param(speech(voice=None, param="voice"), id="speech-voice-null"),
+    pytest.param(speech(stream="yes", param="stream"), id="speech-stream-string"),
+    pytest.param(speech(stream_format="websocket"), id="speech-stream-format-bad"),
+    pytest.param(speech(stream_format="sse", stream=False), id="speech-sse-stream-false"),
+    pytest.param(speech(stream_format="sse", response_format="mp4"), id="speech-sse-bad-format"),
+    pytest.param(speech(stream=True, response_format="flac"), id="speech-stream-unstreamable"),
+    pytest.param(speech(stream_format=1), id="speech-stream-format-int"),
+    pytest.param(speech(normalize="shout"), id="speech-normalize-bad"),
+    pytest.param(speech(instructions="x" * 5000), id="speech-instructions-too-long"),
+    pytest.param(speech(voice=LONG_NAME, param="voice"), id="speech-overlong-voice-echo"),
+    pytest.param(speech(model=LONG_NAME, param="model"), id="speech-overlong-model-echo"),
+    pytest.param(
+        speech(response_format=LONG_NAME, param="response_format"), id="speech-overlong-format"
+    ),
+    pytest.param(
+        post_json(
+            "/v1/audio/speech", {**GOOD, **{f"f{i}" * 50: 1 for i in range(2000)}}, status=None
+        ),
+        id="speech-2000-unknown-fields",
+    ),
+    pytest.param(
+        post_json("/v1/audio/speech", {**GOOD, "a\r\nX-Evil: 1": 1}, status=None),
+        id="speech-crlf-field-name",
+    ),
+    pytest.param(speech(input="a" * 4097, param="input"), id="speech-input-over-limit"),
+    pytest.param(
+        Case("POST", "/v1/audio/speech", dict(JSON), b"", status=400), id="speech-empty-body"
+    ),
+    pytest.param(
+        Case("POST", "/v1/audio/speech", {}, b"", status=400), id="speech-no-body-no-type"
+    ),
+    pytest.param(post_json("/v1/audio/speech", b"null"), id="speech-json-null"),
+    pytest.param(post_json("/v1/audio/speech", b'"Hi."'), id="speech-json-string"),
+    pytest.param(post_json("/v1/audio/speech", b"1" * 5000), id="speech-json-5000-digit-number"),
+    pytest.param(
+        post_json("/v1/audio/speech", b"\xef\xbb\xbf" + json.dumps(GOOD).encode(), status=None),
+        id="speech-utf8-bom",
+    ),
+    pytest.param(
+        post_json("/v1/audio/speech", json.dumps(GOOD).encode("utf-16")), id="speech-utf16-body"
+    ),
+    pytest.param(
+        post_json("/v1/audio/speech", b'{"model":"tts-1","model":"x","input":"Hi.","voice":"a"}'),
+        id="speech-duplicate-keys",
+    ),
+    pytest.param(
+        post_json("/v1/audio/speech", b'{"input": "\\u0000"}'), id="speech-escaped-nul-only"
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/v1/audio/speech",
+            {"Content-Type": "application/json; charset=\x01"},
+            json.dumps(GOOD).encode(),
+            status=400,
+            json_error=False,
+        ),
+        id="speech-content-type-control",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/v1/audio/speech",
+            {"Content-Type": ";;;==="},
+            json.dumps(GOOD).encode(),
+            status=None,
+        ),
+        id="speech-content-type-malformed",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/v1/audio/speech",
+            {"Content-Type": "multipart/form-data"},
+            b"--x\r\n\r\n",
+            status=None,
+        ),
+        id="speech-multipart-no-boundary",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/v1/audio/speech",
+            {"Content-Type": "application/json", "Content-Length": str(10**10)},
+            b"{}",
+            status=413,
+            max_seconds=5,
+        ),
+        id="speech-declared-10gb",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/v1/audio/speech",
+            {"Content-Type": "application/json", "Content-Length": "1" + "0" * 30},
+            b"{}",
+            status=None,
+            json_error=False,
+            max_seconds=5,
+        ),
+        id="speech-declared-length-30-digits",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/v1/audio/speech",
+            {"Content-Type": "application/json", "Content-Length": "-1"},
+            b"{}",
+            status=400,
+            json_error=False,
+        ),
+        id="speech-negative-length",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/v1/audio/speech",
+            {"Content-Type": "application/json", "Content-Length": "\u00b2".encode()},
+            b"{}",
+            status=400,
+            json_error=False,
+        ),
+        id="speech-length-non-ascii-digit",
+    ),
+    pytest.param(
+        post_json(
+            "/v1/audio/speech",
+            json.dumps({**GOOD, "input": "x" * 400_000}).encode(),
+            status=413,
+            max_seconds=5,
+        ),
+        id="speech-400kb-input",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/v1/audio/speech",
+            {"Content-Type": "application/json", "Transfer-Encoding": "chunked"},
+            b"".join(b"%x\r\n" % 65536 + b"x" * 65536 + b"\r\n" for _ in range(64)) + b"0\r\n\r\n",
+            status=413,
+            max_seconds=10,
+        ),
+        id="speech-chunked-4mb",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/v1/audio/speech",
+            {"Content-Type": "application/json", "Transfer-Encoding": "chunked"},
+            b"zz\r\nxx\r\n0\r\n\r\n",
+            status=400,
+            json_error=False,
+        ),
+        id="speech-bad-chunk-size",
+    ),
+    # ---- GET /v1/audio/{key} and {key}.{ext} ----
+    pytest.param(
+        Case("GET", "/v1/audio/" + KEY + "%0A", status=400, param="key"), id="key-trailing-newline"
+    ),
+    pytest.param(Case("GET", "/v1/audio/" + "A" * 64, status=400, param="key"), id="key-uppercase"),
+    pytest.param(
+        Case("GET", "/v1/audio/" + "0" * 63 + "%00", status=400, param="key"), id="key-nul"
+    ),
+    pytest.param(Case("GET", "/v1/audio/" + "g" * 64, status=400, param="key"), id="key-not-hex"),
+    pytest.param(
+        Case("GET", "/v1/audio/" + "0" * 7000, status=400, param="key"), id="key-7000-chars"
+    ),
+    pytest.param(
+        Case("GET", "/v1/audio/" + "0" * 10_000, status=None, json_error=False),
+        id="key-over-line-limit",
+    ),
+    pytest.param(
+        Case("GET", "/v1/audio/" + quote("\u0660" * 64), status=400, param="key"),
+        id="key-arabic-digits",
+    ),
+    pytest.param(
+        Case("GET", "/v1/audio/" + "\u0660" * 64, status=400, json_error=False),
+        id="key-raw-utf8-in-path",
+    ),
+    pytest.param(
+        Case("GET", "/v1/audio/" + KEY, {"Range": "bytes=\u00b2-"}, status=404),
+        id="key-range-superscript",
+    ),
+    pytest.param(
+        Case("GET", "/v1/audio/" + KEY + ".ulaw", {"Range": "bytes=0-\u0663"}, status=404),
+        id="key-ext-range-arabic",
+    ),
+    pytest.param(
+        Case("GET", "/v1/audio/" + KEY + ".mp4", status=400, param="ext"), id="key-ext-unknown"
+    ),
+    pytest.param(
+        Case("GET", "/v1/audio/" + KEY + "." + "x" * 5000, status=400, param="ext"),
+        id="key-ext-overlong",
+    ),
+    pytest.param(
+        Case("GET", "/v1/audio/" + KEY + "%0A.wav", status=400, param="key"),
+        id="key-ext-trailing-newline",
+    ),
+    pytest.param(
+        Case(
+            "GET", "/v1/audio/" + KEY, {"If-None-Match": "\x01" * 100}, status=400, json_error=False
+        ),
+        id="key-if-none-match-control",
+    ),
+    pytest.param(
+        Case("GET", "/v1/audio/" + KEY, {"If-None-Match": 'W/"' + "x" * 5000}, status=404),
+        id="key-if-none-match-junk",
+    ),
+    pytest.param(
+        Case(
+            "GET", "/v1/audio/" + KEY, {"If-Modified-Since": "yesterday\u00b2".encode()}, status=404
+        ),
+        id="key-if-modified-since-junk",
+    ),
+    pytest.param(
+        Case("HEAD", "/v1/audio/" + KEY + "%0A", status=400, json_error=False),
+        id="key-head-newline",
+    ),
+    pytest.param(Case("DELETE", "/v1/audio/" + KEY, status=405), id="key-delete"),
+    # ---- say URLs ----
+    pytest.param(Case("GET", "/v1/say/joe/Hi%00there.wav", status=400, param="text"), id="say-nul"),
+    pytest.param(
+        Case("GET", "/v1/say/joe/%00%00.wav", status=400, param="text"), id="say-nul-only"
+    ),
+    pytest.param(
+        Case("GET", "/v1/say/joe/%01%02%03.ulaw", status=400, param="text"), id="say-control-only"
+    ),
+    pytest.param(Case("GET", "/v1/say/joe/%ZZ.wav", status=None), id="say-bad-percent"),
+    pytest.param(Case("GET", "/v1/say/joe/%.wav", status=None), id="say-lone-percent"),
+    pytest.param(Case("GET", "/v1/say/joe/%C3%28.wav", status=None), id="say-bad-utf8-percent"),
+    pytest.param(Case("GET", "/v1/say/joe/%ED%A0%80.wav", status=None), id="say-surrogate"),
+    pytest.param(Case("GET", "/v1/say/joe/%2F%2F%2F.wav", status=None), id="say-encoded-slashes"),
+    pytest.param(
+        Case("GET", "/v1/say/joe/..%2F..%2Fetc%2Fpasswd.wav", status=None), id="say-dot-dot"
+    ),
+    pytest.param(Case("GET", "/v1/say/joe/Hi.wma", status=400, param="ext"), id="say-unknown-ext"),
+    pytest.param(
+        Case("GET", "/v1/say/" + "n" * 5000 + "/Hi.wav", status=400, param="voice"),
+        id="say-overlong-voice",
+    ),
+    pytest.param(
+        Case("GET", "/v1/say/joe/" + "a" * 5000 + ".wav", status=400, param="text"),
+        id="say-text-over-limit",
+    ),
+    pytest.param(
+        Case("GET", "/v1/say/joe/" + "%20" * 50 + ".wav", status=400, param="text"),
+        id="say-blank-text",
+    ),
+    pytest.param(
+        Case(
+            "GET", "/v1/say/joe/Hi.wav", {"Range": "bytes=\u00b2-"}, status=None, json_error=False
+        ),
+        id="say-range-superscript",
+    ),
+    pytest.param(
+        Case("GET", "/v1/say/s/%C2%B2.abc/joe/Hi.wav", status=403, param="token"),
+        id="signed-superscript-expiry",
+    ),
+    pytest.param(
+        Case("GET", "/v1/say/s/" + "9" * 5000 + ".abc/joe/Hi.wav", status=403),
+        id="signed-huge-expiry",
+    ),
+    pytest.param(
+        Case("GET", "/v1/say/s/" + "x" * 5000 + "/joe/Hi.wav", status=403),
+        id="signed-overlong-token",
+    ),
+    pytest.param(Case("GET", "/v1/say/s/%00/joe/Hi.wav", status=403), id="signed-nul-token"),
+    pytest.param(
+        Case("GET", signed_say_path(SECRET, "joe", "Hi\x00.", "wav"), status=400, param="text"),
+        id="signed-valid-nul-text",
+    ),
+    # ---- POST /v1/say/sign ----
+    pytest.param(
+        post_json(
+            "/v1/say/sign",
+            {"voice": "joe", "text": "Hi.", "ext": "wav", "expires_in": int("1" + "0" * 400)},
+        ),
+        id="sign-expires-10e400",
+    ),
+    pytest.param(
+        post_json(
+            "/v1/say/sign",
+            {"voice": "joe", "text": "Hi.", "ext": "wav", "expires_in": -1},
+            param="expires_in",
+        ),
+        id="sign-expires-negative",
+    ),
+    pytest.param(
+        post_json("/v1/say/sign", {"voice": "joe", "text": "\x00", "ext": "wav"}, param="text"),
+        id="sign-nul-text",
+    ),
+    pytest.param(
+        post_json("/v1/say/sign", {"voice": LONG_NAME, "text": "Hi.", "ext": "wav"}, param="voice"),
+        id="sign-overlong-voice",
+    ),
+    pytest.param(
+        post_json("/v1/say/sign", {"voice": "joe", "text": "Hi.", "ext": LONG_NAME}, param="ext"),
+        id="sign-overlong-ext",
+    ),
+    pytest.param(post_json("/v1/say/sign", DEEP), id="sign-json-deep"),
+    pytest.param(post_json("/v1/say/sign", b"[]"), id="sign-json-list"),
+    pytest.param(
+        Case("POST", "/v1/say/sign", {"Content-Type": "multipart/form-data"}, b"x", status=None),
+        id="sign-multipart-no-boundary",
+    ),
+    # ---- /api/tts ----
+    pytest.param(Case("GET", "/api/tts?text=%00", status=400, param="text"), id="coqui-get-nul"),
+    pytest.param(
+        Case("GET", "/api/tts?text=Hi%01.", status=400, param="text"), id="coqui-get-control"
+    ),
+    pytest.param(Case("GET", "/api/tts?text=%FF%FE", status=None), id="coqui-get-bad-utf8"),
+    pytest.param(
+        Case("GET", "/api/tts?text=Hi.&speaker_id=" + "s" * 5000, status=400, param="speaker_id"),
+        id="coqui-overlong-speaker",
+    ),
+    pytest.param(
+        Case("GET", "/api/tts?text=Hi.&language_id=" + "l" * 5000, status=400, param="language_id"),
+        id="coqui-overlong-language",
+    ),
+    pytest.param(
+        Case("GET", "/api/tts?text=Hi.&style_wav=x", status=400, param="style_wav"),
+        id="coqui-style-wav",
+    ),
+    pytest.param(
+        Case("GET", "/api/tts?text=Hi.&" + "&".join(f"u{i}=1" for i in range(500)), status=400),
+        id="coqui-500-unknown-params",
+    ),
+    pytest.param(
+        Case(
+            "GET",
+            "/api/tts",
+            {"text": "\u00e9\x01".encode("latin-1")},
+            status=400,
+            json_error=False,
+        ),
+        id="coqui-text-header-control",
+    ),
+    pytest.param(
+        Case("GET", "/api/tts", {"text": "caf\u00e9.".encode("latin-1")}, status=None),
+        id="coqui-text-header-latin1",
+    ),
+    pytest.param(Case("GET", "/api/tts", status=400), id="coqui-get-no-text"),
+    pytest.param(
+        Case(
+            "POST", "/api/tts", {"Content-Type": "multipart/form-data"}, b"--x\r\n\r\n", status=400
+        ),
+        id="coqui-multipart-no-boundary",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/api/tts",
+            {"Content-Type": 'multipart/form-data; boundary=""'},
+            b"--\r\n\r\n",
+            status=None,
+        ),
+        id="coqui-multipart-empty-boundary",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/api/tts",
+            {"Content-Type": "multipart/form-data; boundary=b"},
+            b'--b\r\nContent-Disposition: form-data; name="text"\r\n\r\nHi\x00\r\n--b--\r\n',
+            status=400,
+        ),
+        id="coqui-multipart-nul",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/api/tts",
+            {"Content-Type": "multipart/form-data; boundary=b"},
+            b'--b\r\nContent-Disposition: form-data; name="text"; filename="a.txt"\r\n\r\n'
+            b"Hi.\r\n--b--\r\n",
+            status=400,
+        ),
+        id="coqui-multipart-file",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/api/tts",
+            {"Content-Type": "multipart/form-data; boundary=b"},
+            b"garbage without any boundary",
+            status=None,
+        ),
+        id="coqui-multipart-garbage",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/api/tts",
+            {"Content-Type": "application/x-www-form-urlencoded"},
+            b"text=%00",
+            status=400,
+        ),
+        id="coqui-form-nul",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/api/tts",
+            {"Content-Type": "application/x-www-form-urlencoded"},
+            b"text=%ZZ%",
+            status=None,
+        ),
+        id="coqui-form-bad-percent",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/api/tts",
+            {"Content-Type": "application/x-www-form-urlencoded"},
+            b"\xff\xfe=\xff",
+            status=None,
+        ),
+        id="coqui-form-bad-utf8",
+    ),
+    pytest.param(post_json("/api/tts", DEEP), id="coqui-json-deep"),
+    pytest.param(
+        post_json(
+            "/api/tts", {"text": 10**400 if False else "Hi.", "speaker_id": 1}, param="speaker_id"
+        ),
+        id="coqui-json-speaker-int",
+    ),
+    pytest.param(
+        post_json("/api/tts", b'{"text":"Hi.","speaker_id":' + HUGE_INT + b"}"),
+        id="coqui-json-huge-int",
+    ),
+    pytest.param(
+        Case("POST", "/api/tts", {"Content-Type": "text/plain"}, b"Hi.", status=None),
+        id="coqui-text-plain",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/api/tts",
+            {"Content-Type": "\x00/\x00"},
+            b"text=Hi.",
+            status=400,
+            json_error=False,
+        ),
+        id="coqui-content-type-nul",
+    ),
+    # ---- GET /synthesize ----
+    pytest.param(
+        Case("GET", "/synthesize?text=%00", status=400, param="text"), id="synthesize-nul"
+    ),
+    pytest.param(
+        Case("GET", "/synthesize?text=Hi.&speed=1e400", status=400, param="speed"),
+        id="synthesize-speed-1e400",
+    ),
+    pytest.param(
+        Case("GET", "/synthesize?text=Hi.&speed=nan", status=400, param="speed"),
+        id="synthesize-speed-nan",
+    ),
+    pytest.param(
+        Case("GET", "/synthesize?text=Hi.&speed=inf", status=400, param="speed"),
+        id="synthesize-speed-inf",
+    ),
+    pytest.param(
+        Case(
+            "GET", "/synthesize?text=Hi.&sample_rate=" + "9" * 5000, status=400, param="sample_rate"
+        ),
+        id="synthesize-rate-5000-digits",
+    ),
+    pytest.param(
+        Case("GET", "/synthesize?text=Hi.&sample_rate=%C2%B2", status=400, param="sample_rate"),
+        id="synthesize-rate-superscript",
+    ),
+    pytest.param(
+        Case(
+            "GET", "/synthesize?text=Hi.&sample_rate=%D9%A3%D9%A3", status=400, param="sample_rate"
+        ),
+        id="synthesize-rate-arabic-digits",
+    ),
+    pytest.param(
+        Case("GET", "/synthesize?text=Hi.&speed=%D9%A1", status=400, param="speed"),
+        id="synthesize-speed-arabic-digit",
+    ),
+    pytest.param(
+        Case("GET", "/synthesize?text=Hi.&format=" + "f" * 5000, status=400, param="format"),
+        id="synthesize-overlong-format",
+    ),
+    pytest.param(
+        Case("GET", "/synthesize?text=Hi.&speaker=" + "s" * 5000, status=400, param="speaker"),
+        id="synthesize-overlong-speaker",
+    ),
+    pytest.param(
+        Case("GET", "/synthesize?text=Hi.&model=" + "m" * 5000, status=400, param="model"),
+        id="synthesize-overlong-model",
+    ),
+    pytest.param(
+        Case("GET", "/synthesize?text=Hi.&text=Again.", status=None), id="synthesize-repeated-param"
+    ),
+    pytest.param(Case("GET", "/synthesize?" + "&" * 5000, status=400), id="synthesize-ampersands"),
+    pytest.param(
+        Case("GET", "/synthesize?text=" + "a" * 5000, status=400, param="text"),
+        id="synthesize-text-over-limit",
+    ),
+    # ---- POST / (Piper) ----
+    pytest.param(post_json("/", {"text": "\x00"}, param="text"), id="piper-nul"),
+    pytest.param(
+        post_json("/", b'{"text":"Hi.","speaker_id":' + HUGE_INT + b"}", param="speaker_id"),
+        id="piper-speaker-id-10e400",
+    ),
+    pytest.param(post_json("/", b'{"text":"Hi.","length_scale":NaN}'), id="piper-length-nan"),
+    pytest.param(post_json("/", b'{"text":"Hi.","noise_scale":1e999}'), id="piper-noise-1e999"),
+    pytest.param(
+        post_json("/", {"text": "Hi.", "speaker_id": -1}, param="speaker_id"),
+        id="piper-speaker-id-negative",
+    ),
+    pytest.param(
+        post_json("/", {"text": "Hi.", "voice": LONG_NAME}, param="voice"),
+        id="piper-overlong-voice",
+    ),
+    pytest.param(
+        post_json("/", {"text": "Hi.", "speaker": LONG_NAME}, status=None),
+        id="piper-overlong-speaker",
+    ),
+    pytest.param(post_json("/", DEEP), id="piper-json-deep"),
+    pytest.param(post_json("/", b""), id="piper-empty"),
+    pytest.param(
+        Case("POST", "/", {"Content-Type": "multipart/form-data"}, b"x", status=None),
+        id="piper-multipart-no-boundary",
+    ),
+    # ---- POST /v1/prompts ----
+    pytest.param(
+        post_json("/v1/prompts", {"prompts": ["\x00"]}, param="prompts[0].input"),
+        id="prompts-nul-string",
+    ),
+    pytest.param(
+        post_json("/v1/prompts", {"prompts": [{"input": "Hi\x07."}]}, param="prompts[0].input"),
+        id="prompts-bell-object",
+    ),
+    pytest.param(post_json("/v1/prompts", {"prompts": []}, param="prompts"), id="prompts-empty"),
+    pytest.param(
+        post_json("/v1/prompts", {"prompts": "Hi."}, param="prompts"), id="prompts-not-list"
+    ),
+    pytest.param(
+        post_json("/v1/prompts", {"prompts": [1]}, param="prompts[0]"), id="prompts-int-row"
+    ),
+    pytest.param(
+        post_json("/v1/prompts", {"prompts": [None]}, param="prompts[0]"), id="prompts-null-row"
+    ),
+    pytest.param(
+        post_json("/v1/prompts", {"prompts": [[["Hi."]]]}, param="prompts[0]"),
+        id="prompts-nested-list-row",
+    ),
+    pytest.param(post_json("/v1/prompts", {"prompts": [{}]}), id="prompts-empty-object-row"),
+    pytest.param(
+        post_json(
+            "/v1/prompts", {"prompts": [{"input": "Hi.", "id": "../x"}]}, param="prompts[0].id"
+        ),
+        id="prompts-path-id",
+    ),
+    # (ids are stripped, as a catalogue file's cells are: "a\n" is "a")
+    pytest.param(
+        post_json("/v1/prompts", {"prompts": [{"input": "Hi.", "id": "a\n"}]}, status=200),
+        id="prompts-id-trailing-newline",
+    ),
+    pytest.param(
+        post_json(
+            "/v1/prompts", {"prompts": [{"input": "Hi.", "id": "a\nb"}]}, param="prompts[0].id"
+        ),
+        id="prompts-id-inner-newline",
+    ),
+    pytest.param(
+        post_json(
+            "/v1/prompts", {"prompts": [{"input": "Hi.", "id": "x" * 5000}]}, param="prompts[0].id"
+        ),
+        id="prompts-overlong-id",
+    ),
+    pytest.param(
+        post_json(
+            "/v1/prompts", {"prompts": [{"input": "Hi.", "id": "a"}, {"input": "Ho.", "id": "a"}]}
+        ),
+        id="prompts-duplicate-id",
+    ),
+    pytest.param(
+        post_json("/v1/prompts", {"prompts": [{"input": "Hi.", LONG_NAME: 1}]}, param="prompts"),
+        id="prompts-overlong-unknown-field",
+    ),
+    pytest.param(
+        post_json(
+            "/v1/prompts",
+            {"prompts": [{"input": "Hi.", "speed": 10**400}]},
+            param="prompts[0].speed",
+        ),
+        id="prompts-speed-10e400",
+    ),
+    pytest.param(
+        post_json(
+            "/v1/prompts",
+            b'{"prompts":[{"input":"Hi.","rate":' + HUGE_INT + b"}]}",
+            param="prompts[0].rate",
+        ),
+        id="prompts-rate-10e400-raw",
+    ),
+    pytest.param(
+        post_json("/v1/prompts", {"prompts": [{"input": "Hi.", "voice": LONG_NAME}]}),
+        id="prompts-overlong-voice",
+    ),
+    pytest.param(
+        post_json("/v1/prompts", {"prompts": ["Hi."], "defaults": {"id": "x"}}, param="defaults"),
+        id="prompts-defaults-id",
+    ),
+    pytest.param(
+        post_json("/v1/prompts", {"prompts": ["Hi."], "defaults": []}, param="defaults"),
+        id="prompts-defaults-list",
+    ),
+    pytest.param(
+        post_json("/v1/prompts", {"prompts": ["Hi."], "extensions": ["exe"]}, param="extensions"),
+        id="prompts-bad-extension",
+    ),
+    pytest.param(
+        post_json("/v1/prompts", {"prompts": ["Hi."] * 100_000}, status=None),
+        id="prompts-100k-rows",
+    ),
+    pytest.param(
+        post_json("/v1/prompts", {"prompts": [nested(10).decode()]}, status=None, json_error=True),
+        id="prompts-json-text-row",
+    ),
+    pytest.param(post_json("/v1/prompts", DEEP), id="prompts-json-deep"),
+    # ---- jambonz ----
+    pytest.param(
+        post_json("/v1/jambonz/tts", {"text": "\x00", "type": "text"}, param="text"),
+        id="jambonz-nul",
+    ),
+    pytest.param(
+        post_json("/v1/jambonz/tts", {"text": "Hi.", "type": "ssml"}, param="type"),
+        id="jambonz-ssml",
+    ),
+    pytest.param(
+        post_json("/v1/jambonz/tts", {"text": "Hi.", "type": ["text"]}, param="type"),
+        id="jambonz-type-list",
+    ),
+    pytest.param(post_json("/v1/jambonz/tts", {"text": 1}, param="text"), id="jambonz-text-int"),
+    pytest.param(
+        post_json("/v1/jambonz/tts", {"voice": "joe"}, param="text"), id="jambonz-no-text"
+    ),
+    pytest.param(
+        post_json("/v1/jambonz/tts", {"text": "Hi.", "voice": 1}, param="voice"),
+        id="jambonz-voice-int",
+    ),
+    pytest.param(post_json("/v1/jambonz/tts", DEEP), id="jambonz-json-deep"),
+    pytest.param(post_json("/v1/jambonz/tts", b"[]"), id="jambonz-json-list"),
+    pytest.param(
+        Case("GET", "/v1/jambonz/stream?sampleRate=%C2%B2", status=400, param="sampleRate"),
+        id="jambonz-stream-rate-superscript",
+    ),
+    pytest.param(
+        Case("GET", "/v1/jambonz/stream?sampleRate=" + "9" * 5000, status=400, param="sampleRate"),
+        id="jambonz-stream-rate-5000-digits",
+    ),
+    pytest.param(
+        Case("GET", "/v1/jambonz/stream?voice=" + "v" * 5000 + "&language=x", status=None),
+        id="jambonz-stream-overlong-voice",
+    ),
+    pytest.param(
+        Case("GET", "/v1/jambonz/stream", status=400, json_error=False),
+        id="jambonz-stream-not-websocket",
+    ),
+    pytest.param(
+        Case(
+            "GET",
+            "/v1/jambonz/stream",
+            {
+                "Upgrade": "websocket",
+                "Connection": "Upgrade",
+                "Sec-WebSocket-Version": "13",
+                "Sec-WebSocket-Key": "\x01",
+            },
+            status=400,
+            json_error=False,
+        ),
+        id="jambonz-stream-bad-ws-key",
+    ),
+    # ---- listings, health, metrics, openapi ----
+    pytest.param(
+        Case("GET", "/v1/models?x=%00", status=200, json_error=False), id="models-junk-query"
+    ),
+    pytest.param(Case("POST", "/v1/models", status=405), id="models-post"),
+    pytest.param(Case("PUT", "/v1/audio/models", status=405), id="audio-models-put"),
+    pytest.param(Case("PATCH", "/v1/audio/voices", status=405), id="audio-voices-patch"),
+    pytest.param(Case("DELETE", "/v1/voices", status=405), id="voices-delete"),
+    pytest.param(Case("POST", "/voices", status=405), id="piper-voices-post"),
+    pytest.param(Case("POST", "/healthz", status=405), id="healthz-post"),
+    pytest.param(Case("PUT", "/readyz", status=405), id="readyz-put"),
+    pytest.param(Case("DELETE", "/metrics", status=405), id="metrics-delete"),
+    pytest.param(Case("POST", "/openapi.json", status=405), id="openapi-post"),
+    pytest.param(Case("GET", "/v1/prompts", status=405), id="prompts-get"),
+    pytest.param(Case("GET", "/v1/say/sign", status=405), id="sign-get"),
+    pytest.param(Case("GET", "/v1/jambonz/tts", status=405), id="jambonz-get"),
+    pytest.param(Case("PUT", "/api/tts", status=405), id="coqui-put"),
+    pytest.param(Case("TRACE", "/v1/audio/speech", status=405), id="speech-trace"),
+    # (aiohttp's HTTP parser refuses a method it does not know, as text, before any route)
+    pytest.param(
+        Case("BREW", "/v1/audio/speech", status=400, json_error=False), id="speech-unknown-method"
+    ),
+    pytest.param(Case("PROPFIND", "/v1/audio/speech", status=405), id="speech-webdav-method"),
+    pytest.param(Case("X" * 5000, "/healthz", status=None, json_error=False), id="overlong-method"),
+    pytest.param(Case(b"G\x00T", "/healthz", status=400, json_error=False), id="nul-in-method"),
+    pytest.param(Case("OPTIONS", "/v1/audio/speech", status=None), id="speech-options"),
+    pytest.param(Case("GET", "*", status=None, json_error=False), id="asterisk-target"),
+    # ---- paths, headers, request lines ----
+    pytest.param(Case("GET", "/" + "p" * 5000, status=404), id="path-5000-echo"),
+    pytest.param(
+        Case("GET", "/" + "p" * 9000, status=None, json_error=False), id="path-over-line-limit"
+    ),
+    pytest.param(Case("GET", "/nothing/%00%ff", status=404), id="path-nul-percent"),
+    pytest.param(
+        Case("GET", b"/nothing/\xff\xfe", status=None, json_error=False), id="path-raw-non-utf8"
+    ),
+    pytest.param(Case("GET", "/healthz%", status=404), id="path-trailing-percent"),
+    pytest.param(Case("GET", "//healthz", status=None, json_error=False), id="path-double-slash"),
+    pytest.param(
+        Case("GET", "/healthz", {"X-Big": "h" * 9000}, status=None, json_error=False),
+        id="header-over-limit",
+    ),
+    pytest.param(
+        Case(
+            "GET", "/healthz", {f"X-H{i}": "1" for i in range(200)}, status=None, json_error=False
+        ),
+        id="headers-200",
+    ),
+    pytest.param(
+        Case("GET", "/healthz", {"X-Bin": b"\x00\x01"}, status=None, json_error=False),
+        id="header-nul",
+    ),
+    pytest.param(
+        Case("GET", "/v1/voices", {"Accept": "\u00b2".encode()}, status=200, json_error=False),
+        id="header-non-ascii-accept",
+    ),
+    pytest.param(
+        Case(
+            raw=b"GET /healthz HTTP/9.9\r\nHost: x\r\nConnection: close\r\n\r\n",
+            status=None,
+            json_error=False,
+        ),
+        id="http-version-9",
+    ),
+    pytest.param(
+        Case(raw=b"GET /healthz\r\n\r\n", status=None, json_error=False), id="http-09-request-line"
+    ),
+    pytest.param(
+        Case(
+            raw=b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" + b"\x00" * 64,
+            status=400,
+            json_error=False,
+        ),
+        id="tls-client-hello",
+    ),
+]
+
+HEAD_TARGETS = [
+    "/v1/models",
+    "/v1/audio/models",
+    "/v1/audio/voices",
+    "/v1/audio/" + KEY,
+    "/v1/audio/" + KEY + ".ulaw",
+    "/v1/voices",
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/api/tts?text=%00",
+    "/synthesize?speed=nan&text=Hi.",
+    "/openapi.json",
+    "/voices",
+    "/v1/say/joe/%00.wav",
+    "/v1/say/s/bad/joe/Hi.wav",
+    "/v1/jambonz/stream?sampleRate=%C2%B2",
+    "/v1/audio/speech",
+    "/v1/prompts",
+    "/",
+    "/v1/say/sign",
+    "/v1/jambonz/tts",
+]
+CASES += [
+    pytest.param(Case("HEAD", target, status=None, json_error=False), id=f"head-{target}")
+    for target in HEAD_TARGETS
+]
+
+
+def test_table_is_large_enough() -> None:
+    # Issue 12 asks for at least 120 hostile cases across every endpoint.
+    assert len(CASES) >= 120
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_hostile_input(hostile_gateway: Gateway, case: Case) -> None:
+    method = case.method.decode("latin-1") if isinstance(case.method, bytes) else case.method
+    reply = exchange(hostile_gateway, case.to_bytes(), method)
+    assert reply.status < 500, reply.body[:500]
+    if case.status is not None:
+        assert reply.status == case.status, reply.body[:500]
+    if reply.status >= 400:
+        # aiohttp's own refusals (a malformed request line or header) quote the line, which
+        # its parser bounds at 8 KiB.
+        assert len(reply.body) <= 10_000
+    if case.max_seconds is not None:
+        assert reply.seconds < case.max_seconds
+    if case.json_error and reply.status >= 400:
+        assert reply.headers.get("content-type", "").startswith("application/json"), reply.body
+        error = reply.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert isinstance(error["message"], str) and error["message"]
+        assert len(error["message"]) <= MAX_MESSAGE, error["message"][:200]
+        if case.param is not None:
+            assert error["param"] == case.param, error
+        # The whole body is small: nothing else echoes a name either.
+        assert len(reply.body) <= 2 * MAX_MESSAGE
+
+
+def test_healthy_after_the_table(hostile_gateway: Gateway) -> None:
+    """Runs after the table (pytest keeps file order): the server still answers and speaks."""
+    assert send(hostile_gateway, "GET", "/healthz").status == 200
+    assert send(hostile_gateway, "GET", "/readyz").status == 200
+    reply = send(hostile_gateway, "POST", "/v1/audio/speech", dict(JSON), json.dumps(GOOD).encode())
+    assert reply.status == 200, reply.body[:300]
+    assert reply.body[:4] == b"RIFF"
+    say = send(hostile_gateway, "GET", "/v1/say/joe/" + quote("Hi.", safe="") + ".ulaw")
+    assert say.status == 200
+    assert say.body
