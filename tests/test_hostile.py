@@ -76,6 +76,8 @@ class ServerThread:
         except BaseException as exc:  # reported to the test thread by start()
             self._error = exc
             self._ready.set()
+        finally:
+            self.loop.close()
 
     async def _serve(self) -> None:
         app = create_app(self.settings, engines={"piper": self.engine})
@@ -92,6 +94,12 @@ class ServerThread:
             await self._stop.wait()
         finally:
             await runner.cleanup()
+            # A connection aiohttp still lingers on (reading a body it refused) ends here,
+            # not with the loop.
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in rest:
+                task.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
 
     def start(self) -> None:
         self._thread.start()
