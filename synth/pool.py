@@ -74,6 +74,20 @@ class EngineSpec:
         return engine
 
 
+@dataclass(frozen=True)
+class LogSetup:
+    """How a worker process sets up its logging: ``"package.module:function"`` called with
+    ``kwargs`` (picklable), so its lines come out in the gateway's format (JSON lines stay JSON)."""
+
+    function: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def apply(self) -> None:
+        """Call the function (in the worker, before anything logs)."""
+        module_name, _, attr = self.function.partition(":")
+        getattr(importlib.import_module(module_name), attr)(**self.kwargs)
+
+
 # A worker's messages to the gateway: b"<kind>\n" + a JSON header, and for "ok" a newline and
 # the items' float32 samples back to back. The header lists each item's (samples, rate).
 _MAX_MESSAGE_CHARS = 500  # error texts from a worker are cut to this before they reach a client
@@ -160,13 +174,21 @@ def _count(items: object) -> str:
 
 
 def _worker_main(
-    spec: EngineSpec, threads: int, conn: multiprocessing.connection.Connection
+    spec: EngineSpec,
+    threads: int,
+    conn: multiprocessing.connection.Connection,
+    log_setup: LogSetup | None = None,
 ) -> None:
     """Entry point of a worker process: build, load, warm, then serve batches until EOF."""
     # Before torch / ONNX Runtime load: their thread pools read these once.
     for name in _THREAD_ENV:
         os.environ[name] = str(threads)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if log_setup is not None:
+        log_setup.apply()
+    else:
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+        )
     try:
         engine = spec.build()
         engine.load()
@@ -205,14 +227,21 @@ class WorkerDied(Exception):
 class _Worker:
     """One worker process and the parent's end of its pipe."""
 
-    def __init__(self, index: int, spec: EngineSpec, threads: int, max_reply_bytes: int) -> None:
+    def __init__(
+        self,
+        index: int,
+        spec: EngineSpec,
+        threads: int,
+        max_reply_bytes: int,
+        log_setup: LogSetup | None = None,
+    ) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.index = index
         self.max_reply_bytes = max_reply_bytes
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(
             target=_worker_main,
-            args=(spec, threads, child),
+            args=(spec, threads, child, log_setup),
             name=f"synth-worker-{index}",
             daemon=True,
         )
@@ -320,6 +349,7 @@ class WorkerPool:
         batch_timeout_s: float = 60.0,
         start_timeout_s: float = 600.0,
         max_reply_bytes: int = 64 * 1024 * 1024,
+        log_setup: LogSetup | None = None,
     ) -> None:
         if not specs:
             raise ValueError("a worker pool needs at least one engine spec")
@@ -331,6 +361,7 @@ class WorkerPool:
         self.batch_timeout_s = batch_timeout_s
         self.start_timeout_s = start_timeout_s
         self.max_reply_bytes = max_reply_bytes
+        self.log_setup = log_setup
         self._workers: dict[int, _Worker] = {}
         self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
         self._replacing: set[asyncio.Task[None]] = set()
@@ -358,7 +389,13 @@ class WorkerPool:
     async def _spawn(self, index: int) -> _Worker:
         loop = asyncio.get_running_loop()
         starting = loop.run_in_executor(
-            self._threads, _Worker, index, self.specs[index], self.threads, self.max_reply_bytes
+            self._threads,
+            _Worker,
+            index,
+            self.specs[index],
+            self.threads,
+            self.max_reply_bytes,
+            self.log_setup,
         )
         try:
             worker = await asyncio.shield(starting)

@@ -113,7 +113,7 @@ def test_compose_services_ports_and_settings() -> None:
     env = {k: str(v) for k, v in vox["environment"].items()}
     settings = Settings.load(env=voxgate_env(env))
     assert f"{settings.port}:{settings.port}" in vox["ports"]
-    assert settings.workers >= 2
+    assert settings.topology().gateway_processes >= 2
     grace = int(vox["stop_grace_period"].rstrip("s"))
     assert grace > settings.shutdown_timeout_s
     redis_url = env.get("VOXGATE_REDIS_URL", "")

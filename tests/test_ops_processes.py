@@ -52,6 +52,10 @@ async def test_sigterm_finishes_twenty_in_flight_requests(tmp_path: Path) -> Non
     )
     try:
         server.wait_ready()
+        # The start log says what the `auto` defaults became (issue 13).
+        topology = [line["msg"] for line in server.json_lines() if "topology:" in line["msg"]]
+        assert len(topology) == 1, server.logs()
+        assert "synthesis processes per model" in topology[0]
         texts = [
             f"Request number {i} is waiting for its turn on the only engine thread we have."
             for i in range(20)

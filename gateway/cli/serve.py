@@ -100,7 +100,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except KeysFileError as exc:
             raise SettingsError(f"setting 'api_keys_file': {exc}") from None
     configure_logging(settings.log_level, settings.log_format)
-    if settings.workers > 1 and args.worker_of is None:
+    topology = settings.topology()
+    if args.worker_of is None:
+        # What `auto` became here and why: the numbers a newcomer's `voxgate serve` runs with.
+        log.info("topology: %s", topology.describe())
+    if topology.gateway_processes > 1 and args.worker_of is None:
         from gateway.runtime.workers import run_workers
 
         return run_workers(settings, args.argv)

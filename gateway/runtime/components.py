@@ -24,7 +24,7 @@ from metrics import Metrics
 from synth.cancellation import cancel_and_wait
 from synth.engine import Engine
 from synth.piper_engine import PiperVoiceFiles
-from synth.pool import EngineSpec, WorkerPool
+from synth.pool import EngineSpec, LogSetup, WorkerPool
 from synth.runner import ThreadRunner
 from synth.scheduler import Scheduler
 
@@ -233,6 +233,11 @@ def _runner_for(
         threads=settings.worker_threads(),
         batch_timeout_s=float(settings.batch_timeout_s),
         max_reply_bytes=settings.synth_max_reply_mb * MIB,
+        # Worker lines in the gateway's format: with log_format json every line stays one object.
+        log_setup=LogSetup(
+            "gateway.runtime.logs:configure_logging",
+            {"level": settings.log_level, "fmt": settings.log_format},
+        ),
     )
     return pool, engine, pool.size
 

@@ -13,7 +13,7 @@ import sys
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     Field,
@@ -34,6 +34,8 @@ from pydantic_settings import (
 )
 from pydantic_settings.sources import DefaultSettingsSource
 from pydantic_settings.sources.utils import parse_env_vars
+
+from gateway.runtime.topology import Topology, resolve_topology
 
 ENV_PREFIX = "VOXGATE_"
 CONFIG_ENV = f"{ENV_PREFIX}CONFIG"
@@ -129,12 +131,11 @@ class Settings(BaseSettings):
     # --- server ---
     host: str = _opt("server", "127.0.0.1", "Address to listen on.")
     port: int = _opt("server", 8080, "TCP port to listen on.", ge=0, le=65535)
-    workers: int = _opt(
+    workers: Annotated[int, Field(ge=1, le=64)] | Literal["auto"] = _opt(
         "server",
-        1,
-        "Gateway processes serving one port (SO_REUSEPORT); metrics are aggregated across them.",
-        ge=1,
-        le=64,
+        "auto",
+        "Gateway processes serving one port (SO_REUSEPORT); metrics are aggregated across them. "
+        "auto: 1 (the start log says what it chose and why).",
     )
     event_loop: Literal["auto", "uvloop", "asyncio"] = _opt(
         "server",
@@ -308,18 +309,21 @@ class Settings(BaseSettings):
         "Devices the engines run on, comma-separated: cpu, or cuda:0,cuda:1.",
         min_length=1,
     )
-    synth_workers: int = _opt(
+    synth_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = _opt(
         "synthesis",
-        0,
-        "Synthesis worker processes per model (0: engines run in-process threads). On CUDA "
-        "devices the pool has one worker per device.",
-        ge=0,
+        "auto",
+        "Synthesis worker processes per model (0: engines run in-process threads). auto: one per "
+        "core shared by the gateway processes (measured fastest for Piper), one per device on "
+        "CUDA; voxgate tune measures this machine. On CUDA devices the pool has one worker per "
+        "device.",
     )
     synth_threads: int = _opt(
         "synthesis", 1, "Batches one model runs at a time (in-process engine threads).", ge=1
     )
-    intra_op_threads: int = _opt(
-        "synthesis", 0, "ONNX Runtime / torch threads per engine (0: cores / workers).", ge=0
+    intra_op_threads: Annotated[int, Field(ge=0)] | Literal["auto"] = _opt(
+        "synthesis",
+        "auto",
+        "ONNX Runtime / torch threads per engine (auto or 0: cores / engines running at once).",
     )
     queue_size: int = _opt(
         "synthesis",
@@ -505,7 +509,7 @@ class Settings(BaseSettings):
     def _no_bool_for_int(cls, value: Any, info: ValidationInfo) -> Any:
         # pydantic's lax mode takes `port = true` in TOML as 1; a boolean is never a count here.
         field = cls.model_fields[info.field_name] if info.field_name else None
-        if isinstance(value, bool) and field is not None and field.annotation is int:
+        if isinstance(value, bool) and field is not None and _counts(field.annotation):
             raise ValueError("expected an integer, got a boolean")
         return value
 
@@ -657,27 +661,33 @@ class Settings(BaseSettings):
             out[name] = value
         return out
 
+    def topology(self, cores: int | None = None) -> Topology:
+        """Gateway processes, synthesis processes and threads, ``auto`` resolved for ``cores``
+        (default: the cores this process may use)."""
+        return resolve_topology(
+            workers=self.workers,
+            synth_workers=self.synth_workers,
+            intra_op_threads=self.intra_op_threads,
+            synth_threads=self.synth_threads,
+            devices=self.devices,
+            cores=cores,
+        )
+
     def effective_intra_op_threads(self) -> int:
         """Threads per engine so that engines x threads fits the cores."""
-        if self.intra_op_threads:
-            return self.intra_op_threads
-        return max(1, (os.cpu_count() or 1) // self.synth_threads)
+        return self.topology().intra_op_threads
 
     def uses_cuda(self) -> bool:
         """True when the engines run on CUDA devices."""
         return any(d.startswith("cuda") for d in self.devices)
 
     def pool_workers(self) -> int:
-        """Worker processes per model: one per CUDA device, else ``synth_workers``."""
-        if self.synth_workers and self.uses_cuda():
-            return len(self.devices)
-        return self.synth_workers
+        """Worker processes per model: one per CUDA device, else ``synth_workers`` (resolved)."""
+        return self.topology().synth_workers
 
     def worker_threads(self) -> int:
         """Intra-op threads per worker process, so that workers x threads fits the cores."""
-        if self.intra_op_threads:
-            return self.intra_op_threads
-        return max(1, (os.cpu_count() or 1) // max(1, self.pool_workers()))
+        return self.topology().intra_op_threads
 
     def effective_max_batch(self) -> int:
         """``max_batch``, or what measured fastest on the device (CPU: 1, CUDA: 8)."""
@@ -746,6 +756,13 @@ def _describe(exc: ValidationError, origin: Callable[[str], str | None]) -> str:
         got = "" if secret else f" (got {err['input']!r})"
         lines[key] = f"setting {key!r}{src}: {msg}{got}"
     return "; ".join(lines.values())
+
+
+def _counts(annotation: Any) -> bool:
+    """True for a count field: ``int``, or a union with an (annotated) ``int`` in it."""
+    if annotation is int:
+        return True
+    return any(_counts(get_args(arg)[0] if get_args(arg) else arg) for arg in get_args(annotation))
 
 
 def _default_text(name: str) -> str:

@@ -83,7 +83,10 @@ class Supervisor:
         self.failed = False
 
     def spawn(self, index: int) -> subprocess.Popen[bytes]:
-        # The last flags win in argparse: the worker is a single-process server on our port.
+        # The last flags win in argparse: the worker is a single-process server on our port, with
+        # the counts resolved here (a worker resolving `auto` alone would take every core for its
+        # own synthesis pool).
+        topology = self.settings.topology()
         cmd = [
             sys.executable,
             "-m",
@@ -91,6 +94,10 @@ class Supervisor:
             *self.argv,
             "--workers",
             "1",
+            "--synth-workers",
+            str(topology.synth_workers),
+            "--intra-op-threads",
+            str(topology.intra_op_threads),
             "--port",
             str(self.port),
             "--worker-of",
@@ -115,7 +122,7 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGHUP, self._on_hangup)
-        n = self.settings.workers
+        n = self.settings.topology().gateway_processes
         self.procs = [self.spawn(i) for i in range(n)]
         self.started = [time.monotonic()] * n
         self.fast_failures = [0] * n
@@ -164,7 +171,7 @@ class Supervisor:
 
 
 def run_workers(settings: Settings, argv: Sequence[str]) -> int:
-    """Serve with ``settings.workers`` processes; returns the exit status."""
+    """Serve with ``settings.topology().gateway_processes`` processes; the exit status."""
     metrics_dir, own_dir = prepare_metrics_dir()
     holder = reserve_port(settings.host) if settings.port == 0 else None
     port = holder.getsockname()[1] if holder is not None else settings.port

@@ -1,0 +1,100 @@
+"""How many processes and threads this host runs: the ``auto`` settings resolved at start.
+
+``workers`` (gateway processes), ``synth_workers`` (synthesis processes per model) and
+``intra_op_threads`` default to ``auto``; :func:`resolve_topology` turns them into numbers from the
+cores this process may use and the devices configured, and says why for each, so the start log can
+name what it chose. Numbers given explicitly (by a flag, the environment, or the config file that
+``voxgate tune`` writes) are kept as they are.
+
+The rules follow measurements on this project's 2-core reference box (docs/bench/engines.json):
+Piper in ONNX Runtime ran 4.33 syntheses/s as 2 processes x 1 intra-op thread, 3.92 as 1 process x
+2 threads and 2.15 as 1 x 1, so on CPU the auto pool is one synthesis process per core with one
+thread each; on CUDA it is one process per device. ``voxgate tune`` measures the machine it runs
+on and writes numbers that override these rules.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+AUTO: Literal["auto"] = "auto"
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity, e.g. a container's cpuset), at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The resolved process and thread counts, with the reason for each one chosen by ``auto``."""
+
+    gateway_processes: int
+    synth_workers: int  # synthesis processes per model; 0: engines run in gateway threads
+    intra_op_threads: int  # ONNX Runtime / torch threads per engine
+    cores: int
+    reasons: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """One line for the start log: the numbers, then why."""
+        pool = (
+            f"{self.synth_workers} synthesis processes per model"
+            if self.synth_workers
+            else "engines in gateway threads"
+        )
+        line = (
+            f"{self.gateway_processes} gateway process(es), {pool}, "
+            f"{self.intra_op_threads} intra-op thread(s) per engine on {self.cores} core(s)"
+        )
+        return f"{line} ({'; '.join(self.reasons)})" if self.reasons else line
+
+
+def resolve_topology(
+    *,
+    workers: int | Literal["auto"],
+    synth_workers: int | Literal["auto"],
+    intra_op_threads: int | Literal["auto"],
+    synth_threads: int,
+    devices: Sequence[str],
+    cores: int | None = None,
+) -> Topology:
+    """Resolve the ``auto`` counts for ``cores`` (default: :func:`usable_cores`)."""
+    cores = usable_cores() if cores is None else max(1, cores)
+    cuda = any(d.startswith("cuda") for d in devices)
+    reasons: list[str] = []
+
+    if workers == AUTO:
+        gateway = 1
+        reasons.append("gateway processes auto: 1 (each gateway process holds its own pool)")
+    else:
+        gateway = workers
+
+    if synth_workers == AUTO:
+        if cuda:
+            pool = len(devices)
+            reasons.append(f"synthesis processes auto: {pool}, one per CUDA device")
+        else:
+            # Each gateway process holds a pool of its own: together they fill the cores once.
+            pool = max(1, cores // gateway)
+            reasons.append(
+                f"synthesis processes auto: {pool} = {cores} core(s) / {gateway} gateway "
+                "process(es) (processes x 1 thread measured fastest for Piper on CPU)"
+            )
+    elif synth_workers and cuda:
+        pool = len(devices)  # the pool always runs one worker per GPU
+    else:
+        pool = synth_workers
+
+    if intra_op_threads == AUTO or intra_op_threads == 0:
+        share = gateway * pool if pool else gateway * synth_threads
+        threads = max(1, cores // max(1, share))
+        if intra_op_threads == AUTO:
+            reasons.append(f"intra-op threads auto: {threads} = cores / engines running at once")
+    else:
+        threads = intra_op_threads
+    return Topology(gateway, pool, threads, cores, tuple(reasons))

@@ -1,0 +1,75 @@
+"""``auto`` process and thread counts (issue 13): resolved from the cores and devices, explained."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.runtime.settings import Settings, SettingsError
+from gateway.runtime.topology import resolve_topology, usable_cores
+
+
+def test_defaults_are_auto_and_fill_the_cores_with_one_thread_per_synthesis_process() -> None:
+    s = Settings.load(env={})
+    assert (s.workers, s.synth_workers, s.intra_op_threads) == ("auto", "auto", "auto")
+    for cores in (1, 2, 8):
+        t = s.topology(cores)
+        assert (t.gateway_processes, t.synth_workers, t.intra_op_threads) == (1, cores, 1)
+        assert t.cores == cores
+        text = t.describe()
+        assert f"{cores} synthesis processes per model" in text
+        assert "measured fastest for Piper" in text  # the start log says why
+    assert s.topology().cores == usable_cores()
+
+
+def test_cuda_auto_is_one_synthesis_process_per_device() -> None:
+    s = Settings.load(env={}, overrides={"devices": "cuda:0,cuda:1"})
+    t = s.topology(16)
+    assert t.synth_workers == 2
+    assert t.intra_op_threads == 8
+    assert "per CUDA device" in t.describe()
+
+
+def test_given_numbers_are_kept_and_not_explained() -> None:
+    s = Settings.load(
+        env={"VOXGATE_SYNTH_WORKERS": "3", "VOXGATE_INTRA_OP_THREADS": "2"},
+        overrides={"workers": "2"},
+    )
+    t = s.topology(8)
+    assert (t.gateway_processes, t.synth_workers, t.intra_op_threads) == (2, 3, 2)
+    assert t.reasons == ()
+    assert t.describe().endswith("on 8 core(s)")  # nothing chosen, nothing to explain
+
+
+def test_in_process_engines_share_the_cores_between_their_threads() -> None:
+    t = resolve_topology(
+        workers=1, synth_workers=0, intra_op_threads=0, synth_threads=2, devices=("cpu",), cores=8
+    )
+    assert (t.synth_workers, t.intra_op_threads) == (0, 4)
+    assert "engines in gateway threads" in t.describe()
+
+
+def test_several_gateway_processes_split_the_cores_between_their_pools() -> None:
+    t = resolve_topology(
+        workers=2,
+        synth_workers="auto",
+        intra_op_threads="auto",
+        synth_threads=1,
+        devices=("cpu",),
+        cores=8,
+    )
+    assert (t.gateway_processes, t.synth_workers, t.intra_op_threads) == (2, 4, 1)
+
+
+def test_auto_in_toml_and_bad_values_name_the_key(tmp_path: Path) -> None:
+    toml = tmp_path / "voxgate.toml"
+    toml.write_text('synth_workers = "auto"\nintra_op_threads = 1\nworkers = 1\n')
+    s = Settings.load(config_file=toml, env={})
+    assert (s.synth_workers, s.intra_op_threads, s.workers) == ("auto", 1, 1)
+    for key, value in (("synth_workers", "many"), ("workers", "0"), ("intra_op_threads", "-1")):
+        with pytest.raises(SettingsError, match=key):
+            Settings.load(env={}, overrides={key: value})
+    toml.write_text("synth_workers = true\n")
+    with pytest.raises(SettingsError, match="boolean"):
+        Settings.load(config_file=toml, env={})
