@@ -37,7 +37,7 @@ from redis.exceptions import RedisError
 
 from cache.breaker import BreakerState, CircuitBreaker
 from cache.entry import CorruptEntry, Entry, read_meta
-from cache.resp import RespReader
+from cache.resp import ReplyTooLarge, RespReader
 from cache.tier import PurgeFilter, TierError, TierStats, TierUnavailable, bounded
 from metrics import Metrics
 
@@ -46,6 +46,8 @@ log = logging.getLogger("voxgate.cache.redis")
 T = TypeVar("T")
 RedisClient = Redis | RedisCluster
 
+# The largest value written to (and read from) Redis unless set (redis_max_entry_mb).
+DEFAULT_MAX_ENTRY = 16 * 1024 * 1024
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 
@@ -162,7 +164,7 @@ class RedisTier:
         *,
         prefix: str = "voxgate:",
         ttl_s: int = 7 * 24 * 3600,
-        max_entry_bytes: int = 16 * 1024 * 1024,
+        max_entry_bytes: int = DEFAULT_MAX_ENTRY,
         timeout_s: float = 0.5,
         breaker: CircuitBreaker | None = None,
         metrics: Metrics | None = None,
@@ -204,7 +206,14 @@ class RedisTier:
             timeout_s=timeout_s,
             breaker=CircuitBreaker(breaker_failures, breaker_reset_s),
             # A GET cancelled by the timeout (not sooner) drops the lean reader's connection.
-            reader=RespReader.for_url(url, stall_s=0.9 * timeout_s) if lean_reads else None,
+            # (A value over the largest entry is refused before the reader allocates for it.)
+            reader=RespReader.for_url(
+                url,
+                stall_s=0.9 * timeout_s,
+                max_bulk=int(kw.get("max_entry_bytes", DEFAULT_MAX_ENTRY)),
+            )
+            if lean_reads
+            else None,
             **kw,
         )
 
@@ -256,13 +265,22 @@ class RedisTier:
         if reader is not None:
             name = self.entry_key(key).encode()
             # unframe runs as the reply lands (a CorruptEntry it raises comes out of the call).
-            return await self.guarded("get", lambda: reader.get(name, unframe))
+            return await self.guarded("get", lambda: self._lean_get(reader, name))
         blob = await self.guarded("get", lambda: self.client.get(self.entry_key(key)))
         if blob is None:
             return None
         if not isinstance(blob, bytes):
             raise CorruptEntry("unexpected value type")
         return unframe(blob)
+
+    @staticmethod
+    async def _lean_get(reader: RespReader, name: bytes) -> Entry | None:
+        try:
+            return await reader.get(name, unframe)
+        except ReplyTooLarge as exc:
+            # Never written by a gateway (put skips entries over the bound): a corrupt entry,
+            # deleted like one, not a failing Redis.
+            raise CorruptEntry("redis value over redis_max_entry_mb") from exc
 
     async def put(self, key: str, entry: Entry) -> None:
         blob = frame(entry.to_blob())

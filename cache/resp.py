@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import re
 import socket
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
@@ -33,7 +34,13 @@ from redis.asyncio.connection import SSLConnection, parse_url
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse, ResponseError
 
-Reply = memoryview | int | str | ResponseError | None
+
+class ReplyTooLarge(InvalidResponse):
+    """A bulk reply declared longer than the reader's ``max_bulk``: refused before any buffer is
+    allocated for it (its bytes are read past and dropped; the connection stays in step)."""
+
+
+Reply = memoryview | int | str | ResponseError | ReplyTooLarge | None
 T = TypeVar("T")
 # Turns a bulk reply into what the caller wants, as the reply lands (see RespProtocol.request).
 Decode = Callable[[memoryview], Any]
@@ -44,6 +51,14 @@ Decode = Callable[[memoryview], Any]
 _SCRATCH = 8 * 1024
 # A status, error or length line longer than this is not a RESP2 reply we asked for.
 _MAX_LINE = 4 * 1024
+# Lengths and integers exactly as Redis writes them: ASCII digits, no sign but a nil's -1, no
+# leading zeros, spaces or underscores (all of which int() would take), and few enough digits
+# that no reply can make int() slow. A nil is "$-1"; nothing else negative is a length.
+_LENGTH = re.compile(rb"-1|0|[1-9][0-9]{0,17}")
+_INTEGER = re.compile(rb"-?(?:0|[1-9][0-9]{0,18})")
+# The largest bulk reply taken when the caller sets no bound (redis-server's own proto-max-bulk-len
+# default): a reply declaring more is out of step or hostile.
+MAX_BULK = 512 * 1024 * 1024
 # The buffer of a large reply is kept for the next one (see RespProtocol._body_buffer) up to this
 # size; a larger one is left to the allocator.
 _KEEP_BUFFER = 4 * 1024 * 1024
@@ -77,7 +92,11 @@ class RespProtocol(asyncio.BufferedProtocol):
     :class:`~redis.exceptions.ResponseError` for an error line. Arrays are not spoken here.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_bulk: int = MAX_BULK) -> None:
+        # A bulk reply declared longer is refused before a buffer is allocated for it: one
+        # planted "$2000000000" made the reader allocate 1.9 GB and stall the loop 0.9 s.
+        self.max_bulk = max_bulk
+        self._skip = 0  # bytes of a refused reply still to read past
         self._transport: asyncio.Transport | None = None
         self._waiters: collections.deque[tuple[asyncio.Future[Any], Decode | None]] = (
             collections.deque()
@@ -167,6 +186,12 @@ class RespProtocol(asyncio.BufferedProtocol):
         buf = self._scratch
         pos = 0
         while pos < self._filled:
+            if self._skip:
+                # The rest of a refused reply: read past, never kept.
+                taken = min(self._skip, self._filled - pos)
+                self._skip -= taken
+                pos += taken
+                continue
             end = buf.find(b"\r\n", pos, self._filled)
             if end < 0:
                 if self._filled - pos > _MAX_LINE:
@@ -176,12 +201,19 @@ class RespProtocol(asyncio.BufferedProtocol):
             line = bytes(buf[pos + 1 : end])
             pos = end + 2
             if kind == 0x24:  # '$' bulk string
-                try:
-                    length = int(line)
-                except ValueError:
-                    raise self._protocol_error(f"bad bulk length {line[:32]!r}") from None
+                if _LENGTH.fullmatch(line) is None:
+                    raise self._protocol_error(f"bad bulk length {line[:32]!r}")
+                length = int(line)
                 if length < 0:
                     self._deliver(None)
+                    continue
+                if length > self.max_bulk:
+                    self._skip = length + 2
+                    self._deliver(
+                        ReplyTooLarge(
+                            f"bulk reply of {length} bytes is over the bound of {self.max_bulk}"
+                        )
+                    )
                     continue
                 available = self._filled - pos
                 if available >= length + 2:
@@ -200,10 +232,9 @@ class RespProtocol(asyncio.BufferedProtocol):
             elif kind == 0x2D:  # '-' error
                 self._deliver(ResponseError(line.decode("utf-8", "replace")))
             elif kind == 0x3A:  # ':' integer
-                try:
-                    self._deliver(int(line))
-                except ValueError:
-                    raise self._protocol_error(f"bad integer {line[:32]!r}") from None
+                if _INTEGER.fullmatch(line) is None:
+                    raise self._protocol_error(f"bad integer {line[:32]!r}")
+                self._deliver(int(line))
             else:
                 raise self._protocol_error(f"unexpected reply type {chr(kind)!r}")
         # Keep what is left of an unfinished reply at the start of the scratch buffer. (Same-size
@@ -233,6 +264,9 @@ class RespProtocol(asyncio.BufferedProtocol):
             raise self._protocol_error("a reply nobody asked for")
         waiter, decode = self._waiters.popleft()
         if waiter.done():  # a cancelled request's reply is dropped
+            return
+        if isinstance(reply, ReplyTooLarge):
+            waiter.set_exception(reply)
             return
         if decode is not None and isinstance(reply, memoryview):
             try:
@@ -267,19 +301,24 @@ class RespReader:
         password: str | None = None,
         db: int = 0,
         stall_s: float = 0.5,
+        max_bulk: int = MAX_BULK,
     ) -> None:
         self.host, self.port, self.path = host, port, path
         self.username, self.password, self.db = username, password, db
         self.stall_s = stall_s
+        self.max_bulk = max_bulk
         self._conn: RespProtocol | None = None
         self._connecting: asyncio.Lock | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop both belong to
 
     @classmethod
-    def for_url(cls, url: str, *, stall_s: float = 0.5) -> RespReader | None:
+    def for_url(
+        cls, url: str, *, stall_s: float = 0.5, max_bulk: int = MAX_BULK
+    ) -> RespReader | None:
         """A reader for a ``redis://`` or ``unix://`` URL, parsed by redis-py; else ``None``.
 
         ``stall_s``: a request cancelled after waiting this long closes the connection.
+        ``max_bulk``: the longest bulk reply taken; a longer one raises :class:`ReplyTooLarge`.
         """
         scheme = url.split("://", 1)[0].lower()
         if scheme not in ("redis", "unix"):
@@ -295,6 +334,7 @@ class RespReader:
             password=kw.get("password"),
             db=int(kw.get("db") or 0),
             stall_s=stall_s,
+            max_bulk=max_bulk,
         )
 
     async def get(self, key: bytes, decode: Callable[[memoryview], T]) -> T | None:
@@ -302,8 +342,9 @@ class RespReader:
 
         ``decode`` gets a view of the reply's buffer as soon as it has landed (see
         :meth:`RespProtocol.request`); what it raises is raised here. Raises
-        :class:`~redis.exceptions.RedisError` (or ``OSError`` while connecting) on failure, and
-        :class:`ResponseError` when Redis answers with an error.
+        :class:`~redis.exceptions.RedisError` (or ``OSError`` while connecting) on failure,
+        :class:`ResponseError` when Redis answers with an error, and :class:`ReplyTooLarge` for a
+        value over ``max_bulk``.
         """
         reply: T | None = await self.call(encode_command(b"GET", key), decode)
         return reply
@@ -337,10 +378,14 @@ class RespReader:
         async with self._connecting:  # one connect at a time; the others use its result
             if self._conn is not None and self._conn.usable:
                 return self._conn
+
+            def protocol() -> RespProtocol:
+                return RespProtocol(self.max_bulk)
+
             if self.path:
-                _, conn = await loop.create_unix_connection(RespProtocol, self.path)
+                _, conn = await loop.create_unix_connection(protocol, self.path)
             else:
-                transport, conn = await loop.create_connection(RespProtocol, self.host, self.port)
+                transport, conn = await loop.create_connection(protocol, self.host, self.port)
                 sock = transport.get_extra_info("socket")
                 if sock is not None:  # asyncio sets it already on 3.11+; be explicit
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import random
 import socket
+import time
+import tracemalloc
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +23,7 @@ from redis.exceptions import InvalidResponse, ResponseError
 
 from cache.entry import CorruptEntry, Entry
 from cache.redis_tier import RedisTier
-from cache.resp import RespProtocol, RespReader, encode_command
+from cache.resp import ReplyTooLarge, RespProtocol, RespReader, encode_command
 from cache.tier import TierError
 from metrics import Metrics
 from tests.support import RedisServer, free_port, redis_server
@@ -163,7 +166,29 @@ async def test_a_large_buffer_is_reused_only_when_nothing_holds_a_view_of_it() -
 
 @pytest.mark.parametrize(
     "garbage",
-    [b"*1\r\n$1\r\na\r\n", b"$abc\r\n", b":x\r\n", b"$3\r\nabcXY", b"?\r\n", b"+" + b"x" * 20_000],
+    [
+        b"*1\r\n$1\r\na\r\n",
+        b"$abc\r\n",
+        b":x\r\n",
+        b"$3\r\nabcXY",
+        b"?\r\n",
+        b"+" + b"x" * 20_000,
+        # Lengths and integers Redis never writes, though int() would take them:
+        b"$ 3\r\nabc\r\n",
+        b"$3 \r\nabc\r\n",
+        b"$+3\r\nabc\r\n",
+        b"$03\r\nabc\r\n",
+        b"$1_0\r\n0123456789\r\n",
+        b"$-2\r\n",
+        b"$-0\r\n",
+        b"$\xd9\xa3\r\nabc\r\n",  # an Arabic-Indic 3
+        b"$" + b"9" * 19 + b"\r\n",
+        b":+1\r\n",
+        b": 1\r\n",
+        b":1_000\r\n",
+        b":01\r\n",
+        b":" + b"9" * 400 + b"\r\n",
+    ],
 )
 async def test_a_reply_it_cannot_parse_fails_everything_in_flight_and_closes(
     garbage: bytes,
@@ -406,5 +431,110 @@ async def test_a_corrupt_entry_read_by_the_lean_reader_counts_as_redis_answering
             with pytest.raises(CorruptEntry):
                 await tier.get("k")
             assert tier.state() == "closed"
+        finally:
+            await tier.close()
+
+
+# ---- hostile replies -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "pattern"), list(cut_patterns()), ids=lambda x: str(x)[:20])
+async def test_a_bulk_reply_over_the_bound_is_refused_unallocated_and_read_past(
+    name: str, pattern: list[int]
+) -> None:
+    """The oversized reply fails its own request; the replies after it parse as usual and the
+    connection stays in step. The protocol never offers more than its scratch buffer."""
+    proto, transport = RespProtocol(max_bulk=1000), FakeTransport()
+    proto.connection_made(transport)  # type: ignore[arg-type]
+    waiters = [proto.request(b"X") for _ in range(3)]
+    data = bulk(b"x" * 5000) + bulk(b"small") + b"+OK\r\n"
+    cuts = itertools.cycle(pattern)
+    pos, offered = 0, 0
+    while pos < len(data):
+        buf = proto.get_buffer(-1)
+        offered = max(offered, len(buf))
+        n = min(len(buf), len(data) - pos, next(cuts))
+        buf[:n] = data[pos : pos + n]
+        proto.buffer_updated(n)
+        pos += n
+    assert isinstance(waiters[0].exception(), ReplyTooLarge)
+    assert bytes(waiters[1].result()) == b"small"
+    assert waiters[2].result() == "OK"
+    assert not transport.closed
+    assert offered <= 8192
+
+
+@contextlib.asynccontextmanager
+async def replying_server(reply: bytes) -> AsyncIterator[int]:
+    """A tiny TCP server that answers every read with ``reply`` (a Redis gone bad)."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.read(65536):
+            writer.write(reply)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.mark.parametrize("max_bulk", [16 * 1024 * 1024, None], ids=["entry-bound", "default"])
+async def test_a_declared_length_of_2_gb_is_refused_before_anything_is_allocated(
+    max_bulk: int | None,
+) -> None:
+    """``$2000000000`` made the reader allocate 1.9 GB and stall the loop 0.9 s."""
+    async with replying_server(b"$2000000000\r\n") as port:
+        kw = {} if max_bulk is None else {"max_bulk": max_bulk}
+        reader = RespReader(port=port, stall_s=5.0, **kw)
+        tracemalloc.start()
+        try:
+            started = time.perf_counter()
+            with pytest.raises(ReplyTooLarge):
+                await asyncio.wait_for(reader.get(b"k", bytes), 5)
+            elapsed = time.perf_counter() - started
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+            await reader.close()
+    assert peak < 4 * 1024 * 1024
+    assert elapsed < 1.0
+
+
+@pytest.mark.parametrize(
+    "reply", [b"$ 5\r\nhello\r\n", b"$5\xc2\xb2\r\nhello\r\n", b"$-7\r\n", b":1e3\r\n"]
+)
+async def test_a_hostile_length_line_from_the_server_is_a_protocol_error(reply: bytes) -> None:
+    async with replying_server(reply) as port:
+        reader = RespReader(port=port, stall_s=5.0)
+        try:
+            with pytest.raises(InvalidResponse):
+                await asyncio.wait_for(reader.get(b"k", bytes), 5)
+            conn = reader._conn
+            assert conn is not None and not conn.usable, "an out-of-step connection is dropped"
+        finally:
+            await reader.close()
+
+
+async def test_a_planted_value_over_the_entry_bound_is_a_corrupt_entry(tmp_path: Path) -> None:
+    """A value larger than ``redis_max_entry_mb`` (a gateway never writes one) is refused by the
+    lean reader before it allocates, as a corrupt entry (deleted by the store), not a failing
+    Redis: the breaker stays closed."""
+    with redis_server(tmp_path / "r") as server:
+        tier = RedisTier.from_url(server.url, max_entry_bytes=1024 * 1024, breaker_failures=1)
+        assert tier.reader is not None and tier.reader.max_bulk == 1024 * 1024
+        try:
+            await tier.client.set(tier.entry_key("k"), b"VXR2" + os.urandom(2 * 1024 * 1024))
+            with pytest.raises(CorruptEntry):
+                await tier.get("k")
+            assert tier.state() == "closed"
+            stored = Entry.create(
+                BIG, content_type="audio/wav", fmt="wav", sample_rate=22050, voice="joe"
+            )
+            await tier.put("k2", stored)
+            assert await tier.get("k2") == stored  # the connection is still in step
         finally:
             await tier.close()
