@@ -116,7 +116,8 @@ def _private_dir(path: Path) -> None:
 
 
 class DiskTier:
-    """A size-bounded diskcache tier. Pinned entries go to a separate, unbounded cache."""
+    """A size-bounded diskcache tier. Pinned entries go to a separate cache that is never
+    evicted, bounded by ``max_bytes`` of its own (a pinned entry past it is stored evictable)."""
 
     name = "disk"
 
@@ -177,7 +178,10 @@ class DiskTier:
 
     def _put_sync(self, key: str, entry: Entry) -> None:
         blob = frame(entry.to_blob())
-        if entry.meta.pinned:
+        # Pinned entries have a quota, the tier's bound (the pinned flag may come from Redis, a
+        # tier below, with a promotion): one past it goes to the bounded side, where it may be
+        # evicted like any other, instead of growing the pinned side without limit.
+        if entry.meta.pinned and self._pinned.volume() + len(blob) <= self.max_bytes:
             self._pinned.set(key, blob, tag=PINNED_TAG)
             self._cache.delete(key)
         else:

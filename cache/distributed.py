@@ -13,6 +13,11 @@ makes one *replica* per key do the work:
 3. Other replicas poll the store key with exponential backoff. Between polls they try the lock
    again: a holder that died (lock expired) or failed (lock released, no value) is taken over.
 4. A waiter gives up after ``max_wait_s`` and produces the value itself rather than hang.
+5. A lock value is a nonce plus its HMAC under the cache secret, and a lock always has a TTL of
+   at most ``lock_ttl_s``. A waiter that finds a lock value that does not verify, or a lock with
+   no TTL or a longer one, knows no replica took it (someone wrote it to Redis): it deletes it
+   (only if unchanged) and takes the lock, so a squatted key delays a miss by one poll, not by
+   ``max_wait_s``.
 
 Polling rather than pub/sub: a waiter needs the value, which lives in the store anyway, and a
 subscription costs a dedicated connection per waiter (per cluster shard); the poll is at most
@@ -26,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
@@ -85,11 +89,10 @@ class CrossReplicaFlight:
         ``adopt``-ed from the entry another replica stores under ``key`` in the Redis tier.
         """
         # thread_local=False: the token belongs to this call, and every await of it runs on the
-        # loop's thread anyway. The token is ours (secrets), not redis-py's default uuid1.
-        lock = Lock(
-            self.tier.client, self.lock_key(key), timeout=self.lock_ttl_s, thread_local=False
-        )
-        token = secrets.token_hex(16)
+        # loop's thread anyway. The token is ours (an authenticated nonce), not redis-py's uuid1.
+        name = self.lock_key(key)
+        lock = Lock(self.tier.client, name, timeout=self.lock_ttl_s, thread_local=False)
+        token = self.tier.seal.lock_token(name)
         try:
             acquired = await self._acquire(lock, token)
         except TierError:  # Redis down or breaker open: this replica works alone (counted)
@@ -180,7 +183,7 @@ class CrossReplicaFlight:
                         "waited %.1fs on another replica; synthesizing here", self.max_wait_s
                     )
                     break
-                if await self._acquire(lock, token):
+                if await self._acquire(lock, token) or await self._evict_squatter(lock, token):
                     outcome = "takeover"
                     self._observe_wait(outcome, loop.time() - started)
                     return await self._hold(lock, produce)
@@ -194,6 +197,32 @@ class CrossReplicaFlight:
                 self._observe_wait(outcome, loop.time() - started)
         return await produce()
 
+    async def _evict_squatter(self, lock: Lock, token: str) -> bool:
+        """True when the lock held was not a replica's (see the module's point 5) and this call
+        now holds it instead."""
+        name = str(lock.name)
+        client = self.tier.client
+
+        async def look() -> list[object]:
+            pipe = client.pipeline(transaction=False)
+            pipe.get(name)
+            pipe.pttl(name)
+            return list(await pipe.execute())
+
+        value, pttl = await self.tier.guarded("lock", look)
+        if not isinstance(value, bytes):
+            return False  # released since (the next poll finds the value, or takes the lock)
+        ttl_ok = isinstance(pttl, int) and 0 < pttl <= self.lock_ttl_s * 1000
+        if ttl_ok and self.tier.seal.lock_token_valid(name, value):
+            return False  # another replica's: wait for it
+        self._count_lock("squatted")
+        log.warning("a synthesis lock no replica took was found and removed: %s", name)
+        await self.tier.guarded(
+            "lock",
+            lambda: client.eval(_DELETE_IF_EQUAL, 1, name, value),
+        )
+        return await self._acquire(lock, token)
+
     def _count_lock(self, result: str) -> None:
         if self.metrics is not None:
             self.metrics.redis_locks.labels(result).inc()
@@ -203,6 +232,12 @@ class CrossReplicaFlight:
             self.metrics.redis_lock_waits.labels(outcome).inc()
             self.metrics.redis_lock_wait_seconds.observe(seconds)
 
+
+# Deletes a key only if it still holds the value read: a replica that took the lock between the
+# look and the delete keeps it.
+_DELETE_IF_EQUAL = (
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+)
 
 # Losing the lock is an answer from Redis, not a Redis failure: these keep redis-py's
 # LockNotOwnedError (a RedisError) away from the tier's breaker and error count.

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 import struct
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -40,6 +42,57 @@ class CorruptEntry(ValueError):
     """An entry's bytes do not match its checksum, or its blob cannot be parsed."""
 
 
+class ForgedEntry(CorruptEntry):
+    """A shared-tier value whose authentication tag does not verify: written by someone without
+    the cache secret, or moved from another key. Never served; counted apart from rot."""
+
+
+# What stored metadata may hold, checked on every read from disk or Redis: a value written by
+# someone else must not smuggle a type the code does not expect (a list where a str goes), a
+# megabyte of "voice", or a rate of 10**400 into the request path.
+_SHORT = 256  # model, voice, content type, checksum
+_FORMAT = re.compile(r"[a-z0-9_]{1,16}")
+_ADDRESS = re.compile(r"[0-9a-z]{64}")  # a content address (tests use other letters)
+_MAX_PARTS = 4096
+_MAX_RATE = 384_000
+_STR_FIELDS = ("content_type", "checksum", "model", "voice")
+
+
+def _checked_meta(raw: object) -> EntryMeta:
+    """``EntryMeta`` from parsed JSON, every field's type and size checked; else
+    :class:`CorruptEntry`."""
+    if not isinstance(raw, dict) or not raw.keys() <= _META_FIELDS:
+        raise CorruptEntry("entry metadata: not an object of known fields")
+    for name in _STR_FIELDS:
+        value = raw.get(name, "")
+        if not isinstance(value, str) or len(value) > _SHORT:
+            raise CorruptEntry(f"entry metadata: bad {name}")
+    fmt, rate = raw.get("format"), raw.get("sample_rate")
+    if not isinstance(fmt, str) or not _FORMAT.fullmatch(fmt):
+        raise CorruptEntry("entry metadata: bad format")
+    if type(rate) is not int or not 0 < rate <= _MAX_RATE:
+        raise CorruptEntry("entry metadata: bad sample_rate")
+    if type(raw.get("pinned", False)) is not bool:
+        raise CorruptEntry("entry metadata: bad pinned")
+    for name in ("created", "duration_s"):
+        value = raw.get(name, 0.0)
+        if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+            raise CorruptEntry(f"entry metadata: bad {name}")
+    pause = raw.get("pause_ms", 0)
+    if type(pause) is not int or not 0 <= pause <= 60_000:
+        raise CorruptEntry("entry metadata: bad pause_ms")
+    master, parts = raw.get("master", ""), raw.get("parts", [])
+    if not isinstance(master, str) or (master and not _ADDRESS.fullmatch(master)):
+        raise CorruptEntry("entry metadata: bad master")
+    if (
+        not isinstance(parts, list)
+        or len(parts) > _MAX_PARTS
+        or not all(isinstance(p, str) and _ADDRESS.fullmatch(p) for p in parts)
+    ):
+        raise CorruptEntry("entry metadata: bad parts")
+    return EntryMeta(**raw)
+
+
 @dataclass(frozen=True)
 class EntryMeta:
     """What an entry is. ``voice`` and ``model`` exist so entries can be purged by voice or model.
@@ -67,6 +120,9 @@ class EntryMeta:
         # JSON gives a list back; keep the frozen value hashable and equal to what was stored.
         if not isinstance(self.parts, tuple):
             object.__setattr__(self, "parts", tuple(self.parts))
+
+
+_META_FIELDS = frozenset(EntryMeta.__dataclass_fields__)
 
 
 @dataclass(frozen=True)
@@ -136,9 +192,13 @@ class Entry:
         """
         try:
             (n,) = _LEN.unpack_from(blob, 0)
-            meta = EntryMeta(**json.loads(bytes(blob[_LEN.size : _LEN.size + n])))
-        except (struct.error, ValueError, TypeError) as exc:
-            raise CorruptEntry(f"unreadable entry: {exc}") from exc
+            if _LEN.size + n > len(blob):
+                raise CorruptEntry("entry metadata longer than the entry")
+            meta = _checked_meta(json.loads(bytes(blob[_LEN.size : _LEN.size + n])))
+        except (struct.error, ValueError, TypeError, RecursionError) as exc:
+            if isinstance(exc, CorruptEntry):
+                raise
+            raise CorruptEntry(f"unreadable entry: {type(exc).__name__}") from exc
         entry = cls(audio=bytes(blob[_LEN.size + n :]), meta=meta)
         if verify:
             entry.verify()
@@ -154,6 +214,8 @@ def read_meta(head: bytes) -> EntryMeta:
         (n,) = _LEN.unpack_from(head, 0)
         if len(head) < _LEN.size + n:
             raise CorruptEntry(f"blob head too short: need {_LEN.size + n} bytes")
-        return EntryMeta(**json.loads(head[_LEN.size : _LEN.size + n]))
-    except (struct.error, ValueError, TypeError) as exc:
-        raise CorruptEntry(f"unreadable entry: {exc}") from exc
+        return _checked_meta(json.loads(head[_LEN.size : _LEN.size + n]))
+    except (struct.error, ValueError, TypeError, RecursionError) as exc:
+        if isinstance(exc, CorruptEntry):
+            raise
+        raise CorruptEntry(f"unreadable entry: {type(exc).__name__}") from exc

@@ -10,7 +10,11 @@ from cache.tier import PurgeFilter, TierStats
 
 
 class MemoryTier:
-    """LRU bounded by total audio bytes. Pinned entries are never evicted.
+    """LRU bounded by total audio bytes. Pinned entries are never evicted, and they count
+    against the same bound: a pinned entry that would take the pinned bytes past it is not
+    kept here (a lower tier keeps it). So the flag, which a promotion copies from a lower tier
+    (Redis is shared), never lets an entry past the bound: once an 8 MiB entry marked pinned
+    entered a 1 MiB memory tier.
 
     Entries are kept as objects, not blobs, and not re-verified on read: process memory is not a
     medium that rots, and hashing 250 KB on every hit would cost more than the rest of the hit path.
@@ -22,6 +26,7 @@ class MemoryTier:
         self.max_bytes = max_bytes
         self._items: OrderedDict[str, Entry] = OrderedDict()
         self._bytes = 0
+        self._pinned_bytes = 0
         self._on_evict = on_evict
 
     def get_nowait(self, key: str) -> Entry | None:
@@ -35,14 +40,28 @@ class MemoryTier:
         return self.get_nowait(key)
 
     async def put(self, key: str, entry: Entry) -> None:
-        if entry.size > self.max_bytes and not entry.meta.pinned:
+        old = self._items.get(key)
+        if entry.meta.pinned:
+            freed = old.size if old is not None and old.meta.pinned else 0
+            if self._pinned_bytes - freed + entry.size > self.max_bytes:
+                return  # over the bound even with everything unpinned gone: a lower tier keeps it
+        elif entry.size > self.max_bytes:
             return  # would evict everything else; a lower tier keeps it
-        old = self._items.pop(key, None)
         if old is not None:
-            self._bytes -= old.size
+            self._forget(key)
         self._items[key] = entry
         self._bytes += entry.size
+        if entry.meta.pinned:
+            self._pinned_bytes += entry.size
         self._evict()
+
+    def _forget(self, key: str) -> Entry | None:
+        entry = self._items.pop(key, None)
+        if entry is not None:
+            self._bytes -= entry.size
+            if entry.meta.pinned:
+                self._pinned_bytes -= entry.size
+        return entry
 
     def _evict(self) -> None:
         evicted = 0
@@ -61,11 +80,7 @@ class MemoryTier:
             self._on_evict(evicted)
 
     async def delete(self, key: str) -> bool:
-        entry = self._items.pop(key, None)
-        if entry is None:
-            return False
-        self._bytes -= entry.size
-        return True
+        return self._forget(key) is not None
 
     async def purge(self, match: PurgeFilter) -> int:
         doomed = [k for k, e in self._items.items() if match.matches(e.meta)]
@@ -79,4 +94,4 @@ class MemoryTier:
 
     async def close(self) -> None:
         self._items.clear()
-        self._bytes = 0
+        self._bytes = self._pinned_bytes = 0

@@ -8,7 +8,7 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cache.entry import CorruptEntry, Entry
+from cache.entry import CorruptEntry, Entry, ForgedEntry
 from cache.memory import MemoryTier
 from cache.tier import PurgeFilter, Tier, TierError, TierStats, TierUnavailable
 from metrics import Metrics
@@ -28,8 +28,8 @@ class TieredStore:
     """Memory, then disk, then (optionally) Redis.
 
     Every tier error or timeout is counted and treated as a miss for that request: the tier below,
-    or the engine, still answers. A checksum mismatch is counted as ``corrupt``, the entry is deleted
-    from that tier, and the lookup goes on as a miss.
+    or the engine, still answers. A checksum mismatch is counted as ``corrupt`` (an authentication
+    failure as ``forged``), the entry is deleted from that tier, and the lookup goes on as a miss.
     """
 
     def __init__(self, tiers: Sequence[Tier], metrics: Metrics) -> None:
@@ -58,9 +58,12 @@ class TieredStore:
         for depth, tier in enumerate(self.tiers):
             try:
                 entry = await tier.get(key)
-            except CorruptEntry:
-                self.metrics.cache_lookups.labels(tier.name, "corrupt").inc()
-                log.warning("corrupt entry deleted key=%s tier=%s", key, tier.name)
+            except CorruptEntry as exc:
+                # Never served: rot (corrupt) or a value someone without the cache secret wrote
+                # (forged), told apart because the second is an attack to look into.
+                result = "forged" if isinstance(exc, ForgedEntry) else "corrupt"
+                self.metrics.cache_lookups.labels(tier.name, result).inc()
+                log.warning("%s entry deleted key=%s tier=%s: %s", result, key, tier.name, exc)
                 await self._delete_quietly(tier, key)
                 continue
             except TierUnavailable:

@@ -104,8 +104,9 @@ class Metrics:
         self.cache_lookups = Counter(
             "voxgate_cache_lookups_total",
             "Store lookups by tier and result: hit, miss, error (tier failed: counted as a miss), "
-            "skipped (tier's circuit breaker open: not asked, a miss) "
-            "or corrupt (checksum mismatch: deleted, counted as a miss).",
+            "skipped (tier's circuit breaker open: not asked, a miss), "
+            "corrupt (checksum mismatch or bad metadata: deleted, counted as a miss) or forged "
+            "(a Redis value failing authentication under the cache secret: deleted, a miss).",
             ["tier", "result"],
             registry=r,
         )
@@ -323,7 +324,7 @@ class Metrics:
             "voxgate_redis_locks_total",
             "Cross-replica synthesis locks asked for, by result (acquired: this replica "
             "synthesizes; contended: another replica holds it; bypassed: Redis unavailable, "
-            "synthesized locally).",
+            "synthesized locally; squatted: a lock no replica took, removed and taken).",
             ["result"],
             registry=r,
         )

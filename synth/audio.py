@@ -164,9 +164,19 @@ def encode_master(pcm: FloatPCM, sample_rate: int) -> bytes:
     return encode(pcm, sample_rate, MASTER_FORMAT)
 
 
+class UndecodableAudio(ValueError):
+    """Stored audio that does not decode to mono PCM: a corrupt entry, to delete and make anew."""
+
+
 def decode_master(data: bytes) -> tuple[FloatPCM, int]:
-    """Decode a master back to float32 PCM and its rate."""
-    pcm, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=False)
+    """Decode a master back to float32 PCM and its rate; :class:`UndecodableAudio` when the
+    bytes are no mono audio libsndfile reads (they passed their checksum: written that way)."""
+    try:
+        pcm, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=False)
+    except Exception as exc:  # libsndfile's errors, and whatever odd bytes make soundfile raise
+        raise UndecodableAudio(f"stored audio does not decode: {type(exc).__name__}") from exc
+    if pcm.ndim != 1 or rate <= 0:
+        raise UndecodableAudio(f"stored audio is not mono ({pcm.shape}, {rate} Hz)")
     return np.asarray(pcm, dtype=np.float32), int(rate)
 
 

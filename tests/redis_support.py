@@ -16,7 +16,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from tests.support import RedisServer, free_port, serve_command
+from tests.support import CACHE_SECRET, RedisServer, free_port, serve_command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -119,7 +119,7 @@ class GatewayProcess:
         self.cache_dir = cache_dir
         cmd = serve_command(self.port, cache_dir, "--log-level", "warning", *args)
         if redis_url:
-            cmd += ["--redis-url", redis_url]
+            cmd += ["--redis-url", redis_url, "--cache-secret", CACHE_SECRET]
         env = {k: v for k, v in os.environ.items() if not k.startswith("VOXGATE_")}
         self.log_path = cache_dir.parent / f"gateway-{self.port}.log"
         cache_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -90,6 +90,11 @@ def serve_command(port: int, cache_dir: Path, *args: str) -> list[str]:
     ]
 
 
+# The cache secret every test that configures Redis passes (redis_url requires one).
+CACHE_SECRET = "voxgate-test-cache-secret-0123456789"
+SECRET = CACHE_SECRET.encode()
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
     with socket.socket() as s:

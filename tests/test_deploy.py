@@ -22,8 +22,45 @@ DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 
 
-def compose() -> dict[str, Any]:
-    return dict(yaml.safe_load((DEPLOY / "compose.yaml").read_text()))
+# What an operator puts in deploy/.env (compose) or the Secret voxgate-secrets (Kubernetes).
+SECRETS = {"REDIS_PASSWORD": "0123456789abcdef" * 2, "VOXGATE_CACHE_SECRET": "fedcba9876543210" * 2}
+
+
+def interpolate(text: str, values: dict[str, str]) -> str:
+    """Compose's variable interpolation: ``${NAME}``, ``${NAME:?message}`` (required) and
+    ``$$`` (a literal ``$``). A required variable without a value fails, as compose does."""
+
+    def one(m: re.Match[str]) -> str:
+        if m[0] == "$$":
+            return "$"
+        if m[1] not in values:
+            raise KeyError(f"compose needs {m[1]}: {m[2]}")
+        return values[m[1]]
+
+    return re.sub(r"\$\$|\$\{(\w+)(?::\?([^}]*))?\}", one, text)
+
+
+def compose(values: dict[str, str] = SECRETS) -> dict[str, Any]:
+    text = interpolate((DEPLOY / "compose.yaml").read_text(), values)
+    return dict(yaml.safe_load(text))
+
+
+def container_env(container: dict[str, Any], secrets: dict[str, str]) -> dict[str, str]:
+    """A container's environment as Kubernetes makes it: ``secretKeyRef`` values from
+    ``secrets`` (by key), ``$(NAME)`` expanded from the variables defined before it."""
+    env: dict[str, str] = {}
+    for e in container.get("env", []):
+        if "valueFrom" in e:
+            env[e["name"]] = secrets[e["valueFrom"]["secretKeyRef"]["key"]]
+        else:
+            env[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env[m[1]], e["value"])
+    return env
+
+
+K8S_SECRETS = {
+    "redis-password": SECRETS["REDIS_PASSWORD"],
+    "cache-secret": SECRETS["VOXGATE_CACHE_SECRET"],
+}
 
 
 def k8s_docs() -> list[dict[str, Any]]:
@@ -117,8 +154,17 @@ def test_compose_services_ports_and_settings() -> None:
     grace = int(vox["stop_grace_period"].rstrip("s"))
     assert grace > settings.shutdown_timeout_s
     redis_url = env.get("VOXGATE_REDIS_URL", "")
-    assert redis_url.startswith("redis://redis:6379")
+    assert redis_url.startswith(f"redis://:{SECRETS['REDIS_PASSWORD']}@redis:6379")
+    assert settings.cache_secret.get_secret_value() == SECRETS["VOXGATE_CACHE_SECRET"]
     assert "redis" in vox["depends_on"]
+    # Issue 12: Redis has a password and no published port; both secrets are required.
+    redis = services["redis"]
+    assert "ports" not in redis
+    assert "requirepass" in " ".join(redis["command"])
+    assert redis["environment"]["REDIS_PASSWORD"] == SECRETS["REDIS_PASSWORD"]
+    for name in SECRETS:
+        with pytest.raises(KeyError, match=name):
+            compose({k: v for k, v in SECRETS.items() if k != name})
     for volume in vox["volumes"]:
         assert volume.split(":")[0] in c["volumes"]
 
@@ -197,7 +243,7 @@ def test_k8s_deployment_probes_service_and_config(tmp_path: Path) -> None:
     volume = next(v for v in pod["spec"]["volumes"] if v["name"] == mount["name"])
     configmap = find(docs, "ConfigMap", volume["configMap"]["name"])
     toml = configmap["data"][config_path.name]
-    env = {e["name"]: e["value"] for e in container.get("env", [])}
+    env = container_env(container, K8S_SECRETS)
     settings = Settings.load(config_file=_write(toml, tmp_path), env=voxgate_env(env))
     assert ports["http"] == settings.port
     assert settings.host == "0.0.0.0"
@@ -217,8 +263,11 @@ def test_k8s_deployment_probes_service_and_config(tmp_path: Path) -> None:
 def test_k8s_redis_matches_the_url_voxgate_uses() -> None:
     docs = k8s_docs()
     container = find(docs, "Deployment", "voxgate")["spec"]["template"]["spec"]["containers"][0]
-    url = {e["name"]: e["value"] for e in container["env"]}["VOXGATE_REDIS_URL"]
-    host, port = re.match(r"redis://([^:/]+):(\d+)/", url).groups()  # type: ignore[union-attr]
+    env = container_env(container, K8S_SECRETS)
+    password = K8S_SECRETS["redis-password"]
+    url = env["VOXGATE_REDIS_URL"]
+    host, port = re.match(rf"redis://:{password}@([^:/]+):(\d+)/", url).groups()  # type: ignore[union-attr]
+    assert Settings.load(env=voxgate_env(env)).cache_secret.get_secret_value()
     service = find(docs, "Service", host)
     assert service["spec"]["ports"][0]["port"] == int(port)
     redis = find(docs, "Deployment", "voxgate-redis")
@@ -226,6 +275,17 @@ def test_k8s_redis_matches_the_url_voxgate_uses() -> None:
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
     redis_ports = {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
     assert redis_ports[service["spec"]["ports"][0]["targetPort"]] == int(port)
+    # Issue 12: Redis asks for the password voxgate's URL carries, and only voxgate reaches it.
+    redis_container = pod["spec"]["containers"][0]
+    assert container_env(redis_container, K8S_SECRETS)["REDIS_PASSWORD"] == password
+    assert "requirepass" in " ".join(redis_container["args"])
+    assert service["spec"].get("type", "ClusterIP") == "ClusterIP"
+    policy = find(docs, "NetworkPolicy", "voxgate-redis")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    voxgate_labels = find(docs, "Deployment", "voxgate")["spec"]["template"]["metadata"]["labels"]
+    (rule,) = policy["spec"]["ingress"]
+    (source,) = rule["from"]
+    assert source["podSelector"]["matchLabels"].items() <= voxgate_labels.items()
 
 
 def test_configmap_with_a_bad_value_would_fail_naming_the_key(tmp_path: Path) -> None:

@@ -98,10 +98,13 @@ def test_bad_setting_fails_at_start_naming_the_key(tmp_path: Path) -> None:
 
 
 def test_cache_stats_reports_redis_and_never_prints_its_password(tmp_path: Path) -> None:
-    from tests.support import free_port, redis_server
+    from tests.support import CACHE_SECRET, free_port, redis_server
 
+    secret = ("--cache-secret", CACHE_SECRET)
     with redis_server(tmp_path / "redis") as redis:
-        ok = run_cli("cache", "stats", "--json", "--redis-url", redis.url, cache=tmp_path / "c")
+        ok = run_cli(
+            "cache", "stats", "--json", "--redis-url", redis.url, *secret, cache=tmp_path / "c"
+        )
         assert ok.returncode == 0, ok.stderr
         disk, shared = json.loads(ok.stdout)
         assert disk["tier"] == "disk"
@@ -109,7 +112,14 @@ def test_cache_stats_reports_redis_and_never_prints_its_password(tmp_path: Path)
         assert shared["used_memory_bytes"] > 0
     down = f"redis://ops:hunter2@127.0.0.1:{free_port()}/0"
     bad = run_cli(
-        "cache", "stats", "--redis-url", down, "--redis-timeout-ms", "300", cache=tmp_path / "c"
+        "cache",
+        "stats",
+        "--redis-url",
+        down,
+        *secret,
+        "--redis-timeout-ms",
+        "300",
+        cache=tmp_path / "c",
     )
     assert bad.returncode == 1
     assert "unreachable" in bad.stdout and "ops:***@127.0.0.1" in bad.stdout

@@ -18,7 +18,7 @@ from cache.redis_tier import RedisTier
 from cache.tier import TierError, TierUnavailable
 from metrics import Metrics
 from tests.redis_support import SentinelServer
-from tests.support import redis_server
+from tests.support import SECRET, redis_server
 
 KEY = "f" * 64
 
@@ -47,6 +47,7 @@ async def test_tier_follows_a_sentinel_failover_without_a_restart(tmp_path: Path
                 functools.partial(
                     RedisTier.from_url,
                     f"redis+sentinel://127.0.0.1:{sentinel.port}/{sentinel.service}/0",
+                    secret=SECRET,
                     metrics=metrics,
                     timeout_s=0.5,
                     breaker_failures=2,

@@ -15,7 +15,7 @@ from gateway.runtime.settings import Settings
 from metrics import Metrics
 from tests.conftest import GatewayFactory
 from tests.redis_support import gateway_processes, metric_sum
-from tests.support import RedisServer
+from tests.support import CACHE_SECRET, RedisServer
 
 
 def speech_body(text: str) -> dict[str, Any]:
@@ -92,6 +92,7 @@ async def test_redis_outage_fails_no_request_and_recovers(
 ) -> None:
     redis_settings = settings.replace(
         redis_url=redis.url,
+        cache_secret=CACHE_SECRET,
         redis_timeout_ms=200,
         redis_breaker_failures=3,
         redis_breaker_reset_ms=500,

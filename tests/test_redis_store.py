@@ -12,7 +12,7 @@ from cache.redis_tier import RedisTier
 from cache.store import TieredStore
 from cache.tier import PurgeFilter
 from metrics import Metrics
-from tests.support import RedisServer, redis_server
+from tests.support import SECRET, RedisServer, redis_server
 
 
 def entry(n: int, *, voice: str, pinned: bool = False, size: int = 1000) -> Entry:
@@ -37,7 +37,11 @@ async def test_purge_by_voice_removes_exactly_that_voice_from_all_tiers(
 ) -> None:
     metrics = Metrics()
     disk = await asyncio.to_thread(DiskTier, tmp_path / "disk", 50 * 2**20)  # touches the disk
-    tiers = [MemoryTier(10 * 2**20), disk, RedisTier.from_url(redis.url, metrics=metrics)]
+    tiers = [
+        MemoryTier(10 * 2**20),
+        disk,
+        RedisTier.from_url(redis.url, secret=SECRET, metrics=metrics),
+    ]
     store = TieredStore(tiers, metrics)
     try:
         for n in range(12):
@@ -58,7 +62,7 @@ async def test_purge_by_voice_removes_exactly_that_voice_from_all_tiers(
 
 
 async def test_pinned_entries_survive_ttl_expiry(redis: RedisServer) -> None:
-    tier = RedisTier.from_url(redis.url, ttl_s=1)
+    tier = RedisTier.from_url(redis.url, secret=SECRET, ttl_s=1)
     try:
         await tier.put(key(1), entry(1, voice="joe"))
         await tier.put(key(2), entry(2, voice="joe", pinned=True))
@@ -75,7 +79,7 @@ async def test_pinned_entries_survive_eviction_pressure(tmp_path: Path) -> None:
     with redis_server(
         tmp_path / "r", extra=["--maxmemory", "4mb", "--maxmemory-policy", "volatile-lru"]
     ) as server:
-        tier = RedisTier.from_url(server.url)
+        tier = RedisTier.from_url(server.url, secret=SECRET)
         try:
             pinned = [key(n) for n in range(10)]
             for n, k in enumerate(pinned):

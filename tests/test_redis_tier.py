@@ -13,12 +13,12 @@ import pytest
 
 from cache.breaker import BreakerState, CircuitBreaker
 from cache.distributed import CrossReplicaFlight
-from cache.entry import CorruptEntry, Entry
+from cache.entry import CorruptEntry, Entry, ForgedEntry
 from cache.redis_tier import RedisTier, is_cluster_url
 from cache.tier import PurgeFilter, TierError, TierUnavailable
 from metrics import Metrics
 from tests.redis_support import SentinelServer, redis_cluster
-from tests.support import RedisServer, free_port, redis_server
+from tests.support import SECRET, RedisServer, free_port, redis_server
 
 KEY = "ab" * 32
 
@@ -68,6 +68,7 @@ async def make_tier(url: str, metrics: Metrics | None = None, **kw: object) -> R
         functools.partial(
             RedisTier.from_url,
             url,
+            secret=SECRET,
             prefix=f"t{uuid.uuid4().hex[:8]}:",
             metrics=metrics or Metrics(),
             **kw,
@@ -118,19 +119,16 @@ async def test_corrupt_value_raises(tier: RedisTier) -> None:
         await tier.get(KEY)
 
 
-async def test_frames_written_by_earlier_versions_still_read(tier: RedisTier) -> None:
+async def test_frames_written_by_earlier_versions_are_refused(tier: RedisTier) -> None:
+    """VXR1/VXR2 frames carry a CRC only: anyone could have written them, so they are refused
+    like a forgery (a miss; the store deletes them and the entry is made anew)."""
     import struct
     import zlib
 
     blob = entry().to_blob()
     legacy = struct.pack(">4sI", b"VXR1", zlib.crc32(blob)) + blob  # zlib CRC-32 frame
     await tier.client.set(tier.entry_key(KEY), legacy)
-    got = await tier.get(KEY)
-    assert got is not None and got.audio == entry().audio
-    flipped = bytearray(legacy)
-    flipped[-1] ^= 0x01
-    await tier.client.set(tier.entry_key(KEY), bytes(flipped))
-    with pytest.raises(CorruptEntry):
+    with pytest.raises(ForgedEntry):
         await tier.get(KEY)
 
 
@@ -168,7 +166,9 @@ async def test_two_replicas_produce_once(redis_url: str) -> None:
     metrics_a, metrics_b = Metrics(), Metrics()
     a = await make_tier(redis_url, metrics_a)
     b = await asyncio.to_thread(
-        functools.partial(RedisTier.from_url, redis_url, prefix=a.prefix, metrics=metrics_b)
+        functools.partial(
+            RedisTier.from_url, redis_url, secret=SECRET, prefix=a.prefix, metrics=metrics_b
+        )
     )
     produced: list[str] = []
 
@@ -229,7 +229,9 @@ async def test_wait_is_bounded(tier: RedisTier) -> None:
     metrics = tier.metrics
     assert metrics is not None
     flight = CrossReplicaFlight(tier, lock_ttl_s=5, max_wait_s=0.4, metrics=metrics)
-    await tier.client.set(flight.lock_key(KEY), "stuck-replica", px=60_000)
+    # A replica's genuine lock (a valid token, a TTL within lock_ttl_s) that it never releases.
+    stuck = tier.seal.lock_token(flight.lock_key(KEY))
+    await tier.client.set(flight.lock_key(KEY), stuck, px=5_000)
 
     async def produce() -> str:
         return "mine"
@@ -239,7 +241,7 @@ async def test_wait_is_bounded(tier: RedisTier) -> None:
 
     assert await flight.run(KEY, produce, adopt) == "mine"
     assert metrics.redis_lock_waits.labels("timeout")._value.get() == 1
-    assert await tier.client.get(flight.lock_key(KEY)) == b"stuck-replica"  # not ours to delete
+    assert await tier.client.get(flight.lock_key(KEY)) == stuck.encode()  # not ours to delete
 
 
 async def test_release_never_deletes_a_lock_it_lost(tier: RedisTier) -> None:
@@ -347,6 +349,7 @@ async def test_tier_survives_redis_outage_and_recovers_without_restart(tmp_path:
     metrics = Metrics()
     t = RedisTier.from_url(
         f"redis://127.0.0.1:{port}/0",
+        secret=SECRET,
         timeout_s=0.2,
         breaker_failures=2,
         breaker_reset_s=0.3,
@@ -378,13 +381,20 @@ async def test_tier_survives_redis_outage_and_recovers_without_restart(tmp_path:
 def test_redis_settings_mask_the_url_and_reject_unknown_schemes() -> None:
     from gateway.runtime.settings import Settings, SettingsError
 
-    s = Settings.load(env={"VOXGATE_REDIS_URL": "redis://user:s3cret@127.0.0.1:6379/0"})
+    s = Settings.load(
+        env={
+            "VOXGATE_REDIS_URL": "redis://user:s3cret@127.0.0.1:6379/0",
+            "VOXGATE_CACHE_SECRET": SECRET.decode(),
+        }
+    )
     assert s.redis_url.get_secret_value().endswith("@127.0.0.1:6379/0")
     assert "s3cret" not in repr(s) and "s3cret" not in str(s.redis_url)
     assert s.shown()["redis_url"] == "****"
     with pytest.raises(SettingsError, match="redis_url"):
         Settings.load(env={}, overrides={"redis_url": "http://127.0.0.1:6379"})
-    assert Settings.load(env={}, overrides={"redis_url": "redis+cluster://h:7000"}).redis_url
+    assert Settings.load(
+        env={}, overrides={"redis_url": "redis+cluster://h:7000", "cache_secret": SECRET.decode()}
+    ).redis_url
 
 
 async def test_stats_count_keys_and_memory(tier: RedisTier) -> None:

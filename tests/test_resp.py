@@ -26,7 +26,7 @@ from cache.redis_tier import RedisTier
 from cache.resp import ReplyTooLarge, RespProtocol, RespReader, encode_command
 from cache.tier import TierError
 from metrics import Metrics
-from tests.support import RedisServer, free_port, redis_server
+from tests.support import SECRET, RedisServer, free_port, redis_server
 
 BIG = os.urandom(300_000)  # larger than the scratch buffer: received into a buffer of its own
 
@@ -342,7 +342,9 @@ async def test_a_hung_redis_times_out_as_a_tier_error_and_drops_the_connection(
     silent_server: int,
 ) -> None:
     metrics = Metrics()
-    tier = RedisTier.from_url(f"redis://127.0.0.1:{silent_server}", timeout_s=0.2, metrics=metrics)
+    tier = RedisTier.from_url(
+        f"redis://127.0.0.1:{silent_server}", secret=SECRET, timeout_s=0.2, metrics=metrics
+    )
     assert tier.reader is not None
     with pytest.raises(TierError):
         await tier.get("ab" * 32)
@@ -355,7 +357,8 @@ async def test_a_hung_redis_times_out_as_a_tier_error_and_drops_the_connection(
 async def test_tier_reads_the_same_with_and_without_the_lean_reader(tmp_path: Path) -> None:
     with redis_server(tmp_path / "r") as server:
         url = server.url
-        lean, plain = RedisTier.from_url(url), RedisTier.from_url(url, lean_reads=False)
+        lean = RedisTier.from_url(url, secret=SECRET)
+        plain = RedisTier.from_url(url, secret=SECRET, lean_reads=False)
         assert lean.reader is not None and plain.reader is None
         try:
             stored = Entry.create(
@@ -423,7 +426,9 @@ async def test_a_corrupt_entry_read_by_the_lean_reader_counts_as_redis_answering
     """The reader unframes as the reply lands, so CorruptEntry comes out of the guarded call:
     a half-open breaker must still close on it (Redis answered), not wait out another probe."""
     with redis_server(tmp_path / "r") as server:
-        tier = RedisTier.from_url(server.url, breaker_failures=1, breaker_reset_s=0.05)
+        tier = RedisTier.from_url(
+            server.url, secret=SECRET, breaker_failures=1, breaker_reset_s=0.05
+        )
         try:
             await tier.client.set(tier.entry_key("k"), b"VXR2garbage-that-is-no-frame")
             tier.breaker.failure()  # open
@@ -524,7 +529,9 @@ async def test_a_planted_value_over_the_entry_bound_is_a_corrupt_entry(tmp_path:
     lean reader before it allocates, as a corrupt entry (deleted by the store), not a failing
     Redis: the breaker stays closed."""
     with redis_server(tmp_path / "r") as server:
-        tier = RedisTier.from_url(server.url, max_entry_bytes=1024 * 1024, breaker_failures=1)
+        tier = RedisTier.from_url(
+            server.url, secret=SECRET, max_entry_bytes=1024 * 1024, breaker_failures=1
+        )
         assert tier.reader is not None and tier.reader.max_bulk == 1024 * 1024
         try:
             await tier.client.set(tier.entry_key("k"), b"VXR2" + os.urandom(2 * 1024 * 1024))

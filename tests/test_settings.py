@@ -18,6 +18,7 @@ from gateway.runtime.settings import (
     SettingsError,
 )
 from tests.conftest import GatewayFactory
+from tests.support import CACHE_SECRET
 
 
 def test_each_layer_is_named_in_the_error(tmp_path: Path) -> None:
@@ -75,15 +76,30 @@ def test_code_built_settings_ignore_the_process_environment(
 
 def test_redis_url_is_a_secret_everywhere(capsys: pytest.CaptureFixture[str]) -> None:
     url = "redis://ops:hunter2@127.0.0.1:6379/0"
-    s = Settings.load(env={"VOXGATE_REDIS_URL": url})
+    s = Settings.load(env={"VOXGATE_REDIS_URL": url, "VOXGATE_CACHE_SECRET": CACHE_SECRET})
     assert s.redis_url.get_secret_value() == url
     assert "hunter2" not in repr(s) + str(s) + json.dumps(s.shown())
     with pytest.raises(SettingsError, match="'redis_url'") as bad:
         Settings.load(env={}, overrides={"redis_url": "http://ops:hunter2@h:6379"})
     assert "hunter2" not in str(bad.value)
-    assert main(["config", "show", "--redis-url", url, "--cache-dir", "/tmp/x"]) == 0
+    flags = ["--redis-url", url, "--cache-secret", CACHE_SECRET, "--cache-dir", "/tmp/x"]
+    assert main(["config", "show", *flags]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["redis_url"] == "****" and shown["cache_dir"] == "/tmp/x"
+    assert shown["cache_secret"] == "****"
+    assert CACHE_SECRET not in repr(s) + str(s) + json.dumps(s.shown())
+
+
+def test_a_redis_url_needs_a_cache_secret() -> None:
+    """Issue 12, point 4: without a secret, whoever can write to Redis decides what every
+    replica serves; so no Redis tier starts without one, and the error says how to give it."""
+    url = "redis://127.0.0.1:6379/0"
+    with pytest.raises(SettingsError, match=r"'cache_secret'.*required when redis_url is set"):
+        Settings.load(env={"VOXGATE_REDIS_URL": url})
+    with pytest.raises(SettingsError, match=r"'cache_secret'.*at least 16"):
+        Settings.load(env={"VOXGATE_REDIS_URL": url, "VOXGATE_CACHE_SECRET": "short"})
+    assert Settings.load(env={"VOXGATE_CACHE_SECRET": CACHE_SECRET}).cache_secret  # no Redis: ok
+    assert main(["config", "show", "--redis-url", url]) == 2
 
 
 def test_aliases_are_added_to_openai_names() -> None:

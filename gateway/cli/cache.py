@@ -52,6 +52,7 @@ async def _cache_stats(settings: Settings) -> list[dict[str, Any]]:
         # The memory tier lives inside each server process: its figures are on /metrics.
         redis = RedisTier.from_url(
             redis_url,
+            secret=settings.cache_secret.get_secret_value().encode(),
             prefix=settings.redis_prefix,
             timeout_s=settings.redis_timeout_ms / 1000,
         )
@@ -154,7 +155,14 @@ def add_command(sub: Any) -> None:
     stats.add_argument("--json", action="store_true", help="Print JSON.")
     add_setting_flags(
         stats,
-        only=["cache_dir", "disk_cache_mb", "redis_url", "redis_prefix", "redis_timeout_ms"],
+        only=[
+            "cache_dir",
+            "disk_cache_mb",
+            "redis_url",
+            "cache_secret",
+            "redis_prefix",
+            "redis_timeout_ms",
+        ],
     )
     stats.set_defaults(func=cmd_cache_stats)
 

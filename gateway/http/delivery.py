@@ -208,12 +208,19 @@ async def serve_stored(request: web.Request, key: str) -> web.StreamResponse | N
         if found is None:
             return None
         entry = found.entry
+    # The type comes from the stored format, never from the stored content_type text: a value
+    # someone else wrote must not make the gateway's origin serve text/html.
+    fmt = audio.FORMATS.get(entry.meta.format)
+    if fmt is None:
+        log.warning("stored entry of unknown format deleted key=%s", key)
+        await store.delete(key)
+        return None
     request[keys.CACHE_RESULT] = "hit"
     request[keys.AUDIO_KEY] = key
     headers = {
         "ETag": etag_for(key),
         "Cache-Control": request.app[keys.PRESENTATIONS].stored.cache_control,
-        "Content-Type": entry.meta.content_type,
+        "Content-Type": fmt.content_type,
         "X-Audio-Sample-Rate": str(entry.meta.sample_rate),
         "Last-Modified": http_date(entry.meta.created),
     }

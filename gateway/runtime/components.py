@@ -50,6 +50,7 @@ def build_tiers(settings: Settings, metrics: Metrics) -> list[Tier]:
         tiers.append(
             RedisTier.from_url(
                 redis_url,
+                secret=settings.cache_secret.get_secret_value().encode(),
                 prefix=settings.redis_prefix,
                 ttl_s=settings.redis_ttl_s,
                 max_entry_bytes=settings.redis_max_entry_mb * MIB,

@@ -230,6 +230,14 @@ class Settings(BaseSettings):
         "redis+sentinel://host:26379[,host:port]/<service>/<db> for Sentinel. A secret: shown "
         "masked, never logged.",
     )
+    cache_secret: SecretStr = _opt(
+        "redis",
+        SecretStr(""),
+        "Key of the HMAC-SHA256 every Redis value and lock carries (at least 16 characters; "
+        "required with redis_url; the same on every replica): a value written without it, or "
+        "moved to another key, is never served. Generate one with `openssl rand -hex 32`. A "
+        "secret: shown masked, never logged.",
+    )
     redis_prefix: str = _opt("redis", "voxgate:", "Prefix of every Redis key voxgate writes.")
     redis_ttl_s: int = _opt(
         "redis",
@@ -237,7 +245,13 @@ class Settings(BaseSettings):
         "TTL of unpinned Redis entries, in seconds (0: none; pinned: never).",
         ge=0,
     )
-    redis_max_entry_mb: int = _opt("redis", 16, "Largest entry written to Redis, in MiB.", ge=1)
+    redis_max_entry_mb: int = _opt(
+        "redis",
+        16,
+        "Largest entry written to or read from Redis, in MiB (a larger value is refused before "
+        "it is buffered).",
+        ge=1,
+    )
     redis_timeout_ms: int = _opt(
         "redis", 500, "Timeout of one Redis operation, in ms (then: a miss).", ge=1
     )
@@ -569,6 +583,22 @@ class Settings(BaseSettings):
                 "must start with redis://, rediss://, unix://, redis+cluster:// or "
                 "redis+sentinel://"
             )
+        return value
+
+    @field_validator("cache_secret")
+    @classmethod
+    def _secret_with_redis(cls, value: SecretStr, info: ValidationInfo) -> SecretStr:
+        # Without it anyone who can write to Redis decides what every replica serves.
+        secret = value.get_secret_value()
+        redis_url = info.data.get("redis_url")
+        if isinstance(redis_url, SecretStr) and redis_url.get_secret_value() and not secret:
+            raise ValueError(
+                "required when redis_url is set: every Redis value is authenticated with it "
+                "(--cache-secret or VOXGATE_CACHE_SECRET; the same on every replica; e.g. "
+                "`openssl rand -hex 32`)"
+            )
+        if secret and len(secret.encode()) < 16:
+            raise ValueError("must be at least 16 characters")
         return value
 
     # ---- loading ---------------------------------------------------------------------------

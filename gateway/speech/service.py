@@ -252,16 +252,13 @@ class SpeechService:
         (the assembler uses it to queue a text's sentences in order)."""
         mk = self.master_key_for(req)
         found = await self.store.get(mk)
-        if found is not None:
+        decoded = None if found is None else await self._decode_stored(mk, found.entry, found.tier)
+        if found is not None and decoded is not None:
             if on_queued is not None:
                 on_queued()
-            loop = asyncio.get_running_loop()
-            pcm, src_rate = await loop.run_in_executor(
-                self._encode_pool, audio.decode_master, found.entry.audio
-            )
             if req.pinned and not found.entry.meta.pinned:
                 await self.store.put(mk, found.entry.pinned_copy())
-            return Audio(pcm, src_rate), "hit"
+            return decoded, "hit"
         if on_queued is not None and self._masters.running(mk):
             on_queued()  # joining a synthesis already queued
         stored, leader = await self._masters.do(
@@ -284,15 +281,28 @@ class SpeechService:
             return await produce()
         if on_queued is not None:
             on_queued()  # across replicas the order is not ours to keep: do not hold the rest
-        loop = asyncio.get_running_loop()
 
         async def adopt(entry: Entry) -> Audio:
+            decoded = await self._decode_stored(mk, entry, "redis")  # adopted from Redis
+            return decoded if decoded is not None else await produce()
+
+        return await self.cross_replica.run(mk, produce, adopt)
+
+    async def _decode_stored(self, mk: str, entry: Entry, tier: str) -> Audio | None:
+        """The PCM of stored master ``mk``, or None when it does not decode: then it is
+        deleted from every tier (counted as corrupt) so that it is synthesized anew, where it
+        once made every new format of its sentence a 500, even after Redis was flushed."""
+        loop = asyncio.get_running_loop()
+        try:
             pcm, rate = await loop.run_in_executor(
                 self._encode_pool, audio.decode_master, entry.audio
             )
-            return Audio(pcm, rate)
-
-        return await self.cross_replica.run(mk, produce, adopt)
+        except audio.UndecodableAudio as exc:
+            self.metrics.cache_lookups.labels(tier, "corrupt").inc()
+            log.warning("stored master deleted key=%s: %s", mk, exc)
+            await self.store.delete(mk)
+            return None
+        return Audio(pcm, rate)
 
     async def _synthesize(
         self, req: SpeechRequest, mk: str, on_queued: Callable[[], None] | None = None

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import io
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
-import soundfile as sf
 
 from cache.entry import Entry, EntryMeta
 from cache.keys import rendition_key
@@ -34,6 +33,8 @@ from gateway.memo import BoundedMemo
 from metrics import Metrics
 from synth import audio, sentences
 from synth.engine import Engine
+
+log = logging.getLogger("voxgate.speech.telephony")
 
 
 @dataclass(frozen=True)
@@ -219,13 +220,30 @@ class Transcoder:
                         loop.run_in_executor(self.encode_pool, audio.decode_master, p.audio)
                         for p in parts
                         if p is not None
-                    )
+                    ),
+                    return_exceptions=True,
                 )
-                rate = decoded[0][1]
-                joined = sentences.join([pcm for pcm, _ in decoded], rate, meta.pause_ms / 1000.0)
-                return joined, rate
+                # A master that does not decode is corrupt: deleted, so the next speech request
+                # for it synthesizes it anew (this one falls back as if it were gone).
+                bad = []
+                for k, d in zip(meta.parts, decoded, strict=True):
+                    if isinstance(d, audio.UndecodableAudio):
+                        bad.append(k)
+                    elif isinstance(d, BaseException):
+                        raise d
+                for k in bad:
+                    log.warning("stored master deleted key=%s: it does not decode", k)
+                    await self.store.delete(k)
+                if not bad:
+                    pcms = [d for d in decoded if not isinstance(d, BaseException)]
+                    rate = pcms[0][1]
+                    joined = sentences.join([pcm for pcm, _ in pcms], rate, meta.pause_ms / 1000.0)
+                    return joined, rate
         if meta.format in ("wav", "flac", "pcm"):
-            return await loop.run_in_executor(self.encode_pool, _decode_lossless, source)
+            try:
+                return await loop.run_in_executor(self.encode_pool, _decode_lossless, source)
+            except audio.UndecodableAudio:
+                log.warning("stored audio does not decode; treated as gone")
         raise MasterGone(
             "the masters of this audio are no longer stored and it is lossy: ask for it again "
             "through /v1/audio/speech or a say URL (that synthesizes it once more)",
@@ -238,5 +256,4 @@ def _decode_lossless(entry: Entry) -> tuple[audio.FloatPCM, int]:
     if entry.meta.format == "pcm":
         pcm = np.frombuffer(entry.audio, dtype="<i2").astype(np.float32) / np.float32(32768.0)
         return pcm, entry.meta.sample_rate
-    data, rate = sf.read(io.BytesIO(entry.audio), dtype="float32", always_2d=False)
-    return np.asarray(data, dtype=np.float32), int(rate)
+    return audio.decode_master(entry.audio)  # mono lossless audio, checked as a master is

@@ -1,0 +1,335 @@
+"""Issue 12, point 4 and acceptance 3: nothing in a cache tier decides what is served unless
+voxgate wrote it. Planted and replayed Redis values, hostile metadata, oversized replies, pinned
+flags from below, masters that do not decode and squatted locks, against a real redis-server and
+a real gateway on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+import tracemalloc
+import zlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from cache.disk import DiskTier
+from cache.distributed import CrossReplicaFlight
+from cache.entry import CorruptEntry, Entry, ForgedEntry
+from cache.memory import MemoryTier
+from cache.redis_tier import RedisTier
+from cache.store import TieredStore
+from gateway.http import keys
+from gateway.runtime.settings import Settings
+from metrics import Metrics
+from tests.conftest import GatewayFactory
+from tests.support import CACHE_SECRET, SECRET, CountingEngine, RedisServer
+
+KEY = "ab" * 32
+OTHER = "cd" * 32
+MIB = 1024 * 1024
+
+
+def wav_entry(audio: bytes = b"RIFF-audio" * 100, *, pinned: bool = False) -> Entry:
+    return Entry.create(
+        audio, content_type="audio/wav", fmt="wav", sample_rate=22050, model="piper", pinned=pinned
+    )
+
+
+def blob_with_meta(meta: dict[str, Any], audio: bytes = b"x" * 10) -> bytes:
+    raw = json.dumps(meta).encode()
+    return struct.pack(">I", len(raw)) + raw + audio
+
+
+@pytest.fixture
+async def tier(redis: RedisServer) -> AsyncIterator[RedisTier]:
+    t = await asyncio.to_thread(
+        RedisTier.from_url, redis.url, secret=SECRET, timeout_s=5.0, metrics=Metrics()
+    )
+    yield t
+    await t.close()
+
+
+def forged_values() -> list[bytes]:
+    """What someone who can write to Redis, without the cache secret, might plant."""
+    html = b"<script>alert(document.domain)</script>"
+    meta = {"content_type": "text/html", "format": "wav", "sample_rate": 22050, "checksum": ""}
+    blob = blob_with_meta(meta, html)
+    return [
+        html,  # raw bytes
+        blob,  # an unframed blob
+        b"VXR2" + struct.pack(">I", 0) + blob,  # an old CRC frame, CRC wrong
+        struct.pack(">4sI", b"VXR1", zlib.crc32(blob)) + blob,  # an old frame, CRC right
+        b"VXR3" + b"\0" * 32 + wav_entry().to_blob(),  # the new frame, a made-up tag
+    ]
+
+
+@pytest.mark.parametrize("which", range(5))
+async def test_a_planted_value_is_never_served(tier: RedisTier, which: int) -> None:
+    metrics = Metrics()
+    store = TieredStore([tier], metrics)
+    await tier.client.set(tier.entry_key(KEY), forged_values()[which])
+    assert await store.get(KEY) is None
+    forged = metrics.registry.get_sample_value(
+        "voxgate_cache_lookups_total", {"tier": "redis", "result": "forged"}
+    )
+    corrupt = metrics.registry.get_sample_value(
+        "voxgate_cache_lookups_total", {"tier": "redis", "result": "corrupt"}
+    )
+    assert (forged or 0) + (corrupt or 0) == 1
+    assert await tier.client.exists(tier.entry_key(KEY)) == 0  # deleted
+
+
+async def test_a_value_moved_to_another_key_is_refused(tier: RedisTier) -> None:
+    """The tag covers the key: a genuine value replayed under another address is a forgery."""
+    stored = wav_entry()
+    await tier.put(KEY, stored)
+    genuine = await tier.client.get(tier.entry_key(KEY))
+    await tier.client.set(tier.entry_key(OTHER), genuine)
+    assert await tier.get(KEY) == stored
+    with pytest.raises(ForgedEntry):
+        await tier.get(OTHER)
+
+
+async def test_another_secret_cannot_write_values_this_one_reads(redis: RedisServer) -> None:
+    other = RedisTier.from_url(redis.url, secret=b"another-secret-of-32-characters!")
+    mine = RedisTier.from_url(redis.url, secret=SECRET)
+    try:
+        await other.put(KEY, wav_entry())
+        with pytest.raises(ForgedEntry):
+            await mine.get(KEY)
+    finally:
+        await other.close()
+        await mine.close()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"content_type": ["text/html"]},
+        {"format": "<script>"},
+        {"sample_rate": 10**400},
+        {"sample_rate": "22050"},
+        {"sample_rate": True},
+        {"voice": "v" * 100_000},
+        {"pinned": "yes"},
+        {"created": float("nan")},
+        {"parts": ["ab" * 32] * 5000},
+        {"parts": [{"k": 1}]},
+        {"master": "../../etc/passwd"},
+        {"unknown_field": 1},
+    ],
+)
+def test_metadata_types_and_sizes_are_checked_on_read(bad: dict[str, Any]) -> None:
+    meta = {"content_type": "audio/wav", "format": "wav", "sample_rate": 22050, "checksum": ""}
+    with pytest.raises(CorruptEntry):
+        Entry.from_blob(blob_with_meta({**meta, **bad}), verify=False)
+    Entry.from_blob(blob_with_meta(meta), verify=False)  # the same without it reads
+
+
+@pytest.mark.parametrize("lean", [True, False])
+async def test_a_value_over_the_entry_bound_is_refused(redis: RedisServer, lean: bool) -> None:
+    """``redis_max_entry_mb`` holds on reads; the lean reader refuses before it allocates."""
+    t = RedisTier.from_url(redis.url, secret=SECRET, max_entry_bytes=MIB, lean_reads=lean)
+    try:
+        await t.put(KEY, wav_entry(b"s" * 1000))
+        await t.client.set(t.entry_key(OTHER), b"VXR3" + b"\0" * (3 * MIB))
+        tracemalloc.start()
+        try:
+            with pytest.raises(CorruptEntry, match=r"over redis_max_entry_mb|larger than"):
+                await t.get(OTHER)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        if lean:
+            assert peak < MIB, peak  # never a buffer of the declared size
+        # The connection is still in step: the next GET on it answers.
+        got = await t.get(KEY)
+        assert got is not None and got.audio == b"s" * 1000
+    finally:
+        await t.close()
+
+
+async def test_pinned_from_below_never_passes_an_upper_bound(
+    tier: RedisTier, tmp_path: Any
+) -> None:
+    """An 8 MiB entry flagged pinned in Redis once entered a 1 MiB memory tier on promotion."""
+    memory = MemoryTier(MIB)
+    disk = await asyncio.to_thread(DiskTier, tmp_path / "disk", 2 * MIB)
+    store = TieredStore([memory, disk, tier], Metrics())
+    tier.max_entry_bytes = 16 * MIB
+    big = wav_entry(b"p" * (8 * MIB), pinned=True)
+    await tier.put(KEY, big)
+    found = await store.get(KEY)
+    assert found is not None and found.tier == "redis" and found.entry.audio == big.audio
+    await store.drain()
+    assert (await memory.stats()).bytes <= MIB
+    assert memory.get_nowait(KEY) is None
+    assert (await disk.stats()).pinned == 0  # over the disk's pinned quota: stored evictable
+    small = wav_entry(b"q" * 1000, pinned=True)
+    await store.put(OTHER, small)  # a pinned entry within the bounds is kept, and pinned
+    assert memory.get_nowait(OTHER) == small
+    assert (await disk.stats()).pinned == 1
+    await disk.close()
+
+
+async def test_a_squatted_lock_does_not_stall_a_miss(tier: RedisTier) -> None:
+    """A lock key no replica wrote (no TTL, or a value without a valid tag) is removed at the
+    first poll and taken, where a miss once waited ``redis_lock_wait_s`` behind it."""
+    metrics = Metrics()
+    flight = CrossReplicaFlight(tier, lock_ttl_s=30, max_wait_s=30, metrics=metrics)
+    made: list[str] = []
+
+    async def produce() -> str:
+        made.append("here")
+        return "made"
+
+    async def adopt(entry: Entry) -> str:
+        return "adopted"
+
+    squats = [
+        ("junk", None),  # a value, no TTL
+        ("junk", 20_000),  # a value with a TTL
+        (tier.seal.lock_token(flight.lock_key(KEY)), None),  # a real token, no TTL
+        (tier.seal.lock_token(flight.lock_key(OTHER)), 20_000),  # another key's token
+    ]
+    loop = asyncio.get_running_loop()
+    for value, px in squats:
+        made.clear()
+        await tier.client.set(flight.lock_key(KEY), value, px=px)
+        started = loop.time()
+        assert await flight.run(KEY, produce, adopt) == "made"
+        assert loop.time() - started < 5  # one poll, not the 30 s wait
+        assert made == ["here"]
+    assert metrics.redis_locks.labels("squatted")._value.get() == len(squats)
+    assert await tier.client.exists(flight.lock_key(KEY)) == 0  # released after
+
+
+async def test_a_replicas_lock_is_still_waited_for(tier: RedisTier) -> None:
+    """A genuine lock (a valid token and a TTL within lock_ttl_s) is not taken as a squat."""
+    metrics = Metrics()
+    holder = CrossReplicaFlight(tier, lock_ttl_s=5, metrics=Metrics())
+    waiter = CrossReplicaFlight(tier, lock_ttl_s=5, max_wait_s=20, metrics=metrics)
+    release = asyncio.Event()
+
+    async def produce_slowly() -> str:
+        await release.wait()
+        await tier.put(KEY, wav_entry())
+        return "holder"
+
+    async def adopt(entry: Entry) -> str:
+        return "adopted"
+
+    async def never() -> str:
+        raise AssertionError("the waiter must not produce")
+
+    started = asyncio.Event()
+
+    async def produce_when_released() -> str:
+        started.set()  # the holder has the lock now
+        return await produce_slowly()
+
+    held = asyncio.ensure_future(holder.run(KEY, produce_when_released, adopt))
+    await started.wait()
+    waiting = asyncio.ensure_future(waiter.run(KEY, never, adopt))
+    await asyncio.sleep(0.3)  # several polls: it keeps waiting
+    assert not waiting.done()
+    release.set()
+    assert await held == "holder"
+    assert await waiting == "adopted"
+    assert metrics.redis_locks.labels("squatted")._value.get() == 0
+
+
+# ---- through the gateway ------------------------------------------------------------------
+
+
+def speech(text: str, fmt: str = "wav") -> dict[str, Any]:
+    return {"model": "tts-1", "input": text, "voice": "alloy", "response_format": fmt}
+
+
+async def test_a_planted_value_under_a_served_key_is_never_sent(
+    gateway: GatewayFactory, settings: Settings, redis: RedisServer
+) -> None:
+    """Acceptance 3: replica A synthesizes a text; a value planted under its key (a script, as
+    HTML) is served by replica B (no local tiers: everything from Redis) neither by
+    ``GET /v1/audio/{key}`` nor by the speech endpoint."""
+    shared = settings.replace(redis_url=redis.url, cache_secret=CACHE_SECRET)
+    a = await gateway(settings=shared)
+    b_metrics = Metrics()
+    b = await gateway(
+        settings=shared.replace(memory_cache_mb=0, disk_cache_mb=0, cache_dir=settings.cache_dir),
+        metrics=b_metrics,
+    )
+    made = await a.post("/v1/audio/speech", json=speech("Thank you for calling."))
+    assert made.status == 200
+    key, audio = made.headers["X-Audio-Key"], await made.read()
+    tier = a.app[keys.STORE].tiers[-1]
+    assert isinstance(tier, RedisTier)
+    for value in forged_values():
+        await tier.client.set(tier.entry_key(key), value)
+        got = await b.get(f"/v1/audio/{key}")
+        assert got.status == 404
+        assert b"script" not in await got.read()
+        await tier.client.set(tier.entry_key(key), value)
+        spoken = await b.post("/v1/audio/speech", json=speech("Thank you for calling."))
+        assert spoken.status == 200 and spoken.content_type == "audio/wav"
+        assert (await spoken.read())[:4] == b"RIFF" == audio[:4]  # audio B made anew
+    forged = b_metrics.registry.get_sample_value(
+        "voxgate_cache_lookups_total", {"tier": "redis", "result": "forged"}
+    )
+    assert forged is not None and forged >= 6
+
+
+async def test_content_type_comes_from_the_stored_format(gateway: GatewayFactory) -> None:
+    """Even an entry voxgate itself holds is served with its format's type, never the stored
+    content_type text."""
+    client = await gateway()
+    store = client.app[keys.STORE]
+    entry = Entry.create(
+        b"RIFF....WAVE", content_type="text/html", fmt="wav", sample_rate=22050, model="piper"
+    )
+    await store.put(KEY, entry)
+    got = await client.get(f"/v1/audio/{KEY}")
+    assert got.status == 200
+    assert got.headers["Content-Type"] == "audio/wav"
+    odd = Entry.create(b"<b>", content_type="text/html", fmt="html", sample_rate=22050)
+    await store.put(OTHER, odd)
+    assert (await client.get(f"/v1/audio/{OTHER}")).status == 404  # unknown format: deleted
+    assert await store.get(OTHER) is None
+
+
+async def test_a_master_that_does_not_decode_is_synthesized_again(
+    gateway: GatewayFactory, counting_engine: CountingEngine, metrics: Metrics
+) -> None:
+    """A master that passes its checksum but is no audio once made every new format of its
+    sentence a 500: now it is deleted and synthesized anew."""
+    client = await gateway()
+    store = client.app[keys.STORE]
+    text = "Your call is important to us."
+    first = await client.post("/v1/audio/speech", json=speech(text))
+    assert first.status == 200
+    rendition = await store.get(first.headers["X-Audio-Key"])
+    assert rendition is not None
+    (master_key,) = rendition.entry.meta.parts
+    garbage = Entry.create(b"not flac at all", content_type="audio/flac", fmt="flac", sample_rate=1)
+    await store.put(master_key, garbage)
+    before = counting_engine.items
+    again = await client.post("/v1/audio/speech", json=speech(text, "mp3"))
+    assert again.status == 200 and again.content_type == "audio/mpeg"
+    assert len(await again.read()) > 1000
+    assert counting_engine.items == before + 1  # synthesized once more
+    master = await store.get(master_key)
+    assert master is not None and master.entry.audio != garbage.audio
+    corrupt = sum(
+        s.value
+        for s in metrics.cache_lookups.collect()[0].samples
+        if s.labels.get("result") == "corrupt" and s.name.endswith("_total")
+    )
+    assert corrupt >= 1
+    # The telephony path (another encoding of the stored rendition) copes too.
+    await store.put(master_key, garbage)
+    key = first.headers["X-Audio-Key"]
+    ulaw = await client.get(f"/v1/audio/{key}.ulaw")
+    assert ulaw.status < 500
