@@ -18,7 +18,7 @@ from gateway.runtime.ratelimit import KeyLimits, limits_storage_uri
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 from tests.conftest import GatewayFactory
-from tests.support import RedisServer, free_port
+from tests.support import CACHE_SECRET, RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEAK_SECRET = "speak-secret-0123456789-abcdefghijklmnop"
@@ -292,7 +292,9 @@ async def test_two_replicas_sharing_redis_spend_one_budget(
     path = write_keys(
         tmp_path / "keys.toml", key_table("shared", SPEAK_SECRET, ["speak"], requests_per_minute=6)
     )
-    shared = settings.replace(api_keys_file=str(path), redis_url=redis.url)
+    shared = settings.replace(
+        api_keys_file=str(path), redis_url=redis.url, cache_secret=CACHE_SECRET
+    )
     replicas = [
         await gateway(settings=shared.replace(cache_dir=str(tmp_path / f"cache{i}")))
         for i in range(2)
