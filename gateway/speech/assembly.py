@@ -51,7 +51,7 @@ class Production:
     req: SpeechRequest
     rate: int
     parts: asyncio.Future[list[asyncio.Future[Audio]]]
-    result: asyncio.Task[tuple[Entry, bool]] | None = None
+    result: asyncio.Task[tuple[Entry, str]] | None = None
     # Readers and whole-answer waiters following this production; at 0 it is abandoned.
     waiters: int = 0
     # One event per sentence, set once it is answered from the store or queued for synthesis.
@@ -62,7 +62,7 @@ class Production:
         """The per-sentence futures (await each through :func:`asyncio.shield`)."""
         return await asyncio.shield(self.parts)
 
-    async def entry(self) -> tuple[Entry, bool]:
+    async def entry(self) -> tuple[Entry, str]:
         """Wait for the finished, stored rendition (a cancelled waiter does not cancel it)."""
         assert self.result is not None
         return await asyncio.shield(self.result)
@@ -155,7 +155,7 @@ class Assembler:
         prod.result.add_done_callback(functools.partial(self._finished, key, prod))
         return prod, True
 
-    def _finished(self, key: str, prod: Production, task: asyncio.Task[tuple[Entry, bool]]) -> None:
+    def _finished(self, key: str, prod: Production, task: asyncio.Task[tuple[Entry, str]]) -> None:
         if self._inflight.get(key) is prod:
             del self._inflight[key]
         # Consume outcomes nobody awaited (every reader gone) so asyncio does not warn about them.
@@ -199,8 +199,10 @@ class Assembler:
             if prod.result is not None:
                 prod.result.cancel()
 
-    async def produce(self, req: SpeechRequest, key: str, rate: int) -> tuple[Entry, bool]:
-        """Make (or join the making of) rendition ``key`` and return ``(entry, synthesized)``."""
+    async def produce(self, req: SpeechRequest, key: str, rate: int) -> tuple[Entry, str]:
+        """Make (or join the making of) rendition ``key`` and return ``(entry, outcome)``: the
+        outcome is ``"miss"`` when a sentence was synthesized for it here, ``"coalesced"`` when
+        one came from a synthesis another replica ran, else ``"hit"`` (stored masters)."""
         prod, _ = self.production(req, key, rate)
         self._join(prod)
         try:
@@ -237,7 +239,7 @@ class Assembler:
             _release=functools.partial(self._leave, prod),
         )
 
-    async def _run(self, prod: Production) -> tuple[Entry, bool]:
+    async def _run(self, prod: Production) -> tuple[Entry, str]:
         req = prod.req
         loop = asyncio.get_running_loop()
         try:
@@ -286,6 +288,7 @@ class Assembler:
             self.encode_pool, audio.render, pcm, rate_in, req.fmt, prod.rate
         )
         synthesized = "miss" in outcomes
+        outcome = "miss" if synthesized else "coalesced" if "coalesced" in outcomes else "hit"
         if not synthesized:
             self.metrics.transcodes.labels(req.fmt.name).inc()
         # The rendition names its masters, so another encoding of it is a transcode of them
@@ -303,7 +306,7 @@ class Assembler:
             log.debug(
                 "assembled key=%s sentences=%d synthesized=%s", prod.key, len(texts), synthesized
             )
-        return entry, synthesized
+        return entry, outcome
 
 
 def _consume(fut: asyncio.Future[Any]) -> None:

@@ -81,8 +81,9 @@ class SpeechService:
         self.models = dict(models)
         self.metrics = metrics
         # Cancelled once every waiter is gone, so the production below learns nobody waits.
-        self._renditions: SingleFlight[tuple[Entry, bool]] = SingleFlight(cancel_abandoned=True)
-        self._masters: SingleFlight[Audio] = SingleFlight()
+        self._renditions: SingleFlight[tuple[Entry, str]] = SingleFlight(cancel_abandoned=True)
+        # A master and whether this replica made it (False: adopted from another's synthesis).
+        self._masters: SingleFlight[tuple[Audio, bool]] = SingleFlight()
         # Set when Redis is configured (issue 4): one replica of many synthesizes each master.
         self.cross_replica: CrossReplicaFlight | None = None
         # Set with API keys on (issue 12): called with a sentence's length before it is queued
@@ -220,15 +221,17 @@ class SpeechService:
                 entry = entry.pinned_copy()
                 await self.store.put(rk, entry)
             return SpeechResult(entry, rk, "hit")
-        (entry, synthesized), leader = await self._renditions.do(
+        (entry, outcome), leader = await self._renditions.do(
             rk, lambda: self._produce(req, mk, rk, rate)
         )
-        if not leader:
+        if not leader or outcome == "coalesced":
+            # Waited for a synthesis another request (here) or another replica (through Redis)
+            # ran: not a synthesis for this response, and only one response says MISS.
             self.metrics.coalesced.inc()
             return SpeechResult(entry, rk, "coalesced")
-        return SpeechResult(entry, rk, "miss" if synthesized else "hit")
+        return SpeechResult(entry, rk, outcome)
 
-    async def _produce(self, req: SpeechRequest, mk: str, rk: str, rate: int) -> tuple[Entry, bool]:
+    async def _produce(self, req: SpeechRequest, mk: str, rk: str, rate: int) -> tuple[Entry, str]:
         """Make the rendition ``rk`` from its sentences' masters (stored ones are transcoded, the
         others synthesized concurrently); see :mod:`gateway.speech.assembly`."""
         return await self.assembler.produce(req, rk, rate)
@@ -261,30 +264,31 @@ class SpeechService:
             return decoded, "hit"
         if on_queued is not None and self._masters.running(mk):
             on_queued()  # joining a synthesis already queued
-        stored, leader = await self._masters.do(
+        (stored, made_here), leader = await self._masters.do(
             mk, lambda: self._synthesize_once(req, mk, on_queued)
         )
-        return stored, "miss" if leader else "coalesced"
+        return stored, "miss" if leader and made_here else "coalesced"
 
     async def _synthesize_once(
         self, req: SpeechRequest, mk: str, on_queued: Callable[[], None] | None = None
-    ) -> Audio:
+    ) -> tuple[Audio, bool]:
         """Master ``mk`` as stored, synthesized once; once across all replicas when Redis is
         configured (issue 4): another replica's master is adopted from Redis, decoded exactly as
-        :func:`audio.as_stored` renders a fresh one, so every replica sends the same bytes."""
+        :func:`audio.as_stored` renders a fresh one, so every replica sends the same bytes.
+        The flag is True when this replica synthesized it, False when it was adopted."""
 
-        async def produce() -> Audio:
+        async def produce() -> tuple[Audio, bool]:
             result = await self._synthesize(req, mk, on_queued)
-            return Audio(audio.as_stored(result.pcm), result.sample_rate)
+            return Audio(audio.as_stored(result.pcm), result.sample_rate), True
 
         if self.cross_replica is None:
             return await produce()
         if on_queued is not None:
             on_queued()  # across replicas the order is not ours to keep: do not hold the rest
 
-        async def adopt(entry: Entry) -> Audio:
+        async def adopt(entry: Entry) -> tuple[Audio, bool]:
             decoded = await self._decode_stored(mk, entry, "redis")  # adopted from Redis
-            return decoded if decoded is not None else await produce()
+            return (decoded, False) if decoded is not None else await produce()
 
         return await self.cross_replica.run(mk, produce, adopt)
 
