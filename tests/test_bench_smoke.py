@@ -145,3 +145,29 @@ def test_soak_bench_runs_every_kind_of_load_for_a_few_seconds(tmp_path: Path) ->
     assert all(s["processes"] >= 2 and s["rss_mb"] > 0 and s["fds"] > 0 for s in samples)
     assert "rss_growth_pct" in result["steady_state"]
     assert result["tracebacks_in_server_log"] == 0
+
+
+@pytest.mark.slow
+def test_vs_nginx_bench_tiny(tmp_path: Path) -> None:
+    """bench/vs_nginx.py end to end at tiny sizes: nginx + the seed service and voxgate each
+    answer a cold then warm Zipf load, and voxgate synthesizes each one-sentence prompt once."""
+    from bench import vs_nginx
+
+    assert Path(vs_nginx.NGINX).is_file(), "nginx missing: bash .ci/install installs nginx-light"
+    assert shutil.which("wrk") is not None, "wrk missing: bash .ci/install installs it"
+    prompts = vs_nginx.ivr_prompts(12)
+    assert len(set(prompts)) == 12 and all(p.count(".") == 1 for p in prompts)
+    args = argparse.Namespace(prompts=12, cold_s=2.0, warm_s=1.0, clients=4, skip_workers=True)
+    report = vs_nginx.run(args, tmp_path)
+    res = report["results"]
+    assert set(res) == {"nginx_seed", "voxgate"}
+    for r in res.values():
+        assert r["warm"]["rps"] > 0 and r["warm"]["p99_ms"] > 0
+        # Every prompt was fetched once after the cold phase: each was synthesized at least once.
+        assert r["syntheses"] >= 12
+    assert res["voxgate"]["syntheses"] == 12  # one master per prompt, never twice
+    assert "synthesis processes per model" in res["voxgate"]["topology"]
+    s = report["summary"]
+    assert s["warm_qps_ratio"] == round(
+        res["voxgate"]["warm"]["rps"] / res["nginx_seed"]["warm"]["rps"], 3
+    )
