@@ -101,6 +101,10 @@ class EntryMeta:
     (``GET /v1/audio/{key}.{ext}``), never a synthesis: ``master`` is the format-free address of
     the whole text (its rendition keys derive from it), ``parts`` the stored master of each
     sentence in order, joined with ``pause_ms`` of silence. Empty for masters and older entries.
+    ``gaps_ms``, when not empty, replaces ``pause_ms``: the exact silence before each part and
+    after the last (an SSML expansion's breaks), and ``trims`` which of those gaps take the
+    edge silence off the parts beside them (:func:`synth.sentences.join_gaps`). Both are left
+    out of the blob when empty, so entries of plain text are stored exactly as before.
     """
 
     content_type: str
@@ -115,11 +119,17 @@ class EntryMeta:
     master: str = ""
     parts: tuple[str, ...] = ()
     pause_ms: int = 0
+    gaps_ms: tuple[int, ...] = ()
+    trims: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         # JSON gives a list back; keep the frozen value hashable and equal to what was stored.
         if not isinstance(self.parts, tuple):
             object.__setattr__(self, "parts", tuple(self.parts))
+        if not isinstance(self.gaps_ms, tuple):
+            object.__setattr__(self, "gaps_ms", tuple(self.gaps_ms))
+        if not isinstance(self.trims, tuple):
+            object.__setattr__(self, "trims", tuple(self.trims))
 
 
 _META_FIELDS = frozenset(EntryMeta.__dataclass_fields__)
@@ -147,6 +157,8 @@ class Entry:
         master: str = "",
         parts: tuple[str, ...] = (),
         pause_ms: int = 0,
+        gaps_ms: tuple[int, ...] = (),
+        trims: tuple[bool, ...] = (),
     ) -> Entry:
         """Build an entry, computing its checksum."""
         meta = EntryMeta(
@@ -161,6 +173,8 @@ class Entry:
             master=master,
             parts=parts,
             pause_ms=pause_ms,
+            gaps_ms=gaps_ms,
+            trims=trims,
         )
         return cls(audio=audio, meta=meta)
 
@@ -180,7 +194,11 @@ class Entry:
 
     def to_blob(self) -> bytes:
         """Serialize for a byte-oriented tier."""
-        meta = json.dumps(asdict(self.meta), separators=(",", ":")).encode()
+        fields = asdict(self.meta)
+        for name in ("gaps_ms", "trims"):
+            if not fields[name]:
+                del fields[name]  # plain text's blobs stay readable by earlier versions
+        meta = json.dumps(fields, separators=(",", ":")).encode()
         return _LEN.pack(len(meta)) + meta + self.audio
 
     @classmethod

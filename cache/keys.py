@@ -13,7 +13,7 @@ import hashlib
 import json
 import re
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 # Bump when the canonical encoding or the normalization changes: old entries then stop matching
@@ -46,13 +46,16 @@ def master_key(
     voice: str,
     fingerprint: str,
     params: Mapping[str, ParamValue],
+    expansion: Sequence[Sequence[object]] = (),
 ) -> str:
     """Key of the canonical (format-free) rendering: the engine's own PCM at its own rate.
 
     ``text`` must already be normalized with :func:`normalize_text`; ``fingerprint`` identifies the
-    model weights and config, so a new model never serves old audio.
+    model weights and config, so a new model never serves old audio. ``expansion`` is an SSML
+    expansion's segments (words, pause, rate, phonemes) when plain text cannot stand for it; it
+    joins the material only then, so plain text keeps the address it always had.
     """
-    material = {
+    material: dict[str, object] = {
         "v": KEY_SCHEMA_VERSION,
         "kind": "master",
         "text": text,
@@ -61,6 +64,8 @@ def master_key(
         "fingerprint": fingerprint,
         "params": dict(params),
     }
+    if expansion:
+        material["expansion"] = [list(segment) for segment in expansion]
     return hashlib.blake2b(_canonical(material), digest_size=32).hexdigest()
 
 

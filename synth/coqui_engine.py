@@ -302,6 +302,10 @@ class CoquiEngine:
     def synthesize_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]:
         if self._synth is None:
             raise EngineError("coqui engine used before load()")
+        if any(item.phonemes for item in items):
+            # The gateway refuses SSML <phoneme> for engines without takes_phonemes; this is
+            # the engine's own guard.
+            raise EngineError("the coqui engine takes text, not phonemes")
         if not items:
             return []
         for item in items:

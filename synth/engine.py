@@ -21,10 +21,12 @@ class SynthesisItem:
     voice: str
     speed: float = 1.0
     params: Mapping[str, ParamValue] = field(default_factory=dict)
+    # ``text`` is IPA phonemes (SSML ``<phoneme>``), for engines whose ``takes_phonemes`` is true.
+    phonemes: bool = False
 
     def batch_group(self) -> tuple[object, ...]:
         """Items with the same group can share one engine batch."""
-        return (self.voice, self.speed, tuple(sorted(self.params.items())))
+        return (self.voice, self.speed, tuple(sorted(self.params.items())), self.phonemes)
 
 
 @dataclass(frozen=True)

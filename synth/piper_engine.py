@@ -60,6 +60,8 @@ class PiperEngine:
     """
 
     name = "piper"
+    # Piper's ONNX graph takes phoneme ids: IPA (SSML <phoneme>) skips espeak-ng's phonemizer.
+    takes_phonemes = True
 
     def __init__(
         self,
@@ -142,7 +144,9 @@ class PiperEngine:
             noise_scale=float(params["noise_scale"]),
             noise_w_scale=float(params["noise_w"]),
         )
-        chunks = list(self._runs(voice, item.text, config, item.speed))
+        ipa = item.phonemes
+        sentences = [self._ipa(voice, item.text)] if ipa else voice.phonemize(item.text)
+        chunks = list(self._runs(voice, sentences, config, item.speed))
         if not chunks:
             raise UnspeakableInput(
                 "the voice produced no audio for this input: it has nothing to speak"
@@ -153,12 +157,27 @@ class PiperEngine:
         return Audio(pcm, self.sample_rate)
 
     @staticmethod
-    def _runs(voice: Any, text: str, config: Any, speed: float) -> Iterator[np.ndarray[Any, Any]]:
-        """Audio of ``text`` as ``PiperVoice.synthesize`` makes it (one run per espeak sentence,
-        each peak-normalized and clipped), except that a sentence of more phonemes than one run
-        may take is cut between words into several runs."""
+    def _ipa(voice: Any, ipa: str) -> list[str]:
+        """IPA as the voice's phonemes, one per code point (as Piper reads its own ``[[ ]]``
+        blocks); a symbol the voice has no id for is refused rather than silently dropped."""
+        phonemes = list(ipa)
+        known = voice.config.phoneme_id_map
+        missing = {p for p in phonemes if p not in known}
+        if missing:
+            raise UnspeakableInput(
+                f"<phoneme>: {len(missing)} IPA symbol(s) are not in this voice's phoneme set"
+            )
+        return phonemes
+
+    @staticmethod
+    def _runs(
+        voice: Any, sentences: list[list[str]], config: Any, speed: float
+    ) -> Iterator[np.ndarray[Any, Any]]:
+        """Audio of phonemized ``sentences`` as ``PiperVoice.synthesize`` makes it (one run per
+        espeak sentence, each peak-normalized and clipped), except that a sentence of more
+        phonemes than one run may take is cut between words into several runs."""
         limit = max(MIN_RUN_PHONEMES, round(MAX_RUN_PHONEMES * min(1.0, speed)))
-        for phonemes in voice.phonemize(text):
+        for phonemes in sentences:
             for run in _bounded_runs(phonemes, limit):
                 audio = voice.phoneme_ids_to_audio(voice.phonemes_to_ids(run), config)
                 peak = np.max(np.abs(audio)) if audio.size else 0.0

@@ -29,6 +29,8 @@ class CountingEngine:
         self.name = inner.name
         self.fingerprint = inner.fingerprint
         self.sample_rate = inner.sample_rate
+        # Piper takes phonemes (SSML <phoneme>); the wrapper passes that on.
+        self.takes_phonemes = bool(getattr(inner, "takes_phonemes", False))
         self.items = 0
         self.batches = 0
         self.texts: list[str] = []

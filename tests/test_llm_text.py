@@ -98,7 +98,7 @@ async def test_front_end_runs_off_the_event_loop(
     """Markdown parsing of a long hostile text takes tens of milliseconds: never on the loop."""
     threads: list[str] = []
 
-    def recording(text: str) -> str:
+    def recording(text: str, language: str) -> str:
         threads.append(threading.current_thread().name)
         return speakable(text)
 

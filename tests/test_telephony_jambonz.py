@@ -111,10 +111,33 @@ async def test_unknown_voice_is_the_default_or_a_400_by_setting(
     assert error["param"] == "voice" and "nobody" in error["message"]
 
 
+async def test_ssml_type_goes_to_the_ssml_front_end(
+    gateway: GatewayFactory, counting_engine: CountingEngine
+) -> None:
+    """jambonz sends type "ssml" for a <speak> text (issue 14, point 7): it is expanded, so a
+    document that is just words shares plain text's audio, and a break makes other audio."""
+    client = await gateway()
+    plain = await client.post("/v1/jambonz/tts", json=jambonz_body("Hello."))
+    assert plain.status == 200
+    wrapped = await client.post("/v1/jambonz/tts", json=jambonz_body("<speak>Hello.</speak>"))
+    assert wrapped.status == 200
+    assert wrapped.headers["X-Audio-Key"] == plain.headers["X-Audio-Key"]
+    assert await wrapped.read() == await plain.read()
+    assert counting_engine.items == 1
+    paused = await client.post(
+        "/v1/jambonz/tts", json=jambonz_body('<speak>Hello.<break time="1s"/></speak>')
+    )
+    assert paused.status == 200
+    assert paused.headers["X-Audio-Key"] != plain.headers["X-Audio-Key"]
+    assert len(await paused.read()) > len(await plain.read())
+    assert counting_engine.items == 1  # the same sentence, one second of silence more
+
+
 @pytest.mark.parametrize(
     ("body", "fragment"),
     [
-        (jambonz_body("<speak>Hello.</speak>"), "type 'ssml' is not supported yet"),
+        (jambonz_body("<speak><foo/>Hello.</speak>"), "unsupported tag <foo>"),
+        ({"text": "1 < 2", "type": "ssml"}, "not well-formed XML"),
         ({"voice": "joe", "type": "text"}, "missing required field 'text'"),
         ({"text": "Hi.", "type": "html"}, "unsupported type 'html'"),
         ({"text": "   ", "type": "text"}, "'text' is empty"),

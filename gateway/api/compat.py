@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.api.models import MAX_SPEED, MIN_SPEED, models_for
-from gateway.api.parsing import resolve_format, resolve_model, resolve_voice, validate_text
+from gateway.api.parsing import resolve_format, resolve_model, resolve_voice, speech_text
 from gateway.errors import BadRequest, clip
 from gateway.runtime.settings import Settings
 from gateway.speech.request import SpeechRequest
@@ -76,10 +76,12 @@ def parse_coqui(
     """
     fields = models_for(settings).coqui.check(values)
     model = resolve_model(settings.default_model, settings, speech)
-    text = validate_text(fields.text, settings, param="text")
     voice = _voice(fields.speaker_id.strip(), model, "speaker_id", settings, speech)
     check_language(fields.language_id, model, voice, speech)
-    return SpeechRequest(text=text, model=model, voice=voice, fmt=audio.FORMATS["wav"])
+    text, segments = speech_text(fields.text, settings, speech, model, voice, param="text")
+    return SpeechRequest(
+        text=text, model=model, voice=voice, fmt=audio.FORMATS["wav"], segments=segments
+    )
 
 
 def parse_synthesize(
@@ -88,8 +90,8 @@ def parse_synthesize(
     """A :class:`SpeechRequest` for ``GET /synthesize?text=...&speaker=...&model=...&format=...``."""
     fields = models_for(settings).synthesize.check(query)
     model = resolve_model(fields.model or settings.default_model, settings, speech)
-    text = validate_text(fields.text, settings, param="text")
     voice = _voice(fields.speaker, model, "speaker", settings, speech)
+    text, segments = speech_text(fields.text, settings, speech, model, voice, param="text")
     try:
         fmt = resolve_format(fields.format)
     except BadRequest as exc:
@@ -101,6 +103,7 @@ def parse_synthesize(
         fmt=fmt,
         speed=fields.speed,
         sample_rate=fields.sample_rate,
+        segments=segments,
     )
 
 
@@ -155,8 +158,8 @@ def parse_piper(
     content address, on voices whose engine has them, and are refused on others.
     """
     fields = models_for(settings).piper.check(values)
-    text = validate_text(fields.text, settings, param="text")
     model, voice = find_voice(fields.voice, settings, speech)
+    text, segments = speech_text(fields.text, settings, speech, model, voice, param="text")
     check_speaker(fields.speaker, fields.speaker_id, voice)
     defaults = speech.models[model].engine.default_params(voice)
     speed = 1.0
@@ -191,4 +194,5 @@ def parse_piper(
         fmt=audio.FORMATS["wav"],
         speed=speed,
         params=tuple(sorted(params.items())),
+        segments=segments,
     )

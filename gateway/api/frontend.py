@@ -7,7 +7,11 @@ text, is the content address: two replies that differ only in markup share one e
 - ``none``: the text as it is;
 - ``llm``: a language model's Markdown reply as plain words (:mod:`gateway.api.llmtext`).
 
-Issue 16 adds its front ends (numbers, SSML) here, in this table.
+- ``numbers``: numbers, amounts, dates, times and phone numbers as words, in the voice's
+  language (:mod:`gateway.api.normalize`).
+
+SSML is not a mode: a text that starts with ``<speak`` is a document (:mod:`gateway.api.ssml`),
+whatever the mode; ``numbers`` also applies to its words.
 """
 
 from __future__ import annotations
@@ -15,19 +19,27 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gateway.api.llmtext import speakable
+from gateway.api.normalize import normalize_numbers
 
 
-def _as_is(text: str) -> str:
+def _as_is(text: str, language: str) -> str:
     return text
 
 
-FRONT_ENDS: dict[str, Callable[[str], str]] = {
+def _llm(text: str, language: str) -> str:
+    return speakable(text)
+
+
+# front end(text, num2words language of the voice) -> text
+FRONT_ENDS: dict[str, Callable[[str, str], str]] = {
     "none": _as_is,
-    "llm": speakable,
+    "llm": _llm,
+    "numbers": normalize_numbers,
 }
 NORMALIZE_MODES = tuple(FRONT_ENDS)
 
 
-def front_end(text: str, mode: str) -> str:
-    """``text`` through the front end ``mode`` (one of :data:`NORMALIZE_MODES`)."""
-    return FRONT_ENDS[mode](text)
+def front_end(text: str, mode: str, language: str = "") -> str:
+    """``text`` through the front end ``mode`` (one of :data:`NORMALIZE_MODES`); ``language``
+    is the voice's num2words language (:func:`gateway.api.normalize.language_of`)."""
+    return FRONT_ENDS[mode](text, language)

@@ -14,7 +14,7 @@ from typing import Any
 
 from gateway.api.compat import default_voice
 from gateway.api.models import models_for
-from gateway.api.parsing import resolve_model, resolve_voice, validate_text
+from gateway.api.parsing import resolve_model, resolve_voice, speech_text
 from gateway.errors import BadRequest
 from gateway.runtime.settings import Settings
 from gateway.speech.request import SpeechRequest
@@ -58,20 +58,21 @@ def jambonz_voice(
 def parse_jambonz(body: dict[str, Any], settings: Settings, speech: SpeechService) -> SpeechRequest:
     """The request for a jambonz custom-vendor body, in the encoding ``jambonz_content_type``
     names."""
-    if body.get("type") == "ssml":
-        raise BadRequest(
-            "type 'ssml' is not supported yet: send plain text (jambonz sends ssml when the "
-            "text starts with <speak>)",
-            param="type",
-            code="ssml_unsupported",
-        )
     fields = models_for(settings).jambonz.check(body)
     model = resolve_model(settings.default_model, settings, speech)
-    text = validate_text(fields.text, settings, param="text")
     voice = jambonz_voice(fields.voice, fields.language, model, settings, speech)
+    # type "ssml" (jambonz sends it for a text starting with <speak>) goes to the SSML front end.
+    text, segments = speech_text(
+        fields.text, settings, speech, model, voice, param="text", ssml=fields.type == "ssml"
+    )
     fmt, rate = ENCODINGS[settings.jambonz_content_type]
     return SpeechRequest(
-        text=text, model=model, voice=voice, fmt=audio.FORMATS[fmt], sample_rate=rate
+        text=text,
+        model=model,
+        voice=voice,
+        fmt=audio.FORMATS[fmt],
+        sample_rate=rate,
+        segments=segments,
     )
 
 

@@ -246,7 +246,15 @@ class SpeechBody(RequestModel):
         None,
         description="Text front end: 'llm' makes a language model's Markdown speakable "
         "(emphasis, code fences, links, emoji, URLs) before the content address is computed; "
-        "'none' takes the text as it is. Default: the normalize setting.",
+        "'numbers' writes out numbers, amounts, dates, times and phone numbers in the voice's "
+        "language (docs/ssml.md); 'none' takes the text as it is. Default: the normalize "
+        "setting.",
+    )
+    input_type: Literal["text", "ssml"] | None = Field(
+        None,
+        description="'ssml': 'input' is an SSML document (docs/ssml.md); 'text': it is spoken "
+        "as written, markup and all. Default: SSML when its first non-blank characters are "
+        "'<speak', else text.",
     )
 
 
@@ -463,19 +471,18 @@ class JambonzBody(RequestModel):
     route: ClassVar[str | None] = "/v1/jambonz/tts"
     messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {
         ("type", "literal_error"): (
-            "unsupported type {shown}; jambonz sends 'text' (or 'ssml', not supported yet)",
+            "unsupported type {shown}; jambonz sends 'text' or 'ssml'",
             "unsupported_type",
         ),
     }
 
     language: str = Field("", description="jambonz language, e.g. en-US; may name a voice alias.")
     voice: str = Field("", description="jambonz voice name: a voice or voice alias.")
-    # jambonz sends "ssml" for a text that starts with <speak>: refused (400) until the SSML front
-    # end (issue 16) lands, which adds it here.
-    type: Literal["text"] = Field(
+    # jambonz sends "ssml" for a text that starts with <speak>: the SSML front end (issue 16).
+    type: Literal["text", "ssml"] = Field(
         "text",
-        description="'text'. ('ssml', sent for a text starting with <speak>, is a 400 "
-        "until SSML is supported.)",
+        description="'text', or 'ssml' (jambonz sends it for a text starting with <speak>; "
+        "docs/ssml.md).",
     )
     text: str
 

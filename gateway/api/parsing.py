@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -14,10 +15,12 @@ from pydantic import ValidationError
 from cache.keys import normalize_text
 from gateway.api.frontend import front_end
 from gateway.api.models import SpeechBody, models_for
+from gateway.api.normalize import language_of, normalize_numbers
+from gateway.api.ssml import SsmlLimits, expand, is_ssml, joined_words, plain_text
 from gateway.errors import BadRequest, PayloadTooLarge, clip
 from gateway.memo import BoundedMemo
 from gateway.runtime.settings import Settings
-from gateway.speech.request import SpeechRequest
+from gateway.speech.request import Segment, SpeechRequest
 from gateway.speech.service import SpeechService
 from synth import audio
 
@@ -134,18 +137,20 @@ def front_end_may_run(settings: Settings, raw: bytes = b"") -> bool:
     """Whether validating a request may run a text front end (the ``normalize`` setting, or a
     ``normalize`` field in ``raw``): markdown parsing of a long hostile text takes tens of
     milliseconds, so such requests are validated off the event loop (``asyncio.to_thread``)."""
-    return settings.normalize != "none" or b'"normalize"' in raw
+    # An SSML document is parsed too (bounded, about a millisecond for the longest input).
+    return (
+        settings.normalize != "none"
+        or b'"normalize"' in raw
+        or b"<speak" in raw
+        or b'"input_type"' in raw
+    )
 
 
 # C0 and C1 control characters (Unicode category Cc) but tab, line feed and carriage return.
 _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
-def validate_text(
-    raw: str, settings: Settings, param: str = "input", normalize: str | None = None
-) -> str:
-    """Run ``raw`` through its text front end (``normalize``, else the setting) and normalize
-    it; reject empty, oversized or malformed Unicode input. The limit applies to ``raw``."""
+def _check_raw(raw: str, settings: Settings, param: str) -> None:
     if len(raw) > settings.max_input_chars:
         raise BadRequest(
             f"'{param}' is {len(raw)} characters; the limit is {settings.max_input_chars}",
@@ -168,8 +173,21 @@ def validate_text(
             param=param,
             code="control_character",
         )
+
+
+def validate_text(
+    raw: str,
+    settings: Settings,
+    param: str = "input",
+    normalize: str | None = None,
+    language: str = "",
+) -> str:
+    """Run plain ``raw`` through its text front end (``normalize``, else the setting) and
+    normalize it; reject empty, oversized or malformed Unicode input. The limit applies to
+    ``raw``. ``language`` is the voice's (for ``numbers``)."""
+    _check_raw(raw, settings, param)
     mode = normalize or settings.normalize
-    text = normalize_text(front_end(raw, mode))
+    text = normalize_text(front_end(raw, mode, language_of(language)))
     if not text:
         if normalize_text(raw):
             raise BadRequest(
@@ -179,6 +197,69 @@ def validate_text(
             )
         raise BadRequest(f"'{param}' is empty or whitespace only", param=param)
     return text
+
+
+def ssml_limits(settings: Settings) -> SsmlLimits:
+    """The SSML bounds the settings give."""
+    return SsmlLimits(
+        max_depth=settings.ssml_max_depth,
+        max_elements=settings.ssml_max_elements,
+        max_expanded_chars=settings.ssml_max_expanded_chars,
+        unknown_tags=settings.ssml_unknown_tags,
+    )
+
+
+def speech_text(
+    raw: str,
+    settings: Settings,
+    speech: SpeechService,
+    model: str,
+    voice: str,
+    *,
+    param: str = "input",
+    normalize: str | None = None,
+    ssml: bool | None = None,
+) -> tuple[str, tuple[Segment, ...]]:
+    """What ``raw`` says with ``voice`` of ``model``: ``(text, segments)`` for a
+    :class:`SpeechRequest`.
+
+    SSML when ``ssml`` says so, or (``ssml`` None) when the text starts with ``<speak`` (a
+    startswith on the stripped text is all plain text pays); SSML content said to be SSML
+    without its ``<speak>`` root is put in one. An expansion that is just words comes back as
+    plain text with no segments, so it shares plain text's content address.
+    """
+    handle = speech.models[model]
+    language = handle.voice_language(voice)
+    if not (ssml if ssml is not None else is_ssml(raw)):
+        return validate_text(raw, settings, param, normalize, language), ()
+    _check_raw(raw, settings, param)
+    document = raw if is_ssml(raw) else f"<speak>{raw}</speak>"
+    mode = normalize or settings.normalize
+    limits = ssml_limits(settings)
+    memo_key = (raw, model, voice, mode, limits)
+    segments = speech.expansions.get(memo_key)
+    if segments is None:
+        engine = handle.engine
+        segments = expand(
+            document,
+            language=language,
+            engine=engine.name,
+            takes_phonemes=bool(getattr(engine, "takes_phonemes", False)),
+            limits=limits,
+        )
+        if mode == "numbers":
+            lang = language_of(language)
+            segments = tuple(
+                s
+                if s.phonemes or not s.words
+                else dataclasses.replace(s, words=normalize_text(normalize_numbers(s.words, lang)))
+                for s in segments
+            )
+        speech.expansions.put(memo_key, segments)
+    plain = plain_text(segments)
+    if plain is not None:
+        return plain, ()
+    return joined_words(segments), segments
 
 
 def resolve_model(name: str, settings: Settings, speech: SpeechService) -> str:
@@ -269,8 +350,11 @@ def speech_request(body: SpeechBody, settings: Settings, speech: SpeechService) 
                 code="unsupported_parameter",
             )
         ignored.append("instructions")
-    text = validate_text(body.input, settings, normalize=body.normalize)
     voice = resolve_voice(body.voice, model, settings, speech)
+    ssml = None if body.input_type is None else body.input_type == "ssml"
+    text, segments = speech_text(
+        body.input, settings, speech, model, voice, normalize=body.normalize, ssml=ssml
+    )
     fmt = resolve_format(body.response_format or settings.default_format)
     stream, sse = streams(body, fmt)
     req = SpeechRequest(
@@ -280,6 +364,7 @@ def speech_request(body: SpeechBody, settings: Settings, speech: SpeechService) 
         fmt=fmt,
         speed=body.speed,
         sample_rate=body.sample_rate,
+        segments=segments,
     )
     return SpeechCall(req, stream, sse, tuple(ignored) + header_names(unknown))
 

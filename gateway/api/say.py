@@ -20,7 +20,7 @@ import hmac
 import time
 from urllib.parse import quote
 
-from gateway.api.parsing import resolve_model, resolve_voice, validate_text
+from gateway.api.parsing import resolve_model, resolve_voice, speech_text
 from gateway.errors import Forbidden
 from gateway.memo import BoundedMemo
 from gateway.runtime.settings import Settings
@@ -62,9 +62,17 @@ def parse_say(
     its last ``.``). The default model speaks; the voice may be an alias."""
     ext = extension(ext_name)
     model = resolve_model(settings.default_model, settings, speech)
-    text = validate_text(text, settings, param="text")
     voice = resolve_voice(voice, model, settings, speech)
-    req = SpeechRequest(text=text, model=model, voice=voice, fmt=ext.fmt, sample_rate=ext.rate)
+    # A say URL may carry an SSML document (percent-encoded) like any text.
+    text, segments = speech_text(text, settings, speech, model, voice, param="text")
+    req = SpeechRequest(
+        text=text,
+        model=model,
+        voice=voice,
+        fmt=ext.fmt,
+        sample_rate=ext.rate,
+        segments=segments,
+    )
     return req, ext
 
 

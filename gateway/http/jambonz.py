@@ -107,7 +107,9 @@ def _speak(
     service: SpeechService, base: SpeechRequest, sentence: str, settings: Settings
 ) -> asyncio.Task[SpeechResult]:
     # Each sentence is its own request (and cache entry): a repeated sentence is a hit.
-    req = dataclasses.replace(base, text=validate_text(sentence, settings, param="text"))
+    language = service.models[base.model].voice_language(base.voice)
+    text = validate_text(sentence, settings, param="text", language=language)
+    req = dataclasses.replace(base, text=text)
     return asyncio.create_task(service.speak(req))
 
 

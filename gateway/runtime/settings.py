@@ -192,12 +192,30 @@ class Settings(BaseSettings):
         "the same name replaces OpenAI's. Env/flag form: alias=voice,alias=voice.",
     )
 
-    normalize: Literal["none", "llm"] = _opt(
+    normalize: Literal["none", "llm", "numbers"] = _opt(
         "api",
         "none",
         "Text front end of requests that choose none (their `normalize` field): none (the text "
-        "as it is) or llm (Markdown emphasis, code fences, links, emoji and URLs made speakable "
-        "before the content address is computed; docs/api.md).",
+        "as it is), llm (Markdown emphasis, code fences, links, emoji and URLs made speakable "
+        "before the content address is computed; docs/api.md) or numbers (numbers, amounts, "
+        "dates, times and phone numbers written out in the voice's language; docs/ssml.md).",
+    )
+    ssml_max_depth: int = _opt(
+        "api", 32, "Deepest element nesting an SSML document may have (docs/ssml.md).", ge=1
+    )
+    ssml_max_elements: int = _opt(
+        "api", 1000, "Most elements an SSML document may have (docs/ssml.md).", ge=1
+    )
+    ssml_max_expanded_chars: int = _opt(
+        "api",
+        8192,
+        "Longest text an SSML document may expand to (say-as, sub), in characters.",
+        ge=1,
+    )
+    ssml_unknown_tags: Literal["refuse", "strip"] = _opt(
+        "api",
+        "refuse",
+        "An SSML tag voxgate does not know: refuse (400) or strip (its text is spoken).",
     )
     strict_instructions: bool = _opt(
         "api",

@@ -23,8 +23,10 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import numpy as np
+
 from cache.entry import Entry
-from gateway.speech.request import SpeechRequest
+from gateway.speech.request import SpeechRequest, segment_speed
 from metrics import Metrics
 from synth import audio, sentences
 from synth.engine import Audio
@@ -57,6 +59,8 @@ class Production:
     # One event per sentence, set once it is answered from the store or queued for synthesis.
     queued: list[asyncio.Event] = dataclasses.field(default_factory=list)
     abandoned: bool = False
+    # How the sentences are joined (set with ``parts``).
+    layout: Layout | None = None
 
     async def sentence_parts(self) -> list[asyncio.Future[Audio]]:
         """The per-sentence futures (await each through :func:`asyncio.shield`)."""
@@ -81,7 +85,8 @@ class SpeechStream:
     _rest: list[asyncio.Future[Audio]]
     _encoder: audio.StreamEncoder
     _pool: concurrent.futures.Executor
-    _pause_s: float
+    # How the sentences join: the gaps and trims of :class:`Layout`, from the first sentence on.
+    _layout: Layout
     # Seconds of audio in the bytes made so far (``first`` and the chunks read).
     audio_s: float = 0.0
     _release: Callable[[], None] | None = None
@@ -95,14 +100,92 @@ class SpeechStream:
     async def chunks(self) -> AsyncIterator[bytes]:
         """The encoded bytes after ``first``: one chunk per sentence, then the encoder's tail."""
         loop = asyncio.get_running_loop()
-        for part in self._rest:
+        rate = 0
+        for i, part in enumerate(self._rest, start=1):
             sentence = await asyncio.shield(part)
-            pcm = sentences.leading_pause(sentence.pcm, sentence.sample_rate, self._pause_s)
-            self.audio_s += len(pcm) / sentence.sample_rate
-            yield await loop.run_in_executor(
-                self._pool, self._encoder.encode, pcm, sentence.sample_rate
-            )
+            rate = sentence.sample_rate
+            pcm = self._layout.piece(i, sentence.pcm, rate)
+            self.audio_s += len(pcm) / rate
+            yield await loop.run_in_executor(self._pool, self._encoder.encode, pcm, rate)
+        trailing_s = self._layout.gaps_ms[-1] / 1000.0
+        if trailing_s > 0 and rate:
+            # An SSML break at the very end: its silence is part of the audio.
+            tail = np.zeros(round(trailing_s * rate), dtype=np.float32)
+            self.audio_s += len(tail) / rate
+            yield await loop.run_in_executor(self._pool, self._encoder.encode, tail, rate)
         yield await loop.run_in_executor(self._pool, self._encoder.finish)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How a rendition's sentences join: ``gaps_ms[i]`` of silence before sentence ``i`` (and
+    ``gaps_ms[-1]`` after the last); where ``trims[i]``, the sentences beside gap ``i`` lose
+    their edge silence there (an SSML break or rate change: the gap is then the silence)."""
+
+    gaps_ms: tuple[int, ...]
+    trims: tuple[bool, ...]
+
+    @property
+    def exact(self) -> bool:
+        """Whether the join is not plain text's (one pause between sentences)."""
+        return any(self.trims) or self.gaps_ms[0] > 0 or self.gaps_ms[-1] > 0
+
+    def piece(self, i: int, pcm: audio.FloatPCM, rate: int) -> audio.FloatPCM:
+        """Sentence ``i`` as it is streamed: its gap before it, its edges trimmed where due
+        (the pieces of a stream add up to :func:`join`'s whole)."""
+        pcm = sentences.trim_edges(pcm, self.trims[i], self.trims[i + 1])
+        gap_s = self.gaps_ms[i] / 1000.0
+        return sentences.leading_pause(pcm, rate, gap_s) if gap_s > 0 else pcm
+
+    def join(self, parts: list[audio.FloatPCM], rate: int) -> audio.FloatPCM:
+        """The sentences joined."""
+        gaps = [g / 1000.0 for g in self.gaps_ms]
+        return sentences.join_gaps(parts, rate, gaps, self.trims)
+
+
+def plan(
+    req: SpeechRequest,
+    splitter: sentences.SentenceSplitter,
+    max_chars: int | None,
+    pause_ms: int,
+) -> tuple[list[SpeechRequest], Layout]:
+    """The one-sentence requests ``req`` is made of, in order, and how they join; runs off the
+    loop (it splits text).
+
+    Plain text: its sentences, ``pause_ms`` between them. An SSML expansion: each segment's
+    sentences at the segment's rate (a phoneme segment whole), ``pause_ms`` between sentences of
+    a segment, the segment's own pause after it (``pause_ms`` where it has none, nothing after the
+    last). Each sentence request is plain, so a sentence shared with plain text shares its master.
+    """
+    if not req.segments:
+        texts = splitter.split(req.text, max_chars)
+        gaps_ms = (0, *([pause_ms] * (len(texts) - 1)), 0)
+        layout = Layout(gaps_ms, (False,) * len(gaps_ms))
+        return [dataclasses.replace(req, text=t) for t in texts], layout
+    parts: list[SpeechRequest] = []
+    gaps = [0]
+    trims = [False]
+    for i, seg in enumerate(req.segments):
+        if seg.words:
+            speed = segment_speed(req.speed, seg.rate)
+            texts = [seg.words] if seg.phonemes else splitter.split(seg.words, max_chars)
+            for j, text in enumerate(texts):
+                if j:
+                    gaps[-1] += pause_ms
+                parts.append(
+                    dataclasses.replace(
+                        req, text=text, speed=speed, segments=(), phonemes=seg.phonemes
+                    )
+                )
+                gaps.append(0)
+                trims.append(False)
+        last = i == len(req.segments) - 1
+        if seg.pause_ms is not None:
+            gaps[-1] += seg.pause_ms
+            trims[-1] = True
+        elif seg.words and not last:
+            gaps[-1] += pause_ms
+    return parts, Layout(tuple(gaps), tuple(trims))
 
 
 def _open_encoder(
@@ -219,9 +302,11 @@ class Assembler:
         try:
             parts = await prod.sentence_parts()
             first = await asyncio.shield(parts[0])
+            assert prod.layout is not None  # set before the parts
+            pcm = prod.layout.piece(0, first.pcm, first.sample_rate)
             # One encoder for the whole stream (continuous MP3/AAC: no encoder delay at joins).
             encoder, data = await asyncio.get_running_loop().run_in_executor(
-                self.encode_pool, _open_encoder, req.fmt, rate, first.pcm, first.sample_rate
+                self.encode_pool, _open_encoder, req.fmt, rate, pcm, first.sample_rate
             )
         except BaseException:
             self._leave(prod)
@@ -234,8 +319,8 @@ class Assembler:
             _rest=parts[1:],
             _encoder=encoder,
             _pool=self.encode_pool,
-            _pause_s=self.pause_s,
-            audio_s=first.duration_s,
+            _layout=prod.layout,
+            audio_s=len(pcm) / first.sample_rate,
             _release=functools.partial(self._leave, prod),
         )
 
@@ -243,12 +328,18 @@ class Assembler:
         req = prod.req
         loop = asyncio.get_running_loop()
         try:
-            texts = await loop.run_in_executor(
-                self.encode_pool, self.splitter.split, req.text, self.max_sentence_chars
+            texts, layout = await loop.run_in_executor(
+                self.encode_pool,
+                plan,
+                req,
+                self.splitter,
+                self.max_sentence_chars,
+                self.pause_ms,
             )
         except BaseException as exc:
             prod.parts.set_exception(exc)
             raise
+        prod.layout = layout
         gate = asyncio.Semaphore(self.max_parallel)
         outcomes: list[str] = []
 
@@ -259,14 +350,12 @@ class Assembler:
         # answered from the store or queued for synthesis; synthesis itself stays concurrent.
         turns = prod.queued = [asyncio.Event() for _ in texts]
 
-        async def one(i: int, text: str) -> Audio:
+        async def one(i: int, sentence: SpeechRequest) -> Audio:
             async with gate:
                 if i:
                     await turns[i - 1].wait()
                 try:
-                    master, outcome = await self._fetch_master(
-                        dataclasses.replace(req, text=text), turns[i].set
-                    )
+                    master, outcome = await self._fetch_master(sentence, turns[i].set)
                 finally:
                     turns[i].set()
             outcomes.append(outcome)
@@ -283,7 +372,10 @@ class Assembler:
         # retry, and a stream reader following them never sees a part cancelled under it.
         masters = await asyncio.gather(*parts)
         rate_in = masters[0].sample_rate
-        pcm = sentences.join([m.pcm for m in masters], rate_in, self.pause_s)
+        if layout.exact:
+            pcm = layout.join([m.pcm for m in masters], rate_in)
+        else:
+            pcm = sentences.join([m.pcm for m in masters], rate_in, self.pause_s)
         data = await loop.run_in_executor(
             self.encode_pool, audio.render, pcm, rate_in, req.fmt, prod.rate
         )
@@ -297,8 +389,10 @@ class Assembler:
         if self._master_key is not None:
             recipe = {
                 "master": self._master_key(req, sentence_pause_ms=self.pause_ms),
-                "parts": tuple(self._master_key(dataclasses.replace(req, text=t)) for t in texts),
+                "parts": tuple(self._master_key(t) for t in texts),
                 "pause_ms": self.pause_ms,
+                "gaps_ms": layout.gaps_ms if layout.exact else (),
+                "trims": layout.trims if layout.exact else (),
             }
         entry = req.entry(data, req.fmt, prod.rate, len(pcm) / rate_in, **recipe)
         await self._store_put(prod.key, entry)

@@ -8,6 +8,14 @@ from cache.entry import Entry
 from synth import audio
 from synth.engine import ParamValue
 
+# An SSML rate multiplies the request's speed; the product stays within what a request may ask.
+MIN_SEGMENT_SPEED, MAX_SEGMENT_SPEED = 0.25, 4.0
+
+
+def segment_speed(speed: float, rate: float) -> float:
+    """The engine speed of a segment at SSML ``rate`` in a request at ``speed``."""
+    return min(MAX_SEGMENT_SPEED, max(MIN_SEGMENT_SPEED, round(speed * rate, 4)))
+
 
 @dataclass(frozen=True)
 class Segment:
@@ -58,6 +66,8 @@ class SpeechRequest:
         master: str = "",
         parts: tuple[str, ...] = (),
         pause_ms: int = 0,
+        gaps_ms: tuple[int, ...] = (),
+        trims: tuple[bool, ...] = (),
     ) -> Entry:
         """Stored audio for this request: ``data`` in ``fmt``, tagged with model, voice and pin
         (and, for a rendition, the masters it was made from: see :class:`cache.entry.EntryMeta`)."""
@@ -73,6 +83,8 @@ class SpeechRequest:
             master=master,
             parts=parts,
             pause_ms=pause_ms,
+            gaps_ms=gaps_ms,
+            trims=trims,
         )
 
 

@@ -22,7 +22,7 @@ from cache.store import TieredStore
 from gateway.errors import BadRequest
 from gateway.memo import BoundedMemo
 from gateway.speech.assembly import Assembler, SpeechStream
-from gateway.speech.request import SpeechRequest, SpeechResult
+from gateway.speech.request import Segment, SpeechRequest, SpeechResult, segment_speed
 from gateway.speech.telephony import Transcoder
 from metrics import Metrics
 from synth import audio, sentences
@@ -44,6 +44,19 @@ def estimated_audio_s(text: str, speed: float) -> float:
     return sentences.speech_weight(text) / (CHARS_PER_SECOND * speed)
 
 
+def estimated_request_s(req: SpeechRequest) -> float:
+    """Seconds of audio ``req`` is expected to make: its text, or its SSML expansion's segments
+    at their own rates plus their pauses (breaks count against the budget like speech)."""
+    if not req.segments:
+        return estimated_audio_s(req.text, req.speed)
+    total = 0.0
+    for seg in req.segments:
+        if seg.words:
+            total += estimated_audio_s(seg.words, segment_speed(req.speed, seg.rate))
+        total += (seg.pause_ms or 0) / 1000.0
+    return total
+
+
 @dataclass
 class ModelHandle:
     """A served model: its engine (for metadata) and the scheduler that runs it."""
@@ -53,6 +66,13 @@ class ModelHandle:
     scheduler: Scheduler
     ready: asyncio.Event
     _voice_names: list[str] | None = None
+    _languages: dict[str, str] | None = None
+
+    def voice_language(self, voice: str) -> str:
+        """The language code of ``voice`` ("en_US"), "" when the engine names none."""
+        if self._languages is None:
+            self._languages = {v.name: v.language for v in self.engine.voices()}
+        return self._languages.get(voice, "")
 
     def voice_names(self) -> list[str]:
         """Names of the voices this model serves (an engine's voices do not change once built)."""
@@ -94,6 +114,12 @@ class SpeechService:
         self._key_memo: BoundedMemo[tuple[object, ...], tuple[str, str, int]] = BoundedMemo(
             KEY_MEMO_SIZE
         )
+        # SSML expansions by (raw text, voice language, engine, front end, limits): a repeated
+        # document is not parsed again on paths the request memo does not cover (say URLs,
+        # jambonz, the Coqui and Piper routes). Filled by gateway.api.parsing.
+        self.expansions: BoundedMemo[tuple[object, ...], tuple[Segment, ...]] = BoundedMemo(
+            KEY_MEMO_SIZE
+        )
         self._encode_pool = concurrent.futures.ThreadPoolExecutor(
             encode_threads, thread_name_prefix="encode"
         )
@@ -127,10 +153,14 @@ class SpeechService:
     def params_for(self, req: SpeechRequest) -> dict[str, ParamValue]:
         """Everything that shapes the sound, for the master key."""
         engine = self.models[req.model].engine
-        return {**engine.default_params(req.voice), **dict(req.params), "speed": req.speed}
+        params = {**engine.default_params(req.voice), **dict(req.params), "speed": req.speed}
+        if req.phonemes:
+            params["phonemes"] = True  # the same characters read as IPA are other speech
+        return params
 
     def master_key_for(self, req: SpeechRequest, **extra: ParamValue) -> str:
-        """The format-free key of ``req``'s text (``extra`` joins the parameters)."""
+        """The format-free key of ``req``'s text, or of its SSML expansion (``extra`` joins the
+        parameters)."""
         engine = self.models[req.model].engine
         return master_key(
             text=req.text,
@@ -138,6 +168,7 @@ class SpeechService:
             voice=req.voice,
             fingerprint=engine.fingerprint,
             params={**self.params_for(req), **extra},
+            expansion=[seg.key_material() for seg in req.segments],
         )
 
     def keys_for(self, req: SpeechRequest) -> tuple[str, str, int]:
@@ -157,6 +188,8 @@ class SpeechService:
             req.sample_rate,
             req.params,
             engine.fingerprint,
+            req.segments,
+            req.phonemes,
         )
         keys = self._key_memo.get(memo_key)
         if keys is not None:
@@ -198,7 +231,7 @@ class SpeechService:
         in time and memory grows with the audio, whatever its length in characters."""
         if self.max_audio_s is None:
             return
-        seconds = estimated_audio_s(req.text, req.speed)
+        seconds = estimated_request_s(req)
         if seconds > self.max_audio_s:
             raise BadRequest(
                 f"'input' would make about {seconds:.0f} s of audio at speed {req.speed:g}; the "
@@ -314,7 +347,7 @@ class SpeechService:
         handle = self.models[req.model]
         if not handle.ready.is_set():
             raise Overloaded(f"model '{req.model}' is still loading", retry_after_s=2.0)
-        item = SynthesisItem(req.text, req.voice, req.speed, dict(req.params))
+        item = SynthesisItem(req.text, req.voice, req.speed, dict(req.params), req.phonemes)
         if self.admit_synthesis is not None:
             await self.admit_synthesis(len(req.text))
         if on_queued is not None:

@@ -202,6 +202,8 @@ class Transcoder:
             master=meta.master,
             parts=meta.parts,
             pause_ms=meta.pause_ms,
+            gaps_ms=meta.gaps_ms,
+            trims=meta.trims,
         )
         await self.store.put(key, entry)
         self.metrics.transcodes.labels(ext.fmt.name).inc()
@@ -237,7 +239,12 @@ class Transcoder:
                 if not bad:
                     pcms = [d for d in decoded if not isinstance(d, BaseException)]
                     rate = pcms[0][1]
-                    joined = sentences.join([pcm for pcm, _ in pcms], rate, meta.pause_ms / 1000.0)
+                    found = [pcm for pcm, _ in pcms]
+                    if meta.gaps_ms:
+                        gaps = [g / 1000.0 for g in meta.gaps_ms]
+                        joined = sentences.join_gaps(found, rate, gaps, meta.trims)
+                    else:
+                        joined = sentences.join(found, rate, meta.pause_ms / 1000.0)
                     return joined, rate
         if meta.format in ("wav", "flac", "pcm"):
             try:

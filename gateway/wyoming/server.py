@@ -51,7 +51,7 @@ from wyoming.tts import (
 
 from cache.keys import normalize_text
 from gateway.api.compat import check_language, check_speaker, find_voice
-from gateway.api.parsing import front_end_may_run, validate_text
+from gateway.api.parsing import front_end_may_run, speech_text
 from gateway.errors import BadRequest, VoxgateError
 from gateway.runtime.buildinfo import version
 from gateway.runtime.settings import Settings
@@ -289,12 +289,15 @@ class SpeechEventHandler(AsyncEventHandler):
             check_language(language, model, chosen, self.service)
         check_speaker(speaker, None, chosen)
         engine = self.service.models[model].engine
+        # Home Assistant's TTS may send SSML (<speak>...) like any HTTP client.
+        text, segments = speech_text(text, self.settings, self.service, model, chosen, param="text")
         return SpeechRequest(
-            text=validate_text(text, self.settings, param="text"),
+            text=text,
             model=model,
             voice=chosen,
             fmt=audio.FORMATS["pcm"],
             sample_rate=engine.sample_rate,
+            segments=segments,
         )
 
     def _voice_for_language(self, language: str) -> tuple[str, str]:

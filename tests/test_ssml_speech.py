@@ -1,0 +1,205 @@
+"""SSML and number normalization through a real gateway and the real Piper voice (issue 16,
+acceptance 2 and 3): the content address comes from the expansion, breaks and rates are applied
+when sentences are joined, and templated prompts reuse their fixed sentences."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+import soundfile as sf
+from aiohttp.test_utils import TestClient
+
+from cache.entry import Entry
+from tests.conftest import GatewayFactory
+from tests.support import CountingEngine
+
+SENTENCE = "The quick brown fox jumps over the lazy dog."
+# X-Audio-Key of SENTENCE (tts-1, alloy, wav) computed with main's code before SSML landed
+# (cache.keys at 32a90e3, the bundled joe voice): plain text keeps its address, so no existing
+# cache entry is invalidated.
+SENTENCE_KEY_ON_MAIN = "6ba20f30427dc9042e6481d0e76746252972e4278e808bd5772f82f71c117df5"
+
+
+def body(text: str, **kw: Any) -> dict[str, Any]:
+    return {"model": "tts-1", "input": text, "voice": "alloy", "response_format": "wav", **kw}
+
+
+async def speak(client: TestClient[Any, Any], text: str, **kw: Any) -> tuple[str, str, float]:
+    """``(X-Audio-Key, X-Cache, seconds of audio)``."""
+    resp = await client.post("/v1/audio/speech", json=body(text, **kw))
+    assert resp.status == 200, await resp.text()
+    data, rate = sf.read(io.BytesIO(await resp.read()), dtype="float32")
+    return resp.headers["X-Audio-Key"], resp.headers["X-Cache"], len(data) / rate
+
+
+async def test_plain_text_keeps_its_address_and_speak_around_it_shares_it(
+    gateway: GatewayFactory, counting_engine: CountingEngine
+) -> None:
+    client = await gateway()
+    key, cache, _ = await speak(client, SENTENCE)
+    assert (key, cache) == (SENTENCE_KEY_ON_MAIN, "MISS")
+    wrapped = (
+        '<speak version="1.1" xmlns="http://www.w3.org/2001/10/synthesis">'
+        f"<p>{SENTENCE}</p></speak>"
+    )
+    same, cache, _ = await speak(client, wrapped)
+    assert (same, cache) == (key, "HIT")
+    assert counting_engine.items == 1
+
+
+async def test_sub_shares_its_alias_digits_and_cardinal_do_not(gateway: GatewayFactory) -> None:
+    client = await gateway()
+    sub, _, _ = await speak(
+        client, '<speak><sub alias="World Health Organization">WHO</sub></speak>'
+    )
+    words, cache, _ = await speak(client, "World Health Organization")
+    assert (words, cache) == (sub, "HIT")
+    digits, _, _ = await speak(client, '<speak><say-as interpret-as="digits">42</say-as></speak>')
+    number, _, _ = await speak(client, '<speak><say-as interpret-as="cardinal">42</say-as></speak>')
+    assert digits != number
+
+
+async def test_break_adds_its_length_and_slow_prosody_lengthens(gateway: GatewayFactory) -> None:
+    client = await gateway()
+    _, _, plain = await speak(client, "Please wait.")
+    _, _, broken = await speak(client, '<speak>Please <break time="1500ms"/> wait.</speak>')
+    # Splitting the phrase costs what the engine puts around each half (+-0.2 s, issue 16).
+    assert abs((broken - plain) - 1.5) <= 0.2, (plain, broken)
+    _, _, slow = await speak(client, '<speak><prosody rate="slow">Please wait.</prosody></speak>')
+    assert slow > plain * 1.2, (plain, slow)
+
+
+async def test_trailing_and_leading_breaks_are_exact_silence(gateway: GatewayFactory) -> None:
+    client = await gateway()
+    resp = await client.post(
+        "/v1/audio/speech",
+        json=body('<speak><break time="700ms"/>Hello.<break time="1s"/></speak>'),
+    )
+    pcm, rate = sf.read(io.BytesIO(await resp.read()), dtype="float32")
+    lead, tail = pcm[: int(0.7 * rate)], pcm[-int(1.0 * rate) :]
+    assert np.all(lead == 0) and np.all(tail == 0)
+    assert np.any(pcm[int(0.7 * rate) : -int(1.0 * rate)] != 0)
+
+
+async def test_templated_prompt_synthesizes_only_the_changed_sentence(
+    gateway: GatewayFactory, counting_engine: CountingEngine
+) -> None:
+    client = await gateway()
+    template = (
+        '<speak>Your balance is <say-as interpret-as="currency">{}</say-as>. '
+        "Press one to pay.</speak>"
+    )
+    await speak(client, template.format("$42.17"))
+    assert counting_engine.items == 2
+    _, cache, _ = await speak(client, template.format("$13.05"))
+    assert cache == "MISS"
+    assert counting_engine.items == 3  # only the changed sentence
+    assert counting_engine.texts[-1] == "Your balance is thirteen dollars, five cents."
+
+
+async def test_ssml_stream_equals_the_whole_answer(gateway: GatewayFactory) -> None:
+    client = await gateway()
+    doc = (
+        '<speak><break time="300ms"/>One. <prosody rate="fast">Two and three.</prosody>'
+        '<break time="1200ms"/>Four.<break time="500ms"/></speak>'
+    )
+    streamed = await client.post(
+        "/v1/audio/speech", json=body(doc, response_format="pcm", sample_rate=22050, stream=True)
+    )
+    assert streamed.status == 200
+    chunks = await streamed.read()
+    whole = await client.post(
+        "/v1/audio/speech", json=body(doc, response_format="pcm", sample_rate=22050)
+    )
+    assert whole.headers["X-Cache"] == "HIT"
+    assert await whole.read() == chunks
+
+
+async def test_refusals_are_400s_in_openai_shape(gateway: GatewayFactory) -> None:
+    client = await gateway()
+    bomb = (
+        '<?xml version="1.0"?><!DOCTYPE lolz [<!ENTITY lol "lol">'
+        '<!ENTITY lol2 "&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;">]><speak>&lol2;</speak>'
+    )
+    for doc, code in (
+        (bomb, "ssml_forbidden"),
+        ('<speak><audio src="https://example.com/a.mp3"/></speak>', "ssml_fetch"),
+        ("<speak><foo>x</foo></speak>", "ssml_unsupported_tag"),
+        ("<speak><p>unbalanced</s></speak>", "invalid_ssml"),
+    ):
+        resp = await client.post("/v1/audio/speech", json=body(doc))
+        assert resp.status == 400
+        error = (await resp.json())["error"]
+        assert (error["code"], error["param"], error["type"]) == (
+            code,
+            "input",
+            "invalid_request_error",
+        )
+
+
+async def test_input_type_overrides_detection(gateway: GatewayFactory) -> None:
+    client = await gateway()
+    plain, _, _ = await speak(client, "Hello there.")
+    # SSML content without its root is put in a <speak>; markup that is not XML is a 400.
+    assert await speak(client, "Hello <break strength='none'/>there.", input_type="ssml") == (
+        plain,
+        "HIT",
+        (await speak(client, "Hello there."))[2],
+    )
+    resp = await client.post("/v1/audio/speech", json=body("1 < 2", input_type="ssml"))
+    assert resp.status == 400
+    assert (await resp.json())["error"]["code"] == "invalid_ssml"
+    as_text, _, _ = await speak(client, "<speak>Hi.</speak>", input_type="text")
+    as_ssml, _, _ = await speak(client, "<speak>Hi.</speak>")
+    assert as_text != as_ssml
+
+
+async def test_phoneme_reaches_piper_as_ipa(
+    gateway: GatewayFactory, counting_engine: CountingEngine
+) -> None:
+    client = await gateway()
+    key, _, seconds = await speak(
+        client, '<speak><phoneme alphabet="ipa" ph="həlˈoʊ wˈɜːld">hello world</phoneme></speak>'
+    )
+    assert seconds > 0.3
+    words, _, _ = await speak(client, "hello world")
+    assert words != key  # phonemes are their own speech
+    assert counting_engine.items == 2
+
+
+async def test_numbers_front_end_shares_the_written_out_address(gateway: GatewayFactory) -> None:
+    client = await gateway()
+    written, _, _ = await speak(client, "There are four thousand and ninety-six bytes.")
+    numbers, cache, _ = await speak(client, "There are 4096 bytes.", normalize="numbers")
+    assert (numbers, cache) == (written, "HIT")
+
+
+async def test_another_encoding_of_ssml_audio_is_a_transcode_with_the_same_breaks(
+    gateway: GatewayFactory, counting_engine: CountingEngine
+) -> None:
+    client = await gateway()
+    key, _, seconds = await speak(client, '<speak>Hello.<break time="1s"/>Goodbye.</speak>')
+    synthesized = counting_engine.items
+    resp = await client.get(f"/v1/audio/{key}.sln16")
+    assert resp.status == 200
+    raw = await resp.read()
+    assert abs(len(raw) / 2 / 16000 - seconds) < 0.01
+    assert counting_engine.items == synthesized
+
+
+def test_plain_entries_are_stored_as_before() -> None:
+    plain = Entry.create(b"x", content_type="audio/wav", fmt="wav", sample_rate=8000)
+    assert b"gaps_ms" not in plain.to_blob() and b"trims" not in plain.to_blob()
+    ssml = Entry.create(
+        b"x",
+        content_type="audio/wav",
+        fmt="wav",
+        sample_rate=8000,
+        parts=("a", "b"),
+        gaps_ms=(0, 1000, 0),
+        trims=(False, True, False),
+    )
+    again = Entry.from_blob(ssml.to_blob())
+    assert (again.meta.gaps_ms, again.meta.trims) == ((0, 1000, 0), (False, True, False))
