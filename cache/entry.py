@@ -90,6 +90,16 @@ def _checked_meta(raw: object) -> EntryMeta:
         or not all(isinstance(p, str) and _ADDRESS.fullmatch(p) for p in parts)
     ):
         raise CorruptEntry("entry metadata: bad parts")
+    gaps, trims = raw.get("gaps_ms", []), raw.get("trims", [])
+    if (
+        not isinstance(gaps, list)
+        or not isinstance(trims, list)
+        or (gaps and len(gaps) != len(parts) + 1)
+        or len(trims) != len(gaps)
+        or not all(type(g) is int and 0 <= g <= 600_000 for g in gaps)
+        or not all(type(t) is bool for t in trims)
+    ):
+        raise CorruptEntry("entry metadata: bad gaps_ms or trims")
     return EntryMeta(**raw)
 
 

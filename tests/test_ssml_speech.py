@@ -8,10 +8,11 @@ import io
 from typing import Any
 
 import numpy as np
+import pytest
 import soundfile as sf
 from aiohttp.test_utils import TestClient
 
-from cache.entry import Entry
+from cache.entry import CorruptEntry, Entry
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine
 
@@ -197,9 +198,12 @@ def test_plain_entries_are_stored_as_before() -> None:
         content_type="audio/wav",
         fmt="wav",
         sample_rate=8000,
-        parts=("a", "b"),
+        parts=("a" * 64, "b" * 64),
         gaps_ms=(0, 1000, 0),
         trims=(False, True, False),
     )
     again = Entry.from_blob(ssml.to_blob())
     assert (again.meta.gaps_ms, again.meta.trims) == ((0, 1000, 0), (False, True, False))
+    forged = ssml.to_blob().replace(b"[0,1000,0]", b"[0,1000]")
+    with pytest.raises(CorruptEntry):
+        Entry.from_blob(forged, verify=False)
