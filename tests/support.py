@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -13,6 +14,10 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+from aiohttp import web
+
+from gateway.http.app import create_app
+from gateway.runtime.settings import Settings
 from synth.engine import Audio, Engine, ParamValue, SynthesisItem, VoiceInfo
 
 
@@ -223,3 +228,61 @@ class ToneEngine:
 
     def describe(self) -> Mapping[str, object]:
         return {"engine": "tone", "mode": "test"}
+
+
+class ServerThread:
+    """A gateway served by an aiohttp ``AppRunner`` on its own event loop in a thread: one real
+    server on loopback that a whole test module shares (``start()``, then ``port``; ``stop()``).
+    Clients in the test thread may block: the server's loop is not theirs."""
+
+    def __init__(self, settings: Settings, engine: Engine) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.loop = asyncio.new_event_loop()
+        self.port = 0
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="hostile-gateway", daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self._serve())
+        except BaseException as exc:  # reported to the test thread by start()
+            self._error = exc
+            self._ready.set()
+        finally:
+            self.loop.close()
+
+    async def _serve(self) -> None:
+        app = create_app(self.settings, engines={"piper": self.engine})
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        server = site._server
+        assert server is not None and isinstance(server, asyncio.Server)
+        self.port = server.sockets[0].getsockname()[1]
+        self._stop = asyncio.Event()
+        self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await runner.cleanup()
+            # A connection aiohttp still lingers on (reading a body it refused) ends here,
+            # not with the loop.
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in rest:
+                task.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        if not self._ready.wait(120) or self._error is not None:
+            raise RuntimeError(f"gateway did not start: {self._error!r}")
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(60)

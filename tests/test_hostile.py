@@ -10,11 +10,9 @@ Requests that would synthesize are tiny, or refused before synthesis.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,13 +21,11 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from aiohttp import web
 
 from gateway.api.say import signed_say_path
-from gateway.http.app import create_app
 from gateway.runtime.settings import Settings
 from synth.piper_engine import PiperEngine
-from tests.support import CountingEngine
+from tests.support import CountingEngine, ServerThread
 
 SECRET = "hostile-suite-signing-secret"
 GOOD = {"model": "tts-1", "input": "Hi.", "voice": "alloy", "response_format": "wav"}
@@ -54,62 +50,6 @@ class Gateway:
     host: str
     port: int
     engine: CountingEngine
-
-
-class ServerThread:
-    """A gateway served by an aiohttp ``AppRunner`` on its own event loop in a thread."""
-
-    def __init__(self, settings: Settings, engine: CountingEngine) -> None:
-        self.settings = settings
-        self.engine = engine
-        self.loop = asyncio.new_event_loop()
-        self.port = 0
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="hostile-gateway", daemon=True)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        try:
-            self.loop.run_until_complete(self._serve())
-        except BaseException as exc:  # reported to the test thread by start()
-            self._error = exc
-            self._ready.set()
-        finally:
-            self.loop.close()
-
-    async def _serve(self) -> None:
-        app = create_app(self.settings, engines={"piper": self.engine})
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        server = site._server
-        assert server is not None and isinstance(server, asyncio.Server)
-        self.port = server.sockets[0].getsockname()[1]
-        self._stop = asyncio.Event()
-        self._ready.set()
-        try:
-            await self._stop.wait()
-        finally:
-            await runner.cleanup()
-            # A connection aiohttp still lingers on (reading a body it refused) ends here,
-            # not with the loop.
-            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in rest:
-                task.cancel()
-            await asyncio.gather(*rest, return_exceptions=True)
-
-    def start(self) -> None:
-        self._thread.start()
-        if not self._ready.wait(120) or self._error is not None:
-            raise RuntimeError(f"gateway did not start: {self._error!r}")
-
-    def stop(self) -> None:
-        if self._stop is not None:
-            self.loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(60)
 
 
 @pytest.fixture(scope="module")
