@@ -338,6 +338,62 @@ CASES: list[Any] = [
         id="speech-crlf-field-name",
     ),
     pytest.param(speech(input="a" * 4097, param="input"), id="speech-input-over-limit"),
+    # ---- SSML (input_type "ssml") ----
+    pytest.param(speech(input_type="ssml", input="<speak>Hi."), id="ssml-unclosed"),
+    pytest.param(
+        speech(
+            input_type="ssml", input="<speak>" + "<p>" * 1000 + "Hi." + "</p>" * 1000 + "</speak>"
+        ),
+        id="ssml-1000-deep",
+    ),
+    pytest.param(
+        speech(
+            input_type="ssml",
+            input='<?xml version="1.0"?><!DOCTYPE l [<!ENTITY a "aaaaaaaaaa">'
+            '<!ENTITY b "&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;">]><speak>&b;</speak>',
+        ),
+        id="ssml-entity-expansion",
+    ),
+    pytest.param(
+        speech(
+            input_type="ssml",
+            input='<!DOCTYPE s [<!ENTITY x SYSTEM "file:///etc/passwd">]><speak>&x;</speak>',
+        ),
+        id="ssml-external-entity",
+    ),
+    pytest.param(speech(input_type="ssml", input="<speak>Hi\x00</speak>"), id="ssml-nul"),
+    pytest.param(
+        speech(
+            input_type="ssml",
+            input='<speak><say-as interpret-as="cardinal">' + "9" * 4000 + "</say-as></speak>",
+        ),
+        id="ssml-say-as-4000-digits",
+    ),
+    pytest.param(
+        speech(
+            input_type="ssml",
+            input='<speak><say-as interpret-as="cardinal">1e999999</say-as></speak>',
+            status=None,
+        ),
+        id="ssml-say-as-exponent",
+    ),
+    pytest.param(
+        speech(input_type="ssml", input='<speak>Hi.<break time="99999999999999s"/></speak>'),
+        id="ssml-huge-break",
+    ),
+    pytest.param(
+        speech(input_type="ssml", input='<speak><prosody rate="1e400">Hi.</prosody></speak>'),
+        id="ssml-rate-1e400",
+    ),
+    pytest.param(
+        speech(input_type="ssml", input='<speak><prosody rate="\u00b2%">Hi.</prosody></speak>'),
+        id="ssml-rate-superscript",
+    ),
+    pytest.param(
+        speech(input_type="ssml", input='<speak><phoneme ph="\x01">Hi</phoneme></speak>'),
+        id="ssml-phoneme-control",
+    ),
+    pytest.param(speech(input_type="xml"), id="ssml-bad-input-type"),
     pytest.param(
         Case("POST", "/v1/audio/speech", dict(JSON), b"", status=400), id="speech-empty-body"
     ),
@@ -944,8 +1000,12 @@ CASES: list[Any] = [
         id="jambonz-nul",
     ),
     pytest.param(
-        post_json("/v1/jambonz/tts", {"text": "Hi.", "type": "ssml"}, param="type"),
-        id="jambonz-ssml",
+        post_json("/v1/jambonz/tts", {"text": "<speak>Hi.", "type": "ssml"}),
+        id="jambonz-ssml-unclosed",
+    ),
+    pytest.param(
+        post_json("/v1/jambonz/tts", {"text": "<speak>Hi\x00</speak>", "type": "ssml"}),
+        id="jambonz-ssml-nul",
     ),
     pytest.param(
         post_json("/v1/jambonz/tts", {"text": "Hi.", "type": ["text"]}, param="type"),
