@@ -1188,6 +1188,88 @@ def test_hostile_input(hostile_gateway: Gateway, case: Case) -> None:
         assert len(reply.body) <= 2 * MAX_MESSAGE
 
 
+@pytest.fixture(scope="module")
+def stored_key(hostile_gateway: Gateway) -> str:
+    """The content address of a stored entry (Range is parsed only where there is audio)."""
+    reply = send(hostile_gateway, "POST", "/v1/audio/speech", dict(JSON), json.dumps(GOOD).encode())
+    assert reply.status == 200
+    return reply.headers["x-audio-key"]
+
+
+# (Range header, status): a header that is not a satisfiable single range of ASCII digits is
+# ignored (the whole entity, 200), as RFC 9110 allows; one past the end is a 416.
+RANGES = [
+    pytest.param("bytes=\u00b2-", 200, id="superscript-two"),
+    pytest.param("bytes=0-\u0663", 200, id="arabic-indic-three"),
+    pytest.param("bytes=\uff11-", 200, id="fullwidth-one"),
+    pytest.param("bytes=" + "9" * 5000 + "-", 200, id="5000-digits"),
+    pytest.param("bytes=-" + "9" * 30, 200, id="30-digit-suffix"),
+    pytest.param("bytes=5-1", 200, id="reversed"),
+    pytest.param("bytes=0-0,1-1", 200, id="two-ranges"),
+    pytest.param("bytes=1-2-3", 200, id="three-numbers"),
+    pytest.param("bytes=+1-2", 200, id="plus-sign"),
+    pytest.param("bytes= 1_0-2", 200, id="underscore"),
+    pytest.param("bytes=-0", 416, id="empty-suffix"),
+    pytest.param("bytes=99999999-", 416, id="past-the-end"),
+    pytest.param("pages=1-2", 200, id="other-unit"),
+    pytest.param("bytes=" + "," * 5000, 200, id="5000-commas"),
+]
+
+
+@pytest.mark.parametrize("ext", ["", ".ulaw"])
+@pytest.mark.parametrize(("range_header", "status"), RANGES)
+def test_hostile_range_on_stored_audio(
+    hostile_gateway: Gateway, stored_key: str, ext: str, range_header: str, status: int
+) -> None:
+    headers: dict[str, str | bytes] = {"Range": range_header.encode()}
+    reply = send(hostile_gateway, "GET", f"/v1/audio/{stored_key}{ext}", headers)
+    assert reply.status == status, reply.body[:300]
+    if status == 416:
+        assert reply.json()["error"]["code"] == "range_not_satisfiable"
+    else:
+        assert len(reply.body) == int(reply.headers["content-length"]) > 0
+    # If-Range with junk: the range is dropped, never a 5xx.
+    headers["If-Range"] = "\u00b2".encode()
+    assert send(hostile_gateway, "GET", f"/v1/audio/{stored_key}{ext}", headers).status < 500
+
+
+# Messages a jambonz streaming client may send that are not what the protocol expects: each is
+# answered {"error": ...} on the socket, which stays open.
+WS_MESSAGES = [
+    pytest.param("not json", id="not-json"),
+    pytest.param(nested(5000).decode(), id="json-5000-deep"),
+    pytest.param("1" * 5000, id="5000-digit-number"),
+    pytest.param("[]", id="list"),
+    pytest.param('{"type": "dance"}', id="unknown-type"),
+    pytest.param('{"type": "stream", "text": 1}', id="text-not-string"),
+    pytest.param(json.dumps({"type": "stream", "text": "\x00\x00."}), id="nul-text"),
+    pytest.param('{"type": ' + "[" * 3000 + "]" * 3000 + "}", id="type-3000-deep"),
+]
+
+
+@pytest.mark.parametrize("message", WS_MESSAGES)
+async def test_hostile_jambonz_stream_messages(hostile_gateway: Gateway, message: str) -> None:
+    import aiohttp
+
+    url = f"http://{hostile_gateway.host}:{hostile_gateway.port}/v1/jambonz/stream"
+    async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+        hello = await ws.receive_json(timeout=10)
+        assert hello["type"] == "connect"
+        await ws.send_str(message)
+        if message.startswith('{"type": "stream"') and "\\u0000" in message:
+            # (the NUL is refused when the buffered text is spoken: on flush)
+            await ws.send_str('{"type": "flush"}')
+        answer = await ws.receive_json(timeout=10)
+        assert set(answer) == {"error"} and isinstance(answer["error"], str)
+        assert len(answer["error"]) <= MAX_MESSAGE
+        # Still open and still serving: a good sentence comes back as audio.
+        await ws.send_str(json.dumps({"type": "stream", "text": "Hi. "}))
+        await ws.send_str('{"type": "flush"}')
+        audio = await ws.receive(timeout=30)
+        assert audio.type == aiohttp.WSMsgType.BINARY and len(audio.data) > 0
+        await ws.send_str('{"type": "stop"}')
+
+
 def test_healthy_after_the_table(hostile_gateway: Gateway) -> None:
     """Runs after the table (pytest keeps file order): the server still answers and speaks."""
     assert send(hostile_gateway, "GET", "/healthz").status == 200
