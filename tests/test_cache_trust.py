@@ -333,3 +333,31 @@ async def test_a_master_that_does_not_decode_is_synthesized_again(
     key = first.headers["X-Audio-Key"]
     ulaw = await client.get(f"/v1/audio/{key}.ulaw")
     assert ulaw.status < 500
+
+
+async def test_two_replicas_without_a_shared_store_never_send_one_etag_for_two_bodies(
+    gateway: GatewayFactory, settings: Settings, tmp_path: Any
+) -> None:
+    """Acceptance 5: Piper samples noise, so two replicas without a shared store make different
+    bytes for one content address; they once sent the same strong ETag (the key) with
+    ``immutable`` for both. The ETag now names the bytes: one ETag, one body."""
+    replicas = [
+        await gateway(settings=settings.replace(cache_dir=str(tmp_path / f"replica{i}")))
+        for i in range(2)
+    ]
+    bodies_by_etag: dict[str, set[bytes]] = {}
+    keys_seen: set[str] = set()
+    for text in ("Press one for sales.", "Press two for support.", "Please hold the line."):
+        for client in replicas:
+            for _ in range(2):  # a miss, then a hit
+                r = await client.post("/v1/audio/speech", json=speech(text))
+                assert r.status == 200
+                bodies_by_etag.setdefault(r.headers["ETag"], set()).add(await r.read())
+                keys_seen.add(r.headers["X-Audio-Key"])
+            by_key = await client.get(f"/v1/audio/{r.headers['X-Audio-Key']}")
+            assert "immutable" not in by_key.headers["Cache-Control"]
+            bodies_by_etag.setdefault(by_key.headers["ETag"], set()).add(await by_key.read())
+    assert len(keys_seen) == 3  # one content address per text, on both replicas
+    assert all(len(bodies) == 1 for bodies in bodies_by_etag.values())
+    # The replicas did make different bytes for some address (else this proves nothing).
+    assert len(bodies_by_etag) > 3

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import pytest
 
+from cache.entry import Entry
+from gateway.http import keys
 from gateway.http.conditional import RangeError, parse_range
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine
 
 BODY = {"model": "tts-1", "input": "Please hold.", "voice": "alloy", "response_format": "wav"}
+
+
+def body_etag(data: bytes) -> str:
+    """The ETag of these bytes: the first 128 bits of their SHA-256."""
+    return f'"{hashlib.sha256(data).hexdigest()[:32]}"'
 
 
 async def stored(client: Any) -> tuple[str, bytes]:
@@ -23,8 +31,10 @@ async def test_if_none_match_on_speech_is_304_without_synthesis(
     gateway: GatewayFactory, counting_engine: CountingEngine
 ) -> None:
     client = await gateway()
-    key, data = await stored(client)
-    etag = f'"{key}"'
+    first = await client.post("/v1/audio/speech", json=BODY)
+    key, data, etag = first.headers["X-Audio-Key"], await first.read(), first.headers["ETag"]
+    assert etag == body_etag(data)  # the ETag names the bytes, not the content address
+    items = counting_engine.items
     for header in (etag, f"W/{etag}", f'"other", {etag}'):
         r = await client.post("/v1/audio/speech", json=BODY, headers={"If-None-Match": header})
         assert r.status == 304, header
@@ -33,19 +43,26 @@ async def test_if_none_match_on_speech_is_304_without_synthesis(
     r = await client.post("/v1/audio/speech", json=BODY, headers={"If-None-Match": '"other"'})
     assert r.status == 200
     assert await r.read() == data
-    # `*` asks whether anything is stored: not answered from the key alone on the speech endpoint.
-    r = await client.post("/v1/audio/speech", json=BODY, headers={"If-None-Match": "*"})
+    assert counting_engine.items == items  # answered from the stored entry, no synthesis
+    # The content address is not an ETag: a client holding `"<key>"` holds no known bytes.
+    r = await client.post("/v1/audio/speech", json=BODY, headers={"If-None-Match": f'"{key}"'})
     assert r.status == 200
-    # The 304 comes from the key alone: a client holding a key's audio needs no synthesis.
-    fresh = {**BODY, "input": "Never asked before."}
-    probe = await client.post("/v1/audio/speech", json=fresh)
-    fresh_key = probe.headers["X-Audio-Key"]
-    items = counting_engine.items
-    r = await client.post(
-        "/v1/audio/speech", json=fresh, headers={"If-None-Match": f'"{fresh_key}"'}
+    # Once other bytes are stored under the key (another replica's, a synthesis after an
+    # eviction), the old ETag no longer matches: the client gets the bytes held now.
+    store = client.app[keys.STORE]
+    found = await store.get(key)
+    assert found is not None
+    other = Entry.create(
+        data[:-2] + b"\x01\x00",
+        content_type="audio/wav",
+        fmt="wav",
+        sample_rate=found.entry.meta.sample_rate,
+        model=found.entry.meta.model,
     )
-    assert r.status == 304
-    assert counting_engine.items == items
+    await store.put(key, other)
+    r = await client.post("/v1/audio/speech", json=BODY, headers={"If-None-Match": etag})
+    assert r.status == 200
+    assert await r.read() == other.audio and r.headers["ETag"] == body_etag(other.audio) != etag
 
 
 async def test_audio_by_key_etag_and_ranges(gateway: GatewayFactory) -> None:
@@ -56,11 +73,15 @@ async def test_audio_by_key_etag_and_ranges(gateway: GatewayFactory) -> None:
     assert full.status == 200
     assert full.headers["Accept-Ranges"] == "bytes"
     assert int(full.headers["Content-Length"]) == len(data)
-    assert "immutable" in full.headers["Cache-Control"]
+    # Long-lived but not immutable: another replica may hold other bytes for the key.
+    assert full.headers["Cache-Control"] == "public, max-age=31536000"
+    assert full.headers["ETag"] == body_etag(data)
     assert await full.read() == data
 
-    r = await client.get(url, headers={"If-None-Match": f'"{key}"'})
+    r = await client.get(url, headers={"If-None-Match": body_etag(data)})
     assert r.status == 304
+    r = await client.get(url, headers={"If-None-Match": f'"{key}"'})
+    assert r.status == 200
     r = await client.get(url, headers={"If-None-Match": "*"})
     assert r.status == 304
 
@@ -86,7 +107,7 @@ async def test_audio_by_key_etag_and_ranges(gateway: GatewayFactory) -> None:
     r = await client.get(url, headers={"Range": "bytes=0-9", "If-Range": '"stale"'})
     assert r.status == 200
     assert await r.read() == data
-    r = await client.get(url, headers={"Range": "bytes=0-9", "If-Range": f'"{key}"'})
+    r = await client.get(url, headers={"Range": "bytes=0-9", "If-Range": body_etag(data)})
     assert r.status == 206
     # Several ranges: answered whole (allowed by RFC 9110).
     r = await client.get(url, headers={"Range": "bytes=0-9,20-29"})

@@ -1,9 +1,11 @@
 """HTTP caching semantics for audio responses: ETag, If-None-Match (304), If-Modified-Since,
 Cache-Control, Range (206 / 416).
 
-Audio is content-addressed and immutable, so the ETag is the content key itself (a strong
-validator), a matching ``If-None-Match`` is answered 304 without touching the store, and byte
-ranges of a stored entry are always consistent with one another. ``Last-Modified`` is when the
+The ETag names the bytes, not the content address (:meth:`cache.entry.Entry.etag`, a digest kept
+with each entry): two replicas without a shared store, or one that synthesizes a key again after
+an eviction, make different bytes for one address (Piper samples noise), and one ETag must never
+name two bodies. So a matching ``If-None-Match`` is answered 304 only against the entry held now,
+and byte ranges of a stored entry are always consistent with one another. ``Last-Modified`` is when the
 entry was stored: players that revalidate by date (Twilio) get a 304 from it.
 """
 
@@ -84,11 +86,6 @@ class AudioResponse(web.Response):
             if send_headers is not None:  # aiohttp's StreamWriter; others just coalesce
                 send_headers()
         await super().write_eof(data)
-
-
-def etag_for(key: str) -> str:
-    """The (strong) entity tag of the audio stored under ``key``."""
-    return f'"{key}"'
 
 
 def none_match(request: web.Request, etag: str, *, exists: bool = True) -> bool:

@@ -15,14 +15,12 @@ import time
 from aiohttp import web
 from multidict import CIMultiDict
 
+from cache.entry import Entry
 from gateway.http import keys, sse
 from gateway.http.conditional import (
     AudioResponse,
     audio_response,
-    etag_for,
     http_date,
-    none_match,
-    not_modified,
 )
 from gateway.http.presentation import Presentation, audio_headers
 from gateway.memo import BoundedMemo
@@ -34,18 +32,21 @@ from synth.scheduler import CLIENT
 log = logging.getLogger("voxgate.gateway")
 
 
-# The response headers of a memory hit, built once per key: they are a pure function of the
-# content address (which fixes the format and rate), and copying a ready CIMultiDict is cheaper
-# than building one from a dict on every hit.
-_hit_headers: BoundedMemo[str, CIMultiDict[str]] = BoundedMemo(4096)
+# The response headers of a memory hit, built once per entry: a function of the content address
+# (which fixes the format and rate) and of the bytes held (the ETag), and copying a ready
+# CIMultiDict is cheaper than building one from a dict on every hit. Checked against the entry's
+# digest: other bytes may be stored under the key later (see gateway.http.conditional).
+_hit_headers: BoundedMemo[str, tuple[str, CIMultiDict[str]]] = BoundedMemo(4096)
 
 
-def _hit_headers_for(key: str, fmt: audio.AudioFormat, rate: int) -> CIMultiDict[str]:
-    headers = _hit_headers.get(key)
-    if headers is None:
-        headers = CIMultiDict(audio_headers(key, fmt, rate, "hit"))
-        _hit_headers.put(key, headers)
-    return headers
+def _hit_headers_for(key: str, fmt: audio.AudioFormat, entry: Entry) -> CIMultiDict[str]:
+    found = _hit_headers.get(key)
+    digest = entry.meta.digest or entry.etag
+    if found is None or found[0] != digest:
+        made = audio_headers(key, fmt, entry.meta.sample_rate, "hit", entry.etag)
+        found = (digest, CIMultiDict(made))
+        _hit_headers.put(key, found)
+    return found[1]
 
 
 def client_of(request: web.Request) -> str:
@@ -98,7 +99,7 @@ async def serve_speech(
             if present is not None:
                 headers = present.hit_headers(key, req.fmt, entry)
             else:
-                headers = _hit_headers_for(key, req.fmt, entry.meta.sample_rate)
+                headers = _hit_headers_for(key, req.fmt, entry)
             if ignored:
                 headers = CIMultiDict(headers)
                 headers[IGNORED_FIELDS] = ", ".join(ignored)
@@ -106,14 +107,8 @@ async def serve_speech(
     extra = {IGNORED_FIELDS: ", ".join(ignored)} if ignored else {}
     if sse:
         return await _events(request, req, extra)
-    _, key, rate = service.keys_for(req)
-    if none_match(request, etag_for(key), exists=False):
-        # Content-addressed audio never changes: a client holding this key holds these bytes.
-        # (`*` is not answered from the key alone: it asks whether anything is stored.)
-        _record(request, req, key, "hit")
-        if present is not None:
-            return not_modified({**present.headers(key, req.fmt, rate, "hit", None), **extra})
-        return not_modified({**audio_headers(key, req.fmt, rate, "hit"), **extra})
+    # If-None-Match is answered against the entry held now (audio_response below): the key alone
+    # does not say which bytes a client holds (other replicas, a synthesis after an eviction).
     # The synthesis queue's share is per client; this handler's tasks inherit the name.
     CLIENT.set(client_of(request))
     answer = await service.answer(req, stream=stream)
@@ -121,13 +116,14 @@ async def serve_speech(
         return await _stream(request, req, answer, extra)
     _record(request, req, answer.key, answer.cache)
     meta = answer.entry.meta
+    etag = answer.entry.etag
     if present is not None:
-        made = present.headers(answer.key, req.fmt, meta.sample_rate, answer.cache, meta.created)
-        return audio_response(
-            request, answer.entry.audio, {**made, **extra}, conditional=False, created=meta.created
+        made = present.headers(
+            answer.key, req.fmt, meta.sample_rate, answer.cache, meta.created, etag
         )
-    made = audio_headers(answer.key, req.fmt, meta.sample_rate, answer.cache)
-    return audio_response(request, answer.entry.audio, {**made, **extra}, conditional=False)
+        return audio_response(request, answer.entry.audio, {**made, **extra}, created=meta.created)
+    made = audio_headers(answer.key, req.fmt, meta.sample_rate, answer.cache, etag)
+    return audio_response(request, answer.entry.audio, {**made, **extra})
 
 
 async def _events(
@@ -138,14 +134,14 @@ async def _events(
     answer = await request.app[keys.SPEECH].answer(req, stream=True)
     if isinstance(answer, SpeechStream):
         _record(request, req, answer.key, answer.cache)
-        headers = {**audio_headers(answer.key, req.fmt, answer.rate, answer.cache), **extra}
+        headers = {**audio_headers(answer.key, req.fmt, answer.rate, answer.cache, None), **extra}
         try:
             return await sse.send_stream(request, headers, answer, characters=len(req.text))
         finally:
             answer.close()  # this reader no longer waits for the production
     _record(request, req, answer.key, answer.cache)
     rate = answer.entry.meta.sample_rate
-    headers = {**audio_headers(answer.key, req.fmt, rate, answer.cache), **extra}
+    headers = {**audio_headers(answer.key, req.fmt, rate, answer.cache, None), **extra}
     return await sse.send_whole(request, headers, answer.entry, characters=len(req.text))
 
 
@@ -163,10 +159,9 @@ async def _send_stream(
 ) -> web.StreamResponse:
     key = stream.key
     _record(request, req, key, stream.cache)
-    headers = {**audio_headers(key, req.fmt, stream.rate, stream.cache), **extra}
     # The streamed bytes are not the stored rendition's bytes (a WAV header of unknown length,
     # MP3/AAC frames per sentence): no ETag; the key names the stored audio for a later GET.
-    del headers["ETag"]
+    headers = {**audio_headers(key, req.fmt, stream.rate, stream.cache, None), **extra}
     headers["Cache-Control"] = "no-store"
     resp = web.StreamResponse(headers=headers)
     resp.enable_chunked_encoding()
@@ -218,7 +213,7 @@ async def serve_stored(request: web.Request, key: str) -> web.StreamResponse | N
     request[keys.CACHE_RESULT] = "hit"
     request[keys.AUDIO_KEY] = key
     headers = {
-        "ETag": etag_for(key),
+        "ETag": entry.etag,
         "Cache-Control": request.app[keys.PRESENTATIONS].stored.cache_control,
         "Content-Type": fmt.content_type,
         "X-Audio-Sample-Rate": str(entry.meta.sample_rate),

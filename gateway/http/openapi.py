@@ -66,7 +66,9 @@ def _audio_ok(description: str) -> dict[str, Any]:
         "description": description,
         "headers": {
             "ETag": {
-                "description": "The content key in quotes (strong).",
+                "description": "The first 128 bits of the body's SHA-256, hex, in quotes "
+                "(strong): it names these bytes, not the content key (another replica may "
+                "hold other bytes for the same key).",
                 "schema": {"type": "string"},
             },
             "X-Audio-Key": {
@@ -273,7 +275,7 @@ def _speech_path() -> dict[str, Any]:
             "pause. With `stream` the response is chunked and sends each sentence as "
             "soon as it is ready (WAV with an open-ended header, or raw PCM / G.711, "
             "MP3 or AAC frames); the full audio is cached at the end. A matching "
-            "If-None-Match gets 304 (the content never changes for a key). With "
+            "If-None-Match gets 304 when it names the bytes stored now. With "
             '`stream_format: "sse"` the body is `text/event-stream`: `speech.audio.delta` '
             "events (base64 audio, in order, sentence by sentence) and a final "
             "`speech.audio.done` with `usage`. `instructions` and unknown fields are ignored "
@@ -367,7 +369,8 @@ def _stored_audio_path() -> dict[str, Any]:
         "get": {
             "tags": ["speech"],
             "summary": "Stored audio by content key",
-            "description": "Immutable. Supports If-None-Match (304), a single byte Range "
+            "description": "Long-lived (max-age audio_max_age_s), not immutable: the bytes "
+            "are one rendering of the key. Supports If-None-Match (304), a single byte Range "
             "(206; 416 when unsatisfiable) and If-Range.",
             "parameters": [
                 {
@@ -381,7 +384,7 @@ def _stored_audio_path() -> dict[str, Any]:
                 _ref("parameters", "IfRange"),
             ],
             "responses": {
-                "200": _audio_ok("The stored audio (Cache-Control: immutable)."),
+                "200": _audio_ok("The stored audio (Cache-Control: public, max-age)."),
                 "206": {
                     "description": "The asked byte range; Content-Range says which.",
                     "headers": {"Content-Range": {"schema": {"type": "string"}}},
@@ -481,7 +484,7 @@ def _telephony_paths() -> dict[str, Any]:
                     _ref("parameters", "IfRange"),
                 ],
                 "responses": {
-                    "200": _player_audio("The audio (Cache-Control: immutable)."),
+                    "200": _player_audio("The audio (Cache-Control: public, max-age)."),
                     "304": _ref("responses", "NotModified"),
                     **_errors(400, 404),
                 },

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from multidict import CIMultiDict
 
 from cache.entry import Entry
-from gateway.http.conditional import cache_control, etag_for, http_date
+from gateway.http.conditional import cache_control, http_date
 from gateway.memo import BoundedMemo
 from gateway.runtime.settings import Settings
 from gateway.speech.telephony import EXTENSIONS
@@ -19,15 +19,20 @@ from synth import audio
 HIT_HEADERS = 8192
 
 
-def audio_headers(key: str, fmt: audio.AudioFormat, rate: int, cache: str) -> dict[str, str]:
-    """The headers every audio response carries: type, cache result, key, ETag, rate."""
-    return {
+def audio_headers(
+    key: str, fmt: audio.AudioFormat, rate: int, cache: str, etag: str | None
+) -> dict[str, str]:
+    """The headers every audio response carries: type, cache result, key, rate, and the ETag of
+    the bytes sent (``etag``; None for a stream, whose bytes are not a stored entry's)."""
+    out = {
         "Content-Type": fmt.content_type,
         "X-Cache": cache.upper(),
         "X-Audio-Key": key,
-        "ETag": etag_for(key),
         "X-Audio-Sample-Rate": str(rate),
     }
+    if etag is not None:
+        out["ETag"] = etag
+    return out
 
 
 @dataclass
@@ -35,22 +40,28 @@ class Presentation:
     """How a GET route presents audio to players: its ``Cache-Control``, and its
     ``Content-Type`` where that is not the format's own (a telephony extension's). Players keep
     a file only with ``max-age`` and revalidate with ETag or Last-Modified, so both are sent.
-    The headers of a memory hit are built once per key, as for POST, in a memo all of an app's
-    presentations share (``hits``, keyed by this presentation's ``tag`` and the key): one bound
-    for the headers of every route and extension, however many are used."""
+    The headers of a memory hit are built once per entry, as for POST, in a memo all of an app's
+    presentations share (``hits``, keyed by this presentation's ``tag`` and the key, checked
+    against the entry's digest): one bound for the headers of every route and extension."""
 
     cache_control: str
     content_type: str | None = None
-    hits: BoundedMemo[tuple[int, str], CIMultiDict[str]] = field(
+    hits: BoundedMemo[tuple[int, str], tuple[str, CIMultiDict[str]]] = field(
         default_factory=lambda: BoundedMemo(HIT_HEADERS), repr=False
     )
     tag: int = 0
 
     def headers(
-        self, key: str, fmt: audio.AudioFormat, rate: int, cache: str, created: float | None
+        self,
+        key: str,
+        fmt: audio.AudioFormat,
+        rate: int,
+        cache: str,
+        created: float | None,
+        etag: str | None,
     ) -> dict[str, str]:
-        """The response headers for audio ``key``."""
-        out = audio_headers(key, fmt, rate, cache)
+        """The response headers for audio ``key`` whose bytes have ``etag``."""
+        out = audio_headers(key, fmt, rate, cache, etag)
         out["Cache-Control"] = self.cache_control
         if self.content_type is not None:
             out["Content-Type"] = self.content_type
@@ -59,13 +70,17 @@ class Presentation:
         return out
 
     def hit_headers(self, key: str, fmt: audio.AudioFormat, entry: Entry) -> CIMultiDict[str]:
-        """The headers of a hit on ``key`` (built once per key: they never change for it)."""
+        """The headers of a hit on ``entry`` under ``key`` (built once per entry: the store
+        may hold other bytes under the key later, with another ETag and date)."""
         found = self.hits.get((self.tag, key))
-        if found is None:
+        # The digest, not the entry: a memo holding entries would keep evicted audio alive.
+        digest = entry.meta.digest or entry.etag
+        if found is None or found[0] != digest:
             meta = entry.meta
-            found = CIMultiDict(self.headers(key, fmt, meta.sample_rate, "hit", meta.created))
+            made = self.headers(key, fmt, meta.sample_rate, "hit", meta.created, entry.etag)
+            found = (digest, CIMultiDict(made))
             self.hits.put((self.tag, key), found)
-        return found
+        return found[1]
 
 
 @dataclass
@@ -80,11 +95,14 @@ class Presentations:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Presentations:
-        """Content addresses are immutable (``audio_max_age_s``); synthesis URLs answer what
-        the served model says today (``synthesis_max_age_s``)."""
-        forever = cache_control(settings.audio_max_age_s, immutable=True)
+        """Content-address URLs may be kept long (``audio_max_age_s``); synthesis URLs answer what
+        the served model says today (``synthesis_max_age_s``). Neither is ``immutable``: the
+        bytes under a content address are one rendering of it, and a replica without a shared
+        store, or one that synthesizes it again after an eviction, sends other bytes (another
+        ETag) for it, so a client must be free to revalidate."""
+        forever = cache_control(settings.audio_max_age_s)
         today = cache_control(settings.synthesis_max_age_s)
-        hits: BoundedMemo[tuple[int, str], CIMultiDict[str]] = BoundedMemo(HIT_HEADERS)
+        hits: BoundedMemo[tuple[int, str], tuple[str, CIMultiDict[str]]] = BoundedMemo(HIT_HEADERS)
         tags = itertools.count()
 
         def present(cache: str, content_type: str | None = None) -> Presentation:
