@@ -85,6 +85,27 @@ class PayloadTooLarge(VoxgateError):
     type = "invalid_request_error"
 
 
+class RequestTimeout(VoxgateError):
+    """The request body did not arrive in time (``body_timeout_s``); the connection is closed."""
+
+    status = 408
+    type = "invalid_request_error"
+
+
+class UnsupportedMediaType(VoxgateError):
+    """The body's Content-Type is not one the route reads (a JSON route needs JSON)."""
+
+    status = 415
+    type = "invalid_request_error"
+
+
+class MisdirectedRequest(VoxgateError):
+    """The Host header names a host this gateway does not serve (``allowed_hosts``)."""
+
+    status = 421
+    type = "invalid_request_error"
+
+
 class TooManyRequests(VoxgateError):
     """This client asked for more than its share; carries Retry-After."""
 

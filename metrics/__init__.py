@@ -364,6 +364,11 @@ class Metrics:
             ["key"],
             registry=r,
         )
+        self.connections_refused = Counter(
+            "voxgate_connections_refused_total",
+            "Connections answered 503 and closed because max_connections were open.",
+            registry=r,
+        )
         self.rate_limit_fallbacks = Counter(
             "voxgate_rate_limit_fallbacks_total",
             "Rate-limit checks decided in this process because Redis was unreachable (the "

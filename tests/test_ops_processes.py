@@ -225,7 +225,11 @@ async def test_logs_hold_no_request_text_or_api_key(tmp_path: Path) -> None:
                 assert r.status == 200
             async with session.get(url + "/synthesize", params={"text": secret_text}) as r:
                 assert r.status in (200, 404)
-            async with session.post(url + "/v1/audio/speech", data=b"{" + api_key.encode()) as r:
+            async with session.post(
+                url + "/v1/audio/speech",
+                data=b"{" + api_key.encode(),
+                headers={"Content-Type": "application/json"},
+            ) as r:
                 assert r.status == 400
         assert server.terminate() == 0
         logs = server.logs()

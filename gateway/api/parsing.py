@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import re
@@ -17,7 +18,7 @@ from gateway.api.frontend import front_end
 from gateway.api.models import SpeechBody, models_for
 from gateway.api.normalize import language_of, normalize_numbers
 from gateway.api.ssml import SsmlLimits, expand, is_ssml, joined_words, plain_text
-from gateway.errors import BadRequest, PayloadTooLarge, clip
+from gateway.errors import BadRequest, PayloadTooLarge, RequestTimeout, clip
 from gateway.memo import BoundedMemo
 from gateway.runtime.settings import Settings
 from gateway.speech.request import Segment, SpeechRequest
@@ -25,16 +26,23 @@ from gateway.speech.service import SpeechService
 from synth import audio
 
 
-async def read_body(request: web.Request, max_bytes: int) -> bytes:
-    """The raw body, bounded by ``max_bytes`` (413 beyond)."""
+async def read_body(request: web.Request, max_bytes: int, timeout_s: float | None = None) -> bytes:
+    """The raw body, bounded by ``max_bytes`` (413 beyond) and, with ``timeout_s``, in time
+    (408 beyond: a client trickling its body holds a connection and a task)."""
     if request.content_length is not None and request.content_length > max_bytes:
         raise PayloadTooLarge(
             f"request body too large: {request.content_length} bytes (limit {max_bytes})"
         )
     try:
-        raw = await request.read()
+        async with asyncio.timeout(timeout_s):
+            raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise PayloadTooLarge(f"request body too large (limit {max_bytes} bytes)") from exc
+    except TimeoutError:
+        raise RequestTimeout(
+            f"the request body did not arrive within {timeout_s:g} s (body_timeout_s)",
+            code="body_timeout",
+        ) from None
     return raw
 
 
@@ -72,8 +80,8 @@ def too_deep() -> BadRequest:
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """Parse ``raw`` as a JSON object, whatever Content-Type the client sent (curl's ``-d``
-    sends form encoding; rejecting it would only confuse)."""
+    """Parse ``raw`` as a JSON object (the JSON routes check its Content-Type first, at
+    registration: :mod:`gateway.http.origins`)."""
     if not raw.strip():
         raise BadRequest("request body is empty: send a JSON object")
     try:
@@ -98,9 +106,11 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     return body
 
 
-async def read_json_object(request: web.Request, max_bytes: int) -> dict[str, Any]:
-    """Read and parse the body as a JSON object."""
-    return parse_json_object(await read_body(request, max_bytes))
+async def read_json_object(
+    request: web.Request, max_bytes: int, timeout_s: float | None = None
+) -> dict[str, Any]:
+    """Read (in ``timeout_s``) and parse the body as a JSON object."""
+    return parse_json_object(await read_body(request, max_bytes, timeout_s))
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ log = logging.getLogger("voxgate")
 async def _serve(settings: Settings, worker_of: int | None = None) -> None:
     from gateway.http import keys
     from gateway.http.app import create_app, wait_ready
+    from gateway.http.connections import cap_connections, runner_options
 
     app = create_app(settings)
     # On SIGTERM, runner.cleanup() stops listening, lets in-flight requests finish for up to
@@ -32,8 +33,11 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
         handle_signals=False,
         shutdown_timeout=settings.shutdown_timeout_s,
         handler_cancellation=True,
+        **runner_options(settings),
     )
     await runner.setup()
+    assert runner.server is not None  # (set by setup())
+    cap_connections(runner.server, settings.max_connections, app[keys.METRICS])
     # A worker of `serve --workers N` shares the port with its siblings (SO_REUSEPORT).
     site = web.TCPSite(runner, settings.host, settings.port, reuse_port=worker_of is not None)
     await site.start()

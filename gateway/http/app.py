@@ -20,6 +20,7 @@ from gateway.http.handlers import audio_by_key, healthz, metrics_handler, readyz
 from gateway.http.jambonz import jambonz_stream, jambonz_tts
 from gateway.http.observe import RequestObserver
 from gateway.http.openapi import openapi_handler
+from gateway.http.origins import add_cors
 from gateway.http.presentation import Presentations
 from gateway.http.telephony import (
     AUDIO_EXT_ROUTE,
@@ -43,6 +44,18 @@ from synth.engine import Engine
 from synth.pool import EngineSpec
 
 log = logging.getLogger("voxgate")
+
+# Routes whose POST body is JSON only (require_json_content_type: 415 for anything else).
+# /api/tts is not one: Coqui's clients send forms too.
+JSON_BODIES = frozenset(
+    {
+        ("POST", "/v1/audio/speech"),
+        ("POST", "/v1/prompts"),
+        ("POST", "/v1/say/sign"),
+        ("POST", "/v1/jambonz/tts"),
+        ("POST", "/"),
+    }
+)
 
 
 def is_loopback(host: str) -> bool:
@@ -73,6 +86,8 @@ def create_app(
     app[keys.ACCESS_LOG] = AccessLog.from_settings(settings)
     app[keys.OBSERVER] = RequestObserver(app[keys.METRICS], app[keys.ACCESS_LOG])
     app[keys.AUTH] = Authenticator(settings.api_keys_file)
+    app[keys.CORS_ORIGINS] = frozenset(settings.cors_origins)
+    add_cors(app, app[keys.CORS_ORIGINS])
     # With keys on and Redis configured, one budget per key across replicas (a lazy client:
     # nothing connects until a limited key is used).
     app[keys.LIMITS] = KeyLimits(
@@ -176,6 +191,8 @@ def create_app(
             ("POST", "/v1/jambonz/tts", jambonz_tts, SPEAK),
             ("GET", "/v1/jambonz/stream", jambonz_stream, SPEAK),
         ],
+        json_bodies=JSON_BODIES if settings.require_json_content_type else frozenset(),
+        allowed_hosts=frozenset(settings.allowed_hosts),
     )
     return app
 

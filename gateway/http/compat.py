@@ -16,7 +16,7 @@ from aiohttp import web
 
 from gateway.api.compat import COQUI_HEADERS, parse_coqui, parse_piper, parse_synthesize
 from gateway.api.parsing import front_end_may_run, read_json_object
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, RequestTimeout
 from gateway.http import keys
 from gateway.http.delivery import serve_speech
 from gateway.runtime.settings import Settings
@@ -32,12 +32,19 @@ async def coqui_fields(request: web.Request) -> dict[str, Any]:
     """
     values: dict[str, Any] = {k: v for k, v in request.query.items()}
     if request.method == "POST" and request.can_read_body:
+        timeout_s = request.app[keys.SETTINGS].body_timeout_s
         if request.content_type == "application/json":
-            body = await read_json_object(request, request.app[keys.MAX_BODY_BYTES])
+            body = await read_json_object(request, request.app[keys.MAX_BODY_BYTES], timeout_s)
             values.update(body)
         else:
             try:
-                form = await request.post()
+                async with asyncio.timeout(timeout_s):
+                    form = await request.post()
+            except TimeoutError:
+                raise RequestTimeout(
+                    f"the request body did not arrive within {timeout_s:g} s (body_timeout_s)",
+                    code="body_timeout",
+                ) from None
             except ValueError as exc:
                 # aiohttp's form parsing: a multipart type without a boundary, a part without
                 # a name, a value that is not UTF-8 (UnicodeDecodeError is a ValueError).
@@ -82,7 +89,10 @@ async def synthesize(request: web.Request) -> web.StreamResponse:
 
 async def piper_speak(request: web.Request) -> web.StreamResponse:
     """``POST /``: Piper's HTTP API (JSON body); answers WAV at the voice's rate."""
-    body = await read_json_object(request, request.app[keys.MAX_BODY_BYTES])
+    app = request.app
+    body = await read_json_object(
+        request, app[keys.MAX_BODY_BYTES], app[keys.SETTINGS].body_timeout_s
+    )
     req = await _parse(request, parse_piper, body)
     return await serve_speech(request, req)
 

@@ -22,6 +22,7 @@ from gateway.http.conditional import (
     audio_response,
     http_date,
 )
+from gateway.http.connections import write_within
 from gateway.http.presentation import Presentation, audio_headers
 from gateway.memo import BoundedMemo
 from gateway.speech.assembly import SpeechStream
@@ -168,12 +169,13 @@ async def _send_stream(
     metrics = request.app[keys.METRICS]
     request[keys.FIRST_BYTE_AT] = time.perf_counter()
     await resp.prepare(request)
+    timeout_s = request.app[keys.SETTINGS].write_timeout_s
     try:
-        await resp.write(stream.first)
+        await write_within(request, resp, stream.first, timeout_s)
         async for chunk in stream.chunks():
             if request.transport is None or request.transport.is_closing():
                 raise ConnectionResetError("client went away")
-            await resp.write(chunk)
+            await write_within(request, resp, chunk, timeout_s)
         await resp.write_eof()
     except asyncio.CancelledError:
         metrics.streams.labels("disconnected").inc()

@@ -12,6 +12,7 @@ from gateway.errors import MethodNotAllowed, NotFound, clip
 from gateway.http import keys
 from gateway.http.auth import Access, guarded
 from gateway.http.errors import Handler, error_response_for, rejection_reason
+from gateway.http.origins import host_checked, preflight
 
 
 def edge(route: str, handler: Handler) -> Handler:
@@ -73,10 +74,15 @@ async def no_route(request: web.Request) -> web.StreamResponse:
 
 
 def method_not_allowed(allowed: Sequence[str]) -> Handler:
-    """A fallback for a path's other methods: 405 with ``Allow``."""
+    """A fallback for a path's other methods: 405 with ``Allow``; a CORS preflight from an
+    allowed origin (``cors_origins``) is answered here too, since OPTIONS is such a method."""
     allow = ", ".join(allowed)
 
     async def not_allowed(request: web.Request) -> web.StreamResponse:
+        if request.method == "OPTIONS":
+            answer = preflight(request, request.app[keys.CORS_ORIGINS], allow)
+            if answer is not None:
+                return answer
         raise MethodNotAllowed(
             f"method {clip(request.method, 24)} not allowed on {clip(request.path, 128)} "
             f"(allowed: {allow})",
@@ -86,13 +92,26 @@ def method_not_allowed(allowed: Sequence[str]) -> Handler:
     return not_allowed
 
 
-def add_routes(app: web.Application, routes: Sequence[tuple[str, str, Handler, Access]]) -> None:
+def add_routes(
+    app: web.Application,
+    routes: Sequence[tuple[str, str, Handler, Access]],
+    *,
+    json_bodies: frozenset[tuple[str, str]] = frozenset(),
+    allowed_hosts: frozenset[str] = frozenset(),
+) -> None:
     """Register ``(method, path, handler, access)`` routes, each behind its access check
-    (:func:`gateway.http.auth.guarded`: none for open routes) and wrapped by :func:`edge`; every
-    path answers its other methods with 405, and unknown paths get 404 (both counted as usual)."""
+    (:func:`gateway.http.auth.guarded`: none for open routes; with a JSON Content-Type check for
+    the ``(method, path)`` pairs in ``json_bodies``), behind the Host allow-list when
+    ``allowed_hosts`` is set, and wrapped by :func:`edge`; every path answers its other methods
+    with 405, and unknown paths get 404 (both counted as usual)."""
+
+    def outer(handler: Handler) -> Handler:
+        return host_checked(allowed_hosts, handler) if allowed_hosts else handler
+
     methods: dict[str, list[str]] = {}
     for method, path, handler, access in routes:
-        wrapped = edge(path, guarded(access, handler))
+        inner = guarded(access, handler, json_body=(method, path) in json_bodies)
+        wrapped = edge(path, outer(inner))
         if method == "GET":
             app.router.add_get(path, wrapped)
             methods.setdefault(path, []).extend(["GET", "HEAD"])
@@ -100,5 +119,5 @@ def add_routes(app: web.Application, routes: Sequence[tuple[str, str, Handler, A
             app.router.add_route(method, path, wrapped)
             methods.setdefault(path, []).append(method)
     for path, allowed in methods.items():
-        app.router.add_route("*", path, edge(path, method_not_allowed(allowed)))
-    app.router.add_route("*", "/{tail:.*}", edge("unmatched", no_route))
+        app.router.add_route("*", path, edge(path, outer(method_not_allowed(allowed))))
+    app.router.add_route("*", "/{tail:.*}", edge("unmatched", outer(no_route)))

@@ -15,6 +15,7 @@ from aiohttp import web
 from gateway.errors import (
     BadRequest,
     MethodNotAllowed,
+    RequestTimeout,
     TooManyRequests,
     Unauthorized,
     Unavailable,
@@ -60,6 +61,8 @@ def error_response(exc: VoxgateError) -> web.Response:
         headers["Allow"] = exc.allow
     elif isinstance(exc, Unauthorized):
         headers["WWW-Authenticate"] = 'Bearer realm="voxgate"'
+    elif isinstance(exc, RequestTimeout):
+        headers["Connection"] = "close"  # the rest of the body may still be on its way
     return web.Response(
         status=exc.status,
         body=error_body(exc.message, exc.type, exc.param, exc.code),

@@ -20,7 +20,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
     app = request.app
     settings = app[keys.SETTINGS]
     service = app[keys.SPEECH]
-    raw = await read_body(request, settings.max_body_kb * 1024)
+    raw = await read_body(request, settings.max_body_kb * 1024, settings.body_timeout_s)
     memo = app[keys.REQUEST_MEMO]
     call = memo.get(raw)
     if call is None:

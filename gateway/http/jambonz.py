@@ -45,7 +45,7 @@ async def jambonz_tts(request: web.Request) -> web.StreamResponse:
     Content-Type (exactly: jambonz compares the string)."""
     app = request.app
     settings = app[keys.SETTINGS]
-    body = await read_json_object(request, app[keys.MAX_BODY_BYTES])
+    body = await read_json_object(request, app[keys.MAX_BODY_BYTES], settings.body_timeout_s)
     req = parse_jambonz(body, settings, app[keys.SPEECH])
     return await serve_speech(request, req, present=app[keys.PRESENTATIONS].jambonz)
 
@@ -65,7 +65,7 @@ async def jambonz_stream(request: web.Request) -> web.StreamResponse:
         text="", model=model, voice=voice, fmt=audio.FORMATS["pcm"], sample_rate=rate
     )
     pending: asyncio.Queue[asyncio.Task[SpeechResult]] = asyncio.Queue(STREAM_AHEAD)
-    sender = asyncio.create_task(_send_in_order(ws, pending))
+    sender = asyncio.create_task(_send_in_order(request, ws, pending, settings.write_timeout_s))
     text = TextBuffer(service, settings.max_input_chars)
     try:
         async for msg in ws:
@@ -114,11 +114,15 @@ def _speak(
 
 
 async def _send_in_order(
-    ws: web.WebSocketResponse, pending: asyncio.Queue[asyncio.Task[SpeechResult]]
+    request: web.Request,
+    ws: web.WebSocketResponse,
+    pending: asyncio.Queue[asyncio.Task[SpeechResult]],
+    write_timeout_s: float,
 ) -> None:
     """Send each sentence's audio as it is ready, in the order the text came. Once the socket
-    cannot be written, the queue is still drained (its waiters cancelled), so the reader never
-    blocks on a full queue nobody empties."""
+    cannot be written (or its reader took no message for ``write_timeout_s``: then it is
+    closed), the queue is still drained (its waiters cancelled), so the reader never blocks on
+    a full queue nobody empties."""
     broken = False
     while True:
         task = await pending.get()
@@ -127,7 +131,16 @@ async def _send_in_order(
             continue
         try:
             result = await task
-            await ws.send_bytes(result.entry.audio)
+            try:
+                async with asyncio.timeout(write_timeout_s):
+                    await ws.send_bytes(result.entry.audio)
+            except TimeoutError:
+                # A reader this slow holds the production's memory: cut it off.
+                # (abort: a close frame would wait behind the data this reader does not take)
+                log.info("jambonz stream: client did not read for %gs; dropped", write_timeout_s)
+                if request.transport is not None:
+                    request.transport.abort()
+                raise ConnectionResetError("client too slow") from None
         except (VoxgateError, SynthesisError) as exc:
             message = exc.message if isinstance(exc, VoxgateError) else str(exc)
             with contextlib.suppress(ConnectionError):

@@ -48,3 +48,5 @@ CLIENT_NAME = web.RequestKey("client_name", str)
 AUTH = web.AppKey("auth", Authenticator)
 # Per-key request and character limits (shared through Redis when configured).
 LIMITS = web.AppKey("limits", KeyLimits)
+# Origins whose browser pages may call the gateway (cors_origins; empty: CORS off).
+CORS_ORIGINS = web.AppKey("cors_origins", frozenset[str])

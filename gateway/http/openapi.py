@@ -51,9 +51,11 @@ def _format_table() -> str:
 def _errors(*codes: int) -> dict[str, Any]:
     names = {
         400: "BadRequest",
+        401: "Unauthorized",
         403: "Forbidden",
         404: "NotFound",
         413: "PayloadTooLarge",
+        415: "UnsupportedMediaType",
         416: "RangeNotSatisfiable",
         429: "TooManyRequests",
         503: "Unavailable",
@@ -779,9 +781,19 @@ def _components(settings: Settings, models: RequestModels) -> dict[str, Any]:
                 "unsupported formats and stream formats, out-of-range values, bad JSON).",
                 "content": {JSON: {"schema": _ref("schemas", "Error")}},
             },
+            "Unauthorized": {
+                "description": "API keys are on and the request sent no key, or one the gateway "
+                "does not know (docs/security.md).",
+                "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
+                "content": {JSON: {"schema": _ref("schemas", "Error")}},
+            },
+            "UnsupportedMediaType": {
+                "description": "The body was not sent as `Content-Type: application/json`.",
+                "content": {JSON: {"schema": _ref("schemas", "Error")}},
+            },
             "Forbidden": {
-                "description": "A signed say URL whose signature does not match or has expired, "
-                "or signing is off.",
+                "description": "The API key lacks the route's scope; or a signed say URL whose "
+                "signature does not match or has expired, or signing is off.",
                 "content": {JSON: {"schema": _ref("schemas", "Error")}},
             },
             "NotFound": {
@@ -799,7 +811,8 @@ def _components(settings: Settings, models: RequestModels) -> dict[str, Any]:
             },
             "TooManyRequests": {
                 "description": "This client already has its share of the synthesis queue "
-                "waiting (`queue_per_client`); retry after Retry-After seconds.",
+                "waiting (`queue_per_client`), or its API key is over its requests or "
+                "characters per minute; retry after Retry-After seconds.",
                 "headers": {"Retry-After": {"schema": {"type": "integer"}}},
                 "content": {JSON: {"schema": _ref("schemas", "Error")}},
             },
@@ -816,7 +829,7 @@ def _components(settings: Settings, models: RequestModels) -> dict[str, Any]:
 def build_openapi(settings: Settings) -> dict[str, Any]:
     """The OpenAPI 3.1 document for a server running with ``settings``."""
     models = models_for(settings)
-    return {
+    doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": _info(),
         "tags": [
@@ -842,6 +855,45 @@ def build_openapi(settings: Settings) -> dict[str, Any]:
         },
         "components": _components(settings, models),
     }
+    _add_access(doc["paths"], metrics_open=not settings.metrics_auth)
+    doc["components"]["securitySchemes"] = {
+        "bearer": {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "An API key's secret (OpenAI clients send their `api_key` so).",
+        },
+        "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+    }
+    return doc
+
+
+# What operations ask of their caller, as gateway.http.app registers them (docs/security.md):
+# open ones never need a key; every other takes one when the server has a keys file (hence the
+# empty alternative: a server without one asks for none). The JSON-only bodies answer 415.
+_OPEN = {("/healthz", "get"), ("/readyz", "get"), ("/openapi.json", "get")}
+_SIGNED = "/v1/say/s/"
+_JSON_BODIES = {
+    ("/v1/audio/speech", "post"),
+    ("/v1/prompts", "post"),
+    ("/v1/say/sign", "post"),
+    ("/v1/jambonz/tts", "post"),
+    ("/", "post"),
+}
+
+
+def _add_access(paths: dict[str, Any], *, metrics_open: bool) -> None:
+    open_ops = _OPEN | ({("/metrics", "get")} if metrics_open else set())
+    for path, item in paths.items():
+        for method, op in item.items():
+            if not isinstance(op, dict) or "responses" not in op:
+                continue
+            responses = op["responses"]
+            if (path, method) in _JSON_BODIES:
+                responses.update(_errors(415))
+            if (path, method) in open_ops or path.startswith(_SIGNED):
+                continue
+            op["security"] = [{"bearer": []}, {"apiKey": []}, {}]
+            responses.update(_errors(401, 403, 429))
 
 
 def render(settings: Settings) -> str:

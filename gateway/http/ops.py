@@ -67,7 +67,7 @@ async def prompts(request: web.Request) -> web.Response:
     app = request.app
     settings = app[keys.SETTINGS]
     service = app[keys.SPEECH]
-    raw = await read_json_object(request, settings.max_body_kb * 1024)
+    raw = await read_json_object(request, settings.max_body_kb * 1024, settings.body_timeout_s)
     # Shape and bounds (gateway.api.models.PromptsBody); every prompt is then validated as a
     # speech body with the defaults applied (to_requests).
     body = models_for(settings).prompts.check(raw)

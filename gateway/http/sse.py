@@ -31,6 +31,7 @@ from aiohttp import web
 
 from cache.entry import Entry
 from gateway.http import keys
+from gateway.http.connections import write_within
 from gateway.speech.assembly import SpeechStream
 
 log = logging.getLogger("voxgate.gateway")
@@ -81,10 +82,11 @@ async def send_whole(
 ) -> web.StreamResponse:
     """Stored audio as events: every delta at once, then done."""
     resp = await _open(request, headers)
+    timeout_s = request.app[keys.SETTINGS].write_timeout_s
     try:
         for chunk in deltas(entry.audio):
-            await resp.write(chunk)
-        await resp.write(done(characters, entry.meta.duration_s))
+            await write_within(request, resp, chunk, timeout_s)
+        await write_within(request, resp, done(characters, entry.meta.duration_s), timeout_s)
         await resp.write_eof()
     except ConnectionResetError:
         log.info("event stream ended by the client")
@@ -97,6 +99,7 @@ async def send_stream(
     """A stream being made as events: a delta per sentence as it is ready, then done."""
     metrics = request.app[keys.METRICS]
     resp = await _open(request, headers)
+    timeout_s = request.app[keys.SETTINGS].write_timeout_s
 
     async def pieces() -> AsyncIterator[bytes]:
         yield stream.first
@@ -108,8 +111,8 @@ async def send_stream(
             if request.transport is None or request.transport.is_closing():
                 raise ConnectionResetError("client went away")
             for chunk in deltas(data):
-                await resp.write(chunk)
-        await resp.write(done(characters, stream.audio_s))
+                await write_within(request, resp, chunk, timeout_s)
+        await write_within(request, resp, done(characters, stream.audio_s), timeout_s)
         await resp.write_eof()
     except asyncio.CancelledError:
         metrics.streams.labels("disconnected").inc()

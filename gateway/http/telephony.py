@@ -108,7 +108,7 @@ async def sign_say_url(request: web.Request) -> web.Response:
     ``voxgate sign-url`` prints), for players that cannot send an API key."""
     app = request.app
     settings = app[keys.SETTINGS]
-    raw = await read_json_object(request, app[keys.MAX_BODY_BYTES])
+    raw = await read_json_object(request, app[keys.MAX_BODY_BYTES], settings.body_timeout_s)
     body = models_for(settings).sign.check(raw)
     secret = _secret(request)
     if not secret:

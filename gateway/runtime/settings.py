@@ -148,6 +148,34 @@ class Settings(BaseSettings):
         "On SIGTERM, seconds to let in-flight requests finish before closing connections.",
         ge=0,
     )
+    keepalive_timeout_s: float = _opt(
+        "server",
+        75.0,
+        "Seconds a connection may sit idle, before its first request or between requests, "
+        "including one whose request headers have not all arrived (slow-header clients are "
+        "dropped after it). Keep it above a reverse proxy's upstream idle timeout.",
+        gt=0,
+    )
+    body_timeout_s: float = _opt(
+        "server",
+        30.0,
+        "Seconds a request body may take to arrive once its headers are in; beyond it a 408 and "
+        "the connection is closed.",
+        gt=0,
+    )
+    write_timeout_s: float = _opt(
+        "server",
+        30.0,
+        "Seconds one piece of a streamed answer (chunked audio, events, a WebSocket message) may "
+        "wait for a slow reader to take it; beyond it the connection is dropped.",
+        gt=0,
+    )
+    max_connections: int = _opt(
+        "server",
+        1024,
+        "Connections served at once per gateway process; one more is answered 503 and closed.",
+        ge=1,
+    )
 
     # --- HTTP limits ---
     max_input_chars: int = _opt("http", 4096, "Longest input text accepted, in characters.", ge=1)
@@ -527,6 +555,25 @@ class Settings(BaseSettings):
         "limits; `voxgate keys add` writes it), reloaded on SIGHUP. Empty: no keys, every "
         "route is open.",
     )
+    require_json_content_type: bool = _opt(
+        "security",
+        True,
+        "POST bodies that must be JSON (/v1/audio/speech, /v1/prompts, /v1/say/sign, "
+        "/v1/jambonz/tts, Piper's POST /) need Content-Type application/json, else 415: a browser "
+        "page cannot send them cross-origin without a CORS preflight.",
+    )
+    allowed_hosts: Names = _opt(
+        "security",
+        (),
+        "Host names (Host header, port ignored) the gateway answers, comma-separated; another "
+        "gets 421 (against DNS rebinding). Empty: any host.",
+    )
+    cors_origins: Names = _opt(
+        "security",
+        (),
+        "Origins (https://app.example) whose browser pages may call the gateway, comma-separated; "
+        "their preflights (OPTIONS) are answered. Empty: CORS off.",
+    )
     metrics_auth: bool = _opt(
         "security",
         False,
@@ -545,7 +592,7 @@ class Settings(BaseSettings):
             raise ValueError("expected an integer, got a boolean")
         return value
 
-    @field_validator("piper_voices", "devices", mode="before")
+    @field_validator("piper_voices", "devices", "allowed_hosts", "cors_origins", mode="before")
     @classmethod
     def _comma_list(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -576,6 +623,22 @@ class Settings(BaseSettings):
     @classmethod
     def _add_openai_voices(cls, value: dict[str, str]) -> dict[str, str]:
         return {**DEFAULT_VOICE_ALIASES, **value}
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _lower_hosts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(h.lower() for h in value)
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        out = []
+        for origin in value:
+            origin = origin.rstrip("/").lower()
+            if origin != "*" and re.fullmatch(r"https?://[^/\s?#]+", origin) is None:
+                raise ValueError(f"{origin!r} is not an origin (scheme://host[:port]) or *")
+            out.append(origin)
+        return tuple(out)
 
     @field_validator("public_url")
     @classmethod

@@ -1,0 +1,103 @@
+"""Connection hygiene (issue 12, point 7): slow or idle clients are dropped and connections are
+capped, so a few sockets cannot hold the gateway.
+
+- Idle and header time: aiohttp's keep-alive timer, armed when a connection opens and after each
+  response, closes a connection still waiting for a complete request when it fires; so
+  ``keepalive_timeout_s`` bounds both an idle keep-alive connection and a client trickling its
+  request headers (aiohttp's default is 3,630 s).
+- Body time: ``body_timeout_s`` around every body read (:func:`gateway.api.parsing.read_body`).
+- Write time: :func:`write_within` bounds each write of a streamed answer; a reader that does
+  not take a piece within ``write_timeout_s`` is cut off (a 1 byte/s reader was kept forever).
+- A cap: :func:`cap_connections` answers a connection beyond ``max_connections`` with a 503 and
+  closes it at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from gateway.runtime.settings import Settings
+from metrics import Metrics
+
+
+def runner_options(settings: Settings) -> dict[str, Any]:
+    """The AppRunner (aiohttp ``Server``) arguments for the connection settings."""
+    return {"keepalive_timeout": settings.keepalive_timeout_s}
+
+
+async def write_within(
+    request: web.Request, resp: web.StreamResponse, data: bytes, timeout_s: float
+) -> None:
+    """Write one piece of a streamed answer, or drop the connection if the client does not take
+    it within ``timeout_s`` (raised as ConnectionResetError: the client is as good as gone)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await resp.write(data)
+    except TimeoutError:
+        transport = request.transport
+        if transport is not None:
+            # abort(), not close(): close() would wait to flush to the very reader that stalls.
+            transport.abort()
+        raise ConnectionResetError(
+            f"client did not read for {timeout_s:g} s (write_timeout_s)"
+        ) from None
+
+
+def _refusal() -> bytes:
+    body = json.dumps(
+        {
+            "error": {
+                "message": "too many connections to this gateway (max_connections); retry",
+                "type": "server_overloaded",
+                "param": None,
+                "code": "too_many_connections",
+            }
+        }
+    ).encode()
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Retry-After: 1\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+    return head + body
+
+
+REFUSAL = _refusal()
+
+
+def cap_connections(server: web.Server, limit: int, metrics: Metrics) -> None:
+    """Answer connections beyond ``limit`` open at once with a 503 and close them.
+
+    aiohttp has no connection cap of its own; its ``Server`` is told of each new connection
+    (``connection_made``) before any byte is read, which is where the count is checked. The
+    refused connection never reaches a handler; it is counted in
+    ``voxgate_connections_refused_total``.
+    """
+    made, lost = server.connection_made, server.connection_lost
+    refused = metrics.connections_refused
+    open_now = 0
+
+    def connection_made(handler: RequestHandler, transport: asyncio.Transport) -> None:
+        nonlocal open_now
+        open_now += 1
+        made(handler, transport)
+        if open_now > limit:
+            refused.inc()
+            transport.write(REFUSAL)
+            transport.close()
+
+    def connection_lost(handler: RequestHandler, exc: BaseException | None = None) -> None:
+        nonlocal open_now
+        open_now -= 1
+        lost(handler, exc)
+
+    # Instance attributes: RequestHandler calls ``self._manager.connection_made/_lost``.
+    server.connection_made = connection_made  # type: ignore[method-assign]
+    server.connection_lost = connection_lost  # type: ignore[method-assign]

@@ -1,0 +1,126 @@
+"""What a browser may make the gateway do (issue 12, point 7).
+
+- **JSON content type**: a browser page may POST ``text/plain``, form or multipart bodies to any
+  origin without a CORS preflight (a "simple" request), so a JSON route that parsed any body as
+  JSON could be driven from any web page a user of the network opens. JSON routes require
+  ``application/json`` (or ``application/*+json``) and answer 415 otherwise; a real JSON POST
+  from another origin needs a preflight, which only ``cors_origins`` pass.
+- **Host allow-list** (``allowed_hosts``): a DNS-rebinding page reaches the gateway under the
+  attacker's host name; a Host not in the list gets 421.
+- **CORS** (``cors_origins``, off by default): allowed origins get ``Access-Control-Allow-*``
+  headers on every response and their preflights answered.
+
+Each check is a wrapper chosen at route registration (none when its setting is off), in keeping
+with the edge's no-middleware rule (:mod:`gateway.http.edge`).
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+from multidict import CIMultiDictProxy
+
+from gateway.errors import MisdirectedRequest, UnsupportedMediaType
+from gateway.http.errors import Handler
+
+# Request headers a browser page may send across origins (beyond the CORS-safelisted ones).
+CORS_ALLOW_HEADERS = (
+    "Authorization, X-API-Key, Content-Type, If-None-Match, If-Modified-Since, Range"
+)
+# Response headers a page may read (beyond the CORS-safelisted ones).
+CORS_EXPOSE_HEADERS = (
+    "X-Cache, X-Audio-Key, X-Audio-Sample-Rate, X-Ignored-Fields, ETag, Content-Length, Retry-After"
+)
+CORS_MAX_AGE_S = 600
+
+
+def check_json_content_type(headers: CIMultiDictProxy[str]) -> None:
+    """415 unless the request's Content-Type is JSON (``application/json``, ``+json``)."""
+    value = headers.get("Content-Type")
+    if value is not None:
+        media = value.partition(";")[0].strip().lower()
+        if media == "application/json" or (
+            media.startswith("application/") and media.endswith("+json")
+        ):
+            return
+    raise UnsupportedMediaType(
+        "this route reads a JSON body: send 'Content-Type: application/json'",
+        code="unsupported_media_type",
+    )
+
+
+def host_of(request: web.Request) -> str:
+    """The Host header's host part, lowercased (an IPv6 literal keeps its brackets)."""
+    host = request.headers.get("Host", "").strip().lower()
+    if host.startswith("["):
+        return host.partition("]")[0] + "]"
+    return host.rpartition(":")[0] if ":" in host else host
+
+
+def host_checked(allowed: frozenset[str], handler: Handler) -> Handler:
+    """``handler`` behind the Host allow-list."""
+
+    async def check_host(request: web.Request) -> web.StreamResponse:
+        if host_of(request) not in allowed:
+            # The name is not echoed: it is whatever the client sent.
+            raise MisdirectedRequest(
+                "this gateway does not serve that host name (allowed_hosts)", code="unknown_host"
+            )
+        return await handler(request)
+
+    check_host.__name__ = getattr(handler, "__name__", "handler")
+    check_host.__doc__ = handler.__doc__
+    return check_host
+
+
+def allowed_origin(request: web.Request, origins: frozenset[str]) -> str | None:
+    """The request's Origin when ``origins`` allows it (``*``: any), else None."""
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return None
+    if "*" in origins or origin.lower() in origins:
+        return origin
+    return None
+
+
+def add_cors(app: web.Application, origins: frozenset[str]) -> None:
+    """Send CORS headers to allowed origins on every response (only when ``origins`` is set:
+    a response-prepare signal with no receivers costs nothing)."""
+    if not origins:
+        return
+
+    async def cors_headers(request: web.Request, response: web.StreamResponse) -> None:
+        origin = allowed_origin(request, origins)
+        if origin is None:
+            return
+        response.headers["Access-Control-Allow-Origin"] = origin
+        response.headers["Access-Control-Expose-Headers"] = CORS_EXPOSE_HEADERS
+        vary = response.headers.get("Vary")
+        if vary is None:
+            response.headers["Vary"] = "Origin"
+        elif "origin" not in vary.lower():
+            response.headers["Vary"] = f"{vary}, Origin"
+
+    app.on_response_prepare.append(cors_headers)
+
+
+def preflight(request: web.Request, origins: frozenset[str], allowed: str) -> web.Response | None:
+    """The answer to a CORS preflight (``OPTIONS`` with ``Access-Control-Request-Method``) from
+    an allowed origin for a method the path serves; None when it is not one."""
+    if request.method != "OPTIONS" or not origins:
+        return None
+    asked = request.headers.get("Access-Control-Request-Method")
+    origin = allowed_origin(request, origins)
+    if asked is None or origin is None:
+        return None
+    if asked.upper() not in [m.strip() for m in allowed.split(",")]:
+        return None
+    return web.Response(
+        status=204,
+        headers={
+            "Access-Control-Allow-Origin": origin,
+            "Access-Control-Allow-Methods": allowed,
+            "Access-Control-Allow-Headers": CORS_ALLOW_HEADERS,
+            "Access-Control-Max-Age": str(CORS_MAX_AGE_S),
+            "Vary": "Origin",
+        },
+    )

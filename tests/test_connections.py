@@ -1,0 +1,240 @@
+"""Connection hygiene and browser rules (issue 12, point 7): header/idle, body and write timeouts,
+the connection cap, 415 for non-JSON bodies on JSON routes, the Host allow-list and CORS."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from gateway.http.connections import cap_connections, runner_options, write_within
+from gateway.runtime.settings import Settings
+from metrics import Metrics
+from tests.conftest import GatewayFactory
+
+BODY = {"model": "piper", "voice": "joe", "input": "Hold, please.", "response_format": "wav"}
+
+
+async def status_of(reader: asyncio.StreamReader) -> int:
+    line = await asyncio.wait_for(reader.readline(), 10)
+    return int(line.split()[1])
+
+
+# ---- JSON content type -------------------------------------------------------------------
+
+
+async def test_json_routes_refuse_other_content_types_with_415(gateway: GatewayFactory) -> None:
+    http = await gateway()
+    raw = json.dumps(BODY)
+    for headers in (
+        {"Content-Type": "text/plain"},  # what a cross-origin page may send without a preflight
+        {"Content-Type": "application/x-www-form-urlencoded"},
+        {"Content-Type": "multipart/form-data; boundary=x"},
+        {},
+    ):
+        r = await http.post("/v1/audio/speech", data=raw.encode(), headers=headers)
+        assert r.status == 415, headers
+        err = (await r.json())["error"]
+        assert err["code"] == "unsupported_media_type" and err["type"] == "invalid_request_error"
+    for path, body in (
+        ("/v1/prompts", {"prompts": ["Hi."]}),
+        ("/", {"text": "Hi."}),
+        ("/v1/say/sign", {"voice": "joe", "text": "Hi.", "ext": "wav"}),
+    ):
+        r = await http.post(path, data=json.dumps(body), headers={"Content-Type": "text/plain"})
+        assert r.status == 415, path
+    ok = await http.post(
+        "/v1/audio/speech",
+        data=raw.encode(),
+        headers={"Content-Type": "Application/JSON; charset=utf-8"},
+    )
+    assert ok.status == 200
+    # Coqui's /api/tts reads forms as well as JSON: not a JSON-only route.
+    form = await http.post("/api/tts", data={"text": "Hold, please.", "speaker_id": "joe"})
+    assert form.status == 200
+
+
+async def test_json_content_type_can_be_relaxed(
+    gateway: GatewayFactory, settings: Settings
+) -> None:
+    http = await gateway(settings=settings.replace(require_json_content_type=False))
+    r = await http.post(
+        "/v1/audio/speech", data=json.dumps(BODY), headers={"Content-Type": "text/plain"}
+    )
+    assert r.status == 200
+
+
+# ---- Host allow-list and CORS ------------------------------------------------------------
+
+
+async def test_host_allow_list_answers_421_to_other_hosts(
+    gateway: GatewayFactory, settings: Settings
+) -> None:
+    http = await gateway(settings=settings.replace(allowed_hosts="tts.example,127.0.0.1"))
+    assert (await http.get("/healthz", headers={"Host": "tts.example:8080"})).status == 200
+    assert (await http.get("/healthz", headers={"Host": "TTS.example"})).status == 200
+    for path in ("/healthz", "/no/such/path", "/v1/audio/speech"):
+        r = await http.get(path, headers={"Host": "rebound.attacker.example"})
+        assert r.status == 421, path
+        assert (await r.json())["error"]["code"] == "unknown_host"
+
+
+async def test_cors_is_off_by_default(gateway: GatewayFactory) -> None:
+    http = await gateway()
+    origin = {"Origin": "https://app.example"}
+    r = await http.get("/healthz", headers=origin)
+    assert "Access-Control-Allow-Origin" not in r.headers
+    pre = await http.options(
+        "/v1/audio/speech", headers={**origin, "Access-Control-Request-Method": "POST"}
+    )
+    assert pre.status == 405 and "Access-Control-Allow-Origin" not in pre.headers
+
+
+async def test_cors_answers_allowed_origins_only(
+    gateway: GatewayFactory, settings: Settings
+) -> None:
+    http = await gateway(settings=settings.replace(cors_origins="https://app.example/"))
+    asked = {"Access-Control-Request-Method": "POST", "Origin": "https://app.example"}
+    pre = await http.options("/v1/audio/speech", headers=asked)
+    assert pre.status == 204
+    assert pre.headers["Access-Control-Allow-Origin"] == "https://app.example"
+    assert "POST" in pre.headers["Access-Control-Allow-Methods"]
+    assert "Authorization" in pre.headers["Access-Control-Allow-Headers"]
+    assert "Origin" in pre.headers["Vary"]
+    r = await http.post("/v1/audio/speech", json=BODY, headers={"Origin": "https://app.example"})
+    assert r.status == 200
+    assert r.headers["Access-Control-Allow-Origin"] == "https://app.example"
+    assert "X-Audio-Key" in r.headers["Access-Control-Expose-Headers"]
+    other = {**asked, "Origin": "https://evil.example"}
+    refused = await http.options("/v1/audio/speech", headers=other)
+    assert refused.status == 405 and "Access-Control-Allow-Origin" not in refused.headers
+    r = await http.get("/healthz", headers={"Origin": "https://evil.example"})
+    assert "Access-Control-Allow-Origin" not in r.headers
+
+
+# ---- timeouts ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def tiny_server() -> AsyncIterator[Any]:
+    """Start a small aiohttp app with the gateway's runner options and connection cap."""
+    runners: list[web.AppRunner] = []
+
+    async def start(app: web.Application, settings: Settings, metrics: Metrics) -> int:
+        runner = web.AppRunner(app, access_log=None, **runner_options(settings))
+        await runner.setup()
+        assert runner.server is not None
+        cap_connections(runner.server, settings.max_connections, metrics)
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        server = site._server
+        assert isinstance(server, asyncio.base_events.Server)
+        return int(server.sockets[0].getsockname()[1])
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+async def hello(request: web.Request) -> web.Response:
+    return web.Response(text="hello")
+
+
+async def test_a_client_trickling_its_headers_is_dropped(tiny_server: Any) -> None:
+    app = web.Application()
+    app.router.add_get("/", hello)
+    settings = Settings(keepalive_timeout_s=1)
+    port = await tiny_server(app, settings, Metrics())
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    started = time.monotonic()
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n")  # and the rest never comes
+    await writer.drain()
+    assert await asyncio.wait_for(reader.read(), 10) == b""  # closed by the server
+    assert 0.9 < time.monotonic() - started < 8
+    writer.close()
+
+
+async def test_a_body_that_does_not_arrive_gets_408(
+    gateway: GatewayFactory, settings: Settings
+) -> None:
+    http = await gateway(settings=settings.replace(body_timeout_s=1))
+    reader, writer = await asyncio.open_connection(http.server.host, http.server.port)
+    writer.write(
+        b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 100\r\n\r\n{"model": '
+    )
+    await writer.drain()
+    started = time.monotonic()
+    assert await status_of(reader) == 408
+    assert time.monotonic() - started < 8
+    writer.close()
+
+
+async def test_a_stream_reader_that_stops_reading_is_cut_off(tiny_server: Any) -> None:
+    ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        chunk = b"\0" * 65536
+        try:
+            while True:
+                await write_within(request, resp, chunk, 0.5)
+        except ConnectionResetError as exc:
+            ended.set_result(str(exc))
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/", endless)
+    port = await tiny_server(app, Settings(), Metrics())
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a reader that takes little
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    _reader, writer = await asyncio.open_connection(sock=sock)
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    # Never read: the server's buffers fill, and its write waits past the timeout.
+    reason = await asyncio.wait_for(ended, 20)
+    assert "write_timeout_s" in reason
+    writer.close()
+
+
+async def test_connections_beyond_the_cap_get_503(tiny_server: Any) -> None:
+    app = web.Application()
+    app.router.add_get("/", hello)
+    metrics = Metrics()
+    port = await tiny_server(app, Settings(max_connections=2), metrics)
+    request = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+    held = []
+    for _ in range(2):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request)
+        assert await status_of(reader) == 200  # kept alive: the connection stays open
+        held.append((reader, writer))
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    assert await status_of(reader) == 503
+    assert b"too_many_connections" in await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    assert metrics.registry.get_sample_value("voxgate_connections_refused_total") == 1
+    _, first = held.pop()
+    first.close()
+    await first.wait_closed()
+    for _ in range(50):  # the server sees the close, then a new connection is served
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request)
+        status = await status_of(reader)
+        writer.close()
+        if status == 200:
+            break
+    assert status == 200
+    for _, w in held:
+        w.close()
