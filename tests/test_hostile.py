@@ -398,7 +398,9 @@ CASES: list[Any] = [
         Case("POST", "/v1/audio/speech", dict(JSON), b"", status=400), id="speech-empty-body"
     ),
     pytest.param(
-        Case("POST", "/v1/audio/speech", {}, b"", status=400), id="speech-no-body-no-type"
+        # No Content-Type: not JSON (require_json_content_type), 415 before the body is read.
+        Case("POST", "/v1/audio/speech", {}, b"", status=415),
+        id="speech-no-body-no-type",
     ),
     pytest.param(post_json("/v1/audio/speech", b"null"), id="speech-json-null"),
     pytest.param(post_json("/v1/audio/speech", b'"Hi."'), id="speech-json-string"),
