@@ -5,6 +5,10 @@ when sentences are joined, and templated prompts reuse their fixed sentences."""
 from __future__ import annotations
 
 import io
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -207,3 +211,72 @@ def test_plain_entries_are_stored_as_before() -> None:
     forged = ssml.to_blob().replace(b"[0,1000,0]", b"[0,1000]")
     with pytest.raises(CorruptEntry):
         Entry.from_blob(forged, verify=False)
+
+
+async def test_explain_names_the_address_the_speech_answer_has(
+    gateway: GatewayFactory, counting_engine: CountingEngine
+) -> None:
+    client = await gateway()
+    doc = '<speak>Hi.<break time="800ms"/><prosody rate="x-slow">Bye.</prosody></speak>'
+    explained = await client.post("/v1/ssml/explain", json=body(doc))
+    assert explained.status == 200
+    info = await explained.json()
+    assert counting_engine.items == 0  # nothing synthesized
+    assert info["expansion"] == [
+        {"words": "Hi.", "pause_ms": 800, "rate": 1.0, "phonemes": False},
+        {"words": "Bye.", "pause_ms": None, "rate": 0.5, "phonemes": False},
+    ]
+    assert [(s["text"], s["speed"], s["pause_before_ms"]) for s in info["sentences"]] == [
+        ("Hi.", 1.0, 0),
+        ("Bye.", 0.5, 800),
+    ]
+    key, _, _ = await speak(client, doc)
+    assert info["key"] == key
+    refused = await client.post("/v1/ssml/explain", json=body("<speak><audio/></speak>"))
+    assert refused.status == 400
+
+
+async def test_catalogue_rows_take_ssml(
+    gateway: GatewayFactory, counting_engine: CountingEngine
+) -> None:
+    client = await gateway()
+    doc = '<speak>Press <say-as interpret-as="digits">12</say-as>.<break time="500ms"/></speak>'
+    r = await client.post(
+        "/v1/prompts",
+        json={
+            "prompts": [{"input": doc}, {"text": "Hello <break/> world.", "input_type": "ssml"}],
+            "defaults": {"format": "wav"},
+        },
+    )
+    assert r.status == 200, await r.text()
+    rendered = counting_engine.items
+    key, cache, _ = await speak(client, doc)
+    assert cache == "HIT" and key == (await r.json())["prompts"][0]["key"]
+    assert counting_engine.items == rendered
+
+
+def test_cli_say_explains_without_synthesizing(tmp_path: Path) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gateway", "say", *args, "--cache-dir", str(tmp_path)],
+            cwd=Path(__file__).resolve().parents[1],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    explained = run(
+        "--explain", "--ssml", 'Call <say-as interpret-as="telephone">555 0100</say-as>.'
+    )
+    assert explained.returncode == 0, explained.stderr
+    info = json.loads(explained.stdout)
+    assert info["text"] == "Call five five five, zero one zero zero."
+    out = tmp_path / "out.wav"
+    said = run(
+        "-o", str(out), '<speak>Call <say-as interpret-as="telephone">555 0100</say-as>.</speak>'
+    )
+    assert said.returncode == 0, said.stderr
+    assert json.loads(said.stdout)["key"] == info["key"]
+    assert sf.info(str(out)).duration > 1.0
+    refused = run("--explain", "<speak><audio/></speak>")
+    assert refused.returncode == 2 and "would fetch a URL" in refused.stderr

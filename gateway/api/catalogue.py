@@ -2,7 +2,8 @@
 bodies into validated, pinned :class:`~gateway.speech.request.SpeechRequest` objects.
 
 A prompt is an OpenAI speech body (``input``, ``voice``, ``model``, ``response_format``,
-``speed``, ``sample_rate``); files may use the short names ``text``, ``format`` and ``rate``.
+``speed``, ``sample_rate``, ``input_type``, ``normalize``); files may use the short names
+``text``, ``format`` and ``rate``. An ``input`` may be SSML (docs/ssml.md), as in any request.
 A prompt may carry an ``id``: the name its files get when exported for a PBX (``voxgate export``),
 so it must be file-name safe and unique in the catalogue (:func:`check_ids`).
 Rendering them is :mod:`gateway.speech.catalogue`.
@@ -30,7 +31,16 @@ from gateway.speech.service import SpeechService
 
 # Short column names accepted in files, mapped to the OpenAI field names.
 ALIASES = {"text": "input", "format": "response_format", "rate": "sample_rate"}
-FIELDS = ("input", "voice", "model", "response_format", "speed", "sample_rate")
+FIELDS = (
+    "input",
+    "voice",
+    "model",
+    "response_format",
+    "speed",
+    "sample_rate",
+    "input_type",
+    "normalize",
+)
 # A prompt's id names its exported files (Asterisk: sounds/<id>.ulaw): letters, digits, and
 # "_", "-", "." inside, never leading (no hidden files, no "..": no way out of the directory).
 ID_PATTERN = re.compile(PROMPT_ID)

@@ -283,6 +283,10 @@ class PromptFields(RequestModel):
     speed: Speed | None = None
     sample_rate: SampleRate | None = None
     rate: SampleRate | None = Field(None, description="Same as `sample_rate`.")
+    input_type: Literal["text", "ssml"] | None = Field(
+        None, description="As in the speech request: 'ssml' reads the input as SSML."
+    )
+    normalize: NormalizeMode | None = Field(None, description="As in the speech request.")
     id: str | None = Field(
         None,
         pattern=PROMPT_ID,

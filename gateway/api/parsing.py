@@ -238,6 +238,25 @@ def speech_text(
     without its ``<speak>`` root is put in one. An expansion that is just words comes back as
     plain text with no segments, so it shares plain text's content address.
     """
+    try:
+        return _speech_text(raw, settings, speech, model, voice, param, normalize, ssml)
+    except BadRequest as exc:
+        if exc.param != "input" or param == "input":
+            raise
+        # The SSML and number front ends name 'input'; this route calls the field otherwise.
+        raise BadRequest(exc.message, param=param, code=exc.code) from exc
+
+
+def _speech_text(
+    raw: str,
+    settings: Settings,
+    speech: SpeechService,
+    model: str,
+    voice: str,
+    param: str,
+    normalize: str | None,
+    ssml: bool | None,
+) -> tuple[str, tuple[Segment, ...]]:
     handle = speech.models[model]
     language = handle.voice_language(voice)
     if not (ssml if ssml is not None else is_ssml(raw)):

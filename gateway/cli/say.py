@@ -1,4 +1,7 @@
-"""``voxgate say TEXT -o FILE``: one synthesis through the same store as the server."""
+"""``voxgate say TEXT -o FILE``: one synthesis through the same store as the server.
+
+``--ssml`` reads TEXT as SSML (a text starting with ``<speak`` is SSML anyway); ``--explain``
+prints the expansion and the content address instead, and synthesizes nothing."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gateway.api.frontend import NORMALIZE_MODES
 from gateway.cli.common import add_setting_flags, load_settings, setup_logging
 from gateway.runtime.settings import Settings
 
@@ -19,7 +23,7 @@ async def _say(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
     from metrics import Metrics
 
     metrics = Metrics()
-    async with open_speech(settings, metrics, wait_ready=True) as service:
+    async with open_speech(settings, metrics, wait_ready=not args.explain) as service:
         body: dict[str, Any] = {
             "model": args.model or settings.default_model,
             "input": args.text,
@@ -29,7 +33,13 @@ async def _say(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
         }
         if args.sample_rate:
             body["sample_rate"] = args.sample_rate
+        if args.ssml:
+            body["input_type"] = "ssml"
+        if args.normalize:
+            body["normalize"] = args.normalize
         req = parse_openai_speech(body, settings, service)
+        if args.explain:
+            return await service.explain(req)
         result = await service.speak(req)
         await service.store.drain()
     await asyncio.to_thread(Path(args.output).write_bytes, result.entry.audio)
@@ -49,14 +59,17 @@ def cmd_say(args: argparse.Namespace) -> int:
 
     settings = load_settings(args)
     setup_logging("warning" if settings.log_level == "info" else settings.log_level)
-    fmt = args.format or Path(args.output).suffix.lstrip(".") or "wav"
+    if args.output is None and not args.explain:
+        print("voxgate say: -o/--output is required (or --explain)", file=sys.stderr)
+        return 2
+    fmt = args.format or Path(args.output or "").suffix.lstrip(".") or "wav"
     args.format = fmt
     try:
         info = asyncio.run(_say(settings, args))
     except VoxgateError as exc:
         print(f"voxgate say: {exc.message}", file=sys.stderr)
         return 2
-    print(json.dumps(info))
+    print(json.dumps(info, indent=2 if args.explain else None, ensure_ascii=False))
     return 0
 
 
@@ -64,7 +77,18 @@ def add_command(sub: Any) -> None:
     """Register ``say``."""
     say = sub.add_parser("say", help="Synthesize TEXT to a file through the store.")
     say.add_argument("text")
-    say.add_argument("-o", "--output", required=True, help="Output file.")
+    say.add_argument("-o", "--output", help="Output file (required unless --explain).")
+    say.add_argument(
+        "--ssml", action="store_true", help="TEXT is SSML (docs/ssml.md), with or without <speak>."
+    )
+    say.add_argument(
+        "--explain",
+        action="store_true",
+        help="Print the expansion, its sentences and the content address; synthesize nothing.",
+    )
+    say.add_argument(
+        "--normalize", choices=NORMALIZE_MODES, help="Text front end (default: the setting)."
+    )
     say.add_argument("--model", help="Model or alias (default: the default model).")
     say.add_argument("--voice", help="Voice or alias (default: the default voice).")
     say.add_argument("--format", help="Output format (default: from -o's suffix, else wav).")

@@ -16,7 +16,15 @@ from gateway.http import keys, listings, ops
 from gateway.http.auth import ADMIN, ANY_KEY, OPEN, READ, SIGNED, SPEAK
 from gateway.http.compat import api_tts, piper_speak, piper_voices, synthesize
 from gateway.http.edge import add_routes
-from gateway.http.handlers import audio_by_key, healthz, metrics_handler, readyz, speech, voices
+from gateway.http.handlers import (
+    audio_by_key,
+    healthz,
+    metrics_handler,
+    readyz,
+    speech,
+    ssml_explain,
+    voices,
+)
 from gateway.http.jambonz import jambonz_stream, jambonz_tts
 from gateway.http.observe import RequestObserver
 from gateway.http.openapi import openapi_handler
@@ -163,6 +171,7 @@ def create_app(
         app,
         [
             ("POST", "/v1/audio/speech", speech, SPEAK),
+            ("POST", "/v1/ssml/explain", ssml_explain, SPEAK),
             # --- listings (issue 15); before /v1/audio/{key}, which would match them ---
             ("GET", "/v1/models", listings.openai_models, ANY_KEY),
             ("GET", "/v1/audio/models", listings.audio_models, ANY_KEY),

@@ -35,6 +35,16 @@ async def speech(request: web.Request) -> web.StreamResponse:
     )
 
 
+async def ssml_explain(request: web.Request) -> web.Response:
+    """``POST /v1/ssml/explain``: a speech body's expansion and content address, nothing
+    synthesized (the prompt studio and ``voxgate say --explain`` show it)."""
+    app = request.app
+    settings, service = app[keys.SETTINGS], app[keys.SPEECH]
+    raw = await read_body(request, settings.max_body_kb * 1024)
+    call = await asyncio.to_thread(parse_speech_body, raw, settings, service)
+    return web.json_response(await service.explain(call.req))
+
+
 async def audio_by_key(request: web.Request) -> web.StreamResponse:
     """``GET /v1/audio/{key}``: stored audio by content address (immutable; 304, Range/206)."""
     key = request.match_info["key"]

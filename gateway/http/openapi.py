@@ -570,6 +570,25 @@ def _telephony_paths() -> dict[str, Any]:
     }
 
 
+def _explain_path() -> dict[str, Any]:
+    return {
+        "post": {
+            "tags": ["speech"],
+            "summary": "What a speech request would say, and its content address",
+            "description": "Takes the body of POST /v1/audio/speech and synthesizes nothing: "
+            "answers the SSML expansion (segments of words, the pause after them and their "
+            "rate; docs/ssml.md), the sentences it is made of (each one cached master) with "
+            "the pause before each, and `key`, the X-Audio-Key the speech request would "
+            "answer with. A document is refused here exactly as there.",
+            "requestBody": _json_body("SpeechRequest"),
+            "responses": {
+                "200": _json_ok("The expansion and address.", _ref("schemas", "Explanation")),
+                **_errors(400, 413),
+            },
+        }
+    }
+
+
 def _voices_path() -> dict[str, Any]:
     return {
         "get": {
@@ -644,7 +663,51 @@ def _operations_paths() -> dict[str, Any]:
 
 def _response_schemas() -> dict[str, Any]:
     """The schemas of response bodies (hand-written: the server builds these, clients read them)."""
+    key = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
     return {
+        "Explanation": {
+            "type": "object",
+            "required": ["key", "master", "text", "expansion", "sentences", "pause_after_ms"],
+            "properties": {
+                "key": {**key, "description": "The X-Audio-Key of the speech answer."},
+                "master": {**key, "description": "The format-free address it derives from."},
+                "model": {"type": "string"},
+                "voice": {"type": "string"},
+                "format": {"type": "string"},
+                "sample_rate": {"type": "integer"},
+                "text": {"type": "string", "description": "The words, joined."},
+                "expansion": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "words": {"type": "string"},
+                            "pause_ms": {
+                                "type": ["integer", "null"],
+                                "description": "Silence after; null: the sentence pause.",
+                            },
+                            "rate": {"type": "number"},
+                            "phonemes": {"type": "boolean"},
+                        },
+                    },
+                },
+                "sentences": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "text": {"type": "string"},
+                            "speed": {"type": "number"},
+                            "phonemes": {"type": "boolean"},
+                            "pause_before_ms": {"type": "integer"},
+                            "master": key,
+                        },
+                    },
+                },
+                "pause_after_ms": {"type": "integer"},
+                "estimated_audio_s": {"type": "number"},
+            },
+        },
         "Error": {
             "type": "object",
             "required": ["error"],
@@ -843,6 +906,7 @@ def build_openapi(settings: Settings) -> dict[str, Any]:
         ],
         "paths": {
             "/v1/audio/speech": _speech_path(),
+            "/v1/ssml/explain": _explain_path(),
             "/v1/audio/{key}": _stored_audio_path(),
             "/v1/voices": _voices_path(),
             "/api/tts": _coqui_path(models),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from cache.singleflight import SingleFlight
 from cache.store import TieredStore
 from gateway.errors import BadRequest
 from gateway.memo import BoundedMemo
-from gateway.speech.assembly import Assembler, SpeechStream
+from gateway.speech.assembly import Assembler, SpeechStream, plan
 from gateway.speech.request import Segment, SpeechRequest, SpeechResult, segment_speed
 from gateway.speech.telephony import Transcoder
 from metrics import Metrics
@@ -369,6 +370,44 @@ class SpeechService:
             result.duration_s,
         )
         return result
+
+    async def explain(self, req: SpeechRequest) -> dict[str, object]:
+        """What ``req`` would say and where its audio lives, without synthesizing: its
+        expansion (segments), the sentences it is made of (each a cached master) and how they
+        join, and its content address (``key``: the ``X-Audio-Key`` of its answer)."""
+        mk, rk, rate = self.keys_for(req)
+        loop = asyncio.get_running_loop()
+        parts, layout = await loop.run_in_executor(
+            self._encode_pool,
+            plan,
+            req,
+            self.assembler.splitter,
+            self.assembler.max_sentence_chars,
+            self.sentence_pause_ms,
+        )
+        segments = req.segments or (Segment(req.text),)
+        return {
+            "key": rk,
+            "master": mk,
+            "model": req.model,
+            "voice": req.voice,
+            "format": req.fmt.name,
+            "sample_rate": rate,
+            "text": req.text,
+            "expansion": [dataclasses.asdict(seg) for seg in segments],
+            "sentences": [
+                {
+                    "text": part.text,
+                    "speed": part.speed,
+                    "phonemes": part.phonemes,
+                    "pause_before_ms": layout.gaps_ms[i],
+                    "master": self.master_key_for(part),
+                }
+                for i, part in enumerate(parts)
+            ],
+            "pause_after_ms": layout.gaps_ms[-1],
+            "estimated_audio_s": round(estimated_request_s(req), 2),
+        }
 
     def voice_listing(self) -> Sequence[Mapping[str, object]]:
         """Models with their voices, for ``GET /v1/voices``."""
