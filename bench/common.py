@@ -84,10 +84,14 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(5)
 
 
-def post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
-    """One JSON POST; returns status, headers and body."""
+def post(
+    url: str, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    """One JSON POST (with ``headers`` added); returns status, headers and body."""
     req = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **(headers or {})},
     )
     with urllib.request.urlopen(req, timeout=120) as r:
         return r.status, dict(r.headers), r.read()
@@ -140,30 +144,37 @@ def wrk_rate(
     cpus: set[int] | None = None,
     lua: Path | None = None,
     timeout_s: float | None = None,
+    headers: dict[str, str] | None = None,
 ) -> dict[str, float]:
     """Requests/s and latency percentiles from wrk (POST when ``body`` is given, or the requests
-    a wrk Lua script ``lua`` makes), run on ``cpus`` when given. ``timeout_s`` replaces wrk's
-    2 s request timeout (a cold cache's misses wait for synthesis); socket errors (timeouts
-    included) are counted in ``socket_errors``."""
+    a wrk Lua script ``lua`` makes), run on ``cpus`` when given, each request with ``headers``
+    added (a script of its own sets them itself). ``timeout_s`` replaces wrk's 2 s request
+    timeout (a cold cache's misses wait for synthesis); socket errors (timeouts included) are
+    counted in ``socket_errors``."""
     wrk = shutil.which("wrk")
     if wrk is None:
         if lua is not None:
             raise RuntimeError("a scripted workload needs wrk (https://github.com/wg/wrk)")
-        return python_rate(url, body=body, seconds=seconds, connections=connections)
+        return python_rate(
+            url, body=body, seconds=seconds, connections=connections, headers=headers
+        )
     script = None
     args = [wrk, f"-t{threads}", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency"]
     if timeout_s is not None:
         args.append(f"--timeout={max(1, round(timeout_s))}s")
     if lua is not None:
         args += ["-s", str(lua)]
-    elif body is not None:
+    elif body is not None or headers:
         script = tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False)  # noqa: SIM115
-        escaped = body.replace("\\", "\\\\").replace("'", "\\'")
-        script.write(
-            "wrk.method = 'POST'\n"
-            f"wrk.body = '{escaped}'\n"
-            "wrk.headers['Content-Type'] = 'application/json'\n"
-        )
+        if body is not None:
+            escaped = body.replace("\\", "\\\\").replace("'", "\\'")
+            script.write(
+                "wrk.method = 'POST'\n"
+                f"wrk.body = '{escaped}'\n"
+                "wrk.headers['Content-Type'] = 'application/json'\n"
+            )
+        for name, value in (headers or {}).items():
+            script.write(f"wrk.headers['{name}'] = '{value}'\n")
         script.close()
         args += ["-s", script.name]
     out = subprocess.run(
@@ -195,7 +206,12 @@ def wrk_rate(
 
 
 def python_rate(
-    url: str, *, body: str | None, seconds: float, connections: int
+    url: str,
+    *,
+    body: str | None,
+    seconds: float,
+    connections: int,
+    headers: dict[str, str] | None = None,
 ) -> dict[str, float]:
     """Fallback load generator (aiohttp client in a child process) when wrk is missing."""
     code = f"""
@@ -204,7 +220,7 @@ async def main():
     n = 0
     stop = time.perf_counter() + {seconds}
     body = {body!r}
-    async with aiohttp.ClientSession() as s:
+    async with aiohttp.ClientSession(headers={headers or {}!r}) as s:
         async def worker():
             nonlocal n
             while time.perf_counter() < stop:

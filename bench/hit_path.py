@@ -19,10 +19,15 @@ drift hits every server alike). Two workloads:
     python bench/hit_path.py [--seconds 4] [--rounds 7] [--connections 32] [--no-pin]
                              [--event-loop auto|uvloop|asyncio] [--disk-only]
                              [--zipf-prompts 5000] [--zipf-s 1.0] [--no-zipf] [--say-url]
+                             [--keys 100]
 
 Target: gateway >= 0.8 x bare for each workload. Writes docs/bench/hit_path.json and
 hit_path.png (with ``--say-url``: hit_path_say_url.json and .png, so a say-URL run does not
-replace the one-body and Zipf results).
+replace the one-body and Zipf results; with ``--keys N``: ``_keys`` added to the name).
+
+``--keys N`` runs the gateway with API keys on (issue 12): a keys file of N keys (speak and read
+scopes, no limits: the hit path's cost is the key lookup), and every request of the load
+generator, to both servers, carries one of them as ``Authorization: Bearer``.
 
 On a machine with 2+ CPUs the servers run on the last CPU (each in its own rounds) and wrk on
 the others, so the load generator never competes with the server it measures. Each round also
@@ -222,9 +227,28 @@ def memo_miss_rate(sequence: Sequence[int], size: int) -> float:
     return misses / (len(sequence) - warm)
 
 
-def write_wrk_script(directory: Path, bodies: Sequence[str], sequence: Sequence[int]) -> Path:
+def write_keys_file(path: Path, count: int) -> str:
+    """A keys file of ``count`` keys (speak + read, no limits) at ``path``; the secret of one of
+    them (the middle one, so the lookup is no luckier than any other)."""
+    from gateway.runtime.apikeys import key_table, new_secret
+
+    secrets = [new_secret() for _ in range(count)]
+    path.write_text(
+        "\n".join(key_table(f"bench-{i}", s, ["speak", "read"]) for i, s in enumerate(secrets))
+    )
+    return secrets[count // 2]
+
+
+def write_wrk_script(
+    directory: Path,
+    bodies: Sequence[str],
+    sequence: Sequence[int],
+    headers: dict[str, str] | None = None,
+) -> Path:
     """A wrk Lua script that POSTs ``bodies[i]`` for each ``i`` of ``sequence`` in turn
-    (cycling); bodies and sequence are read from files beside it as wrk starts."""
+    (cycling), with ``headers`` added; bodies and sequence are read from files beside it as wrk
+    starts."""
+    extra = "".join(f', ["{k}"] = "{v}"' for k, v in (headers or {}).items())
     (directory / "bodies.txt").write_text("".join(b + "\n" for b in bodies))
     (directory / "sequence.txt").write_text("".join(f"{i + 1}\n" for i in sequence))
     script = directory / "zipf.lua"
@@ -234,7 +258,7 @@ local bodies = {{}}
 for line in io.lines("{directory / "bodies.txt"}") do bodies[#bodies + 1] = line end
 local sequence = {{}}
 for line in io.lines("{directory / "sequence.txt"}") do sequence[#sequence + 1] = tonumber(line) end
-local headers = {{["Content-Type"] = "application/json"}}
+local headers = {{["Content-Type"] = "application/json"{extra}}}
 local n = 0
 request = function()
   n = n % #sequence + 1
@@ -245,7 +269,12 @@ end
     return script
 
 
-async def prewarm(url: str, bodies: Sequence[str], concurrency: int = 8) -> list[bytes]:
+async def prewarm(
+    url: str,
+    bodies: Sequence[str],
+    concurrency: int = 8,
+    headers: dict[str, str] | None = None,
+) -> list[bytes]:
     """POST every body once (synthesizing each sentence once, assembling every prompt), then
     again, requiring a stored answer (``X-Cache: HIT``) with the same bytes."""
     import aiohttp
@@ -257,7 +286,9 @@ async def prewarm(url: str, bodies: Sequence[str], concurrency: int = 8) -> list
         async def client() -> None:
             for i in todo:
                 async with session.post(
-                    url, data=bodies[i], headers={"Content-Type": "application/json"}
+                    url,
+                    data=bodies[i],
+                    headers={"Content-Type": "application/json", **(headers or {})},
                 ) as r:
                     data = await r.read()
                     if r.status != 200:
@@ -278,11 +309,12 @@ async def prewarm(url: str, bodies: Sequence[str], concurrency: int = 8) -> list
     return second
 
 
-def get(url: str) -> tuple[bytes, str]:
+def get(url: str, headers: dict[str, str] | None = None) -> tuple[bytes, str]:
     """The body and X-Cache of a GET."""
     import urllib.request
 
-    with urllib.request.urlopen(url, timeout=120) as r:
+    req = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(req, timeout=120) as r:
         return r.read(), r.headers["X-Cache"]
 
 
@@ -372,6 +404,12 @@ def main() -> int:
         help="add the say-URL workload (GET /v1/say/joe/<text>.wav); results go to "
         "docs/bench/hit_path_say_url.json",
     )
+    ap.add_argument(
+        "--keys",
+        type=int,
+        default=0,
+        help="API keys on: a keys file of N keys, every request sending one (0: keys off)",
+    )
     args = ap.parse_args()
     provenance()  # the commit and date as the run starts
 
@@ -380,6 +418,11 @@ def main() -> int:
         gport = free_port()
         extra = ["--memory-cache-mb", "0"] if args.disk_only else []
         extra += ["--event-loop", args.event_loop]
+        auth: dict[str, str] = {}
+        if args.keys:
+            secret = write_keys_file(tmpdir / "keys.toml", args.keys)
+            extra += ["--api-keys-file", str(tmpdir / "keys.toml")]
+            auth = {"Authorization": f"Bearer {secret}"}
         gateway = start_gateway(gport, tmpdir / "cache", *extra, log_path=tmpdir / "gateway.log")
         bares: list[subprocess.Popen[bytes]] = []
 
@@ -405,9 +448,9 @@ def main() -> int:
         try:
             url = f"http://127.0.0.1:{gport}/v1/audio/speech"
             body = {"model": "tts-1", "input": TEXT, "voice": "alloy", "response_format": "wav"}
-            status, headers, audio = post(url, body)
+            status, headers, audio = post(url, body, auth)
             assert status == 200 and headers["X-Cache"] == "MISS"
-            status, headers, again = post(url, body)
+            status, headers, again = post(url, body, auth)
             assert headers["X-Cache"] == "HIT" and again == audio
             (tmpdir / "audio.wav").write_bytes(audio)
             workloads = [
@@ -422,8 +465,8 @@ def main() -> int:
             if args.say_url:
                 path = "/v1/say/joe/" + quote(TEXT, safe="") + ".wav"
                 say_url = f"http://127.0.0.1:{gport}{path}"
-                first, _ = get(say_url)  # a transcode of the one-body text's masters
-                again, cache = get(say_url)
+                first, _ = get(say_url, auth)  # a transcode of the one-body text's masters
+                again, cache = get(say_url, auth)
                 assert cache == "HIT" and again == first, cache
                 (tmpdir / "say.wav").write_bytes(first)
                 bare = start_bare(tmpdir / "say.wav", "audio/x-wav")
@@ -449,7 +492,7 @@ def main() -> int:
                     for p in prompts
                 ]
                 print(f"pre-warming {len(bodies)} prompts ...", flush=True)
-                answers = asyncio.run(prewarm(url, bodies))
+                answers = asyncio.run(prewarm(url, bodies, headers=auth))
                 table = {b.encode(): a for b, a in zip(bodies, answers, strict=True)}
                 (tmpdir / "zipf.pickle").write_bytes(pickle.dumps(table))
                 # Long enough that no round of wrk wraps around it on this machine.
@@ -460,7 +503,7 @@ def main() -> int:
                         "zipf",
                         url,
                         start_bare(tmpdir / "zipf.pickle", "audio/wav", "--by-body"),
-                        lua=write_wrk_script(tmpdir, bodies, sequence),
+                        lua=write_wrk_script(tmpdir, bodies, sequence, auth),
                         info={
                             "prompts": len(bodies),
                             "zipf_s": args.zipf_s,
@@ -489,6 +532,7 @@ def main() -> int:
                     seconds=args.seconds,
                     connections=args.connections,
                     cpus=load_cpus,
+                    headers=auth,
                 )
                 run["server_cpu_us_per_request"] = (
                     1e6 * (cpu_seconds(pid) - before) / run["requests"]
@@ -551,6 +595,8 @@ def main() -> int:
     print(f"store counters during the measured rounds: {store_during_rounds}")
     if not args.no_write and not args.disk_only:
         out = "hit_path_say_url" if args.say_url else "hit_path"
+        if args.keys:
+            out += "_keys"
         write_results(
             out,
             {
@@ -561,6 +607,7 @@ def main() -> int:
                 "placement": where,
                 "event_loop": label(args.event_loop),
                 "target_ratio": TARGET,
+                "api_keys": args.keys,
                 "workloads": results,
                 "store_counters_during_rounds": store_during_rounds,
                 "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},

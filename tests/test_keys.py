@@ -368,3 +368,13 @@ def test_limits_storage_for_each_redis_url_form() -> None:
         "async+redis+sentinel://h:26379,g:26379",
         {"service_name": "mymaster"},
     )
+
+
+def test_bench_keys_file_holds_n_keys_and_one_works(tmp_path: Path) -> None:
+    from bench.hit_path import write_keys_file
+
+    secret = write_keys_file(tmp_path / "keys.toml", 100)
+    ring = KeyRing.load(tmp_path / "keys.toml")
+    assert len(ring.keys) == 100
+    found = ring.identify(secret)
+    assert found is not None and found.scopes == {"speak", "read"} and not found.limited
