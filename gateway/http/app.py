@@ -23,6 +23,8 @@ from gateway.http.handlers import (
     readyz,
     speech,
     ssml_explain,
+    studio,
+    studio_ctx,
     voices,
 )
 from gateway.http.jambonz import jambonz_stream, jambonz_tts
@@ -46,6 +48,7 @@ from gateway.runtime.components import open_speech
 from gateway.runtime.ratelimit import KeyLimits
 from gateway.runtime.settings import Settings
 from gateway.runtime.workers import WORKER_INDEX_ENV
+from gateway.speech.catalogue import PinnedPrompts
 from gateway.wyoming.server import WyomingServer
 from metrics import Metrics
 from synth.engine import Engine
@@ -58,6 +61,7 @@ log = logging.getLogger("voxgate")
 JSON_BODIES = frozenset(
     {
         ("POST", "/v1/audio/speech"),
+        ("POST", "/v1/ssml/explain"),
         ("POST", "/v1/prompts"),
         ("POST", "/v1/say/sign"),
         ("POST", "/v1/jambonz/tts"),
@@ -90,6 +94,7 @@ def create_app(
     app[keys.METRICS] = metrics if metrics is not None else Metrics()
     app[keys.REQUEST_MEMO] = RequestMemo()
     app[keys.SAY_MEMO] = SayMemo()
+    app[keys.PINNED_PROMPTS] = PinnedPrompts()
     app[keys.PRESENTATIONS] = Presentations.from_settings(settings)
     app[keys.ACCESS_LOG] = AccessLog.from_settings(settings)
     app[keys.OBSERVER] = RequestObserver(app[keys.METRICS], app[keys.ACCESS_LOG])
@@ -165,6 +170,7 @@ def create_app(
     app.cleanup_ctx.append(auth_ctx)
     app.cleanup_ctx.append(access_log_ctx)
     app.cleanup_ctx.append(speech_ctx)
+    app.cleanup_ctx.append(studio_ctx)
     if settings.wyoming_port:
         app.cleanup_ctx.append(wyoming_ctx)
     add_routes(
@@ -190,8 +196,11 @@ def create_app(
             ("GET", "/openapi.json", openapi_handler, OPEN),
             # --- operations (issue 6) ---
             ("POST", "/v1/prompts", ops.prompts, ADMIN),
-            # --- Piper's HTTP API (issue 15): POST only, GET / is left to other pages ---
+            ("GET", "/v1/prompts", ops.pinned_prompts, ANY_KEY),
+            # --- Piper's HTTP API (issue 15): POST only; GET / is the prompt studio (issue 16),
+            # a page open to all that calls the API with the key typed into it ---
             ("POST", "/", piper_speak, SPEAK),
+            ("GET", "/", studio, OPEN),
             ("GET", "/voices", piper_voices, ANY_KEY),
             # --- telephony (issue 14) ---
             ("GET", SAY_ROUTE, say, SPEAK),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 from aiohttp import web
 
@@ -35,12 +37,38 @@ async def speech(request: web.Request) -> web.StreamResponse:
     )
 
 
+STUDIO_PAGE = Path(__file__).with_name("studio.html")
+
+
+async def studio(request: web.Request) -> web.Response:
+    """``GET /``: the prompt studio, one static page (HTML + JS, no build step, nothing from a
+    CDN) that uses only the public API (read at start: :func:`studio_ctx`)."""
+    return web.Response(
+        body=request.app[keys.STUDIO_PAGE],
+        content_type="text/html",
+        charset="utf-8",
+        headers={
+            "Cache-Control": "no-cache",
+            # The page runs its own script and talks to its own origin only.
+            "Content-Security-Policy": "default-src 'self'; script-src 'self' 'unsafe-inline'; "
+            "style-src 'self' 'unsafe-inline'; media-src 'self' blob:; frame-ancestors 'none'",
+            "X-Content-Type-Options": "nosniff",
+        },
+    )
+
+
+async def studio_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Read the studio page once, off the loop, for :func:`studio`."""
+    app[keys.STUDIO_PAGE] = await asyncio.to_thread(STUDIO_PAGE.read_bytes)
+    yield
+
+
 async def ssml_explain(request: web.Request) -> web.Response:
     """``POST /v1/ssml/explain``: a speech body's expansion and content address, nothing
     synthesized (the prompt studio and ``voxgate say --explain`` show it)."""
     app = request.app
     settings, service = app[keys.SETTINGS], app[keys.SPEECH]
-    raw = await read_body(request, settings.max_body_kb * 1024)
+    raw = await read_body(request, settings.max_body_kb * 1024, settings.body_timeout_s)
     call = await asyncio.to_thread(parse_speech_body, raw, settings, service)
     return web.json_response(await service.explain(call.req))
 

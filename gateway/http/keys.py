@@ -13,6 +13,7 @@ from gateway.runtime.accesslog import AccessLog
 from gateway.runtime.apikeys import Authenticator
 from gateway.runtime.ratelimit import KeyLimits
 from gateway.runtime.settings import Settings
+from gateway.speech.catalogue import PinnedPrompts
 from gateway.speech.service import SpeechService
 from gateway.wyoming.server import WyomingServer
 from metrics import Metrics
@@ -39,6 +40,10 @@ FIRST_BYTE_AT = web.RequestKey("first_byte_at", float)
 # --- telephony (issue 14) ---
 PRESENTATIONS = web.AppKey("presentations", Presentations)
 SAY_MEMO = web.AppKey("say_memo", SayMemo)
+# The prompt studio's page (GET /), read at start.
+STUDIO_PAGE = web.AppKey("studio_page", bytes)
+# Prompts pinned through POST /v1/prompts in this process (GET /v1/prompts, the studio).
+PINNED_PROMPTS = web.AppKey("pinned_prompts", PinnedPrompts)
 
 # --- trust (issue 12) ---
 # Who is asking, for per-client shares: the API key's name once keys are checked (set by the

@@ -347,8 +347,61 @@ def _synthesize_path(models: RequestModels) -> dict[str, Any]:
     }
 
 
+def _studio_path() -> dict[str, Any]:
+    return {
+        "get": {
+            "tags": ["operations"],
+            "summary": "The prompt studio: a page to try text and SSML (docs/ssml.md)",
+            "description": "One static HTML page with its script (no build step, nothing "
+            "from a CDN). It calls only this API: POST /v1/audio/speech, POST "
+            "/v1/ssml/explain, GET /v1/voices, GET /v1/prompts and GET "
+            "/v1/audio/{key}.{ext}, with the key typed into it when API keys are on. POST / "
+            "is Piper's API.",
+            "responses": {
+                "200": {
+                    "description": "The page.",
+                    "content": {"text/html": {"schema": {"type": "string"}}},
+                }
+            },
+        }
+    }
+
+
 def _prompts_path() -> dict[str, Any]:
     return {
+        "get": {
+            "tags": ["operations"],
+            "summary": "The prompts POST /v1/prompts pinned in this process",
+            "description": "Text, id, model, voice, format and content address of each, "
+            "oldest first (the studio plays them by key). Kept by the process that rendered "
+            "them: not shared between workers and not kept over a restart (their audio is).",
+            "responses": {
+                "200": _json_ok(
+                    "The pinned prompts.",
+                    {
+                        "type": "object",
+                        "required": ["prompts"],
+                        "properties": {
+                            "prompts": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "properties": {
+                                        "key": {"type": "string"},
+                                        "id": {"type": ["string", "null"]},
+                                        "text": {"type": "string"},
+                                        "model": {"type": "string"},
+                                        "voice": {"type": "string"},
+                                        "format": {"type": "string"},
+                                        "sample_rate": {"type": ["integer", "null"]},
+                                    },
+                                },
+                            }
+                        },
+                    },
+                )
+            },
+        },
         "post": {
             "tags": ["operations"],
             "summary": "Render and pin a prompt catalogue; returns each content address",
@@ -362,7 +415,7 @@ def _prompts_path() -> dict[str, Any]:
                 },
                 **_errors(400, 413),
             },
-        }
+        },
     }
 
 
@@ -919,6 +972,7 @@ def build_openapi(settings: Settings) -> dict[str, Any]:
         },
         "components": _components(settings, models),
     }
+    doc["paths"]["/"].update(_studio_path())  # GET / is the studio, POST / Piper's API
     _add_access(doc["paths"], metrics_open=not settings.metrics_auth)
     doc["components"]["securitySchemes"] = {
         "bearer": {
@@ -934,10 +988,11 @@ def build_openapi(settings: Settings) -> dict[str, Any]:
 # What operations ask of their caller, as gateway.http.app registers them (docs/security.md):
 # open ones never need a key; every other takes one when the server has a keys file (hence the
 # empty alternative: a server without one asks for none). The JSON-only bodies answer 415.
-_OPEN = {("/healthz", "get"), ("/readyz", "get"), ("/openapi.json", "get")}
+_OPEN = {("/healthz", "get"), ("/readyz", "get"), ("/openapi.json", "get"), ("/", "get")}
 _SIGNED = "/v1/say/s/"
 _JSON_BODIES = {
     ("/v1/audio/speech", "post"),
+    ("/v1/ssml/explain", "post"),
     ("/v1/prompts", "post"),
     ("/v1/say/sign", "post"),
     ("/v1/jambonz/tts", "post"),

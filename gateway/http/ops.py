@@ -92,9 +92,11 @@ async def prompts(request: web.Request) -> web.Response:
         service, requests, app[keys.METRICS], concurrency=settings.catalogue_concurrency
     )
     answers = [r.as_json() for r in summary.results]
-    for prompt, answer in zip(parsed, answers, strict=True):
+    pinned = app[keys.PINNED_PROMPTS]
+    for prompt, req, answer in zip(parsed, requests, answers, strict=True):
         if prompt.id is not None:
             answer["id"] = prompt.id
+        pinned.record(req, answer, prompt.id)
     for ext_name in body.extensions or ():
         ext = EXTENSIONS[ext_name]
         for answer in answers:
@@ -107,3 +109,9 @@ async def prompts(request: web.Request) -> web.Response:
                 f"{settings.public_url}/v1/audio/{key}.{ext_name}"
             )
     return web.json_response({"prompts": answers, "summary": summary.as_json()})
+
+
+async def pinned_prompts(request: web.Request) -> web.Response:
+    """``GET /v1/prompts``: the prompts ``POST /v1/prompts`` pinned in this process (their
+    text, id, voice, format and content address), oldest first; the prompt studio plays them."""
+    return web.json_response({"prompts": request.app[keys.PINNED_PROMPTS].listing()})

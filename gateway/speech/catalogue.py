@@ -71,6 +71,39 @@ class Summary:
         return out
 
 
+class PinnedPrompts:
+    """The prompts ``POST /v1/prompts`` pinned in this process, newest last, by content address
+    (``GET /v1/prompts``: the prompt studio lists and plays them). Entries hold no text, so the
+    prompts' words and ids are kept here; bounded, oldest first out. Not shared between worker
+    processes or kept over a restart: the pinned audio is, this listing of it is not."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._items: dict[str, dict[str, Any]] = {}
+
+    def record(self, req: SpeechRequest, answer: dict[str, Any], ident: str | None) -> None:
+        """Remember one rendered prompt (``answer`` is its ``POST /v1/prompts`` answer)."""
+        key = answer.get("key")
+        if not key:
+            return
+        self._items.pop(key, None)
+        self._items[key] = {
+            "key": key,
+            "id": ident,
+            "text": req.text,
+            "model": req.model,
+            "voice": req.voice,
+            "format": req.fmt.name,
+            "sample_rate": answer.get("sample_rate"),
+        }
+        while len(self._items) > self.size:
+            del self._items[next(iter(self._items))]
+
+    def listing(self) -> list[dict[str, Any]]:
+        """The prompts, oldest first."""
+        return list(self._items.values())
+
+
 # ---- rendering -----------------------------------------------------------------------------
 
 

@@ -1,0 +1,111 @@
+"""The prompt studio (issue 16, acceptance 4) in a real headless Chromium: Debian's chromium and
+chromium-driver driven by Selenium (installed by .ci/install; nothing is downloaded at run
+time). The browser runs in a thread, so the gateway's event loop keeps serving it."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from typing import Any
+
+import soundfile as sf
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
+
+from tests.conftest import GatewayFactory
+from tests.support import CountingEngine
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+WAIT_S = 60
+PROMPT = '<speak>Hello from the studio.<break time="700ms"/></speak>'
+
+
+def browser() -> WebDriver:
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--mute-audio"):
+        options.add_argument(flag)
+    # Playing needs no user gesture here: the test clicks, but a headless run has no speaker.
+    options.add_argument("--autoplay-policy=no-user-gesture-required")
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+def text_of(driver: WebDriver, element_id: str) -> str:
+    return str(driver.find_element(By.ID, element_id).text)
+
+
+def drive(url: str, pinned_key: str) -> dict[str, Any]:
+    """Type the prompt, speak it twice, play the pinned prompt; what the page showed."""
+    driver = browser()
+    wait = WebDriverWait(driver, WAIT_S)
+    seen: dict[str, Any] = {}
+    try:
+        driver.get(url)
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#voice option"))
+        box = driver.find_element(By.ID, "text")
+        box.clear()
+        box.send_keys(PROMPT)
+        driver.find_element(By.ID, "speak").click()
+        wait.until(lambda d: text_of(d, "duration").endswith(" s"))
+        seen["first_cache"] = text_of(driver, "cache")
+        seen["address"] = text_of(driver, "address")
+        seen["audio_duration"] = driver.execute_script(
+            "return document.getElementById('audio').duration"
+        )
+        seen["expansion"] = text_of(driver, "expansion")
+        driver.find_element(By.ID, "speak").click()
+        wait.until(lambda d: text_of(d, "cache") == "HIT" and text_of(d, "duration").endswith(" s"))
+        seen["second_address"] = text_of(driver, "address")
+        # A pinned catalogue prompt is listed and plays.
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#prompts tr"))
+        row = driver.find_element(By.CSS_SELECTOR, "#prompts tr")
+        seen["prompt_row"] = row.text
+        row.find_element(By.TAG_NAME, "button").click()
+        wait.until(
+            lambda d: text_of(d, "address") == pinned_key and text_of(d, "duration").endswith(" s")
+        )
+        seen["pinned_cache"] = text_of(driver, "cache")
+        # A refused document shows its error.
+        box.clear()
+        box.send_keys("<speak><audio src='http://example.com/a.mp3'/></speak>")
+        driver.find_element(By.ID, "speak").click()
+        wait.until(lambda d: "would fetch a URL" in text_of(d, "error"))
+    finally:
+        driver.quit()
+    return seen
+
+
+async def test_studio_speaks_a_prompt_in_a_real_browser(
+    gateway: GatewayFactory, counting_engine: CountingEngine
+) -> None:
+    client = await gateway()
+    pinned = await client.post(
+        "/v1/prompts",
+        json={"prompts": [{"input": "Welcome to voxgate.", "id": "welcome", "format": "wav"}]},
+    )
+    assert pinned.status == 200
+    pinned_key = (await pinned.json())["prompts"][0]["key"]
+    page = await client.get("/")
+    assert page.status == 200 and page.headers["Content-Type"].startswith("text/html")
+    assert "<script src=" not in await page.text()  # nothing from elsewhere
+
+    seen = await asyncio.to_thread(drive, str(client.make_url("/")), pinned_key)
+
+    assert seen["first_cache"] == "MISS"
+    assert seen["second_address"] == seen["address"]
+    assert "Hello from the studio." in seen["expansion"] and "pause 700 ms" in seen["expansion"]
+    assert "welcome" in seen["prompt_row"] and "Welcome to voxgate." in seen["prompt_row"]
+    assert seen["pinned_cache"] == "HIT"
+    # The page played what the API serves: the same address and the same length.
+    resp = await client.post(
+        "/v1/audio/speech",
+        json={"model": "tts-1", "voice": "alloy", "input": PROMPT, "response_format": "wav"},
+    )
+    assert resp.headers["X-Audio-Key"] == seen["address"]
+    data, rate = sf.read(io.BytesIO(await resp.read()))
+    assert abs(seen["audio_duration"] - len(data) / rate) < 0.05
+    assert seen["audio_duration"] > 1.5  # the words and the 700 ms break
