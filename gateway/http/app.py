@@ -65,6 +65,7 @@ JSON_BODIES = frozenset(
         ("POST", "/v1/prompts"),
         ("POST", "/v1/say/sign"),
         ("POST", "/v1/jambonz/tts"),
+        ("POST", "/v1/ssml/explain"),
         ("POST", "/"),
     }
 )

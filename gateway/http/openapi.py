@@ -996,6 +996,7 @@ _JSON_BODIES = {
     ("/v1/prompts", "post"),
     ("/v1/say/sign", "post"),
     ("/v1/jambonz/tts", "post"),
+    ("/v1/ssml/explain", "post"),
     ("/", "post"),
 }
 

@@ -559,7 +559,7 @@ class Settings(BaseSettings):
         "security",
         True,
         "POST bodies that must be JSON (/v1/audio/speech, /v1/prompts, /v1/say/sign, "
-        "/v1/jambonz/tts, Piper's POST /) need Content-Type application/json, else 415: a browser "
+        "/v1/jambonz/tts, /v1/ssml/explain, Piper's POST /) need Content-Type application/json, else 415: a browser "
         "page cannot send them cross-origin without a CORS preflight.",
     )
     allowed_hosts: Names = _opt(
