@@ -11,6 +11,7 @@ Requests that would synthesize are tiny, or refused before synthesis.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import socket
 import time
@@ -544,6 +545,50 @@ CASES: list[Any] = [
         ),
         id="speech-bad-chunk-size",
     ),
+    pytest.param(
+        Case(
+            "POST",
+            "/v1/audio/speech",
+            {"Content-Type": "application/json", "Content-Encoding": "gzip"},
+            b"not gzip at all",
+        ),
+        id="speech-bad-gzip",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/v1/audio/speech",
+            {"Content-Type": "application/json", "Content-Encoding": "gzip"},
+            gzip.compress(b" " * 4_000_000),
+            status=413,
+        ),
+        id="speech-gzip-bomb",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/v1/audio/speech",
+            {"Content-Type": "application/json", "Content-Encoding": "br"},
+            b"abcd",
+            status=400,
+            json_error=False,
+        ),
+        id="speech-unsupported-content-encoding",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/v1/audio/speech",
+            {
+                "Content-Type": "application/json",
+                "Content-Length": str(10**10),
+                "Expect": "100-continue",
+            },
+            status=413,
+            max_seconds=5,
+        ),
+        id="speech-expect-100-continue-10gb",
+    ),
     # ---- GET /v1/audio/{key} and {key}.{ext} ----
     pytest.param(
         Case("GET", "/v1/audio/" + KEY + "%0A", status=400, param="key"), id="key-trailing-newline"
@@ -809,6 +854,34 @@ CASES: list[Any] = [
         id="coqui-form-bad-utf8",
     ),
     pytest.param(post_json("/api/tts", DEEP), id="coqui-json-deep"),
+    pytest.param(
+        Case(
+            "POST",
+            "/api/tts",
+            {"Content-Type": "application/x-www-form-urlencoded; charset=bogus-9"},
+            b"text=Hi.",
+        ),
+        id="coqui-form-unknown-charset",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/api/tts",
+            {"Content-Type": "multipart/form-data; boundary=b"},
+            b'--b\r\nContent-Disposition: form-data; name="text"\r\n'
+            b"Content-Type: text/plain; charset=nope\r\n\r\nHi.\r\n--b--\r\n",
+        ),
+        id="coqui-multipart-unknown-charset",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/api/tts",
+            {"Content-Type": "application/x-www-form-urlencoded", "Content-Encoding": "gzip"},
+            b"text=Hi.",
+        ),
+        id="coqui-form-bad-gzip",
+    ),
     pytest.param(
         post_json(
             "/api/tts", {"text": 10**400 if False else "Hi.", "speaker_id": 1}, param="speaker_id"

@@ -45,9 +45,10 @@ async def coqui_fields(request: web.Request) -> dict[str, Any]:
                     f"the request body did not arrive within {timeout_s:g} s (body_timeout_s)",
                     code="body_timeout",
                 ) from None
-            except ValueError as exc:
+            except (ValueError, LookupError) as exc:
                 # aiohttp's form parsing: a multipart type without a boundary, a part without
-                # a name, a value that is not UTF-8 (UnicodeDecodeError is a ValueError).
+                # a name, a value that is not UTF-8 (UnicodeDecodeError is a ValueError), a
+                # charset Python does not know (LookupError).
                 raise BadRequest(
                     f"request body is not a valid {request.content_type} form",
                     code="malformed_form",

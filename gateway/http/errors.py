@@ -11,6 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from gateway.errors import (
     BadRequest,
@@ -20,6 +21,7 @@ from gateway.errors import (
     Unauthorized,
     Unavailable,
     VoxgateError,
+    clip,
 )
 from synth.errors import (
     ClientQueueFull,
@@ -52,8 +54,8 @@ def error_body(
     ).encode()
 
 
-def error_response(exc: VoxgateError) -> web.Response:
-    """The HTTP response for ``exc``."""
+def error_response(exc: VoxgateError, status: int | None = None) -> web.Response:
+    """The HTTP response for ``exc`` (with ``status`` instead of its own, where given)."""
     headers = {}
     if exc.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
@@ -64,7 +66,7 @@ def error_response(exc: VoxgateError) -> web.Response:
     elif isinstance(exc, RequestTimeout):
         headers["Connection"] = "close"  # the rest of the body may still be on its way
     return web.Response(
-        status=exc.status,
+        status=status or exc.status,
         body=error_body(exc.message, exc.type, exc.param, exc.code),
         content_type="application/json",
         headers=headers,
@@ -138,6 +140,14 @@ def error_response_for(request: web.Request, exc: Exception) -> web.Response:
             status=exc.status,
             body=error_body(message, _HTTP_TYPES.get(exc.status, "invalid_request_error")),
             content_type="application/json",
+        )
+    if isinstance(exc, web.RequestPayloadError):
+        # The body as aiohttp decodes it, failing: a Content-Encoding that does not decode
+        # (gzip that is not gzip), chunked framing that breaks mid-body. The client's fault.
+        cause = exc.__cause__ or (exc.args[0] if exc.args else None)
+        why = cause.message if isinstance(cause, HttpProcessingError) else "it does not decode"
+        return error_response(
+            BadRequest(f"malformed request body: {clip(why, 80)}", code="malformed_body")
         )
     resource = request.match_info.route.resource
     route = resource.canonical if resource is not None else "?"
