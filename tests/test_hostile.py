@@ -455,7 +455,7 @@ CASES: list[Any] = [
             "/v1/audio/speech",
             {"Content-Type": ";;;==="},
             json.dumps(GOOD).encode(),
-            status=None,
+            status=415,
         ),
         id="speech-content-type-malformed",
     ),
@@ -465,7 +465,7 @@ CASES: list[Any] = [
             "/v1/audio/speech",
             {"Content-Type": "multipart/form-data"},
             b"--x\r\n\r\n",
-            status=None,
+            status=415,
         ),
         id="speech-multipart-no-boundary",
     ),
@@ -588,6 +588,60 @@ CASES: list[Any] = [
             max_seconds=5,
         ),
         id="speech-expect-100-continue-10gb",
+    ),
+    # ---- JSON-only POST routes and Content-Type (require_json_content_type: 415) ----
+    *[
+        pytest.param(
+            Case("POST", target, {"Content-Type": ctype}, json.dumps(GOOD).encode(), status=415),
+            id=f"415-{name}-{target}",
+        )
+        for target in ("/v1/audio/speech", "/v1/prompts", "/v1/say/sign", "/v1/jambonz/tts", "/")
+        for name, ctype in (
+            ("text-plain", "text/plain"),
+            ("form", "application/x-www-form-urlencoded"),
+        )
+    ],
+    pytest.param(
+        Case(
+            "POST",
+            "/v1/audio/speech",
+            {"Content-Type": "application/" + "x" * 5000 + "+xml"},
+            json.dumps(GOOD).encode(),
+            status=415,
+        ),
+        id="415-overlong-content-type",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/v1/audio/speech",
+            {"Content-Type": "application/json\u00b2".encode()},
+            json.dumps(GOOD).encode(),
+            status=415,
+        ),
+        id="415-content-type-non-ascii",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/v1/audio/speech",
+            {"Content-Type": "APPLICATION/JSON; charset=UTF-8"},
+            json.dumps(GOOD).encode(),
+            status=200,
+            json_error=False,
+        ),
+        id="json-content-type-any-case",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/v1/audio/speech",
+            {"Content-Type": "application/vnd.x+json"},
+            json.dumps(GOOD).encode(),
+            status=200,
+            json_error=False,
+        ),
+        id="json-content-type-plus-json",
     ),
     # ---- GET /v1/audio/{key} and {key}.{ext} ----
     pytest.param(
@@ -736,7 +790,7 @@ CASES: list[Any] = [
     pytest.param(post_json("/v1/say/sign", DEEP), id="sign-json-deep"),
     pytest.param(post_json("/v1/say/sign", b"[]"), id="sign-json-list"),
     pytest.param(
-        Case("POST", "/v1/say/sign", {"Content-Type": "multipart/form-data"}, b"x", status=None),
+        Case("POST", "/v1/say/sign", {"Content-Type": "multipart/form-data"}, b"x", status=415),
         id="sign-multipart-no-boundary",
     ),
     # ---- /api/tts ----
@@ -986,7 +1040,7 @@ CASES: list[Any] = [
     pytest.param(post_json("/", DEEP), id="piper-json-deep"),
     pytest.param(post_json("/", b""), id="piper-empty"),
     pytest.param(
-        Case("POST", "/", {"Content-Type": "multipart/form-data"}, b"x", status=None),
+        Case("POST", "/", {"Content-Type": "multipart/form-data"}, b"x", status=415),
         id="piper-multipart-no-boundary",
     ),
     # ---- POST /v1/prompts ----
