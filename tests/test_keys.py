@@ -378,3 +378,44 @@ def test_bench_keys_file_holds_n_keys_and_one_works(tmp_path: Path) -> None:
     assert len(ring.keys) == 100
     found = ring.identify(secret)
     assert found is not None and found.scopes == {"speak", "read"} and not found.limited
+
+
+def test_sighup_reloads_the_keys_of_every_worker(tmp_path: Path) -> None:
+    """`voxgate serve --workers 2`: SIGHUP to the supervisor reaches each worker, and each
+    rereads the keys file (the old key is refused everywhere, the new one accepted)."""
+    import signal
+    import time
+    import urllib.error
+    import urllib.request
+
+    from tests.ops_support import ServerProcess
+
+    keys_file = write_keys(tmp_path / "keys.toml", key_table("old", SPEAK_SECRET, ["speak"]))
+    server = ServerProcess(
+        tmp_path / "srv", "--workers", "2", "--api-keys-file", str(keys_file), "--log-level", "info"
+    )
+
+    def status(secret: str) -> int:
+        req = urllib.request.Request(server.url + "/v1/models", headers={"X-API-Key": secret})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    try:
+        server.wait_ready(workers=2)
+        assert [status(SPEAK_SECRET) for _ in range(10)] == [200] * 10
+        write_keys(keys_file, key_table("new", READ_SECRET, ["read"]))
+        server.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 60
+        while server.logs().count("API keys reloaded") < 2:
+            assert time.monotonic() < deadline, server.logs()
+            time.sleep(0.1)
+        # New connections land on either worker (SO_REUSEPORT): every one knows the new keys.
+        assert [status(SPEAK_SECRET) for _ in range(10)] == [401] * 10
+        assert [status(READ_SECRET) for _ in range(10)] == [200] * 10
+        assert server.terminate() == 0
+    finally:
+        server.close()
+    assert SPEAK_SECRET not in server.logs() and READ_SECRET not in server.logs()
