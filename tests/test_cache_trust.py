@@ -361,3 +361,52 @@ async def test_two_replicas_without_a_shared_store_never_send_one_etag_for_two_b
     assert all(len(bodies) == 1 for bodies in bodies_by_etag.values())
     # The replicas did make different bytes for some address (else this proves nothing).
     assert len(bodies_by_etag) > 3
+
+
+async def wait_until(condition: Any, what: str) -> None:
+    """Wait (up to 20 s) for ``condition()`` to hold."""
+    for _ in range(2000):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_waiting_for_another_replicas_synthesis_says_coalesced(
+    gateway: GatewayFactory,
+    settings: Settings,
+    redis: RedisServer,
+    counting_engine: CountingEngine,
+    tmp_path: Any,
+    stream: bool,
+) -> None:
+    """Replica B asks for a text replica A is synthesizing: B waits on A's lock, adopts A's
+    master and says COALESCED (it said MISS: one MISS per replica in a herd), streamed or not."""
+    shared = settings.replace(redis_url=redis.url, cache_secret=CACHE_SECRET)
+    a_metrics, b_metrics = Metrics(), Metrics()
+    a = await gateway(settings=shared.replace(cache_dir=str(tmp_path / "a")), metrics=a_metrics)
+    b = await gateway(settings=shared.replace(cache_dir=str(tmp_path / "b")), metrics=b_metrics)
+    text = "Please hold while we connect your call."
+    before = counting_engine.items
+    counting_engine.release.clear()  # A's synthesis waits in the engine
+    try:
+        first = asyncio.ensure_future(a.post("/v1/audio/speech", json=speech(text)))
+        await wait_until(
+            lambda: a_metrics.redis_locks.labels("acquired")._value.get() >= 1, "A's lock"
+        )
+        second = asyncio.ensure_future(
+            b.post("/v1/audio/speech", json={**speech(text), "stream": stream})
+        )
+        await wait_until(
+            lambda: b_metrics.redis_locks.labels("contended")._value.get() >= 1, "B waiting"
+        )
+    finally:
+        counting_engine.release.set()
+    ra, rb = await first, await second
+    assert (ra.status, rb.status) == (200, 200)
+    assert ra.headers["X-Cache"] == "MISS"
+    assert rb.headers["X-Cache"] == "COALESCED"
+    body_b = await rb.read()
+    assert len(body_b) > 1000
+    assert counting_engine.items == before + 1  # one synthesis, on A

@@ -61,6 +61,8 @@ class Production:
     abandoned: bool = False
     # How the sentences are joined (set with ``parts``).
     layout: Layout | None = None
+    # How each sentence was had ("hit", "miss", "coalesced"), by index, once it has been.
+    outcomes: dict[int, str] = dataclasses.field(default_factory=dict)
 
     async def sentence_parts(self) -> list[asyncio.Future[Audio]]:
         """The per-sentence futures (await each through :func:`asyncio.shield`)."""
@@ -314,7 +316,9 @@ class Assembler:
         return SpeechStream(
             key=key,
             rate=rate,
-            cache="miss" if leader else "coalesced",
+            # The header goes out with the first sentence: COALESCED when this request joined
+            # a production here, or that sentence came from another replica's synthesis.
+            cache="miss" if leader and prod.outcomes.get(0) != "coalesced" else "coalesced",
             first=data,
             _rest=parts[1:],
             _encoder=encoder,
@@ -359,6 +363,7 @@ class Assembler:
                 finally:
                     turns[i].set()
             outcomes.append(outcome)
+            prod.outcomes[i] = outcome  # before the part resolves: a stream reads it then
             self.metrics.sentences.labels(outcome).inc()
             return master
 
