@@ -1216,7 +1216,58 @@ CASES: list[Any] = [
     pytest.param(Case("PUT", "/readyz", status=405), id="readyz-put"),
     pytest.param(Case("DELETE", "/metrics", status=405), id="metrics-delete"),
     pytest.param(Case("POST", "/openapi.json", status=405), id="openapi-post"),
-    pytest.param(Case("GET", "/v1/prompts", status=405), id="prompts-get"),
+    pytest.param(Case("DELETE", "/v1/prompts", status=405), id="prompts-delete"),
+    pytest.param(
+        Case("GET", "/v1/prompts?x=%00&" + "y" * 5000, status=200, json_error=False),
+        id="prompts-get-junk-query",
+    ),
+    pytest.param(Case("PUT", "/", status=405), id="studio-put"),
+    pytest.param(Case("GET", "/?%00=%ff", status=200, json_error=False), id="studio-junk-query"),
+    # ---- POST /v1/ssml/explain (a speech body, nothing synthesized) ----
+    pytest.param(
+        post_json("/v1/ssml/explain", {**GOOD, "input": "Hi\x00."}, param="input"),
+        id="explain-nul",
+    ),
+    pytest.param(post_json("/v1/ssml/explain", DEEP), id="explain-json-deep"),
+    pytest.param(
+        post_json(
+            "/v1/ssml/explain",
+            b'{"model":"tts-1","input":"Hi.","voice":"alloy","speed":' + HUGE_INT + b"}",
+            param="speed",
+        ),
+        id="explain-speed-10e400",
+    ),
+    pytest.param(
+        post_json("/v1/ssml/explain", {**GOOD, "input_type": "ssml", "input": "<speak>Hi."}),
+        id="explain-ssml-unclosed",
+    ),
+    pytest.param(
+        post_json(
+            "/v1/ssml/explain",
+            {
+                **GOOD,
+                "input_type": "ssml",
+                "input": '<!DOCTYPE s [<!ENTITY x SYSTEM "file:///etc/passwd">]><speak>&x;</speak>',
+            },
+        ),
+        id="explain-ssml-external-entity",
+    ),
+    pytest.param(
+        post_json("/v1/ssml/explain", {**GOOD, "voice": LONG_NAME}, param="voice"),
+        id="explain-overlong-voice",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/v1/ssml/explain",
+            {"Content-Type": "text/plain"},
+            json.dumps(GOOD).encode(),
+            status=415,
+        ),
+        id="explain-text-plain",
+    ),
+    pytest.param(Case("GET", "/v1/ssml/explain", status=405), id="explain-get"),
+    pytest.param(post_json("/v1/ssml/explain", b""), id="explain-empty"),
     pytest.param(Case("GET", "/v1/say/sign", status=405), id="sign-get"),
     pytest.param(Case("GET", "/v1/jambonz/tts", status=405), id="jambonz-get"),
     pytest.param(Case("PUT", "/api/tts", status=405), id="coqui-put"),
@@ -1302,6 +1353,7 @@ HEAD_TARGETS = [
     "/",
     "/v1/say/sign",
     "/v1/jambonz/tts",
+    "/v1/ssml/explain",
 ]
 CASES += [
     pytest.param(Case("HEAD", target, status=None, json_error=False), id=f"head-{target}")
