@@ -107,8 +107,9 @@ class SpeechService:
         self._masters: SingleFlight[tuple[Audio, bool]] = SingleFlight()
         # Set when Redis is configured (issue 4): one replica of many synthesizes each master.
         self.cross_replica: CrossReplicaFlight | None = None
-        # Set with API keys on (issue 12): called with a sentence's length before it is queued
-        # for synthesis (misses only); raises to refuse it (a key over its chars_per_minute).
+        # Set with API keys on (issue 12): called with a sentence's length before this process
+        # starts synthesizing it (misses only; joining one in flight is free); raises to refuse
+        # it (a key over its chars_per_minute).
         self.admit_synthesis: Callable[[int], Awaitable[None]] | None = None
         # Content addresses of recent requests: hashing the canonical JSON is most of a hit's CPU
         # cost, and the same few thousand prompts repeat. Bounded; evicts oldest first.
@@ -296,8 +297,13 @@ class SpeechService:
             if req.pinned and not found.entry.meta.pinned:
                 await self.store.put(mk, found.entry.pinned_copy())
             return decoded, "hit"
-        if on_queued is not None and self._masters.running(mk):
-            on_queued()  # joining a synthesis already queued
+        if self._masters.running(mk):
+            if on_queued is not None:
+                on_queued()  # joining a synthesis already queued
+        elif self.admit_synthesis is not None:
+            # Charged before the master's shared production starts, not inside it: a refusal
+            # (429) then fails this caller's text only, never others that join the master.
+            await self.admit_synthesis(len(req.text))
         (stored, made_here), leader = await self._masters.do(
             mk, lambda: self._synthesize_once(req, mk, on_queued)
         )
@@ -349,8 +355,6 @@ class SpeechService:
         if not handle.ready.is_set():
             raise Overloaded(f"model '{req.model}' is still loading", retry_after_s=2.0)
         item = SynthesisItem(req.text, req.voice, req.speed, dict(req.params), req.phonemes)
-        if self.admit_synthesis is not None:
-            await self.admit_synthesis(len(req.text))
         if on_queued is not None:
             # submit() queues the item before its first suspension; this runs right after.
             asyncio.get_running_loop().call_soon(on_queued)
