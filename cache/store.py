@@ -39,8 +39,12 @@ class TieredStore:
         self.metrics = metrics
         first = self.tiers[0]
         self._memory = first if isinstance(first, MemoryTier) else None
-        # Resolved once: labels() per hit was a visible share of the hit path.
+        # Memory hits are tallied in a plain int and added to the counter before each collection
+        # (and at close): a locked prometheus-client increment per hit was a visible share of the
+        # hit path's own CPU time (py-spy, bench/hit_path.py zipf).
         self._memory_hits = metrics.cache_lookups.labels(MemoryTier.name, "hit")
+        self._memory_hits_pending = 0
+        metrics.before_collect(self.flush_memory_hits)
         # Background writes (promotions) are kept referenced until done, else they can be GC'd.
         self._background: set[asyncio.Task[None]] = set()
 
@@ -50,8 +54,14 @@ class TieredStore:
             return None
         entry = self._memory.get_nowait(key)
         if entry is not None:
-            self._memory_hits.inc()
+            self._memory_hits_pending += 1
         return entry
+
+    def flush_memory_hits(self) -> None:
+        """Add the memory hits tallied since the last flush to the lookup counter."""
+        pending, self._memory_hits_pending = self._memory_hits_pending, 0
+        if pending:
+            self._memory_hits.inc(pending)
 
     async def get(self, key: str) -> Lookup | None:
         """Look ``key`` up top-down; on a hit below the top, promote it into the tiers above."""
@@ -156,5 +166,6 @@ class TieredStore:
     async def close(self) -> None:
         """Finish background writes, then close every tier (bottom-up)."""
         await self.drain()
+        self.flush_memory_hits()
         for tier in reversed(self.tiers):
             await tier.close()

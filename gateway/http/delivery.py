@@ -37,7 +37,7 @@ log = logging.getLogger("voxgate.gateway")
 # (which fixes the format and rate) and of the bytes held (the ETag), and copying a ready
 # CIMultiDict is cheaper than building one from a dict on every hit. Checked against the entry's
 # digest: other bytes may be stored under the key later (see gateway.http.conditional).
-_hit_headers: BoundedMemo[str, tuple[str, CIMultiDict[str]]] = BoundedMemo(4096)
+_hit_headers: BoundedMemo[str, tuple[str, CIMultiDict[str]]] = BoundedMemo(8192)
 
 
 def _hit_headers_for(key: str, fmt: audio.AudioFormat, entry: Entry) -> CIMultiDict[str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cache.entry import Entry
 from synth import audio
@@ -55,6 +55,12 @@ class SpeechRequest:
     segments: tuple[Segment, ...] = ()
     # ``words`` of this (one-sentence) request are IPA phonemes (a ``<phoneme>`` segment).
     phonemes: bool = False
+    # (service, its keys_for result), set by SpeechService.keys_for: not part of the request's
+    # identity (excluded from ==, hash and repr), and not an init field, so dataclasses.replace
+    # never carries it to a changed request.
+    keys_cache: tuple[object, tuple[str, str, int]] | None = field(
+        default=None, init=False, compare=False, repr=False
+    )
 
     def entry(
         self,

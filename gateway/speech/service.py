@@ -180,6 +180,12 @@ class SpeechService:
         rendition is derived from the whole text plus the pause that joins its sentences, so a
         changed pause never serves audio assembled with the old one.
         """
+        # A request the request memo hands out again carries its keys from the first time (for
+        # this service: a request object is only ever validated against one), so a hit skips
+        # building and hashing the memo tuple below.
+        cached = req.keys_cache
+        if cached is not None and cached[0] is self:
+            return cached[1]
         engine = self.models[req.model].engine
         memo_key = (
             req.text,
@@ -194,10 +200,10 @@ class SpeechService:
             req.phonemes,
         )
         keys = self._key_memo.get(memo_key)
-        if keys is not None:
-            return keys
-        keys = self._compute_keys(req, engine)
-        self._key_memo.put(memo_key, keys)
+        if keys is None:
+            keys = self._compute_keys(req, engine)
+            self._key_memo.put(memo_key, keys)
+        object.__setattr__(req, "keys_cache", (self, keys))
         return keys
 
     def _compute_keys(self, req: SpeechRequest, engine: Engine) -> tuple[str, str, int]:
