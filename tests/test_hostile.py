@@ -19,11 +19,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import pytest
 
 from gateway.api.say import signed_say_path
+from gateway.http.app import create_app
 from gateway.runtime.settings import Settings
 from synth.piper_engine import PiperEngine
 from tests.support import CountingEngine, ServerThread
@@ -1281,6 +1282,28 @@ CASES: list[Any] = [
     pytest.param(Case(b"G\x00T", "/healthz", status=400, json_error=False), id="nul-in-method"),
     pytest.param(Case("OPTIONS", "/v1/audio/speech", status=None), id="speech-options"),
     pytest.param(Case("GET", "*", status=None, json_error=False), id="asterisk-target"),
+    # Read-only routes take no input: junk query strings and headers change nothing.
+    *[
+        pytest.param(
+            Case("GET", f"{route}?{query}", headers, status=200, json_error=False),
+            id=f"{name}-{route}",
+        )
+        for route in (
+            "/v1/models",
+            "/v1/audio/models",
+            "/v1/audio/voices",
+            "/v1/voices",
+            "/voices",
+            "/healthz",
+            "/readyz",
+            "/metrics",
+            "/openapi.json",
+        )
+        for name, query, headers in (
+            ("junk-query", "%00=%ff&" + "q" * 5000 + "=1", {}),
+            ("junk-accept", "", {"Accept": "*/*;q=" + "9" * 500, "Accept-Encoding": "x" * 2000}),
+        )
+    ],
     # ---- paths, headers, request lines ----
     pytest.param(Case("GET", "/" + "p" * 5000, status=404), id="path-5000-echo"),
     pytest.param(
@@ -1364,6 +1387,33 @@ CASES += [
 def test_table_is_large_enough() -> None:
     # Issue 12 asks for at least 120 hostile cases across every endpoint.
     assert len(CASES) >= 120
+
+
+def test_every_route_has_cases(tmp_path: Path) -> None:
+    """A route added later without hostile cases fails here: each route of the app (built, not
+    started) matches the target of at least 3 cases, and a HEAD case."""
+    settings = Settings.load(env={}, overrides={"cache_dir": str(tmp_path), "port": "0"})
+    app = create_app(settings, engines={})
+    targets = [
+        urlsplit(
+            case.target if isinstance(case.target, str) else case.target.decode("latin-1")
+        ).path
+        for case in (param.values[0] for param in CASES)
+        if case.raw is None
+    ]
+    heads = [urlsplit(t).path for t in HEAD_TARGETS]
+    for resource in app.router.resources():
+        info = resource.get_info()
+        if resource.canonical == "/{tail}":
+            continue  # (the 404 fallback)
+
+        def matches(path: str, info: Any = info) -> bool:
+            if "path" in info:
+                return bool(path == info["path"])
+            return info["pattern"].fullmatch(path) is not None
+
+        assert sum(map(matches, targets)) >= 3, resource.canonical
+        assert any(map(matches, heads)), resource.canonical
 
 
 @pytest.mark.parametrize("case", CASES)
