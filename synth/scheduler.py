@@ -231,16 +231,34 @@ class Scheduler:
         for p in batch:
             m.queue_wait_seconds.labels(self.model).observe(now - p.enqueued)
         m.batch_size.labels(self.model).observe(len(batch))
-        m.busy_workers.labels(self.model).inc()
+        # A runner in another process that counts its own syntheses (synth.shared_pool) is not
+        # counted here too: the host's figures would double.
+        counts = bool(getattr(self.runner, "counts_syntheses", True))
+        if counts:
+            m.busy_workers.labels(self.model).inc()
         started = time.perf_counter()
         split = False
+        call = asyncio.ensure_future(self.runner.run_batch([p.item for p in batch]))
+        if getattr(self.runner, "cancel_when_abandoned", False):
+            # Every waiter gone: stop the call, so a runner that can (the host's shared pool)
+            # drops the work nobody waits for. Other runners finish the batch (a worker's pipe
+            # or an engine thread cannot be left half-way).
+            def abandoned(_: object) -> None:
+                if not call.done() and all(p.future.cancelled() for p in batch):
+                    call.cancel()
+
+            for p in batch:
+                p.future.add_done_callback(abandoned)
         try:
-            outputs = await self.runner.run_batch([p.item for p in batch])
+            outputs = await call
             if len(outputs) != len(batch):
                 raise EngineError(
                     f"engine returned {len(outputs)} outputs for a batch of {len(batch)}"
                 )
         except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if call.cancelled() and (me is None or not me.cancelling()):
+                return  # abandoned by every waiter (above), not a shutdown of this loop
             for p in batch:
                 if not p.future.done():
                     p.future.set_exception(Overloaded("server is shutting down"))
@@ -250,35 +268,41 @@ class Scheduler:
             # alone, so only that one gets its 400.
             split = len(batch) > 1
             if not split:
-                m.syntheses.labels(self.model, "error").inc()
+                if counts:
+                    m.syntheses.labels(self.model, "error").inc()
                 if not batch[0].future.done():
                     batch[0].future.set_exception(exc)
                 return
         except SynthesisError as exc:
-            m.syntheses.labels(self.model, "error").inc(len(batch))
+            if counts:
+                m.syntheses.labels(self.model, "error").inc(len(batch))
             for p in batch:
                 if not p.future.done():
                     p.future.set_exception(exc)
             return
         except Exception as exc:  # an engine bug must fail its futures, never hang them
             log.exception("synthesis batch failed model=%s size=%d", self.model, len(batch))
-            m.syntheses.labels(self.model, "error").inc(len(batch))
+            if counts:
+                m.syntheses.labels(self.model, "error").inc(len(batch))
             err = EngineError(f"synthesis failed: {type(exc).__name__}")
             for p in batch:
                 if not p.future.done():
                     p.future.set_exception(err)
             return
         finally:
-            m.busy_workers.labels(self.model).dec()
+            if counts:
+                m.busy_workers.labels(self.model).dec()
         if split:
             for p in batch:
                 await self._run([p])
             return
         elapsed = time.perf_counter() - started
-        m.synthesis_seconds.labels(self.model).observe(elapsed)
-        m.synthesis_busy_seconds.labels(self.model).inc(elapsed)
-        m.syntheses.labels(self.model, "ok").inc(len(batch))
+        if counts:
+            m.synthesis_seconds.labels(self.model).observe(elapsed)
+            m.synthesis_busy_seconds.labels(self.model).inc(elapsed)
+            m.syntheses.labels(self.model, "ok").inc(len(batch))
         for p, audio in zip(batch, outputs, strict=True):
-            m.audio_seconds.labels(self.model).inc(audio.duration_s)
+            if counts:
+                m.audio_seconds.labels(self.model).inc(audio.duration_s)
             if not p.future.done():
                 p.future.set_result(audio)

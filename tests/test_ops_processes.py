@@ -205,6 +205,52 @@ async def test_two_workers_share_port_disk_and_metrics(tmp_path: Path) -> None:
         server.close()
 
 
+@pytest.mark.slow
+async def test_two_workers_share_one_synthesis_pool(tmp_path: Path) -> None:
+    """Issue 13: `--workers 2` runs one synthesis pool for the host; identical misses spread
+    over both gateway processes are synthesized once, and the engines are loaded once."""
+    server = ServerProcess(tmp_path, "--workers", "2", "--log-format", "json")
+    try:
+        server.wait_ready(workers=2)
+        n = 16
+        async with aiohttp.ClientSession() as session:
+
+            async def one() -> tuple[int, str]:
+                async with session.post(
+                    server.url + "/v1/audio/speech",
+                    json=speech("One synthesis for the whole host, however many ask."),
+                    headers={"Connection": "close"},  # a new connection each: both processes
+                ) as r:
+                    await r.read()
+                    return r.status, r.headers["X-Cache"]
+
+            answers = await asyncio.gather(*(one() for _ in range(n)))
+        assert all(status == 200 for status, _ in answers), answers
+        deadline = time.monotonic() + 30
+        while (
+            len(
+                speech_lines := [
+                    line
+                    for line in server.json_lines()
+                    if line["logger"] == "voxgate.access" and line["route"] == "/v1/audio/speech"
+                ]
+            )
+            < n
+        ):
+            assert time.monotonic() < deadline, f"{len(speech_lines)} of {n} access lines"
+            await asyncio.sleep(0.05)
+        assert len({line["pid"] for line in speech_lines}) == 2, "one process served all"
+        m = server.metrics()
+        assert sample(m, "voxgate_syntheses_total", outcome="ok") == 1
+        logs = server.json_lines()
+        pools = [line for line in logs if line["msg"].startswith("worker pool ready")]
+        assert len(pools) == 1, pools  # one pool of engines on the host, not one per process
+        assert sum(line["msg"].startswith("synthesis pool ready") for line in logs) == 1
+        assert server.terminate() == 0
+    finally:
+        server.close()
+
+
 async def test_logs_hold_no_request_text_or_api_key(tmp_path: Path) -> None:
     secret_text = "Zanzibar platypus codeword 7731 must never reach a log."
     api_key = "sk-test-4f9a1c0ffee1234567890abcdef"

@@ -15,7 +15,8 @@ def test_defaults_are_auto_and_fill_the_cores_with_one_thread_per_synthesis_proc
     assert (s.workers, s.synth_workers, s.intra_op_threads) == ("auto", "auto", "auto")
     for cores in (1, 2, 8):
         t = s.topology(cores)
-        assert (t.gateway_processes, t.synth_workers, t.intra_op_threads) == (1, cores, 1)
+        # One gateway process per core, all sharing the host's one pool of one process per core.
+        assert (t.gateway_processes, t.synth_workers, t.intra_op_threads) == (cores, cores, 1)
         assert t.cores == cores
         text = t.describe()
         assert f"{cores} synthesis processes per model" in text
@@ -50,7 +51,7 @@ def test_in_process_engines_share_the_cores_between_their_threads() -> None:
     assert "engines in gateway threads" in t.describe()
 
 
-def test_several_gateway_processes_split_the_cores_between_their_pools() -> None:
+def test_gateway_processes_share_one_pool_and_in_process_engines_stay_in_one() -> None:
     t = resolve_topology(
         workers=2,
         synth_workers="auto",
@@ -59,7 +60,19 @@ def test_several_gateway_processes_split_the_cores_between_their_pools() -> None
         devices=("cpu",),
         cores=8,
     )
-    assert (t.gateway_processes, t.synth_workers, t.intra_op_threads) == (2, 4, 1)
+    # One pool per host whatever the gateway processes: it takes the cores, not a share of them.
+    assert (t.gateway_processes, t.synth_workers, t.intra_op_threads) == (2, 8, 1)
+    t = resolve_topology(
+        workers="auto",
+        synth_workers=0,
+        intra_op_threads="auto",
+        synth_threads=1,
+        devices=("cpu",),
+        cores=8,
+    )
+    # Engines in gateway threads would load once per process: one gateway process then.
+    assert (t.gateway_processes, t.synth_workers, t.intra_op_threads) == (1, 0, 8)
+    assert "engines in-process" in t.describe()
 
 
 def test_auto_in_toml_and_bad_values_name_the_key(tmp_path: Path) -> None:

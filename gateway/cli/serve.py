@@ -108,6 +108,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.worker_of is None:
         # What `auto` became here and why: the numbers a newcomer's `voxgate serve` runs with.
         log.info("topology: %s", topology.describe())
+    if args.serve_pool:
+        from gateway.runtime import eventloop
+        from gateway.runtime.poolhost import serve_pool
+
+        eventloop.run(serve_pool(settings, args.serve_pool, args.worker_of), settings.event_loop)
+        return 0
     if topology.gateway_processes > 1 and args.worker_of is None:
         from gateway.runtime.workers import run_workers
 
@@ -127,4 +133,6 @@ def add_command(sub: Any) -> None:
     serve = sub.add_parser("serve", help="Run the HTTP gateway.")
     add_setting_flags(serve)
     serve.add_argument("--worker-of", type=int, default=None, help=argparse.SUPPRESS)
+    # Run as the host's synthesis pool process of `serve --workers N`, on this Unix socket.
+    serve.add_argument("--serve-pool", default=None, help=argparse.SUPPRESS)
     serve.set_defaults(func=cmd_serve)

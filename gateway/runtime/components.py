@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 
 from cache.disk import DiskTier
@@ -19,6 +20,7 @@ from cache.store import TieredStore
 from cache.tier import Tier
 from gateway.runtime.extras import check_extras
 from gateway.runtime.settings import Settings
+from gateway.runtime.workers import POOL_SOCKET_ENV
 from gateway.speech.service import ModelHandle, SpeechService
 from metrics import Metrics
 from synth.cancellation import cancel_and_wait
@@ -27,6 +29,7 @@ from synth.piper_engine import PiperVoiceFiles
 from synth.pool import EngineSpec, LogSetup, WorkerPool
 from synth.runner import ThreadRunner
 from synth.scheduler import Scheduler
+from synth.shared_pool import RemotePool
 
 log = logging.getLogger("voxgate")
 
@@ -152,10 +155,14 @@ async def open_models(
         # Reads configs (and may resolve a zoo name): off the loop.
         engines = await asyncio.to_thread(default_engine_specs, settings)
     handles: dict[str, ModelHandle] = {}
-    runners: list[ThreadRunner | WorkerPool] = []
+    runners: list[ThreadRunner | WorkerPool | RemotePool] = []
     loaders: list[asyncio.Task[None]] = []
+    # Set by the supervisor of `serve --workers N` for its gateway processes: the host's one pool.
+    shared_pool = os.environ.get(POOL_SOCKET_ENV) or None
 
-    async def load(name: str, runner: ThreadRunner | WorkerPool, ready: asyncio.Event) -> None:
+    async def load(
+        name: str, runner: ThreadRunner | WorkerPool | RemotePool, ready: asyncio.Event
+    ) -> None:
         try:
             await runner.start()
         except Exception:
@@ -171,7 +178,7 @@ async def open_models(
         for name, given in engines.items():
             # Building the metadata engine hashes the weights for its fingerprint: off the loop.
             runner, engine, concurrency = await asyncio.to_thread(
-                _runner_for, name, given, settings, metrics
+                _runner_for, name, given, settings, metrics, shared_pool
             )
             runners.append(runner)
             scheduler = Scheduler(
@@ -205,9 +212,14 @@ async def open_models(
 
 
 def _runner_for(
-    name: str, given: Engine | Sequence[EngineSpec], settings: Settings, metrics: Metrics
-) -> tuple[ThreadRunner | WorkerPool, Engine, int]:
-    """``(runner, engine for metadata, batches at once)`` for one model."""
+    name: str,
+    given: Engine | Sequence[EngineSpec],
+    settings: Settings,
+    metrics: Metrics,
+    shared_pool: str | None = None,
+) -> tuple[ThreadRunner | WorkerPool | RemotePool, Engine, int]:
+    """``(runner, engine for metadata, batches at once)`` for one model; with ``shared_pool``
+    (a Unix socket path) pooled models run in the host's pool process instead of here."""
 
     def in_process(engine: Engine) -> tuple[ThreadRunner, Engine, int]:
         runner = ThreadRunner(
@@ -226,6 +238,15 @@ def _runner_for(
     engine = specs[0].build()
     if settings.pool_workers() < 1:
         return in_process(engine)
+    if shared_pool is not None:
+        remote = RemotePool(
+            shared_pool,
+            name,
+            engine,
+            settings.pool_workers(),
+            max_reply_bytes=settings.synth_max_reply_mb * MIB,
+        )
+        return remote, engine, remote.size
     pool = WorkerPool(
         name,
         engine,

@@ -68,30 +68,36 @@ def resolve_topology(
     cuda = any(d.startswith("cuda") for d in devices)
     reasons: list[str] = []
 
-    if workers == AUTO:
-        gateway = 1
-        reasons.append("gateway processes auto: 1 (each gateway process holds its own pool)")
-    else:
-        gateway = workers
-
     if synth_workers == AUTO:
         if cuda:
             pool = len(devices)
             reasons.append(f"synthesis processes auto: {pool}, one per CUDA device")
         else:
-            # Each gateway process holds a pool of its own: together they fill the cores once.
-            pool = max(1, cores // gateway)
+            pool = cores
             reasons.append(
-                f"synthesis processes auto: {pool} = {cores} core(s) / {gateway} gateway "
-                "process(es) (processes x 1 thread measured fastest for Piper on CPU)"
+                f"synthesis processes auto: {pool}, one per core (processes x 1 thread measured "
+                "fastest for Piper on CPU)"
             )
     elif synth_workers and cuda:
         pool = len(devices)  # the pool always runs one worker per GPU
     else:
         pool = synth_workers
 
+    if workers == AUTO:
+        # With synthesis in worker processes, the host runs one pool shared by every gateway
+        # process, so more gateway processes cost HTTP memory only and spread the hits over the
+        # cores; engines in gateway threads would be loaded once per process instead.
+        gateway = cores if pool else 1
+        reasons.append(
+            f"gateway processes auto: {gateway}"
+            + (", one per core sharing one synthesis pool" if pool else " (engines in-process)")
+        )
+    else:
+        gateway = workers
+
     if intra_op_threads == AUTO or intra_op_threads == 0:
-        share = gateway * pool if pool else gateway * synth_threads
+        # One pool per host: its engines share the cores; in-process engines are per gateway.
+        share = pool if pool else gateway * synth_threads
         threads = max(1, cores // max(1, share))
         if intra_op_threads == AUTO:
             reasons.append(f"intra-op threads auto: {threads} = cores / engines running at once")

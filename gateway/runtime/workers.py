@@ -35,6 +35,9 @@ from metrics import MULTIPROC_ENV
 # Set in each worker of `serve --workers N`: its index. Its listeners (HTTP, Wyoming) share their
 # ports with the other workers through SO_REUSEPORT.
 WORKER_INDEX_ENV = "VOXGATE_WORKER_INDEX"
+# Set in each gateway process when the host runs one synthesis pool process for all of them: the
+# Unix socket it listens on (gateway/runtime/poolhost.py).
+POOL_SOCKET_ENV = "VOXGATE_POOL_SOCKET"
 
 log = logging.getLogger("voxgate.workers")
 # A worker that dies this soon after starting, this many times in a row, is not restarted again.
@@ -71,11 +74,22 @@ def prepare_metrics_dir() -> tuple[str, bool]:
 class Supervisor:
     """Starts, watches and stops the worker processes."""
 
-    def __init__(self, settings: Settings, argv: Sequence[str], port: int, metrics_dir: str):
+    def __init__(
+        self,
+        settings: Settings,
+        argv: Sequence[str],
+        port: int,
+        metrics_dir: str,
+        pool_socket: str | None = None,
+    ):
         self.settings = settings
         self.argv = list(argv)
         self.port = port
         self.metrics_dir = metrics_dir
+        # With a synthesis pool, the last process is the host's one pool process (issue 13):
+        # started first, stopped last, restarted like the others.
+        self.pool_socket = pool_socket
+        self.gateways = settings.topology().gateway_processes
         self.procs: list[subprocess.Popen[bytes]] = []
         self.started: list[float] = []
         self.fast_failures: list[int] = []
@@ -103,7 +117,16 @@ class Supervisor:
             "--worker-of",
             str(os.getpid()),
         ]
-        env = {**os.environ, MULTIPROC_ENV: self.metrics_dir, WORKER_INDEX_ENV: str(index)}
+        env = {**os.environ, MULTIPROC_ENV: self.metrics_dir}
+        env.pop(POOL_SOCKET_ENV, None)
+        if self.pool_socket is not None and index == self.gateways:
+            cmd += ["--serve-pool", self.pool_socket]
+            proc = subprocess.Popen(cmd, env=env)
+            log.info("synthesis pool process started (pid %d)", proc.pid)
+            return proc
+        env[WORKER_INDEX_ENV] = str(index)
+        if self.pool_socket is not None:
+            env[POOL_SOCKET_ENV] = self.pool_socket
         proc = subprocess.Popen(cmd, env=env)
         log.info("worker %d started (pid %d)", index, proc.pid)
         return proc
@@ -112,8 +135,9 @@ class Supervisor:
         self.stopping = True
 
     def _on_hangup(self, signum: int, frame: FrameType | None) -> None:
-        # Every worker holds its own copy of the API keys: each rereads the file.
-        for proc in self.procs:
+        # Every worker holds its own copy of the API keys: each rereads the file. (Not the pool
+        # process: it holds no keys, and SIGHUP would end it.)
+        for proc in self.procs[: self.gateways]:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGHUP)
 
@@ -122,11 +146,17 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGHUP, self._on_hangup)
-        n = self.settings.topology().gateway_processes
-        self.procs = [self.spawn(i) for i in range(n)]
+        n = self.gateways + (1 if self.pool_socket is not None else 0)
+        # The pool process first: the gateways wait for its socket before they report ready.
+        self.procs = [self.spawn(i) for i in reversed(range(n))][::-1]
         self.started = [time.monotonic()] * n
         self.fast_failures = [0] * n
-        log.info("serving on port %d with %d workers", self.port, n)
+        log.info(
+            "serving on port %d with %d workers%s",
+            self.port,
+            self.gateways,
+            " and one synthesis pool process" if self.pool_socket is not None else "",
+        )
         while not self.stopping:
             self._reap()
             time.sleep(0.2)
@@ -153,13 +183,21 @@ class Supervisor:
             self.started[i] = time.monotonic()
 
     def _stop(self) -> int:
-        log.info("stopping %d workers", len(self.procs))
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+        log.info("stopping %d workers", self.gateways)
         deadline = time.monotonic() + self.settings.shutdown_timeout_s + EXIT_GRACE_S
         ok = not self.failed
-        for proc in self.procs:
+        # Gateways first (their in-flight misses still need the pool), then the pool process.
+        ok = self._terminate(self.procs[: self.gateways], deadline) and ok
+        deadline = time.monotonic() + EXIT_GRACE_S
+        return 0 if self._terminate(self.procs[self.gateways :], deadline) and ok else 1
+
+    def _terminate(self, procs: Sequence[subprocess.Popen[bytes]], deadline: float) -> bool:
+        """SIGTERM ``procs`` and wait for them (killed past ``deadline``); all exited 0?"""
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        ok = True
+        for proc in procs:
             try:
                 rc = proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -167,7 +205,7 @@ class Supervisor:
                 proc.kill()
                 rc = proc.wait()
             ok = ok and rc == 0
-        return 0 if ok else 1
+        return ok
 
 
 def run_workers(settings: Settings, argv: Sequence[str]) -> int:
@@ -175,13 +213,19 @@ def run_workers(settings: Settings, argv: Sequence[str]) -> int:
     metrics_dir, own_dir = prepare_metrics_dir()
     holder = reserve_port(settings.host) if settings.port == 0 else None
     port = holder.getsockname()[1] if holder is not None else settings.port
+    # One synthesis pool for the host when synthesis runs in worker processes: a private
+    # directory (0700) for its socket.
+    pool_dir = tempfile.mkdtemp(prefix="voxgate-pool-") if settings.pool_workers() else None
+    pool_socket = os.path.join(pool_dir, "pool.sock") if pool_dir is not None else None
     try:
-        return Supervisor(settings, argv, port, metrics_dir).run()
+        return Supervisor(settings, argv, port, metrics_dir, pool_socket).run()
     finally:
         if holder is not None:
             holder.close()
         if own_dir:
             shutil.rmtree(metrics_dir, ignore_errors=True)
+        if pool_dir is not None:
+            shutil.rmtree(pool_dir, ignore_errors=True)
 
 
 async def watch_parent(parent_pid: int, stop: asyncio.Event) -> None:

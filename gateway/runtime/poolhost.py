@@ -1,0 +1,67 @@
+"""The host's one synthesis pool process of ``serve --workers N`` (issue 13, point 2).
+
+The supervisor starts it before the gateway processes (``python -m gateway serve ... --serve-pool
+PATH``): it opens the models exactly as a single gateway would (worker processes per model, one
+scheduler each, so crash and hang handling are :mod:`synth.pool`'s), and only once every engine is
+warm listens on the Unix socket ``PATH``, where each gateway process's
+:class:`synth.shared_pool.RemotePool` connects. Identical items from any gateway process are
+synthesized once (:class:`synth.shared_pool.PoolServer`). Its metrics go to the supervisor's
+multiprocess directory, so ``voxgate_syntheses_total`` on any gateway's ``/metrics`` counts the
+syntheses of the host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from pathlib import Path
+
+from gateway.runtime.components import open_models
+from gateway.runtime.settings import Settings
+from metrics import Metrics
+from synth.shared_pool import PoolServer
+
+log = logging.getLogger("voxgate.pool")
+
+
+async def serve_pool(settings: Settings, path: str, parent_pid: int | None) -> None:
+    """Run the pool until SIGTERM/SIGINT or until the supervisor is gone."""
+    from gateway.runtime.workers import watch_parent
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    orphan_watch = (
+        asyncio.ensure_future(watch_parent(parent_pid, stop)) if parent_pid is not None else None
+    )
+    metrics = Metrics()
+    async with open_models(settings, metrics, wait_ready=True) as handles:
+        server = PoolServer({name: h.scheduler for name, h in handles.items()})
+        # A socket file left by a pool process that was killed would make the bind fail.
+        await asyncio.to_thread(_unlink, path)
+        listener = await asyncio.start_unix_server(server.handle, path)
+        os.chmod(path, 0o600)  # only this user's gateway processes submit work
+        log.info(
+            "synthesis pool ready on %s: %s",
+            path,
+            ", ".join(f"{name} ({h.scheduler.concurrency} workers)" for name, h in handles.items()),
+        )
+        try:
+            await stop.wait()
+        finally:
+            listener.close()
+            await server.close()
+            await listener.wait_closed()
+            await asyncio.to_thread(_unlink, path)
+    if orphan_watch is not None:
+        orphan_watch.cancel()
+    log.info("synthesis pool stopped")
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        Path(path).unlink()

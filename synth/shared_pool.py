@@ -1,0 +1,427 @@
+"""One synthesis pool per host: a pool process serves every gateway process over a Unix socket.
+
+With ``serve --workers N`` the N gateway processes would otherwise each hold a pool of engines:
+N times the memory, the cores oversubscribed (a Piper synthesis took 0.38 s instead of 0.16 s
+with 2), and no coalescing between processes (320 syntheses for 300 prompts). Instead the
+supervisor starts one pool process; its schedulers and worker pools are the ones a single gateway
+would run (crash and hang handling as in :mod:`synth.pool`), and every gateway process submits to
+it through a :class:`RemotePool`, a :class:`~synth.scheduler.BatchRunner` like the others.
+
+Coalescing: :class:`PoolServer` runs each distinct item once however many requests ask for it
+(and answers it from its result for ``RECENT_S`` after, bounded in bytes: a gateway process whose
+lookup missed just before another stored the master submits it moments late). An
+item's identity is its model plus its canonical JSON (text, voice, speed, parameters): on one host
+every process serves the same engines, so this is the master's content address less the engine
+fingerprint, which is fixed here. Each request holds an interest in its items; a request that is
+cancelled (its gateway's client gone, see :class:`~synth.scheduler.Scheduler`) drops its interest,
+and an item nobody is interested in any more is cancelled too, which drops it from the pool's
+queue if it has not started (issue 12's rule: no synthesis for no one).
+
+Wire format (asyncio streams, both ways): frames of a 4-byte big-endian length then the payload,
+bounded on read (``max_request_bytes`` at the pool, ``max_reply_bytes`` at the gateway) before
+anything is allocated. A request is JSON ``{"id", "model", "items": [{"text", "voice", "speed",
+"params"}]}``, a cancellation ``{"cancel": id}``. A reply is ``{"id": n}``, a newline, then a
+worker's reply message (:func:`synth.pool.encode_reply`: JSON header plus float32 samples, parsed,
+never unpickled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import json
+import logging
+import struct
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from synth.cancellation import cancel_and_wait
+from synth.engine import Audio, Engine, SynthesisItem
+from synth.errors import (
+    EngineDead,
+    EngineError,
+    Overloaded,
+    SynthesisError,
+    SynthesisTimeout,
+    UnspeakableInput,
+)
+from synth.pool import BadReply, decode_reply, encode_reply
+from synth.scheduler import Scheduler
+
+log = logging.getLogger("voxgate.synth.shared_pool")
+
+_LENGTH = struct.Struct(">I")
+MAX_REQUEST_BYTES = 4 * 1024 * 1024  # a batch of texts; the gateway bounds each text far below
+# How long, and in how many bytes of PCM, finished syntheses stay answerable without a new one:
+# longer than a gateway takes from a cache miss to its submit, plus the store's write.
+RECENT_S = 10.0
+RECENT_BYTES = 64 * 1024 * 1024
+_ERRORS: dict[str, type[SynthesisError]] = {
+    "EngineDead": EngineDead,
+    "SynthesisTimeout": SynthesisTimeout,
+    "UnspeakableInput": UnspeakableInput,
+    "EngineError": EngineError,
+}
+
+
+class FrameTooLarge(Exception):
+    """A peer declared a frame larger than allowed; the connection cannot be trusted further."""
+
+
+async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
+    """One length-prefixed frame; :class:`FrameTooLarge` before reading an oversized one,
+    ``IncompleteReadError`` at end of stream."""
+    (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+    if length > max_bytes:
+        raise FrameTooLarge(f"frame of {length} bytes, more than the {max_bytes} allowed")
+    return await reader.readexactly(length)
+
+
+def write_frame(writer: asyncio.StreamWriter, payload: bytes) -> None:
+    """Queue one frame on ``writer`` (the caller drains)."""
+    writer.write(_LENGTH.pack(len(payload)) + payload)
+
+
+def item_to_json(item: SynthesisItem) -> dict[str, Any]:
+    """An item as plain JSON values."""
+    return {
+        "text": item.text,
+        "voice": item.voice,
+        "speed": item.speed,
+        "params": dict(item.params),
+    }
+
+
+def item_from_json(value: Any) -> SynthesisItem:
+    """The item a request carries; ``ValueError`` for anything that is not one."""
+    if not isinstance(value, dict):
+        raise ValueError("item is not an object")
+    text, voice, speed, params = (value.get(k) for k in ("text", "voice", "speed", "params"))
+    if not isinstance(text, str) or not isinstance(voice, str):
+        raise ValueError("item without text and voice")
+    if not isinstance(speed, int | float) or isinstance(speed, bool):
+        raise ValueError("item without a speed")
+    if not isinstance(params, dict):
+        raise ValueError("item without params")
+    for v in params.values():
+        if v is not None and type(v) not in (str, int, float, bool):
+            raise ValueError("item parameter of an unexpected type")
+    return SynthesisItem(text, voice, float(speed), params)
+
+
+def identity(model: str, item: SynthesisItem) -> str:
+    """What makes two items one synthesis on this host (see the module docstring)."""
+    return json.dumps([model, item_to_json(item)], sort_keys=True, separators=(",", ":"))
+
+
+async def _all_or_none(calls: Sequence[Any]) -> list[Audio]:
+    """Await every coroutine of ``calls``; on the first failure (or a cancellation) cancel the
+    rest, so their interest in shared items is dropped, then raise it."""
+    tasks = [asyncio.ensure_future(c) for c in calls]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        # Every outcome retrieved; the first failure is what the caller gets.
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+def _drop(running: dict[int, asyncio.Task[None]], rid: int, _: object) -> None:
+    running.pop(rid, None)
+
+
+async def _stop_all(tasks: Any) -> None:
+    """Cancel ``tasks`` and wait for them, whatever they end with (a peer that went away makes
+    a reply's write fail: nothing to report to anyone)."""
+    pending = list(tasks)
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+
+
+class _Shared:
+    """One distinct item in flight at the pool: its synthesis and who still wants it."""
+
+    def __init__(self, task: asyncio.Task[Audio]) -> None:
+        self.task = task
+        self.interest = 0
+
+
+class PoolServer:
+    """Serves ``schedulers`` (one per model) to gateway processes, coalescing identical items."""
+
+    def __init__(
+        self,
+        schedulers: Mapping[str, Scheduler],
+        *,
+        max_request_bytes: int = MAX_REQUEST_BYTES,
+        recent_s: float = RECENT_S,
+        recent_bytes: int = RECENT_BYTES,
+    ) -> None:
+        self.schedulers = dict(schedulers)
+        self.max_request_bytes = max_request_bytes
+        self.recent_s = recent_s
+        self.recent_bytes = recent_bytes
+        self._shared: dict[str, _Shared] = {}
+        self._recent: OrderedDict[str, tuple[float, Audio]] = OrderedDict()
+        self._recent_size = 0
+        self._connections: set[asyncio.Task[None]] = set()
+        self.syntheses_started = 0  # distinct items submitted to a scheduler (for tests)
+
+    def interest(self, model: str, item: SynthesisItem) -> int:
+        """Requests now waiting for ``item`` (0 when it is not in flight)."""
+        shared = self._shared.get(identity(model, item))
+        return shared.interest if shared is not None else 0
+
+    async def _one(self, model: str, item: SynthesisItem) -> Audio:
+        key = identity(model, item)
+        recent = self._recent.get(key)
+        if recent is not None and time.monotonic() - recent[0] < self.recent_s:
+            return recent[1]
+        shared = self._shared.get(key)
+        if shared is None:
+            self.syntheses_started += 1
+            task = asyncio.ensure_future(self.schedulers[model].submit(item))
+            shared = self._shared[key] = _Shared(task)
+            task.add_done_callback(lambda _: self._forget(key, shared))
+        shared.interest += 1
+        try:
+            # Shielded: one requester leaving must not cancel what others wait for.
+            return await asyncio.shield(shared.task)
+        finally:
+            shared.interest -= 1
+            if shared.interest == 0 and not shared.task.done():
+                shared.task.cancel()  # nobody wants it: out of the queue if not started
+
+    def _forget(self, key: str, shared: _Shared) -> None:
+        if self._shared.get(key) is shared:
+            del self._shared[key]
+        if shared.task.cancelled() or shared.task.exception() is not None:
+            return  # retrieved: a failure nobody awaited any more is not logged
+        self._remember(key, shared.task.result())
+
+    def _remember(self, key: str, audio: Audio) -> None:
+        """Keep ``audio`` for ``recent_s``: a gateway process whose cache lookup missed just
+        before another one stored this master submits it moments after its synthesis ended."""
+        now = time.monotonic()
+        old = self._recent.pop(key, None)
+        if old is not None:
+            self._recent_size -= old[1].pcm.nbytes
+        self._recent[key] = (now, audio)
+        self._recent_size += audio.pcm.nbytes
+        while self._recent and (
+            self._recent_size > self.recent_bytes
+            or now - next(iter(self._recent.values()))[0] >= self.recent_s
+        ):
+            _, (_, dropped) = self._recent.popitem(last=False)
+            self._recent_size -= dropped.pcm.nbytes
+
+    async def _answer(self, model: str, items: Sequence[SynthesisItem]) -> bytes:
+        try:
+            audios = await _all_or_none([self._one(model, item) for item in items])
+        except SynthesisError as exc:
+            header: dict[str, Any] = {"kind": type(exc).__name__, "message": str(exc)}
+            if isinstance(exc, Overloaded):
+                header["kind"] = "Overloaded"
+            return encode_reply("error", header)
+        except Exception as exc:  # anything unforeseen fails this request, not the pool
+            log.exception("shared pool request failed model=%s", model)
+            message = f"synthesis failed: {type(exc).__name__}"
+            return encode_reply("error", {"kind": "EngineError", "message": message})
+        return encode_reply(
+            "ok",
+            {"items": [[len(a.pcm), a.sample_rate] for a in audios]},
+            [a.pcm for a in audios],
+        )
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One gateway process's connection: requests in, replies out, until it closes."""
+        me = asyncio.current_task()
+        if me is not None:
+            self._connections.add(me)
+        running: dict[int, asyncio.Task[None]] = {}
+
+        async def serve(rid: int, model: str, items: list[SynthesisItem]) -> None:
+            reply = await self._answer(model, items)
+            write_frame(writer, json.dumps({"id": rid}).encode() + b"\n" + reply)
+            await writer.drain()
+
+        try:
+            while True:
+                try:
+                    frame = await read_frame(reader, self.max_request_bytes)
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                try:
+                    message = json.loads(frame)
+                    if not isinstance(message, dict):
+                        raise ValueError("frame is not an object")
+                    if "cancel" in message:
+                        task = running.get(message["cancel"])
+                        if task is not None:
+                            task.cancel()
+                        continue
+                    rid, model = message["id"], message["model"]
+                    if type(rid) is not int or model not in self.schedulers:
+                        raise ValueError("request without an id or for an unknown model")
+                    items = [item_from_json(v) for v in message["items"]]
+                except (ValueError, KeyError, TypeError) as exc:
+                    # Our own gateway sent something we cannot read: the stream is out of step.
+                    log.error("shared pool: bad request frame (%s); closing the connection", exc)
+                    return
+                task = asyncio.ensure_future(serve(rid, model, items))
+                running[rid] = task
+                task.add_done_callback(functools.partial(_drop, running, rid))
+        except FrameTooLarge as exc:
+            log.error("shared pool: %s; closing the connection", exc)
+        finally:
+            await _stop_all(running.values())
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+            if me is not None:
+                self._connections.discard(me)
+
+    async def close(self) -> None:
+        """Stop serving the open connections."""
+        await _stop_all(self._connections)
+
+
+class RemotePool:
+    """A :class:`~synth.scheduler.BatchRunner` that runs batches in the host's pool process.
+
+    ``engine`` is an unloaded instance for metadata, as with :class:`synth.pool.WorkerPool`;
+    ``size`` is the pool's worker count (this process keeps that many batches in flight).
+    One connection, many requests in flight on it, each answered by id.
+    """
+
+    # The scheduler cancels a batch every waiter left: here that is cheap (a cancel frame), and
+    # it is what lets the pool drop the item (unlike a worker's pipe, nothing is left half-read).
+    cancel_when_abandoned = True
+    # The pool process counts syntheses; this process counting them too would double them.
+    counts_syntheses = False
+
+    def __init__(
+        self,
+        path: str | Path,
+        model: str,
+        engine: Engine,
+        size: int,
+        *,
+        start_timeout_s: float = 600.0,
+        max_reply_bytes: int = 64 * 1024 * 1024,
+    ) -> None:
+        self.path = str(path)
+        self.model = model
+        self.engine = engine
+        self.size = size
+        self.start_timeout_s = start_timeout_s
+        self.max_reply_bytes = max_reply_bytes
+        self._ids = itertools.count(1)
+        self._pending: dict[int, tuple[asyncio.Future[bytes], int]] = {}
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._connecting = asyncio.Lock()
+        self._closed = False
+
+    async def start(self) -> None:
+        """Wait until the pool process accepts (it listens once its engines are warm)."""
+        deadline = time.monotonic() + self.start_timeout_s
+        delay = 0.05
+        while True:
+            try:
+                await self._connect()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise EngineDead("the synthesis pool process did not start") from None
+                await asyncio.sleep(delay)  # nothing to await: the socket is not there yet
+                delay = min(delay * 2, 1.0)
+
+    async def _connect(self) -> asyncio.StreamWriter:
+        async with self._connecting:
+            if self._writer is not None and not self._writer.is_closing():
+                return self._writer
+            reader, writer = await asyncio.open_unix_connection(self.path)
+            self._writer = writer
+            self._reader_task = asyncio.ensure_future(self._read_replies(reader, writer))
+            return writer
+
+    async def _read_replies(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        reason = "the synthesis pool process closed the connection"
+        try:
+            while True:
+                frame = await read_frame(reader, self.max_reply_bytes + 4096)
+                head, sep, reply = frame.partition(b"\n")
+                rid = json.loads(head).get("id") if sep else None
+                pending = self._pending.pop(rid, None) if type(rid) is int else None
+                if pending is not None and not pending[0].done():
+                    pending[0].set_result(reply)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        except (FrameTooLarge, ValueError, AttributeError) as exc:
+            reason = f"the synthesis pool process sent an unusable reply ({exc})"
+            log.error("%s; reconnecting", reason)
+        finally:
+            if self._writer is writer:
+                self._writer = None
+            writer.close()
+            for future, _ in self._pending.values():
+                if not future.done():
+                    future.set_exception(EngineDead(reason))
+            self._pending.clear()
+
+    async def run_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]:
+        """Run ``items`` in the pool process; cancelling this tells the pool nobody waits."""
+        if self._closed:
+            raise EngineDead("the synthesis pool is shut down")
+        try:
+            writer = await self._connect()
+        except OSError:
+            raise EngineDead("the synthesis pool process is not reachable") from None
+        rid = next(self._ids)
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = (future, len(items))
+        request = {"id": rid, "model": self.model, "items": [item_to_json(i) for i in items]}
+        try:
+            write_frame(writer, json.dumps(request).encode())
+            await writer.drain()
+            reply = await future
+        except asyncio.CancelledError:
+            self._pending.pop(rid, None)
+            if not writer.is_closing():
+                write_frame(writer, json.dumps({"cancel": rid}).encode())
+            raise
+        except ConnectionError:
+            self._pending.pop(rid, None)
+            raise EngineDead("the synthesis pool process is not reachable") from None
+        try:
+            kind, value = decode_reply(reply, len(items))
+        except BadReply as exc:
+            raise EngineError(f"the synthesis pool sent an unusable reply ({exc})") from None
+        if kind == "ok":
+            audios: list[Audio] = value
+            return audios
+        if kind != "error":
+            raise EngineError(f"unexpected {kind!r} reply from the synthesis pool")
+        error_kind, message = value
+        if error_kind == "Overloaded":
+            raise Overloaded(message)
+        raise _ERRORS.get(error_kind, EngineError)(message)
+
+    async def close(self) -> None:
+        """Close the connection (the pool process itself belongs to the supervisor)."""
+        self._closed = True
+        if self._writer is not None:
+            self._writer.close()
+        if self._reader_task is not None:
+            await cancel_and_wait(self._reader_task)

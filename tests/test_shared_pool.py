@@ -1,0 +1,163 @@
+"""One synthesis pool per host (issue 13, point 2): gateway processes submit over a Unix socket,
+identical items are synthesized once, and a request nobody waits for any more is dropped at the
+pool. The pool server runs in the test's loop; each RemotePool stands for one gateway process."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import struct
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from metrics import Metrics
+from synth.engine import SynthesisItem
+from synth.errors import EngineDead, UnspeakableInput
+from synth.runner import ThreadRunner
+from synth.scheduler import Scheduler
+from synth.shared_pool import PoolServer, RemotePool
+from tests.support import CountingEngine, ToneEngine
+
+
+@pytest.fixture
+def socket_dir() -> Iterator[Path]:
+    # Not tmp_path: a Unix socket path must stay under 108 bytes.
+    d = Path(tempfile.mkdtemp(prefix="vgpool-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+class Host:
+    """A pool server over one gated engine, and its socket."""
+
+    def __init__(self, path: Path, engine: CountingEngine, server: PoolServer) -> None:
+        self.path = path
+        self.engine = engine
+        self.server = server
+
+    def client(self) -> RemotePool:
+        return RemotePool(self.path, "tone", self.engine, 1, start_timeout_s=10)
+
+    async def until(self, condition: Callable[[], bool]) -> None:
+        """Wait (bounded) until ``condition()`` holds: the pool's state is polled, as nothing
+        in it signals a test."""
+        async with asyncio.timeout(10):
+            while not condition():  # noqa: ASYNC110 - the pool has no event to await
+                await asyncio.sleep(0.005)
+
+
+@pytest.fixture
+async def host(socket_dir: Path) -> AsyncIterator[Host]:
+    engine = CountingEngine(ToneEngine())  # type: ignore[arg-type]
+    engine.release.clear()  # batches wait until the test lets them run
+    metrics = Metrics()
+    runner = ThreadRunner(engine, 1, batch_timeout_s=30, model="tone", metrics=metrics)  # type: ignore[arg-type]
+    scheduler = Scheduler("tone", runner, metrics, max_queue=16, concurrency=1)
+    scheduler.start()
+    server = PoolServer({"tone": scheduler})
+    path = socket_dir / "pool.sock"
+    listener = await asyncio.start_unix_server(server.handle, str(path))
+    try:
+        yield Host(path, engine, server)
+    finally:
+        engine.release.set()
+        listener.close()
+        await server.close()
+        await listener.wait_closed()
+        await scheduler.close()
+
+
+async def test_identical_items_from_two_processes_are_synthesized_once(host: Host) -> None:
+    a, b = host.client(), host.client()
+    await a.start()
+    await b.start()
+    item = SynthesisItem("Your call is important to us.", "beep")
+    other = SynthesisItem("Press one for billing.", "beep")
+    calls = [asyncio.ensure_future((a if i % 2 else b).run_batch([item])) for i in range(8)]
+    calls.append(asyncio.ensure_future(b.run_batch([other])))
+    # Every request has reached the pool before the engine may run anything.
+    await host.until(lambda: host.server.interest("tone", item) == 8)
+    host.engine.release.set()
+    results = await asyncio.gather(*calls)
+    audios = [r[0] for r in results[:8]]
+    assert all(x.pcm.tobytes() == audios[0].pcm.tobytes() for x in audios)
+    assert len(results[8][0].pcm) != len(audios[0].pcm)  # the other item is its own
+    assert host.engine.items == 2  # one synthesis per distinct item
+    assert host.server.syntheses_started == 2
+    # Asked again just after (a gateway whose lookup missed before another stored it): the
+    # pool answers from the finished synthesis, it does not run it again.
+    (again,) = await a.run_batch([item])
+    assert again.pcm.tobytes() == audios[0].pcm.tobytes()
+    assert host.engine.items == 2
+    await a.close()
+    await b.close()
+
+
+async def test_a_request_nobody_waits_for_is_dropped_at_the_pool(host: Host) -> None:
+    a, b = host.client(), host.client()
+    await a.start()
+    await b.start()
+    metrics = Metrics()
+    # Gateway process B: its own scheduler in front of the shared pool, as components wires it.
+    gateway_b = Scheduler("tone", b, metrics, max_queue=16, concurrency=1)
+    gateway_b.start()
+    busy = SynthesisItem("occupies the only engine thread", "beep")
+    queued = SynthesisItem("nobody will wait for this one", "beep")
+    first = asyncio.ensure_future(a.run_batch([busy]))
+    await host.until(lambda: host.server.interest("tone", busy) == 1)
+    waiter = asyncio.ensure_future(gateway_b.submit(queued))
+    await host.until(lambda: host.server.interest("tone", queued) == 1)
+    waiter.cancel()  # B's client hung up
+    await host.until(lambda: host.server.interest("tone", queued) == 0)
+    host.engine.release.set()
+    await first
+    assert host.engine.texts == [busy.text]  # the abandoned item never reached the engine
+    # B's scheduler is still serving after the abandoned batch.
+    (audio,) = [await gateway_b.submit(SynthesisItem("still serving", "beep"))]
+    assert len(audio.pcm) > 0
+    assert metrics.syntheses.labels("tone", "ok")._value.get() == 0  # the pool counts, not B
+    await gateway_b.close()
+    await a.close()
+    await b.close()
+
+
+async def test_errors_keep_their_kind_and_a_gone_pool_is_engine_dead(
+    host: Host, socket_dir: Path
+) -> None:
+    host.engine.release.set()
+
+    class Refusing(ToneEngine):
+        def synthesize_batch(self, items):  # type: ignore[no-untyped-def]
+            raise UnspeakableInput("nothing to speak")
+
+    refusing = CountingEngine(Refusing())  # type: ignore[arg-type]
+    metrics = Metrics()
+    runner = ThreadRunner(refusing, 1, model="tone", metrics=metrics)  # type: ignore[arg-type]
+    scheduler = Scheduler("tone", runner, metrics, max_queue=4)
+    scheduler.start()
+    server = PoolServer({"tone": scheduler})
+    path = socket_dir / "refusing.sock"
+    listener = await asyncio.start_unix_server(server.handle, str(path))
+    client = RemotePool(path, "tone", refusing, 1, start_timeout_s=10)
+    await client.start()
+    with pytest.raises(UnspeakableInput, match="nothing to speak"):
+        await client.run_batch([SynthesisItem("...", "beep")])
+    listener.close()
+    await server.close()
+    await listener.wait_closed()
+    await scheduler.close()
+    with pytest.raises(EngineDead):
+        await client.run_batch([SynthesisItem("after the pool went away", "beep")])
+    await client.close()
+
+
+async def test_an_oversized_frame_closes_the_connection_unread(host: Host) -> None:
+    reader, writer = await asyncio.open_unix_connection(str(host.path))
+    writer.write(struct.pack(">I", 1 << 30))  # declares a gigabyte, sends nothing more
+    await writer.drain()
+    async with asyncio.timeout(10):
+        assert await reader.read() == b""  # closed by the pool
+    writer.close()
