@@ -117,7 +117,9 @@ class GatewayProcess:
     def __init__(self, cache_dir: Path, *, redis_url: str = "", args: Sequence[str] = ()) -> None:
         self.port = free_port()
         self.cache_dir = cache_dir
-        cmd = serve_command(self.port, cache_dir, "--log-level", "warning", *args)
+        # One process per replica: these tests are about replicas sharing Redis, not about the
+        # gateway processes and the one synthesis pool a replica runs on a multi-core host.
+        cmd = serve_command(self.port, cache_dir, "--log-level", "warning", "--workers", "1", *args)
         if redis_url:
             cmd += ["--redis-url", redis_url, "--cache-secret", CACHE_SECRET]
         env = {k: v for k, v in os.environ.items() if not k.startswith("VOXGATE_")}
