@@ -173,6 +173,13 @@ async def test_bad_events_get_an_error_and_the_connection_keeps_serving(
         # Declared data that is not JSON, and a payload a TTS server does not want: both read
         # and dropped, so the framing holds.
         b'{"type": "synthesize", "data_length": 5, "payload_length": 3}\nnope!xyz',
+        # Hostile (issue 12): nesting past the stack, a number past int()'s limit, control
+        # characters in the text; each an error event, not a dropped connection.
+        b'{"a":' * 5000 + b"1" + b"}" * 5000 + b"\n",
+        b'{"type": "synthesize", "data": {"text": "Hi."}, "x": ' + b"9" * 5000 + b"}\n",
+        b'{"type": "synthesize", "data_length": 20000}\n' + b"[" * 10000 + b"]" * 10000,
+        b'{"type": "synthesize", "data": {"text": "\\u0000\\u0000"}}\n',
+        b'{"type": "synthesize", "data": {"text": "Hi\\u0007."}}\n',
     ]
     for raw in bad:
         writer.write(raw)

@@ -102,7 +102,8 @@ async def read_event(reader: asyncio.StreamReader, max_data: int) -> Event | Non
         return None
     try:
         header = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:
+        # (not UTF-8 or not JSON, a number past int()'s 4,300 digits, nesting past the stack)
         raise BadEvent("event header is not a JSON object") from exc
     if not isinstance(header, dict) or not isinstance(header.get("type"), str):
         raise BadEvent("event header must be a JSON object with a string 'type'")
@@ -121,7 +122,7 @@ async def read_event(reader: asyncio.StreamReader, max_data: int) -> Event | Non
             raw = await reader.readexactly(data_length)
             try:
                 extra = json.loads(raw)
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            except (ValueError, RecursionError) as exc:
                 await _discard(reader, payload_length)
                 raise BadEvent("event data is not a JSON object") from exc
             if not isinstance(extra, dict) or not isinstance(data, dict):
