@@ -17,7 +17,6 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
-import os
 import sqlite3
 import struct
 from collections.abc import Callable, Iterator
@@ -108,7 +107,7 @@ def _private_dir(path: Path) -> None:
     """
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     mode = path.stat().st_mode & 0o777
-    if mode & 0o022:
+    if mode & 0o022:  # (only then: an operator reading stats as another user changes nothing)
         try:
             path.chmod(0o700)
         except OSError as exc:
@@ -134,8 +133,7 @@ class DiskTier:
         self.timeout_s = timeout_s
         _private_dir(self.directory)
         for side in ("lru", "pinned"):  # before diskcache makes them 0755
-            (self.directory / side).mkdir(mode=0o700, exist_ok=True)
-            os.chmod(self.directory / side, 0o700)
+            _private_dir(self.directory / side)
         # Two caches: the bounded one evicts least-recently-stored entries when full; the pinned
         # one (a prompt catalogue) has no size limit, so eviction can never touch it.
         self._cache = diskcache.Cache(

@@ -104,9 +104,13 @@ class EntrySeal:
 
     def lock_token_valid(self, name: str, value: bytes | str) -> bool:
         """Whether ``value`` is a lock value :meth:`lock_token` made for ``name``."""
-        text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
-        nonce, _, tag = text.partition(".")
-        return len(nonce) == 32 and hmac.compare_digest(tag, self._lock_tag(name, nonce))
+        # Bytes throughout: compare_digest refuses a str with non-ASCII characters, and a
+        # planted value may hold any bytes.
+        raw = value if isinstance(value, bytes) else value.encode("utf-8", "replace")
+        nonce, _, tag = raw.partition(b".")
+        if len(nonce) != 32 or not nonce.isascii():
+            return False
+        return hmac.compare_digest(tag, self._lock_tag(name, nonce.decode()).encode())
 
     def _lock_tag(self, name: str, nonce: str) -> str:
         return hmac.new(

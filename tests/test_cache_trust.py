@@ -194,6 +194,8 @@ async def test_a_squatted_lock_does_not_stall_a_miss(tier: RedisTier) -> None:
         ("junk", 20_000),  # a value with a TTL
         (tier.seal.lock_token(flight.lock_key(KEY)), None),  # a real token, no TTL
         (tier.seal.lock_token(flight.lock_key(OTHER)), 20_000),  # another key's token
+        ("a" * 32 + ".\u00e9", 20_000),  # a tag not ASCII (compare_digest refuses such a str)
+        (b"a" * 32 + b".\xff", 20_000),  # not even UTF-8
     ]
     loop = asyncio.get_running_loop()
     for value, px in squats:
