@@ -77,10 +77,16 @@ PROMPTS = [
     )
 ]
 
-# Input main answers with a 4xx. NUL-only text and JSON nested 5,000 deep (still 500s on main
-# until issue 12's input hardening lands) join the mix once it does.
+# Hostile input, each answered with a 4xx (tests/test_hostile.py has the full table).
 BAD_BODIES: list[tuple[str, bytes, dict[str, str]]] = [
     ("bad_json", b'{"input": "hi", ', {}),
+    ("nul_only", b'{"model":"tts-1","voice":"alloy","input":"\\u0000\\u0000"}', {}),
+    ("json_5000_deep", b'{"a":' * 5000 + b"1" + b"}" * 5000, {}),
+    (
+        "huge_int_speed",
+        b'{"model":"tts-1","voice":"alloy","input":"hi","speed":1' + b"0" * 400 + b"}",
+        {},
+    ),
     ("unknown_voice", b'{"model":"tts-1","voice":"nobody","input":"hello there"}', {}),
     ("empty_input", b'{"model":"tts-1","voice":"alloy","input":"   "}', {}),
     ("speed_range", b'{"model":"tts-1","voice":"alloy","input":"hello","speed":10}', {}),
