@@ -81,10 +81,13 @@ async def test_bad_piper_bodies(gateway: GatewayFactory) -> None:
         err = (await r.json())["error"]
         assert err["param"] == param, payload
         assert words in err["message"], err
-    # GET / is not Piper's (its web page is not served): POST is named as allowed.
+    # GET / is not Piper's web page but voxgate's prompt studio (issue 16); other methods are
+    # 405, naming both.
     r = await client.get("/")
+    assert r.status == 200 and r.headers["Content-Type"].startswith("text/html")
+    r = await client.put("/")
     assert r.status == 405
-    assert r.headers["Allow"] == "POST"
+    assert r.headers["Allow"] == "POST, GET, HEAD"
 
 
 async def test_voices_listing(gateway: GatewayFactory) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+from pathlib import Path
 from typing import Any
 
 import soundfile as sf
@@ -15,6 +16,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
+from gateway.runtime.apikeys import key_table
+from gateway.runtime.settings import Settings
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine
 
@@ -109,3 +112,43 @@ async def test_studio_speaks_a_prompt_in_a_real_browser(
     data, rate = sf.read(io.BytesIO(await resp.read()))
     assert abs(seen["audio_duration"] - len(data) / rate) < 0.05
     assert seen["audio_duration"] > 1.5  # the words and the 700 ms break
+
+
+STUDIO_SECRET = "studio-secret-0123456789-abcdefghijklmn"
+
+
+def drive_with_key(url: str) -> dict[str, str]:
+    """Open the page with keys on: the listing fails until the key is typed, then it speaks."""
+    driver = browser()
+    wait = WebDriverWait(driver, WAIT_S)
+    seen: dict[str, str] = {}
+    try:
+        driver.get(url)
+        wait.until(lambda d: "voices: 401" in text_of(d, "error"))
+        seen["without_key"] = text_of(driver, "error")
+        key = driver.find_element(By.ID, "key")
+        key.send_keys(STUDIO_SECRET)
+        driver.find_element(By.ID, "text").click()  # leaving the field fires its change event
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#voice option"))
+        box = driver.find_element(By.ID, "text")
+        box.clear()
+        box.send_keys("Keys are on.")
+        driver.find_element(By.ID, "speak").click()
+        wait.until(lambda d: text_of(d, "duration").endswith(" s"))
+        seen["cache"] = text_of(driver, "cache")
+        seen["error"] = text_of(driver, "error")
+    finally:
+        driver.quit()
+    return seen
+
+
+async def test_studio_sends_the_typed_key_as_bearer(
+    gateway: GatewayFactory, settings: Settings, tmp_path: Path
+) -> None:
+    keys_file = tmp_path / "keys.toml"
+    keys_file.write_text(key_table("studio", STUDIO_SECRET, ["speak", "read"]), encoding="utf-8")
+    client = await gateway(settings=settings.replace(api_keys_file=str(keys_file)))
+    assert (await client.get("/")).status == 200  # the page itself is open
+    seen = await asyncio.to_thread(drive_with_key, str(client.make_url("/")))
+    assert seen["without_key"].startswith("voices: 401")
+    assert (seen["cache"], seen["error"]) == ("MISS", "")
