@@ -257,7 +257,9 @@ class ServerThread:
 
     async def _serve(self) -> None:
         app = create_app(self.settings, engines={"piper": self.engine})
-        runner = web.AppRunner(app)
+        # As `voxgate serve` runs it: the gateway logs its own access lines (aiohttp's logger would
+        # write to a stream pytest has closed by the time a shared server stops).
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
