@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ import soundfile as sf
 from aiohttp.test_utils import TestClient
 
 from cache.entry import CorruptEntry, Entry
+from gateway.runtime.settings import Settings
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine
 
@@ -280,3 +282,33 @@ def test_cli_say_explains_without_synthesizing(tmp_path: Path) -> None:
     assert sf.info(str(out)).duration > 1.0
     refused = run("--explain", "<speak><audio/></speak>")
     assert refused.returncode == 2 and "would fetch a URL" in refused.stderr
+
+
+async def test_say_urls_carry_ssml(
+    gateway: GatewayFactory, counting_engine: CountingEngine
+) -> None:
+    client = await gateway()
+    plain = await client.get("/v1/say/joe/" + quote("Press one.", safe="") + ".wav")
+    wrapped = await client.get(
+        "/v1/say/joe/" + quote("<speak>Press one.</speak>", safe="") + ".wav"
+    )
+    assert (plain.status, wrapped.status) == (200, 200)
+    assert wrapped.headers["X-Audio-Key"] == plain.headers["X-Audio-Key"]
+    doc = '<speak>Press one.<break time="1s"/></speak>'
+    paused = await client.get("/v1/say/joe/" + quote(doc, safe="") + ".wav")
+    assert paused.status == 200
+    # One second of silence, less the engine's own trailing silence it replaces (8 kHz PCM16).
+    added_s = (len(await paused.read()) - len(await plain.read())) / (8000 * 2)
+    assert 0.75 <= added_s <= 1.0, added_s
+    assert counting_engine.items == 1
+
+
+async def test_breaks_count_against_the_audio_budget(
+    gateway: GatewayFactory, settings: Settings
+) -> None:
+    client = await gateway(settings=settings.replace(max_audio_s=20))
+    doc = "<speak>Hi." + '<break time="10s"/>' * 3 + "</speak>"
+    resp = await client.post("/v1/audio/speech", json=body(doc))
+    assert resp.status == 400
+    assert (await resp.json())["error"]["code"] == "audio_too_long"
+    assert (await client.post("/v1/audio/speech", json=body("<speak>Hi.</speak>"))).status == 200

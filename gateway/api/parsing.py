@@ -227,6 +227,11 @@ def validate_text(
     return text
 
 
+# Documents memoized by their raw text only up to this length: the memo holds each text as its
+# key, so its worst case stays a few tens of MB whatever max_input_chars is set to.
+EXPANSION_MEMO_MAX_CHARS = 4096
+
+
 def ssml_limits(settings: Settings) -> SsmlLimits:
     """The SSML bounds the settings give."""
     return SsmlLimits(
@@ -302,7 +307,8 @@ def _speech_text(
                 else dataclasses.replace(s, words=normalize_text(normalize_numbers(s.words, lang)))
                 for s in segments
             )
-        speech.expansions.put(memo_key, segments)
+        if len(raw) <= EXPANSION_MEMO_MAX_CHARS:
+            speech.expansions.put(memo_key, segments)
     plain = plain_text(segments)
     if plain is not None:
         return plain, ()
