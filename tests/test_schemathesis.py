@@ -12,6 +12,7 @@ found once is found again.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +42,10 @@ OPERATIONS = [
     (path, method) for path, item in _PATHS.items() for method in item if method in METHODS
 ]
 CHECKS = [not_a_server_error, status_code_conformance, response_schema_conformance]
-EXAMPLES = 20
+# A deeper local run: VOXGATE_SCHEMATHESIS_EXAMPLES=200 VOXGATE_SCHEMATHESIS_RANDOM=1 (new
+# examples each run instead of the same derandomized ones).
+EXAMPLES = int(os.environ.get("VOXGATE_SCHEMATHESIS_EXAMPLES", "20"))
+DERANDOMIZE = not os.environ.get("VOXGATE_SCHEMATHESIS_RANDOM")
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,7 @@ def test_operation_conforms_to_its_description(
     @settings(
         max_examples=EXAMPLES,
         deadline=None,
-        derandomize=True,
+        derandomize=DERANDOMIZE,
         database=None,
         phases=[Phase.explicit, Phase.generate],
         suppress_health_check=list(HealthCheck),
