@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import hashlib
 import json
 import socket
 import time
@@ -72,14 +73,19 @@ def hostile_gateway(
     server.start()
     gateway = Gateway("127.0.0.1", server.port, engine)
     try:
-        deadline = time.monotonic() + 120
-        while send(gateway, "GET", "/readyz").status != 200:
-            if time.monotonic() > deadline:
-                raise TimeoutError("gateway did not become ready")
-            time.sleep(0.05)
+        wait_ready(gateway)
         yield gateway
     finally:
         server.stop()
+
+
+def wait_ready(gateway: Gateway) -> None:
+    """Until /readyz says the models are warm."""
+    deadline = time.monotonic() + 120
+    while send(gateway, "GET", "/readyz").status != 200:
+        if time.monotonic() > deadline:
+            raise TimeoutError("gateway did not become ready")
+        time.sleep(0.05)
 
 
 # ---- a raw HTTP/1.1 client ---------------------------------------------------------------------
@@ -1521,6 +1527,89 @@ async def test_hostile_jambonz_stream_messages(hostile_gateway: Gateway, message
         audio = await ws.receive(timeout=30)
         assert audio.type == aiohttp.WSMsgType.BINARY and len(audio.data) > 0
         await ws.send_str('{"type": "stop"}')
+
+
+SPEAK_SECRET = "hostile-speak-secret-0123456789"
+ADMIN_SECRET = "hostile-admin-secret-9876543210"
+
+
+@pytest.fixture(scope="module")
+def keyed_gateway(
+    piper_engine: PiperEngine, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
+    """A second gateway, with API keys on: a speak key and an admin key."""
+    directory: Path = tmp_path_factory.mktemp("hostile-keys")
+    keys_file = directory / "keys.toml"
+    keys_file.write_text(
+        "".join(
+            f'[[key]]\nname = "{name}"\nsha256 = "{hashlib.sha256(secret.encode()).hexdigest()}"\n'
+            f'scopes = ["{scope}"]\n\n'
+            for name, secret, scope in (
+                ("speaker", SPEAK_SECRET, "speak"),
+                ("operator", ADMIN_SECRET, "admin"),
+            )
+        )
+    )
+    settings = Settings.load(
+        env={},
+        overrides={
+            "cache_dir": str(directory / "cache"),
+            "port": "0",
+            "api_keys_file": str(keys_file),
+        },
+    )
+    engine = CountingEngine(piper_engine)
+    server = ServerThread(settings, engine)
+    server.start()
+    gateway = Gateway("127.0.0.1", server.port, engine)
+    try:
+        wait_ready(gateway)
+        yield gateway
+    finally:
+        server.stop()
+
+
+# (credential headers, status on a speak route): what a hostile client may present as a key.
+CREDENTIALS = [
+    pytest.param({}, 401, id="none"),
+    pytest.param({"Authorization": "Bearer"}, 401, id="bearer-without-secret"),
+    pytest.param({"Authorization": "Bearer    "}, 401, id="bearer-blank"),
+    pytest.param({"Authorization": "Basic dXNlcjpwYXNz"}, 401, id="basic"),
+    pytest.param({"Authorization": "Bearer " + "x" * 8000}, 401, id="bearer-8000-chars"),
+    pytest.param({"Authorization": b"Bearer \xff\xfe\x80"}, 401, id="bearer-not-utf8"),
+    pytest.param({"Authorization": "Bearer " + SPEAK_SECRET[:-1]}, 401, id="bearer-one-short"),
+    pytest.param({"Authorization": "Bearer " + SPEAK_SECRET + "x"}, 401, id="bearer-one-long"),
+    pytest.param({"Authorization": "Bearer " + SPEAK_SECRET.upper()}, 401, id="bearer-case"),
+    pytest.param({"X-API-Key": "\u00b2".encode()}, 401, id="x-api-key-non-ascii"),
+    pytest.param({"X-API-Key": "x" * 8000}, 401, id="x-api-key-8000-chars"),
+    pytest.param({"Authorization": "Bearer " + ADMIN_SECRET}, 403, id="admin-key-on-speak"),
+    pytest.param({"authorization": "bEaReR " + SPEAK_SECRET}, 200, id="bearer-any-case"),
+    pytest.param({"X-API-Key": SPEAK_SECRET}, 200, id="x-api-key"),
+]
+
+
+@pytest.mark.parametrize(("credentials", "status"), CREDENTIALS)
+def test_hostile_credentials(
+    keyed_gateway: Gateway, credentials: dict[str, str | bytes], status: int
+) -> None:
+    body = json.dumps(GOOD).encode()
+    reply = send(keyed_gateway, "POST", "/v1/audio/speech", {**JSON, **credentials}, body)
+    assert reply.status == status, reply.body[:300]
+    if status >= 400:
+        error = reply.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert len(reply.body) <= 2 * MAX_MESSAGE
+        if status == 401:
+            assert reply.headers.get("www-authenticate", "").startswith("Bearer")
+        # No part of what was presented comes back.
+        for value in credentials.values():
+            shown = value if isinstance(value, str) else value.decode("latin-1")
+            secret = shown.partition(" ")[2] or shown
+            assert len(secret) < 8 or secret not in reply.body.decode("latin-1")
+    # The admin route refuses the speak key and takes the admin one; a hostile body behind a
+    # good key is still a 4xx.
+    admin = send(keyed_gateway, "POST", "/v1/prompts", {**JSON, **credentials}, b'{"a":' * 5000)
+    assert 400 <= admin.status < 500
 
 
 def test_healthy_after_the_table(hostile_gateway: Gateway) -> None:
