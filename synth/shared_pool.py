@@ -88,13 +88,16 @@ def write_frame(writer: asyncio.StreamWriter, payload: bytes) -> None:
 
 
 def item_to_json(item: SynthesisItem) -> dict[str, Any]:
-    """An item as plain JSON values."""
-    return {
+    """An item as plain JSON values (``phonemes`` only when set: IPA from SSML <phoneme>)."""
+    value: dict[str, Any] = {
         "text": item.text,
         "voice": item.voice,
         "speed": item.speed,
         "params": dict(item.params),
     }
+    if item.phonemes:
+        value["phonemes"] = True
+    return value
 
 
 def item_from_json(value: Any) -> SynthesisItem:
@@ -111,7 +114,10 @@ def item_from_json(value: Any) -> SynthesisItem:
     for v in params.values():
         if v is not None and type(v) not in (str, int, float, bool):
             raise ValueError("item parameter of an unexpected type")
-    return SynthesisItem(text, voice, float(speed), params)
+    phonemes = value.get("phonemes", False)
+    if type(phonemes) is not bool:
+        raise ValueError("item phonemes flag is not a boolean")
+    return SynthesisItem(text, voice, float(speed), params, phonemes)
 
 
 def identity(model: str, item: SynthesisItem) -> str:

@@ -18,7 +18,7 @@ from synth.engine import SynthesisItem
 from synth.errors import EngineDead, UnspeakableInput
 from synth.runner import ThreadRunner
 from synth.scheduler import Scheduler
-from synth.shared_pool import PoolServer, RemotePool
+from synth.shared_pool import PoolServer, RemotePool, identity, item_from_json, item_to_json
 from tests.support import CountingEngine, ToneEngine
 
 
@@ -161,3 +161,16 @@ async def test_an_oversized_frame_closes_the_connection_unread(host: Host) -> No
     async with asyncio.timeout(10):
         assert await reader.read() == b""  # closed by the pool
     writer.close()
+
+
+def test_items_keep_their_phoneme_flag_across_the_socket() -> None:
+    """An SSML <phoneme> item is IPA, not text: the flag crosses to the pool, and it is part of
+    the item's identity (the same characters as text are another synthesis)."""
+    ipa = SynthesisItem("h\u0259l\u02c8o\u028a", "joe", 1.0, {"noise_scale": 0.5}, phonemes=True)
+    text = SynthesisItem(ipa.text, "joe", 1.0, {"noise_scale": 0.5})
+    assert item_from_json(item_to_json(ipa)) == ipa
+    assert item_from_json(item_to_json(text)) == text
+    assert "phonemes" not in item_to_json(text)  # plain items travel as before
+    assert identity("piper", ipa) != identity("piper", text)
+    with pytest.raises(ValueError):
+        item_from_json({**item_to_json(ipa), "phonemes": "yes"})
