@@ -62,10 +62,15 @@ def test_expansion(case: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("case", [c for c in CORPUS if "error" in c], ids=lambda c: c["name"])
 def test_refusal_is_a_fast_400(case: dict[str, Any]) -> None:
-    started = time.perf_counter()
-    with pytest.raises(BadRequest) as caught:
-        _expand(case)
-    elapsed = time.perf_counter() - started
+    # CPU time of this thread, best of three: the bound is on what parsing costs, not on how
+    # long a machine shared with other work takes to schedule it.
+    timings = []
+    for _ in range(3):
+        started = time.thread_time()
+        with pytest.raises(BadRequest) as caught:
+            _expand(case)
+        timings.append(time.thread_time() - started)
+    elapsed = min(timings)
     assert caught.value.status == 400
     assert caught.value.code == case["error"]
     assert caught.value.param == "input"
