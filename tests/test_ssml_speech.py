@@ -106,12 +106,18 @@ async def test_templated_prompt_synthesizes_only_the_changed_sentence(
     assert counting_engine.texts[-1] == "Your balance is thirteen dollars, five cents."
 
 
-async def test_ssml_stream_equals_the_whole_answer(gateway: GatewayFactory) -> None:
-    client = await gateway()
-    doc = (
+@pytest.mark.parametrize(
+    "doc",
+    [
         '<speak><break time="300ms"/>One. <prosody rate="fast">Two and three.</prosody>'
-        '<break time="1200ms"/>Four.<break time="500ms"/></speak>'
-    )
+        '<break time="1200ms"/>Four.<break time="500ms"/></speak>',
+        # One sentence: its trailing break is all the stream sends after it.
+        '<speak>Hold on.<break time="800ms"/></speak>',
+    ],
+    ids=["several-sentences", "one-sentence-trailing-break"],
+)
+async def test_ssml_stream_equals_the_whole_answer(gateway: GatewayFactory, doc: str) -> None:
+    client = await gateway()
     streamed = await client.post(
         "/v1/audio/speech", json=body(doc, response_format="pcm", sample_rate=22050, stream=True)
     )

@@ -241,3 +241,17 @@ async def test_connections_over_the_bound_are_refused(
     assert metrics.registry.get_sample_value("voxgate_wyoming_connections") == 0
     spoken = await say(port, "Done.")
     assert spoken.seconds > 0.2
+
+
+async def test_ssml_over_wyoming_shares_the_http_audio(
+    gateway: GatewayFactory, settings: Settings, metrics: Metrics
+) -> None:
+    """Home Assistant may send SSML like any client (issue 16): the same front end, the same
+    content address, so a document that is just words costs no second synthesis."""
+    _, port = await start(gateway, settings)
+    plain = await say(port, "Press one.")
+    wrapped = await say(port, "<speak><p>Press one.</p></speak>")
+    assert wrapped.audio == plain.audio
+    paused = await say(port, '<speak>Press one.<break time="1s"/></speak>')
+    assert 0.75 <= paused.seconds - plain.seconds <= 1.0  # the break, less the trimmed tail
+    assert syntheses(metrics) == 1

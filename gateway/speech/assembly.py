@@ -89,6 +89,8 @@ class SpeechStream:
     _pool: concurrent.futures.Executor
     # How the sentences join: the gaps and trims of :class:`Layout`, from the first sentence on.
     _layout: Layout
+    # The sentences' own rate (the engine's), at which the silences are made.
+    _source_rate: int
     # Seconds of audio in the bytes made so far (``first`` and the chunks read).
     audio_s: float = 0.0
     _release: Callable[[], None] | None = None
@@ -102,7 +104,7 @@ class SpeechStream:
     async def chunks(self) -> AsyncIterator[bytes]:
         """The encoded bytes after ``first``: one chunk per sentence, then the encoder's tail."""
         loop = asyncio.get_running_loop()
-        rate = 0
+        rate = self._source_rate
         for i, part in enumerate(self._rest, start=1):
             sentence = await asyncio.shield(part)
             rate = sentence.sample_rate
@@ -110,7 +112,7 @@ class SpeechStream:
             self.audio_s += len(pcm) / rate
             yield await loop.run_in_executor(self._pool, self._encoder.encode, pcm, rate)
         trailing_s = self._layout.gaps_ms[-1] / 1000.0
-        if trailing_s > 0 and rate:
+        if trailing_s > 0:
             # An SSML break at the very end: its silence is part of the audio.
             tail = np.zeros(round(trailing_s * rate), dtype=np.float32)
             self.audio_s += len(tail) / rate
@@ -324,6 +326,7 @@ class Assembler:
             _encoder=encoder,
             _pool=self.encode_pool,
             _layout=prod.layout,
+            _source_rate=first.sample_rate,
             audio_s=len(pcm) / first.sample_rate,
             _release=functools.partial(self._leave, prod),
         )
