@@ -140,3 +140,11 @@ def test_refusal_messages_never_echo_the_text() -> None:
         with pytest.raises(BadRequest) as caught:
             expand(doc, language="en")
         assert secret not in caught.value.message
+
+
+def test_breaks_in_a_row_stay_under_a_minute() -> None:
+    six = '<break time="10s"/>' * 6
+    assert expand(f"<speak>Hi.{six}</speak>", language="en")[0].pause_ms == 60_000
+    with pytest.raises(BadRequest) as caught:
+        expand(f'<speak>Hi.{six}<break time="1ms"/></speak>', language="en")
+    assert caught.value.code == "ssml_break_too_long"

@@ -36,7 +36,9 @@ from gateway.speech.request import Segment
 # of detection on the plain-text hit path.
 SSML_PREFIXES = ("<speak", "<?xml", "<!DOCTYPE")
 
-MAX_BREAK_MS = 10_000  # Polly's and Azure's bound on one break
+MAX_BREAK_MS = 10_000  # Polly's bound on one break
+# Breaks in a row add up; one silence stays under a minute (what a stored rendition may record).
+MAX_PAUSE_MS = 60_000
 MIN_RATE, MAX_RATE = 0.2, 4.0
 # Azure documents these as multipliers; Polly and Google name the same words without numbers.
 RATE_WORDS = {
@@ -235,6 +237,12 @@ class _Expander:
                 merged.append(_Piece(piece.words, piece.pause, piece.rate, piece.phonemes))
         out: list[Segment] = []
         leading = self.leading
+        pauses = [leading, *(piece.pause for piece in merged)]
+        if any(isinstance(p, int) and p > MAX_PAUSE_MS for p in pauses):
+            raise _bad(
+                f"breaks in a row add up to more than {MAX_PAUSE_MS // 1000} s",
+                code="ssml_break_too_long",
+            )
         if isinstance(leading, int) and leading > 0:
             out.append(Segment("", leading, 1.0))
         for i, piece in enumerate(merged):
