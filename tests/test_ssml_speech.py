@@ -318,3 +318,30 @@ async def test_breaks_count_against_the_audio_budget(
     assert resp.status == 400
     assert (await resp.json())["error"]["code"] == "audio_too_long"
     assert (await client.post("/v1/audio/speech", json=body("<speak>Hi.</speak>"))).status == 200
+
+
+async def test_a_repeated_document_is_parsed_once(
+    gateway: GatewayFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """jambonz bodies (and say URLs the say memo has not seen, and the Coqui and Piper routes)
+    are not in the request memo, which keys speech bodies by their bytes: their documents are
+    memoized by raw text, so a repeat is not parsed again."""
+    import gateway.api.parsing as parsing
+
+    calls: list[str] = []
+    real = parsing.expand
+
+    def counting(text: str, **kw: Any) -> Any:
+        calls.append(text)
+        return real(text, **kw)
+
+    monkeypatch.setattr(parsing, "expand", counting)
+    client = await gateway()
+    doc = '<speak>Press one.<break time="300ms"/></speak>'
+    for voice in ("joe", "alloy", "joe"):  # different bodies, one document and voice
+        body = {"voice": voice, "language": "en-US", "type": "ssml", "text": doc}
+        assert (await client.post("/v1/jambonz/tts", json=body)).status == 200
+    assert len(calls) == 1
+    plain = {"voice": "joe", "language": "en-US", "type": "text", "text": "Plain words."}
+    assert (await client.post("/v1/jambonz/tts", json=plain)).status == 200
+    assert len(calls) == 1  # plain text never reaches the parser
