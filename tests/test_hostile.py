@@ -885,6 +885,55 @@ CASES: list[Any] = [
         id="coqui-multipart-garbage",
     ),
     pytest.param(
+        # (found by schemathesis: a part with no header lines)
+        Case(
+            "POST",
+            "/api/tts?text=%0A",
+            {"Content-Type": "multipart/form-data; boundary=4a55"},
+            b"--4a55\r\n70941--4a55--\r\n",
+        ),
+        id="coqui-multipart-part-without-headers",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/api/tts",
+            {"Content-Type": "multipart/form-data; boundary=b"},
+            b"--b\r\nContent-Disposition: form-data; name=text\r\n\r\nHi.\r\n--b",
+        ),
+        id="coqui-multipart-unterminated",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/api/tts",
+            {"Content-Type": "multipart/form-data; boundary=b"},
+            b"--b\r\nContent-Disposition: form-data; name=text\r\n"
+            b"Content-Transfer-Encoding: base64\r\n\r\n!!!\r\n--b--\r\n",
+        ),
+        id="coqui-multipart-bad-base64",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/api/tts",
+            {"Content-Type": "multipart/form-data; boundary=b"},
+            b"--b\r\nContent-Disposition: form-data; name=text\r\n"
+            b"Content-Encoding: gzip\r\n\r\nnot gzip\r\n--b--\r\n",
+        ),
+        id="coqui-multipart-part-bad-gzip",
+    ),
+    pytest.param(
+        Case(
+            "POST",
+            "/api/tts",
+            {"Content-Type": "multipart/form-data; boundary=b"},
+            b"--b\r\nContent-Type: multipart/mixed; boundary=c\r\n"
+            b"Content-Disposition: form-data; name=text\r\n\r\n--c\r\n\r\nx\r\n--c--\r\n--b--\r\n",
+        ),
+        id="coqui-multipart-nested",
+    ),
+    pytest.param(
         Case(
             "POST",
             "/api/tts",

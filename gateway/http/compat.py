@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from gateway.api.compat import COQUI_HEADERS, parse_coqui, parse_piper, parse_synthesize
 from gateway.api.parsing import front_end_may_run, read_json_object
@@ -45,10 +46,11 @@ async def coqui_fields(request: web.Request) -> dict[str, Any]:
                     f"the request body did not arrive within {timeout_s:g} s (body_timeout_s)",
                     code="body_timeout",
                 ) from None
-            except (ValueError, LookupError) as exc:
+            except (ValueError, LookupError, HttpProcessingError) as exc:
                 # aiohttp's form parsing: a multipart type without a boundary, a part without
                 # a name, a value that is not UTF-8 (UnicodeDecodeError is a ValueError), a
-                # charset Python does not know (LookupError).
+                # charset Python does not know (LookupError), a part whose header lines do not
+                # parse (InvalidHeader, found by schemathesis).
                 raise BadRequest(
                     f"request body is not a valid {request.content_type} form",
                     code="malformed_form",
