@@ -418,6 +418,10 @@ def main() -> int:
         gport = free_port()
         extra = ["--memory-cache-mb", "0"] if args.disk_only else []
         extra += ["--event-loop", args.event_loop]
+        # One gateway process against one bare process on the same CPU: this bench is about a
+        # hit's cost per process (serve's default, workers = cores, would spread the gateway over
+        # every core while the bare server has one; bench/vs_nginx.py measures the default).
+        extra += ["--workers", "1"]
         auth: dict[str, str] = {}
         if args.keys:
             secret = write_keys_file(tmpdir / "keys.toml", args.keys)
@@ -605,6 +609,7 @@ def main() -> int:
                 "seconds_per_round": args.seconds,
                 "rounds": args.rounds,
                 "placement": where,
+                "gateway_processes": 1,
                 "event_loop": label(args.event_loop),
                 "target_ratio": TARGET,
                 "api_keys": args.keys,
