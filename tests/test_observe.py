@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import io
+import json
 import math
 import random
+import time
 
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -102,3 +105,35 @@ def test_flush_follows_a_request_and_close() -> None:
         assert sample._value.get() == 2
 
     asyncio.run(main())
+
+
+def test_observed_requests_become_access_log_lines_in_order() -> None:
+    """Observations are kept as tuples and made into lines at the flush: each line carries its
+    own request's fields and the time it was observed, in the order observed."""
+
+    async def main() -> tuple[list[dict[str, object]], float, float]:
+        stream = io.StringIO()
+        log = AccessLog(stream, flush_interval_s=3600)
+        observer = RequestObserver(Metrics(CollectorRegistry()), log)
+        before = time.time()
+        observer.observe("/v1/audio/speech", "POST", 200, "hit", "ab" * 32, 0.0012, 3000)
+        observer.observe("/healthz", "GET", 404, "none", None, 0.5, 7, 0.25, 'a "b"')
+        after = time.time()
+        assert stream.getvalue() == ""  # nothing formatted or written per request
+        observer.close()
+        await log.close()
+        return [json.loads(x) for x in stream.getvalue().splitlines()], before, after
+
+    lines, before, after = asyncio.run(main())
+    assert [(x["route"], x["method"], x["status"], x["cache"]) for x in lines] == [
+        ("/v1/audio/speech", "POST", 200, "hit"),
+        ("/healthz", "GET", 404, "none"),
+    ]
+    assert [(x["key"], x["ms"], x["bytes"], x["client"]) for x in lines] == [
+        ("ab" * 32, 1.2, 3000, None),
+        (None, 500.0, 7, 'a "b"'),
+    ]
+    for x in lines:
+        stamp = datetime.datetime.fromisoformat(str(x["ts"])).timestamp()
+        assert before - 0.001 <= stamp <= after
+        assert x["msg"] == "request" and x["logger"] == "voxgate.access"

@@ -34,8 +34,14 @@ async def read_body(request: web.Request, max_bytes: int, timeout_s: float | Non
             f"request body too large: {request.content_length} bytes (limit {max_bytes})"
         )
     try:
-        async with asyncio.timeout(timeout_s):
+        if request.content.is_eof():
+            # The whole body has arrived (a small body comes with its headers): reading it
+            # cannot wait, and a timeout (a loop timer armed and cancelled) was ~4% of a cache
+            # hit's CPU time.
             raw = await request.read()
+        else:
+            async with asyncio.timeout(timeout_s):
+                raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise PayloadTooLarge(f"request body too large (limit {max_bytes} bytes)") from exc
     except TimeoutError:
