@@ -349,7 +349,7 @@ class RemotePool:
                 if time.monotonic() > deadline:
                     raise EngineDead("the synthesis pool process did not start") from None
                 await asyncio.sleep(delay)  # nothing to await: the socket is not there yet
-                delay = min(delay * 2, 1.0)
+                delay = min(delay * 2, 0.25)
 
     async def _connect(self) -> asyncio.StreamWriter:
         async with self._connecting:

@@ -40,7 +40,6 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
     cap_connections(runner.server, settings.max_connections, app[keys.METRICS])
     # A worker of `serve --workers N` shares the port with its siblings (SO_REUSEPORT).
     site = web.TCPSite(runner, settings.host, settings.port, reuse_port=worker_of is not None)
-    await site.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -60,6 +59,15 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
         from gateway.runtime.workers import watch_parent
 
         orphan_watch = asyncio.ensure_future(watch_parent(worker_of, stop))
+    ready = asyncio.ensure_future(wait_ready(app))
+    stopped = asyncio.ensure_future(stop.wait())
+    if worker_of is not None:
+        # A worker listens only once it can answer: the kernel spreads connections over every
+        # socket on the port, and one still loading would turn away with 503 what a ready sibling
+        # serves (the host's pool is shared, so a worker is ready about as soon as its siblings).
+        # A lone server listens at once, so that /readyz can say it is loading.
+        await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    await site.start()
     addresses = []
     server = getattr(site, "_server", None)
     for sock in getattr(server, "sockets", None) or []:
@@ -68,12 +76,11 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
     from gateway.runtime.eventloop import describe
 
     log.info(
-        "listening on %s (event loop: %s); loading models",
+        "listening on %s (event loop: %s)%s",
         ", ".join(addresses) or site.name,
         describe(loop),
+        "" if ready.done() else "; loading models",
     )
-    ready = asyncio.ensure_future(wait_ready(app))
-    stopped = asyncio.ensure_future(stop.wait())
     await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
     if ready.done():
         log.info(
@@ -108,8 +115,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.worker_of is None:
         # What `auto` became here and why: the numbers a newcomer's `voxgate serve` runs with.
         log.info("topology: %s", topology.describe())
+    from gateway.runtime import eventloop
+
+    # Before any process starts, as for the extras: N workers would each fail on it instead.
+    try:
+        eventloop.resolve(settings.event_loop)
+    except eventloop.EventLoopUnavailable as exc:
+        raise SettingsError(f"setting 'event_loop': {exc}") from exc
     if args.serve_pool:
-        from gateway.runtime import eventloop
         from gateway.runtime.poolhost import serve_pool
 
         eventloop.run(serve_pool(settings, args.serve_pool, args.worker_of), settings.event_loop)
@@ -118,12 +131,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from gateway.runtime.workers import run_workers
 
         return run_workers(settings, args.argv)
-    from gateway.runtime import eventloop
-
-    try:
-        eventloop.resolve(settings.event_loop)
-    except eventloop.EventLoopUnavailable as exc:
-        raise SettingsError(f"setting 'event_loop': {exc}") from exc
     eventloop.run(_serve(settings, args.worker_of), settings.event_loop)
     return 0
 
