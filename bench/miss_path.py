@@ -183,6 +183,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             str(tmp / "cache"),
             "--synth-workers",
             str(args.workers),
+            # One gateway process (its CPU per request is read from its pid); with the default
+            # of one per core the pid would be the supervisor's.
+            "--workers",
+            "1",
             "--log-level",
             "warning",
             # One loopback address stands for many clients: no per-client queue share (429).
