@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from gateway.runtime.settings import Settings, SettingsError
-from gateway.runtime.topology import resolve_topology, usable_cores
+from gateway.runtime.topology import cpu_quota, resolve_topology, usable_cores
 
 
 def test_defaults_are_auto_and_fill_the_cores_with_one_thread_per_synthesis_process() -> None:
@@ -86,3 +87,12 @@ def test_auto_in_toml_and_bad_values_name_the_key(tmp_path: Path) -> None:
     toml.write_text("synth_workers = true\n")
     with pytest.raises(SettingsError, match="boolean"):
         Settings.load(config_file=toml, env={})
+
+
+def test_a_cgroup_cpu_limit_bounds_the_cores() -> None:
+    assert cpu_quota("max 100000") is None
+    assert cpu_quota("200000 100000") == 2
+    assert cpu_quota("150000 100000") == 2  # 1.5 CPUs: two processes, each mostly busy
+    assert cpu_quota("50000 100000") == 1
+    assert cpu_quota("garbage") is None
+    assert 1 <= usable_cores() <= len(os.sched_getaffinity(0))

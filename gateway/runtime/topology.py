@@ -15,19 +15,47 @@ on and writes numbers that override these rules.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 AUTO: Literal["auto"] = "auto"
 
 
+# cgroup v2's CPU bandwidth limit of this process's group (a container's `--cpus`, a Kubernetes
+# CPU limit): "max 100000" when unlimited, else "<quota> <period>" in microseconds.
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+
+
+def cpu_quota(text: str) -> int | None:
+    """Whole cores a cgroup v2 ``cpu.max`` line allows (rounded up), None when unlimited."""
+    parts = text.split()
+    if len(parts) != 2 or parts[0] == "max":
+        return None
+    try:
+        quota, period = int(parts[0]), int(parts[1])
+    except ValueError:
+        return None
+    if quota <= 0 or period <= 0:
+        return None
+    return max(1, math.ceil(quota / period))
+
+
 def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity, e.g. a container's cpuset), at least 1."""
+    """Cores this process may run on: its CPU affinity (a container's cpuset), bounded by a
+    cgroup v2 CPU limit (a pod's CPU limit leaves every core in the affinity mask), at least 1."""
     if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
+        cores = len(os.sched_getaffinity(0))
+    else:
+        cores = os.cpu_count() or 1
+    try:
+        quota = cpu_quota(CGROUP_CPU_MAX.read_text())
+    except OSError:  # no cgroup v2 CPU controller here: the affinity is all there is
+        quota = None
+    return max(1, min(cores, quota) if quota is not None else cores)
 
 
 @dataclass(frozen=True)
