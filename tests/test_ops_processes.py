@@ -246,6 +246,30 @@ async def test_two_workers_share_one_synthesis_pool(tmp_path: Path) -> None:
         pools = [line for line in logs if line["msg"].startswith("worker pool ready")]
         assert len(pools) == 1, pools  # one pool of engines on the host, not one per process
         assert sum(line["msg"].startswith("synthesis pool ready") for line in logs) == 1
+
+        # The pool process dies: the supervisor starts another, and the gateways, which stayed
+        # up, reach it again for the next miss.
+        started = [
+            line["msg"] for line in logs if line["msg"].startswith("synthesis pool process started")
+        ]
+        pool_pid = int(re.search(r"pid (\d+)", started[0]).group(1))  # type: ignore[union-attr]
+        os.kill(pool_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while server.logs().count("synthesis pool ready") < 2:
+            assert time.monotonic() < deadline, server.logs()[-3000:]
+            await asyncio.sleep(0.2)
+        async with aiohttp.ClientSession() as session:
+            for attempt in range(50):
+                async with session.post(
+                    server.url + "/v1/audio/speech", json=speech("After the pool came back.")
+                ) as r:
+                    await r.read()
+                if r.status == 200:
+                    break
+                # A gateway may find the new socket a moment after the pool logs it is ready.
+                assert r.status == 503 and attempt < 49
+                await asyncio.sleep(0.1)
+        assert f"(pid {pool_pid}) exited with -9; restarting" in server.logs()
         assert server.terminate() == 0
     finally:
         server.close()

@@ -172,11 +172,13 @@ class Supervisor:
             lived = time.monotonic() - self.started[i]
             self.fast_failures[i] = self.fast_failures[i] + 1 if lived < FAST_FAILURE_S else 0
             if self.fast_failures[i] >= MAX_FAST_FAILURES:
-                log.error("worker %d keeps failing (exit %s); stopping", i, rc)
+                what = "synthesis pool process" if i == self.gateways else f"worker {i}"
+                log.error("%s keeps failing (exit %s); stopping", what, rc)
                 self.failed = True
                 self.stopping = True
                 return
-            log.error("worker %d (pid %d) exited with %s; restarting", i, proc.pid, rc)
+            what = "synthesis pool process" if i == self.gateways else f"worker {i}"
+            log.error("%s (pid %d) exited with %s; restarting", what, proc.pid, rc)
             if self.fast_failures[i]:
                 time.sleep(1.0)
             self.procs[i] = self.spawn(i)
