@@ -3,7 +3,8 @@
 The baseline is ``bench/seed_service.py`` (FastAPI, one Piper model, ``ThreadPoolExecutor(4)``)
 run by uvicorn, with nginx in front (Debian's nginx-light, ``/usr/sbin/nginx``, started here on
 loopback with a temporary config): ``proxy_cache`` keyed on the request body, ``proxy_cache_lock
-on`` so concurrent misses of one prompt reach the service once, one nginx worker per core. Against
+on`` so concurrent misses of one prompt reach the service once, one nginx worker per core, its
+access log on (nginx's default, as voxgate's is). Against
 it, ``voxgate serve`` with no flags (only its port, a fresh cache directory, and the per-client
 queue share lifted: every request here comes from one loopback address standing for many
 clients).
@@ -99,7 +100,8 @@ pid {directory}/nginx.pid;
 error_log {directory}/error.log warn;
 events {{ worker_connections 1024; }}
 http {{
-    access_log off;
+    # nginx's default, as voxgate's: one access line per request (combined format, to a file).
+    access_log {directory}/access.log combined;
     client_body_temp_path {directory}/body;
     proxy_temp_path {directory}/proxy;
     fastcgi_temp_path {directory}/fastcgi;
@@ -344,7 +346,12 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "format": "wav",
             "example_prompt": prompts[0],
         },
-        "nginx": {"workers": cores, "proxy_cache_lock": "on", "upstream": "bench/seed_service.py"},
+        "nginx": {
+            "workers": cores,
+            "proxy_cache_lock": "on",
+            "access_log": "on (combined, to a file)",
+            "upstream": "bench/seed_service.py",
+        },
         "results": results,
         "summary": summary,
     }
