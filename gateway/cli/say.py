@@ -58,6 +58,10 @@ def cmd_say(args: argparse.Namespace) -> int:
     from gateway.errors import VoxgateError
 
     settings = load_settings(args)
+    if settings.synth_workers == "auto":
+        # One text: starting a pool of worker processes (a spawn and an engine load each) costs
+        # more than the synthesis; the engine runs in this process, the same one as a pool's.
+        settings = settings.replace(synth_workers=0)
     setup_logging("warning" if settings.log_level == "info" else settings.log_level)
     if args.output is None and not args.explain:
         print("voxgate say: -o/--output is required (or --explain)", file=sys.stderr)
