@@ -257,7 +257,8 @@ class PoolServer:
         async def serve(rid: int, model: str, items: list[SynthesisItem]) -> None:
             reply = await self._answer(model, items)
             write_frame(writer, json.dumps({"id": rid}).encode() + b"\n" + reply)
-            await writer.drain()
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()  # a gateway process that went away reads no reply
 
         try:
             while True:

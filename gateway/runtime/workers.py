@@ -120,7 +120,10 @@ class Supervisor:
         env = {**os.environ, MULTIPROC_ENV: self.metrics_dir}
         env.pop(POOL_SOCKET_ENV, None)
         if self.pool_socket is not None and index == self.gateways:
-            cmd += ["--serve-pool", self.pool_socket]
+            # Every gateway process queues up to queue_size items of its own and keeps up to the
+            # pool's size in flight at the pool: its queue must hold theirs together.
+            queue = self.settings.queue_size * self.gateways
+            cmd += ["--serve-pool", self.pool_socket, "--queue-size", str(queue)]
             proc = subprocess.Popen(cmd, env=env)
             log.info("synthesis pool process started (pid %d)", proc.pid)
             return proc
