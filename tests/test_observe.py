@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gateway.http.observe import RequestObserver
 from gateway.runtime.accesslog import AccessLog
+from gateway.runtime.ratelimit import KeyLimits
 from metrics import LATENCY_BUCKETS, Metrics
 
 
@@ -89,20 +90,21 @@ def test_flush_follows_a_request_and_close() -> None:
         observer = RequestObserver(m, AccessLog(io.StringIO(), enabled=False))
         observer.flush_after_s = 0.01
         flushed = asyncio.Event()
-        flush = observer.flush
-
-        def flush_and_tell() -> None:
-            flush()
-            flushed.set()
-
-        observer.flush = flush_and_tell  # type: ignore[method-assign]
+        m.before_collect(flushed.set)  # (runs after the observer's own flush, registered first)
+        limits = KeyLimits(m)  # (its per-key counts are tallied too, and flushed with these)
         sample = m.speech_requests.labels("tts-1", "alloy", "wav", "hit")
+        keyed = m.api_key_requests.labels("bot", "ok")
         observer.count_speech("tts-1", "alloy", "wav", "hit")
+        limits.count("bot", "ok")
+        assert keyed._value.get() == 0  # tallied, not yet added
         await asyncio.wait_for(flushed.wait(), 10)
         assert sample._value.get() == 1  # read directly: no collection ran
+        assert keyed._value.get() == 1
         observer.count_speech("tts-1", "alloy", "wav", "hit")
+        limits.count("bot", "ok")
         observer.close()
         assert sample._value.get() == 2
+        assert keyed._value.get() == 2
 
     asyncio.run(main())
 

@@ -29,10 +29,9 @@ from synth import audio
 async def read_body(request: web.Request, max_bytes: int, timeout_s: float | None = None) -> bytes:
     """The raw body, bounded by ``max_bytes`` (413 beyond) and, with ``timeout_s``, in time
     (408 beyond: a client trickling its body holds a connection and a task)."""
-    if request.content_length is not None and request.content_length > max_bytes:
-        raise PayloadTooLarge(
-            f"request body too large: {request.content_length} bytes (limit {max_bytes})"
-        )
+    length = request.content_length  # (parsed from the header on every access)
+    if length is not None and length > max_bytes:
+        raise PayloadTooLarge(f"request body too large: {length} bytes (limit {max_bytes})")
     try:
         if request.content.is_eof():
             # The whole body has arrived (a small body comes with its headers): reading it

@@ -18,7 +18,7 @@ from multidict import CIMultiDict
 from cache.entry import Entry
 from gateway.http import keys, sse
 from gateway.http.conditional import (
-    AudioResponse,
+    audio_body,
     audio_response,
     http_date,
 )
@@ -59,10 +59,12 @@ def client_of(request: web.Request) -> str:
     return f"addr:{request.remote or 'unknown'}"
 
 
-def _record(request: web.Request, req: SpeechRequest, key: str, cache: str) -> None:
+def _record(
+    request: web.Request, req: SpeechRequest, key: str, cache: str, app: web.Application
+) -> None:
     request[keys.CACHE_RESULT] = cache
     request[keys.AUDIO_KEY] = key
-    request.app[keys.OBSERVER].count_speech(req.model, req.voice, req.fmt.name, cache)
+    app[keys.OBSERVER].count_speech(req.model, req.voice, req.fmt.name, cache)
 
 
 # Names the request fields that were accepted but changed nothing (OpenAI's `instructions` on a
@@ -84,7 +86,8 @@ async def serve_speech(
     events with ``sse``. ``ignored`` names fields that had no effect (a response header). A GET
     route passes its ``present``: Cache-Control, Last-Modified (and If-Modified-Since), its
     Content-Type."""
-    service = request.app[keys.SPEECH]
+    app = request.app
+    service = app[keys.SPEECH]
     asked = request.headers
     if (
         "If-None-Match" not in asked
@@ -96,7 +99,7 @@ async def serve_speech(
         hit = service.memory_hit(req)
         if hit is not None:
             key, entry = hit
-            _record(request, req, key, "hit")
+            _record(request, req, key, "hit", app)
             if present is not None:
                 headers = present.hit_headers(key, req.fmt, entry)
             else:
@@ -104,7 +107,7 @@ async def serve_speech(
             if ignored:
                 headers = CIMultiDict(headers)
                 headers[IGNORED_FIELDS] = ", ".join(ignored)
-            return AudioResponse(request, body=entry.audio, headers=headers)
+            return audio_body(request, entry.audio, headers)
     extra = {IGNORED_FIELDS: ", ".join(ignored)} if ignored else {}
     if sse:
         return await _events(request, req, extra)
@@ -115,7 +118,7 @@ async def serve_speech(
     answer = await service.answer(req, stream=stream)
     if isinstance(answer, SpeechStream):
         return await _stream(request, req, answer, extra)
-    _record(request, req, answer.key, answer.cache)
+    _record(request, req, answer.key, answer.cache, app)
     meta = answer.entry.meta
     etag = answer.entry.etag
     if present is not None:
@@ -134,13 +137,13 @@ async def _events(
     sentence as it is made (stored audio at once), then ``speech.audio.done``."""
     answer = await request.app[keys.SPEECH].answer(req, stream=True)
     if isinstance(answer, SpeechStream):
-        _record(request, req, answer.key, answer.cache)
+        _record(request, req, answer.key, answer.cache, request.app)
         headers = {**audio_headers(answer.key, req.fmt, answer.rate, answer.cache, None), **extra}
         try:
             return await sse.send_stream(request, headers, answer, characters=len(req.text))
         finally:
             answer.close()  # this reader no longer waits for the production
-    _record(request, req, answer.key, answer.cache)
+    _record(request, req, answer.key, answer.cache, request.app)
     rate = answer.entry.meta.sample_rate
     headers = {**audio_headers(answer.key, req.fmt, rate, answer.cache, None), **extra}
     return await sse.send_whole(request, headers, answer.entry, characters=len(req.text))
@@ -159,7 +162,7 @@ async def _send_stream(
     request: web.Request, req: SpeechRequest, stream: SpeechStream, extra: dict[str, str]
 ) -> web.StreamResponse:
     key = stream.key
-    _record(request, req, key, stream.cache)
+    _record(request, req, key, stream.cache, request.app)
     # The streamed bytes are not the stored rendition's bytes (a WAV header of unknown length,
     # MP3/AAC frames per sentence): no ETag; the key names the stored audio for a later GET.
     headers = {**audio_headers(key, req.fmt, stream.rate, stream.cache, None), **extra}

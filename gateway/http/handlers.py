@@ -21,11 +21,11 @@ async def speech(request: web.Request) -> web.StreamResponse:
     """``POST /v1/audio/speech``: OpenAI-compatible text to speech."""
     app = request.app
     settings = app[keys.SETTINGS]
-    service = app[keys.SPEECH]
     raw = await read_body(request, settings.max_body_kb * 1024, settings.body_timeout_s)
     memo = app[keys.REQUEST_MEMO]
     call = memo.get(raw)
     if call is None:
+        service = app[keys.SPEECH]
         if front_end_may_run(settings, raw):
             call = await asyncio.to_thread(parse_speech_body, raw, settings, service)
         else:

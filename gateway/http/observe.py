@@ -177,11 +177,14 @@ class RequestObserver:
 
     def _scheduled_flush(self) -> None:
         self._flush_at = None
-        self.flush()
+        # Every tally kept outside prometheus-client (this one, the store's memory hits, the API
+        # keys' counts): a multi-process scrape reads each process's files, not its tallies.
+        self.metrics.flush_pending()
 
     def close(self) -> None:
-        """Cancel a scheduled flush and flush what is left (at shutdown)."""
+        """Cancel a scheduled flush and flush what is left (at shutdown), with every other
+        tally kept outside prometheus-client."""
         if self._flush_at is not None:
             self._flush_at.cancel()
             self._flush_at = None
-        self.flush()
+        self.metrics.flush_pending()

@@ -19,7 +19,7 @@ from gateway.api.parsing import read_json_object
 from gateway.api.say import SIGNED, SayParsed, expiry_of, parse_say, signed_say_path, verify
 from gateway.errors import BadRequest, Forbidden, NotFound
 from gateway.http import keys
-from gateway.http.conditional import AudioResponse, audio_response
+from gateway.http.conditional import audio_body, audio_response
 from gateway.http.delivery import serve_speech
 from gateway.speech.telephony import extension
 
@@ -46,9 +46,7 @@ async def audio_by_key_ext(request: web.Request) -> web.StreamResponse:
         if entry is not None and not _conditional(request):
             request[keys.CACHE_RESULT] = "hit"
             request[keys.AUDIO_KEY] = known
-            return AudioResponse(
-                request, body=entry.audio, headers=present.hit_headers(known, ext.fmt, entry)
-            )
+            return audio_body(request, entry.audio, present.hit_headers(known, ext.fmt, entry))
     got = await transcoder.get(key, ext)
     if got is None:
         raise NotFound(f"no audio stored under key {key}", param="key")

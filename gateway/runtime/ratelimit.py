@@ -90,6 +90,11 @@ class KeyLimits:
         self._redis_down_until = 0.0
         self._items: dict[int, RateLimitItem] = {}
         self._children: dict[tuple[str, str], Any] = {}
+        # Requests counted since the last flush, by (key, result): a Prometheus increment (a
+        # lock) per request was a cost of every keyed hit. Added to the counter before every
+        # collection and with the request tallies (gateway.http.observe, <= 0.1 s).
+        self._counts: dict[tuple[str, str], int] = {}
+        metrics.before_collect(self.flush_counts)
 
     async def start(self) -> None:
         """Make the Redis storage when one is configured (nothing connects yet: the first
@@ -137,12 +142,18 @@ class KeyLimits:
 
     def count(self, key: str, result: str) -> None:
         """Count one request of ``key`` by result (ok, forbidden, rate_limited)."""
-        child = self._children.get((key, result))
-        if child is None:
-            child = self._children[(key, result)] = self.metrics.api_key_requests.labels(
-                key, result
-            )
-        child.inc()
+        k = (key, result)
+        counts = self._counts
+        counts[k] = counts.get(k, 0) + 1
+
+    def flush_counts(self) -> None:
+        """Add the requests counted since the last flush to the Prometheus counter."""
+        counts, self._counts = self._counts, {}
+        for k, n in counts.items():
+            child = self._children.get(k)
+            if child is None:
+                child = self._children[k] = self.metrics.api_key_requests.labels(*k)
+            child.inc(n)
 
     async def _limiter(self) -> SlidingWindowCounterRateLimiter:
         if self._shared is not None and time.monotonic() >= self._redis_down_until:
