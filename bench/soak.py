@@ -508,7 +508,8 @@ def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         except subprocess.TimeoutExpired:
             stop(proc)
         redis.stop()
-    tracebacks = log_path.read_text(errors="replace").count("Traceback")
+    server_log = log_path.read_text(errors="replace")
+    tracebacks = server_log.count("Traceback")
     warmup_s = args.warmup_min * 60
     return {
         "bench": "soak",
@@ -526,9 +527,24 @@ def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "redis_restart": restart,
         "healthy_after": healthy_after,
         "tracebacks_in_server_log": tracebacks,
+        # What they were (the log is in a temporary directory that goes with the run).
+        "traceback_excerpts": traceback_excerpts(server_log),
         "steady_state": steady_growth(sampled, warmup_s, 60.0),
         "samples": sampled,
     }
+
+
+def traceback_excerpts(log: str, most: int = 5, lines: int = 12) -> list[str]:
+    """The first ``most`` tracebacks of a server log, each from the line before it (the logged
+    message) through ``lines`` lines."""
+    out: list[str] = []
+    rows = log.splitlines()
+    for i, row in enumerate(rows):
+        if "Traceback" in row:
+            out.append("\n".join(rows[max(0, i - 1) : i + lines]))
+            if len(out) == most:
+                break
+    return out
 
 
 def main() -> None:
