@@ -135,7 +135,9 @@ class Settings(BaseSettings):
         "server",
         "auto",
         "Gateway processes serving one port (SO_REUSEPORT); metrics are aggregated across them. "
-        "auto: 1 (the start log says what it chose and why).",
+        "auto: one per core when synthesis runs in worker processes (they share one pool per "
+        "host), 1 when engines run in the gateway (synth_workers 0); the start log says what it "
+        "chose and why.",
     )
     event_loop: Literal["auto", "uvloop", "asyncio"] = _opt(
         "server",
