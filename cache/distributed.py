@@ -184,6 +184,17 @@ class CrossReplicaFlight:
                     )
                     break
                 if await self._acquire(lock, token) or await self._evict_squatter(lock, token):
+                    # The holder may have stored its entry and released the lock between this
+                    # poll's read and the acquire: read once more under the lock, so a finished
+                    # production is adopted rather than made again.
+                    try:
+                        entry = await self.tier.get(key)
+                    except CorruptEntry:
+                        entry = None
+                    if entry is not None:
+                        await self._release(lock)
+                        outcome = "result"
+                        return await adopt(entry)
                     outcome = "takeover"
                     self._observe_wait(outcome, loop.time() - started)
                     return await self._hold(lock, produce)

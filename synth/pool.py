@@ -365,6 +365,11 @@ class WorkerPool:
         self._workers: dict[int, _Worker] = {}
         self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
         self._replacing: set[asyncio.Task[None]] = set()
+        # Workers replaced but perhaps not killed yet (their respawn task kills them first, and
+        # close() may cancel it, or cancel the queued kill): close() kills what is left here.
+        self._retiring: set[_Worker] = set()
+        # Workers being created when close() cancelled their spawn: reaped by close().
+        self._orphans: set[asyncio.Future[_Worker]] = set()
         # Blocking pipe reads and process joins run here, never on the event loop: one thread per
         # worker in flight plus one per worker (re)starting.
         self._threads = concurrent.futures.ThreadPoolExecutor(
@@ -403,6 +408,7 @@ class WorkerPool:
             # Shut down while the process was being created: kill it once it exists, or it
             # would outlive the pool.
             starting.add_done_callback(_kill_when_started)
+            self._orphans.add(starting)
             raise
         try:
             await loop.run_in_executor(self._threads, worker.wait_ready, self.start_timeout_s)
@@ -437,6 +443,7 @@ class WorkerPool:
         """Kill ``worker`` and start its successor in the background."""
         if self._workers.get(worker.index) is worker:
             del self._workers[worker.index]
+        self._retiring.add(worker)
         self.metrics.worker_restarts.labels(self.model, reason).inc()
         log.warning(
             "synthesis worker %d (pid %s) %s; replacing it", worker.index, worker.pid, reason
@@ -448,6 +455,7 @@ class WorkerPool:
     async def _respawn(self, old: _Worker) -> None:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._threads, old.kill)
+        self._retiring.discard(old)
         delay = 0.5
         while not self._closed:
             try:
@@ -541,5 +549,20 @@ class WorkerPool:
         loop = asyncio.get_running_loop()
         workers = list(self._workers.values())
         self._workers.clear()
+        # Retiring workers are killed on the default executor, first: a pool thread may still be
+        # blocked reading one's reply until it is killed.
+        retiring = list(self._retiring)
+        self._retiring.clear()
+        await asyncio.gather(*(asyncio.to_thread(w.kill) for w in retiring))
         await asyncio.gather(*(loop.run_in_executor(self._threads, w.stop) for w in workers))
         await asyncio.to_thread(self._threads.shutdown, wait=True, cancel_futures=True)
+        # A process created for a spawn that close() cancelled is only signalled by its done
+        # callback, later, from the loop: kill and reap it here, so none outlives close().
+        orphans = [
+            f.result()
+            for f in self._orphans
+            if f.done() and not f.cancelled() and f.exception() is None
+        ]
+        self._orphans.clear()
+        for orphan in orphans:
+            await asyncio.to_thread(orphan.kill)
