@@ -17,12 +17,9 @@ from multidict import CIMultiDict
 
 from cache.entry import Entry
 from gateway.http import keys, sse
-from gateway.http.conditional import (
-    audio_body,
-    audio_response,
-    http_date,
-)
+from gateway.http.conditional import audio_body, audio_response, http_date
 from gateway.http.connections import write_within
+from gateway.http.hits import PreparedHit, hit_response
 from gateway.http.presentation import Presentation, audio_headers
 from gateway.memo import BoundedMemo
 from gateway.speech.assembly import SpeechStream
@@ -33,21 +30,21 @@ from synth.scheduler import CLIENT
 log = logging.getLogger("voxgate.gateway")
 
 
-# The response headers of a memory hit, built once per entry: a function of the content address
-# (which fixes the format and rate) and of the bytes held (the ETag), and copying a ready
-# CIMultiDict is cheaper than building one from a dict on every hit. Checked against the entry's
-# digest: other bytes may be stored under the key later (see gateway.http.conditional).
-_hit_headers: BoundedMemo[str, tuple[str, CIMultiDict[str]]] = BoundedMemo(8192)
+# The response headers of a memory hit, built and serialized once per entry
+# (gateway.http.hits): a function of the content address (which fixes the format and rate) and of
+# the bytes held (the ETag). Checked against the entry's digest and size: other bytes may be
+# stored under the key later (see gateway.http.conditional).
+_hit_headers: BoundedMemo[str, PreparedHit] = BoundedMemo(8192)
 
 
-def _hit_headers_for(key: str, fmt: audio.AudioFormat, entry: Entry) -> CIMultiDict[str]:
+def _hit_headers_for(key: str, fmt: audio.AudioFormat, entry: Entry) -> PreparedHit:
     found = _hit_headers.get(key)
     digest = entry.meta.digest or entry.etag
-    if found is None or found[0] != digest:
+    if found is None or found.digest != digest or found.size != len(entry.audio):
         made = audio_headers(key, fmt, entry.meta.sample_rate, "hit", entry.etag)
-        found = (digest, CIMultiDict(made))
+        found = PreparedHit(digest, made, len(entry.audio))
         _hit_headers.put(key, found)
-    return found[1]
+    return found
 
 
 def client_of(request: web.Request) -> str:
@@ -101,13 +98,14 @@ async def serve_speech(
             key, entry = hit
             _record(request, req, key, "hit", app)
             if present is not None:
-                headers = present.hit_headers(key, req.fmt, entry)
+                prepared = present.hit_headers(key, req.fmt, entry)
             else:
-                headers = _hit_headers_for(key, req.fmt, entry)
+                prepared = _hit_headers_for(key, req.fmt, entry)
             if ignored:
-                headers = CIMultiDict(headers)
+                headers = CIMultiDict(prepared.headers)
                 headers[IGNORED_FIELDS] = ", ".join(ignored)
-            return audio_body(request, entry.audio, headers)
+                return audio_body(request, entry.audio, headers)
+            return hit_response(request, entry.audio, prepared)
     extra = {IGNORED_FIELDS: ", ".join(ignored)} if ignored else {}
     if sse:
         return await _events(request, req, extra)

@@ -6,10 +6,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from multidict import CIMultiDict
-
 from cache.entry import Entry
 from gateway.http.conditional import cache_control, http_date
+from gateway.http.hits import PreparedHit
 from gateway.memo import BoundedMemo
 from gateway.runtime.settings import Settings
 from gateway.speech.telephony import EXTENSIONS
@@ -46,7 +45,7 @@ class Presentation:
 
     cache_control: str
     content_type: str | None = None
-    hits: BoundedMemo[tuple[int, str], tuple[str, CIMultiDict[str]]] = field(
+    hits: BoundedMemo[tuple[int, str], PreparedHit] = field(
         default_factory=lambda: BoundedMemo(HIT_HEADERS), repr=False
     )
     tag: int = 0
@@ -69,18 +68,19 @@ class Presentation:
             out["Last-Modified"] = http_date(created)
         return out
 
-    def hit_headers(self, key: str, fmt: audio.AudioFormat, entry: Entry) -> CIMultiDict[str]:
-        """The headers of a hit on ``entry`` under ``key`` (built once per entry: the store
-        may hold other bytes under the key later, with another ETag and date)."""
+    def hit_headers(self, key: str, fmt: audio.AudioFormat, entry: Entry) -> PreparedHit:
+        """The headers of a hit on ``entry`` under ``key`` (built and serialized once per
+        entry: the store may hold other bytes under the key later, with another ETag and
+        date)."""
         found = self.hits.get((self.tag, key))
         # The digest, not the entry: a memo holding entries would keep evicted audio alive.
         digest = entry.meta.digest or entry.etag
-        if found is None or found[0] != digest:
+        if found is None or found.digest != digest or found.size != len(entry.audio):
             meta = entry.meta
             made = self.headers(key, fmt, meta.sample_rate, "hit", meta.created, entry.etag)
-            found = (digest, CIMultiDict(made))
+            found = PreparedHit(digest, made, len(entry.audio))
             self.hits.put((self.tag, key), found)
-        return found[1]
+        return found
 
 
 @dataclass
@@ -102,7 +102,7 @@ class Presentations:
         ETag) for it, so a client must be free to revalidate."""
         forever = cache_control(settings.audio_max_age_s)
         today = cache_control(settings.synthesis_max_age_s)
-        hits: BoundedMemo[tuple[int, str], tuple[str, CIMultiDict[str]]] = BoundedMemo(HIT_HEADERS)
+        hits: BoundedMemo[tuple[int, str], PreparedHit] = BoundedMemo(HIT_HEADERS)
         tags = itertools.count()
 
         def present(cache: str, content_type: str | None = None) -> Presentation:

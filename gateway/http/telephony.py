@@ -19,8 +19,9 @@ from gateway.api.parsing import read_json_object
 from gateway.api.say import SIGNED, SayParsed, expiry_of, parse_say, signed_say_path, verify
 from gateway.errors import BadRequest, Forbidden, NotFound
 from gateway.http import keys
-from gateway.http.conditional import audio_body, audio_response
+from gateway.http.conditional import audio_response
 from gateway.http.delivery import serve_speech
+from gateway.http.hits import hit_response
 from gateway.speech.telephony import extension
 
 AUDIO_EXT_ROUTE = "/v1/audio/{key}.{ext}"
@@ -46,7 +47,7 @@ async def audio_by_key_ext(request: web.Request) -> web.StreamResponse:
         if entry is not None and not _conditional(request):
             request[keys.CACHE_RESULT] = "hit"
             request[keys.AUDIO_KEY] = known
-            return audio_body(request, entry.audio, present.hit_headers(known, ext.fmt, entry))
+            return hit_response(request, entry.audio, present.hit_headers(known, ext.fmt, entry))
     got = await transcoder.get(key, ext)
     if got is None:
         raise NotFound(f"no audio stored under key {key}", param="key")

@@ -1,0 +1,143 @@
+"""A memory hit's response: its header block serialized once per stored entry, then written to
+the transport with the audio in one call.
+
+A bare aiohttp handler that returns stored bytes pays for a ``Response`` (a header multidict
+copied, the body checked), then ``prepare``: content length, ``Date``, ``Server`` and
+``Connection`` worked out and the headers serialized, then ``write_eof``: four more coroutine
+frames before the bytes reach the transport. For a hit on stored audio every one of these is the
+same for every request but ``Date`` and ``Connection``, so :class:`PreparedHit` keeps the
+serialized block per entry (with the header multidict the rest of the gateway reads) and
+:class:`HitResponse` writes status line + block + ``Date`` (+ ``Connection``) + body itself, as
+aiohttp would have written them (same headers, same framing: ``Content-Length``, HTTP/1.0 and
+keep-alive answered as aiohttp answers them, no body for ``HEAD``). That is a hand-written
+sliver of HTTP/1.1 on purpose: aiohttp offers no lower-cost way to send a fixed response, and
+this was most of what separated a gateway hit from bare aiohttp serving the same bytes
+(docs/architecture.md, "Hit path cost").
+
+It is used only where nothing else may change the response: no ``on_response_prepare``
+receivers on the app (the CORS headers of ``cors_origins`` are added by one; with CORS on, hits
+go out as ordinary responses), and only for a plain 200 (conditional and range requests take the
+ordinary path).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import re
+import time
+from collections.abc import Mapping
+
+from aiohttp import HttpVersion11, http_writer, web
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.http import SERVER_SOFTWARE
+from multidict import CIMultiDict
+
+from gateway.http.conditional import SEPARATE_HEADERS_FROM, audio_body
+
+# What aiohttp refuses in a header (http_writer._safe_header): control characters but tab.
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+class PreparedHit:
+    """The headers of a hit on one stored entry: ``headers`` (what the gateway reads, and what
+    an ordinary response is built from) and ``head``, the same headers serialized with the
+    ``Content-Length`` of ``size`` bytes and aiohttp's ``Server`` line. ``digest`` names the
+    bytes it was made for (the store may hold other bytes under the key later)."""
+
+    __slots__ = ("digest", "head", "headers", "size")
+
+    def __init__(self, digest: str, headers: Mapping[str, str], size: int) -> None:
+        self.digest = digest
+        self.headers: CIMultiDict[str] = CIMultiDict(headers)
+        self.size = size
+        lines = [*headers.items(), ("Content-Length", str(size)), ("Server", SERVER_SOFTWARE)]
+        for name, value in lines:
+            # (Every value is the gateway's own; a line break would split the response, so it
+            # is refused as aiohttp refuses it.)
+            if _CONTROL.search(name) or _CONTROL.search(value):
+                raise ValueError(f"a control character in a hit's {name!r} header")
+        self.head = "".join(f"{name}: {value}\r\n" for name, value in lines).encode("latin-1")
+
+
+# The status line of each HTTP version and what aiohttp adds for the connection: HTTP/1.1 keeps
+# the connection open unless told (``Connection: close`` when it will not), HTTP/1.0 closes it
+# unless the client asked to keep it (then ``Connection: keep-alive``).
+_STATUS = {True: b"HTTP/1.1 200 OK\r\n", False: b"HTTP/1.0 200 OK\r\n"}
+_CONNECTION = {
+    (True, True): b"",
+    (True, False): b"Connection: close\r\n",
+    (False, True): b"Connection: keep-alive\r\n",
+    (False, False): b"",
+}
+
+_date: tuple[int, bytes] = (0, b"")
+
+
+def date_line() -> bytes:
+    """``Date: <IMF-fixdate>\\r\\n`` for now, formatted once a second."""
+    global _date
+    now = int(time.time())
+    if now != _date[0]:
+        _date = (now, f"Date: {email.utils.formatdate(now, usegmt=True)}\r\n".encode("ascii"))
+    return _date[1]
+
+
+class HitResponse(web.StreamResponse):
+    """A 200 with stored ``audio`` and a :class:`PreparedHit`'s headers, written by
+    :meth:`prepare` in one transport call (module doc). It is a complete ``StreamResponse`` to
+    aiohttp and the gateway's edge: status, headers, ``content_length``, ``keep_alive``,
+    ``body_length`` once sent."""
+
+    def __init__(self, audio: bytes, hit: PreparedHit) -> None:
+        # Not StreamResponse.__init__: it copies the headers into a new multidict and checks the
+        # status, per request; these are fixed per entry (and never changed: module doc).
+        self._state = {}
+        self._headers = hit.headers
+        self._status = 200
+        self._reason = "OK"
+        self._audio = audio
+        self._hit = hit
+
+    @property
+    def content_length(self) -> int | None:
+        return self._hit.size
+
+    @content_length.setter
+    def content_length(self, value: int | None) -> None:
+        raise RuntimeError("a hit's Content-Length is its audio's")
+
+    async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
+        if self._eof_sent:
+            return None
+        writer = request._payload_writer
+        keep_alive = request.keep_alive
+        self._keep_alive = keep_alive
+        v11 = request.version == HttpVersion11
+        head = b"".join(
+            (_STATUS[v11], self._hit.head, date_line(), _CONNECTION[v11, keep_alive], b"\r\n")
+        )
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("the client went away")
+        body = b"" if request.method == "HEAD" else self._audio
+        if not body:
+            transport.write(head)
+        elif not http_writer.SKIP_WRITELINES:
+            transport.writelines((head, body))  # uvloop: one writev, no copy
+        elif len(body) < SEPARATE_HEADERS_FROM:
+            transport.write(head + body)
+        else:  # (asyncio's transport: join() would copy a large body; two sends do not)
+            transport.write(head)
+            transport.write(body)
+        self._eof_sent = True
+        self._body_length = len(head) + len(body)
+        await writer.drain()  # (waits only while the transport is over its high-water mark)
+        return writer
+
+
+def hit_response(request: web.Request, audio: bytes, hit: PreparedHit) -> web.StreamResponse:
+    """The response to a memory hit: a :class:`HitResponse` unless the app has response-prepare
+    receivers (they may change headers), then an ordinary one with the same headers."""
+    if request.app.on_response_prepare:
+        return audio_body(request, audio, hit.headers)
+    return HitResponse(audio, hit)
