@@ -25,6 +25,12 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 from schemathesis.generation.modes import GenerationMode
+
+# (Imported now, before the module's gateway thread starts, not lazily by ``from_url`` while it
+# runs: CPython 3.11 keeps one AST recursion counter per interpreter, and two threads compiling
+# source at once (a fresh clone has no .pyc files; pytest rewrites what it imports) failed a
+# clean-clone run with "SystemError: AST constructor recursion depth mismatch".)
+from schemathesis.specs.openapi import schemas as _openapi_schemas  # noqa: F401
 from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
