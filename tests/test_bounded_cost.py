@@ -266,6 +266,11 @@ async def test_a_coalesced_waiter_keeps_the_production_going(
     assert resp.status == 200
     assert held.items == 12
     assert sample(metrics, "voxgate_sentences_abandoned_total") == 0
+    # One synthesis, one MISS: the stream said it; the request that joined its production
+    # waited for another request's synthesis.
+    assert stream.headers["X-Cache"] == "MISS"
+    assert resp.headers["X-Cache"] == "COALESCED"
+    assert sample(metrics, "voxgate_coalesced_requests_total") == 1
 
 
 # ---- each client gets a bounded share of the queue ---------------------------------------------

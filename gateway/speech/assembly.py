@@ -289,13 +289,17 @@ class Assembler:
     async def produce(self, req: SpeechRequest, key: str, rate: int) -> tuple[Entry, str]:
         """Make (or join the making of) rendition ``key`` and return ``(entry, outcome)``: the
         outcome is ``"miss"`` when a sentence was synthesized for it here, ``"coalesced"`` when
-        one came from a synthesis another replica ran, else ``"hit"`` (stored masters)."""
-        prod, _ = self.production(req, key, rate)
+        one came from a synthesis another replica ran, else ``"hit"`` (stored masters); and
+        ``"coalesced"`` whenever this call joined a production another request started (a
+        stream of the same rendition): that request's response already told its outcome, and
+        only one response may say MISS for one synthesis."""
+        prod, leader = self.production(req, key, rate)
         self._join(prod)
         try:
-            return await prod.entry()
+            entry, outcome = await prod.entry()
         finally:
             self._leave(prod)
+        return entry, outcome if leader else "coalesced"
 
     async def stream(self, req: SpeechRequest, key: str, rate: int) -> SpeechStream:
         """Start (or join) the production of ``key`` and return it as a stream once its first
