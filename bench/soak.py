@@ -239,6 +239,22 @@ async def drive(base: str, minutes: float, load: Load, keys: list[str]) -> None:
         )
 
 
+def role_of(process: psutil.Process, root_pid: int) -> str:
+    """What a server process is, from its command line: the supervisor (the pid the bench
+    started), a gateway process, the host's synthesis pool process, or a synthesis worker."""
+    if process.pid == root_pid:
+        return "supervisor"
+    try:
+        cmdline = " ".join(process.cmdline())
+    except psutil.NoSuchProcess:
+        return "gone"
+    if "--worker-of" in cmdline:
+        return "gateway"
+    if "multiprocessing" in cmdline:
+        return "synthesis worker"
+    return "pool host" if "pool" in cmdline else "other"
+
+
 def server_processes(pid: int) -> list[psutil.Process]:
     try:
         root = psutil.Process(pid)
@@ -265,11 +281,15 @@ async def sampler(
     until = started + minutes * 60
     while time.monotonic() < until:
         rss = fds = 0
+        by_role: dict[str, float] = {}
         procs = server_processes(gateway_pid)
         for p in procs:
             with contextlib.suppress(psutil.NoSuchProcess):
-                rss += p.memory_info().rss
+                one = p.memory_info().rss
+                rss += one
                 fds += p.num_fds()
+                role = role_of(p, gateway_pid)
+                by_role[role] = by_role.get(role, 0.0) + one / 2**20
         redis_rss = 0
         if redis.proc is not None:
             with contextlib.suppress(psutil.NoSuchProcess):
@@ -282,6 +302,8 @@ async def sampler(
             {
                 "t_s": round(time.monotonic() - started, 1),
                 "rss_mb": round(rss / 2**20, 1),
+                # Which kind of process holds it (a growth is then found by its owner).
+                "rss_mb_by_role": {k: round(v, 1) for k, v in sorted(by_role.items())},
                 "fds": fds,
                 "processes": len(procs),
                 "queue_depth": depth,
@@ -401,7 +423,15 @@ def steady_growth(
     last = [s for s in after if s["t_s"] >= t1 - window_s]
     rss0 = statistics.median(s["rss_mb"] for s in first)
     rss1 = statistics.median(s["rss_mb"] for s in last)
+    roles = sorted({r for s in after for r in s.get("rss_mb_by_role", {})})
+
+    def role_median(window: list[dict[str, Any]], role: str) -> float:
+        return statistics.median(s.get("rss_mb_by_role", {}).get(role, 0.0) for s in window)
+
     return {
+        "rss_mb_by_role_start_end": {
+            r: [role_median(first, r), role_median(last, r)] for r in roles
+        },
         "from_s": t0,
         "to_s": t1,
         "rss_mb_start": rss0,
