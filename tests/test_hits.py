@@ -110,6 +110,16 @@ async def test_keep_alive_connection_close_and_http_1_0(gateway: GatewayFactory)
     (answer,), closed = await exchange(port, post_bytes(BODY, version="1.0"))
     assert answer[0] == "HTTP/1.0 200 OK" and "connection" not in answer[1] and closed
 
+    # No other version reaches a handler (aiohttp's parser refuses it): the writer's two rules
+    # are all there are.
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(post_bytes(BODY, version="1.2"))
+        status = (await asyncio.wait_for(reader.readline(), 10)).split()
+    finally:
+        writer.close()
+    assert status[1] == b"400"
+
     keep = post_bytes(BODY, version="1.0", extra="Connection: keep-alive\r\n")
     answers, closed = await exchange(port, keep * 2, count=2)
     assert [a[0] for a in answers] == ["HTTP/1.0 200 OK"] * 2

@@ -137,7 +137,8 @@ class HitResponse(web.StreamResponse):
 
 def hit_response(request: web.Request, audio: bytes, hit: PreparedHit) -> web.StreamResponse:
     """The response to a memory hit: a :class:`HitResponse` unless the app has response-prepare
-    receivers (they may change headers), then an ordinary one with the same headers."""
+    receivers (they may change headers), then an ordinary one with the same headers. (aiohttp's
+    parser takes HTTP/1.0 and 1.1 only, the two versions :class:`HitResponse` knows.)"""
     if request.app.on_response_prepare:
         return audio_body(request, audio, hit.headers)
     return HitResponse(audio, hit)
