@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -386,6 +387,19 @@ class Metrics:
         reads the processes' files rather than this registry)."""
         for hook in self._before_collect:
             hook()
+
+
+def add_counts(
+    counter: Counter, children: dict[tuple[str, ...], Any], counts: dict[tuple[str, ...], int]
+) -> None:
+    """Add ``counts`` (label values -> requests) to ``counter`` in bulk: what the hit path tallies
+    in plain numbers (gateway.http.observe, gateway.runtime.ratelimit). Each label set's child is
+    resolved once and kept in ``children`` (``labels()`` costs a lock and a lookup)."""
+    for k, n in counts.items():
+        child = children.get(k)
+        if child is None:
+            child = children[k] = counter.labels(*k)
+        child.inc(n)
 
 
 def multiprocess_dir() -> str | None:

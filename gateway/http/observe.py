@@ -19,7 +19,7 @@ from bisect import bisect_left
 from typing import Any
 
 from gateway.runtime.accesslog import AccessLog, Observation
-from metrics import LATENCY_BUCKETS, Metrics
+from metrics import LATENCY_BUCKETS, Metrics, add_counts
 
 FLUSH_AFTER_S = 0.1
 # Observations kept before a flush even within FLUSH_AFTER_S (bounds memory at any request rate).
@@ -64,8 +64,8 @@ class RequestObserver:
         self._children: dict[tuple[str, str, int, str], tuple[Any, Any, Any, Any]] = {}
         self._tallies: dict[tuple[str, str, int, str], _Tally] = {}
         self._pending: list[Observation] = []
-        self._speech_children: dict[tuple[str, str, str, str], Any] = {}
-        self._speech: dict[tuple[str, str, str, str], int] = {}
+        self._speech_children: dict[tuple[str, ...], Any] = {}
+        self._speech: dict[tuple[str, ...], int] = {}
         # Both histograms have the latency buckets; prometheus-client adds +Inf last.
         self._bounds = (*LATENCY_BUCKETS, float("inf"))
         metrics.before_collect(self.flush)
@@ -162,11 +162,7 @@ class RequestObserver:
             add_to_histogram(first, tally.ttfb_sum, tally.ttfb_buckets)
             sent.inc(tally.nbytes)
         speech, self._speech = self._speech, {}
-        for sk, n in speech.items():
-            child = self._speech_children.get(sk)
-            if child is None:
-                child = self._speech_children[sk] = self.metrics.speech_requests.labels(*sk)
-            child.inc(n)
+        add_counts(self.metrics.speech_requests, self._speech_children, speech)
 
     def _schedule_flush(self) -> None:
         try:

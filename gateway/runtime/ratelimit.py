@@ -31,7 +31,7 @@ from redis.exceptions import RedisError
 
 from gateway.errors import TooManyRequests
 from gateway.runtime.apikeys import APIKey
-from metrics import Metrics
+from metrics import Metrics, add_counts
 
 log = logging.getLogger("voxgate.auth")
 
@@ -89,11 +89,11 @@ class KeyLimits:
         # Redis is skipped until this monotonic time after a failure (0: in use).
         self._redis_down_until = 0.0
         self._items: dict[int, RateLimitItem] = {}
-        self._children: dict[tuple[str, str], Any] = {}
+        self._children: dict[tuple[str, ...], Any] = {}
         # Requests counted since the last flush, by (key, result): a Prometheus increment (a
         # lock) per request was a cost of every keyed hit. Added to the counter before every
         # collection and with the request tallies (gateway.http.observe, <= 0.1 s).
-        self._counts: dict[tuple[str, str], int] = {}
+        self._counts: dict[tuple[str, ...], int] = {}
         metrics.before_collect(self.flush_counts)
 
     async def start(self) -> None:
@@ -149,11 +149,7 @@ class KeyLimits:
     def flush_counts(self) -> None:
         """Add the requests counted since the last flush to the Prometheus counter."""
         counts, self._counts = self._counts, {}
-        for k, n in counts.items():
-            child = self._children.get(k)
-            if child is None:
-                child = self._children[k] = self.metrics.api_key_requests.labels(*k)
-            child.inc(n)
+        add_counts(self.metrics.api_key_requests, self._children, counts)
 
     async def _limiter(self) -> SlidingWindowCounterRateLimiter:
         if self._shared is not None and time.monotonic() >= self._redis_down_until:
