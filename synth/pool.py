@@ -31,6 +31,7 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -239,6 +240,10 @@ class _Worker:
         self.index = index
         self.max_reply_bytes = max_reply_bytes
         self.conn, child = ctx.Pipe()
+        # kill() and stop() may run at once on two threads (a cancelled batch replaces its worker
+        # while close() kills what is left): the pipe must be closed once, or the second close
+        # hits a descriptor number the process may already have reused (EBADF in a CI run).
+        self._closing = threading.Lock()
         self.process = ctx.Process(
             target=_worker_main,
             args=(spec, threads, child, log_setup),
@@ -310,15 +315,19 @@ class _Worker:
         }.get(kind, EngineError)
         raise error(message)
 
+    def _close_pipe(self) -> None:
+        with self._closing:
+            self.conn.close()  # (a no-op once closed; the lock makes check-and-close one step)
+
     def kill(self) -> None:
         if self.process.is_alive():
             self.process.kill()
         self.process.join(5)
-        self.conn.close()
+        self._close_pipe()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Close the pipe (the worker exits on EOF); kill it if it does not."""
-        self.conn.close()
+        self._close_pipe()
         self.process.join(timeout_s)
         if self.process.is_alive():
             self.process.kill()
