@@ -19,7 +19,6 @@ large request is done.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -58,11 +57,13 @@ class ShrinkingSession:
 
 @functools.cache
 def _libc_trim() -> Any:
-    name = ctypes.util.find_library("c")
-    if name is None:
+    # The process's own symbols (dlopen(NULL)): the C library's, without find_library's ldconfig
+    # subprocess, which would block an event loop that asks.
+    try:
+        libc = ctypes.CDLL(None)
+    except OSError:
         return None
-    trim = getattr(ctypes.CDLL(name), "malloc_trim", None)  # glibc only
-    return trim
+    return getattr(libc, "malloc_trim", None)  # glibc only
 
 
 def release_freed_memory() -> bool:

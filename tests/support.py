@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from aiohttp import web
@@ -77,6 +77,17 @@ class CountingEngine:
 
     def describe(self) -> Mapping[str, object]:
         return self.inner.describe()
+
+
+async def until(condition: Callable[[], object], within_s: float = 60.0, what: str = "") -> None:
+    """Wait until ``condition()`` holds, polling it (for state nothing signals: a metric, a
+    pool's workers); fail naming ``what`` past ``within_s``."""
+    try:
+        async with asyncio.timeout(within_s):
+            while not condition():  # noqa: ASYNC110 - polled: there is no event to await
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        raise AssertionError(f"not met within {within_s:g} s: {what or condition}") from None
 
 
 def serve_command(port: int, cache_dir: Path, *args: str) -> list[str]:

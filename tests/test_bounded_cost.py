@@ -21,7 +21,7 @@ from metrics import Metrics
 from synth.piper_engine import PiperEngine
 from synth.pool import EngineSpec, WorkerPool
 from tests.conftest import GatewayFactory
-from tests.support import CountingEngine
+from tests.support import CountingEngine, until
 
 WORDS = tuple(
     [
@@ -53,15 +53,6 @@ def body(text: str, **kw: Any) -> dict[str, Any]:
 
 def sample(metrics: Metrics, name: str, **labels: str) -> float:
     return metrics.registry.get_sample_value(name, labels) or 0.0
-
-
-async def until(condition: Callable[[], bool], within_s: float = 60.0) -> None:
-    """Wait for ``condition`` (polled); fail past ``within_s``."""
-    deadline = time.monotonic() + within_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 # ---- long sentences and the audio budget -----------------------------------------------------

@@ -25,7 +25,7 @@ from gateway.http import keys
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 from tests.conftest import GatewayFactory
-from tests.support import CACHE_SECRET, SECRET, CountingEngine, RedisServer
+from tests.support import CACHE_SECRET, SECRET, CountingEngine, RedisServer, until
 
 KEY = "ab" * 32
 OTHER = "cd" * 32
@@ -365,15 +365,6 @@ async def test_two_replicas_without_a_shared_store_never_send_one_etag_for_two_b
     assert len(bodies_by_etag) > 3
 
 
-async def wait_until(condition: Any, what: str) -> None:
-    """Wait (up to 20 s) for ``condition()`` to hold."""
-    for _ in range(2000):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.mark.parametrize("stream", [False, True])
 async def test_waiting_for_another_replicas_synthesis_says_coalesced(
     gateway: GatewayFactory,
@@ -394,14 +385,14 @@ async def test_waiting_for_another_replicas_synthesis_says_coalesced(
     counting_engine.release.clear()  # A's synthesis waits in the engine
     try:
         first = asyncio.ensure_future(a.post("/v1/audio/speech", json=speech(text)))
-        await wait_until(
-            lambda: a_metrics.redis_locks.labels("acquired")._value.get() >= 1, "A's lock"
+        await until(
+            lambda: a_metrics.redis_locks.labels("acquired")._value.get() >= 1, 20, "A's lock"
         )
         second = asyncio.ensure_future(
             b.post("/v1/audio/speech", json={**speech(text), "stream": stream})
         )
-        await wait_until(
-            lambda: b_metrics.redis_locks.labels("contended")._value.get() >= 1, "B waiting"
+        await until(
+            lambda: b_metrics.redis_locks.labels("contended")._value.get() >= 1, 20, "B waiting"
         )
     finally:
         counting_engine.release.set()

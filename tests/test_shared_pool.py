@@ -19,7 +19,7 @@ from synth.errors import EngineDead, UnspeakableInput
 from synth.runner import ThreadRunner
 from synth.scheduler import Scheduler
 from synth.shared_pool import PoolServer, RemotePool, identity, item_from_json, item_to_json
-from tests.support import CountingEngine, ToneEngine
+from tests.support import CountingEngine, ToneEngine, until
 
 
 @pytest.fixture
@@ -44,9 +44,7 @@ class Host:
     async def until(self, condition: Callable[[], bool]) -> None:
         """Wait (bounded) until ``condition()`` holds: the pool's state is polled, as nothing
         in it signals a test."""
-        async with asyncio.timeout(10):
-            while not condition():  # noqa: ASYNC110 - the pool has no event to await
-                await asyncio.sleep(0.005)
+        await until(condition, 10, "the pool's state")
 
 
 @pytest.fixture

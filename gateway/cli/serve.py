@@ -122,6 +122,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         eventloop.resolve(settings.event_loop)
     except eventloop.EventLoopUnavailable as exc:
         raise SettingsError(f"setting 'event_loop': {exc}") from exc
+    if args.serve_pool or topology.gateway_processes == 1 or args.worker_of is not None:
+        # A process that serves (not the supervisor): before its threads start.
+        from gateway.runtime.heap import tune_malloc
+
+        log.debug("malloc set up: %s", tune_malloc() or "as the environment or platform has it")
     if args.serve_pool:
         from gateway.runtime.poolhost import serve_pool
 
