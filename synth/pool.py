@@ -225,6 +225,29 @@ class WorkerDied(Exception):
     """The worker process ended while it held a batch (internal: triggers the retry)."""
 
 
+class BatchClock:
+    """The engine-side figures of one batch, told from the pool thread that reads its reply: the
+    busy-workers gauge while it runs, and its time when it succeeded. (The scheduler's own clock
+    would count the time a pipelined batch waits in the pipe behind another.)"""
+
+    def __init__(self, metrics: Metrics, model: str) -> None:
+        self.metrics = metrics
+        self.model = model
+        self.started = 0.0
+
+    def start(self) -> None:
+        self.started = time.perf_counter()
+        self.metrics.busy_workers.labels(self.model).inc()
+
+    def end(self, ok: bool) -> None:
+        m = self.metrics
+        m.busy_workers.labels(self.model).dec()
+        if ok:
+            elapsed = time.perf_counter() - self.started
+            m.synthesis_seconds.labels(self.model).observe(elapsed)
+            m.synthesis_busy_seconds.labels(self.model).inc(elapsed)
+
+
 class _Worker:
     """One worker process and the parent's end of its pipe."""
 
@@ -244,6 +267,16 @@ class _Worker:
         # while close() kills what is left): the pipe must be closed once, or the second close
         # hits a descriptor number the process may already have reused (EBADF in a CI run).
         self._closing = threading.Lock()
+        # Batches are pipelined (WorkerPool.pipeline): a second batch is written to the pipe while
+        # the first runs, and the worker reads it the moment it has sent its reply. Replies come
+        # back in the order the batches went in; each caller reads its own in turn.
+        self._order = threading.Condition()
+        self._sent = 0  # batches written to the pipe
+        self._read = 0  # replies read, or given up on
+        # Once a reply could not be read cleanly the pipe's state is unknown: nothing more is
+        # read from it, and the batches behind fail as if the worker had died (and are retried).
+        self.broken = False
+        self.replaced = False  # the pool has retired it (event loop only)
         self.process = ctx.Process(
             target=_worker_main,
             args=(spec, threads, child, log_setup),
@@ -286,11 +319,58 @@ class _Worker:
                 ) from None
             raise WorkerDied(f"synthesis worker {self.index} died") from exc
 
-    def call(self, items: Sequence[SynthesisItem], timeout_s: float) -> list[Audio]:
-        """Run one batch (blocking). ``WorkerDied`` on death, ``TimeoutError`` past the bound,
-        :class:`BadReply` for a reply that cannot be trusted."""
+    def call(
+        self,
+        items: Sequence[SynthesisItem],
+        timeout_s: float,
+        clock: BatchClock | None = None,
+    ) -> list[Audio]:
+        """Run one batch (blocking). ``WorkerDied`` on death (or when the pipe broke under an
+        earlier batch), ``TimeoutError`` past the bound, :class:`BadReply` for a reply that
+        cannot be trusted. ``timeout_s`` counts from this batch's turn: when the reply before it
+        has been read, which is when the worker starts on it; ``clock`` is told then and when
+        the reply is in."""
+        with self._order:
+            if self.broken:
+                raise WorkerDied(f"synthesis worker {self.index} is being replaced")
+            ticket = self._sent
+            try:
+                self.conn.send(list(items))
+            except (EOFError, OSError) as exc:
+                self._break()
+                raise WorkerDied(f"synthesis worker {self.index} died") from exc
+            self._sent += 1
+            while self._read != ticket and not self.broken:
+                self._order.wait()
+            if self.broken:
+                raise WorkerDied(f"synthesis worker {self.index} died under an earlier batch")
+        clean = ok = False
+        if clock is not None:
+            clock.start()
         try:
-            self.conn.send(list(items))
+            result = self._reply(items, timeout_s)
+            clean = ok = True
+        except SynthesisError:
+            clean = True  # the engine refused this batch: a whole, well-formed reply was read
+            raise
+        finally:
+            with self._order:
+                self._read += 1
+                if not clean:
+                    self.broken = True
+                self._order.notify_all()
+            if clock is not None:
+                clock.end(ok)
+        return result
+
+    def _break(self) -> None:
+        with self._order:
+            self.broken = True
+            self._order.notify_all()
+
+    def _reply(self, items: Sequence[SynthesisItem], timeout_s: float) -> list[Audio]:
+        """Read and check this batch's reply (its turn has come)."""
+        try:
             answered = self.conn.poll(timeout_s)
         except (EOFError, OSError) as exc:
             raise WorkerDied(f"synthesis worker {self.index} died") from exc
@@ -323,11 +403,15 @@ class _Worker:
         if self.process.is_alive():
             self.process.kill()
         self.process.join(5)
+        # Then (a send blocked on a full pipe holds the lock until the process is gone): the
+        # batches waiting for their turn fail now.
+        self._break()
         self._close_pipe()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Close the pipe (the worker exits on EOF); kill it if it does not."""
         self._close_pipe()
+        self._break()
         self.process.join(timeout_s)
         if self.process.is_alive():
             self.process.kill()
@@ -359,9 +443,17 @@ class WorkerPool:
         start_timeout_s: float = 600.0,
         max_reply_bytes: int = 64 * 1024 * 1024,
         log_setup: LogSetup | None = None,
+        pipeline: int = 1,
     ) -> None:
         if not specs:
             raise ValueError("a worker pool needs at least one engine spec")
+        if pipeline < 1:
+            raise ValueError("pipeline must be >= 1")
+        # Batches in flight per worker: with 2, the next batch waits in the worker's pipe while
+        # one runs, so the worker starts it as soon as its reply is sent, not after the event loop
+        # has taken the reply and handed out the next batch (a gap of several loop turns under
+        # load). The scheduler then runs ``concurrency`` (size x pipeline) batches at once.
+        self.pipeline = pipeline
         self.model = model
         self.engine = engine
         self.specs = list(specs)
@@ -382,7 +474,7 @@ class WorkerPool:
         # Blocking pipe reads and process joins run here, never on the event loop: one thread per
         # worker in flight plus one per worker (re)starting.
         self._threads = concurrent.futures.ThreadPoolExecutor(
-            2 * len(self.specs) + 2, thread_name_prefix=f"pool-{model}"
+            (pipeline + 1) * len(self.specs) + 2, thread_name_prefix=f"pool-{model}"
         )
         self._closed = False
 
@@ -390,6 +482,20 @@ class WorkerPool:
     def size(self) -> int:
         """Workers the pool keeps."""
         return len(self.specs)
+
+    @property
+    def concurrency(self) -> int:
+        """Batches the pool takes at once: ``pipeline`` per worker."""
+        return self.size * self.pipeline
+
+    # The scheduler leaves the busy-workers gauge and the batch timings to the pool: a batch
+    # waiting in a worker's pipe is in flight but not running.
+    times_batches = True
+
+    def _offer(self, worker: _Worker, slots: int = 1) -> None:
+        """Make ``slots`` of ``worker``'s pipeline free for batches."""
+        for _ in range(slots):
+            self._idle.put_nowait(worker)
 
     @property
     def ready_workers(self) -> int:
@@ -436,7 +542,7 @@ class WorkerPool:
         for w in workers:
             if isinstance(w, _Worker):
                 self._workers[w.index] = w
-                self._idle.put_nowait(w)
+                self._offer(w, self.pipeline)
         if failures:
             await self.close()
             raise failures[0]
@@ -449,7 +555,12 @@ class WorkerPool:
         )
 
     def _replace(self, worker: _Worker, reason: str) -> None:
-        """Kill ``worker`` and start its successor in the background."""
+        """Kill ``worker`` and start its successor in the background (once per worker: the
+        batches behind a failed one report the same worker again)."""
+        if worker.replaced:
+            return
+        worker.replaced = True
+        self._withdraw(worker)
         if self._workers.get(worker.index) is worker:
             del self._workers[worker.index]
         self._retiring.add(worker)
@@ -460,6 +571,16 @@ class WorkerPool:
         task = asyncio.create_task(self._respawn(worker), name=f"respawn-{self.model}")
         self._replacing.add(task)
         task.add_done_callback(self._replacing.discard)
+
+    def _withdraw(self, worker: _Worker) -> None:
+        """Take ``worker``'s free slots out of the idle queue (the others keep their order)."""
+        kept = []
+        while not self._idle.empty():
+            slot = self._idle.get_nowait()
+            if slot is not worker:
+                kept.append(slot)
+        for slot in kept:
+            self._idle.put_nowait(slot)
 
     async def _respawn(self, old: _Worker) -> None:
         loop = asyncio.get_running_loop()
@@ -480,7 +601,7 @@ class WorkerPool:
                 await loop.run_in_executor(self._threads, worker.stop)
                 return
             self._workers[old.index] = worker
-            self._idle.put_nowait(worker)
+            self._offer(worker, self.pipeline)
             log.info("synthesis worker %d replaced (pid %s)", old.index, worker.pid)
             return
 
@@ -495,6 +616,8 @@ class WorkerPool:
                 worker = await asyncio.wait_for(self._idle.get(), remaining)
             except TimeoutError:
                 raise EngineDead("no synthesis worker became available") from None
+            if worker.replaced:
+                continue  # a slot of a worker already retired: its successor brings its own
             if worker.process.is_alive():
                 return worker
             self._replace(worker, "died")
@@ -509,7 +632,11 @@ class WorkerPool:
             healthy = False
             try:
                 result = await loop.run_in_executor(
-                    self._threads, worker.call, list(items), self.batch_timeout_s
+                    self._threads,
+                    worker.call,
+                    list(items),
+                    self.batch_timeout_s,
+                    BatchClock(self.metrics, self.model),
                 )
                 healthy = True
                 return result
@@ -547,8 +674,8 @@ class WorkerPool:
                     "it was replaced"
                 ) from None
             finally:
-                if healthy:
-                    self._idle.put_nowait(worker)
+                if healthy and not worker.replaced:
+                    self._offer(worker)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def close(self) -> None:

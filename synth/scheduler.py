@@ -234,7 +234,9 @@ class Scheduler:
         # A runner in another process that counts its own syntheses (synth.shared_pool) is not
         # counted here too: the host's figures would double.
         counts = bool(getattr(self.runner, "counts_syntheses", True))
-        if counts:
+        # A runner that pipelines batches (synth.pool) times them itself, from when each runs.
+        timed = counts and not getattr(self.runner, "times_batches", False)
+        if timed:
             m.busy_workers.labels(self.model).inc()
         started = time.perf_counter()
         split = False
@@ -290,16 +292,17 @@ class Scheduler:
                     p.future.set_exception(err)
             return
         finally:
-            if counts:
+            if timed:
                 m.busy_workers.labels(self.model).dec()
         if split:
             for p in batch:
                 await self._run([p])
             return
         elapsed = time.perf_counter() - started
-        if counts:
+        if timed:
             m.synthesis_seconds.labels(self.model).observe(elapsed)
             m.synthesis_busy_seconds.labels(self.model).inc(elapsed)
+        if counts:
             m.syntheses.labels(self.model, "ok").inc(len(batch))
         for p, audio in zip(batch, outputs, strict=True):
             if counts:

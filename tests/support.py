@@ -241,6 +241,12 @@ class ToneEngine:
         return {"engine": "tone", "mode": "test"}
 
 
+class BatchingToneEngine(ToneEngine):
+    """:class:`ToneEngine` declaring that it batches exactly (as Coqui's torch engine does)."""
+
+    max_exact_batch = 8
+
+
 class ServerThread:
     """A gateway served by an aiohttp ``AppRunner`` on its own event loop in a thread: one real
     server on loopback that a whole test module shares (``start()``, then ``port``; ``stop()``).

@@ -21,7 +21,7 @@ from synth.engine import SynthesisItem
 from synth.errors import EngineDead, EngineError, SynthesisTimeout
 from synth.pool import BadReply, EngineSpec, WorkerPool, decode_reply, encode_reply
 from tests.conftest import GatewayFactory
-from tests.support import ToneEngine
+from tests.support import ToneEngine, until
 
 TONE = "tests.support:ToneEngine"
 
@@ -32,6 +32,7 @@ def tone_pool(
     delay_s: float = 0.0,
     timeout_s: float = 30.0,
     max_reply_bytes: int = 64 * 1024 * 1024,
+    pipeline: int = 1,
 ) -> WorkerPool:
     spec = EngineSpec(TONE, {"delay_s": delay_s})
     return WorkerPool(
@@ -41,6 +42,7 @@ def tone_pool(
         metrics,
         batch_timeout_s=timeout_s,
         max_reply_bytes=max_reply_bytes,
+        pipeline=pipeline,
     )
 
 
@@ -48,7 +50,8 @@ async def wait_for_workers(pool: WorkerPool, count: int, within_s: float) -> flo
     """Seconds until ``count`` workers are live and idle again; fails past ``within_s``."""
     started = time.monotonic()
     while time.monotonic() - started < within_s:
-        if pool.ready_workers == count and pool._idle.qsize() == count:
+        # Each worker offers one slot per batch it may hold (a second waits in its pipe).
+        if pool.ready_workers == count and pool._idle.qsize() == count * pool.pipeline:
             return time.monotonic() - started
         await asyncio.sleep(0.05)
     raise AssertionError(f"pool not back to {count} workers within {within_s}s")
@@ -104,6 +107,111 @@ async def test_hanging_batch_times_out_and_worker_is_replaced(metrics: Metrics) 
         assert len(await pool.run_batch([SynthesisItem("after", "beep")])) == 1
     finally:
         await pool.close()
+
+
+# ---- pipelined batches: a second batch waits in the worker's pipe ------------------------------
+
+
+def in_pipe(pool: WorkerPool) -> int:
+    """Batches written to the (one) worker's pipe whose replies are not read yet."""
+    (worker,) = pool._workers.values()
+    return worker._sent - worker._read
+
+
+def busy(metrics: Metrics) -> float:
+    value = metrics.registry.get_sample_value("voxgate_synthesis_busy_workers", {"model": "tone"})
+    return value or 0.0
+
+
+async def test_pipelined_batches_each_get_their_own_reply(metrics: Metrics) -> None:
+    pool = tone_pool(metrics, workers=1, delay_s=0.2, pipeline=2)
+    await pool.start()
+    try:
+        texts = ["a", "bbbbbbbb", "ccc", "dddddddddddddddd", "ee", "f" * 30]
+        runs = [asyncio.ensure_future(pool.run_batch([SynthesisItem(t, "beep")])) for t in texts]
+        await until(lambda: in_pipe(pool) == 2, 10, "two batches in the worker's pipe")
+        assert busy(metrics) == 1  # the one running, not the one waiting behind it
+        audios = await asyncio.gather(*runs)
+        assert [len(a.pcm) for (a,) in audios] == [160 * (len(t) + 1) for t in texts]
+        assert busy(metrics) == 0
+        assert in_pipe(pool) == 0
+    finally:
+        await pool.close()
+
+
+async def test_the_batch_timeout_counts_from_a_batchs_turn(metrics: Metrics) -> None:
+    # Each batch runs 0.8 s; the second waits 0.8 s in the pipe first: 1.6 s after it was sent,
+    # past the 1.2 s bound, yet it ran for 0.8 s only and must not time out.
+    pool = tone_pool(metrics, workers=1, delay_s=0.8, timeout_s=1.2, pipeline=2)
+    await pool.start()
+    try:
+        first, second = await asyncio.gather(
+            pool.run_batch([SynthesisItem("one", "beep")]),
+            pool.run_batch([SynthesisItem("two", "beep")]),
+        )
+        assert (len(first), len(second)) == (1, 1)
+        assert restarts(metrics, "timeout") == 0
+    finally:
+        await pool.close()
+
+
+async def test_a_death_with_two_batches_in_the_pipe_retries_both(metrics: Metrics) -> None:
+    pool = tone_pool(metrics, workers=1, delay_s=0.5, pipeline=2)
+    await pool.start()
+    try:
+        runs = [
+            asyncio.ensure_future(pool.run_batch([SynthesisItem(t, "beep")]))
+            for t in ("first", "second")
+        ]
+        await until(lambda: in_pipe(pool) == 2, 10, "two batches in the worker's pipe")
+        os.kill(pool.worker_pids()[0], signal.SIGKILL)
+        (a,), (b,) = await asyncio.wait_for(asyncio.gather(*runs), 60)
+        assert (len(a.pcm), len(b.pcm)) == (160 * 6, 160 * 7)
+        assert restarts(metrics, "died") == 1  # one worker, replaced once
+        await wait_for_workers(pool, 1, 10)
+    finally:
+        await pool.close()
+
+
+async def test_a_bad_reply_sends_the_batch_behind_it_to_a_retry(metrics: Metrics) -> None:
+    pool = tone_pool(metrics, workers=1, delay_s=0.5, pipeline=2)
+    await pool.start()
+    try:
+        poisoned = asyncio.ensure_future(pool.run_batch([SynthesisItem("stereo", "beep")]))
+        await until(lambda: in_pipe(pool) == 1, 10, "the poisoned batch sent")
+        behind = asyncio.ensure_future(pool.run_batch([SynthesisItem("behind", "beep")]))
+        await until(lambda: in_pipe(pool) == 2, 10, "a batch behind it in the pipe")
+        with pytest.raises(EngineError):
+            await poisoned
+        (audio,) = await asyncio.wait_for(behind, 60)
+        assert len(audio.pcm) == 160 * 7  # read from the replacement, not the broken pipe
+        assert restarts(metrics, "bad_reply") == 1
+        assert restarts(metrics, "died") == 0
+    finally:
+        await pool.close()
+
+
+@pytest.mark.parametrize(
+    ("engine", "max_batch", "pipeline"),
+    [("ToneEngine", 0, 2), ("ToneEngine", 4, 2), ("BatchingToneEngine", 4, 1)],
+)
+async def test_one_item_engines_get_a_batch_waiting_in_each_pipe(
+    gateway: GatewayFactory,
+    settings: Settings,
+    engine: str,
+    max_batch: int,
+    pipeline: int,
+) -> None:
+    """A batch formed while its worker is busy would be a smaller one: an engine that batches
+    (max batch > 1) gets no pipeline; one-item engines (Piper) get two batches per worker."""
+    spec = EngineSpec(f"tests.support:{engine}", {})
+    client = await gateway(
+        settings=pool_settings(settings, max_batch=max_batch), engines={"tone": [spec, spec]}
+    )
+    scheduler = client.app[keys.SPEECH].models["tone"].scheduler
+    assert isinstance(scheduler.runner, WorkerPool)
+    assert scheduler.runner.pipeline == pipeline
+    assert scheduler.concurrency == 2 * pipeline
 
 
 def pool_settings(settings: Settings, **changes: object) -> Settings:

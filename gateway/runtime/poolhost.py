@@ -48,7 +48,9 @@ async def serve_pool(settings: Settings, path: str, parent_pid: int | None) -> N
         log.info(
             "synthesis pool ready on %s: %s",
             path,
-            ", ".join(f"{name} ({h.scheduler.concurrency} workers)" for name, h in handles.items()),
+            ", ".join(
+                f"{name} ({_workers(h.scheduler.runner)} workers)" for name, h in handles.items()
+            ),
         )
         try:
             await stop.wait()
@@ -65,3 +67,8 @@ async def serve_pool(settings: Settings, path: str, parent_pid: int | None) -> N
 def _unlink(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         Path(path).unlink()
+
+
+def _workers(runner: object) -> int:
+    """Worker processes behind a runner (a pool's size; 1 for an engine in this process)."""
+    return int(getattr(runner, "size", 1))
