@@ -15,9 +15,26 @@ T = TypeVar("T")
 async def bounded(aw: Awaitable[T], timeout_s: float) -> T:
     """``await aw`` within ``timeout_s`` (``TimeoutError`` after). ``asyncio.timeout`` runs it
     in the caller's task, where ``wait_for`` (before Python 3.12) wraps it in a new task:
-    a measurable part of a tier hit."""
-    async with asyncio.timeout(timeout_s):
-        return await aw
+    a measurable part of a tier hit.
+
+    A timeout that meets a *subclass* of ``CancelledError`` is a timeout too. ``wait_for2``
+    (which pipecat installs as ``asyncio.wait_for`` on Python < 3.12, so redis-py uses it once
+    pipecat is imported) raises ``CancelledWithResultError`` when our timeout's cancellation
+    races a send it was wrapping; Python 3.11's ``asyncio.timeout`` turns only ``CancelledError``
+    itself into ``TimeoutError`` (3.12 turns any subclass), so the subclass would leave as a
+    cancellation of the whole request (seen in a clean-clone run: a Redis Cluster lock call).
+    """
+    task = asyncio.current_task()
+    cancelling = task.cancelling() if task is not None else 0
+    timeout = asyncio.timeout(timeout_s)
+    try:
+        async with timeout:
+            return await aw
+    except asyncio.CancelledError as exc:
+        # Ours when the timeout fired and no one else asked to cancel the task (3.12's rule).
+        if timeout.expired() and (task is None or task.cancelling() <= cancelling):
+            raise TimeoutError(f"not done within {timeout_s:g} s") from exc
+        raise
 
 
 class TierError(Exception):

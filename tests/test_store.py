@@ -7,13 +7,14 @@ import time
 from pathlib import Path
 
 import pytest
+from wait_for2.impl import CancelledWithResultError
 
 from cache.disk import DiskTier
 from cache.entry import Entry
 from cache.keys import master_key, normalize_text, rendition_key
 from cache.memory import MemoryTier
 from cache.store import TieredStore
-from cache.tier import PurgeFilter
+from cache.tier import PurgeFilter, bounded
 from metrics import Metrics
 
 
@@ -271,3 +272,34 @@ async def test_the_cache_directory_is_private(tmp_path: Path) -> None:
     disk = await open_disk(shared)
     assert shared.stat().st_mode & 0o777 == 0o700
     await disk.close()
+
+
+# ---- bounded(): a tier call's timeout ---------------------------------------------------------
+
+
+async def _cancelled_with_result(waiting: asyncio.Event | None = None) -> None:
+    """Waits; cancelled, it raises what wait_for2 raises when a cancellation races a completion."""
+    if waiting is not None:
+        waiting.set()
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        raise CancelledWithResultError(None, False) from None
+
+
+async def test_a_timeout_meeting_a_cancelled_subclass_is_a_timeout() -> None:
+    """wait_for2 (pipecat's asyncio.wait_for on Python < 3.12, used by redis-py then) answers
+    our timeout's cancellation with CancelledWithResultError; it must read as the timeout, as
+    Python 3.12's asyncio.timeout would have it, not cancel the request (a clean-clone failure
+    of test_two_replicas_produce_once[cluster])."""
+    with pytest.raises(TimeoutError):
+        await bounded(_cancelled_with_result(), 0.01)
+
+
+async def test_a_real_cancellation_through_bounded_stays_a_cancellation() -> None:
+    waiting = asyncio.Event()
+    task = asyncio.ensure_future(bounded(_cancelled_with_result(waiting), 30))
+    await waiting.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
