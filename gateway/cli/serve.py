@@ -122,8 +122,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         eventloop.resolve(settings.event_loop)
     except eventloop.EventLoopUnavailable as exc:
         raise SettingsError(f"setting 'event_loop': {exc}") from exc
-    if args.serve_pool or topology.gateway_processes == 1 or args.worker_of is not None:
-        # A process that serves (not the supervisor): before its threads start.
+    supervisor = topology.gateway_processes > 1 and args.worker_of is None and not args.serve_pool
+    if not supervisor:
+        # A process that serves (a gateway or the pool host): before its threads start.
         from gateway.runtime.heap import tune_malloc
 
         log.debug("malloc set up: %s", tune_malloc() or "as the environment or platform has it")
