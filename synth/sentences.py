@@ -28,6 +28,11 @@ import pysbd
 
 from synth.audio import FloatPCM
 
+# A text no segmenter splits: ASCII letters, digits, commas, apostrophes and single spaces, with
+# at most one ``.``, ``!`` or ``?``, at the end. pysbd returns such a text whole (checked against
+# it in tests/test_sentences.py), after 0.15 ms of rules idle and 0.5 ms on a loaded host.
+_ONE_SENTENCE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9,']| (?=[A-Za-z0-9,']))*[.!?]?")
+
 
 class SentenceSplitter:
     """Splits normalized text into normalized sentences.
@@ -47,6 +52,15 @@ class SentenceSplitter:
             self._local.segmenter = seg
         return seg
 
+    @staticmethod
+    def whole(text: str, max_chars: int | None = None) -> bool:
+        """Whether ``text`` is one sentence on its face: no sentence can end inside it, and it is
+        within ``max_chars``. Then :meth:`split` returns it whole without running pysbd, and it
+        is cheap enough to split on the event loop (most prompts and bot replies of a miss)."""
+        return (max_chars is None or len(text) <= max_chars) and (
+            _ONE_SENTENCE.fullmatch(text) is not None
+        )
+
     def split(self, text: str, max_chars: int | None = None) -> list[str]:
         """The sentences of ``text`` (already whitespace-normalized), stripped, none empty, each
         at most ``max_chars`` long (longer ones cut by :func:`bound_length`).
@@ -54,6 +68,8 @@ class SentenceSplitter:
         Joining the result with single spaces gives ``text`` back, so nothing is dropped (a word
         longer than ``max_chars`` is the one exception: it is cut where it must be).
         """
+        if self.whole(text, max_chars):
+            return [text]
         parts = self._sentences(text)
         if max_chars is None or all(len(p) <= max_chars for p in parts):
             return parts

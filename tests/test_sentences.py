@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 import soundfile as sf
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.runtime.settings import Settings
 from metrics import Metrics
@@ -44,6 +46,41 @@ def test_splitter_keeps_abbreviations_and_every_character() -> None:
     assert splitter.split("Hi. ... Bye.") == ["Hi. ...", "Bye."]
     assert splitter.split("... Hi there. Bye.") == ["... Hi there.", "Bye."]
     assert splitter.split("?!") == ["?!"]
+
+
+# Words pysbd has rules for (abbreviations, list markers, roman numerals, initials, ordinals)
+# beside plain ones, so the texts below reach its rules rather than only its plain path.
+_RULE_WORDS = ["Mr", "Dr", "St", "No", "vs", "e", "i", "a", "iv", "II", "Inc", "U", "S", "Jan"]
+_PLAIN_WORDS = ["ticket", "call", "1", "12", "1st", "O'Neil", "it's", "'", ",", "x,", "3rd"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    words=st.lists(st.sampled_from(_RULE_WORDS + _PLAIN_WORDS), min_size=1, max_size=10),
+    end=st.sampled_from(["", ".", "!", "?"]),
+    lang=st.sampled_from(["en", "de", "fr", "es"]),
+)
+def test_a_text_whole_on_its_face_is_what_pysbd_returns(
+    words: list[str], end: str, lang: str
+) -> None:
+    """The splitter's fast path (no pysbd run for a text that cannot hold a sentence end) gives
+    exactly what pysbd's rules give, for every text it takes."""
+    splitter = sentences.SentenceSplitter(lang)
+    text = " ".join(words) + end
+    if not splitter.whole(text):
+        return
+    assert splitter._sentences(text) == [text]  # pysbd, past the fast path
+    assert splitter.split(text) == [text]
+
+
+def test_the_fast_path_takes_only_texts_without_an_inner_sentence_end() -> None:
+    whole = sentences.SentenceSplitter.whole
+    assert whole("Thank you for calling the support line, ticket 1234.")
+    assert whole("Hi, it's me!")
+    for text in ("Hi. You", "Dr. Smith came", "a  b", " a", "a ", "", "3.5 dollars", "Why?!"):
+        assert not whole(text), text
+    assert not whole("a" * 301, max_chars=300)  # past the bound: bound_length cuts it
+    assert whole("a" * 300, max_chars=300)
 
 
 def test_join_puts_the_pause_between_sentences_only() -> None:
