@@ -213,3 +213,28 @@ def test_rates_round_up_to_what_the_codec_runs_at() -> None:
     assert audio.output_rate(audio.FORMATS["opus"], 22050, None) == 24000
     assert audio.output_rate(audio.FORMATS["wav"], 22050, 10000) == 10000
     assert audio.output_rate(audio.FORMATS["ulaw"], 22050, None) == 8000
+
+
+@pytest.mark.parametrize("rate", [8000, 22050, 24000, 48000])
+def test_wav_is_byte_for_byte_what_libsndfile_writes(rate: int) -> None:
+    """WAV is built by hand (libsndfile wrote it through a Python callback per block), and must
+    stay the file libsndfile writes: stored renditions and their ETags do not change."""
+    rng = np.random.default_rng(rate)
+    for n in (0, 1, 999, 66150):
+        pcm = (rng.standard_normal(n) * 0.6).astype(np.float32)  # some samples clip
+        buf = io.BytesIO()
+        sf.write(buf, audio.to_int16(pcm), rate, format="WAV", subtype="PCM_16")
+        assert audio.encode(pcm, rate, audio.FORMATS["wav"]) == buf.getvalue()
+
+
+def test_a_master_is_made_from_one_quantization() -> None:
+    """``master_of`` gives what ``as_stored`` and ``encode_master`` give apart, and the master
+    decodes to exactly the stored samples (what a later transcode reads)."""
+    rng = np.random.default_rng(7)
+    for n in (1, 1000, 66150):
+        pcm = (rng.standard_normal(n) * 0.6).astype(np.float32)
+        stored, master = audio.master_of(pcm, 22050)
+        assert stored.dtype == np.float32 and np.array_equal(stored, audio.as_stored(pcm))
+        assert master == audio.encode_master(pcm, 22050)
+        decoded, rate = audio.decode_master(master)
+        assert rate == 22050 and np.array_equal(decoded, stored)

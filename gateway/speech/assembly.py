@@ -339,14 +339,18 @@ class Assembler:
         req = prod.req
         loop = asyncio.get_running_loop()
         try:
-            texts, layout = await loop.run_in_executor(
-                self.encode_pool,
-                plan,
-                req,
-                self.splitter,
-                self.max_sentence_chars,
-                self.pause_ms,
-            )
+            if not req.segments and self.splitter.whole(req.text, self.max_sentence_chars):
+                # One sentence on its face: nothing to split, no trip to a thread and back.
+                texts, layout = plan(req, self.splitter, self.max_sentence_chars, self.pause_ms)
+            else:
+                texts, layout = await loop.run_in_executor(
+                    self.encode_pool,
+                    plan,
+                    req,
+                    self.splitter,
+                    self.max_sentence_chars,
+                    self.pause_ms,
+                )
         except BaseException as exc:
             prod.parts.set_exception(exc)
             raise
@@ -383,14 +387,6 @@ class Assembler:
         # On a failure the other sentences are left to finish: their masters are stored for the
         # retry, and a stream reader following them never sees a part cancelled under it.
         masters = await asyncio.gather(*parts)
-        rate_in = masters[0].sample_rate
-        if layout.exact:
-            pcm = layout.join([m.pcm for m in masters], rate_in)
-        else:
-            pcm = sentences.join([m.pcm for m in masters], rate_in, self.pause_s)
-        data = await loop.run_in_executor(
-            self.encode_pool, audio.render, pcm, rate_in, req.fmt, prod.rate
-        )
         synthesized = "miss" in outcomes
         outcome = "miss" if synthesized else "coalesced" if "coalesced" in outcomes else "hit"
         if not synthesized:
@@ -406,13 +402,36 @@ class Assembler:
                 "gaps_ms": layout.gaps_ms if layout.exact else (),
                 "trims": layout.trims if layout.exact else (),
             }
-        entry = req.entry(data, req.fmt, prod.rate, len(pcm) / rate_in, **recipe)
+        entry = await loop.run_in_executor(
+            self.encode_pool,
+            functools.partial(_rendition_entry, req, masters, layout, self.pause_s, prod.rate),
+            recipe,
+        )
         await self._store_put(prod.key, entry)
         if len(texts) > 1:
             log.debug(
                 "assembled key=%s sentences=%d synthesized=%s", prod.key, len(texts), synthesized
             )
         return entry, outcome
+
+
+def _rendition_entry(
+    req: SpeechRequest,
+    masters: list[Audio],
+    layout: Layout,
+    pause_s: float,
+    rate: int,
+    recipe: dict[str, Any],
+) -> Entry:
+    """The rendition of ``req`` made of ``masters`` (in order) and the entry that stores it: the
+    join, the encoding, its checksum and digest in one job off the loop."""
+    rate_in = masters[0].sample_rate
+    if layout.exact:
+        pcm = layout.join([m.pcm for m in masters], rate_in)
+    else:
+        pcm = sentences.join([m.pcm for m in masters], rate_in, pause_s)
+    data = audio.render(pcm, rate_in, req.fmt, rate)
+    return req.entry(data, req.fmt, rate, len(pcm) / rate_in, **recipe)
 
 
 def _consume(fut: asyncio.Future[Any]) -> None:

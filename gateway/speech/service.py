@@ -82,6 +82,14 @@ class ModelHandle:
         return self._voice_names
 
 
+def _master_entry(req: SpeechRequest, result: Audio) -> tuple[Audio, Entry]:
+    """Freshly synthesized audio as stored, and the master entry that stores it (runs off the
+    loop)."""
+    stored, master = audio.master_of(result.pcm, result.sample_rate)
+    entry = req.entry(master, audio.MASTER_FORMAT, result.sample_rate, result.duration_s)
+    return Audio(stored, result.sample_rate), entry
+
+
 class SpeechService:
     """Answers speech requests from the store, synthesizing each distinct master once."""
 
@@ -324,8 +332,7 @@ class SpeechService:
         The flag is True when this replica synthesized it, False when it was adopted."""
 
         async def produce() -> tuple[Audio, bool]:
-            result = await self._synthesize(req, mk, on_queued)
-            return Audio(audio.as_stored(result.pcm), result.sample_rate), True
+            return await self._synthesize(req, mk, on_queued), True
 
         if self.cross_replica is None:
             return await produce()
@@ -357,6 +364,8 @@ class SpeechService:
     async def _synthesize(
         self, req: SpeechRequest, mk: str, on_queued: Callable[[], None] | None = None
     ) -> Audio:
+        """Synthesize ``req`` (one sentence), store its master under ``mk`` and return the
+        audio as stored (:func:`audio.as_stored`)."""
         handle = self.models[req.model]
         if not handle.ready.is_set():
             raise Overloaded(f"model '{req.model}' is still loading", retry_after_s=2.0)
@@ -365,13 +374,12 @@ class SpeechService:
             # submit() queues the item before its first suspension; this runs right after.
             asyncio.get_running_loop().call_soon(on_queued)
         result = await handle.scheduler.submit(item)
-        loop = asyncio.get_running_loop()
-        master = await loop.run_in_executor(
-            self._encode_pool, audio.encode_master, result.pcm, result.sample_rate
+        # One job off the loop: the 16-bit samples once, the FLAC master from them, its checksum
+        # and digest (a miss's CPU here is taken from the synthesis workers on the same cores).
+        stored, entry = await asyncio.get_running_loop().run_in_executor(
+            self._encode_pool, _master_entry, req, result
         )
-        await self.store.put(
-            mk, req.entry(master, audio.MASTER_FORMAT, result.sample_rate, result.duration_s)
-        )
+        await self.store.put(mk, entry)
         log.info(
             "synthesized key=%s model=%s voice=%s audio_s=%.2f",
             mk,
@@ -379,7 +387,7 @@ class SpeechService:
             req.voice,
             result.duration_s,
         )
-        return result
+        return stored
 
     async def explain(self, req: SpeechRequest) -> dict[str, object]:
         """What ``req`` would say and where its audio lives, without synthesizing: its
