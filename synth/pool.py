@@ -99,6 +99,9 @@ def encode_reply(kind: str, header: Mapping[str, Any], pcm: Sequence[Any] = ()) 
     head = kind.encode() + b"\n" + json.dumps(header).encode()
     if kind != "ok":
         return head
+    # Spaces after the JSON (which it ignores) put the samples on a 4-byte boundary, so the
+    # gateway can read them in place instead of copying them out.
+    head += b" " * (-(len(head) + 1) % 4)
     return b"".join([head, b"\n", *(np.ascontiguousarray(p, dtype="<f4").tobytes() for p in pcm)])
 
 
@@ -109,19 +112,22 @@ class BadReply(Exception):
 def decode_reply(data: bytes, expected_items: int) -> tuple[str, Any]:
     """``("ok", [Audio...])``, ``("error", (kind, message))``, ``("ready", pid)`` or
     ``("failed", message)`` from one worker message; :class:`BadReply` for anything else."""
-    kind, sep, rest = data.partition(b"\n")
-    if not sep:
+    # Offsets, not partition(): a reply is hundreds of KB of samples, and each partition copied
+    # them (two copies and a third out of the buffer, on every miss).
+    kind_end = data.find(b"\n")
+    if kind_end < 0:
         raise BadReply("reply without a header")
+    kind = data[:kind_end]
     if kind == b"ok":
-        head, sep, samples = rest.partition(b"\n")
-        if not sep:
+        head_end = data.find(b"\n", kind_end + 1)
+        if head_end < 0:
             raise BadReply("ok reply without samples")
-        header = _json_object(head)
+        header = _json_object(data[kind_end + 1 : head_end])
         items = header.get("items")
         if not isinstance(items, list) or len(items) != expected_items:
             raise BadReply(f"reply has {_count(items)} items for a batch of {expected_items}")
         out: list[Audio] = []
-        offset = 0
+        offset = head_end + 1
         for item in items:
             if (
                 not isinstance(item, list)
@@ -133,18 +139,21 @@ def decode_reply(data: bytes, expected_items: int) -> tuple[str, Any]:
                 raise BadReply("reply item is not [samples, rate]")
             n, rate = item
             end = offset + 4 * n
-            if end > len(samples):
+            if end > len(data):
                 raise BadReply("reply shorter than its header says")
-            # A copy: a view would keep the whole reply alive as long as any one item.
-            pcm = np.frombuffer(samples, dtype="<f4", count=n, offset=offset).astype(np.float32)
+            pcm = np.frombuffer(data, dtype="<f4", count=n, offset=offset)
+            # Read in place (read-only) when the one item is the whole reply, aligned; else a
+            # copy, or a view would keep the whole reply alive as long as any one item.
+            if len(items) > 1 or offset % 4:
+                pcm = pcm.astype(np.float32)
             if not np.isfinite(pcm).all():
                 raise BadReply("reply holds samples that are not finite")
             out.append(Audio(pcm, rate))
             offset = end
-        if offset != len(samples):
+        if offset != len(data):
             raise BadReply("reply longer than its header says")
         return "ok", out
-    header = _json_object(rest)
+    header = _json_object(data[kind_end + 1 :])
     if kind == b"error":
         error_kind, message = header.get("kind"), header.get("message")
         if not isinstance(error_kind, str) or not isinstance(message, str):

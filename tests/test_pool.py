@@ -374,3 +374,25 @@ def test_a_reply_round_trips() -> None:
         encode_reply("error", {"kind": "EngineError", "message": message}), 1
     )
     assert (kind, error_kind, len(text)) == ("error", "EngineError", 500)
+
+
+def test_a_one_item_reply_is_read_in_place_and_several_are_copied() -> None:
+    """The samples of a one-item reply are read where they lie in the reply (the worker pads its
+    header to put them on a 4-byte boundary): no copy on the miss path. Several items are copied
+    out, so that one item does not keep the whole reply alive."""
+    import numpy as np
+
+    pcm = np.linspace(-1, 1, 1001, dtype=np.float32)
+    for header in ({"items": [[1001, 22050]]}, {"items": [[1001, 22050]], "pad": "x" * 5}):
+        data = encode_reply("ok", header, [pcm])
+        assert (data.index(b"\n", 3) + 1) % 4 == 0
+        (one,) = decode_reply(data, 1)[1]
+        assert np.array_equal(one.pcm, pcm) and one.pcm.base is not None
+        assert not one.pcm.flags.writeable  # a view of the reply's bytes
+    two = decode_reply(encode_reply("ok", {"items": [[1001, 22050]] * 2}, [pcm, pcm]), 2)[1]
+    assert all(a.pcm.flags.writeable and np.array_equal(a.pcm, pcm) for a in two)
+    # A reply whose samples do not start on a boundary (a worker of another version) is copied.
+    unaligned = b'ok\n{"items": [[1001, 22050]]}\n' + pcm.tobytes()
+    assert (unaligned.index(b"\n", 3) + 1) % 4
+    (odd,) = decode_reply(unaligned, 1)[1]
+    assert odd.pcm.flags.writeable and np.array_equal(odd.pcm, pcm)
