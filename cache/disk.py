@@ -44,9 +44,12 @@ _FRAME = struct.Struct(">4sI")
 _MAGIC = b"VXD1"
 
 
-def frame(blob: bytes) -> bytes:
-    """The disk value holding ``blob``."""
-    return _FRAME.pack(_MAGIC, crc32c(blob)) + blob
+def frame(entry: Entry) -> bytes:
+    """The disk value holding ``entry``: the frame header, then ``entry.to_blob()``, built with
+    one copy of the audio, not two (the CRC runs over the blob's head, then on over the audio)."""
+    head = entry.blob_head()
+    crc = crc32c(entry.audio, crc32c(head))
+    return b"".join([_FRAME.pack(_MAGIC, crc), head, entry.audio])
 
 
 def unframe(value: bytes) -> Entry:
@@ -175,7 +178,7 @@ class DiskTier:
         return await self._run(self._get_sync, key)
 
     def _put_sync(self, key: str, entry: Entry) -> None:
-        blob = frame(entry.to_blob())
+        blob = frame(entry)
         # Pinned entries have a quota, the tier's bound (the pinned flag may come from Redis, a
         # tier below, with a promotion): one past it goes to the bounded side, where it may be
         # evicted like any other, instead of growing the pinned side without limit.

@@ -232,14 +232,18 @@ class Entry:
         if not matches(self.audio, self.meta.checksum):
             raise CorruptEntry("checksum mismatch")
 
-    def to_blob(self) -> bytes:
-        """Serialize for a byte-oriented tier."""
+    def blob_head(self) -> bytes:
+        """The blob's bytes before the audio: the metadata's length and the metadata."""
         fields = asdict(self.meta)
         for name in ("gaps_ms", "trims"):
             if not fields[name]:
                 del fields[name]  # plain text's blobs stay readable by earlier versions
         meta = json.dumps(fields, separators=(",", ":")).encode()
-        return _LEN.pack(len(meta)) + meta + self.audio
+        return _LEN.pack(len(meta)) + meta
+
+    def to_blob(self) -> bytes:
+        """Serialize for a byte-oriented tier."""
+        return self.blob_head() + self.audio
 
     @classmethod
     def from_blob(cls, blob: bytes | memoryview, *, verify: bool = True) -> Entry:
