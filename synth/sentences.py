@@ -3,7 +3,8 @@
 Templated prompts ("Your balance is 42 dollars. Press 1 to repeat.") share most sentences, so each
 sentence is cached and synthesized on its own. pysbd is rule-based (abbreviations, decimals,
 initials: "Dr. Smith paid $4.50." stays one sentence) and costs about 0.2-1 ms per text, so callers
-run it off the event loop and only on a miss.
+run it off the event loop and only on a miss; a text that is one sentence on its face
+(:meth:`SentenceSplitter.whole`) skips it, and is cheap enough to split on the loop.
 
 A sentence longer than ``max_chars`` is cut further, at clause boundaries first (after ``,;:``
 and dashes), then between words, so no one engine run is asked for minutes of audio: an
