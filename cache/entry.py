@@ -8,7 +8,7 @@ import math
 import re
 import struct
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
 from crc32c import crc32c
 
@@ -159,7 +159,8 @@ class EntryMeta:
             object.__setattr__(self, "trims", tuple(self.trims))
 
 
-_META_FIELDS = frozenset(EntryMeta.__dataclass_fields__)
+_META_NAMES = tuple(EntryMeta.__dataclass_fields__)  # in field order
+_META_FIELDS = frozenset(_META_NAMES)
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,10 @@ class Entry:
 
     def blob_head(self) -> bytes:
         """The blob's bytes before the audio: the metadata's length and the metadata."""
-        fields = asdict(self.meta)
+        # A shallow dict, in field order (what asdict gives, without its deep copy of every
+        # tuple: 0.07 ms of a 0.4 ms disk put).
+        meta_ = self.meta
+        fields = {name: getattr(meta_, name) for name in _META_NAMES}
         for name in ("gaps_ms", "trims"):
             if not fields[name]:
                 del fields[name]  # plain text's blobs stay readable by earlier versions

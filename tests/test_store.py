@@ -259,6 +259,56 @@ async def test_an_entry_written_before_the_frame_is_still_read(tmp_path: Path) -
     await disk.close()
 
 
+def test_the_blob_head_is_the_metadata_as_dataclasses_writes_it() -> None:
+    """The blob's metadata is built by hand (asdict deep-copied every tuple), and must stay the
+    JSON it was: entries already stored, and replicas of the version before, read it."""
+    import dataclasses
+    import json
+    import struct
+
+    full = Entry.create(
+        b"abc",
+        content_type="audio/wav",
+        fmt="wav",
+        sample_rate=22050,
+        model="piper",
+        voice="joe",
+        pinned=True,
+        duration_s=3.25,
+        master="a" * 64,
+        parts=("b" * 64, "c" * 64),
+        pause_ms=250,
+        gaps_ms=(0, 250, 0),
+        trims=(False, True, False),
+    )
+    for e in (full, entry(b"x")):
+        fields = dataclasses.asdict(e.meta)
+        for name in ("gaps_ms", "trims"):
+            if not fields[name]:
+                del fields[name]
+        meta = json.dumps(fields, separators=(",", ":")).encode()
+        assert e.to_blob() == struct.pack(">I", len(meta)) + meta + e.audio
+        assert Entry.from_blob(e.to_blob()) == e
+
+
+async def test_a_large_value_is_one_file_holding_the_framed_entry(tmp_path: Path) -> None:
+    """A value of its own file (past diskcache's min_file_size) is written in one piece, and the
+    file holds exactly the frame: magic, CRC-32C, then the blob."""
+    from crc32c import crc32c
+
+    disk = await open_disk(tmp_path)
+    big = entry(bytes(range(256)) * 600)  # 150 KB, a 0x0A byte every 256
+    await disk.put("e" * 64, big)
+    path = await asyncio.to_thread(disk.path_of, "e" * 64)
+    assert path is not None
+    data = await asyncio.to_thread(path.read_bytes)
+    blob = big.to_blob()
+    assert data == b"VXD1" + crc32c(blob).to_bytes(4, "big") + blob
+    got = await disk.get("e" * 64)
+    assert got == big
+    await disk.close()
+
+
 async def test_the_cache_directory_is_private(tmp_path: Path) -> None:
     """Created 0700 (whoever can write a row there decides what is served); an existing one
     writable by others is tightened."""
