@@ -188,15 +188,11 @@ def render(pcm: FloatPCM, engine_rate: int, fmt: AudioFormat, rate: int) -> byte
 MASTER_FORMAT = FORMATS["flac"]
 
 
-def encode_master(pcm: FloatPCM, sample_rate: int) -> bytes:
-    """Encode the canonical master rendering."""
-    return encode(pcm, sample_rate, MASTER_FORMAT)
-
-
 def master_of(pcm: FloatPCM, sample_rate: int) -> tuple[FloatPCM, bytes]:
-    """Freshly synthesized ``pcm`` as stored (:func:`as_stored`) and its master
-    (:func:`encode_master`), from one quantization: the master holds the 16-bit samples, and the
-    stored PCM is those samples as soundfile decodes them."""
+    """Freshly synthesized ``pcm`` as stored, and its master, from one quantization: the master
+    is the 16-bit samples as FLAC, and the stored PCM is those samples exactly as soundfile
+    decodes the master (:func:`decode_master`), so audio rendered right after synthesis equals
+    audio rendered later from the store, byte for byte."""
     samples = to_int16(pcm)
     stored = samples.astype(np.float32)
     stored /= np.float32(32768.0)
@@ -429,10 +425,3 @@ class StreamEncoder:
 
 
 _RAW_G711 = {"ULAW": FORMATS["ulaw"], "ALAW": FORMATS["alaw-raw"]}
-
-
-def as_stored(pcm: FloatPCM) -> FloatPCM:
-    """``pcm`` exactly as it reads back from its stored master (16-bit, decoded the way soundfile
-    decodes it), so audio rendered right after synthesis equals audio rendered later from the
-    store, byte for byte."""
-    return to_int16(pcm).astype(np.float32) / np.float32(32768.0)

@@ -228,13 +228,18 @@ def test_wav_is_byte_for_byte_what_libsndfile_writes(rate: int) -> None:
 
 
 def test_a_master_is_made_from_one_quantization() -> None:
-    """``master_of`` gives what ``as_stored`` and ``encode_master`` give apart, and the master
-    decodes to exactly the stored samples (what a later transcode reads)."""
+    """``master_of``'s master is the FLAC of the clipped 16-bit samples, its stored PCM those
+    samples over 32768, and the master decodes to exactly the stored PCM (what a later
+    transcode reads)."""
     rng = np.random.default_rng(7)
     for n in (1, 1000, 66150):
-        pcm = (rng.standard_normal(n) * 0.6).astype(np.float32)
+        pcm = (rng.standard_normal(n) * 0.6).astype(np.float32)  # some samples clip
+        samples = (np.clip(pcm, -1.0, 1.0) * 32767.0).astype(np.int16)
         stored, master = audio.master_of(pcm, 22050)
-        assert stored.dtype == np.float32 and np.array_equal(stored, audio.as_stored(pcm))
-        assert master == audio.encode_master(pcm, 22050)
+        assert stored.dtype == np.float32
+        assert np.array_equal(stored, samples.astype(np.float32) / np.float32(32768.0))
+        buf = io.BytesIO()
+        sf.write(buf, samples, 22050, format="FLAC", subtype="PCM_16")
+        assert master == buf.getvalue()
         decoded, rate = audio.decode_master(master)
         assert rate == 22050 and np.array_equal(decoded, stored)

@@ -328,7 +328,7 @@ class SpeechService:
     ) -> tuple[Audio, bool]:
         """Master ``mk`` as stored, synthesized once; once across all replicas when Redis is
         configured (issue 4): another replica's master is adopted from Redis, decoded exactly as
-        :func:`audio.as_stored` renders a fresh one, so every replica sends the same bytes.
+        :func:`audio.master_of` renders a fresh one, so every replica sends the same bytes.
         The flag is True when this replica synthesized it, False when it was adopted."""
 
         async def produce() -> tuple[Audio, bool]:
@@ -365,7 +365,7 @@ class SpeechService:
         self, req: SpeechRequest, mk: str, on_queued: Callable[[], None] | None = None
     ) -> Audio:
         """Synthesize ``req`` (one sentence), store its master under ``mk`` and return the
-        audio as stored (:func:`audio.as_stored`)."""
+        audio as stored (:func:`audio.master_of`)."""
         handle = self.models[req.model]
         if not handle.ready.is_set():
             raise Overloaded(f"model '{req.model}' is still loading", retry_after_s=2.0)
