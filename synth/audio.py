@@ -204,11 +204,12 @@ def _flac16(samples: npt.NDArray[np.int16], sample_rate: int) -> bytes:
     it can: libsndfile then writes with plain syscalls. Into a BytesIO it calls back into Python
     for every block, and each callback waits for the GIL: beside a thread busy in Python, a 3 s
     master cost 2.3 ms of CPU (and 100 ms of waiting) against 1.3 ms through a memfd."""
-    if not hasattr(os, "memfd_create"):
+    try:
+        fd = os.memfd_create("voxgate-master", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):  # not Linux, or a sandbox that refuses the syscall
         buf = io.BytesIO()
         sf.write(buf, samples, sample_rate, format="FLAC", subtype="PCM_16")
         return buf.getvalue()
-    fd = os.memfd_create("voxgate-master", os.MFD_CLOEXEC)
     try:
         with sf.SoundFile(
             fd, "w", sample_rate, 1, format="FLAC", subtype="PCM_16", closefd=False

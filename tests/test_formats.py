@@ -227,10 +227,20 @@ def test_wav_is_byte_for_byte_what_libsndfile_writes(rate: int) -> None:
         assert audio.encode(pcm, rate, audio.FORMATS["wav"]) == buf.getvalue()
 
 
-def test_a_master_is_made_from_one_quantization() -> None:
+@pytest.mark.parametrize("memfd", ["available", "refused"])
+def test_a_master_is_made_from_one_quantization(
+    memfd: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``master_of``'s master is the FLAC of the clipped 16-bit samples, its stored PCM those
     samples over 32768, and the master decodes to exactly the stored PCM (what a later
-    transcode reads)."""
+    transcode reads). Where the memfd it is written through is refused (a sandbox), the same
+    bytes come through memory."""
+    if memfd == "refused":
+
+        def refuse(name: str, flags: int = 0) -> int:
+            raise PermissionError(1, "Operation not permitted")
+
+        monkeypatch.setattr("os.memfd_create", refuse)
     rng = np.random.default_rng(7)
     for n in (1, 1000, 66150):
         pcm = (rng.standard_normal(n) * 0.6).astype(np.float32)  # some samples clip
