@@ -339,18 +339,12 @@ class Assembler:
         req = prod.req
         loop = asyncio.get_running_loop()
         try:
+            args = (req, self.splitter, self.max_sentence_chars, self.pause_ms)
             if not req.segments and self.splitter.whole(req.text, self.max_sentence_chars):
                 # One sentence on its face: nothing to split, no trip to a thread and back.
-                texts, layout = plan(req, self.splitter, self.max_sentence_chars, self.pause_ms)
+                texts, layout = plan(*args)
             else:
-                texts, layout = await loop.run_in_executor(
-                    self.encode_pool,
-                    plan,
-                    req,
-                    self.splitter,
-                    self.max_sentence_chars,
-                    self.pause_ms,
-                )
+                texts, layout = await loop.run_in_executor(self.encode_pool, plan, *args)
         except BaseException as exc:
             prod.parts.set_exception(exc)
             raise
@@ -404,7 +398,12 @@ class Assembler:
             }
         entry = await loop.run_in_executor(
             self.encode_pool,
-            functools.partial(_rendition_entry, req, masters, layout, self.pause_s, prod.rate),
+            _rendition_entry,
+            req,
+            masters,
+            layout,
+            self.pause_s,
+            prod.rate,
             recipe,
         )
         await self._store_put(prod.key, entry)
