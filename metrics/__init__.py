@@ -372,8 +372,14 @@ class Metrics:
         )
         self.rate_limit_fallbacks = Counter(
             "voxgate_rate_limit_fallbacks_total",
-            "Rate-limit checks decided in this process because Redis was unreachable (the "
-            "limit then holds per replica, not across them).",
+            "Rate-limit checks decided without Redis because it was unreachable (the limit then "
+            "holds per host, not across replicas).",
+            registry=r,
+        )
+        self.host_table_full = Counter(
+            "voxgate_host_table_full_total",
+            "Rate-limit checks and queue shares counted in one gateway process because the host's "
+            "shared table had no room for the key or client (the limit then holds per process).",
             registry=r,
         )
 

@@ -8,7 +8,9 @@ Each client gets a bounded share of the queue: the caller names it in the :data:
 variable (the gateway sets it per request: an API key's name, else the client's address), and a
 client with ``max_per_client`` items waiting gets :class:`ClientQueueFull` (HTTP 429) for the next
 one, while other clients' misses still find room. Tasks inherit the variable, so every sentence
-of a text counts against the client whose request started its synthesis.
+of a text counts against the client whose request started its synthesis. The counts live in a
+:class:`ClientShares`: this process's by default; the gateway gives one that every gateway
+process of the host shares, so a client's share is the host's, not one per process.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import sys
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -38,6 +41,46 @@ log = logging.getLogger("voxgate.synth")
 
 # Who a synthesis is for; "" (not set: the CLI, catalogue warm-up) is bound by the queue only.
 CLIENT: contextvars.ContextVar[str] = contextvars.ContextVar("voxgate_client", default="")
+
+
+class ClientShares(Protocol):
+    """Where items waiting per client are counted."""
+
+    def take(self, client: str, limit: int) -> bool:
+        """Count one more item waiting for ``client`` if fewer than ``limit`` wait (True)."""
+        ...
+
+    def give(self, client: str) -> None:
+        """One item of ``client`` counted by :meth:`take` no longer waits."""
+        ...
+
+    def waiting_for(self, client: str) -> int:
+        """Items waiting for ``client``."""
+        ...
+
+
+class LocalShares:
+    """:class:`ClientShares` of this process alone."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+
+    def take(self, client: str, limit: int) -> bool:
+        count = self._counts.get(client, 0)
+        if count >= limit:
+            return False
+        self._counts[client] = count + 1
+        return True
+
+    def give(self, client: str) -> None:
+        left = self._counts.get(client, 0) - 1
+        if left > 0:
+            self._counts[client] = left
+        else:
+            self._counts.pop(client, None)
+
+    def waiting_for(self, client: str) -> int:
+        return self._counts.get(client, 0)
 
 
 class BatchRunner(Protocol):
@@ -76,13 +119,14 @@ class Scheduler:
         concurrency: int = 1,
         retry_after_s: float = 1.0,
         max_per_client: int | None = None,
+        shares: ClientShares | None = None,
     ) -> None:
         if max_queue < 1 or max_batch < 1 or concurrency < 1:
             raise ValueError("max_queue, max_batch and concurrency must be >= 1")
         if max_per_client is not None and max_per_client < 1:
             raise ValueError("max_per_client must be >= 1")
         self.max_per_client = max_per_client
-        self._per_client: dict[str, int] = {}
+        self.shares: ClientShares = shares if shares is not None else LocalShares()
         self.model = model
         self.runner = runner
         self.metrics = metrics
@@ -123,7 +167,7 @@ class Scheduler:
 
     def waiting_for(self, client: str) -> int:
         """Items ``client`` has waiting (not yet in a running batch)."""
-        return self._per_client.get(client, 0)
+        return self.shares.waiting_for(client)
 
     def _dequeued(self, p: _Pending) -> None:
         """``p`` no longer waits (taken into a batch, dropped, or cancelled): free its share."""
@@ -131,11 +175,7 @@ class Scheduler:
             return
         p.waiting = False
         if p.client:
-            left = self._per_client[p.client] - 1
-            if left:
-                self._per_client[p.client] = left
-            else:
-                del self._per_client[p.client]
+            self.shares.give(p.client)
 
     def _set_depth(self) -> None:
         self.metrics.queue_depth.labels(self.model).set(len(self._queue))
@@ -151,11 +191,8 @@ class Scheduler:
                 self.retry_after_s,
             )
         client = CLIENT.get()
-        if (
-            client
-            and self.max_per_client is not None
-            and self._per_client.get(client, 0) >= self.max_per_client
-        ):
+        limit = self.max_per_client if self.max_per_client is not None else sys.maxsize
+        if client and not self.shares.take(client, limit):
             self.metrics.client_rejected.labels(self.model).inc()
             raise ClientQueueFull(
                 f"this client already has {self.max_per_client} syntheses waiting for model "
@@ -165,7 +202,6 @@ class Scheduler:
         future: asyncio.Future[Audio] = asyncio.get_running_loop().create_future()
         pending = _Pending(item, future, client)
         if client:
-            self._per_client[client] = self._per_client.get(client, 0) + 1
             # A waiter that gives up frees its share at once, not when the loop gets to it.
             future.add_done_callback(lambda _: self._dequeued(pending))
         self._queue.append(pending)

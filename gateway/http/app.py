@@ -45,6 +45,7 @@ from gateway.runtime.accesslog import AccessLog
 from gateway.runtime.apikeys import Authenticator
 from gateway.runtime.buildinfo import record_build_info
 from gateway.runtime.components import open_speech
+from gateway.runtime.hostshare import HostShares, open_host_table
 from gateway.runtime.ratelimit import KeyLimits
 from gateway.runtime.settings import Settings
 from gateway.runtime.workers import WORKER_INDEX_ENV
@@ -112,6 +113,19 @@ def create_app(
         retry_redis_after_s=settings.redis_breaker_reset_ms / 1000,
     )
 
+    async def host_ctx(app: web.Application) -> AsyncIterator[None]:
+        # What the gateway processes of this host share without Redis (key budgets, queue
+        # shares): the supervisor's table, or this process's own (a file is opened: off the loop).
+        worker_index = int(os.environ.get(WORKER_INDEX_ENV, "0"))
+        table = await asyncio.to_thread(open_host_table, worker_index)
+        app[keys.HOST_TABLE] = table
+        app[keys.LIMITS].host = table
+        try:
+            yield
+        finally:
+            app[keys.LIMITS].host = None
+            table.close()
+
     async def auth_ctx(app: web.Application) -> AsyncIterator[None]:
         # Read off the loop; a keys file that cannot be used stops the start (serve checks it
         # earlier, so its error names the file rather than a traceback).
@@ -146,7 +160,9 @@ def create_app(
         await app[keys.ACCESS_LOG].close()
 
     async def speech_ctx(app: web.Application) -> AsyncIterator[None]:
-        async with open_speech(settings, app[keys.METRICS], engines) as service:
+        metrics = app[keys.METRICS]
+        shares = HostShares(app[keys.HOST_TABLE], metrics.host_table_full.inc)
+        async with open_speech(settings, metrics, engines, shares=shares) as service:
             app[keys.SPEECH] = service
             if settings.api_keys_file:
                 service.admit_synthesis = app[keys.LIMITS].admit_synthesis
@@ -168,6 +184,7 @@ def create_app(
         finally:
             await server.close()
 
+    app.cleanup_ctx.append(host_ctx)
     app.cleanup_ctx.append(auth_ctx)
     app.cleanup_ctx.append(access_log_ctx)
     app.cleanup_ctx.append(speech_ctx)

@@ -11,6 +11,7 @@ from gateway.http.observe import RequestObserver
 from gateway.http.presentation import Presentations
 from gateway.runtime.accesslog import AccessLog
 from gateway.runtime.apikeys import Authenticator
+from gateway.runtime.hostshare import HostTable
 from gateway.runtime.ratelimit import KeyLimits
 from gateway.runtime.settings import Settings
 from gateway.speech.catalogue import PinnedPrompts
@@ -53,5 +54,7 @@ CLIENT_NAME = web.RequestKey("client_name", str)
 AUTH = web.AppKey("auth", Authenticator)
 # Per-key request and character limits (shared through Redis when configured).
 LIMITS = web.AppKey("limits", KeyLimits)
+# What the gateway processes of this host share without Redis: key budgets and queue shares.
+HOST_TABLE = web.AppKey("host_table", HostTable)
 # Origins whose browser pages may call the gateway (cors_origins; empty: CORS off).
 CORS_ORIGINS = web.AppKey("cors_origins", frozenset[str])

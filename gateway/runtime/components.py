@@ -28,7 +28,7 @@ from synth.engine import Engine
 from synth.piper_engine import PiperVoiceFiles
 from synth.pool import EngineSpec, LogSetup, WorkerPool
 from synth.runner import ThreadRunner
-from synth.scheduler import Scheduler
+from synth.scheduler import ClientShares, Scheduler
 from synth.shared_pool import RemotePool
 
 log = logging.getLogger("voxgate")
@@ -140,6 +140,7 @@ async def open_models(
     engines: Mapping[str, Engine | Sequence[EngineSpec]] | None = None,
     *,
     wait_ready: bool = False,
+    shares: ClientShares | None = None,
 ) -> AsyncIterator[dict[str, ModelHandle]]:
     """Start a runner and a scheduler per engine and load + warm the engines in the background.
 
@@ -192,6 +193,7 @@ async def open_models(
                 retry_after_s=settings.retry_after_s,
                 # One text queues up to max_parallel_sentences at once: never its own obstacle.
                 max_per_client=max(settings.queue_per_client, settings.max_parallel_sentences),
+                shares=shares,
             )
             scheduler.start()
             ready = asyncio.Event()
@@ -280,11 +282,13 @@ async def open_speech(
     engines: Mapping[str, Engine | Sequence[EngineSpec]] | None = None,
     *,
     wait_ready: bool = False,
+    shares: ClientShares | None = None,
 ) -> AsyncIterator[SpeechService]:
-    """Store + models + the speech service over them."""
+    """Store + models + the speech service over them; ``shares`` counts each client's queue
+    share (this process's by default)."""
     async with (
         open_store(settings, metrics) as store,
-        open_models(settings, metrics, engines, wait_ready=wait_ready) as models,
+        open_models(settings, metrics, engines, wait_ready=wait_ready, shares=shares) as models,
     ):
         service = SpeechService(
             store,

@@ -5,10 +5,12 @@ Counting is the ``limits`` library's sliding-window counter (two counters per ke
 weighted: no burst of twice the limit at a window edge, and a cost of N characters is one
 increment, not N entries as a moving window stores). With ``redis_url`` set the counters live in
 Redis (atomic Lua scripts of the library), so every replica spends one budget per key; without
-it they live in this process. When Redis cannot be reached, checks fall back to this process's
-counters for ``redis_breaker_reset_ms`` before Redis is tried again: a limit is then enforced per
-replica (looser, never off), counted in ``voxgate_rate_limit_fallbacks_total`` and logged once per
-outage. All storage calls are async: the event loop never waits on a socket.
+it they live in the host's table (:mod:`gateway.runtime.hostshare`, the same algorithm), which
+every gateway process of the host shares, so a host is one budget per key whatever its number of
+processes. When Redis cannot be reached, checks fall back to the host's table for
+``redis_breaker_reset_ms`` before Redis is tried again: a limit is then enforced per host (looser,
+never off), counted in ``voxgate_rate_limit_fallbacks_total`` and logged once per outage. All
+storage calls are async or in memory: the event loop never waits on a socket.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from redis.exceptions import RedisError
 
 from gateway.errors import TooManyRequests
 from gateway.runtime.apikeys import APIKey
+from gateway.runtime.hostshare import HostTable
 from metrics import Metrics, add_counts
 
 log = logging.getLogger("voxgate.auth")
@@ -81,6 +84,9 @@ class KeyLimits:
         self.metrics = metrics
         self.timeout_s = timeout_s
         self.retry_redis_after_s = retry_redis_after_s
+        # The host's table, once the app has opened it; this process's counters before that
+        # and for a key the table has no room for.
+        self.host: HostTable | None = None
         self._local = SlidingWindowCounterRateLimiter(MemoryStorage())
         self._shared: SlidingWindowCounterRateLimiter | None = None
         self._redis: LimitsRedisStorage | None = None
@@ -151,16 +157,11 @@ class KeyLimits:
         counts, self._counts = self._counts, {}
         add_counts(self.metrics.api_key_requests, self._children, counts)
 
-    async def _limiter(self) -> SlidingWindowCounterRateLimiter:
-        if self._shared is not None and time.monotonic() >= self._redis_down_until:
-            return self._shared
-        return self._local
-
     async def _hit(self, item: RateLimitItem, identity: str, cost: int) -> tuple[bool, float]:
         """(admitted, seconds until it would be) for ``cost`` units of ``item`` under
-        ``identity``: in Redis when configured and reachable, else in this process."""
-        limiter = await self._limiter()
-        if limiter is self._shared:
+        ``identity``: in Redis when configured and reachable, else in the host's table."""
+        if self._shared is not None and time.monotonic() >= self._redis_down_until:
+            limiter = self._shared
             try:
                 async with asyncio.timeout(self.timeout_s * 2):
                     ok = await limiter.hit(item, identity, cost=cost)
@@ -172,16 +173,20 @@ class KeyLimits:
             except (StorageError, RedisError, OSError, TimeoutError) as exc:
                 if not self._redis_down_until:
                     log.warning(
-                        "rate limits: Redis unreachable (%s); enforcing them per replica until "
-                        "it is back",
+                        "rate limits: Redis unreachable (%s); enforcing them per host until it "
+                        "is back",
                         type(exc).__name__,
                     )
                 self._redis_down_until = time.monotonic() + self.retry_redis_after_s
-            limiter = self._local
         if self._shared is not None:
             self.metrics.rate_limit_fallbacks.inc()
-        ok = await limiter.hit(item, identity, cost=cost)
-        return ok, 0.0 if ok else await self._retry_after(limiter, item, identity)
+        if self.host is not None:
+            got = self.host.hit_window(identity, item.amount, item.get_expiry(), cost, time.time())
+            if got is not None:
+                return got
+            self.metrics.host_table_full.inc()
+        ok = await self._local.hit(item, identity, cost=cost)
+        return ok, 0.0 if ok else await self._retry_after(self._local, item, identity)
 
     @staticmethod
     async def _retry_after(

@@ -4,7 +4,9 @@ Each worker is a full gateway (``python -m gateway serve`` with the same argumen
 port with SO_REUSEPORT, so the kernel spreads incoming connections across them. They share the
 disk tier (diskcache is safe across processes: SQLite plus atomic file writes) and write their
 metrics to one directory in prometheus-client's multiprocess mode, so ``/metrics`` on any worker
-answers the sum over all of them.
+answers the sum over all of them. Each API key's budget and each client's queue share are the
+host's: the workers count them in one table in shared memory
+(:mod:`gateway.runtime.hostshare`).
 
 The supervisor restarts a worker that dies, forwards SIGTERM/SIGINT to every worker (each drains
 its in-flight requests) and SIGHUP (each reloads its API keys), and exits 0 when all of them
@@ -29,6 +31,7 @@ from types import FrameType
 
 from prometheus_client import multiprocess
 
+from gateway.runtime.hostshare import HOST_TABLE_ENV, HostTable
 from gateway.runtime.settings import Settings
 from metrics import MULTIPROC_ENV
 
@@ -81,6 +84,7 @@ class Supervisor:
         port: int,
         metrics_dir: str,
         pool_socket: str | None = None,
+        host_table: str | None = None,
     ):
         self.settings = settings
         self.argv = list(argv)
@@ -89,6 +93,8 @@ class Supervisor:
         # With a synthesis pool, the last process is the host's one pool process (issue 13):
         # started first, stopped last, restarted like the others.
         self.pool_socket = pool_socket
+        # The table the gateways share key budgets and queue shares in (gateway.runtime.hostshare).
+        self.host_table = host_table
         self.gateways = settings.topology().gateway_processes
         self.procs: list[subprocess.Popen[bytes]] = []
         self.started: list[float] = []
@@ -119,6 +125,7 @@ class Supervisor:
         ]
         env = {**os.environ, MULTIPROC_ENV: self.metrics_dir}
         env.pop(POOL_SOCKET_ENV, None)
+        env.pop(HOST_TABLE_ENV, None)
         if self.pool_socket is not None and index == self.gateways:
             # Every gateway process queues up to queue_size items of its own and keeps up to the
             # pool's size in flight at the pool: its queue must hold theirs together.
@@ -128,6 +135,8 @@ class Supervisor:
             log.info("synthesis pool process started (pid %d)", proc.pid)
             return proc
         env[WORKER_INDEX_ENV] = str(index)
+        if self.host_table is not None:
+            env[HOST_TABLE_ENV] = self.host_table
         if self.pool_socket is not None:
             env[POOL_SOCKET_ENV] = self.pool_socket
         proc = subprocess.Popen(cmd, env=env)
@@ -222,9 +231,11 @@ def run_workers(settings: Settings, argv: Sequence[str]) -> int:
     # directory (0700) for its socket.
     pool_dir = tempfile.mkdtemp(prefix="voxgate-pool-") if settings.pool_workers() else None
     pool_socket = os.path.join(pool_dir, "pool.sock") if pool_dir is not None else None
+    host_table = HostTable.create(settings.topology().gateway_processes)
     try:
-        return Supervisor(settings, argv, port, metrics_dir, pool_socket).run()
+        return Supervisor(settings, argv, port, metrics_dir, pool_socket, host_table).run()
     finally:
+        Path(host_table).unlink(missing_ok=True)
         if holder is not None:
             holder.close()
         if own_dir:

@@ -1,0 +1,320 @@
+"""What the gateway processes of one host share without Redis: each API key's rate windows and
+each client's share of the synthesis queue.
+
+``voxgate serve`` runs one gateway process per core, and a key's ``requests_per_minute`` or a
+client's ``queue_per_client`` is a promise about the host, not about the process the kernel
+happened to hand a connection to. The supervisor makes one small table in shared memory
+(``/dev/shm`` where it exists) before it starts the gateways and names it in
+:data:`HOST_TABLE_ENV`; each gateway maps it. A lone server maps a private one, so one code path
+serves both.
+
+Layout: a header, then two open-addressing hash tables of fixed rows of 64-bit integers, each row
+tagged with 64 bits of a BLAKE2b digest of its identity (0 is an empty row):
+
+- windows: ``(tag, expiry, window, previous, current)``: the sliding-window counter of the
+  ``limits`` library (the algorithm the Redis-shared budgets use, weighted the same way), one row
+  per identity such as ``r:<key name>``;
+- shares: ``(tag, count[0], ..., count[P-1])``: items a client has waiting, one column per
+  gateway process. Each process writes only its own column and zeroes it when it starts, so the
+  items of a process that died are forgotten with it, while the host-wide count is the row's sum.
+
+Every operation holds ``flock`` on the table's file for a few microseconds (two system calls, no
+I/O: the file lives in memory); a process killed while holding it releases it with its file
+descriptor. A row is reused once it is stale (a window two periods old, a share with nothing
+waiting); a table with no room for a new identity answers ``None`` and the caller counts in its
+own process, as it did before this table existed (counted in
+``voxgate_host_table_full_total``).
+
+Why hand-written: the shared-state tools that exist are servers (Redis, which is the replica-wide
+answer) or the ``multiprocessing`` managers, which need the processes to be forked from one parent
+and answer over a socket; a per-request budget check must cost microseconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import math
+import mmap
+import os
+import struct
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from synth.scheduler import LocalShares
+
+# Named by the supervisor of `serve --workers N` in each gateway's environment.
+HOST_TABLE_ENV = "VOXGATE_HOST_TABLE"
+
+_MAGIC = 0x56584854424C3031  # "VXHTBL01"
+_HEADER = 8  # int64 words: magic, window rows, share rows, processes, (reserved)
+_WINDOW_WORDS = 5
+_MAX_PROBE = 32
+DEFAULT_ROWS = 4096
+
+
+def _tag(identity: str) -> int:
+    tag = int.from_bytes(
+        hashlib.blake2b(identity.encode(), digest_size=8).digest(), "little", signed=True
+    )
+    return tag or 1
+
+
+class HostTable:
+    """Rate windows and queue shares in a table every gateway process of the host maps."""
+
+    def __init__(self, path: str | None, process: int = 0) -> None:
+        """Map the table at ``path`` (made by :meth:`create`) as gateway process ``process``;
+        ``path=None``: a private table for a lone process."""
+        self.path = path
+        if path is None:
+            fd = -1
+            self._mm = mmap.mmap(-1, self.size_for(DEFAULT_ROWS, DEFAULT_ROWS, 1))
+            self._mm[: 8 * 4] = _header(DEFAULT_ROWS, 1)
+        else:
+            fd = os.open(path, os.O_RDWR)
+            self._mm = mmap.mmap(fd, os.fstat(fd).st_size)
+        self._words = memoryview(self._mm).cast("q")
+        if self._words[0] != _MAGIC:
+            self.close()
+            raise ValueError(f"{path} is not a voxgate host table")
+        self._fd = fd
+        words = self._words
+        self.window_rows = int(words[1])
+        self.share_rows = int(words[2])
+        self.processes = int(words[3])
+        if not 0 <= process < self.processes:
+            raise ValueError(f"process {process} is outside the table's {self.processes}")
+        self.process = process
+        self._windows = _HEADER
+        self._shares = _HEADER + self.window_rows * _WINDOW_WORDS
+        self._share_words = 1 + self.processes
+        self._tags: dict[str, int] = {}
+        # A process that starts again takes over its column: what it had waiting died with it.
+        with self._locked():
+            for row in range(self.share_rows):
+                words[self._shares + row * self._share_words + 1 + process] = 0
+
+    @staticmethod
+    def size_for(window_rows: int, share_rows: int, processes: int) -> int:
+        """Bytes of a table of these dimensions."""
+        return 8 * (_HEADER + window_rows * _WINDOW_WORDS + share_rows * (1 + processes))
+
+    @classmethod
+    def create(
+        cls,
+        processes: int,
+        directory: str | None = None,
+        rows: int = DEFAULT_ROWS,
+    ) -> str:
+        """Make a zeroed table file for ``processes`` gateway processes (in ``directory``, else
+        ``/dev/shm`` where it is writable, else the temp directory); its path. The caller removes
+        it."""
+        if directory is None:
+            shm = Path("/dev/shm")
+            directory = str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+        fd, path = tempfile.mkstemp(prefix="voxgate-host-", suffix=".table", dir=directory)
+        try:
+            os.ftruncate(fd, cls.size_for(rows, rows, processes))
+            os.pwrite(fd, _header(rows, processes), 0)
+        finally:
+            os.close(fd)
+        return path
+
+    def close(self) -> None:
+        """Unmap the table (the file stays: the supervisor removes it)."""
+        if hasattr(self, "_words"):
+            self._words.release()
+        self._mm.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        if self._fd < 0:
+            yield
+            return
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _tag_of(self, identity: str) -> int:
+        tag = self._tags.get(identity)
+        if tag is None:
+            if len(self._tags) > 65536:
+                self._tags.clear()
+            tag = self._tags[identity] = _tag(identity)
+        return tag
+
+    def _row(
+        self, base: int, rows: int, width: int, tag: int, stale: Callable[[int], bool], insert: bool
+    ) -> int | None:
+        """The first word of ``tag``'s row (made from an empty or stale row when ``insert``);
+        None when absent (or no room). Called with the lock held."""
+        words = self._words
+        start = (tag & 0x7FFFFFFFFFFFFFFF) % rows
+        reuse = -1
+        for probe in range(min(_MAX_PROBE, rows)):
+            at = base + ((start + probe) % rows) * width
+            found = words[at]
+            if found == tag:
+                return at
+            if found == 0:
+                if reuse < 0:
+                    reuse = at
+                break
+            if reuse < 0 and stale(at):
+                reuse = at
+        if not insert or reuse < 0:
+            return None
+        words[reuse : reuse + width] = _zeros(width)
+        words[reuse] = tag
+        return reuse
+
+    def hit_window(
+        self, identity: str, limit: int, expiry: int, cost: int, now: float
+    ) -> tuple[bool, float] | None:
+        """Spend ``cost`` of ``identity``'s ``limit`` per ``expiry`` seconds: ``(admitted,
+        seconds until the next unit would be)``, or None when the table has no room for it.
+
+        The ``limits`` library's sliding window counter, as its storages compute it: the previous
+        window's count weighted by the share of it still inside the sliding window, plus the
+        current window's count; refused when that, rounded down, plus ``cost`` passes ``limit``.
+        """
+        tag = self._tag_of(identity)
+        window = int(now // expiry)
+        current_left = expiry - (now % expiry)
+        words = self._words
+        with self._locked():
+            at = self._row(
+                self._windows,
+                self.window_rows,
+                _WINDOW_WORDS,
+                tag,
+                lambda at: words[at + 2] < int(now // max(1, words[at + 1])) - 1,
+                insert=True,
+            )
+            if at is None:
+                return None
+            if words[at + 1] != expiry or words[at + 2] != window:
+                previous = words[at + 4] if words[at + 2] == window - 1 else 0
+                if words[at + 1] != expiry:
+                    previous = 0
+                words[at + 1] = expiry
+                words[at + 2] = window
+                words[at + 3] = previous
+                words[at + 4] = 0
+            previous, current = int(words[at + 3]), int(words[at + 4])
+            if (
+                cost <= limit
+                and math.floor(previous * current_left / expiry + current) + cost <= limit
+            ):
+                words[at + 4] = current + cost
+                return True, 0.0
+        # When one more unit would fit again, as limits' get_window_stats reports it.
+        reset = math.inf
+        if previous:
+            reset = current_left % (expiry / previous)
+        if current:
+            reset = min(reset, current_left % expiry)
+        return False, max(1.0, 0.0 if math.isinf(reset) else reset)
+
+    def take_share(self, client: str, limit: int) -> bool | None:
+        """Count one item waiting for ``client`` if the host has fewer than ``limit`` waiting
+        for it (True), else refuse (False); None when the table has no room for the client."""
+        tag = self._tag_of(client)
+        words = self._words
+        width = self._share_words
+        with self._locked():
+            at = self._row(
+                self._shares,
+                self.share_rows,
+                width,
+                tag,
+                lambda at: not any(words[at + 1 : at + width]),
+                insert=True,
+            )
+            if at is None:
+                return None
+            if sum(words[at + 1 : at + width]) >= limit:
+                return False
+            words[at + 1 + self.process] += 1
+            return True
+
+    def give_share(self, client: str) -> None:
+        """One item of ``client`` (taken by this process) no longer waits."""
+        tag = self._tag_of(client)
+        words = self._words
+        width = self._share_words
+        with self._locked():
+            at = self._row(self._shares, self.share_rows, width, tag, _never, insert=False)
+            if at is not None and words[at + 1 + self.process] > 0:
+                words[at + 1 + self.process] -= 1
+
+    def waiting_for(self, client: str) -> int:
+        """Items ``client`` has waiting on the whole host."""
+        tag = self._tag_of(client)
+        width = self._share_words
+        with self._locked():
+            at = self._row(self._shares, self.share_rows, width, tag, _never, insert=False)
+            return 0 if at is None else sum(self._words[at + 1 : at + width])
+
+
+def _header(rows: int, processes: int) -> bytes:
+    """magic, window rows, share rows, processes (native int64, as the table is read)."""
+    return struct.pack("=4q", _MAGIC, rows, rows, processes)
+
+
+def _never(at: int) -> bool:
+    return False
+
+
+_ZEROS: dict[int, memoryview] = {}
+
+
+def _zeros(width: int) -> memoryview:
+    zeros = _ZEROS.get(width)
+    if zeros is None:
+        zeros = _ZEROS[width] = memoryview(bytearray(8 * width)).cast("q")
+    return zeros
+
+
+class HostShares:
+    """:class:`synth.scheduler.ClientShares` over the host's table: a client's waiting items
+    counted once for every gateway process of the host. A client the table has no room for is
+    counted in this process (``voxgate_host_table_full_total``)."""
+
+    def __init__(self, table: HostTable, full: Callable[[], None] = lambda: None) -> None:
+        self.table = table
+        self._full = full
+        self._spilled = LocalShares()
+
+    def take(self, client: str, limit: int) -> bool:
+        if not self._spilled.waiting_for(client):
+            taken = self.table.take_share(client, limit)
+            if taken is not None:
+                return taken
+            self._full()
+        return self._spilled.take(client, limit)
+
+    def give(self, client: str) -> None:
+        if self._spilled.waiting_for(client):
+            self._spilled.give(client)
+        else:
+            self.table.give_share(client)
+
+    def waiting_for(self, client: str) -> int:
+        return self.table.waiting_for(client) + self._spilled.waiting_for(client)
+
+
+def open_host_table(worker_index: int) -> HostTable:
+    """The table the supervisor named in :data:`HOST_TABLE_ENV`, as gateway process
+    ``worker_index``, else a private one for a lone process. Opens a file: call it off the event
+    loop."""
+    path = os.environ.get(HOST_TABLE_ENV) or None
+    return HostTable(path, worker_index if path else 0)
