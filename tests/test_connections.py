@@ -8,15 +8,22 @@ import json
 import socket
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
 
-from gateway.http.connections import cap_connections, runner_options, write_within
+from gateway.http.connections import (
+    PROBE_SLOTS,
+    cap_connections,
+    runner_options,
+    write_within,
+)
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 from tests.conftest import GatewayFactory
+from tests.served import DefaultServer
 
 BODY = {"model": "piper", "voice": "joe", "input": "Hold, please.", "response_format": "wav"}
 
@@ -238,3 +245,76 @@ async def test_connections_beyond_the_cap_get_503(tiny_server: Any) -> None:
     assert status == 200
     for _, w in held:
         w.close()
+
+
+async def test_a_full_gateway_still_answers_health_probes(tiny_server: Any) -> None:
+    """Past the cap, a few connections may still ask for /healthz or /readyz (and are closed
+    after the answer); any other request on them, or none in time, gets the cap's 503."""
+    app = web.Application()
+    app.router.add_get("/", hello)
+    app.router.add_get("/healthz", hello)
+    app.router.add_get("/readyz", hello)
+    metrics = Metrics()
+    port = await tiny_server(app, Settings(max_connections=2), metrics)
+    request = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+    held = []
+    for _ in range(2):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request)
+        assert await status_of(reader) == 200
+        held.append(writer)
+    for path in ("/healthz", "/readyz"):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        answer = await asyncio.wait_for(reader.read(), 10)  # read to the close
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"hello"), path
+        assert b"Connection: close" in answer
+        writer.close()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    answer = await asyncio.wait_for(reader.read(), 10)
+    assert answer.startswith(b"HTTP/1.1 503") and b"too_many_connections" in answer
+    writer.close()
+    # Connections that ask nothing: those in probe slots are refused once their time is up,
+    # those past the slots at once.
+    silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(PROBE_SLOTS + 2)]
+    for reader, writer in silent:
+        assert await status_of(reader) == 503
+        writer.close()
+    assert metrics.registry.get_sample_value("voxgate_connections_refused_total") == 1 + len(silent)
+    for w in held:
+        w.close()
+
+
+async def test_probes_answer_while_the_default_topology_is_full(tmp_path: Path) -> None:
+    """`voxgate serve` with no flags and its connection cap reached in every gateway process by
+    idle clients: /healthz and /readyz answer 200, other requests 503."""
+    cap = 4
+    server = DefaultServer(tmp_path / "srv", "--max-connections", str(cap))
+    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    try:
+        server.wait_ready()
+        # Far more than every process's cap plus its probe slots (the kernel spreads new
+        # connections over the processes by their addresses).
+        for _ in range(server.gateways * (cap + PROBE_SLOTS) * 4):
+            idle.append(await asyncio.open_connection("127.0.0.1", server.port))
+        # Every idle client past a cap is refused: at once past the probe slots, after
+        # PROBE_WAIT_S in one. Then each process holds exactly its cap, and its slots are free.
+        reads = [asyncio.ensure_future(reader.read()) for reader, _ in idle]
+        refused = len(idle) - server.gateways * cap
+        async with asyncio.timeout(60):
+            while sum(r.done() for r in reads) < refused:
+                pending = [r for r in reads if not r.done()]
+                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        assert all(r.result().startswith(b"HTTP/1.1 503") for r in reads if r.done())
+        for path in ("/healthz", "/readyz"):
+            statuses = [(await server.request("GET", path))[0] for _ in range(10)]
+            assert statuses == [200] * 10, path
+        status, _, body = await server.request("GET", "/v1/models")
+        assert status == 503 and b"too_many_connections" in body
+        for r in reads:
+            r.cancel()
+    finally:
+        for _, w in idle:
+            w.close()
+        server.close()

@@ -9,13 +9,16 @@ capped, so a few sockets cannot hold the gateway.
 - Write time: :func:`write_within` bounds each write of a streamed answer; a reader that does
   not take a piece within ``write_timeout_s`` is cut off (a 1 byte/s reader was kept forever).
 - A cap: :func:`cap_connections` answers a connection beyond ``max_connections`` with a 503 and
-  closes it at once.
+  closes it, except in a few slots kept for health probes: a full gateway still answers
+  ``GET /healthz`` and ``GET /readyz`` (an orchestrator whose liveness probe got 503 would restart
+  a gateway that is only busy).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -70,28 +73,79 @@ def _refusal() -> bytes:
 
 
 REFUSAL = _refusal()
+REFUSAL_BODY = REFUSAL.partition(b"\r\n\r\n")[2]
+# Connections past the cap that are kept for a health probe, how long one may take to send its
+# request, and what it may ask for: anything else (or nothing in time) gets the cap's 503.
+PROBE_SLOTS = 8
+PROBE_WAIT_S = 1.0
+PROBE_PATHS = frozenset({"/healthz", "/readyz"})
+
+_Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
 def cap_connections(server: web.Server, limit: int, metrics: Metrics) -> None:
-    """Answer connections beyond ``limit`` open at once with a 503 and close them.
+    """Answer connections beyond ``limit`` open at once with a 503 and close them; the first
+    :data:`PROBE_SLOTS` beyond it may still ask for a health probe.
 
     aiohttp has no connection cap of its own; its ``Server`` is told of each new connection
-    (``connection_made``) before any byte is read, which is where the count is checked. The
+    (``connection_made``) before any byte is read, which is where the count is checked. A
     refused connection never reaches a handler; it is counted in
-    ``voxgate_connections_refused_total``.
+    ``voxgate_connections_refused_total``. A connection in a probe slot gets a request handler of
+    its own (aiohttp's ``RequestHandler`` reads ``_request_handler`` for each request, so the
+    connections under the cap pay nothing for this): a ``GET`` of a probe path is answered and the
+    connection closed after it, anything else is refused, and so is a connection that sends no
+    request within :data:`PROBE_WAIT_S`. Should aiohttp stop keeping that attribute, connections
+    past the cap are refused as before.
     """
     made, lost = server.connection_made, server.connection_lost
     refused = metrics.connections_refused
     open_now = 0
 
+    def refuse(transport: asyncio.Transport) -> None:
+        if not transport.is_closing():
+            refused.inc()
+            transport.write(REFUSAL)
+            transport.close()
+
+    def probe_only(inner: _Handler, transport: asyncio.Transport) -> _Handler:
+        asked = False
+
+        def expire() -> None:
+            if not asked:
+                refuse(transport)
+
+        timer = asyncio.get_running_loop().call_later(PROBE_WAIT_S, expire)
+
+        async def handle(request: web.BaseRequest) -> web.StreamResponse:
+            nonlocal asked
+            asked = True
+            timer.cancel()
+            if request.method == "GET" and request.path in PROBE_PATHS:
+                resp = await inner(request)
+            else:
+                refused.inc()
+                resp = web.Response(
+                    status=503,
+                    body=REFUSAL_BODY,
+                    content_type="application/json",
+                    headers={"Retry-After": "1"},
+                )
+            resp.force_close()  # the slot is for the next probe
+            return resp
+
+        return handle
+
     def connection_made(handler: RequestHandler, transport: asyncio.Transport) -> None:
         nonlocal open_now
         open_now += 1
         made(handler, transport)
-        if open_now > limit:
-            refused.inc()
-            transport.write(REFUSAL)
-            transport.close()
+        if open_now <= limit:
+            return
+        inner = getattr(handler, "_request_handler", None)
+        if open_now > limit + PROBE_SLOTS or inner is None:
+            refuse(transport)
+        else:
+            handler._request_handler = probe_only(inner, transport)
 
     def connection_lost(handler: RequestHandler, exc: BaseException | None = None) -> None:
         nonlocal open_now
