@@ -175,7 +175,8 @@ class Settings(BaseSettings):
     max_connections: int = _opt(
         "server",
         1024,
-        "Connections served at once per gateway process; one more is answered 503 and closed.",
+        "Connections served at once per gateway process; one more is answered 503 and closed, "
+        "except that 8 more may each ask for GET /healthz or /readyz (answered, then closed).",
         ge=1,
     )
 
