@@ -391,6 +391,11 @@ class StreamEncoder:
     at every sentence join, about 70 ms (MP3) and 45 ms (AAC) of extra silence each. Samples
     short of a codec frame wait for the next sentence; :meth:`finish` flushes the rest. Not
     thread-safe: one stream, one encoder.
+
+    Resampling is one soxr stream for the whole answer too: fed sentence by sentence it gives the
+    very samples a one-shot resample of the joined audio gives (what the stored rendition is
+    made of), where resampling each sentence alone gave other samples near every join and a
+    length off by one.
     """
 
     def __init__(self, fmt: AudioFormat, rate: int) -> None:
@@ -401,14 +406,24 @@ class StreamEncoder:
         self._codec = (
             CodecWriter(fmt, rate, whole_file=False) if fmt.container in _AV_CODECS else None
         )
+        self._resampler: soxr.ResampleStream | None = None
 
     def header(self) -> bytes:
         """The bytes that open the stream (a streaming WAV header, or nothing)."""
         return stream_header(self.fmt, self.rate)
 
     def encode(self, pcm: FloatPCM, src_rate: int) -> bytes:
-        """The stream's next bytes for ``pcm`` (resampled to the stream's rate)."""
-        out = resample(pcm, src_rate, self.rate)
+        """The stream's next bytes for ``pcm`` (resampled to the stream's rate; every call of
+        one stream gives the same ``src_rate``)."""
+        if src_rate != self.rate:
+            if self._resampler is None:
+                self._resampler = soxr.ResampleStream(
+                    src_rate, self.rate, 1, dtype="float32", quality="HQ"
+                )
+            pcm = np.asarray(self._resampler.resample_chunk(pcm), dtype=np.float32)
+        return self._encode(pcm)
+
+    def _encode(self, out: FloatPCM) -> bytes:
         if self._codec is None:
             if self.fmt.container == "WAV":
                 raw = (
@@ -419,10 +434,14 @@ class StreamEncoder:
         return self._codec.encode(out)
 
     def finish(self) -> bytes:
-        """The stream's last bytes (the encoder's held-back samples)."""
+        """The stream's last bytes (the resampler's and the encoder's held-back samples)."""
+        tail = b""
+        if self._resampler is not None:
+            rest = self._resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
+            tail = self._encode(np.asarray(rest, dtype=np.float32))
         if self._codec is None:
-            return b""
-        return self._codec.finish()
+            return tail
+        return tail + self._codec.finish()
 
 
 _RAW_G711 = {"ULAW": FORMATS["ulaw"], "ALAW": FORMATS["alaw-raw"]}
