@@ -11,14 +11,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from aiohttp import web
 
 from gateway.http.app import create_app
 from gateway.runtime.settings import Settings
 from synth.engine import Audio, Engine, ParamValue, SynthesisItem, VoiceInfo
+
+T = TypeVar("T")
 
 
 class CountingEngine:
@@ -88,6 +91,25 @@ async def until(condition: Callable[[], object], within_s: float = 60.0, what: s
                 await asyncio.sleep(0.01)
     except TimeoutError:
         raise AssertionError(f"not met within {within_s:g} s: {what or condition}") from None
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T]],
+    check: Callable[[T], bool],
+    within_s: float = 60.0,
+    what: str = "",
+) -> T:
+    """Await ``probe()`` until ``check`` holds for what it returns (state another process owns: a
+    metric scraped over HTTP); that value. Fail naming ``what`` past ``within_s``."""
+    value = await probe()
+    try:
+        async with asyncio.timeout(within_s):
+            while not check(value):
+                await asyncio.sleep(0.02)
+                value = await probe()
+    except TimeoutError:
+        raise AssertionError(f"not met within {within_s:g} s: {what} (last: {value!r})") from None
+    return value
 
 
 def serve_command(port: int, cache_dir: Path, *args: str) -> list[str]:

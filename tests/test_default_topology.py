@@ -1,0 +1,197 @@
+"""The features a process boundary can change, against `voxgate serve` as a user starts it: no
+topology flags (a gateway process per core on one port, uvloop, the host's synthesis pool).
+
+One server for the module (a start costs seconds). Each request goes on a new connection, so the
+kernel hands it to any of the gateway processes, as it does for players and bots that do not keep
+connections: an answer that depended on which process took it would show here.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Iterator
+from urllib.parse import quote
+
+import aiohttp
+import pytest
+
+from gateway.runtime.apikeys import key_table
+from gateway.runtime.topology import usable_cores
+from tests.served import DefaultServer
+from tests.support import eventually
+
+SECRET = "default-topology-secret-0123456789-abcdef"
+AUTH = {"Authorization": f"Bearer {SECRET}"}
+SIGNING = "default-topology-signing-secret-0123456789"
+NEW_CONNECTIONS = 8
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DefaultServer]:
+    home = tmp_path_factory.mktemp("default-topology")
+    keys = home / "keys.toml"
+    keys.write_text(key_table("bot", SECRET, ["speak", "read", "admin"]))
+    srv = DefaultServer(
+        home / "srv",
+        "--api-keys-file",
+        str(keys),
+        "--url-signing-secret",
+        SIGNING,
+        "--log-format",
+        "json",
+    )
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.close()
+    assert SECRET not in srv.logs() and SIGNING not in srv.logs()
+
+
+def speech(text: str, **fields: object) -> dict[str, object]:
+    return {"model": "piper", "voice": "joe", "input": text, "response_format": "wav", **fields}
+
+
+def test_it_runs_what_auto_chose(server: DefaultServer) -> None:
+    logs = server.logs()
+    assert server.gateways == usable_cores()
+    assert logs.count("voxgate ready on") == server.gateways
+    assert "synthesis pool ready" in logs
+    assert "event loop: uvloop" in logs
+
+
+async def test_every_process_is_ready_and_guards_its_routes(server: DefaultServer) -> None:
+    for _ in range(NEW_CONNECTIONS):
+        status, _, body = await server.request("GET", "/readyz")
+        assert status == 200 and json.loads(body)["status"] == "ready"
+        status, _, _ = await server.request("POST", "/v1/audio/speech", json=speech("Hi."))
+        assert status == 401
+
+
+async def test_a_miss_is_made_once_for_the_host_and_every_process_hits_it(
+    server: DefaultServer,
+) -> None:
+    text = "Your call is important to us. Please stay on the line."
+    before = syntheses(await scrape(server))
+    status, headers, first = await server.request(
+        "POST", "/v1/audio/speech", headers=AUTH, json=speech(text)
+    )
+    assert status == 200 and headers["X-Cache"] == "MISS"
+    for _ in range(NEW_CONNECTIONS):
+        status, headers, again = await server.request(
+            "POST", "/v1/audio/speech", headers=AUTH, json=speech(text)
+        )
+        assert status == 200 and headers["X-Cache"] == "HIT" and again == first
+    # Any process's /metrics is the host's sum: two sentences, synthesized once each.
+    assert syntheses(await scrape(server)) - before == 2
+
+
+async def test_metrics_count_every_process_s_requests(server: DefaultServer) -> None:
+    before = requests_to(await scrape(server), "/v1/voices")
+    for _ in range(NEW_CONNECTIONS):
+        assert (await server.request("GET", "/v1/voices", headers=AUTH))[0] == 200
+
+    async def counted() -> float:
+        return requests_to(await scrape(server), "/v1/voices")
+
+    # Each process flushes its tallies within 0.1 s (and before each collection of its own).
+    await eventually(counted, lambda n: n == before + NEW_CONNECTIONS, what="requests counted")
+
+
+async def test_streamed_and_sse_answers(server: DefaultServer) -> None:
+    text = "Thank you for waiting. An agent will answer shortly. Goodbye."
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            server.url + "/v1/audio/speech",
+            headers=AUTH,
+            json=speech(text, response_format="pcm", stream=True),
+        ) as resp,
+    ):
+        assert resp.status == 200 and resp.headers["X-Cache"] == "MISS"
+        assert resp.headers.get("Transfer-Encoding") == "chunked"
+        chunks = [chunk async for chunk in resp.content.iter_any()]
+    streamed = b"".join(chunks)
+    assert len(streamed) % 2 == 0 and len(streamed) > 24000  # PCM16 at 24 kHz, over 0.5 s
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            server.url + "/v1/audio/speech",
+            headers=AUTH,
+            json=speech(text, response_format="pcm", stream_format="sse"),
+        ) as resp,
+    ):
+        assert resp.status == 200 and resp.content_type == "text/event-stream"
+        events = [
+            json.loads(line[len(b"data: ") :])
+            for line in (await resp.read()).splitlines()
+            if line.startswith(b"data: ")
+        ]
+    assert [e["type"] for e in events[:-1]] == ["speech.audio.delta"] * (len(events) - 1)
+    assert events[-1]["type"] == "speech.audio.done"
+    # The stored answer, now a hit, is the same audio the stream carried.
+    assert b"".join(base64.b64decode(e["audio"]) for e in events[:-1]) == streamed
+
+
+async def test_say_urls_plain_and_signed(server: DefaultServer) -> None:
+    path = f"/v1/say/joe/{quote('Press one for sales.', safe='')}.ulaw"
+    status, headers, plain = await server.request("GET", path, headers=AUTH)
+    assert status == 200 and headers["Content-Type"] == "audio/basic"
+    status, _, body = await server.request(
+        "POST",
+        "/v1/say/sign",
+        headers=AUTH,
+        json={"voice": "joe", "text": "Press one for sales.", "ext": "ulaw", "expires_in": 600},
+    )
+    assert status == 200
+    signed = json.loads(body)["path"]
+    for _ in range(NEW_CONNECTIONS):  # no key: the URL authorizes itself, on every process
+        status, headers, again = await server.request("GET", signed)
+        assert status == 200 and again == plain and headers["X-Cache"] == "HIT"
+
+
+async def test_jambonz_http_and_stream(server: DefaultServer) -> None:
+    status, _, body = await server.request(
+        "POST",
+        "/v1/jambonz/tts",
+        headers=AUTH,
+        json={"text": "Welcome to support.", "voice": "joe", "language": "en-US", "type": "text"},
+    )
+    assert status == 200
+    assert len(body) > 1000
+    async with (
+        aiohttp.ClientSession() as session,
+        session.ws_connect(
+            server.url + "/v1/jambonz/stream?voice=joe&language=en-US&sampleRate=8000",
+            headers=AUTH,
+        ) as ws,
+    ):
+        hello = await ws.receive_json()
+        assert hello == {"type": "connect", "data": {"sample_rate": 8000, "base64_encoding": False}}
+        await ws.send_json({"type": "stream", "text": "Your order has shipped. "})
+        audio = await ws.receive()
+        assert audio.type == aiohttp.WSMsgType.BINARY
+        assert len(audio.data) % 2 == 0 and len(audio.data) > 8000  # over half a second at 8 kHz
+        await ws.send_json({"type": "stop"})
+
+
+async def scrape(server: DefaultServer) -> str:
+    status, _, body = await server.request("GET", "/metrics", headers=AUTH)
+    assert status == 200
+    return body.decode()
+
+
+def syntheses(text: str) -> float:
+    return sum(
+        float(m.group(1))
+        for m in re.finditer(
+            r'^voxgate_syntheses_total\{[^}]*outcome="ok"[^}]*\} (\S+)$', text, re.M
+        )
+    )
+
+
+def requests_to(text: str, route: str) -> float:
+    pattern = rf'^voxgate_http_requests_total\{{[^}}]*route="{re.escape(route)}"[^}}]*\}} (\S+)$'
+    return sum(float(m.group(1)) for m in re.finditer(pattern, text, re.M))
