@@ -6,21 +6,29 @@ a real gateway on loopback."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import os
+import sqlite3
 import struct
+import time
 import tracemalloc
 import zlib
 from collections.abc import AsyncIterator
+from contextlib import closing
+from pathlib import Path
 from typing import Any
 
+import diskcache
 import pytest
 
-from cache.disk import DiskTier
+from cache.disk import DiskTier, frame
 from cache.distributed import CrossReplicaFlight
 from cache.entry import CorruptEntry, Entry, ForgedEntry
 from cache.memory import MemoryTier
 from cache.redis_tier import RedisTier
 from cache.store import TieredStore
+from cache.tier import PurgeFilter
 from gateway.http import keys
 from gateway.runtime.settings import Settings
 from metrics import Metrics
@@ -403,3 +411,126 @@ async def test_waiting_for_another_replicas_synthesis_says_coalesced(
     body_b = await rb.read()
     assert len(body_b) > 1000
     assert counting_engine.items == before + 1  # one synthesis, on A
+
+
+# ---- disk rows ----------------------------------------------------------------------------
+
+
+def plant_row(cache_dir: Path, key: str, filename: str) -> None:
+    """A row of the disk tier's bounded side naming ``filename`` as its value file, written
+    straight into diskcache's SQLite, as whoever can write the cache directory could."""
+    with closing(sqlite3.connect(cache_dir / "lru" / "cache.db")) as db, db:
+        db.execute(
+            "INSERT OR REPLACE INTO Cache (key, raw, store_time, expire_time, access_time,"
+            " access_count, tag, size, mode, filename, value)"
+            " VALUES (?, 1, ?, NULL, ?, 0, NULL, 0, ?, ?, NULL)",
+            (key, time.time(), time.time(), diskcache.core.MODE_BINARY, filename),
+        )
+
+
+def disk_lookups(metrics: Metrics, result: str) -> float:
+    got = metrics.registry.get_sample_value(
+        "voxgate_cache_lookups_total", {"tier": "disk", "result": result}
+    )
+    return got or 0.0
+
+
+async def open_disk(path: Path, *, timeout_s: float = 2.0) -> DiskTier:
+    return await asyncio.to_thread(DiskTier, path, 64 * MIB, timeout_s=timeout_s)
+
+
+@pytest.mark.parametrize(
+    "name", ["../../victim/value.val", "ab/../../../victim/value.val", "{victim}/value.val"]
+)
+async def test_a_disk_row_naming_a_file_outside_the_cache_deletes_nothing_there(
+    tmp_path: Path, name: str
+) -> None:
+    """A planted row whose value file is ``../../x`` (or an absolute path) once made the
+    clean-up of the corrupt row delete that file, and its folder, outside the cache directory.
+    Now it is a corrupt row that touches no file outside: on a read, and on a purge."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "value.val").write_bytes(b"an operator's file, not a cache value")
+    filename = name.format(victim=victim)
+    metrics = Metrics()
+    disk = await open_disk(tmp_path / "cache")
+    store = TieredStore([disk], metrics)
+    (tmp_path / "cache" / "lru" / "ab").mkdir()  # so that "ab/.." resolves
+    try:
+        plant_row(tmp_path / "cache", KEY, filename)
+        assert await store.get(KEY) is None
+        assert (victim / "value.val").exists()
+        assert disk_lookups(metrics, "corrupt") == 1
+        assert KEY not in await asyncio.to_thread(lambda: list(disk.iter_keys_sync()))
+        plant_row(tmp_path / "cache", KEY, filename)
+        assert await store.purge(PurgeFilter()) == {"disk": 1}  # the row goes, the file stays
+        assert (victim / "value.val").read_bytes() == b"an operator's file, not a cache value"
+        assert sorted(await asyncio.to_thread(os.listdir, tmp_path)) == ["cache", "victim"]
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("link", ["file", "folder"])
+async def test_a_disk_row_reaching_out_through_a_link_is_refused(tmp_path: Path, link: str) -> None:
+    """A value file (or a folder on its way) that is a symbolic link out of the cache directory
+    is never read, even when what it points to is a well-formed value: it was once served."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    outside = victim / "value.val"
+    planted = frame(wav_entry(b"audio planted outside" * 2000))
+    outside.write_bytes(planted)
+    metrics = Metrics()
+    disk = await open_disk(tmp_path / "cache")
+    store = TieredStore([disk], metrics)
+    lru = tmp_path / "cache" / "lru"
+    if link == "file":
+        (lru / "zz" / "zz").mkdir(parents=True)
+        (lru / "zz" / "zz" / "link.val").symlink_to(outside)
+        filename = "zz/zz/link.val"
+    else:
+        (lru / "zz").symlink_to(victim, target_is_directory=True)
+        filename = "zz/value.val"
+    try:
+        plant_row(tmp_path / "cache", KEY, filename)
+        assert await store.get(KEY) is None
+        assert disk_lookups(metrics, "corrupt") == 1
+        assert outside.read_bytes() == planted
+        if link == "file":  # the link itself is deleted with its row, never its target
+            assert not (lru / "zz" / "zz" / "link.val").is_symlink()
+    finally:
+        await store.close()
+
+
+async def test_a_disk_row_naming_a_fifo_is_a_miss_that_never_blocks(tmp_path: Path) -> None:
+    """A row naming a FIFO once blocked a disk thread in open() until a writer came: a few such
+    rows wedged every thread, and the tier then answered nothing. Now each is a corrupt row,
+    answered at once, and the tier still serves after more of them than it has threads."""
+    metrics = Metrics()
+    disk = await open_disk(tmp_path / "cache", timeout_s=1.0)
+    store = TieredStore([disk], metrics)
+    fifos = tmp_path / "cache" / "lru" / "ff"
+    fifos.mkdir(parents=True)
+    planted = [f"{i:02x}" * 32 for i in range(6)]  # more than the tier's 4 threads
+    for i, key in enumerate(planted):
+        os.mkfifo(fifos / f"{i}.val")
+        plant_row(tmp_path / "cache", key, f"ff/{i}.val")
+    try:
+        async with asyncio.timeout(30):
+            for key in planted:
+                assert await store.get(key) is None
+            assert disk_lookups(metrics, "corrupt") == len(planted)
+            assert disk_lookups(metrics, "error") == 0  # none timed out
+            real = wav_entry(b"real audio" * 5000)
+            await store.put(OTHER, real)
+            found = await store.get(OTHER)
+            assert found is not None and found.entry.audio == real.audio
+    finally:
+        # A reader still blocked in open() (the failure this test looks for) is let go, so the
+        # tier's threads can be joined.
+        for fifo in fifos.glob("*.val"):
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:  # ENXIO: no reader waits on it
+                    raise
+        await store.close()
