@@ -325,7 +325,8 @@ class Metrics:
             "voxgate_redis_locks_total",
             "Cross-replica synthesis locks asked for, by result (acquired: this replica "
             "synthesizes; contended: another replica holds it; bypassed: Redis unavailable, "
-            "synthesized locally; squatted: a lock no replica took, removed and taken).",
+            "synthesized locally; squatted: a lock no live replica holds (unauthenticated, expired, or "
+            "with a wrong TTL), removed and taken).",
             ["result"],
             registry=r,
         )

@@ -26,7 +26,7 @@ from cache.disk import DiskTier, frame
 from cache.distributed import CrossReplicaFlight
 from cache.entry import CorruptEntry, Entry, ForgedEntry
 from cache.memory import MemoryTier
-from cache.redis_tier import RedisTier
+from cache.redis_tier import EntrySeal, RedisTier
 from cache.store import TieredStore
 from cache.tier import PurgeFilter
 from gateway.http import keys
@@ -200,8 +200,8 @@ async def test_a_squatted_lock_does_not_stall_a_miss(tier: RedisTier) -> None:
     squats = [
         ("junk", None),  # a value, no TTL
         ("junk", 20_000),  # a value with a TTL
-        (tier.seal.lock_token(flight.lock_key(KEY)), None),  # a real token, no TTL
-        (tier.seal.lock_token(flight.lock_key(OTHER)), 20_000),  # another key's token
+        (tier.seal.lock_token(flight.lock_key(KEY), 30), None),  # a real token, no TTL
+        (tier.seal.lock_token(flight.lock_key(OTHER), 30), 20_000),  # another key's token
         ("a" * 32 + ".\u00e9", 20_000),  # a tag not ASCII (compare_digest refuses such a str)
         (b"a" * 32 + b".\xff", 20_000),  # not even UTF-8
     ]
@@ -250,6 +250,103 @@ async def test_a_replicas_lock_is_still_waited_for(tier: RedisTier) -> None:
     assert await held == "holder"
     assert await waiting == "adopted"
     assert metrics.redis_locks.labels("squatted")._value.get() == 0
+
+
+async def capture_a_lock_value(tier: RedisTier) -> bytes:
+    """A genuine lock value, as someone watching Redis would capture it from a replica's work
+    (its lock lived 0.2 s)."""
+    holder = CrossReplicaFlight(tier, lock_ttl_s=0.2)
+
+    async def produce() -> bytes:
+        value = await tier.client.get(holder.lock_key(KEY))
+        assert isinstance(value, bytes)
+        return value
+
+    async def adopt(entry: Entry) -> bytes:
+        raise AssertionError("nothing is stored")
+
+    return await holder.run(KEY, produce, adopt)
+
+
+@pytest.mark.parametrize("forgery", ["replayed", "expiry moved on", "another secret"])
+async def test_a_replayed_or_forged_lock_value_does_not_stall_a_miss(
+    tier: RedisTier, forgery: str
+) -> None:
+    """A lock value captured from a replica and written back after its expiry passed was a
+    valid lock: a miss waited ``redis_lock_wait_s`` behind it. The expiry is now under the
+    value's HMAC: an expired value, one whose expiry was moved on, or one made without the
+    cache secret is no replica's lock, removed at the first poll and taken."""
+    metrics = Metrics()
+    flight = CrossReplicaFlight(tier, lock_ttl_s=30, max_wait_s=3, metrics=metrics)
+    name = flight.lock_key(KEY)
+    captured_at = time.time()
+    captured = await capture_a_lock_value(tier)
+    if forgery == "replayed":
+        # It was made at most 0.2 s (its lock's TTL) before it expires.
+        await until(lambda: time.time() > captured_at + 0.25, 10, "the captured value's expiry")
+        planted = captured
+    elif forgery == "expiry moved on":
+        nonce, _, tag = captured.split(b".")
+        planted = b".".join([nonce, str(int(time.time() + 3600) * 1000).encode(), tag])
+    else:
+        planted = EntrySeal(b"another-secret-of-32-characters!").lock_token(name, 30).encode()
+    await tier.client.set(name, planted, px=20_000)  # a TTL a real lock could have
+
+    async def produce() -> str:
+        return "made"
+
+    async def adopt(entry: Entry) -> str:
+        raise AssertionError("nothing is stored")
+
+    assert await flight.run(KEY, produce, adopt) == "made"
+    assert metrics.redis_lock_waits.labels("takeover")._value.get() == 1
+    assert metrics.redis_lock_waits.labels("timeout")._value.get() == 0  # not stalled
+    assert metrics.redis_locks.labels("squatted")._value.get() == 1
+    assert await tier.client.exists(name) == 0  # released after
+
+
+async def test_a_holder_past_its_first_expiry_keeps_its_lock(tier: RedisTier) -> None:
+    """A holder working longer than its lock's TTL renews it with a new value (a new expiry
+    under the tag): a waiter never takes a live holder's lock for an expired one."""
+    holder = CrossReplicaFlight(tier, lock_ttl_s=0.3)
+    waiter_metrics = Metrics()
+    waiter = CrossReplicaFlight(tier, lock_ttl_s=0.3, max_wait_s=30, metrics=waiter_metrics)
+    name = holder.lock_key(KEY)
+    working, release = asyncio.Event(), asyncio.Event()
+
+    async def produce() -> str:
+        working.set()
+        await release.wait()
+        await tier.put(KEY, wav_entry())
+        return "holder"
+
+    async def adopt(entry: Entry) -> str:
+        return "adopted"
+
+    async def never() -> str:
+        raise AssertionError("the waiter must not produce")
+
+    held = asyncio.ensure_future(holder.run(KEY, produce, adopt))
+    await working.wait()
+    first = await tier.client.get(name)
+    assert isinstance(first, bytes)
+    first_expiry = tier.seal.lock_token_expiry(name, first)
+    assert first_expiry is not None
+    waiting = asyncio.ensure_future(waiter.run(KEY, never, adopt))
+    try:
+        # Well past the first value's expiry: renewed (a new value), still the holder's.
+        await until(lambda: time.time() > first_expiry + 0.5, 10, "the first value's expiry")
+        now = await tier.client.get(name)
+        assert isinstance(now, bytes) and now != first
+        renewed = tier.seal.lock_token_expiry(name, now)
+        assert renewed is not None and renewed > time.time()
+        assert not waiting.done()
+    finally:
+        release.set()
+    assert await held == "holder"
+    assert await waiting == "adopted"
+    assert waiter_metrics.redis_locks.labels("squatted")._value.get() == 0
+    assert waiter_metrics.redis_lock_waits.labels("takeover")._value.get() == 0
 
 
 # ---- through the gateway ------------------------------------------------------------------
