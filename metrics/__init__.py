@@ -383,6 +383,12 @@ class Metrics:
             "shared table had no room for the key or client (the limit then holds per process).",
             registry=r,
         )
+        self.rate_limit_counters_discarded = Counter(
+            "voxgate_rate_limit_counters_discarded_total",
+            "Rate-limit counters found in Redis that no replica could have written (a count "
+            "over the limit, no TTL or a longer one), deleted when they refused a request.",
+            registry=r,
+        )
 
     def before_collect(self, hook: Callable[[], None]) -> None:
         """Run ``hook`` (a flush of counts kept outside prometheus-client) before every collection

@@ -21,6 +21,8 @@ from typing import Any
 
 import diskcache
 import pytest
+from limits import RateLimitItemPerMinute
+from redis.asyncio import Redis
 
 from cache.disk import DiskTier, frame
 from cache.distributed import CrossReplicaFlight
@@ -30,6 +32,7 @@ from cache.redis_tier import EntrySeal, RedisTier
 from cache.store import TieredStore
 from cache.tier import PurgeFilter
 from gateway.http import keys
+from gateway.runtime.apikeys import key_table
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 from tests.conftest import GatewayFactory
@@ -347,6 +350,87 @@ async def test_a_holder_past_its_first_expiry_keeps_its_lock(tier: RedisTier) ->
     assert await waiting == "adopted"
     assert waiter_metrics.redis_locks.labels("squatted")._value.get() == 0
     assert waiter_metrics.redis_lock_waits.labels("takeover")._value.get() == 0
+
+
+# ---- rate-limit counters ------------------------------------------------------------------
+
+LIMITED_SECRET = "limited-secret-0123456789-abcdefghijklmn"
+
+
+async def counter_names(client: Redis) -> list[bytes]:
+    return sorted([name async for name in client.scan_iter(match="voxgate:ratelimit*")])
+
+
+async def test_a_counter_planted_under_a_keys_name_locks_nothing(
+    gateway: GatewayFactory, settings: Settings, tmp_path: Path, redis: RedisServer
+) -> None:
+    """A rate-limit counter written to Redis under a key's name (``r:<name>``, what anyone who
+    knows the name and can write Redis could compute) once locked that key out for good. Now
+    the counters are named by an HMAC under the cache secret: the planted one counts for no
+    key, the key's own budget still holds, and no counter name in Redis holds a key's name."""
+    keys_file = tmp_path / "keys.toml"
+    keys_file.write_text(key_table("ivr-prod", LIMITED_SECRET, ["speak"], requests_per_minute=3))
+    client = await gateway(
+        settings=settings.replace(
+            api_keys_file=str(keys_file), redis_url=redis.url, cache_secret=CACHE_SECRET
+        )
+    )
+    attacker = Redis.from_url(redis.url)
+    try:
+        plain = RateLimitItemPerMinute(3).key_for("r:ivr-prod")
+        await attacker.set(f"voxgate:ratelimit:{{{plain}}}", 10**6)  # no TTL: for good
+        headers = {"X-API-Key": LIMITED_SECRET}
+        statuses = [(await client.get("/v1/models", headers=headers)).status for _ in range(4)]
+        assert statuses == [200, 200, 200, 429]  # its own budget, shared in Redis, holds
+        names = await counter_names(attacker)
+        assert len(names) == 2  # the planted one and the key's own
+        assert [name for name in names if b"ivr-prod" in name] == [
+            f"voxgate:ratelimit:{{{plain}}}".encode()
+        ]
+    finally:
+        await attacker.aclose()
+
+
+@pytest.mark.parametrize("planted", ["over the limit", "no TTL", "a longer TTL"])
+async def test_a_counter_no_replica_could_write_is_discarded(
+    gateway: GatewayFactory,
+    settings: Settings,
+    metrics: Metrics,
+    tmp_path: Path,
+    redis: RedisServer,
+    planted: str,
+) -> None:
+    """Someone who can write Redis finds the counters in use by a scan (not whose they are)
+    and rewrites them. A count past the limit or a TTL the library never sets once locked the
+    key out for as long as the counter lived (for good without a TTL): the refusal it causes
+    now deletes it, counts it, and the key's budget starts again."""
+    keys_file = tmp_path / "keys.toml"
+    keys_file.write_text(key_table("ivr-prod", LIMITED_SECRET, ["speak"], requests_per_minute=3))
+    client = await gateway(
+        settings=settings.replace(
+            api_keys_file=str(keys_file), redis_url=redis.url, cache_secret=CACHE_SECRET
+        )
+    )
+    headers = {"X-API-Key": LIMITED_SECRET}
+    attacker = Redis.from_url(redis.url)
+    try:
+        assert (await client.get("/v1/models", headers=headers)).status == 200
+        names = await counter_names(attacker)
+        assert names  # what the scan finds
+        count, px = {
+            "over the limit": (10**6, 60_000),
+            "no TTL": (3, None),
+            "a longer TTL": (3, 3_600_000),
+        }[planted]
+        for name in names:
+            await attacker.set(name, count, px=px)
+        statuses = [(await client.get("/v1/models", headers=headers)).status for _ in range(4)]
+        assert statuses == [200, 200, 200, 429]  # the budget starts again, and holds
+        count_of = metrics.registry.get_sample_value
+        assert count_of("voxgate_rate_limit_counters_discarded_total") == 1
+        assert count_of("voxgate_rate_limit_fallbacks_total") == 0
+    finally:
+        await attacker.aclose()
 
 
 # ---- through the gateway ------------------------------------------------------------------
