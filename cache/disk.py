@@ -9,17 +9,29 @@ cache directory ran code as the gateway (issue 12). :class:`RawBytesDisk` stores
 bytes only and refuses every other row. The directories are created 0700, and each value is framed
 with a CRC-32C over the whole blob, so a flipped bit in the metadata (its content type, its
 format) is caught like one in the audio.
+
+Nor is a row's *filename* trusted: diskcache joins it to the cache directory and opens or deletes
+whatever that names, so a planted ``../../x`` (or an absolute path) once made the clean-up of a
+corrupt row delete a file outside the cache directory, and a row naming a FIFO wedged a disk
+thread in ``open`` for good. :class:`RawBytesDisk` reaches a value file one folder at a time from
+the cache directory without following a symbolic link, opens it non-blocking and reads it only if
+it is a regular file; anything else is a corrupt row, and a filename that is not a plain relative
+path is never handed to the file system at all (see :func:`_path_parts`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import errno
 import functools
 import logging
+import os
 import sqlite3
+import stat
 import struct
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -71,8 +83,13 @@ class RawBytesDisk(diskcache.Disk):  # type: ignore[misc]  # diskcache ships no 
     diskcache's own ``Disk`` pickles anything else and unpickles any row whose mode says so; a
     row planted in the cache directory then runs code when read. Here a pickle or text row, a key
     stored pickled, or a value that is not bytes is refused with :class:`CorruptEntry` (a miss,
-    and the store deletes it); nothing from disk is ever unpickled.
+    and the store deletes it); nothing from disk is ever unpickled. A row's value file is
+    read and removed only inside the cache directory (see the module's notes).
     """
+
+    # The largest value file read (the tier sets its own bound): a bigger one is corrupt, so a
+    # planted file costs no more memory than a genuine value could.
+    max_file_bytes: int = 1 << 62
 
     def put(self, key: Any) -> tuple[Any, bool]:
         if type(key) is not str:
@@ -105,9 +122,124 @@ class RawBytesDisk(diskcache.Disk):  # type: ignore[misc]  # diskcache ships no 
                 raise CorruptEntry(f"a disk row holding {type(value).__name__}, not bytes")
             return value
         if mode == diskcache.core.MODE_BINARY:
-            return super().fetch(mode, filename, value, read)
+            return self._read_value_file(filename)
         # MODE_PICKLE above all: never handed to pickle. MODE_TEXT: never written by us.
         raise CorruptEntry(f"a disk row in mode {mode}: refused, never unpickled")
+
+    def _read_value_file(self, filename: object) -> bytes:
+        """The bytes of the value file a row names, read without trusting the name.
+
+        An ``OSError`` that is not about the name (the file deleted since the row was read,
+        ENOENT) reaches diskcache, which answers a miss as it always did; a name that leads out
+        of the directory, through a link or to something not a regular file is
+        :class:`CorruptEntry` (a counted miss; the store deletes the row, and :meth:`remove`
+        touches nothing outside the directory).
+        """
+        parts = _path_parts(filename)
+        with ExitStack() as fds:
+            folder = _walk_folders(self._directory, parts, fds)
+            try:
+                fd = os.open(parts[-1], _FILE_FLAGS, dir_fd=folder)
+            except OSError as exc:
+                if exc.errno in _LINK_ERRNOS:
+                    raise CorruptEntry("a disk row naming a link, not a value file") from None
+                raise
+            fds.callback(os.close, fd)
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise CorruptEntry("a disk row naming something that is not a regular file")
+            if info.st_size > self.max_file_bytes:
+                raise CorruptEntry(f"a disk value file of {info.st_size} bytes, over the tier")
+            return _read_exactly(fd, info.st_size)
+
+    def remove(self, file_path: Any) -> None:
+        """Delete a value file and the folders it leaves empty, inside the cache directory only.
+
+        diskcache's own ``remove`` deletes ``join(directory, name)`` and then every empty folder
+        above it (``os.removedirs``), wherever the name points. Here a name that is not a plain
+        relative path deletes nothing, a link on the way is not followed (a link in place of the
+        file is removed itself, never its target), and the walk up stops at the cache directory.
+        Errors are suppressed, as diskcache's are (two caches may delete one file at once).
+        """
+        try:
+            parts = _path_parts(file_path)
+        except CorruptEntry:
+            log.warning("a disk row naming a file outside the cache: no file deleted")
+            return
+        with ExitStack() as fds:
+            try:
+                folders = [_open_folder(self._directory, fds)]
+                for part in parts[:-1]:
+                    folders.append(_open_folder(part, fds, folders[-1]))
+                os.unlink(parts[-1], dir_fd=folders[-1])
+            except OSError:
+                return
+            # Empty folders go, deepest first, up to (not including) the cache directory.
+            for depth in range(len(parts) - 1, 0, -1):
+                try:
+                    os.rmdir(parts[depth - 1], dir_fd=folders[depth - 1])
+                except OSError:
+                    return
+
+
+# A value file is opened without following a link and without waiting on a FIFO's writer; folders
+# on the way are opened as folders, without following a link either.
+_FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# What open() answers for a link where O_NOFOLLOW forbids one (ELOOP), or a link or file where
+# O_DIRECTORY wants a folder (ENOTDIR).
+_LINK_ERRNOS = (errno.ELOOP, errno.ENOTDIR)
+
+
+def _path_parts(filename: object) -> list[str]:
+    """The folders and file name of a row's ``filename``; :class:`CorruptEntry` unless it is a
+    relative path of plain names (no ``..``, ``.``, empty part or NUL). diskcache writes
+    ``ab/cd/<hex>.val``; anything else in that column was written by someone else."""
+    if not isinstance(filename, str) or not filename or "\0" in filename:
+        raise CorruptEntry("a disk row without a usable value file name")
+    parts = filename.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        raise CorruptEntry("a disk row naming a file outside the cache directory")
+    return parts
+
+
+def _open_folder(name: str, fds: ExitStack, parent: int | None = None) -> int:
+    """An fd of folder ``name`` (in ``parent``), closed with ``fds``; a link is not followed.
+    The cache directory itself (no ``parent``) is the operator's and may be reached by links."""
+    if parent is None:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    else:
+        fd = os.open(name, _FOLDER_FLAGS, dir_fd=parent)
+    fds.callback(os.close, fd)
+    return fd
+
+
+def _walk_folders(directory: str, parts: list[str], fds: ExitStack) -> int:
+    """The fd of the folder holding ``parts[-1]``, reached from ``directory`` one folder at a
+    time; :class:`CorruptEntry` when one on the way is a link or not a folder."""
+    folder = _open_folder(directory, fds)
+    for part in parts[:-1]:
+        try:
+            folder = _open_folder(part, fds, folder)
+        except OSError as exc:
+            if exc.errno in _LINK_ERRNOS:
+                raise CorruptEntry("a disk row whose path leads through a link") from None
+            raise
+    return folder
+
+
+def _read_exactly(fd: int, size: int) -> bytes:
+    """``size`` bytes of ``fd`` (one read, as a rule): fewer (the file shrank) is a corrupt
+    value, never a short one passed on; more (it grew) is not read."""
+    chunks: list[bytes] = []
+    left = size
+    while left:
+        chunk = os.read(fd, left)
+        if not chunk:
+            raise CorruptEntry("a disk value file shorter than it was")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _private_dir(path: Path) -> None:
@@ -161,6 +293,8 @@ class DiskTier:
             timeout=timeout_s,
             disk=RawBytesDisk,
         )
+        for cache in (self._cache, self._pinned):
+            cache.disk.max_file_bytes = max_bytes
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="disk-tier")
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:

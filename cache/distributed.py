@@ -3,21 +3,29 @@
 The in-process :class:`cache.singleflight.SingleFlight` makes one task per key in a process; this
 makes one *replica* per key do the work:
 
-1. redis-py's :class:`~redis.asyncio.lock.Lock` (``SET <prefix>lock:<key> <token> NX PX <ttl>``
-   with a random token per attempt): the replica that gets the lock produces the value (and
-   writes it to the store, Redis included). A keeper task extends the lock while the work runs,
-   so a slow synthesis never loses it; a holder that dies stops extending and the lock expires
-   after ``lock_ttl_s``.
-2. Extend and release are redis-py's compare-token scripts: only the holder extends or deletes
-   the lock, so a lock that expired and was taken by another replica is never released by us.
+1. A lock per key (``SET <prefix>lock:<key> <token> NX PX <ttl>``): the replica that gets it
+   produces the value (and writes it to the store, Redis included). A keeper task renews the lock
+   every third of its TTL while the work runs, so a slow synthesis never loses it; a holder that
+   dies stops renewing and the lock expires after ``lock_ttl_s``.
+2. Renew and release are compare-token scripts: only the holder renews or deletes the lock, so a
+   lock that expired and was taken by another replica is never released by us.
 3. Other replicas poll the store key with exponential backoff. Between polls they try the lock
    again: a holder that died (lock expired) or failed (lock released, no value) is taken over.
 4. A waiter gives up after ``max_wait_s`` and produces the value itself rather than hang.
-5. A lock value is a nonce plus its HMAC under the cache secret, and a lock always has a TTL of
-   at most ``lock_ttl_s``. A waiter that finds a lock value that does not verify, or a lock with
-   no TTL or a longer one, knows no replica took it (someone wrote it to Redis): it deletes it
-   (only if unchanged) and takes the lock, so a squatted key delays a miss by one poll, not by
-   ``max_wait_s``.
+5. A lock value is a nonce and an expiry (Unix ms, at most ``lock_ttl_s`` after it was made),
+   both under one HMAC with the cache secret (:meth:`EntrySeal.lock_token`); each renewal writes
+   a fresh value with a new expiry, in the same script that checks the old one. A waiter treats
+   a lock as held only while its value verifies, its expiry is ahead and its TTL is at most
+   ``lock_ttl_s``. Anything else no live replica holds: a value written without the secret, a
+   captured value replayed after its expiry, a key with no TTL or a longer one. The waiter
+   deletes it (only if unchanged, so a holder that renewed meanwhile keeps its lock) and takes
+   the lock, so a squatted key delays a miss by one poll, not by ``max_wait_s``, and a replayed
+   value by at most what was left of its life when it was captured.
+
+Expiries are read on the waiter's clock: replicas' clocks must agree to better than two thirds
+of ``lock_ttl_s`` (a live lock always has that much left); a replica further ahead takes live
+locks over (the work is done twice, never wrong), one behind honours replayed values that much
+longer.
 
 Polling rather than pub/sub: a waiter needs the value, which lives in the store anyway, and a
 subscription costs a dedicated connection per waiter (per cluster shard); the poll is at most
@@ -30,12 +38,11 @@ command is valid in Cluster mode.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
-
-from redis.asyncio.lock import Lock
-from redis.exceptions import LockNotOwnedError
 
 from cache.entry import CorruptEntry, Entry
 from cache.redis_tier import RedisTier
@@ -88,13 +95,9 @@ class CrossReplicaFlight:
         """The value of ``key``: made here by ``produce`` if this replica gets the lock, else
         ``adopt``-ed from the entry another replica stores under ``key`` in the Redis tier.
         """
-        # thread_local=False: the token belongs to this call, and every await of it runs on the
-        # loop's thread anyway. The token is ours (an authenticated nonce), not redis-py's uuid1.
-        name = self.lock_key(key)
-        lock = Lock(self.tier.client, name, timeout=self.lock_ttl_s, thread_local=False)
-        token = self.tier.seal.lock_token(name)
+        lock = _Lock(self.lock_key(key))
         try:
-            acquired = await self._acquire(lock, token)
+            acquired = await self._acquire(lock)
         except TierError:  # Redis down or breaker open: this replica works alone (counted)
             self._count_lock("bypassed")
             return await produce()
@@ -102,13 +105,28 @@ class CrossReplicaFlight:
             self._count_lock("acquired")
             return await self._hold(lock, produce)
         self._count_lock("contended")
-        return await self._wait(key, lock, token, produce, adopt)
+        return await self._wait(key, lock, produce, adopt)
 
-    async def _acquire(self, lock: Lock, token: str) -> bool:
-        got = await self.tier.guarded("lock", lambda: lock.acquire(blocking=False, token=token))
+    def _token(self, lock: _Lock) -> str:
+        """A fresh value for ``lock``: minted at each attempt, so its expiry runs from when it
+        is written (a waiter that takes the lock after a long wait writes a full-length one)."""
+        return self.tier.seal.lock_token(lock.name, self.lock_ttl_s)
+
+    async def _acquire(self, lock: _Lock) -> bool:
+        token = self._token(lock)
+        client = self.tier.client
+        ttl_ms = self._ttl_ms()
+        got = await self.tier.guarded(
+            "lock", lambda: client.set(lock.name, token, nx=True, px=ttl_ms)
+        )
+        if got:
+            lock.token = token
         return bool(got)
 
-    async def _hold(self, lock: Lock, produce: Callable[[], Awaitable[T]]) -> T:
+    def _ttl_ms(self) -> int:
+        return max(1, int(self.lock_ttl_s * 1000))
+
+    async def _hold(self, lock: _Lock, produce: Callable[[], Awaitable[T]]) -> T:
         # The keeper lives exactly as long as the work: a TaskGroup cancels it and waits for it
         # on every way out, and lets the caller's own cancellation through (where
         # suppress(CancelledError) around awaiting the cancelled keeper swallowed it).
@@ -128,37 +146,56 @@ class CrossReplicaFlight:
             await self._release(lock)
         raise failure
 
-    async def _keep(self, lock: Lock) -> None:
-        """Extend the lock every third of its TTL while the work runs; never raises (a keeper
-        failure must not fail or cancel the work: the lock then just expires)."""
+    async def _keep(self, lock: _Lock) -> None:
+        """Renew the lock every third of its TTL while the work runs, with a fresh value (a new
+        expiry under the tag); never raises (a keeper failure must not fail or cancel the work:
+        the lock then just expires)."""
         while True:
             await asyncio.sleep(self.lock_ttl_s / 3)
+            token = self._token(lock)
             try:
-                held = await self.tier.guarded("lock", lambda: _extend(lock, self.lock_ttl_s))
+                renewed = await self.tier.guarded(
+                    "lock", functools.partial(self._renew, lock.name, lock.token, token)
+                )
             except TierError as exc:
                 # Counted by guarded; the next tick tries again, and if Redis stays away the
                 # lock expires and another replica may duplicate the work: safe, only wasteful.
-                log.debug("lock extend failed: %s", exc)
+                # (Redis may have applied the renewal and lost the answer: then the lock holds
+                # a value we no longer know, and expires on its own.)
+                log.debug("lock renewal failed: %s", exc)
                 continue
             except Exception:
                 log.exception("the lock keeper failed; the lock will expire on its own")
                 return
-            if not held:
+            if not renewed:
                 log.warning("synthesis lock lost before the work finished: %s", lock.name)
                 return
+            lock.token = token
 
-    async def _release(self, lock: Lock) -> None:
+    async def _renew(self, name: str, held: str, token: str) -> bool:
+        """Replace lock value ``held`` with ``token`` and a full TTL; False when ``name`` no
+        longer holds ``held`` (the lock expired, and another replica may have it)."""
+        renewed = await self.tier.client.eval(_RENEW_IF_EQUAL, 1, name, held, token, self._ttl_ms())
+        return bool(renewed)
+
+    async def _release(self, lock: _Lock) -> None:
+        client = self.tier.client
+        held = lock.token
         try:
-            await self.tier.guarded("unlock", lambda: _release_if_held(lock))
+            released = await self.tier.guarded(
+                "unlock", lambda: client.eval(_DELETE_IF_EQUAL, 1, lock.name, held)
+            )
         except TierError as exc:
             # Counted by guarded; the lock expires on its own within its TTL.
             log.debug("lock release failed: %s", exc)
+            return
+        if not released:
+            log.debug("lock %s expired before release (another replica may hold it)", lock.name)
 
     async def _wait(
         self,
         key: str,
-        lock: Lock,
-        token: str,
+        lock: _Lock,
         produce: Callable[[], Awaitable[T]],
         adopt: Callable[[Entry], Awaitable[T]],
     ) -> T:
@@ -183,7 +220,7 @@ class CrossReplicaFlight:
                         "waited %.1fs on another replica; synthesizing here", self.max_wait_s
                     )
                     break
-                if await self._acquire(lock, token) or await self._evict_squatter(lock, token):
+                if await self._acquire(lock) or await self._evict_squatter(lock):
                     # The holder may have stored its entry and released the lock between this
                     # poll's read and the acquire: read once more under the lock, so a finished
                     # production is adopted rather than made again.
@@ -208,10 +245,10 @@ class CrossReplicaFlight:
                 self._observe_wait(outcome, loop.time() - started)
         return await produce()
 
-    async def _evict_squatter(self, lock: Lock, token: str) -> bool:
-        """True when the lock held was not a replica's (see the module's point 5) and this call
-        now holds it instead."""
-        name = str(lock.name)
+    async def _evict_squatter(self, lock: _Lock) -> bool:
+        """True when the lock held was not a live replica's (see the module's point 5) and this
+        call now holds it instead."""
+        name = lock.name
         client = self.tier.client
 
         async def look() -> list[object]:
@@ -223,16 +260,23 @@ class CrossReplicaFlight:
         value, pttl = await self.tier.guarded("lock", look)
         if not isinstance(value, bytes):
             return False  # released since (the next poll finds the value, or takes the lock)
-        ttl_ok = isinstance(pttl, int) and 0 < pttl <= self.lock_ttl_s * 1000
-        if ttl_ok and self.tier.seal.lock_token_valid(name, value):
+        if self._held_by_a_replica(name, value, pttl):
             return False  # another replica's: wait for it
         self._count_lock("squatted")
-        log.warning("a synthesis lock no replica took was found and removed: %s", name)
+        log.warning("a synthesis lock no live replica holds was found and removed: %s", name)
         await self.tier.guarded(
             "lock",
             lambda: client.eval(_DELETE_IF_EQUAL, 1, name, value),
         )
-        return await self._acquire(lock, token)
+        return await self._acquire(lock)
+
+    def _held_by_a_replica(self, name: str, value: bytes, pttl: object) -> bool:
+        """Whether a lock value and its TTL are what a live holder keeps: a value made with the
+        cache secret for this key, its expiry ahead, a TTL no longer than ``lock_ttl_s``."""
+        if not isinstance(pttl, int) or not 0 < pttl <= self._ttl_ms():
+            return False
+        expires = self.tier.seal.lock_token_expiry(name, value)
+        return expires is not None and expires > time.time()
 
     def _count_lock(self, result: str) -> None:
         if self.metrics is not None:
@@ -244,28 +288,26 @@ class CrossReplicaFlight:
             self.metrics.redis_lock_wait_seconds.observe(seconds)
 
 
+class _Lock:
+    """One attempt's lock: its Redis key and the value this call wrote there last (empty until
+    it holds the lock; replaced at each renewal)."""
+
+    __slots__ = ("name", "token")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.token = ""
+
+
 # Deletes a key only if it still holds the value read: a replica that took the lock between the
-# look and the delete keeps it.
+# look and the delete keeps it, as does a holder whose renewal wrote a new value meanwhile.
 _DELETE_IF_EQUAL = (
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 )
 
-# Losing the lock is an answer from Redis, not a Redis failure: these keep redis-py's
-# LockNotOwnedError (a RedisError) away from the tier's breaker and error count.
-
-
-async def _extend(lock: Lock, ttl_s: float) -> bool:
-    """Reset ``lock``'s TTL to ``ttl_s`` if we still hold it; False when we lost it."""
-    try:
-        await lock.extend(ttl_s, replace_ttl=True)
-    except LockNotOwnedError:
-        return False
-    return True
-
-
-async def _release_if_held(lock: Lock) -> None:
-    """Delete ``lock`` if it still holds our token; a lock another replica took is left alone."""
-    try:
-        await lock.release()
-    except LockNotOwnedError:
-        log.debug("lock %s expired before release (another replica may hold it)", lock.name)
+# Renews a lock with a new value (a new expiry under its tag) only while it still holds ours: a
+# lock that expired and was taken by another replica is left to it.
+_RENEW_IF_EQUAL = (
+    "if redis.call('get', KEYS[1]) == ARGV[1] then "
+    "redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end return 0"
+)

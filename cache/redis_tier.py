@@ -22,6 +22,7 @@ import hashlib
 import hmac
 import logging
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
@@ -96,25 +97,40 @@ class EntrySeal:
             raise ForgedEntry("redis value fails authentication")
         return Entry.from_blob(blob, verify=False)
 
-    def lock_token(self, name: str) -> str:
-        """A fresh lock value for lock key ``name``: a nonce and its tag, so a waiter can tell
-        a lock a replica took from a key someone planted."""
+    def lock_token(self, name: str, ttl_s: float, *, now: float | None = None) -> str:
+        """A fresh lock value for lock key ``name``, good for ``ttl_s`` seconds from ``now``
+        (the wall clock: replicas on other hosts read it): a nonce, the expiry in Unix
+        milliseconds and their tag, so a waiter can tell a lock a replica holds now from a key
+        someone planted (no valid tag) or replayed (a captured value past its expiry)."""
+        issued = time.time() if now is None else now
         nonce = secrets.token_hex(16)
-        return f"{nonce}.{self._lock_tag(name, nonce)}"
+        expires_ms = str(int((issued + ttl_s) * 1000))
+        return f"{nonce}.{expires_ms}.{self._lock_tag(name, nonce, expires_ms)}"
 
-    def lock_token_valid(self, name: str, value: bytes | str) -> bool:
-        """Whether ``value`` is a lock value :meth:`lock_token` made for ``name``."""
+    def lock_token_expiry(self, name: str, value: bytes | str) -> float | None:
+        """When ``value``, a lock value :meth:`lock_token` made for ``name``, expires (Unix
+        seconds); None when it is not one (planted, altered, another key's, another secret's)."""
         # Bytes throughout: compare_digest refuses a str with non-ASCII characters, and a
         # planted value may hold any bytes.
         raw = value if isinstance(value, bytes) else value.encode("utf-8", "replace")
-        nonce, _, tag = raw.partition(b".")
+        parts = raw.split(b".")
+        if len(parts) != 3:
+            return None
+        nonce, expires_ms, tag = parts
+        # Exactly what lock_token writes (bytes.isdigit is ASCII digits only): a planted "1e3",
+        # " 12" or a 5,000-digit number never reaches int().
         if len(nonce) != 32 or not nonce.isascii():
-            return False
-        return hmac.compare_digest(tag, self._lock_tag(name, nonce.decode()).encode())
+            return None
+        if not expires_ms.isdigit() or len(expires_ms) > 15:
+            return None
+        expected = self._lock_tag(name, nonce.decode(), expires_ms.decode()).encode()
+        if not hmac.compare_digest(tag, expected):
+            return None
+        return int(expires_ms) / 1000
 
-    def _lock_tag(self, name: str, nonce: str) -> str:
+    def _lock_tag(self, name: str, nonce: str, expires_ms: str) -> str:
         return hmac.new(
-            self._secret, f"lock\0{name}\0{nonce}".encode(), hashlib.sha256
+            self._secret, f"lock\0{name}\0{nonce}\0{expires_ms}".encode(), hashlib.sha256
         ).hexdigest()[:32]
 
 

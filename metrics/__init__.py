@@ -325,7 +325,8 @@ class Metrics:
             "voxgate_redis_locks_total",
             "Cross-replica synthesis locks asked for, by result (acquired: this replica "
             "synthesizes; contended: another replica holds it; bypassed: Redis unavailable, "
-            "synthesized locally; squatted: a lock no replica took, removed and taken).",
+            "synthesized locally; squatted: a lock no live replica holds (unauthenticated, expired, or "
+            "with a wrong TTL), removed and taken).",
             ["result"],
             registry=r,
         )
@@ -380,6 +381,12 @@ class Metrics:
             "voxgate_host_table_full_total",
             "Rate-limit checks and queue shares counted in one gateway process because the host's "
             "shared table had no room for the key or client (the limit then holds per process).",
+            registry=r,
+        )
+        self.rate_limit_counters_discarded = Counter(
+            "voxgate_rate_limit_counters_discarded_total",
+            "Rate-limit counters found in Redis that no replica could have written (a count "
+            "over the limit, no TTL or a longer one), deleted when they refused a request.",
             registry=r,
         )
 

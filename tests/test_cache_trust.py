@@ -6,22 +6,33 @@ a real gateway on loopback."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import os
+import sqlite3
 import struct
+import time
 import tracemalloc
 import zlib
 from collections.abc import AsyncIterator
+from contextlib import closing
+from pathlib import Path
 from typing import Any
 
+import diskcache
 import pytest
+from limits import RateLimitItemPerMinute
+from redis.asyncio import Redis
 
-from cache.disk import DiskTier
+from cache.disk import DiskTier, frame
 from cache.distributed import CrossReplicaFlight
 from cache.entry import CorruptEntry, Entry, ForgedEntry
 from cache.memory import MemoryTier
-from cache.redis_tier import RedisTier
+from cache.redis_tier import EntrySeal, RedisTier
 from cache.store import TieredStore
+from cache.tier import PurgeFilter
 from gateway.http import keys
+from gateway.runtime.apikeys import key_table
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 from tests.conftest import GatewayFactory
@@ -192,8 +203,8 @@ async def test_a_squatted_lock_does_not_stall_a_miss(tier: RedisTier) -> None:
     squats = [
         ("junk", None),  # a value, no TTL
         ("junk", 20_000),  # a value with a TTL
-        (tier.seal.lock_token(flight.lock_key(KEY)), None),  # a real token, no TTL
-        (tier.seal.lock_token(flight.lock_key(OTHER)), 20_000),  # another key's token
+        (tier.seal.lock_token(flight.lock_key(KEY), 30), None),  # a real token, no TTL
+        (tier.seal.lock_token(flight.lock_key(OTHER), 30), 20_000),  # another key's token
         ("a" * 32 + ".\u00e9", 20_000),  # a tag not ASCII (compare_digest refuses such a str)
         (b"a" * 32 + b".\xff", 20_000),  # not even UTF-8
     ]
@@ -242,6 +253,184 @@ async def test_a_replicas_lock_is_still_waited_for(tier: RedisTier) -> None:
     assert await held == "holder"
     assert await waiting == "adopted"
     assert metrics.redis_locks.labels("squatted")._value.get() == 0
+
+
+async def capture_a_lock_value(tier: RedisTier) -> bytes:
+    """A genuine lock value, as someone watching Redis would capture it from a replica's work
+    (its lock lived 0.2 s)."""
+    holder = CrossReplicaFlight(tier, lock_ttl_s=0.2)
+
+    async def produce() -> bytes:
+        value = await tier.client.get(holder.lock_key(KEY))
+        assert isinstance(value, bytes)
+        return value
+
+    async def adopt(entry: Entry) -> bytes:
+        raise AssertionError("nothing is stored")
+
+    return await holder.run(KEY, produce, adopt)
+
+
+@pytest.mark.parametrize("forgery", ["replayed", "expiry moved on", "another secret"])
+async def test_a_replayed_or_forged_lock_value_does_not_stall_a_miss(
+    tier: RedisTier, forgery: str
+) -> None:
+    """A lock value captured from a replica and written back after its expiry passed was a
+    valid lock: a miss waited ``redis_lock_wait_s`` behind it. The expiry is now under the
+    value's HMAC: an expired value, one whose expiry was moved on, or one made without the
+    cache secret is no replica's lock, removed at the first poll and taken."""
+    metrics = Metrics()
+    flight = CrossReplicaFlight(tier, lock_ttl_s=30, max_wait_s=3, metrics=metrics)
+    name = flight.lock_key(KEY)
+    captured_at = time.time()
+    captured = await capture_a_lock_value(tier)
+    if forgery == "replayed":
+        # It was made at most 0.2 s (its lock's TTL) before it expires.
+        await until(lambda: time.time() > captured_at + 0.25, 10, "the captured value's expiry")
+        planted = captured
+    elif forgery == "expiry moved on":
+        nonce, _, tag = captured.split(b".")
+        planted = b".".join([nonce, str(int(time.time() + 3600) * 1000).encode(), tag])
+    else:
+        planted = EntrySeal(b"another-secret-of-32-characters!").lock_token(name, 30).encode()
+    await tier.client.set(name, planted, px=20_000)  # a TTL a real lock could have
+
+    async def produce() -> str:
+        return "made"
+
+    async def adopt(entry: Entry) -> str:
+        raise AssertionError("nothing is stored")
+
+    assert await flight.run(KEY, produce, adopt) == "made"
+    assert metrics.redis_lock_waits.labels("takeover")._value.get() == 1
+    assert metrics.redis_lock_waits.labels("timeout")._value.get() == 0  # not stalled
+    assert metrics.redis_locks.labels("squatted")._value.get() == 1
+    assert await tier.client.exists(name) == 0  # released after
+
+
+async def test_a_holder_past_its_first_expiry_keeps_its_lock(tier: RedisTier) -> None:
+    """A holder working longer than its lock's TTL renews it with a new value (a new expiry
+    under the tag): a waiter never takes a live holder's lock for an expired one."""
+    holder = CrossReplicaFlight(tier, lock_ttl_s=0.3)
+    waiter_metrics = Metrics()
+    waiter = CrossReplicaFlight(tier, lock_ttl_s=0.3, max_wait_s=30, metrics=waiter_metrics)
+    name = holder.lock_key(KEY)
+    working, release = asyncio.Event(), asyncio.Event()
+
+    async def produce() -> str:
+        working.set()
+        await release.wait()
+        await tier.put(KEY, wav_entry())
+        return "holder"
+
+    async def adopt(entry: Entry) -> str:
+        return "adopted"
+
+    async def never() -> str:
+        raise AssertionError("the waiter must not produce")
+
+    held = asyncio.ensure_future(holder.run(KEY, produce, adopt))
+    await working.wait()
+    first = await tier.client.get(name)
+    assert isinstance(first, bytes)
+    first_expiry = tier.seal.lock_token_expiry(name, first)
+    assert first_expiry is not None
+    waiting = asyncio.ensure_future(waiter.run(KEY, never, adopt))
+    try:
+        # Well past the first value's expiry: renewed (a new value), still the holder's.
+        await until(lambda: time.time() > first_expiry + 0.5, 10, "the first value's expiry")
+        now = await tier.client.get(name)
+        assert isinstance(now, bytes) and now != first
+        renewed = tier.seal.lock_token_expiry(name, now)
+        assert renewed is not None and renewed > time.time()
+        assert not waiting.done()
+    finally:
+        release.set()
+    assert await held == "holder"
+    assert await waiting == "adopted"
+    assert waiter_metrics.redis_locks.labels("squatted")._value.get() == 0
+    assert waiter_metrics.redis_lock_waits.labels("takeover")._value.get() == 0
+
+
+# ---- rate-limit counters ------------------------------------------------------------------
+
+LIMITED_SECRET = "limited-secret-0123456789-abcdefghijklmn"
+
+
+async def counter_names(client: Redis) -> list[bytes]:
+    return sorted([name async for name in client.scan_iter(match="voxgate:ratelimit*")])
+
+
+async def test_a_counter_planted_under_a_keys_name_locks_nothing(
+    gateway: GatewayFactory, settings: Settings, tmp_path: Path, redis: RedisServer
+) -> None:
+    """A rate-limit counter written to Redis under a key's name (``r:<name>``, what anyone who
+    knows the name and can write Redis could compute) once locked that key out for good. Now
+    the counters are named by an HMAC under the cache secret: the planted one counts for no
+    key, the key's own budget still holds, and no counter name in Redis holds a key's name."""
+    keys_file = tmp_path / "keys.toml"
+    keys_file.write_text(key_table("ivr-prod", LIMITED_SECRET, ["speak"], requests_per_minute=3))
+    client = await gateway(
+        settings=settings.replace(
+            api_keys_file=str(keys_file), redis_url=redis.url, cache_secret=CACHE_SECRET
+        )
+    )
+    attacker = Redis.from_url(redis.url)
+    try:
+        plain = RateLimitItemPerMinute(3).key_for("r:ivr-prod")
+        await attacker.set(f"voxgate:ratelimit:{{{plain}}}", 10**6)  # no TTL: for good
+        headers = {"X-API-Key": LIMITED_SECRET}
+        statuses = [(await client.get("/v1/models", headers=headers)).status for _ in range(4)]
+        assert statuses == [200, 200, 200, 429]  # its own budget, shared in Redis, holds
+        names = await counter_names(attacker)
+        assert len(names) == 2  # the planted one and the key's own
+        assert [name for name in names if b"ivr-prod" in name] == [
+            f"voxgate:ratelimit:{{{plain}}}".encode()
+        ]
+    finally:
+        await attacker.aclose()
+
+
+@pytest.mark.parametrize("planted", ["over the limit", "no TTL", "a longer TTL"])
+async def test_a_counter_no_replica_could_write_is_discarded(
+    gateway: GatewayFactory,
+    settings: Settings,
+    metrics: Metrics,
+    tmp_path: Path,
+    redis: RedisServer,
+    planted: str,
+) -> None:
+    """Someone who can write Redis finds the counters in use by a scan (not whose they are)
+    and rewrites them. A count past the limit or a TTL the library never sets once locked the
+    key out for as long as the counter lived (for good without a TTL): the refusal it causes
+    now deletes it, counts it, and the key's budget starts again."""
+    keys_file = tmp_path / "keys.toml"
+    keys_file.write_text(key_table("ivr-prod", LIMITED_SECRET, ["speak"], requests_per_minute=3))
+    client = await gateway(
+        settings=settings.replace(
+            api_keys_file=str(keys_file), redis_url=redis.url, cache_secret=CACHE_SECRET
+        )
+    )
+    headers = {"X-API-Key": LIMITED_SECRET}
+    attacker = Redis.from_url(redis.url)
+    try:
+        assert (await client.get("/v1/models", headers=headers)).status == 200
+        names = await counter_names(attacker)
+        assert names  # what the scan finds
+        count, px = {
+            "over the limit": (10**6, 60_000),
+            "no TTL": (3, None),
+            "a longer TTL": (3, 3_600_000),
+        }[planted]
+        for name in names:
+            await attacker.set(name, count, px=px)
+        statuses = [(await client.get("/v1/models", headers=headers)).status for _ in range(4)]
+        assert statuses == [200, 200, 200, 429]  # the budget starts again, and holds
+        count_of = metrics.registry.get_sample_value
+        assert count_of("voxgate_rate_limit_counters_discarded_total") == 1
+        assert count_of("voxgate_rate_limit_fallbacks_total") == 0
+    finally:
+        await attacker.aclose()
 
 
 # ---- through the gateway ------------------------------------------------------------------
@@ -403,3 +592,126 @@ async def test_waiting_for_another_replicas_synthesis_says_coalesced(
     body_b = await rb.read()
     assert len(body_b) > 1000
     assert counting_engine.items == before + 1  # one synthesis, on A
+
+
+# ---- disk rows ----------------------------------------------------------------------------
+
+
+def plant_row(cache_dir: Path, key: str, filename: str) -> None:
+    """A row of the disk tier's bounded side naming ``filename`` as its value file, written
+    straight into diskcache's SQLite, as whoever can write the cache directory could."""
+    with closing(sqlite3.connect(cache_dir / "lru" / "cache.db")) as db, db:
+        db.execute(
+            "INSERT OR REPLACE INTO Cache (key, raw, store_time, expire_time, access_time,"
+            " access_count, tag, size, mode, filename, value)"
+            " VALUES (?, 1, ?, NULL, ?, 0, NULL, 0, ?, ?, NULL)",
+            (key, time.time(), time.time(), diskcache.core.MODE_BINARY, filename),
+        )
+
+
+def disk_lookups(metrics: Metrics, result: str) -> float:
+    got = metrics.registry.get_sample_value(
+        "voxgate_cache_lookups_total", {"tier": "disk", "result": result}
+    )
+    return got or 0.0
+
+
+async def open_disk(path: Path, *, timeout_s: float = 2.0) -> DiskTier:
+    return await asyncio.to_thread(DiskTier, path, 64 * MIB, timeout_s=timeout_s)
+
+
+@pytest.mark.parametrize(
+    "name", ["../../victim/value.val", "ab/../../../victim/value.val", "{victim}/value.val"]
+)
+async def test_a_disk_row_naming_a_file_outside_the_cache_deletes_nothing_there(
+    tmp_path: Path, name: str
+) -> None:
+    """A planted row whose value file is ``../../x`` (or an absolute path) once made the
+    clean-up of the corrupt row delete that file, and its folder, outside the cache directory.
+    Now it is a corrupt row that touches no file outside: on a read, and on a purge."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "value.val").write_bytes(b"an operator's file, not a cache value")
+    filename = name.format(victim=victim)
+    metrics = Metrics()
+    disk = await open_disk(tmp_path / "cache")
+    store = TieredStore([disk], metrics)
+    (tmp_path / "cache" / "lru" / "ab").mkdir()  # so that "ab/.." resolves
+    try:
+        plant_row(tmp_path / "cache", KEY, filename)
+        assert await store.get(KEY) is None
+        assert (victim / "value.val").exists()
+        assert disk_lookups(metrics, "corrupt") == 1
+        assert KEY not in await asyncio.to_thread(lambda: list(disk.iter_keys_sync()))
+        plant_row(tmp_path / "cache", KEY, filename)
+        assert await store.purge(PurgeFilter()) == {"disk": 1}  # the row goes, the file stays
+        assert (victim / "value.val").read_bytes() == b"an operator's file, not a cache value"
+        assert sorted(await asyncio.to_thread(os.listdir, tmp_path)) == ["cache", "victim"]
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("link", ["file", "folder"])
+async def test_a_disk_row_reaching_out_through_a_link_is_refused(tmp_path: Path, link: str) -> None:
+    """A value file (or a folder on its way) that is a symbolic link out of the cache directory
+    is never read, even when what it points to is a well-formed value: it was once served."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    outside = victim / "value.val"
+    planted = frame(wav_entry(b"audio planted outside" * 2000))
+    outside.write_bytes(planted)
+    metrics = Metrics()
+    disk = await open_disk(tmp_path / "cache")
+    store = TieredStore([disk], metrics)
+    lru = tmp_path / "cache" / "lru"
+    if link == "file":
+        (lru / "zz" / "zz").mkdir(parents=True)
+        (lru / "zz" / "zz" / "link.val").symlink_to(outside)
+        filename = "zz/zz/link.val"
+    else:
+        (lru / "zz").symlink_to(victim, target_is_directory=True)
+        filename = "zz/value.val"
+    try:
+        plant_row(tmp_path / "cache", KEY, filename)
+        assert await store.get(KEY) is None
+        assert disk_lookups(metrics, "corrupt") == 1
+        assert outside.read_bytes() == planted
+        if link == "file":  # the link itself is deleted with its row, never its target
+            assert not (lru / "zz" / "zz" / "link.val").is_symlink()
+    finally:
+        await store.close()
+
+
+async def test_a_disk_row_naming_a_fifo_is_a_miss_that_never_blocks(tmp_path: Path) -> None:
+    """A row naming a FIFO once blocked a disk thread in open() until a writer came: a few such
+    rows wedged every thread, and the tier then answered nothing. Now each is a corrupt row,
+    answered at once, and the tier still serves after more of them than it has threads."""
+    metrics = Metrics()
+    disk = await open_disk(tmp_path / "cache", timeout_s=1.0)
+    store = TieredStore([disk], metrics)
+    fifos = tmp_path / "cache" / "lru" / "ff"
+    fifos.mkdir(parents=True)
+    planted = [f"{i:02x}" * 32 for i in range(6)]  # more than the tier's 4 threads
+    for i, key in enumerate(planted):
+        os.mkfifo(fifos / f"{i}.val")
+        plant_row(tmp_path / "cache", key, f"ff/{i}.val")
+    try:
+        async with asyncio.timeout(30):
+            for key in planted:
+                assert await store.get(key) is None
+            assert disk_lookups(metrics, "corrupt") == len(planted)
+            assert disk_lookups(metrics, "error") == 0  # none timed out
+            real = wav_entry(b"real audio" * 5000)
+            await store.put(OTHER, real)
+            found = await store.get(OTHER)
+            assert found is not None and found.entry.audio == real.audio
+    finally:
+        # A reader still blocked in open() (the failure this test looks for) is let go, so the
+        # tier's threads can be joined.
+        for fifo in fifos.glob("*.val"):
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:  # ENXIO: no reader waits on it
+                    raise
+        await store.close()

@@ -230,7 +230,7 @@ async def test_wait_is_bounded(tier: RedisTier) -> None:
     assert metrics is not None
     flight = CrossReplicaFlight(tier, lock_ttl_s=5, max_wait_s=0.4, metrics=metrics)
     # A replica's genuine lock (a valid token, a TTL within lock_ttl_s) that it never releases.
-    stuck = tier.seal.lock_token(flight.lock_key(KEY))
+    stuck = tier.seal.lock_token(flight.lock_key(KEY), 5)
     await tier.client.set(flight.lock_key(KEY), stuck, px=5_000)
 
     async def produce() -> str:

@@ -108,6 +108,7 @@ def create_app(
     app[keys.LIMITS] = KeyLimits(
         app[keys.METRICS],
         redis_url=settings.redis_url.get_secret_value() if settings.api_keys_file else "",
+        secret=settings.cache_secret.get_secret_value().encode(),
         prefix=settings.redis_prefix,
         timeout_s=settings.redis_timeout_ms / 1000,
         retry_redis_after_s=settings.redis_breaker_reset_ms / 1000,

@@ -11,12 +11,22 @@ processes. When Redis cannot be reached, checks fall back to the host's table fo
 ``redis_breaker_reset_ms`` before Redis is tried again: a limit is then enforced per host (looser,
 never off), counted in ``voxgate_rate_limit_fallbacks_total`` and logged once per outage. All
 storage calls are async or in memory: the event loop never waits on a socket.
+
+Counters in Redis are named by an HMAC of the key's name under the cache secret, not by the
+name: whoever can write to Redis but lacks the secret cannot plant a counter that locks a given
+key out before it is used. A refusal also checks the counters it read: one no replica could have
+written (a count over the limit, a count without a TTL or with a longer one than the library
+sets) is deleted and the request counted again, so one write cannot lock a key out for good.
+docs/security.md says what this does not stop (someone who can write Redis can still find and
+inflate the counters in use, or delete them).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import hashlib
+import hmac
 import logging
 import time
 from typing import Any
@@ -37,6 +47,9 @@ from gateway.runtime.hostshare import HostTable
 from metrics import Metrics, add_counts
 
 log = logging.getLogger("voxgate.auth")
+
+# Counter identities kept (key names of the keys file, over its reloads).
+_MAX_IDENTITIES = 4096
 
 # The key of the request being served: set by the route guard (gateway.http.auth), read where a
 # miss is sent to synthesis (tasks the request starts inherit it, so every sentence of its text
@@ -77,6 +90,7 @@ class KeyLimits:
         metrics: Metrics,
         *,
         redis_url: str = "",
+        secret: bytes = b"",
         prefix: str = "voxgate:",
         timeout_s: float = 0.5,
         retry_redis_after_s: float = 2.0,
@@ -92,6 +106,11 @@ class KeyLimits:
         self._redis: LimitsRedisStorage | None = None
         self._redis_url = redis_url
         self._prefix = prefix
+        self._secret = secret
+        # The counter identity of each key name, per limit (requests, characters): an HMAC
+        # computed once per name, not per request. Names come from the keys file (bounded).
+        self._request_ids: dict[str, str] = {}
+        self._char_ids: dict[str, str] = {}
         # Redis is skipped until this monotonic time after a failure (0: in use).
         self._redis_down_until = 0.0
         self._items: dict[int, RateLimitItem] = {}
@@ -146,6 +165,21 @@ class KeyLimits:
             item = self._items[per_minute] = RateLimitItemPerMinute(per_minute)
         return item
 
+    def _identity(self, kind: str, name: str, known: dict[str, str]) -> str:
+        """The counter identity of key ``name`` for limit ``kind`` ("r" or "c"): the name
+        itself without a secret (counters in this process only), else an HMAC of it."""
+        ident = known.get(name)
+        if ident is None:
+            if len(known) >= _MAX_IDENTITIES:  # names of keys since removed: start over
+                known.clear()
+            if self._secret:
+                mac = hmac.new(self._secret, f"ratelimit\0{kind}\0{name}".encode(), hashlib.sha256)
+                ident = f"{kind}:{mac.hexdigest()[:32]}"
+            else:
+                ident = f"{kind}:{name}"
+            known[name] = ident
+        return ident
+
     def count(self, key: str, result: str) -> None:
         """Count one request of ``key`` by result (ok, forbidden, rate_limited)."""
         k = (key, result)
@@ -165,6 +199,8 @@ class KeyLimits:
             try:
                 async with asyncio.timeout(self.timeout_s * 2):
                     ok = await limiter.hit(item, identity, cost=cost)
+                    if not ok and await self._discard_impossible(item, identity):
+                        ok = await limiter.hit(item, identity, cost=cost)
                     retry = 0.0 if ok else await self._retry_after(limiter, item, identity)
                 if self._redis_down_until:
                     self._redis_down_until = 0.0
@@ -188,6 +224,27 @@ class KeyLimits:
         ok = await self._local.hit(item, identity, cost=cost)
         return ok, 0.0 if ok else await self._retry_after(self._local, item, identity)
 
+    async def _discard_impossible(self, item: RateLimitItem, identity: str) -> bool:
+        """Delete ``identity``'s counters in Redis if no replica could have written them (see
+        the module's notes); True when it did. The library's script never takes a count past
+        the limit (it refuses first) and gives every counter a TTL of at most twice the window.
+        Only a refusal pays for this read."""
+        assert self._redis is not None
+        name, expiry = item.key_for(identity), item.get_expiry()
+        previous, previous_ttl, current, current_ttl = await self._redis.get_sliding_window(
+            name, expiry
+        )
+
+        def possible(count: int, ttl: float) -> bool:
+            return count <= item.amount and (count <= 0 or 0 < ttl <= 2 * expiry)
+
+        if possible(previous, previous_ttl) and possible(current, current_ttl):
+            return False
+        self.metrics.rate_limit_counters_discarded.inc()
+        log.warning("rate limits: a counter no replica could have written was deleted from Redis")
+        await self._redis.clear_sliding_window(name, expiry)
+        return True
+
     @staticmethod
     async def _retry_after(
         limiter: SlidingWindowCounterRateLimiter, item: RateLimitItem, identity: str
@@ -197,7 +254,8 @@ class KeyLimits:
 
     async def admit_request(self, key: APIKey) -> None:
         """Count one request of ``key`` against its ``requests_per_minute`` (429 beyond)."""
-        ok, retry = await self._hit(self._item(key.requests_per_minute), f"r:{key.name}", 1)
+        identity = self._identity("r", key.name, self._request_ids)
+        ok, retry = await self._hit(self._item(key.requests_per_minute), identity, 1)
         if not ok:
             self.count(key.name, "rate_limited")
             raise TooManyRequests(
@@ -222,7 +280,8 @@ class KeyLimits:
                 f"{key.chars_per_minute} per minute to synthesis: send shorter sentences",
                 code="chars_per_minute",
             )
-        ok, retry = await self._hit(self._item(key.chars_per_minute), f"c:{key.name}", chars)
+        identity = self._identity("c", key.name, self._char_ids)
+        ok, retry = await self._hit(self._item(key.chars_per_minute), identity, chars)
         if not ok:
             self.metrics.api_key_chars_limited.labels(key.name).inc()
             raise TooManyRequests(

@@ -282,10 +282,10 @@ class Settings(BaseSettings):
     cache_secret: SecretStr = _opt(
         "redis",
         SecretStr(""),
-        "Key of the HMAC-SHA256 every Redis value and lock carries (at least 16 characters; "
-        "required with redis_url; the same on every replica): a value written without it, or "
-        "moved to another key, is never served. Generate one with `openssl rand -hex 32`. A "
-        "secret: shown masked, never logged.",
+        "Key of the HMAC-SHA256 every Redis value and lock carries, and that names the "
+        "rate-limit counters (at least 16 characters; required with redis_url; the same on "
+        "every replica): a value written without it, or moved to another key, is never served. "
+        "Generate one with `openssl rand -hex 32`. A secret: shown masked, never logged.",
     )
     redis_prefix: str = _opt("redis", "voxgate:", "Prefix of every Redis key voxgate writes.")
     redis_ttl_s: int = _opt(
@@ -319,7 +319,7 @@ class Settings(BaseSettings):
     redis_lock_ttl_ms: int = _opt(
         "redis",
         30000,
-        "TTL of a cross-replica synthesis lock (extended while held), in ms.",
+        "TTL of a cross-replica synthesis lock (renewed while held), in ms.",
         ge=100,
     )
     redis_lock_wait_s: int = _opt(
