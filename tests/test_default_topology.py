@@ -168,10 +168,11 @@ async def test_jambonz_http_and_stream(server: DefaultServer) -> None:
             headers=AUTH,
         ) as ws,
     ):
-        hello = await ws.receive_json()
+        hello = await ws.receive_json(timeout=60)
         assert hello == {"type": "connect", "data": {"sample_rate": 8000, "base64_encoding": False}}
-        await ws.send_json({"type": "stream", "text": "Your order has shipped. "})
-        audio = await ws.receive()
+        await ws.send_json({"type": "stream", "text": "Your order has shipped."})
+        await ws.send_json({"type": "flush"})
+        audio = await ws.receive(timeout=60)
         assert audio.type == aiohttp.WSMsgType.BINARY
         assert len(audio.data) % 2 == 0 and len(audio.data) > 8000  # over half a second at 8 kHz
         await ws.send_json({"type": "stop"})
