@@ -62,6 +62,12 @@ async def gateway(
 ) -> AsyncIterator[GatewayFactory]:
     """Start real gateways on loopback; ``await gateway()`` gives a client once models are ready.
 
+    One process, the test's own: these tests inject an engine wrapper (to count, gate or fail
+    syntheses) or read the app's state, which only a gateway in the test's process allows. What a
+    process boundary can change (budgets, pins, Wyoming, jambonz, say URLs, streaming, SSE,
+    readiness, metrics) is tested against ``voxgate serve`` as users start it too
+    (:mod:`tests.served`).
+
     Keyword arguments: ``settings``, ``metrics``, ``engines`` (default: the counting joe voice).
     """
     clients: list[TestClient[Any, Any]] = []

@@ -381,18 +381,19 @@ def test_bench_keys_file_holds_n_keys_and_one_works(tmp_path: Path) -> None:
 
 
 def test_sighup_reloads_the_keys_of_every_worker(tmp_path: Path) -> None:
-    """`voxgate serve --workers 2`: SIGHUP to the supervisor reaches each worker, and each
-    rereads the keys file (the old key is refused everywhere, the new one accepted)."""
+    """`voxgate serve` (a gateway process per core): SIGHUP to the supervisor reaches each
+    gateway process, and each rereads the keys file (the old key is refused everywhere, the new
+    one accepted)."""
     import signal
     import time
     import urllib.error
     import urllib.request
 
-    from tests.ops_support import ServerProcess
+    from tests.served import DefaultServer
 
     keys_file = write_keys(tmp_path / "keys.toml", key_table("old", SPEAK_SECRET, ["speak"]))
-    server = ServerProcess(
-        tmp_path / "srv", "--workers", "2", "--api-keys-file", str(keys_file), "--log-level", "info"
+    server = DefaultServer(
+        tmp_path / "srv", "--api-keys-file", str(keys_file), "--log-level", "info"
     )
 
     def status(secret: str) -> int:
@@ -404,12 +405,12 @@ def test_sighup_reloads_the_keys_of_every_worker(tmp_path: Path) -> None:
             return exc.code
 
     try:
-        server.wait_ready(workers=2)
+        server.wait_ready()
         assert [status(SPEAK_SECRET) for _ in range(10)] == [200] * 10
         write_keys(keys_file, key_table("new", READ_SECRET, ["read"]))
         server.proc.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + 60
-        while server.logs().count("API keys reloaded") < 2:
+        while server.logs().count("API keys reloaded") < server.gateways:
             assert time.monotonic() < deadline, server.logs()
             time.sleep(0.1)
         # New connections land on either worker (SO_REUSEPORT): every one knows the new keys.
