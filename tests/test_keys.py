@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gateway.errors import TooManyRequests
+from gateway.http import keys as app_keys
 from gateway.runtime.apikeys import APIKey, Authenticator, KeyRing, KeysFileError, key_table
 from gateway.runtime.ratelimit import KeyLimits, limits_storage_uri
 from gateway.runtime.settings import Settings
@@ -420,3 +421,69 @@ def test_sighup_reloads_the_keys_of_every_worker(tmp_path: Path) -> None:
     finally:
         server.close()
     assert SPEAK_SECRET not in server.logs() and READ_SECRET not in server.logs()
+
+
+# ---- signed say URLs are charged to the key that signed them ----------------------------------
+
+
+async def test_a_signed_url_spends_its_signers_budget_and_dies_with_it(
+    gateway: GatewayFactory, settings: Settings, tmp_path: Path
+) -> None:
+    """A URL signed by a key charges that key on every fetch (requests, and the characters its
+    misses send to synthesis), so signing cannot launder a key's budget; once the key is gone
+    from the keys file, its URLs answer 403."""
+    keys_file = write_keys(
+        tmp_path / "keys.toml",
+        key_table("ivr", SPEAK_SECRET, ["speak"], requests_per_minute=3, chars_per_minute=60),
+        key_table("ops", ADMIN_SECRET, ["admin", "speak"]),
+    )
+    http = await gateway(
+        settings=settings.replace(
+            api_keys_file=str(keys_file), url_signing_secret="signing-secret-0123456789"
+        )
+    )
+    ivr = {"X-API-Key": SPEAK_SECRET}
+    long_text = "This sentence alone has more than sixty characters in it, surely."
+    # Over the key's characters per minute on the speech route ...
+    over = await http.post("/v1/audio/speech", json={**BODY, "input": long_text}, headers=ivr)
+    assert over.status == 429 and error_of(await over.read())["code"] == "chars_per_minute"
+    # ... and as a signed URL of the same text: the same key pays, the same answer.
+    sign = {"voice": "joe", "text": long_text, "ext": "wav", "expires_in": 600}
+    made = await http.post("/v1/say/sign", json=sign, headers=ivr)
+    assert made.status == 200 and (await made.json())["key"] == "ivr"
+    laundered = await http.get((await made.json())["path"])  # no key sent
+    assert laundered.status == 429 and error_of(await laundered.read())["code"] == (
+        "chars_per_minute"
+    )
+    # Requests per minute: 3 for the key, its URLs' fetches included (spent above: the speech
+    # request, the signing, the signed fetch).
+    short = await http.post(
+        "/v1/say/sign", json={**sign, "text": "Press one."}, headers={"X-API-Key": ADMIN_SECRET}
+    )
+    by_ops = (await short.json())["path"]
+    ivr_url = (await http.post("/v1/say/sign", json={**sign, "text": "Hi."}, headers=ivr)).status
+    assert ivr_url == 429  # the key's fourth request
+    assert (await http.get(by_ops)).status == 200  # another key's URL: its own budget
+    # The key is revoked: every URL it signed answers 403, others still play.
+    write_keys(keys_file, key_table("ops", ADMIN_SECRET, ["admin", "speak"]))
+    assert await http.server.app[app_keys.AUTH].reload()
+    revoked = await http.get((await made.json())["path"])
+    assert revoked.status == 403 and error_of(await revoked.read())["code"] == "signer_revoked"
+    assert (await http.get(by_ops)).status == 200
+
+
+async def test_a_url_signed_without_keys_stops_playing_once_keys_are_on(
+    gateway: GatewayFactory, settings: Settings, tmp_path: Path
+) -> None:
+    signing = settings.replace(url_signing_secret="signing-secret-0123456789")
+    open_gateway = await gateway(settings=signing)
+    made = await open_gateway.post(
+        "/v1/say/sign", json={"voice": "joe", "text": "Hi.", "ext": "wav"}
+    )
+    path = (await made.json())["path"]
+    assert (await open_gateway.get(path)).status == 200
+    keyed = await gateway(
+        settings=signing.replace(api_keys_file=str(standard_keys(tmp_path / "keys.toml")))
+    )
+    refused = await keyed.get(path)
+    assert refused.status == 403 and error_of(await refused.read())["code"] == "signer_revoked"

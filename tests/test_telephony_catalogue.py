@@ -254,23 +254,29 @@ def test_export_command_prints_a_json_summary(tmp_path: Path) -> None:
 
 # ---- signed say URLs ----------------------------------------------------------------------------
 
+LATER = int(time.time()) + 3600  # an expiry an hour after the tests start
+
 
 async def test_signed_say_urls(gateway: GatewayFactory, settings: Settings) -> None:
     signing = settings.replace(url_signing_secret=SECRET, public_url="http://tts:8080")
     client = await gateway(settings=signing)
-    path = signed_say_path(SECRET, "joe", "Press one.", "wav")
+    path = signed_say_path(SECRET, "joe", "Press one.", "wav", LATER)
     assert "&" not in path and "?" not in path
     r = await client.get(path)
     assert r.status == 200, await r.text()
     plain = await client.get("/v1/say/joe/Press%20one..wav")
     assert await r.read() == await plain.read()  # the same prompt, the same bytes
-    # Made by the API too.
+    # Made by the API too: every URL expires, in signed_url_ttl_s (30 days) unless asked.
+    before = int(time.time())
     made = await client.post(
         "/v1/say/sign", json={"voice": "joe", "text": "Press one.", "ext": "wav"}
     )
     assert made.status == 200
     answer = await made.json()
-    assert answer == {"url": "http://tts:8080" + path, "path": path, "expires": None}
+    assert before + 30 * 86400 <= answer["expires"] <= int(time.time()) + 30 * 86400
+    assert answer["key"] is None  # no keys file: nobody to charge
+    assert answer["path"] == signed_say_path(SECRET, "joe", "Press one.", "wav", answer["expires"])
+    assert answer["url"] == "http://tts:8080" + answer["path"]
     # Any change to voice, text or extension breaks the signature.
     token = path.split("/")[4]
     for forged in (
@@ -296,6 +302,24 @@ async def test_signed_say_urls(gateway: GatewayFactory, settings: Settings) -> N
         "/v1/say/sign", json={"voice": "nobody", "text": "Hi.", "ext": "wav"}
     )
     assert unsignable.status == 400
+    for expires_in in (0, -1, "never"):  # a URL that never expires cannot be asked for
+        r = await client.post(
+            "/v1/say/sign",
+            json={"voice": "joe", "text": "Hi.", "ext": "wav", "expires_in": expires_in},
+        )
+        assert r.status == 400, expires_in
+        assert (await r.json())["error"]["param"] == "expires_in"
+    too_long = await client.post(
+        "/v1/say/sign",
+        json={"voice": "joe", "text": "Hi.", "ext": "wav", "expires_in": 366 * 86400},
+    )
+    assert (
+        too_long.status == 400 and "signed_url_max_s" in (await too_long.json())["error"]["message"]
+    )
+    # A token of the earlier form (no key, no expiry) is refused: it must be signed again.
+    old = f"/v1/say/s/{path.split('/')[4].split('~')[2]}/joe/Press%20one..wav"
+    r = await client.get(old)
+    assert r.status == 403 and (await r.json())["error"]["code"] == "bad_signature"
 
 
 async def test_sign_url_command_prints_a_url_the_gateway_plays(
@@ -314,7 +338,7 @@ async def test_sign_url_command_prints_a_url_the_gateway_plays(
     )
     assert done.returncode == 0, done.stderr
     printed = json.loads(done.stdout)
-    assert printed["expires"] is None
+    assert printed["expires"] >= time.time() + 29 * 86400 and printed["key"] is None
     assert printed["url"].startswith("http://tts:8080/v1/say/s/")
     assert "%2C" in printed["url"] and "&" not in printed["url"]
     client = await gateway(settings=settings.replace(url_signing_secret=SECRET))
@@ -325,7 +349,7 @@ async def test_sign_url_command_prints_a_url_the_gateway_plays(
 
 async def test_signing_off_refuses_signed_urls(gateway: GatewayFactory) -> None:
     client = await gateway()
-    r = await client.get(signed_say_path("other", "joe", "Hi.", "wav"))
+    r = await client.get(signed_say_path("other", "joe", "Hi.", "wav", LATER))
     assert r.status == 403
     assert (await r.json())["error"]["code"] == "signing_disabled"
     r = await client.post("/v1/say/sign", json={"voice": "joe", "text": "Hi.", "ext": "wav"})
@@ -345,8 +369,8 @@ async def test_the_api_key_seam_knows_which_urls_authorize_themselves(
 
     key = "ab" * 32
     on = (await gateway(settings=settings.replace(url_signing_secret=SECRET))).server.app
-    assert await why(on, signed_say_path(SECRET, "joe", "Hi.", "wav")) == "signature"
-    assert await why(on, signed_say_path("wrong", "joe", "Hi.", "wav")) is None
+    assert await why(on, signed_say_path(SECRET, "joe", "Hi.", "wav", LATER)) == "signature"
+    assert await why(on, signed_say_path("wrong", "joe", "Hi.", "wav", LATER)) is None
     assert await why(on, f"/v1/audio/{key}.ulaw") == "capability"
     assert await why(on, f"/v1/audio/{key}") == "capability"
     assert await why(on, "/v1/say/joe/Hi..wav") is None

@@ -506,8 +506,12 @@ class SignBody(RequestModel):
     voice: str = Field(description="A voice of the default model, or an alias.", examples=["joe"])
     text: str
     ext: ExtensionName = Field(description="Extension of the URL (see GET /v1/audio/{key}.{ext}).")
-    expires_in: int = Field(
-        0, ge=0, le=10 * 365 * 86400, description="Seconds the URL stays valid (0: for ever)."
+    expires_in: int | None = Field(
+        None,
+        ge=1,
+        le=10 * 365 * 86400,
+        description="Seconds the URL stays valid: at most signed_url_max_s; absent: "
+        "signed_url_ttl_s (30 days by default). Every signed URL expires.",
     )
 
 

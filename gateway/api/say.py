@@ -7,9 +7,12 @@ URL path, so the whole request is the path. ``{text}`` is one percent-encoded pa
 extension is what follows its last ``.``, so a text may hold dots ("Please hold..wav").
 
 Players that cannot send an API key use a signed say URL,
-``/v1/say/s/{token}/{voice}/{text}.{ext}``: the token is an HMAC-SHA256 (``url_signing_secret``)
-over the voice, text, extension and an optional expiry (``{expires}.{mac}``, Unix seconds), so
-the URL authorizes exactly that prompt and nothing else.
+``/v1/say/s/{token}/{voice}/{text}.{ext}``: the token ``{expires}~{key}~{mac}`` is an HMAC-SHA256
+(``url_signing_secret``) over the voice, text, extension, an expiry (Unix seconds; every signed
+URL has one) and the name of the API key that signed it, so the URL authorizes exactly that
+prompt, until then, on that key's account: a fetch is charged to that key, and once the key is
+gone from the keys file its URLs answer 403. ``~`` is in no key name (letters, digits, ``.``,
+``_``, ``-``), and the key is empty when the gateway had no keys file.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import base64
 import hashlib
 import hmac
 import time
+from dataclasses import dataclass
 from urllib.parse import quote
 
 from gateway.api.parsing import resolve_model, resolve_voice, speech_text
@@ -78,61 +82,80 @@ def parse_say(
 
 # ---- signatures ------------------------------------------------------------------------------
 
+_SEP = "~"
 
-def _mac(secret: str, voice: str, text: str, ext: str, expires: int) -> str:
-    # One field a line: no field can hold a newline that would shift another (a voice or an
-    # extension never does; a text's own newlines come before the extension's line).
-    message = "\n".join(("voxgate-say-v1", voice, ext, str(expires), text)).encode()
+
+@dataclass(frozen=True, slots=True)
+class Signed:
+    """What a verified token says: who signed it, and until when it plays."""
+
+    key: str  # the signing API key's name ("" when the gateway had no keys file)
+    expires: int  # Unix seconds
+
+
+def _mac(secret: str, voice: str, text: str, ext: str, expires: int, key: str) -> str:
+    # One field a line: no field can hold a newline that would shift another (a voice, an
+    # extension or a key name never does; a text's own newlines come last).
+    message = "\n".join(("voxgate-say-v2", key, voice, ext, str(expires), text)).encode()
     digest = hmac.new(secret.encode(), message, hashlib.sha256).digest()
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
-def sign(secret: str, voice: str, text: str, ext: str, expires: int | None = None) -> str:
-    """The token of a signed say URL for ``voice``, ``text`` and ``ext`` (valid until the Unix
-    time ``expires``, or for ever)."""
+def sign(secret: str, voice: str, text: str, ext: str, expires: int, key: str = "") -> str:
+    """The token of a signed say URL for ``voice``, ``text`` and ``ext``, valid until the Unix
+    time ``expires``, charged to the API key named ``key``."""
     if not secret:
         raise ValueError("url_signing_secret is empty: set it to sign say URLs")
-    mac = _mac(secret, voice, text, ext, expires or 0)
-    return f"{expires}.{mac}" if expires else mac
+    if expires <= 0:
+        raise ValueError("a signed say URL needs an expiry")
+    if _SEP in key:
+        raise ValueError(f"a key name holds no {_SEP!r}")
+    mac = _mac(secret, voice, text, ext, expires, key)
+    return f"{expires}{_SEP}{key}{_SEP}{mac}"
 
 
 def signed_say_path(
-    secret: str, voice: str, text: str, ext: str, expires: int | None = None
+    secret: str, voice: str, text: str, ext: str, expires: int, key: str = ""
 ) -> str:
     """The path of a signed say URL (see :func:`sign`)."""
-    return say_path(voice, text, ext, sign(secret, voice, text, ext, expires))
+    return say_path(voice, text, ext, sign(secret, voice, text, ext, expires, key))
 
 
 def verify(
     secret: str, token: str, voice: str, text: str, ext: str, now: float | None = None
-) -> None:
-    """Raise :class:`Forbidden` unless ``token`` signs ``voice``, ``text`` and ``ext`` (as
-    decoded from the URL) and has not expired."""
+) -> Signed:
+    """Who signed ``token`` and until when, or :class:`Forbidden` unless it signs ``voice``,
+    ``text`` and ``ext`` (as decoded from the URL) and has not expired."""
     if not secret:
         raise Forbidden(
             "signed say URLs are off on this gateway (url_signing_secret is empty)",
             param="token",
             code="signing_disabled",
         )
-    expires_s, dot, mac = token.rpartition(".")
-    expires = 0
-    if dot:
-        # (isascii: isdigit alone takes "²", which int() refuses)
-        if not (expires_s.isascii() and expires_s.isdigit()) or len(expires_s) > 12:
-            raise Forbidden("malformed say URL signature", param="token", code="bad_signature")
-        expires = int(expires_s)
-    expected = _mac(secret, voice, text, ext, expires)
+    parts = token.split(_SEP)
+    # (isascii: isdigit alone takes "²", which int() refuses)
+    if len(parts) != 3 or not (parts[0].isascii() and parts[0].isdigit()) or len(parts[0]) > 12:
+        raise Forbidden(
+            "malformed say URL signature (a URL signed without an expiry or a key by an older "
+            "version must be signed again)",
+            param="token",
+            code="bad_signature",
+        )
+    expires_s, key, mac = parts
+    expires = int(expires_s)
+    expected = _mac(secret, voice, text, ext, expires, key)
     if not hmac.compare_digest(expected.encode(), mac.encode()):
         raise Forbidden(
             "the say URL's signature does not match its voice, text and extension",
             param="token",
             code="bad_signature",
         )
-    if expires and (now if now is not None else time.time()) > expires:
+    if (now if now is not None else time.time()) > expires:
         raise Forbidden("the signed say URL has expired", param="token", code="url_expired")
+    return Signed(key, expires)
 
 
-def expiry_of(token: str) -> int:
-    """The expiry (Unix seconds) a token carries, 0 for none (a verified token only)."""
-    expires, dot, _ = token.rpartition(".")
-    return int(expires) if dot else 0
+def signer_of(token: str) -> Signed:
+    """What a token already verified says (its fields, without checking the HMAC again)."""
+    expires, key, _ = token.split(_SEP)
+    return Signed(key, int(expires))

@@ -17,11 +17,11 @@ from multidict import CIMultiDictProxy
 
 from gateway.errors import Forbidden, Unauthorized
 from gateway.http import keys
+from gateway.http.charging import charged
 from gateway.http.errors import Handler
 from gateway.http.origins import check_json_content_type
 from gateway.http.telephony import self_authorized
 from gateway.runtime.apikeys import SCOPES
-from gateway.runtime.ratelimit import CALLER
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,15 +100,7 @@ def guarded(access: Access, handler: Handler, *, json_body: bool = False) -> Han
             )
         if json_body:
             check_json_content_type(request.headers)
-        if key.requests_per_minute:  # (only keys with a limit pay for a check)
-            await limits.admit_request(key)
-        limits.count(key.name, "ok")
-        # Misses this request sends to synthesis count against the key's chars_per_minute.
-        token = CALLER.set(key)
-        try:
-            return await handler(request)
-        finally:
-            CALLER.reset(token)
+        return await charged(request, key, handler)
 
     guard.__name__ = getattr(handler, "__name__", "handler")
     guard.__doc__ = handler.__doc__

@@ -16,12 +16,14 @@ from aiohttp import web
 from cache.keys import is_key
 from gateway.api.models import models_for
 from gateway.api.parsing import read_json_object
-from gateway.api.say import SIGNED, SayParsed, expiry_of, parse_say, signed_say_path, verify
+from gateway.api.say import SIGNED, SayParsed, parse_say, signed_say_path, signer_of, verify
 from gateway.errors import BadRequest, Forbidden, NotFound
 from gateway.http import keys
+from gateway.http.charging import charged
 from gateway.http.conditional import audio_response
 from gateway.http.delivery import serve_speech
 from gateway.http.hits import hit_response
+from gateway.runtime.ratelimit import CALLER
 from gateway.speech.telephony import extension
 
 AUDIO_EXT_ROUTE = "/v1/audio/{key}.{ext}"
@@ -83,23 +85,39 @@ async def say(request: web.Request) -> web.StreamResponse:
 
 
 async def say_signed(request: web.Request) -> web.StreamResponse:
-    """``GET /v1/say/s/{token}/{voice}/{text}.{ext}``: a say URL that authorizes itself."""
+    """``GET /v1/say/s/{token}/{voice}/{text}.{ext}``: a say URL that authorizes itself, charged
+    to the API key that signed it (403 once that key is gone from the keys file)."""
+    app = request.app
     match = request.match_info
     token, voice, text, ext_name = match["token"], match["voice"], match["text"], match["ext"]
     raw = request.raw_path  # (holds the token: a URL is remembered once verified)
-    memo = request.app[keys.SAY_MEMO]
+    memo = app[keys.SAY_MEMO]
     parsed = memo.get(raw)
     if parsed is None:
-        verify(_secret(request), token, voice, text, ext_name)
+        signed = verify(_secret(request), token, voice, text, ext_name)
         parsed = _parse(request, voice, text, ext_name)
         memo.put(raw, parsed)
     else:
         # (Remembered only once verified: what is left to check is the clock.)
-        expires = expiry_of(token)
-        if expires and time.time() > expires:
+        signed = signer_of(token)
+        if time.time() > signed.expires:
             raise Forbidden("the signed say URL has expired", param="token", code="url_expired")
     req, ext = parsed
-    return await serve_speech(request, req, present=request.app[keys.PRESENTATIONS].say[ext.name])
+
+    async def play(request: web.Request) -> web.StreamResponse:
+        return await serve_speech(request, req, present=app[keys.PRESENTATIONS].say[ext.name])
+
+    ring = app[keys.AUTH].ring
+    if ring is None:
+        return await play(request)
+    key = ring.named(signed.key) if signed.key else None
+    if key is None or "speak" not in key.scopes:
+        raise Forbidden(
+            "the API key that signed this say URL is no longer valid here: sign it again",
+            param="token",
+            code="signer_revoked",
+        )
+    return await charged(request, key, play)
 
 
 async def sign_say_url(request: web.Request) -> web.Response:
@@ -115,11 +133,23 @@ async def sign_say_url(request: web.Request) -> web.Response:
             "signed say URLs are off on this gateway (url_signing_secret is empty)",
             code="signing_disabled",
         )
+    ttl = body.expires_in if body.expires_in is not None else settings.signed_url_ttl_s
+    if ttl > settings.signed_url_max_s:
+        raise BadRequest(
+            f"expires_in {ttl} is longer than this gateway signs for "
+            f"({settings.signed_url_max_s} s, signed_url_max_s)",
+            param="expires_in",
+        )
     # Signed only if it would play: an unknown voice or unspeakable text is refused now.
     parse_say(body.voice, body.text, body.ext, settings, app[keys.SPEECH])
-    expires = int(time.time()) + body.expires_in if body.expires_in else None
-    path = signed_say_path(secret, body.voice, body.text, body.ext, expires)
-    return web.json_response({"url": settings.public_url + path, "path": path, "expires": expires})
+    expires = int(time.time()) + min(ttl, settings.signed_url_max_s)
+    # The URL is charged to the key that signs it (none without a keys file).
+    caller = CALLER.get()
+    signer = caller.name if caller is not None else ""
+    path = signed_say_path(secret, body.voice, body.text, body.ext, expires, signer)
+    return web.json_response(
+        {"url": settings.public_url + path, "path": path, "expires": expires, "key": signer or None}
+    )
 
 
 def _secret(request: web.Request) -> str:

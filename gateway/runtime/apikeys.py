@@ -89,6 +89,7 @@ class KeyRing:
     def __init__(self, keys: list[APIKey]) -> None:
         self.keys = tuple(keys)
         self._by_digest = {k.digest: k for k in keys}
+        self._by_name = {k.name: k for k in keys}
 
     def identify(self, secret: str) -> APIKey | None:
         """The key whose secret is ``secret``, or None."""
@@ -97,6 +98,10 @@ class KeyRing:
         if key is None or not hmac.compare_digest(key.digest, digest):
             return None
         return key
+
+    def named(self, name: str) -> APIKey | None:
+        """The key called ``name``, or None (what a signed URL names its signer by)."""
+        return self._by_name.get(name)
 
     def names(self) -> list[str]:
         """The key names, in file order."""

@@ -529,6 +529,19 @@ class Settings(BaseSettings):
         "HMAC key of signed say URLs (/v1/say/s/{signature}/...) for players that cannot send an "
         "API key; empty: signed URLs are refused. A secret: shown masked, never logged.",
     )
+    signed_url_ttl_s: int = _opt(
+        "telephony",
+        30 * 86400,
+        "Seconds a signed say URL stays valid when its signer names no expiry (POST /v1/say/sign "
+        "without expires_in, voxgate sign-url without --expires-in). Every signed URL expires.",
+        ge=1,
+    )
+    signed_url_max_s: int = _opt(
+        "telephony",
+        365 * 86400,
+        "Longest validity a signed say URL may be given, in seconds; a longer expires_in is a 400.",
+        ge=1,
+    )
     public_audio_urls: bool = _opt(
         "telephony",
         True,
