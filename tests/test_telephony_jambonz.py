@@ -3,16 +3,21 @@ jambonz's own code sends and reads them."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import re
 import wave
+from pathlib import Path
 
 import pytest
 from aiohttp import WSMsgType
 
+from gateway.http import keys as app_keys
+from gateway.http.jambonz import STREAM_AHEAD
+from gateway.runtime.apikeys import key_table
 from gateway.runtime.settings import Settings
 from tests.conftest import GatewayFactory
-from tests.support import CountingEngine
+from tests.support import CountingEngine, until
 
 
 def jambonz_file_ext(mime: str) -> tuple[str, int]:
@@ -199,3 +204,159 @@ async def test_streaming_protocol_sentence_by_sentence_from_the_cache(
     bad = await client.get("/v1/jambonz/stream?sampleRate=11025")
     assert bad.status == 400
     assert "sampleRate" in (await bad.json())["error"]["message"]
+
+
+# ---- the stream on its key's account -------------------------------------------------------
+
+A_SECRET = "jambonz-a-secret-0123456789-abcdefghijk"
+B_SECRET = "jambonz-b-secret-0123456789-abcdefghijk"
+STREAM = "/v1/jambonz/stream?voice=joe&language=en-US&sampleRate=8000"
+
+
+def keyed(settings: Settings, tmp_path: Path, **a_limits: int) -> Settings:
+    keys = tmp_path / "keys.toml"
+    keys.write_text(
+        key_table("a", A_SECRET, ["speak"], **a_limits) + "\n" + key_table("b", B_SECRET, ["speak"])
+    )
+    return settings.replace(api_keys_file=str(keys))
+
+
+async def test_each_stream_message_is_a_request_of_the_key(
+    gateway: GatewayFactory, settings: Settings, tmp_path: Path
+) -> None:
+    client = await gateway(settings=keyed(settings, tmp_path, requests_per_minute=3))
+    async with client.ws_connect(STREAM, headers={"X-API-Key": A_SECRET}) as ws:  # request 1
+        assert (await ws.receive_json(timeout=30))["type"] == "connect"
+        for i in range(4):  # requests 2 and 3 pass, then the key is over its limit
+            await ws.send_json({"type": "stream", "text": f"Item {i}, "})
+        errors = [await ws.receive_json(timeout=30) for _ in range(2)]
+        assert all("over its limit of 3 requests per minute" in e["error"] for e in errors)
+        await ws.send_json({"type": "stop"})
+
+
+async def test_a_stream_message_is_bounded_like_a_request(
+    gateway: GatewayFactory, settings: Settings, counting_engine: CountingEngine
+) -> None:
+    client = await gateway(settings=settings.replace(max_input_chars=200))
+    async with client.ws_connect(STREAM) as ws:
+        assert (await ws.receive_json(timeout=30))["type"] == "connect"
+        await ws.send_json({"type": "stream", "text": "Word. " * 40})  # 240 characters
+        error = await ws.receive_json(timeout=30)
+        assert "at most 200 characters (max_input_chars)" in error["error"]
+        await ws.send_json({"type": "flush"})
+        await ws.send_json({"type": "stop"})
+        closing = await ws.receive(timeout=30)
+        assert closing.type in (WSMsgType.CLOSE, WSMsgType.CLOSED, WSMsgType.CLOSING)
+    assert counting_engine.items == 0  # nothing of it was spoken
+
+
+async def test_the_close_frame_is_read_while_synthesis_is_behind(
+    gateway: GatewayFactory, settings: Settings, counting_engine: CountingEngine
+) -> None:
+    """60 sentences sent at once, then a close: the server reads the close at once (the text is
+    read ahead of synthesis) and cancels the rest. What was already queued for the engine (at
+    most STREAM_AHEAD sentences, plus the one being sent and the one being queued) is finished
+    and stored, as for any request that hangs up; the other 50 are never synthesized."""
+    client = await gateway()
+    scheduler = client.server.app[app_keys.SPEECH].models["piper"].scheduler
+    counting_engine.release.clear()  # the engine holds every batch until the close is done
+    try:
+        async with client.ws_connect(STREAM) as ws:
+            assert (await ws.receive_json(timeout=30))["type"] == "connect"
+            for i in range(60):
+                await ws.send_json({"type": "stream", "text": f"Sentence number {i} of the list. "})
+            # Batches are running (held) and more sentences wait behind them.
+            await until(lambda: scheduler.depth >= 1, what="sentences queued behind the engine")
+            async with asyncio.timeout(10):  # the server answers the close, engine still held
+                await ws.close()
+    finally:
+        counting_engine.release.set()
+    await until(
+        lambda: counting_engine.active == 0 and scheduler.depth == 0,
+        what="nothing left running or queued",
+    )
+    assert counting_engine.items <= STREAM_AHEAD + 2
+
+
+async def test_one_key_cannot_fill_the_queue_through_sockets(
+    gateway: GatewayFactory, settings: Settings, tmp_path: Path, counting_engine: CountingEngine
+) -> None:
+    """Sentences a socket sends take its key's queue share (queue_per_client), as an HTTP
+    request's do: one key's sockets cannot fill the queue that other keys' misses need."""
+    client = await gateway(
+        settings=keyed(settings, tmp_path).replace(
+            queue_size=8, queue_per_client=2, max_parallel_sentences=1
+        )
+    )
+    app = client.server.app
+    scheduler = app[app_keys.SPEECH].models["piper"].scheduler
+    rejected = app[app_keys.METRICS].client_rejected.labels("piper")
+    counting_engine.release.clear()
+    sockets = []
+    try:
+        for n in range(3):
+            ws = await client.ws_connect(STREAM, headers={"X-API-Key": A_SECRET})
+            sockets.append(ws)
+            assert (await ws.receive_json(timeout=30))["type"] == "connect"
+            for i in range(5):
+                await ws.send_json({"type": "stream", "text": f"Socket {n} says {i}. "})
+            await ws.send_json({"type": "flush"})
+        # 15 sentences of one key: its share waits, the rest is refused (queue_per_client).
+        await until(
+            lambda: scheduler.waiting_for("key:a") == 2 and rejected._value.get() >= 1,
+            what="the key's share full and the rest refused",
+        )
+        other = asyncio.ensure_future(
+            client.post(
+                "/v1/audio/speech",
+                json={
+                    "model": "piper",
+                    "voice": "joe",
+                    "input": "Other key.",
+                    "response_format": "wav",
+                },
+                headers={"X-API-Key": B_SECRET},
+            )
+        )
+        await until(lambda: scheduler.waiting_for("key:b") == 1, what="the other key's miss queued")
+        counting_engine.release.set()
+        assert (await other).status == 200
+        errors = 0
+        for ws in sockets:  # in order: audio for what was made, an error for what was refused
+            for _ in range(5):
+                message = await ws.receive(timeout=30)
+                if message.type == WSMsgType.TEXT:
+                    assert "queue_per_client" in message.json()["error"]
+                    errors += 1
+                else:
+                    assert message.type == WSMsgType.BINARY
+        assert errors >= 1
+    finally:
+        counting_engine.release.set()
+        for ws in sockets:
+            await ws.close()
+
+
+async def test_a_revoked_keys_sockets_are_closed_at_the_reload(
+    gateway: GatewayFactory, settings: Settings, tmp_path: Path
+) -> None:
+    config = keyed(settings, tmp_path)
+    client = await gateway(settings=config)
+    a = await client.ws_connect(STREAM, headers={"X-API-Key": A_SECRET})
+    b = await client.ws_connect(STREAM, headers={"X-API-Key": B_SECRET})
+    for ws in (a, b):
+        assert (await ws.receive_json(timeout=30))["type"] == "connect"
+    await asyncio.to_thread(
+        Path(config.api_keys_file).write_text, key_table("b", B_SECRET, ["speak"])
+    )
+    assert await client.server.app[app_keys.AUTH].reload()
+    closing = await a.receive(timeout=1)
+    assert closing.type == WSMsgType.CLOSE and closing.data == 1008
+    assert closing.extra == "API key revoked"
+    # The other key's socket still speaks.
+    await b.send_json({"type": "stream", "text": "Still here."})
+    await b.send_json({"type": "flush"})
+    audio = await b.receive(timeout=30)
+    assert audio.type == WSMsgType.BINARY
+    await b.close()
+    await a.close()

@@ -42,7 +42,7 @@ from gateway.http.telephony import (
     sign_say_url,
 )
 from gateway.runtime.accesslog import AccessLog
-from gateway.runtime.apikeys import Authenticator
+from gateway.runtime.apikeys import Authenticator, KeyedSockets
 from gateway.runtime.buildinfo import record_build_info
 from gateway.runtime.components import open_speech
 from gateway.runtime.hostshare import HostShares, open_host_table
@@ -101,6 +101,8 @@ def create_app(
     app[keys.ACCESS_LOG] = AccessLog.from_settings(settings)
     app[keys.OBSERVER] = RequestObserver(app[keys.METRICS], app[keys.ACCESS_LOG])
     app[keys.AUTH] = Authenticator(settings.api_keys_file)
+    app[keys.KEYED_SOCKETS] = KeyedSockets()
+    app[keys.AUTH].on_reload.append(app[keys.KEYED_SOCKETS].rekey)
     app[keys.CORS_ORIGINS] = frozenset(settings.cors_origins)
     add_cors(app, app[keys.CORS_ORIGINS])
     # With keys on and Redis configured, one budget per key across replicas (a lazy client:

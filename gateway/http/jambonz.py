@@ -13,6 +13,7 @@ at ``sample_rate``; a failure as ``{"error": message}``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import json
@@ -25,19 +26,25 @@ from gateway.api.jambonz import parse_jambonz, parse_stream_query
 from gateway.api.parsing import read_json_object, validate_text
 from gateway.errors import BadRequest, VoxgateError
 from gateway.http import keys
-from gateway.http.delivery import serve_speech
+from gateway.http.charging import admit
+from gateway.http.delivery import client_of, serve_speech
+from gateway.runtime.ratelimit import CALLER
 from gateway.runtime.settings import Settings
 from gateway.speech.request import SpeechRequest, SpeechResult
 from gateway.speech.service import SpeechService
 from synth import audio
 from synth.cancellation import cancel_and_wait
 from synth.errors import SynthesisError
+from synth.scheduler import CLIENT
 
 log = logging.getLogger("voxgate.gateway")
 
 # Sentences of one stream synthesized ahead of the one being sent (bounded: a client that sends
 # text faster than it can be spoken waits for the queue, not the gateway's memory).
 STREAM_AHEAD = 8
+# Text of one stream read but not yet queued for synthesis: messages are read while it stays
+# under this, so a close frame or "stop" behind them is seen at once.
+BACKLOG_CHARS = 16 * 1024
 
 
 async def jambonz_tts(request: web.Request) -> web.StreamResponse:
@@ -51,7 +58,15 @@ async def jambonz_tts(request: web.Request) -> web.StreamResponse:
 
 
 async def jambonz_stream(request: web.Request) -> web.StreamResponse:
-    """``GET /v1/jambonz/stream``: jambonz's streaming TTS protocol over a WebSocket."""
+    """``GET /v1/jambonz/stream``: jambonz's streaming TTS protocol over a WebSocket.
+
+    On the account of the key that opened it (with keys on): every ``stream`` message is a
+    request against the key's ``requests_per_minute`` (a 429 is an ``error`` message, the socket
+    goes on), what it synthesizes spends the key's ``chars_per_minute`` and queue share, and the
+    socket is closed (1008) when a reload of the keys file removes the key. Messages are read
+    while synthesis is behind, up to :data:`BACKLOG_CHARS` of text, so a close frame or ``stop``
+    is seen at once and the sentences not yet made are cancelled.
+    """
     app = request.app
     settings = app[keys.SETTINGS]
     service = app[keys.SPEECH]
@@ -60,12 +75,18 @@ async def jambonz_stream(request: web.Request) -> web.StreamResponse:
     ws = web.WebSocketResponse(max_msg_size=app[keys.MAX_BODY_BYTES], heartbeat=30.0)
     await ws.prepare(request)
     request[keys.CACHE_RESULT] = "stream"
+    # Whose queue share the sentences take (the key's name, else the address); tasks made
+    # below inherit it, and the caller whose characters they spend (set by the route guard).
+    CLIENT.set(client_of(request))
+    sockets = app[keys.KEYED_SOCKETS]
+    opened_by = CALLER.get()
+    if opened_by is not None:
+        sockets.add(ws, opened_by)
     await ws.send_json({"type": "connect", "data": {"sample_rate": rate, "base64_encoding": False}})
     base = SpeechRequest(
         text="", model=model, voice=voice, fmt=audio.FORMATS["pcm"], sample_rate=rate
     )
-    pending: asyncio.Queue[asyncio.Task[SpeechResult]] = asyncio.Queue(STREAM_AHEAD)
-    sender = asyncio.create_task(_send_in_order(request, ws, pending, settings.write_timeout_s))
+    stream = _Stream(request, ws, service, base, settings)
     text = TextBuffer(service, settings.max_input_chars)
     try:
         async for msg in ws:
@@ -78,6 +99,15 @@ async def jambonz_stream(request: web.Request) -> web.StreamResponse:
                     chunk = command.get("text")
                     if not isinstance(chunk, str):
                         raise BadRequest("'stream' needs a string 'text'", param="text")
+                    if len(chunk) > settings.max_input_chars:
+                        raise BadRequest(
+                            f"a 'stream' message holds at most {settings.max_input_chars} "
+                            f"characters (max_input_chars); this one has {len(chunk)}",
+                            param="text",
+                        )
+                    key = sockets.key_of(ws)
+                    if key is not None:
+                        await admit(request, key)
                     sentences = await text.add(chunk)
                 elif kind == "flush":
                     sentences = await text.flush()
@@ -85,9 +115,8 @@ async def jambonz_stream(request: web.Request) -> web.StreamResponse:
                     break
                 else:
                     raise BadRequest("expected a message of type stream, flush or stop")
-                for sentence in sentences:
-                    # A full queue waits here: reading pauses until the sender catches up.
-                    await pending.put(_speak(service, base, sentence, settings))
+                # Waits only while more than BACKLOG_CHARS of text are not yet queued.
+                await stream.add(sentences)
             except (ValueError, RecursionError, VoxgateError) as exc:
                 # (RecursionError: a message nested thousands deep)
                 message = exc.message if isinstance(exc, VoxgateError) else "not valid JSON"
@@ -96,11 +125,71 @@ async def jambonz_stream(request: web.Request) -> web.StreamResponse:
         # The loop ends on "stop" (jambonz's way to cut the prompt short) or when the socket
         # closes: nobody is left to send to. Waiters are cancelled; a synthesis others share
         # goes on (single flight), and what it makes is stored for the next time.
-        await cancel_and_wait(sender)
-        while not pending.empty():
-            pending.get_nowait().cancel()
+        sockets.discard(ws)
+        await stream.close()
         await ws.close()
     return ws
+
+
+class _Stream:
+    """The sentences of one socket on their way out: a backlog of text not yet queued (bounded
+    by :data:`BACKLOG_CHARS`), then up to :data:`STREAM_AHEAD` sentences being made, sent in
+    order by one task."""
+
+    def __init__(
+        self,
+        request: web.Request,
+        ws: web.WebSocketResponse,
+        service: SpeechService,
+        base: SpeechRequest,
+        settings: Settings,
+    ) -> None:
+        self.service = service
+        self.base = base
+        self.settings = settings
+        self.ws = ws
+        self.backlog: collections.deque[str] = collections.deque()
+        self.backlog_chars = 0
+        self.changed = asyncio.Event()
+        self.pending: asyncio.Queue[asyncio.Task[SpeechResult]] = asyncio.Queue(STREAM_AHEAD)
+        self.sender = asyncio.create_task(
+            _send_in_order(request, ws, self.pending, settings.write_timeout_s)
+        )
+        self.feeder = asyncio.create_task(self._feed())
+
+    async def add(self, sentences: list[str]) -> None:
+        """Queue ``sentences``; waits while the backlog is over its bound."""
+        for sentence in sentences:
+            self.backlog.append(sentence)
+            self.backlog_chars += len(sentence)
+        self.changed.set()
+        while self.backlog_chars > BACKLOG_CHARS:
+            self.changed.clear()
+            await self.changed.wait()
+
+    async def _feed(self) -> None:
+        while True:
+            while not self.backlog:
+                self.changed.clear()
+                await self.changed.wait()
+            sentence = self.backlog.popleft()
+            self.backlog_chars -= len(sentence)
+            self.changed.set()
+            try:
+                task = _speak(self.service, self.base, sentence, self.settings)
+            except VoxgateError as exc:
+                with contextlib.suppress(ConnectionError):
+                    await self.ws.send_json({"error": exc.message})
+                continue
+            # A full queue waits here, while the socket's messages are still read.
+            await self.pending.put(task)
+
+    async def close(self) -> None:
+        """Cancel what is not sent yet: the backlog, the sentences being made, the sender."""
+        self.backlog.clear()
+        await cancel_and_wait(self.feeder, self.sender)
+        while not self.pending.empty():
+            self.pending.get_nowait().cancel()
 
 
 def _speak(

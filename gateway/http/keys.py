@@ -10,7 +10,7 @@ from gateway.api.say import SayMemo
 from gateway.http.observe import RequestObserver
 from gateway.http.presentation import Presentations
 from gateway.runtime.accesslog import AccessLog
-from gateway.runtime.apikeys import Authenticator
+from gateway.runtime.apikeys import Authenticator, KeyedSockets
 from gateway.runtime.hostshare import HostTable
 from gateway.runtime.ratelimit import KeyLimits
 from gateway.runtime.settings import Settings
@@ -54,6 +54,8 @@ CLIENT_NAME = web.RequestKey("client_name", str)
 AUTH = web.AppKey("auth", Authenticator)
 # Per-key request and character limits (shared through Redis when configured).
 LIMITS = web.AppKey("limits", KeyLimits)
+# WebSockets by the API key that opened them: a reload that removes the key closes them.
+KEYED_SOCKETS = web.AppKey("keyed_sockets", KeyedSockets)
 # What the gateway processes of this host share without Redis: key budgets and queue shares.
 HOST_TABLE = web.AppKey("host_table", HostTable)
 # Origins whose browser pages may call the gateway (cors_origins; empty: CORS off).

@@ -24,9 +24,10 @@ import logging
 import re
 import secrets
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
@@ -195,6 +196,9 @@ class Authenticator:
     def __init__(self, path: str) -> None:
         self.path = path
         self.ring: KeyRing | None = None
+        # Called with the new ring after each successful reload (what holds a key open, such as a
+        # WebSocket, checks it is still valid).
+        self.on_reload: list[Callable[[KeyRing], object]] = []
 
     @property
     def enabled(self) -> bool:
@@ -219,4 +223,56 @@ class Authenticator:
             return False
         self.ring = ring
         log.info("API keys reloaded: %d keys from %s", len(ring.keys), self.path)
+        for listener in self.on_reload:
+            listener(ring)
         return True
+
+
+# WebSocket close code 1008 (RFC 6455: policy violation): what a revoked key's socket is told.
+POLICY_VIOLATION = 1008
+
+
+class Closable(Protocol):
+    """A connection that can be closed with a WebSocket close code and reason."""
+
+    async def close(self, *, code: int = ..., message: bytes = ...) -> bool: ...
+
+
+class KeyedSockets:
+    """Long-lived connections (WebSockets) by the API key that opened them, so a key removed
+    from the keys file stops speaking at the reload, not when its client hangs up."""
+
+    def __init__(self) -> None:
+        self._open: dict[Closable, APIKey] = {}
+        self._closing: set[asyncio.Task[bool]] = set()
+
+    def add(self, ws: Closable, key: APIKey) -> None:
+        """Follow ``ws``, opened by ``key``."""
+        self._open[ws] = key
+
+    def discard(self, ws: Closable) -> None:
+        """``ws`` has closed."""
+        self._open.pop(ws, None)
+
+    def key_of(self, ws: Closable) -> APIKey | None:
+        """The key ``ws`` speaks for now (its new limits after a reload)."""
+        return self._open.get(ws)
+
+    def rekey(self, ring: KeyRing | None) -> int:
+        """After a reload: each socket speaks for its key as the new ring has it; a socket whose
+        key is gone (or lost every scope it was opened with) is closed with 1008. The number
+        closed."""
+        closed = 0
+        for ws, key in list(self._open.items()):
+            now = ring.named(key.name) if ring is not None else None
+            if now is not None and now.digest == key.digest and now.scopes & key.scopes:
+                self._open[ws] = now
+                continue
+            del self._open[ws]
+            closed += 1
+            task = asyncio.ensure_future(
+                ws.close(code=POLICY_VIOLATION, message=b"API key revoked")
+            )
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+        return closed
