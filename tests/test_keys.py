@@ -126,6 +126,23 @@ async def test_content_addresses_are_capabilities_unless_turned_off(
     assert (await closed.get(f"/v1/audio/{key}", headers={"X-API-Key": READ_SECRET})).status == 200
 
 
+async def test_public_content_addresses_are_read_with_any_valid_key(
+    gateway: GatewayFactory, keyed: Settings
+) -> None:
+    # The studio sends its key with every call, Download included: a speak-only key must read
+    # the audio its own answer named, as a caller without a key may.
+    http = await gateway(settings=keyed)
+    speak = {"X-API-Key": SPEAK_SECRET}
+    made = await http.post("/v1/audio/speech", json=BODY, headers=speak)
+    key = made.headers["X-Audio-Key"]
+    for path in (f"/v1/audio/{key}", f"/v1/audio/{key}.ulaw", f"/v1/audio/{key}.wav"):
+        for headers in (speak, {"Authorization": f"Bearer {ADMIN_SECRET}"}, {}):
+            got = await http.get(path, headers=headers)
+            assert got.status == 200, (path, headers, await got.text())
+        # A key the gateway does not know is still refused: it is a mistake worth saying.
+        assert (await http.get(path, headers={"X-API-Key": "not-a-key"})).status == 401
+
+
 async def test_signed_say_urls_authorize_themselves(
     gateway: GatewayFactory, keyed: Settings
 ) -> None:

@@ -92,7 +92,9 @@ def guarded(access: Access, handler: Handler, *, json_body: bool = False) -> Han
             raise Unauthorized("invalid API key", code="invalid_api_key")
         request[keys.CLIENT_NAME] = key.name
         limits = request.app[keys.LIMITS]
-        if not key.scopes & needed:
+        # A URL that authorizes itself (a public content address) is read with any valid key,
+        # as without one: a speak-only client may fetch the audio its own answers name.
+        if not key.scopes & needed and not (capability and self_authorized(request) is not None):
             limits.count(key.name, "forbidden")
             raise Forbidden(
                 f"API key {key.name!r} lacks the scope this route needs ({scope_text})",
