@@ -44,12 +44,11 @@ from gateway.http.telephony import (
 from gateway.runtime.accesslog import AccessLog
 from gateway.runtime.apikeys import Authenticator
 from gateway.runtime.buildinfo import record_build_info
-from gateway.runtime.components import open_speech
+from gateway.runtime.components import open_pins, open_speech
 from gateway.runtime.hostshare import HostShares, open_host_table
 from gateway.runtime.ratelimit import KeyLimits
 from gateway.runtime.settings import Settings
 from gateway.runtime.workers import WORKER_INDEX_ENV
-from gateway.speech.catalogue import PinnedPrompts
 from gateway.wyoming.server import WyomingServer
 from metrics import Metrics
 from synth.engine import Engine
@@ -96,7 +95,6 @@ def create_app(
     app[keys.METRICS] = metrics if metrics is not None else Metrics()
     app[keys.REQUEST_MEMO] = RequestMemo()
     app[keys.SAY_MEMO] = SayMemo()
-    app[keys.PINNED_PROMPTS] = PinnedPrompts()
     app[keys.PRESENTATIONS] = Presentations.from_settings(settings)
     app[keys.ACCESS_LOG] = AccessLog.from_settings(settings)
     app[keys.OBSERVER] = RequestObserver(app[keys.METRICS], app[keys.ACCESS_LOG])
@@ -163,8 +161,12 @@ def create_app(
     async def speech_ctx(app: web.Application) -> AsyncIterator[None]:
         metrics = app[keys.METRICS]
         shares = HostShares(app[keys.HOST_TABLE], metrics.host_table_full.inc)
-        async with open_speech(settings, metrics, engines, shares=shares) as service:
+        async with (
+            open_speech(settings, metrics, engines, shares=shares) as service,
+            open_pins(settings, service.store) as pins,
+        ):
             app[keys.SPEECH] = service
+            app[keys.PINS] = pins
             if settings.api_keys_file:
                 service.admit_synthesis = app[keys.LIMITS].admit_synthesis
             app[keys.STORE] = service.store

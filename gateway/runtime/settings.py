@@ -476,6 +476,22 @@ class Settings(BaseSettings):
         "catalogue", 4, "Prompts rendered at once by voxgate warm and POST /v1/prompts.", ge=1
     )
 
+    pin_quota_mb: int = _opt(
+        "catalogue",
+        1024,
+        "Most MiB pinned in all (POST /v1/prompts, voxgate warm), counted for the whole host, or "
+        "for every replica with Redis: each pinned entry's size plus its record. A catalogue "
+        "past it is refused (413) and pins nothing. Keep it below Redis's maxmemory.",
+        ge=0,
+    )
+    pin_quota_mb_per_key: int = _opt(
+        "catalogue",
+        256,
+        "Most MiB the pins of one API key may take (within pin_quota_mb); pins made without a "
+        "key (no keys file, voxgate warm) are bounded by pin_quota_mb alone.",
+        ge=0,
+    )
+
     # --- Wyoming (Home Assistant) ---
     wyoming_port: int = _opt(
         "wyoming",
