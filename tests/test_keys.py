@@ -143,6 +143,20 @@ async def test_public_content_addresses_are_read_with_any_valid_key(
         assert (await http.get(path, headers={"X-API-Key": "not-a-key"})).status == 401
 
 
+async def test_metrics_scope_reads_metrics_and_nothing_else(
+    gateway: GatewayFactory, keyed: Settings, tmp_path: Path
+) -> None:
+    scrape = "prometheus-secret-0123456789-abcdefghij"
+    path = standard_keys(tmp_path / "with-metrics.toml")
+    path.write_text(path.read_text() + key_table("prometheus", scrape, ["metrics"]))
+    http = await gateway(settings=keyed.replace(api_keys_file=str(path), metrics_auth=True))
+    headers = {"Authorization": f"Bearer {scrape}"}
+    assert (await http.get("/metrics", headers=headers)).status == 200
+    assert (await http.post("/v1/audio/speech", json=BODY, headers=headers)).status == 403
+    prompts = await http.post("/v1/prompts", json={"prompts": ["Hi."]}, headers=headers)
+    assert prompts.status == 403
+
+
 async def test_signed_say_urls_authorize_themselves(
     gateway: GatewayFactory, keyed: Settings
 ) -> None:
@@ -504,3 +518,23 @@ async def test_a_url_signed_without_keys_stops_playing_once_keys_are_on(
     )
     refused = await keyed.get(path)
     assert refused.status == 403 and error_of(await refused.read())["code"] == "signer_revoked"
+
+
+def test_an_open_gateway_beyond_loopback_says_so_when_it_starts_listening(tmp_path: Path) -> None:
+    """Open is for a laptop: listening on every address without keys, each process's
+    "listening on" line is a warning that says so (on loopback it is plain information)."""
+    from gateway.runtime.settings import Settings as Defaults
+    from tests.ops_support import ServerProcess
+
+    server = ServerProcess(tmp_path, "--host", "0.0.0.0", "--log-format", "json")
+    try:
+        processes = Defaults.load(env={}).topology().gateway_processes
+        server.wait_ready(workers=processes)
+        lines = [x for x in server.json_lines() if x["msg"].startswith("listening on")]
+        assert len(lines) == processes, server.logs()
+        for line in lines:
+            assert line["level"] == "warning"
+            assert "beyond loopback with no API keys" in line["msg"]
+            assert "api_keys_file" in line["msg"]
+    finally:
+        server.close()

@@ -44,6 +44,9 @@ SIGNED = Access("signature", frozenset())
 SPEAK = Access("speak", frozenset({"speak"}))
 READ = Access("read", frozenset({"read"}), capability=True)
 ADMIN = Access("admin", frozenset({"admin"}))
+# /metrics with metrics_auth: an operator's key, or a key made for Prometheus that can do nothing
+# else.
+METRICS = Access("metrics", frozenset({"admin", "metrics"}))
 # Listings (models, voices): any valid key. They name what a client may ask for, so whoever holds
 # a key of any scope may read them; a caller without a key learns nothing.
 ANY_KEY = Access("any key", frozenset(SCOPES))
