@@ -282,6 +282,15 @@ async def test_the_host_registry_is_one_for_every_process_and_refuses_whole(
         assert await a.forget(PurgeFilter(voice="joe")) == 1
         assert (await b.usage()).owners == {"y": 10 + 512 + len(label2)}
         assert await a.forget(PurgeFilter(pinned=False)) == 0
+        # Two processes racing for the last room: one gets it, the other pins nothing.
+        wide = PinQuota(total=10_000)
+        raced = await asyncio.gather(
+            a.reserve("p", [PinItem("4" * 64, 6000)], {}, wide),
+            b.reserve("q", [PinItem("5" * 64, 6000)], {}, wide),
+            return_exceptions=True,
+        )
+        assert sorted(type(r).__name__ for r in raced) == ["PinQuotaExceeded", "int"]
+        assert (await a.usage()).total <= 10_000
     finally:
         await a.close()
         await b.close()
@@ -356,3 +365,33 @@ async def test_replicas_sharing_redis_share_the_list_and_the_quota(
     (pins,) = [row for row in json.loads(stats.stdout) if row["tier"] == "pins"]
     assert pins["registry"] == "redis"
     assert pins["owners"] == {ANONYMOUS: first["summary"]["pinned_bytes"]}
+
+
+async def test_the_redis_registry_runs_on_a_cluster(tmp_path: Path) -> None:
+    from cache.pins import RedisPinRegistry
+    from cache.redis_tier import RedisTier
+    from tests.redis_support import redis_cluster
+
+    with redis_cluster(tmp_path / "cluster") as cluster:
+        tier = RedisTier.from_url(cluster.url, secret=CACHE_SECRET.encode(), timeout_s=2.0)
+        try:
+            registry = RedisPinRegistry(tier)
+            quota = PinQuota(total=50_000, per_owner=20_000)
+            keys_ = [f"{n:064x}" for n in range(1, 4)]
+            labels = {k: encode_label(k, {"text": f"Prompt {i}."}) for i, k in enumerate(keys_)}
+            items = [PinItem(k, 1000, "joe", "piper") for k in keys_]
+            charged = await registry.reserve("a", items, labels, quota)
+            assert charged == sum(1000 + 512 + len(v) for v in labels.values())
+            assert [p["text"] for p in await registry.listing()] == [
+                "Prompt 0.",
+                "Prompt 1.",
+                "Prompt 2.",
+            ]
+            with pytest.raises(PinQuotaExceeded) as exc:
+                await registry.reserve("a", [PinItem("e" * 64, 20_000)], {}, quota)
+            assert exc.value.limit == "per_owner" and exc.value.owner_bytes == charged
+            assert (await registry.usage()).owners == {"a": charged}
+            assert await registry.forget(PurgeFilter(model="piper")) == 3
+            assert (await registry.usage()).owners == {} and await registry.listing() == []
+        finally:
+            await tier.close()

@@ -244,8 +244,11 @@ async def pin(
     # Records and pins go together: a caller that hangs up between them must not leave the
     # quota charged for entries never pinned.
     task = asyncio.ensure_future(commit())
-    task.add_done_callback(_retrieve)
-    summary.pinned_bytes = await asyncio.shield(task)
+    try:
+        summary.pinned_bytes = await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(_retrieve)  # finishes without its caller; a failure is logged
+        raise
     summary.pinned_entries = len(entries)
     return encodings
 
