@@ -395,7 +395,7 @@ def test_the_first_start_makes_the_keys_file_and_shows_its_secret_once(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from gateway.runtime.apikeys import KeyRing
-    from tests.ops_support import ServerProcess, clean_env
+    from tests.served import DefaultServer
 
     # The image's own start (its ENV, paths moved into tmp), as `docker run` would do it.
     env = image_env()
@@ -404,9 +404,9 @@ def test_the_first_start_makes_the_keys_file_and_shows_its_secret_once(
         VOXGATE_API_KEYS_FILE=str(keys_file),
         VOXGATE_API_KEYS_INIT_METRICS_SECRET=SECRETS["VOXGATE_METRICS_KEY"],
     )
-    server = ServerProcess(tmp_path / "first", env=clean_env(**env))
+    server = DefaultServer(tmp_path / "first", env=env)
     try:
-        server.wait_ready(workers=Settings.load(env={}).topology().gateway_processes)
+        server.wait_ready()
         shown = re.findall(r"^    (\S{43})$", server.logs(), re.M)
         assert len(shown) == 1, server.logs()  # once, by the supervisor, not per process
         ring = KeyRing.load(keys_file)

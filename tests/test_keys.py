@@ -523,15 +523,13 @@ async def test_a_url_signed_without_keys_stops_playing_once_keys_are_on(
 def test_an_open_gateway_beyond_loopback_says_so_when_it_starts_listening(tmp_path: Path) -> None:
     """Open is for a laptop: listening on every address without keys, each process's
     "listening on" line is a warning that says so (on loopback it is plain information)."""
-    from gateway.runtime.settings import Settings as Defaults
-    from tests.ops_support import ServerProcess
+    from tests.served import DefaultServer
 
-    server = ServerProcess(tmp_path, "--host", "0.0.0.0", "--log-format", "json")
+    server = DefaultServer(tmp_path, "--host", "0.0.0.0", "--log-format", "json")
     try:
-        processes = Defaults.load(env={}).topology().gateway_processes
-        server.wait_ready(workers=processes)
+        server.wait_ready()
         lines = [x for x in server.json_lines() if x["msg"].startswith("listening on")]
-        assert len(lines) == processes, server.logs()
+        assert len(lines) == server.gateways, server.logs()
         for line in lines:
             assert line["level"] == "warning"
             assert "beyond loopback with no API keys" in line["msg"]
