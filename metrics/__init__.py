@@ -254,6 +254,32 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        # The pin registry is one per host (or per Redis): every process reports the same
+        # figures, read at scrape time, so the most recent report is the answer.
+        self.pinned_bytes = Gauge(
+            "voxgate_pinned_bytes",
+            "Bytes pinned (entries never evicted, with their records) by owner: an API key's "
+            "name, or (anonymous) for pins made without a key; the whole host's, or every "
+            "replica's with Redis.",
+            ["key"],
+            multiprocess_mode="livemostrecent",
+            registry=r,
+        )
+        self.pinned_quota_bytes = Gauge(
+            "voxgate_pinned_quota_bytes",
+            "Most bytes that may be pinned: in all (scope total, pin_quota_mb) and by one API "
+            "key (scope per_key, pin_quota_mb_per_key).",
+            ["scope"],
+            multiprocess_mode="livemostrecent",
+            registry=r,
+        )
+        self.pins_refused = Counter(
+            "voxgate_pins_refused_total",
+            "Catalogues refused whole because their pins would pass a quota, by limit "
+            "(per_key, total).",
+            ["limit"],
+            registry=r,
+        )
         self.build_info = Gauge(
             "voxgate_build_info",
             "Always 1; the labels say which voxgate and Python are running.",

@@ -9,6 +9,8 @@ import re
 import shutil
 import subprocess
 import tomllib
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,13 @@ K8S = DEPLOY / "k8s"
 
 
 # What an operator puts in deploy/.env (compose) or the Secret voxgate-secrets (Kubernetes).
-SECRETS = {"REDIS_PASSWORD": "0123456789abcdef" * 2, "VOXGATE_CACHE_SECRET": "fedcba9876543210" * 2}
+SECRETS = {
+    "REDIS_PASSWORD": "0123456789abcdef" * 2,
+    "VOXGATE_CACHE_SECRET": "fedcba9876543210" * 2,
+    "VOXGATE_METRICS_KEY": "abcdef0123456789" * 2,
+}
+# What the downward API gives a pod.
+POD_FIELDS = {"status.podIP": "10.1.2.3", "metadata.namespace": "tts"}
 
 
 def interpolate(text: str, values: dict[str, str]) -> str:
@@ -47,10 +55,13 @@ def compose(values: dict[str, str] = SECRETS) -> dict[str, Any]:
 
 def container_env(container: dict[str, Any], secrets: dict[str, str]) -> dict[str, str]:
     """A container's environment as Kubernetes makes it: ``secretKeyRef`` values from
-    ``secrets`` (by key), ``$(NAME)`` expanded from the variables defined before it."""
+    ``secrets`` (by key), ``fieldRef`` values from :data:`POD_FIELDS`, ``$(NAME)`` expanded from
+    the variables defined before it."""
     env: dict[str, str] = {}
     for e in container.get("env", []):
-        if "valueFrom" in e:
+        if "fieldRef" in e.get("valueFrom", {}):
+            env[e["name"]] = POD_FIELDS[e["valueFrom"]["fieldRef"]["fieldPath"]]
+        elif "valueFrom" in e:
             env[e["name"]] = secrets[e["valueFrom"]["secretKeyRef"]["key"]]
         else:
             env[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env[m[1]], e["value"])
@@ -61,6 +72,13 @@ K8S_SECRETS = {
     "redis-password": SECRETS["REDIS_PASSWORD"],
     "cache-secret": SECRETS["VOXGATE_CACHE_SECRET"],
 }
+
+
+def image_env() -> dict[str, str]:
+    """The ``VOXGATE_*`` variables the Dockerfile sets (``ENV``): every container of the image
+    starts with them, below what compose or Kubernetes set."""
+    text = (ROOT / "Dockerfile").read_text()
+    return dict(re.findall(r"(VOXGATE_[A-Z_]+)=(\S+)", text))
 
 
 def k8s_docs() -> list[dict[str, Any]]:
@@ -91,8 +109,7 @@ def mount_source(volume: str) -> tuple[Path, str]:
 
 def test_dockerfile_matches_the_settings() -> None:
     text = (ROOT / "Dockerfile").read_text()
-    env = dict(re.findall(r"(VOXGATE_[A-Z_]+)=(\S+)", text))
-    settings = Settings.load(env=env)  # every value is valid
+    settings = Settings.load(env=image_env())  # every value is valid
     assert settings.host == "0.0.0.0"
     assert re.search(rf"^EXPOSE {settings.port}$", text, re.M)
     assert f"127.0.0.1:{settings.port}/healthz" in text
@@ -181,11 +198,17 @@ def test_compose_prometheus_scrapes_voxgate_and_loads_the_alert_rules(tmp_path: 
     assert job["metrics_path"] == "/metrics"
     vox_port = Settings.load(env=voxgate_env(c["services"]["voxgate"]["environment"])).port
     assert job["static_configs"][0]["targets"] == [f"voxgate:{vox_port}"]
+    # /metrics needs a key: Prometheus sends the one compose mounts from VOXGATE_METRICS_KEY.
+    (secret,) = prom["secrets"]
+    credentials = Path(config_src).parent / job["authorization"]["credentials_file"]
+    assert secret["target"] == "/etc/prometheus/" + credentials.name
+    assert c["secrets"][secret["source"]] == {"environment": "VOXGATE_METRICS_KEY"}
     # Lay the files out as the container sees them and let promtool check config + rules.
     for target, src in by_target.items():
         dest = tmp_path / target.lstrip("/")
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(src, dest)
+    (tmp_path / secret["target"].lstrip("/")).write_text(SECRETS["VOXGATE_METRICS_KEY"])
     promtool = shutil.which("promtool")
     assert promtool is not None, "promtool missing: apt-get install -y prometheus"
     check = subprocess.run(
@@ -286,6 +309,137 @@ def test_k8s_redis_matches_the_url_voxgate_uses() -> None:
     (rule,) = policy["spec"]["ingress"]
     (source,) = rule["from"]
     assert source["podSelector"]["matchLabels"].items() <= voxgate_labels.items()
+
+
+# ---- shipped locked (docs/security.md, "Deployment checklist") ------------------------------
+
+
+def shipped(name: str, tmp_path: Path) -> tuple[Settings, dict[str, Any]]:
+    """The settings a shipped configuration runs with (the image's ENV below compose's or the
+    pod's env, the ConfigMap's file below both) and what it mounts where."""
+    if name == "image":
+        text = (ROOT / "Dockerfile").read_text()
+        volumes = re.findall(r'^VOLUME \["([^"]+)"\]', text, re.M)
+        return Settings.load(env=image_env()), {"volumes": volumes, "health_host": "127.0.0.1"}
+    if name == "compose":
+        vox = compose()["services"]["voxgate"]
+        env = {**image_env(), **{k: str(v) for k, v in vox["environment"].items()}}
+        volumes = [v.split(":")[1] for v in vox["volumes"]]
+        redis = compose()["services"]["redis"]["command"]
+        return Settings.load(env=voxgate_env(env)), {
+            "volumes": volumes,
+            "scrape_host": "voxgate",
+            "redis_command": redis,
+        }
+    docs = k8s_docs()
+    pod = find(docs, "Deployment", "voxgate")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    toml = find(docs, "ConfigMap", "voxgate-config")["data"]["voxgate.toml"]
+    env = {**image_env(), **container_env(container, K8S_SECRETS)}
+    settings = Settings.load(config_file=_write(toml, tmp_path), env=voxgate_env(env))
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    redis = find(docs, "Deployment", "voxgate-redis")["spec"]["template"]["spec"]["containers"][0]
+    return settings, {
+        "mounts": mounts,
+        "volumes": volumes,
+        "probe_host": POD_FIELDS["status.podIP"],
+        "redis_command": redis["args"],
+    }
+
+
+@pytest.mark.parametrize("name", ["image", "compose", "k8s"])
+def test_what_ships_is_locked(name: str, tmp_path: Path) -> None:
+    settings, where = shipped(name, tmp_path)
+    assert settings.host == "0.0.0.0"  # reachable from outside the container: so, locked
+    # 1. A keys file: made at the first start in a volume of its own, or mounted from a Secret.
+    keys_file = Path(settings.api_keys_file)
+    assert keys_file.is_absolute()
+    if name == "k8s":
+        assert not settings.api_keys_init  # every replica must hold the same keys
+        volume = where["volumes"][where["mounts"][str(keys_file.parent)]]
+        assert volume["secret"]["secretName"] == "voxgate-secrets"
+        assert volume["secret"]["items"] == [{"key": "api-keys.toml", "path": keys_file.name}]
+        assert volume["secret"]["defaultMode"] & 0o007 == 0  # not readable by others
+    else:
+        assert settings.api_keys_init
+        assert str(keys_file.parent) in where["volumes"]
+        assert keys_file.parent != settings.cache_dir
+    # 4. /metrics needs a key. 9. Only the listed host names answer (DNS rebinding), and those
+    # include what the health check, the probes or Prometheus send.
+    assert settings.metrics_auth
+    assert settings.allowed_hosts and "attacker-rebound.example" not in settings.allowed_hosts
+    for role in ("health_host", "scrape_host", "probe_host"):
+        if role in where:
+            assert where[role] in settings.allowed_hosts, role
+    # 7. With Redis: a password in its URL and a cache secret; pins bounded below its memory.
+    if settings.redis_url.get_secret_value():
+        assert f":{SECRETS['REDIS_PASSWORD']}@" in settings.redis_url.get_secret_value()
+        assert len(settings.cache_secret.get_secret_value()) >= 32
+        # Pinned entries have no TTL, and volatile-lru evicts only keys with one.
+        command = " ".join(where["redis_command"])
+        assert "--maxmemory-policy volatile-lru" in command
+        maxmemory = re.search(r"--maxmemory (\d+)gb", command)
+        assert maxmemory is not None
+        assert settings.pin_quota_mb * 1024 * 1024 <= int(maxmemory[1]) * 1024**3 // 4
+    if name == "compose":
+        assert (
+            settings.api_keys_init_metrics_secret.get_secret_value()
+            == SECRETS["VOXGATE_METRICS_KEY"]
+        )
+        with pytest.raises(KeyError, match="VOXGATE_METRICS_KEY"):
+            compose({k: v for k, v in SECRETS.items() if k != "VOXGATE_METRICS_KEY"})
+
+
+def test_the_first_start_makes_the_keys_file_and_shows_its_secret_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gateway.runtime.apikeys import KeyRing
+    from tests.served import DefaultServer
+
+    # The image's own start (its ENV, paths moved into tmp), as `docker run` would do it.
+    env = image_env()
+    keys_file = tmp_path / "state" / "keys.toml"
+    env.update(
+        VOXGATE_API_KEYS_FILE=str(keys_file),
+        VOXGATE_API_KEYS_INIT_METRICS_SECRET=SECRETS["VOXGATE_METRICS_KEY"],
+    )
+    server = DefaultServer(tmp_path / "first", env=env)
+    try:
+        server.wait_ready()
+        shown = re.findall(r"^    (\S{43})$", server.logs(), re.M)
+        assert len(shown) == 1, server.logs()  # once, by the supervisor, not per process
+        ring = KeyRing.load(keys_file)
+        admin = ring.identify(shown[0])
+        assert admin is not None and admin.name == "admin" and "admin" in admin.scopes
+        scraper = ring.identify(SECRETS["VOXGATE_METRICS_KEY"])
+        assert scraper is not None and scraper.scopes == {"metrics"}
+        assert keys_file.stat().st_mode & 0o777 == 0o600
+        assert shown[0] not in keys_file.read_text()
+        # The DNS-rebinding page of the review: an unknown Host gets 421, /metrics a 401.
+        rebound = urllib.request.Request(
+            server.url + "/v1/prompts",
+            data=b'{"prompts": ["Hi."]}',
+            headers={"Host": "attacker-rebound.example", "Content-Type": "application/json"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(rebound, timeout=10)
+        assert refused.value.code == 421
+        assert server.get("/metrics")[0] == 401
+        scrape = urllib.request.Request(
+            server.url + "/metrics",
+            headers={"Authorization": f"Bearer {SECRETS['VOXGATE_METRICS_KEY']}"},
+        )
+        with urllib.request.urlopen(scrape, timeout=10) as resp:
+            assert resp.status == 200
+    finally:
+        server.close()
+    # A later start (the same volume) keeps the file and shows nothing.
+    from gateway.cli.serve import init_keys_file
+
+    before = keys_file.read_bytes()
+    init_keys_file(Settings.load(env=env))
+    assert capsys.readouterr().err == "" and keys_file.read_bytes() == before
 
 
 def test_configmap_with_a_bad_value_would_fail_naming_the_key(tmp_path: Path) -> None:

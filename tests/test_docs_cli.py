@@ -106,10 +106,13 @@ def test_cache_stats_reports_redis_and_never_prints_its_password(tmp_path: Path)
             "cache", "stats", "--json", "--redis-url", redis.url, *secret, cache=tmp_path / "c"
         )
         assert ok.returncode == 0, ok.stderr
-        disk, shared = json.loads(ok.stdout)
+        disk, shared, pins = json.loads(ok.stdout)
         assert disk["tier"] == "disk"
         assert shared["tier"] == "redis" and shared["keys"] == 0
         assert shared["used_memory_bytes"] > 0
+        # With Redis the pin registry is Redis's (every replica's): nothing pinned yet.
+        assert pins["tier"] == "pins" and pins["registry"] == "redis"
+        assert pins["pinned_bytes"] == 0 and pins["owners"] == {}
     down = f"redis://ops:hunter2@127.0.0.1:{free_port()}/0"
     bad = run_cli(
         "cache",

@@ -126,6 +126,37 @@ async def test_content_addresses_are_capabilities_unless_turned_off(
     assert (await closed.get(f"/v1/audio/{key}", headers={"X-API-Key": READ_SECRET})).status == 200
 
 
+async def test_public_content_addresses_are_read_with_any_valid_key(
+    gateway: GatewayFactory, keyed: Settings
+) -> None:
+    # The studio sends its key with every call, Download included: a speak-only key must read
+    # the audio its own answer named, as a caller without a key may.
+    http = await gateway(settings=keyed)
+    speak = {"X-API-Key": SPEAK_SECRET}
+    made = await http.post("/v1/audio/speech", json=BODY, headers=speak)
+    key = made.headers["X-Audio-Key"]
+    for path in (f"/v1/audio/{key}", f"/v1/audio/{key}.ulaw", f"/v1/audio/{key}.wav"):
+        for headers in (speak, {"Authorization": f"Bearer {ADMIN_SECRET}"}, {}):
+            got = await http.get(path, headers=headers)
+            assert got.status == 200, (path, headers, await got.text())
+        # A key the gateway does not know is still refused: it is a mistake worth saying.
+        assert (await http.get(path, headers={"X-API-Key": "not-a-key"})).status == 401
+
+
+async def test_metrics_scope_reads_metrics_and_nothing_else(
+    gateway: GatewayFactory, keyed: Settings, tmp_path: Path
+) -> None:
+    scrape = "prometheus-secret-0123456789-abcdefghij"
+    path = standard_keys(tmp_path / "with-metrics.toml")
+    path.write_text(path.read_text() + key_table("prometheus", scrape, ["metrics"]))
+    http = await gateway(settings=keyed.replace(api_keys_file=str(path), metrics_auth=True))
+    headers = {"Authorization": f"Bearer {scrape}"}
+    assert (await http.get("/metrics", headers=headers)).status == 200
+    assert (await http.post("/v1/audio/speech", json=BODY, headers=headers)).status == 403
+    prompts = await http.post("/v1/prompts", json={"prompts": ["Hi."]}, headers=headers)
+    assert prompts.status == 403
+
+
 async def test_signed_say_urls_authorize_themselves(
     gateway: GatewayFactory, keyed: Settings
 ) -> None:
@@ -487,3 +518,21 @@ async def test_a_url_signed_without_keys_stops_playing_once_keys_are_on(
     )
     refused = await keyed.get(path)
     assert refused.status == 403 and error_of(await refused.read())["code"] == "signer_revoked"
+
+
+def test_an_open_gateway_beyond_loopback_says_so_when_it_starts_listening(tmp_path: Path) -> None:
+    """Open is for a laptop: listening on every address without keys, each process's
+    "listening on" line is a warning that says so (on loopback it is plain information)."""
+    from tests.served import DefaultServer
+
+    server = DefaultServer(tmp_path, "--host", "0.0.0.0", "--log-format", "json")
+    try:
+        server.wait_ready()
+        lines = [x for x in server.json_lines() if x["msg"].startswith("listening on")]
+        assert len(lines) == server.gateways, server.logs()
+        for line in lines:
+            assert line["level"] == "warning"
+            assert "beyond loopback with no API keys" in line["msg"]
+            assert "api_keys_file" in line["msg"]
+    finally:
+        server.close()

@@ -1,18 +1,17 @@
 """Prompt catalogues as input: reading ``.txt``/``.csv``/``.yaml`` files and ``POST /v1/prompts``
-bodies into validated, pinned :class:`~gateway.speech.request.SpeechRequest` objects.
+bodies into validated :class:`~gateway.speech.request.SpeechRequest` objects.
 
 A prompt is an OpenAI speech body (``input``, ``voice``, ``model``, ``response_format``,
 ``speed``, ``sample_rate``, ``input_type``, ``normalize``); files may use the short names
 ``text``, ``format`` and ``rate``. An ``input`` may be SSML (docs/ssml.md), as in any request.
 A prompt may carry an ``id``: the name its files get when exported for a PBX (``voxgate export``),
 so it must be file-name safe and unique in the catalogue (:func:`check_ids`).
-Rendering them is :mod:`gateway.speech.catalogue`.
+Rendering and pinning them is :mod:`gateway.speech.catalogue`.
 """
 
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io
 import re
 from collections.abc import Mapping, Sequence
@@ -192,7 +191,7 @@ def to_requests(
     *,
     param_prefix: str = "prompts",
 ) -> list[SpeechRequest]:
-    """Validate every prompt (all of them before any is rendered) into pinned requests.
+    """Validate every prompt (all of them before any is rendered) into requests.
 
     ``defaults`` fill fields a prompt leaves out. A bad prompt raises :class:`BadRequest` whose
     ``param`` is ``prompts[i].field`` and whose message says where the prompt came from.
@@ -208,5 +207,5 @@ def to_requests(
                 param=f"{param_prefix}[{i}].{exc.param}" if exc.param else f"{param_prefix}[{i}]",
                 code=exc.code,
             ) from exc
-        out.append(dataclasses.replace(req, pinned=True))
+        out.append(req)
     return out

@@ -13,6 +13,7 @@ from typing import Any
 from gateway.cli.common import add_setting_flags, load_settings, quiet_logging
 from gateway.runtime.settings import Settings
 
+MIB = 1024 * 1024
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -48,6 +49,7 @@ async def _cache_stats(settings: Settings) -> list[dict[str, Any]]:
         }
     ]
     redis_url = settings.redis_url.get_secret_value()
+    redis = None
     if redis_url:
         # The memory tier lives inside each server process: its figures are on /metrics.
         redis = RedisTier.from_url(
@@ -56,16 +58,41 @@ async def _cache_stats(settings: Settings) -> list[dict[str, Any]]:
             prefix=settings.redis_prefix,
             timeout_s=settings.redis_timeout_ms / 1000,
         )
-        row: dict[str, Any] = {"tier": "redis", "url": _safe_url(redis_url)}
-        try:
-            r = await redis.stats()
-            row.update(keys=r.entries, used_memory_bytes=r.bytes)
-        except TierError as exc:
-            row["error"] = str(exc)
-        finally:
+    try:
+        if redis is not None:
+            row: dict[str, Any] = {"tier": "redis", "url": _safe_url(redis_url)}
+            try:
+                r = await redis.stats()
+                row.update(keys=r.entries, used_memory_bytes=r.bytes)
+            except TierError as exc:
+                row["error"] = str(exc)
+            rows.append(row)
+        rows.append(await _pins_row(settings, [redis] if redis is not None else []))
+    finally:
+        if redis is not None:
             await redis.close()
-        rows.append(row)
     return rows
+
+
+async def _pins_row(settings: Settings, tiers: list[Any]) -> dict[str, Any]:
+    """The pin registry's figures: bytes pinned in all and per owner, against the quotas."""
+    from cache.pins import PinRegistryError, registry_for
+
+    registry = registry_for(tiers, settings.cache_dir)
+    row: dict[str, Any] = {
+        "tier": "pins",
+        "registry": registry.where,
+        "quota_bytes": settings.pin_quota_mb * MIB,
+        "quota_per_key_bytes": settings.pin_quota_mb_per_key * MIB,
+    }
+    try:
+        usage = await registry.usage()
+        row.update(pinned_bytes=usage.total, owners=dict(sorted(usage.owners.items())))
+    except PinRegistryError as exc:
+        row["error"] = str(exc)
+    finally:
+        await registry.close()
+    return row
 
 
 def _safe_url(url: str) -> str:
@@ -87,6 +114,18 @@ def cmd_cache_stats(args: argparse.Namespace) -> int:
         print(json.dumps(stats, indent=2))
     else:
         for s in stats:
+            if s["tier"] == "pins":
+                print(f"pins     the pin registry ({s['registry']})")
+                if "error" in s:
+                    print(f"  unreadable: {s['error']}")
+                    continue
+                print(
+                    f"  pinned  {s['pinned_bytes']:>10}  bytes of {s['quota_bytes']} "
+                    f"(pin_quota_mb; per key: {s['quota_per_key_bytes']})"
+                )
+                for owner, n in s["owners"].items():
+                    print(f"  {owner:<24} {n:>10}  bytes")
+                continue
             if s["tier"] == "redis":
                 print(f"redis    {s['url']}")
                 if "error" in s:
@@ -105,9 +144,9 @@ def cmd_cache_stats(args: argparse.Namespace) -> int:
     return 0 if all("error" not in s for s in stats) else 1
 
 
-async def _purge(settings: Settings, args: argparse.Namespace) -> dict[str, int]:
+async def _purge(settings: Settings, args: argparse.Namespace) -> tuple[dict[str, int], int]:
     from cache.tier import PurgeFilter
-    from gateway.runtime.components import open_store
+    from gateway.runtime.components import open_pins, open_store
     from metrics import Metrics
 
     match = PurgeFilter(
@@ -118,8 +157,14 @@ async def _purge(settings: Settings, args: argparse.Namespace) -> dict[str, int]
     )
     # Only the shared tiers: this process's memory tier is empty, and a running gateway's memory
     # tier is its own (it ages out, and a restart empties it).
-    async with open_store(settings.replace(memory_cache_mb=0), Metrics()) as store:
-        return await store.purge(match)
+    async with (
+        open_store(settings.replace(memory_cache_mb=0), Metrics()) as store,
+        open_pins(settings, store) as registry,
+    ):
+        removed = await store.purge(match)
+        # Purged pins give their bytes back to their owners' quota.
+        released = await registry.forget(match) if match.pinned is not False else 0
+        return removed, released
 
 
 def cmd_cache_purge(args: argparse.Namespace) -> int:
@@ -136,12 +181,23 @@ def cmd_cache_purge(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    removed = asyncio.run(_purge(settings, args))
+    from cache.pins import PinRegistryError
+
+    try:
+        removed, released = asyncio.run(_purge(settings, args))
+    except PinRegistryError as exc:
+        print(f"voxgate cache purge: {exc}", file=sys.stderr)
+        return 1
     if args.json:
-        print(json.dumps({"removed": removed}))
+        out: dict[str, Any] = {"removed": removed}
+        if released:
+            out["pins_released"] = released
+        print(json.dumps(out))
     else:
         for tier, n in removed.items():
             print(f"{tier:<8} {'failed (see log)' if n < 0 else f'{n} entries removed'}")
+        if released:
+            print(f"pins     {released} records released from the pin quota")
     return 1 if any(n < 0 for n in removed.values()) else 0
 
 
@@ -162,6 +218,8 @@ def add_command(sub: Any) -> None:
             "cache_secret",
             "redis_prefix",
             "redis_timeout_ms",
+            "pin_quota_mb",
+            "pin_quota_mb_per_key",
         ],
     )
     stats.set_defaults(func=cmd_cache_stats)

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import signal
+import sys
 from typing import Any
 
 from aiohttp import web
@@ -18,7 +19,7 @@ log = logging.getLogger("voxgate")
 
 async def _serve(settings: Settings, worker_of: int | None = None) -> None:
     from gateway.http import keys
-    from gateway.http.app import create_app, wait_ready
+    from gateway.http.app import create_app, is_loopback, wait_ready
     from gateway.http.connections import cap_connections, runner_options
 
     app = create_app(settings)
@@ -75,12 +76,20 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
         addresses.append(f"http://{host}:{port}")
     from gateway.runtime.eventloop import describe
 
-    log.info(
-        "listening on %s (event loop: %s)%s",
-        ", ".join(addresses) or site.name,
-        describe(loop),
-        "" if ready.done() else "; loading models",
-    )
+    listening = ", ".join(addresses) or site.name
+    loading = "" if ready.done() else "; loading models"
+    if settings.api_keys_file or is_loopback(settings.host):
+        log.info("listening on %s (event loop: %s)%s", listening, describe(loop), loading)
+    else:
+        # Open is right for a laptop on loopback; anywhere else it is a door left open.
+        log.warning(
+            "listening on %s (event loop: %s)%s, beyond loopback with no API keys: anyone who "
+            "reaches this address can synthesize, pin prompts and read metrics (set "
+            "api_keys_file; docs/security.md)",
+            listening,
+            describe(loop),
+            loading,
+        )
     await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
     if ready.done():
         log.info(
@@ -96,6 +105,31 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
     log.info("stopped")
 
 
+def init_keys_file(settings: Settings) -> None:
+    """``api_keys_init``: make the keys file when there is none (a container's first start) and
+    show its admin secret, once, on stderr: it is kept nowhere else (the file holds hashes)."""
+    from gateway.runtime.apikeys import INIT_ADMIN, KeysFileError, create_keys_file
+
+    path = settings.api_keys_file
+    if not path:
+        raise SettingsError("setting 'api_keys_init': needs api_keys_file (where to make it)")
+    try:
+        secret = create_keys_file(path, settings.api_keys_init_metrics_secret.get_secret_value())
+    except (KeysFileError, OSError) as exc:
+        raise SettingsError(f"setting 'api_keys_init': {exc}") from None
+    if secret is None:
+        return
+    # Printed on stderr, not logged: no log line ever carries a secret, and this is the one time
+    # this one is shown (a container's output keeps it: read it there, then hand it over).
+    print(
+        f"voxgate: made the API keys file {path} with the key {INIT_ADMIN!r} (scopes admin, "
+        f"speak, read). Its secret, shown only now:\n\n    {secret}\n\nAdd keys with "
+        f"`voxgate keys add NAME --scopes speak --file {path}`, then SIGHUP the gateway.",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from gateway.runtime.extras import check_extras
     from gateway.runtime.logs import configure_logging
@@ -103,6 +137,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = load_settings(args)
     # Before any process starts: `--workers N` would otherwise start N servers that each fail.
     check_extras(settings)
+    if settings.api_keys_init and args.worker_of is None and not args.serve_pool:
+        init_keys_file(settings)
     if settings.api_keys_file:
         from gateway.runtime.apikeys import KeyRing, KeysFileError
 

@@ -16,9 +16,10 @@ from gateway.runtime.settings import Settings
 async def _warm(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
     from tqdm import tqdm
 
+    from cache.pins import ANONYMOUS, PinQuota
     from gateway.api.catalogue import check_ids, read_catalogue, to_requests
-    from gateway.runtime.components import open_speech
-    from gateway.speech.catalogue import render
+    from gateway.runtime.components import open_pins, open_speech
+    from gateway.speech.catalogue import pin, render
     from metrics import Metrics
 
     prompts = read_catalogue(Path(args.file))
@@ -36,7 +37,10 @@ async def _warm(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
     if "response_format" not in defaults:
         defaults["response_format"] = settings.default_format
     metrics = Metrics()
-    async with open_speech(settings, metrics, wait_ready=True) as service:
+    async with (
+        open_speech(settings, metrics, wait_ready=True) as service,
+        open_pins(settings, service.store) as registry,
+    ):
         requests = to_requests(prompts, defaults, settings, service)
         with tqdm(
             total=len(requests), desc="warming", unit="prompt", file=sys.stderr, mininterval=0.2
@@ -56,6 +60,10 @@ async def _warm(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
             summary = await render(
                 service, requests, metrics, concurrency=settings.catalogue_concurrency, on_done=done
             )
+        # The operator's pins have no key: bounded by the total quota, like keyless requests.
+        quota = PinQuota(settings.pin_quota_mb * 1024 * 1024)
+        ids = [p.id for p in prompts]
+        await pin(service, registry, summary, requests, ids, owner=ANONYMOUS, quota=quota)
         await service.store.drain()
     out = summary.as_json()
     out["file"] = str(args.file)
@@ -65,8 +73,10 @@ async def _warm(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_warm(args: argparse.Namespace) -> int:
+    from cache.pins import PinQuotaExceeded, PinRegistryError
     from gateway.api.catalogue import CatalogueError
     from gateway.errors import VoxgateError
+    from gateway.speech.catalogue import quota_message
 
     settings = load_settings(args)
     quiet_logging(settings)
@@ -78,6 +88,12 @@ def cmd_warm(args: argparse.Namespace) -> int:
     except VoxgateError as exc:
         print(f"voxgate warm: {exc.message}", file=sys.stderr)
         return 2
+    except PinQuotaExceeded as exc:
+        print(f"voxgate warm: {quota_message(exc)}", file=sys.stderr)
+        return 2
+    except PinRegistryError as exc:
+        print(f"voxgate warm: {exc}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(out))
     else:

@@ -13,7 +13,7 @@ from aiohttp import web
 from gateway.api.parsing import RequestMemo
 from gateway.api.say import SayMemo
 from gateway.http import keys, listings, ops
-from gateway.http.auth import ADMIN, ANY_KEY, OPEN, READ, SIGNED, SPEAK
+from gateway.http.auth import ADMIN, ANY_KEY, METRICS, OPEN, READ, SIGNED, SPEAK
 from gateway.http.compat import api_tts, piper_speak, piper_voices, synthesize
 from gateway.http.edge import add_routes
 from gateway.http.handlers import (
@@ -44,12 +44,11 @@ from gateway.http.telephony import (
 from gateway.runtime.accesslog import AccessLog
 from gateway.runtime.apikeys import Authenticator, KeyedSockets
 from gateway.runtime.buildinfo import record_build_info
-from gateway.runtime.components import open_speech
+from gateway.runtime.components import open_pins, open_speech
 from gateway.runtime.hostshare import HostShares, open_host_table
 from gateway.runtime.ratelimit import KeyLimits
 from gateway.runtime.settings import Settings
 from gateway.runtime.workers import WORKER_INDEX_ENV
-from gateway.speech.catalogue import PinnedPrompts
 from gateway.wyoming.server import WyomingServer
 from metrics import Metrics
 from synth.engine import Engine
@@ -96,7 +95,6 @@ def create_app(
     app[keys.METRICS] = metrics if metrics is not None else Metrics()
     app[keys.REQUEST_MEMO] = RequestMemo()
     app[keys.SAY_MEMO] = SayMemo()
-    app[keys.PINNED_PROMPTS] = PinnedPrompts()
     app[keys.PRESENTATIONS] = Presentations.from_settings(settings)
     app[keys.ACCESS_LOG] = AccessLog.from_settings(settings)
     app[keys.OBSERVER] = RequestObserver(app[keys.METRICS], app[keys.ACCESS_LOG])
@@ -140,15 +138,9 @@ def create_app(
                 len(ring.keys),
                 settings.api_keys_file,
             )
-        elif is_loopback(settings.host):
-            log.info("no API keys file: every route is open (api_keys_file)")
         else:
-            log.warning(
-                "no API keys file and listening on %s, not loopback: anyone who reaches the port "
-                "can synthesize, pin prompts and read metrics (set api_keys_file; "
-                "docs/security.md)",
-                settings.host,
-            )
+            # Beyond loopback, `voxgate serve`'s "listening on" line says so as a warning.
+            log.info("no API keys file: every route is open (api_keys_file)")
         try:
             yield
         finally:
@@ -165,8 +157,12 @@ def create_app(
     async def speech_ctx(app: web.Application) -> AsyncIterator[None]:
         metrics = app[keys.METRICS]
         shares = HostShares(app[keys.HOST_TABLE], metrics.host_table_full.inc)
-        async with open_speech(settings, metrics, engines, shares=shares) as service:
+        async with (
+            open_speech(settings, metrics, engines, shares=shares) as service,
+            open_pins(settings, service.store) as pins,
+        ):
             app[keys.SPEECH] = service
+            app[keys.PINS] = pins
             if settings.api_keys_file:
                 service.admit_synthesis = app[keys.LIMITS].admit_synthesis
             app[keys.STORE] = service.store
@@ -209,7 +205,7 @@ def create_app(
             ("GET", "/v1/voices", voices, ANY_KEY),
             ("GET", "/healthz", healthz, OPEN),
             ("GET", "/readyz", readyz, OPEN),
-            ("GET", "/metrics", metrics_handler, ADMIN if settings.metrics_auth else OPEN),
+            ("GET", "/metrics", metrics_handler, METRICS if settings.metrics_auth else OPEN),
             # --- compatible endpoints and the API description (issue 5) ---
             ("GET", "/api/tts", api_tts, SPEAK),
             ("POST", "/api/tts", api_tts, SPEAK),

@@ -44,6 +44,9 @@ SIGNED = Access("signature", frozenset())
 SPEAK = Access("speak", frozenset({"speak"}))
 READ = Access("read", frozenset({"read"}), capability=True)
 ADMIN = Access("admin", frozenset({"admin"}))
+# /metrics with metrics_auth: an operator's key, or a key made for Prometheus that can do nothing
+# else.
+METRICS = Access("metrics", frozenset({"admin", "metrics"}))
 # Listings (models, voices): any valid key. They name what a client may ask for, so whoever holds
 # a key of any scope may read them; a caller without a key learns nothing.
 ANY_KEY = Access("any key", frozenset(SCOPES))
@@ -92,7 +95,9 @@ def guarded(access: Access, handler: Handler, *, json_body: bool = False) -> Han
             raise Unauthorized("invalid API key", code="invalid_api_key")
         request[keys.CLIENT_NAME] = key.name
         limits = request.app[keys.LIMITS]
-        if not key.scopes & needed:
+        # A URL that authorizes itself (a public content address) is read with any valid key,
+        # as without one: a speak-only client may fetch the audio its own answers name.
+        if not key.scopes & needed and not (capability and self_authorized(request) is not None):
             limits.count(key.name, "forbidden")
             raise Forbidden(
                 f"API key {key.name!r} lacks the scope this route needs ({scope_text})",

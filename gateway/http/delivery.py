@@ -89,7 +89,6 @@ async def serve_speech(
     if (
         "If-None-Match" not in asked
         and not stream
-        and not req.pinned
         and (present is None or "If-Modified-Since" not in asked)
     ):
         # The hot path, a memory hit: no awaits, no intermediate objects.

@@ -123,6 +123,7 @@ async def metrics_handler(request: web.Request) -> web.Response:
     service = request.app.get(keys.SPEECH)
     if service is not None:
         await service.store.stats()
+    await ops.report_pins(request.app)
     m.flush_pending()  # this process's tallies (gateway.http.observe), before any exposition
     resp = web.Response(body=exposition(m.registry))
     resp.headers["Content-Type"] = CONTENT_TYPE_LATEST

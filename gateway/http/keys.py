@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from cache.pins import PinRegistry
 from cache.store import TieredStore
 from gateway.api.parsing import RequestMemo
 from gateway.api.say import SayMemo
@@ -14,7 +15,6 @@ from gateway.runtime.apikeys import Authenticator, KeyedSockets
 from gateway.runtime.hostshare import HostTable
 from gateway.runtime.ratelimit import KeyLimits
 from gateway.runtime.settings import Settings
-from gateway.speech.catalogue import PinnedPrompts
 from gateway.speech.service import SpeechService
 from gateway.wyoming.server import WyomingServer
 from metrics import Metrics
@@ -43,8 +43,9 @@ PRESENTATIONS = web.AppKey("presentations", Presentations)
 SAY_MEMO = web.AppKey("say_memo", SayMemo)
 # The prompt studio's page (GET /), read at start.
 STUDIO_PAGE = web.AppKey("studio_page", bytes)
-# Prompts pinned through POST /v1/prompts in this process (GET /v1/prompts, the studio).
-PINNED_PROMPTS = web.AppKey("pinned_prompts", PinnedPrompts)
+# The pin registry: what is pinned, for whom, the quota, the prompts' listing (GET /v1/prompts,
+# the studio); one per host, or per Redis (cache.pins).
+PINS = web.AppKey("pins", PinRegistry)
 
 # --- trust (issue 12) ---
 # Who is asking, for per-client shares: the API key's name once keys are checked (set by the

@@ -371,10 +371,11 @@ def _prompts_path() -> dict[str, Any]:
     return {
         "get": {
             "tags": ["operations"],
-            "summary": "The prompts POST /v1/prompts pinned in this process",
-            "description": "Text, id, model, voice, format and content address of each, "
-            "oldest first (the studio plays them by key). Kept by the process that rendered "
-            "them: not shared between workers and not kept over a restart (their audio is).",
+            "summary": "The pinned prompts (POST /v1/prompts, voxgate warm)",
+            "description": "Text (its first 1,000 characters), id, model, voice, format and "
+            "content address of each, oldest first, the newest 4,096 (the studio plays them by "
+            "key). One list for every gateway process of the host, or for every replica with "
+            "Redis, kept over restarts (the pin registry).",
             "responses": {
                 "200": _json_ok(
                     "The pinned prompts.",
@@ -399,21 +400,25 @@ def _prompts_path() -> dict[str, Any]:
                             }
                         },
                     },
-                )
+                ),
+                **_errors(503),
             },
         },
         "post": {
             "tags": ["operations"],
             "summary": "Render and pin a prompt catalogue; returns each content address",
             "description": "Every prompt is validated (with `defaults` applied) before any is "
-            "rendered.",
+            "rendered. What it would pin is charged to the caller's pin quota first "
+            "(pin_quota_mb_per_key for an API key, pin_quota_mb in all): past it the answer is "
+            "413 `pin_quota_exceeded`, naming the limit and the numbers, and nothing is pinned.",
             "requestBody": _json_body("PromptsRequest"),
             "responses": {
                 "200": {
-                    "description": "Each prompt's key, cache result and size; totals.",
+                    "description": "Each prompt's key, cache result and size; totals (with "
+                    "`pinned_entries` and `pinned_bytes`: the bytes newly charged).",
                     "content": {JSON: {"schema": {"type": "object"}}},
                 },
-                **_errors(400, 413),
+                **_errors(400, 413, 503),
             },
         },
     }

@@ -1,13 +1,16 @@
-"""Operator-facing endpoints: readiness per tier and ``POST /v1/prompts`` (render and pin a
-catalogue)."""
+"""Operator-facing endpoints: readiness per tier, ``POST /v1/prompts`` (render and pin a
+catalogue, within its pin quota) and ``GET /v1/prompts`` (the pinned prompts of the host, or of
+every replica with Redis: :mod:`cache.pins`)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from aiohttp import web
 
+from cache.pins import ANONYMOUS, PinQuota, PinQuotaExceeded, PinRegistryError, check_room
 from cache.tier import TierError
 from gateway.api.catalogue import (
     CatalogueError,
@@ -19,10 +22,16 @@ from gateway.api.catalogue import (
 )
 from gateway.api.models import models_for
 from gateway.api.parsing import read_json_object
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, PayloadTooLarge, Unavailable
 from gateway.http import keys
-from gateway.speech.catalogue import render
+from gateway.runtime.ratelimit import CALLER
+from gateway.runtime.settings import Settings
+from gateway.speech.catalogue import pin, quota_message, render
 from gateway.speech.telephony import EXTENSIONS
+
+MIB = 1024 * 1024
+
+log = logging.getLogger("voxgate.gateway")
 
 # A readiness probe must answer quickly even when a tier hangs: past this, the tier is degraded.
 TIER_PROBE_TIMEOUT_S = 1.0
@@ -55,6 +64,30 @@ async def readiness(app: web.Application) -> tuple[int, dict[str, Any]]:
     return (200 if ready else 503), {"status": status, "models": models, "tiers": tiers}
 
 
+def pin_owner(settings: Settings) -> tuple[str, PinQuota]:
+    """Who the request's pins are charged to and their quota: the calling API key (its own
+    quota within the total), or, without one, the one anonymous owner (the total alone)."""
+    total = settings.pin_quota_mb * MIB
+    caller = CALLER.get()
+    if caller is None:
+        return ANONYMOUS, PinQuota(total)
+    return caller.name, PinQuota(total, settings.pin_quota_mb_per_key * MIB)
+
+
+def quota_error(exc: PinQuotaExceeded) -> PayloadTooLarge:
+    """The 413 a catalogue over its pin quota gets: the limit, its setting and the numbers."""
+    return PayloadTooLarge(quota_message(exc), param="prompts", code="pin_quota_exceeded")
+
+
+def registry_down(exc: PinRegistryError) -> Unavailable:
+    """The 503 when the pin registry cannot be read or written (Redis down, disk failing)."""
+    return Unavailable(
+        f"the pin registry is unavailable ({type(exc).__name__}); try again",
+        code="pin_registry_unavailable",
+        retry_after_s=2.0,
+    )
+
+
 async def prompts(request: web.Request) -> web.Response:
     """``POST /v1/prompts``: render and pin a catalogue; returns each prompt's content address.
 
@@ -62,11 +95,13 @@ async def prompts(request: web.Request) -> web.Response:
     "defaults": {...}, "extensions": ["wav", "ulaw", ...]}``. Every prompt is validated before
     any is rendered. With ``extensions`` each prompt's answer carries ready ``urls`` (the
     encodings transcoded and pinned now): ``/v1/audio/{key}.{ext}``, absolute with
-    ``public_url``.
+    ``public_url``. Everything it would pin is charged to the caller's pin quota first
+    (:func:`pin_owner`); past it the answer is 413 and nothing is pinned.
     """
     app = request.app
     settings = app[keys.SETTINGS]
     service = app[keys.SPEECH]
+    registry = app[keys.PINS]
     raw = await read_json_object(request, settings.max_body_kb * 1024, settings.body_timeout_s)
     # Shape and bounds (gateway.api.models.PromptsBody); every prompt is then validated as a
     # speech body with the defaults applied (to_requests).
@@ -88,23 +123,37 @@ async def prompts(request: web.Request) -> web.Response:
     except CatalogueError as exc:
         raise BadRequest(str(exc), param="prompts", code="invalid_id") from exc
     requests = to_requests(parsed, base, settings, service)
-    summary = await render(
-        service, requests, app[keys.METRICS], concurrency=settings.catalogue_concurrency
-    )
+    owner, quota = pin_owner(settings)
+    metrics = app[keys.METRICS]
+    try:
+        # An owner with no room left is refused before anything is synthesized.
+        usage = await registry.usage()
+        check_room(owner, 1, usage.owners.get(owner, 0), usage.total, quota)
+        summary = await render(
+            service, requests, metrics, concurrency=settings.catalogue_concurrency
+        )
+        encodings = await pin(
+            service,
+            registry,
+            summary,
+            requests,
+            [p.id for p in parsed],
+            owner=owner,
+            quota=quota,
+            extensions=[EXTENSIONS[name] for name in body.extensions or ()],
+        )
+    except PinQuotaExceeded as exc:
+        metrics.pins_refused.labels("per_key" if exc.limit == "per_owner" else "total").inc()
+        raise quota_error(exc) from None
+    except PinRegistryError as exc:
+        raise registry_down(exc) from exc
     answers = [r.as_json() for r in summary.results]
-    pinned = app[keys.PINNED_PROMPTS]
-    for prompt, req, answer in zip(parsed, requests, answers, strict=True):
+    for prompt, answer in zip(parsed, answers, strict=True):
         if prompt.id is not None:
             answer["id"] = prompt.id
-        pinned.record(req, answer, prompt.id)
-    for ext_name in body.extensions or ():
-        ext = EXTENSIONS[ext_name]
-        for answer in answers:
-            key = answer["key"]
-            if key is None:
-                continue
-            # Transcoded and pinned now, so the first player to fetch the URL gets a hit.
-            await service.transcoder.get(key, ext, pinned=True)
+    for i, answer in enumerate(answers):
+        key = answer["key"]
+        for ext_name in encodings.get(i, {}):
             answer.setdefault("urls", {})[ext_name] = (
                 f"{settings.public_url}/v1/audio/{key}.{ext_name}"
             )
@@ -112,6 +161,35 @@ async def prompts(request: web.Request) -> web.Response:
 
 
 async def pinned_prompts(request: web.Request) -> web.Response:
-    """``GET /v1/prompts``: the prompts ``POST /v1/prompts`` pinned in this process (their
-    text, id, voice, format and content address), oldest first; the prompt studio plays them."""
-    return web.json_response({"prompts": request.app[keys.PINNED_PROMPTS].listing()})
+    """``GET /v1/prompts``: the pinned prompts (their text, id, voice, format and content
+    address), oldest first, the newest LISTING_LIMIT of them: the same list from every gateway
+    process of the host, or every replica with Redis. The prompt studio plays them."""
+    try:
+        listing = await request.app[keys.PINS].listing()
+    except PinRegistryError as exc:
+        raise registry_down(exc) from exc
+    return web.json_response({"prompts": listing})
+
+
+async def report_pins(app: web.Application) -> None:
+    """Set the pinned-bytes gauges from the registry (at scrape time: another process or
+    replica may have pinned since). A registry that fails leaves them as they were."""
+    registry = app.get(keys.PINS)
+    if registry is None:
+        return
+    settings, metrics = app[keys.SETTINGS], app[keys.METRICS]
+    try:
+        usage = await registry.usage()
+    except PinRegistryError as exc:
+        log.warning("pin registry unavailable for metrics: %s", exc)
+        return
+    gauge = metrics.pinned_bytes
+    # Every owner that could have pins is reported, 0 without: an owner whose pins were purged
+    # must not keep the last figure some process reported for it.
+    ring = app[keys.AUTH].ring
+    owners = {ANONYMOUS, *(ring.names() if ring is not None else ())}
+    owners.update(s.labels["key"] for f in gauge.collect() for s in f.samples if "key" in s.labels)
+    for owner in owners | set(usage.owners):
+        gauge.labels(owner).set(usage.owners.get(owner, 0))
+    metrics.pinned_quota_bytes.labels("total").set(settings.pin_quota_mb * MIB)
+    metrics.pinned_quota_bytes.labels("per_key").set(settings.pin_quota_mb_per_key * MIB)

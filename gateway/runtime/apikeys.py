@@ -5,7 +5,7 @@ The file holds SHA-256 hashes, never secrets::
     [[key]]
     name = "ivr-prod"                 # in logs and metrics; the secret never is
     sha256 = "<hex SHA-256 of the secret>"
-    scopes = ["speak", "read"]        # speak | read | admin
+    scopes = ["speak", "read"]        # speak | read | admin | metrics
     requests_per_minute = 600         # 0 or absent: unlimited
     chars_per_minute = 0              # characters sent to synthesis (misses); 0: unlimited
 
@@ -21,6 +21,7 @@ import asyncio
 import hashlib
 import hmac
 import logging
+import os
 import re
 import secrets
 import tomllib
@@ -33,8 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 log = logging.getLogger("voxgate.auth")
 
-SCOPES = ("speak", "read", "admin")
-Scope = Literal["speak", "read", "admin"]
+SCOPES = ("speak", "read", "admin", "metrics")
+Scope = Literal["speak", "read", "admin", "metrics"]
 
 # Names appear in metric labels and log lines: a short, plain alphabet keeps both safe.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -183,6 +184,43 @@ def key_table(
         f"requests_per_minute = {requests_per_minute}\n"
         f"chars_per_minute = {chars_per_minute}\n"
     )
+
+
+# The key a keys file made at first start holds (create_keys_file), and its scopes.
+INIT_ADMIN = "admin"
+INIT_ADMIN_SCOPES = ["admin", "speak", "read"]
+# With a metrics secret given, the key Prometheus scrapes with: /metrics and nothing else.
+INIT_METRICS = "prometheus"
+
+
+def create_keys_file(path: str | Path, metrics_secret: str = "") -> str | None:
+    """Make the keys file at ``path`` unless one is there (a container's first start): a key
+    named ``admin`` (scopes admin, speak, read) with a new secret, plus, given
+    ``metrics_secret``, a key named ``prometheus`` (scope metrics) for that secret. Returns the
+    admin secret, which is kept nowhere (the file holds hashes): the caller shows it once. None
+    when the file exists (it is then left as it is).
+
+    The file is created 0600 with O_EXCL, so two processes starting at once cannot both make
+    one (the second finds it and leaves it be); it is made before any gateway process starts
+    (``voxgate serve`` does it first), so none reads it half written.
+    """
+    target = Path(path)
+    if target.exists():
+        return None
+    secret = new_secret()
+    text = key_table(INIT_ADMIN, secret, INIT_ADMIN_SCOPES)
+    if metrics_secret:
+        text += "\n" + key_table(INIT_METRICS, metrics_secret, ["metrics"])
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return None
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    return secret
 
 
 class Authenticator:

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from cache.disk import DiskTier
 from cache.distributed import CrossReplicaFlight
 from cache.memory import MemoryTier
+from cache.pins import PinRegistry, registry_for
 from cache.redis_tier import RedisTier
 from cache.store import TieredStore
 from cache.tier import Tier
@@ -80,6 +81,17 @@ async def open_store(settings: Settings, metrics: Metrics) -> AsyncIterator[Tier
         yield store
     finally:
         await store.close()
+
+
+@contextlib.asynccontextmanager
+async def open_pins(settings: Settings, store: TieredStore) -> AsyncIterator[PinRegistry]:
+    """The pin registry for ``store``: in its Redis tier when it has one (every replica shares
+    it), else in ``cache_dir`` (every gateway process of the host shares it)."""
+    registry = registry_for(store.tiers, settings.cache_dir)
+    try:
+        yield registry
+    finally:
+        await registry.close()
 
 
 def default_engine_specs(settings: Settings) -> dict[str, list[EngineSpec]]:

@@ -475,6 +475,21 @@ class Settings(BaseSettings):
     catalogue_concurrency: int = _opt(
         "catalogue", 4, "Prompts rendered at once by voxgate warm and POST /v1/prompts.", ge=1
     )
+    pin_quota_mb: int = _opt(
+        "catalogue",
+        1024,
+        "Most MiB pinned in all (POST /v1/prompts, voxgate warm), counted for the whole host, or "
+        "for every replica with Redis: each pinned entry's size plus its record. A catalogue "
+        "past it is refused (413) and pins nothing. Keep it below Redis's maxmemory.",
+        ge=0,
+    )
+    pin_quota_mb_per_key: int = _opt(
+        "catalogue",
+        256,
+        "Most MiB the pins of one API key may take (within pin_quota_mb); pins made without a "
+        "key (no keys file, voxgate warm) are bounded by pin_quota_mb alone.",
+        ge=0,
+    )
 
     # --- Wyoming (Home Assistant) ---
     wyoming_port: int = _opt(
@@ -571,6 +586,20 @@ class Settings(BaseSettings):
         "limits; `voxgate keys add` writes it), reloaded on SIGHUP. Empty: no keys, every "
         "route is open.",
     )
+    api_keys_init: bool = _opt(
+        "security",
+        False,
+        "At start, when api_keys_file does not exist, make it (0600) with a key named admin "
+        "(scopes admin, speak, read) and print that key's secret once on stderr; the file holds "
+        "hashes only. For a container's first start (the Docker image turns it on).",
+    )
+    api_keys_init_metrics_secret: SecretStr = _opt(
+        "security",
+        SecretStr(""),
+        "With api_keys_init: the secret of a key named prometheus (scope metrics: GET /metrics "
+        "only) put in the keys file it makes, for the Prometheus that scrapes with metrics_auth "
+        "on (at least 16 characters). A secret: shown masked, never logged.",
+    )
     require_json_content_type: bool = _opt(
         "security",
         True,
@@ -593,8 +622,8 @@ class Settings(BaseSettings):
     metrics_auth: bool = _opt(
         "security",
         False,
-        "With API keys on, GET /metrics needs a key with the admin scope (off: it is open, like "
-        "/healthz).",
+        "With API keys on, GET /metrics needs a key with the admin or metrics scope (off: it is "
+        "open, like /healthz).",
     )
 
     # ---- parsing the forms env and flags use --------------------------------------------------
@@ -695,6 +724,13 @@ class Settings(BaseSettings):
                 "`openssl rand -hex 32`)"
             )
         if secret and len(secret.encode()) < 16:
+            raise ValueError("must be at least 16 characters")
+        return value
+
+    @field_validator("api_keys_init_metrics_secret")
+    @classmethod
+    def _metrics_secret_length(cls, value: SecretStr) -> SecretStr:
+        if value.get_secret_value() and len(value.get_secret_value().encode()) < 16:
             raise ValueError("must be at least 16 characters")
         return value
 

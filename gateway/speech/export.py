@@ -198,7 +198,7 @@ async def export(
         }
 
     async def one(item: ExportItem, ext: Extension) -> FileResult:
-        req = dataclasses.replace(item.req, fmt=ext.fmt, sample_rate=ext.rate, pinned=False)
+        req = dataclasses.replace(item.req, fmt=ext.fmt, sample_rate=ext.rate)
         rel = file_name(layout, item.ident, ext)
         key = service.keys_for(req)[1]
         previous = (old.get(item.ident) or {}).get("files", {}).get(ext.name)

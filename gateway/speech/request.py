@@ -45,7 +45,6 @@ class SpeechRequest:
     fmt: audio.AudioFormat
     speed: float = 1.0
     sample_rate: int | None = None
-    pinned: bool = False
     # Engine parameters asked for beyond the voice's defaults (Piper's noise scales, a speaker),
     # sorted by name: part of the content address. Only names the engine's own defaults carry.
     params: tuple[tuple[str, ParamValue], ...] = ()
@@ -75,8 +74,9 @@ class SpeechRequest:
         gaps_ms: tuple[int, ...] = (),
         trims: tuple[bool, ...] = (),
     ) -> Entry:
-        """Stored audio for this request: ``data`` in ``fmt``, tagged with model, voice and pin
-        (and, for a rendition, the masters it was made from: see :class:`cache.entry.EntryMeta`)."""
+        """Stored audio for this request: ``data`` in ``fmt``, tagged with model and voice
+        (and, for a rendition, the masters it was made from: see :class:`cache.entry.EntryMeta`).
+        Never pinned: pins are made by :mod:`gateway.speech.catalogue`, within their quota."""
         return Entry.create(
             data,
             content_type=fmt.content_type,
@@ -84,7 +84,6 @@ class SpeechRequest:
             sample_rate=sample_rate,
             model=self.model,
             voice=self.voice,
-            pinned=self.pinned,
             duration_s=duration_s,
             master=master,
             parts=parts,

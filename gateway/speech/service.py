@@ -266,9 +266,6 @@ class SpeechService:
             found = await self.store.get(rk)
             entry = found.entry if found is not None else None
         if entry is not None:
-            if req.pinned and not entry.meta.pinned:
-                entry = entry.pinned_copy()
-                await self.store.put(rk, entry)
             return SpeechResult(entry, rk, "hit")
         (entry, outcome), leader = await self._renditions.do(
             rk, lambda: self._produce(req, mk, rk, rate)
@@ -308,8 +305,6 @@ class SpeechService:
         if found is not None and decoded is not None:
             if on_queued is not None:
                 on_queued()
-            if req.pinned and not found.entry.meta.pinned:
-                await self.store.put(mk, found.entry.pinned_copy())
             return decoded, "hit"
         if self._masters.running(mk):
             if on_queued is not None:

@@ -156,12 +156,13 @@ class Transcoder:
         rate = audio.output_rate(ext.fmt, base_rate, ext.rate)
         return rendition_key(meta.master or key, fmt=ext.fmt.name, sample_rate=rate), rate
 
-    async def get(self, key: str, ext: Extension, *, pinned: bool = False) -> Transcoded | None:
-        """``ext``'s encoding of the audio under ``key``: stored, or transcoded now and stored.
+    async def get(self, key: str, ext: Extension) -> Transcoded | None:
+        """``ext``'s encoding of the audio under ``key``: stored, or transcoded now and stored
+        (unpinned, even when the source is pinned: only a catalogue pins, within its quota).
         None when nothing is stored under ``key``; :class:`MasterGone` when it cannot be made
         without a synthesis."""
         known = self._derived.get((key, ext.name))
-        if known is not None and not pinned:
+        if known is not None:
             entry = await self._lookup(known)
             if entry is not None:
                 return Transcoded(known, entry, "hit")
@@ -172,18 +173,13 @@ class Transcoder:
         self._derived.put((key, ext.name), derived)
         entry = await self._lookup(derived)
         if entry is not None:
-            if pinned and not entry.meta.pinned:
-                entry = entry.pinned_copy()
-                await self.store.put(derived, entry)
             return Transcoded(derived, entry, "hit")
         made, leader = await self._flight.do(
-            derived, lambda: self._make(source, ext, rate, derived, pinned)
+            derived, lambda: self._make(source, ext, rate, derived)
         )
         return Transcoded(derived, made, "hit" if leader else "coalesced")
 
-    async def _make(
-        self, source: Entry, ext: Extension, rate: int, key: str, pinned: bool
-    ) -> Entry:
+    async def _make(self, source: Entry, ext: Extension, rate: int, key: str) -> Entry:
         meta = source.meta
         pcm, src_rate = await self._audio_of(source)
         loop = asyncio.get_running_loop()
@@ -197,7 +193,6 @@ class Transcoder:
             sample_rate=rate,
             model=meta.model,
             voice=meta.voice,
-            pinned=pinned or meta.pinned,
             duration_s=len(pcm) / src_rate,
             master=meta.master,
             parts=meta.parts,
