@@ -209,6 +209,12 @@ class Metrics:
             multiprocess_mode="livesum",
             registry=r,
         )
+        self.renders_refused = Counter(
+            "voxgate_renders_refused_total",
+            "Requests turned away because their client already had its share of renditions "
+            "being made (renders_per_client; answered 429): new texts, formats and sample rates.",
+            registry=r,
+        )
         self.client_rejected = Counter(
             "voxgate_synthesis_client_rejected_total",
             "Misses turned away because their client already had its share of the synthesis "

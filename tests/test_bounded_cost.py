@@ -332,3 +332,67 @@ async def test_a_poisoned_reply_through_the_gateway_then_requests_succeed(
         )
         assert resp.status == 200
     assert os.getpid() not in pool.worker_pids()
+
+
+# ---- each client gets a bounded share of the renditions being made -----------------------------
+
+
+async def test_one_client_cannot_take_every_encoder_with_formats_of_one_text(
+    gateway: GatewayFactory,
+    settings: Settings,
+    counting_engine: CountingEngine,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """New formats and sample rates of a stored text are transcodes (no synthesis, so no queue
+    share bounds them): a client may have renders_per_client of them in the making at once, by
+    text or by content address; the next is a 429 and other clients are still served."""
+    from synth import audio
+
+    client = await gateway(settings=settings.replace(renders_per_client=2))
+    text = body("Your call is important to us.")
+    stored = await client.post("/v1/audio/speech", json=text)
+    key = stored.headers["X-Audio-Key"]
+    assert counting_engine.items == 1
+    gate = threading.Event()
+    rendering = 0
+    real_render = audio.render
+
+    def held_render(*args: Any, **kwargs: Any) -> bytes:
+        nonlocal rendering
+        rendering += 1
+        gate.wait(60)  # the test opens it; the bound only guards a hang
+        return real_render(*args, **kwargs)
+
+    monkeypatch.setattr(audio, "render", held_render)
+    try:
+        held = [
+            asyncio.create_task(
+                client.post("/v1/audio/speech", json={**text, "sample_rate": 16000})
+            ),
+            asyncio.create_task(client.get(f"/v1/audio/{key}.ulaw")),
+        ]
+        await until(lambda: rendering == 2, what="two transcodes in the making")
+        for refused in (
+            await client.post("/v1/audio/speech", json={**text, "sample_rate": 11025}),
+            await client.get(f"/v1/audio/{key}.sln16"),
+        ):
+            assert refused.status == 429
+            assert (await refused.json())["error"]["code"] == "render_share"
+        # Another client still finds room.
+        connector = aiohttp.TCPConnector(local_addr=("127.0.0.2", 0))
+        async with aiohttp.ClientSession(connector=connector) as other:
+            url = client.make_url(f"/v1/audio/{key}.gsm")
+            other_task = asyncio.create_task(other.get(url))
+            await until(lambda: rendering == 3, what="the other client's transcode started")
+            gate.set()
+            assert (await other_task).status == 200
+        for task in held:
+            assert (await task).status == 200
+    finally:
+        gate.set()
+    assert counting_engine.items == 1  # all of it transcodes: nothing synthesized again
+    metrics = client.app[keys.METRICS]
+    assert metrics.registry.get_sample_value("voxgate_renders_refused_total") == 2
+    # Once done, the shares are free again.
+    again = await client.post("/v1/audio/speech", json={**text, "sample_rate": 11025})
+    assert again.status == 200

@@ -49,6 +49,7 @@ from gateway.runtime.hostshare import HostShares, open_host_table
 from gateway.runtime.ratelimit import KeyLimits
 from gateway.runtime.settings import Settings
 from gateway.runtime.workers import WORKER_INDEX_ENV
+from gateway.speech.assembly import RenderShare
 from gateway.wyoming.server import WyomingServer
 from metrics import Metrics
 from synth.engine import Engine
@@ -163,6 +164,8 @@ def create_app(
         ):
             app[keys.SPEECH] = service
             app[keys.PINS] = pins
+            share = RenderShare(shares, settings.renders_per_client, metrics.renders_refused)
+            service.assembler.render_share = service.transcoder.render_share = share
             if settings.api_keys_file:
                 service.admit_synthesis = app[keys.LIMITS].admit_synthesis
             app[keys.STORE] = service.store

@@ -21,10 +21,11 @@ from gateway.errors import BadRequest, Forbidden, NotFound
 from gateway.http import keys
 from gateway.http.charging import charged
 from gateway.http.conditional import audio_response
-from gateway.http.delivery import serve_speech
+from gateway.http.delivery import client_of, serve_speech
 from gateway.http.hits import hit_response
 from gateway.runtime.ratelimit import CALLER
 from gateway.speech.telephony import extension
+from synth.scheduler import CLIENT
 
 AUDIO_EXT_ROUTE = "/v1/audio/{key}.{ext}"
 SAY_ROUTE = "/v1/say/{voice}/{text}.{ext}"
@@ -39,6 +40,7 @@ async def audio_by_key_ext(request: web.Request) -> web.StreamResponse:
     if not is_key(key):
         raise BadRequest("malformed audio key: expected 64 lowercase hex digits", param="key")
     app = request.app
+    CLIENT.set(client_of(request))  # a transcode made for it takes this client's share
     present = app[keys.PRESENTATIONS].by_key[ext.name]
     transcoder = app[keys.SPEECH].transcoder
     known = transcoder.known_key(key, ext)

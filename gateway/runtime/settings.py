@@ -422,6 +422,14 @@ class Settings(BaseSettings):
         "At least max_parallel_sentences is used, so one long text never trips it alone.",
         ge=1,
     )
+    renders_per_client: int = _opt(
+        "synthesis",
+        16,
+        "Renditions one client may have in the making at once (each new text, format or sample "
+        "rate it asks for: transcodes of stored audio, which no synthesis queue bounds, "
+        "included); one more gets 429 (render_share).",
+        ge=1,
+    )
     synth_max_reply_mb: int = _opt(
         "synthesis",
         64,

@@ -24,12 +24,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import numpy as np
+from prometheus_client import Counter
 
 from cache.entry import Entry
+from gateway.errors import TooManyRequests
 from gateway.speech.request import SpeechRequest, segment_speed
 from metrics import Metrics
 from synth import audio, sentences
 from synth.engine import Audio
+from synth.scheduler import CLIENT, ClientShares
 
 log = logging.getLogger("voxgate.speech")
 
@@ -200,6 +203,36 @@ def _open_encoder(
     return encoder, encoder.header() + encoder.encode(pcm, src_rate)
 
 
+class RenderShare:
+    """Each client's share of the renditions being made at once: a rendition of stored masters
+    (a new format or sample rate of audio said before) is a transcode, CPU that no synthesis
+    queue bounds, so a client asking for many formats of one text could take every encoder.
+    The client is the calling context's (:data:`synth.scheduler.CLIENT`: the API key's name, else
+    the address); counts live in ``shares`` (the host's, in the gateway)."""
+
+    def __init__(self, shares: ClientShares, limit: int, refused: Counter) -> None:
+        self.shares = shares
+        self.limit = limit
+        self.refused = refused
+
+    def take(self) -> Callable[[], None] | None:
+        """Count one rendition for the calling client (429 ``render_share`` past its limit); the
+        call that gives it back, or None for no client (the CLI, a catalogue warm-up)."""
+        client = CLIENT.get()
+        if not client:
+            return None
+        name = "render:" + client
+        if not self.shares.take(name, self.limit):
+            self.refused.inc()
+            raise TooManyRequests(
+                f"this client already has {self.limit} renditions being made (new texts, formats "
+                "or sample rates; renders_per_client): retry when they are done",
+                code="render_share",
+                retry_after_s=1.0,
+            )
+        return functools.partial(self.shares.give, name)
+
+
 class Assembler:
     """Makes renditions from sentence masters; at most one :class:`Production` per rendition key."""
 
@@ -227,6 +260,8 @@ class Assembler:
         self.splitter = splitter or sentences.SentenceSplitter()
         self.max_sentence_chars = max_sentence_chars
         self._inflight: dict[str, Production] = {}
+        # Set by the gateway: a client's share of the productions started at once.
+        self.render_share: RenderShare | None = None
 
     def production(self, req: SpeechRequest, key: str, rate: int) -> tuple[Production, bool]:
         """The production of rendition ``key`` and whether this call started it: the one in
@@ -234,12 +269,17 @@ class Assembler:
         prod = self._inflight.get(key)
         if prod is not None:
             return prod, False
+        # The client that starts a production holds a share of them until it is done (a 429
+        # here starts nothing); joining one costs nothing.
+        release = self.render_share.take() if self.render_share is not None else None
         loop = asyncio.get_running_loop()
         prod = Production(key=key, req=req, rate=rate, parts=loop.create_future())
         prod.parts.add_done_callback(_consume)  # an abandoned split fails it unread
         prod.result = asyncio.ensure_future(self._run(prod))
         self._inflight[key] = prod
         prod.result.add_done_callback(functools.partial(self._finished, key, prod))
+        if release is not None:
+            prod.result.add_done_callback(lambda _: release())
         return prod, True
 
     def _finished(self, key: str, prod: Production, task: asyncio.Task[tuple[Entry, str]]) -> None:

@@ -30,6 +30,7 @@ from cache.singleflight import SingleFlight
 from cache.store import TieredStore
 from gateway.errors import BadRequest, NotFound
 from gateway.memo import BoundedMemo
+from gateway.speech.assembly import RenderShare
 from metrics import Metrics
 from synth import audio, sentences
 from synth.engine import Engine
@@ -133,6 +134,8 @@ class Transcoder:
         # the store, and a conditional request (If-None-Match) none.
         self._derived: BoundedMemo[tuple[str, str], str] = BoundedMemo(4096)
         self._flight: SingleFlight[Entry] = SingleFlight()
+        # Set by the gateway: a client's share of the transcodes made at once (the service's).
+        self.render_share: RenderShare | None = None
 
     def known_key(self, key: str, ext: Extension) -> str | None:
         """The derived key of ``key`` in ``ext`` if it was computed before (no I/O)."""
@@ -174,9 +177,15 @@ class Transcoder:
         entry = await self._lookup(derived)
         if entry is not None:
             return Transcoded(derived, entry, "hit")
-        made, leader = await self._flight.do(
-            derived, lambda: self._make(source, ext, rate, derived)
-        )
+        share = self.render_share
+        release = share.take() if share is not None and not self._flight.running(derived) else None
+        try:
+            made, leader = await self._flight.do(
+                derived, lambda: self._make(source, ext, rate, derived)
+            )
+        finally:
+            if release is not None:
+                release()
         return Transcoded(derived, made, "hit" if leader else "coalesced")
 
     async def _make(self, source: Entry, ext: Extension, rate: int, key: str) -> Entry:
