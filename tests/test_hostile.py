@@ -52,7 +52,7 @@ class Reply:
 class Gateway:
     host: str
     port: int
-    engine: CountingEngine
+    engine: CountingEngine | None = None  # (None: a server in its own processes)
 
 
 @pytest.fixture(scope="module")
@@ -1676,3 +1676,65 @@ def test_healthy_after_the_table(hostile_gateway: Gateway) -> None:
     say = send(hostile_gateway, "GET", "/v1/say/joe/" + quote("Hi.", safe="") + ".ulaw")
     assert say.status == 200
     assert say.body
+
+
+# ---- the whole table, live, against what users run ---------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_table_against_voxgate_serve(tmp_path: Path) -> None:
+    """Every case above, and every credential case, sent to `voxgate serve` with no topology
+    flags (a gateway process per core, uvloop, the host's synthesis pool): no answer is a 5xx,
+    no log line of any process holds a secret, and the server is healthy and speaks after."""
+    from tests.served import DefaultServer
+
+    keys_file = tmp_path / "keys.toml"
+    keys_file.write_text(
+        "".join(
+            f'[[key]]\nname = "{name}"\nsha256 = "{hashlib.sha256(secret.encode()).hexdigest()}"\n'
+            f'scopes = ["{scope}"]\n\n'
+            for name, secret, scope in (
+                ("speaker", SPEAK_SECRET, "speak"),
+                ("operator", ADMIN_SECRET, "admin"),
+            )
+        )
+    )
+    failures: list[str] = []
+    logs = ""
+    for keyed in (False, True):
+        args = ["--url-signing-secret", SECRET, "--log-level", "debug"]
+        if keyed:
+            args += ["--api-keys-file", str(keys_file)]
+        server = DefaultServer(tmp_path / ("keyed" if keyed else "open"), *args)
+        try:
+            server.wait_ready()
+            live = Gateway("127.0.0.1", server.port)
+            cases = [p.values[0] for p in CASES]
+            if keyed:
+                body = json.dumps(GOOD).encode()
+                cases = [
+                    Case("POST", "/v1/audio/speech", {**JSON, **creds}, body, json_error=False)
+                    for creds in (p.values[0] for p in CREDENTIALS)
+                ]
+            for case in cases:
+                method = (
+                    case.method.decode("latin-1") if isinstance(case.method, bytes) else case.method
+                )
+                reply = exchange(live, case.to_bytes(), method)
+                if reply.status >= 500:
+                    failures.append(f"{reply.status} for {case.to_bytes()[:120]!r}")
+            assert send(live, "GET", "/healthz").status == 200
+            reply = send(
+                live,
+                "POST",
+                "/v1/audio/speech",
+                {**JSON, "X-API-Key": SPEAK_SECRET},
+                json.dumps(GOOD).encode(),
+            )
+            assert reply.status == 200 and reply.body[:4] == b"RIFF"
+        finally:
+            server.close()
+        logs += server.logs()
+    assert not failures, failures
+    for secret in (SECRET, SPEAK_SECRET, ADMIN_SECRET):
+        assert secret not in logs
