@@ -1,8 +1,8 @@
 """A bare aiohttp server answering requests with stored bytes: the baseline a gateway hit is
 measured against.
 
-    bare_server.py PORT FILE CONTENT_TYPE [EVENT_LOOP]
-    bare_server.py PORT TABLE.pickle CONTENT_TYPE [EVENT_LOOP] --by-body
+    python -m bench.bare_server PORT FILE CONTENT_TYPE [EVENT_LOOP]
+    python -m bench.bare_server PORT TABLE.pickle CONTENT_TYPE [EVENT_LOOP] --by-body
 
 The first form answers every request with the bytes of FILE. With ``--by-body`` TABLE.pickle
 holds ``{request body bytes: response bytes}`` and each request gets the bytes stored for its
@@ -21,10 +21,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from gateway.runtime.eventloop import factory  # noqa: E402
+from gateway.runtime.eventloop import factory
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
 """Shared benchmark plumbing: start servers as subprocesses, drive load with wrk (or a Python
-fallback), write JSON + PNG results under docs/bench/."""
+fallback), write JSON + PNG results under docs/bench/. (What the tests share with the benches is
+in :mod:`bench.harness`.)"""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,15 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.harness import ROOT, serve_command
+
 RESULTS = ROOT / "docs" / "bench"
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_http(url: str, timeout_s: float = 120.0) -> None:
@@ -48,24 +42,12 @@ def wait_http(url: str, timeout_s: float = 120.0) -> None:
 def start_gateway(
     port: int, cache_dir: Path, *extra: str, log_path: Path | None = None
 ) -> subprocess.Popen[bytes]:
-    """``python -m gateway serve`` on ``port`` with its own cache dir."""
+    """``python -m gateway serve`` on ``port`` with its own cache dir, ready."""
     log = open(log_path or os.devnull, "wb")  # noqa: SIM115 - handed to the child process
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gateway",
-            "serve",
-            "--port",
-            str(port),
-            "--cache-dir",
-            str(cache_dir),
-            # Every request of a bench comes from one loopback address, which stands for many
-            # clients: the per-client queue share (429 beyond it) would refuse a pre-warm.
-            "--queue-per-client",
-            "100000",
-            *extra,
-        ],
+        # Every request of a bench comes from one loopback address, which stands for many
+        # clients: the per-client queue share (429 beyond it) would refuse a pre-warm.
+        serve_command(port, cache_dir, "--queue-per-client", "100000", *extra),
         cwd=ROOT,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -241,13 +223,6 @@ asyncio.run(main())
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     return {"rps": float(out.strip())}
-
-
-def median(values: Sequence[float]) -> float:
-    """Median of ``values``."""
-    s = sorted(values)
-    n = len(s)
-    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
 def git_commit() -> str:

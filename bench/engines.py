@@ -18,7 +18,7 @@ Engines: the bundled Piper voice (joe) and a Coqui VITS with the full LJSpeech-s
 Everything runs in one process run, side by side, so the ratios survive a noisy shared machine.
 Writes ``docs/bench/engines.json`` and ``docs/bench/engines.png``.
 
-    .venv/bin/python bench/engines.py            # ~3 minutes on 2 idle cores (much longer on a loaded machine)
+    .venv/bin/python -m bench.engines            # ~3 minutes on 2 idle cores (much longer on a loaded machine)
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import argparse
 import asyncio
 import os
 import platform
-import sys
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,15 +35,12 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.common import provenance, write_results  # noqa: E402
-from metrics import Metrics  # noqa: E402
-from synth.coqui_engine import CoquiEngine  # noqa: E402
-from synth.engine import Engine, SynthesisItem  # noqa: E402
-from synth.piper_engine import PiperEngine, PiperVoiceFiles  # noqa: E402
-from synth.pool import EngineSpec, WorkerPool  # noqa: E402
+from bench.common import RESULTS, provenance, write_results
+from metrics import Metrics
+from synth.coqui_engine import CoquiEngine
+from synth.engine import Engine, SynthesisItem
+from synth.piper_engine import PiperEngine, PiperVoiceFiles
+from synth.pool import EngineSpec, WorkerPool
 
 TEXTS = [
     "Please hold.",
@@ -56,7 +53,6 @@ TEXTS = [
     "One moment please.",
 ]
 CORES = os.cpu_count() or 1
-OUT = ROOT / "docs" / "bench"
 
 
 def cache_dir() -> Path:
@@ -66,7 +62,7 @@ def cache_dir() -> Path:
 
 def ljspeech_vits() -> tuple[Path, Path]:
     """The LJSpeech-size random VITS, built once into the bench cache."""
-    from tests.coqui_fixtures import build_vits
+    from bench.harness import build_vits
 
     directory = cache_dir() / "vits-ljspeech"
     if (directory / "model.pth").is_file() and (directory / "config.json").is_file():
@@ -285,9 +281,7 @@ def paired_median(rtf: list[dict[str, Any]], slow: dict[str, Any], fast: dict[st
             next(r for r in rtf if all(r[k] == v for k, v in sel.items()))["cpu_rtf_rounds"]
         )
 
-    pairs = sorted(a / b for a, b in zip(pick(slow), pick(fast), strict=True))
-    n = len(pairs)
-    return round(pairs[n // 2] if n % 2 else (pairs[n // 2 - 1] + pairs[n // 2]) / 2, 3)
+    return round(statistics.median(a / b for a, b in zip(pick(slow), pick(fast), strict=True)), 3)
 
 
 def summarize(rtf: list[dict[str, Any]], pools: list[dict[str, Any]]) -> dict[str, float]:
@@ -398,7 +392,7 @@ def main() -> None:
     print()
     for k, v in summary.items():
         print(f"{k:<45} {v:.3f}")
-    OUT.mkdir(parents=True, exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     result = {
         "machine": {"cores": CORES, "platform": platform.platform(), "gpu": None},
         "texts": TEXTS,
@@ -408,8 +402,8 @@ def main() -> None:
         "runtime_s": round(time.perf_counter() - started, 1),
     }
     write_results("engines", result)
-    plot(rtf, pools, OUT / "engines.png")
-    print(f"\nwrote {OUT / 'engines.json'} and engines.png in {result['runtime_s']}s")
+    plot(rtf, pools, RESULTS / "engines.png")
+    print(f"\nwrote {RESULTS / 'engines.json'} and engines.png in {result['runtime_s']}s")
 
 
 if __name__ == "__main__":

@@ -4,26 +4,21 @@ CUDA provider when it is installed. Prints a table and writes ``docs/bench/gpu_c
 
 Not run so far: the task that wrote it had no GPU. Run it on a CUDA host (about 1-2 minutes):
 
-    .venv/bin/python bench/gpu_check.py [--device cuda:0]
+    .venv/bin/python -m bench.gpu_check [--device cuda:0]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.common import provenance, write_results  # noqa: E402
-from synth.coqui_engine import CoquiEngine  # noqa: E402
-from synth.engine import SynthesisItem  # noqa: E402
+from bench.common import provenance, write_results
+from synth.coqui_engine import CoquiEngine
+from synth.engine import SynthesisItem
 
 TEXTS = [
     "Your call is important to us.",

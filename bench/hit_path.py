@@ -16,7 +16,7 @@ drift hits every server alike). Two workloads:
   (8 kHz PCM16 WAV, what Asterisk plays), against a bare aiohttp GET of the same bytes at the
   same path: the hit path of a PBX fetching a prompt by URL.
 
-    python bench/hit_path.py [--seconds 4] [--rounds 7] [--connections 32] [--no-pin]
+    python -m bench.hit_path [--seconds 4] [--rounds 7] [--connections 32] [--no-pin]
                              [--event-loop auto|uvloop|asyncio] [--disk-only]
                              [--zipf-prompts 5000] [--zipf-s 1.0] [--no-zipf] [--say-url]
                              [--keys 100]
@@ -46,6 +46,7 @@ import os
 import pickle
 import platform
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,15 +57,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import (
-    ROOT,
+from bench.common import (
     bar_plot,
     cpu_seconds,
     cpu_split,
-    free_port,
-    median,
     pin,
     placement,
     post,
@@ -75,8 +71,7 @@ from common import (
     write_results,
     wrk_rate,
 )
-
-sys.path.insert(0, str(ROOT))
+from bench.harness import ROOT, free_port
 from gateway.runtime.eventloop import label
 
 # About 5.7 s of speech: a ~250 KB PCM16 WAV at the voice's 22,050 Hz.
@@ -346,24 +341,26 @@ class Workload:
     info: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
-        g = median([r["rps"] for r in self.gateway_runs])
-        b = median([r["rps"] for r in self.bare_runs])
+        g = statistics.median([r["rps"] for r in self.gateway_runs])
+        b = statistics.median([r["rps"] for r in self.bare_runs])
         # Each round measures both servers back to back: the median of the per-round ratios
         # cancels most of the machine's drift (the bare server alone varied by 25% here).
         ratios = [
             gr["rps"] / br["rps"] for gr, br in zip(self.gateway_runs, self.bare_runs, strict=True)
         ]
-        g_cpu = median([r["server_cpu_us_per_request"] for r in self.gateway_runs])
-        b_cpu = median([r["server_cpu_us_per_request"] for r in self.bare_runs])
+        g_cpu = statistics.median([r["server_cpu_us_per_request"] for r in self.gateway_runs])
+        b_cpu = statistics.median([r["server_cpu_us_per_request"] for r in self.bare_runs])
         return {
             **self.info,
             "gateway_rps": self.gateway_runs,
             "bare_rps": self.bare_runs,
             "gateway_rps_median": g,
             "bare_rps_median": b,
-            "gateway_p50_ms_median": median([r.get("p50_ms", 0.0) for r in self.gateway_runs]),
-            "bare_p50_ms_median": median([r.get("p50_ms", 0.0) for r in self.bare_runs]),
-            "ratio": median(ratios),
+            "gateway_p50_ms_median": statistics.median(
+                [r.get("p50_ms", 0.0) for r in self.gateway_runs]
+            ),
+            "bare_p50_ms_median": statistics.median([r.get("p50_ms", 0.0) for r in self.bare_runs]),
+            "ratio": statistics.median(ratios),
             "round_ratios": ratios,
             "gateway_cpu_us_per_request_median": g_cpu,
             "bare_cpu_us_per_request_median": b_cpu,
@@ -436,7 +433,8 @@ def main() -> int:
                 subprocess.Popen(
                     [
                         sys.executable,
-                        str(ROOT / "bench" / "bare_server.py"),
+                        "-m",
+                        "bench.bare_server",
                         str(port),
                         str(path),
                         content_type,
@@ -512,7 +510,7 @@ def main() -> int:
                             "prompts": len(bodies),
                             "zipf_s": args.zipf_s,
                             "format": args.zipf_format,
-                            "audio_bytes_median": median(sizes),
+                            "audio_bytes_median": statistics.median(sizes),
                             "audio_bytes_total": sum(sizes),
                             "memo_miss_rate_over_sequence": {
                                 str(n): round(memo_miss_rate(sequence, n), 4) for n in MEMO_SIZES

@@ -21,7 +21,7 @@ texts, in a rotated order), so machine noise hits every row alike; the ratios ar
 Targets: gateway throughput >= 0.95x pool-direct and >= 1.0x seed-tuned, p99 <= seed-tuned's.
 Writes ``docs/bench/miss_path.json`` and ``.png``. Needs the ``bench`` extra (fastapi, uvicorn).
 
-    python bench/miss_path.py          # 4 rows x 320 requests: ~12 minutes on 2 cores
+    python -m bench.miss_path          # 4 rows x 320 requests: ~12 minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,17 +42,13 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.common import (  # noqa: E402
+from bench.common import (
     RESULTS,
     cpu_seconds,
-    free_port,
-    median,
     provenance,
     write_results,
 )
+from bench.harness import ROOT, free_port
 
 SENTENCES = [
     "Your call is important to us",
@@ -295,7 +292,7 @@ def ratios(rows: dict[str, Any]) -> dict[str, Any]:
         per_round = [g / b for g, b in zip(gw["round_rps"], o["round_rps"], strict=True)]
         out[key] = {
             "throughput_ratio": round(gw["throughput_rps"] / o["throughput_rps"], 3),
-            "throughput_ratio_median_of_rounds": round(median(per_round), 3),
+            "throughput_ratio_median_of_rounds": round(statistics.median(per_round), 3),
             "round_ratios": [round(r, 3) for r in per_round],
             "p99_ratio": round(gw["p99_s"] / o["p99_s"], 3),
         }

@@ -3,7 +3,7 @@ off) against a bare aiohttp handler serving the same bytes, under the same concu
 run with interleaved rounds; (2) the herd: 300 concurrent identical requests over 3 gateway
 processes sharing one Redis (syntheses in total), next to 3 replicas without Redis.
 
-    .venv/bin/python bench/scaleout.py [--seconds 6] [--rounds 3] [--connections 16]
+    .venv/bin/python -m bench.scaleout [--seconds 6] [--rounds 3] [--connections 16]
                                        [--event-loop auto|uvloop|asyncio] [--skip-herd]
 
 Target for (1): gateway-from-Redis >= 0.4 x bare. Writes docs/bench/scaleout.json and .png.
@@ -37,10 +37,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.common import (  # noqa: E402
+from bench.common import (
+    RESULTS,
     cpu_seconds,
     cpu_split,
     pin,
@@ -49,11 +47,16 @@ from bench.common import (  # noqa: E402
     wait_http,
     write_results,
 )
-from gateway.runtime.eventloop import label  # noqa: E402
-from tests.redis_support import GatewayProcess, gateway_processes, metric_sum  # noqa: E402
-from tests.support import free_port, redis_server  # noqa: E402
+from bench.harness import (
+    ROOT,
+    GatewayProcess,
+    free_port,
+    gateway_processes,
+    metric_sum,
+    redis_server,
+)
+from gateway.runtime.eventloop import label
 
-RESULTS = ROOT / "docs" / "bench"
 # About 5.7 s of speech: a ~250 KB PCM16 WAV at the voice's 22,050 Hz.
 TEXT = (
     "Thank you for calling. Your call is important to us. All of our agents are currently "
@@ -134,7 +137,8 @@ def load(
         out = subprocess.run(
             [
                 sys.executable,
-                __file__,
+                "-m",
+                "bench.scaleout",
                 "--load",
                 url,
                 "--payload",
@@ -210,7 +214,8 @@ def hit_path(
         bare_proc = subprocess.Popen(
             [
                 sys.executable,
-                str(ROOT / "bench" / "bare_server.py"),
+                "-m",
+                "bench.bare_server",
                 str(bare_port),
                 str(wav),
                 "audio/wav",
@@ -304,7 +309,6 @@ def hit_path(
 
 _FLOOR = """
 import asyncio, os, sys, time
-sys.path.insert(0, os.getcwd())
 import redis.asyncio as ra
 from cache.resp import RespReader
 from gateway.runtime.eventloop import run

@@ -53,12 +53,9 @@ from typing import Any
 import aiohttp
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.common import RESULTS, free_port, provenance, stop, wait_http, write_results  # noqa: E402
-from gateway.runtime.settings import Settings  # noqa: E402
-from tests.support import RedisServer  # noqa: E402
+from bench.common import RESULTS, provenance, stop, wait_http, write_results
+from bench.harness import ROOT, RedisServer, free_port
+from gateway.runtime.settings import Settings
 
 PROMPTS = [
     f"{greeting} {topic}."

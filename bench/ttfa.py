@@ -35,11 +35,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from bench.common import provenance, write_results
+from bench.common import RESULTS, provenance, write_results
 from gateway.http.app import create_app, wait_ready
 from gateway.runtime.settings import Settings
-
-OUT = Path(__file__).resolve().parents[1] / "docs" / "bench"
 
 TEMPLATE = (
     "Your balance is {a} dollars and {b} cents.",
@@ -223,10 +221,10 @@ def main() -> None:
     args = parser.parse_args()
     provenance()  # the commit and date as the run starts
     report = asyncio.run(run(args.rounds, sse=args.sse))
-    OUT.mkdir(parents=True, exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     name = "ttfa_sse" if args.sse else "ttfa"
     write_results(name, report)
-    plot(report, OUT / f"{name}.png")
+    plot(report, RESULTS / f"{name}.png")
     print(f"{'measure':<20}{'median ms':>10}   rounds (ms)")
     for name, values in report["runs_s"].items():
         runs = " ".join(f"{v * 1000:.0f}" for v in values)

@@ -21,7 +21,7 @@ Then ``voxgate serve --workers 1`` and ``--workers 2``, cold only, with their sy
 distinct prompt (one synthesis pool per host: a master is never synthesized twice); the one that
 is the default topology here (``--workers 2`` on 2 cores) is the no-flags run, not run again.
 
-    .venv/bin/python bench/vs_nginx.py [--prompts 343] [--cold-s 45] [--warm-s 20]
+    .venv/bin/python -m bench.vs_nginx [--prompts 343] [--cold-s 45] [--warm-s 20]
                                        [--clients 16] [--no-write] [--skip-workers]
 
 Writes docs/bench/vs_nginx.json (with the command, date and git commit) and vs_nginx.png. Takes
@@ -49,12 +49,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.common import (  # noqa: E402
+from bench.common import (
     RESULTS,
-    free_port,
     provenance,
     start_gateway,
     stop,
@@ -62,8 +58,9 @@ from bench.common import (  # noqa: E402
     write_results,
     wrk_rate,
 )
-from bench.hit_path import CITIES, COMPANIES, THINGS, write_wrk_script, zipf_sequence  # noqa: E402
-from gateway.runtime.settings import Settings  # noqa: E402
+from bench.harness import ROOT, free_port
+from bench.hit_path import CITIES, COMPANIES, THINGS, write_wrk_script, zipf_sequence
+from gateway.runtime.settings import Settings
 
 NGINX = "/usr/sbin/nginx"
 # Long enough for a miss queued behind 16 others on a cold cache; wrk's default is 2 s.

@@ -12,12 +12,13 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from blockbuster import blockbuster_ctx
 
+from bench.harness import RedisServer, redis_server
 from gateway.http.app import create_app
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 from synth.engine import Engine
 from synth.piper_engine import PiperEngine, PiperVoiceFiles
-from tests.support import CountingEngine, RedisServer, redis_server
+from tests.support import CountingEngine
 
 
 @pytest.fixture(autouse=True)
@@ -112,6 +113,6 @@ def redis(tmp_path: Path) -> Iterator[RedisServer]:
 @pytest.fixture(scope="session")
 def coqui_model_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A small random-weight Coqui VITS saved as ``model.pth`` + ``config.json`` (built once)."""
-    from tests.coqui_fixtures import build_vits
+    from bench.harness import build_vits
 
     return build_vits(tmp_path_factory.mktemp("coqui-vits"))

@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.support import free_port, serve_command
+from bench.harness import free_port, serve_command
 
 ROOT = Path(__file__).resolve().parents[1]
 

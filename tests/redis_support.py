@@ -1,4 +1,5 @@
-"""Helpers for the Redis scale-out tests and bench: a loopback Redis Cluster, gateway processes.
+"""Helpers for the Redis tests: a loopback Redis Cluster and a Sentinel (a single redis-server and
+gateway replicas sharing it are in :mod:`bench.harness`, which the benches use too).
 
 Everything here starts real processes on free loopback ports and stops them on exit.
 """
@@ -6,19 +7,14 @@ Everything here starts real processes on free loopback ports and stops them on e
 from __future__ import annotations
 
 import contextlib
-import os
-import re
 import shutil
 import socket
 import subprocess
 import time
-import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
-from tests.support import CACHE_SECRET, RedisServer, free_port, serve_command
-
-REPO = Path(__file__).resolve().parents[1]
+from bench.harness import RedisServer, free_port
 
 
 def free_cluster_port() -> int:
@@ -109,87 +105,6 @@ def redis_cluster(directory: Path, masters: int = 3) -> Iterator[RedisClusterSer
         yield cluster
     finally:
         cluster.stop()
-
-
-class GatewayProcess:
-    """``python -m gateway serve`` in a subprocess on a free port, its own cache dir."""
-
-    def __init__(self, cache_dir: Path, *, redis_url: str = "", args: Sequence[str] = ()) -> None:
-        self.port = free_port()
-        self.cache_dir = cache_dir
-        # One process per replica: these tests are about replicas sharing Redis, not about the
-        # gateway processes and the one synthesis pool a replica runs on a multi-core host.
-        cmd = serve_command(self.port, cache_dir, "--log-level", "warning", "--workers", "1", *args)
-        if redis_url:
-            cmd += ["--redis-url", redis_url, "--cache-secret", CACHE_SECRET]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("VOXGATE_")}
-        self.log_path = cache_dir.parent / f"gateway-{self.port}.log"
-        cache_dir.parent.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(
-            cmd, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT
-        )
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def wait_ready(self, timeout_s: float = 120.0) -> None:
-        """Block until ``/readyz`` answers 200 (models warm)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"gateway exited: {self.log_path.read_text()[-2000:]}")
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen(self.url + "/readyz", timeout=2) as resp,
-            ):
-                if resp.status == 200:
-                    return
-            time.sleep(0.2)
-        raise TimeoutError(f"gateway on {self.port} not ready: {self.log_path.read_text()[-2000:]}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self._log.close()
-
-
-@contextlib.contextmanager
-def gateway_processes(
-    directory: Path, n: int, *, redis_url: str, args: Sequence[str] = ()
-) -> Iterator[list[GatewayProcess]]:
-    """``n`` gateway processes sharing ``redis_url``, each with its own cache dir, all ready."""
-    procs: list[GatewayProcess] = []
-    try:
-        for i in range(n):
-            procs.append(
-                GatewayProcess(directory / f"replica{i}" / "cache", redis_url=redis_url, args=args)
-            )
-        for p in procs:
-            p.wait_ready()
-        yield procs
-    finally:
-        for p in procs:
-            p.stop()
-
-
-def metric_sum(text: str, name: str, **labels: str) -> float:
-    """Sum of the samples of metric ``name`` in a Prometheus exposition whose labels match."""
-    total = 0.0
-    for line in text.splitlines():
-        m = re.match(rf"^{re.escape(name)}(?:\{{(.*)\}})? (\S+)$", line)
-        if m is None:
-            continue
-        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
-        if all(have.get(k) == v for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
 
 
 class SentinelServer:

@@ -1,22 +1,19 @@
-"""Test helpers: engine wrappers, a real redis-server, free ports. Imported by tests and conftest."""
+"""Test helpers: engine wrappers, polled waits, a gateway served from a thread. Imported by tests
+and conftest. The real processes tests share with the benches (redis-server, gateway replicas, free
+ports) live in :mod:`bench.harness`."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import shutil
-import socket
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
 from aiohttp import web
 
+from bench.harness import CACHE_SECRET
 from gateway.http.app import create_app
 from gateway.runtime.settings import Settings
 from synth.engine import Audio, Engine, ParamValue, SynthesisItem, VoiceInfo
@@ -112,100 +109,8 @@ async def eventually(
     return value
 
 
-def serve_command(port: int, cache_dir: Path, *args: str) -> list[str]:
-    """``python -m gateway serve`` on 127.0.0.1:``port`` with its own cache dir (run it with
-    ``cwd`` = the repo root, so the tree under test is the one imported)."""
-    return [
-        sys.executable,
-        "-m",
-        "gateway",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--cache-dir",
-        str(cache_dir),
-        *args,
-    ]
-
-
-# The cache secret every test that configures Redis passes (redis_url requires one).
-CACHE_SECRET = "voxgate-test-cache-secret-0123456789"
+# The cache secret as bytes, as the Redis tier's EntrySeal takes it.
 SECRET = CACHE_SECRET.encode()
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class RedisServer:
-    """A real ``redis-server`` on a free loopback port, in its own temp directory."""
-
-    def __init__(self, directory: Path, port: int | None = None, extra: Sequence[str] = ()) -> None:
-        self.directory = directory
-        self.port = port or free_port()
-        self.extra = list(extra)
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            [
-                binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.directory),
-                *self.extra,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s,
-            ):
-                s.sendall(b"PING\r\n")
-                if s.recv(16).startswith(b"+PONG"):
-                    return
-            time.sleep(0.05)
-        raise RuntimeError(f"redis-server did not start on port {self.port}")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.proc = None
-
-
-@contextlib.contextmanager
-def redis_server(directory: Path, **kw: object) -> Iterator[RedisServer]:
-    """Start a redis-server for the block."""
-    server = RedisServer(directory, **kw)  # type: ignore[arg-type]
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 class ToneEngine:

@@ -79,7 +79,8 @@ def test_hit_path_bench_every_workload_tiny() -> None:
     out = subprocess.run(
         [
             sys.executable,
-            "bench/hit_path.py",
+            "-m",
+            "bench.hit_path",
             "--rounds",
             "1",
             "--seconds",

@@ -24,6 +24,7 @@ import pytest
 from limits import RateLimitItemPerMinute
 from redis.asyncio import Redis
 
+from bench.harness import CACHE_SECRET, RedisServer
 from cache.disk import DiskTier, frame
 from cache.distributed import CrossReplicaFlight
 from cache.entry import CorruptEntry, Entry, ForgedEntry
@@ -36,7 +37,7 @@ from gateway.runtime.apikeys import key_table
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 from tests.conftest import GatewayFactory
-from tests.support import CACHE_SECRET, SECRET, CountingEngine, RedisServer, until
+from tests.support import SECRET, CountingEngine, until
 
 KEY = "ab" * 32
 OTHER = "cd" * 32

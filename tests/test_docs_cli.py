@@ -98,7 +98,7 @@ def test_bad_setting_fails_at_start_naming_the_key(tmp_path: Path) -> None:
 
 
 def test_cache_stats_reports_redis_and_never_prints_its_password(tmp_path: Path) -> None:
-    from tests.support import CACHE_SECRET, free_port, redis_server
+    from bench.harness import CACHE_SECRET, free_port, redis_server
 
     secret = ("--cache-secret", CACHE_SECRET)
     with redis_server(tmp_path / "redis") as redis:

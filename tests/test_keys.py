@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness import CACHE_SECRET, RedisServer, free_port
 from gateway.errors import TooManyRequests
 from gateway.http import keys as app_keys
 from gateway.runtime.apikeys import APIKey, Authenticator, KeyRing, KeysFileError, key_table
@@ -19,7 +20,6 @@ from gateway.runtime.ratelimit import KeyLimits, limits_storage_uri
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 from tests.conftest import GatewayFactory
-from tests.support import CACHE_SECRET, RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEAK_SECRET = "speak-secret-0123456789-abcdefghijklmnop"

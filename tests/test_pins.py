@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.harness import CACHE_SECRET, RedisServer
 from cache.pins import (
     ANONYMOUS,
     LABEL_TEXT_CHARS,
@@ -35,7 +36,7 @@ from gateway.speech.telephony import EXTENSIONS
 from tests.conftest import GatewayFactory
 from tests.ops_support import run_cli
 from tests.served import DefaultServer
-from tests.support import CACHE_SECRET, RedisServer, ToneEngine
+from tests.support import ToneEngine
 
 MIB = 1024 * 1024
 OPS_SECRET = "ops-secret-0123456789-abcdefghijklmnopqrs"

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness import redis_server
 from cache.entry import Entry
 from cache.redis_tier import RedisTier
 from cache.tier import TierError, TierUnavailable
 from metrics import Metrics
 from tests.redis_support import SentinelServer
-from tests.support import SECRET, redis_server
+from tests.support import SECRET
 
 KEY = "f" * 64
 

@@ -11,11 +11,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from bench.harness import CACHE_SECRET, RedisServer, gateway_processes, metric_sum
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 from tests.conftest import GatewayFactory
-from tests.redis_support import gateway_processes, metric_sum
-from tests.support import CACHE_SECRET, RedisServer
 
 
 def speech_body(text: str) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from bench.harness import RedisServer, redis_server
 from cache.disk import DiskTier
 from cache.entry import Entry
 from cache.memory import MemoryTier
@@ -12,7 +13,7 @@ from cache.redis_tier import RedisTier
 from cache.store import TieredStore
 from cache.tier import PurgeFilter
 from metrics import Metrics
-from tests.support import SECRET, RedisServer, redis_server
+from tests.support import SECRET
 
 
 def entry(n: int, *, voice: str, pinned: bool = False, size: int = 1000) -> Entry:

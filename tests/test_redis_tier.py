@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness import RedisServer, free_port, redis_server
 from cache.breaker import BreakerState, CircuitBreaker
 from cache.distributed import CrossReplicaFlight
 from cache.entry import CorruptEntry, Entry, ForgedEntry
@@ -18,7 +19,7 @@ from cache.redis_tier import RedisTier, is_cluster_url
 from cache.tier import PurgeFilter, TierError, TierUnavailable
 from metrics import Metrics
 from tests.redis_support import SentinelServer, redis_cluster
-from tests.support import SECRET, RedisServer, free_port, redis_server
+from tests.support import SECRET
 
 KEY = "ab" * 32
 

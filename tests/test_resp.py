@@ -21,12 +21,13 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse, ResponseError
 
+from bench.harness import RedisServer, free_port, redis_server
 from cache.entry import CorruptEntry, Entry
 from cache.redis_tier import RedisTier
 from cache.resp import ReplyTooLarge, RespProtocol, RespReader, encode_command
 from cache.tier import TierError
 from metrics import Metrics
-from tests.support import SECRET, RedisServer, free_port, redis_server
+from tests.support import SECRET
 
 BIG = os.urandom(300_000)  # larger than the scratch buffer: received into a buffer of its own
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness import CACHE_SECRET
 from gateway.cli.common import add_setting_flags
 from gateway.cli.main import main
 from gateway.runtime.settings import (
@@ -18,7 +19,6 @@ from gateway.runtime.settings import (
     SettingsError,
 )
 from tests.conftest import GatewayFactory
-from tests.support import CACHE_SECRET
 
 
 def test_each_layer_is_named_in_the_error(tmp_path: Path) -> None:

@@ -30,11 +30,12 @@ from wyoming.tts import (
     SynthesizeVoice,
 )
 
+from bench.harness import free_port
 from gateway.http import keys
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 from tests.conftest import GatewayFactory
-from tests.support import CountingEngine, free_port
+from tests.support import CountingEngine
 
 TEXT = "Turning on the kitchen lights. They will dim at ten."
 

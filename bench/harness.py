@@ -1,0 +1,264 @@
+"""What the benchmarks and the tests both stand up: free loopback ports, a real ``redis-server``,
+gateway processes (``python -m gateway serve``) sharing it, the Prometheus text they expose, and a
+real Coqui VITS with random weights.
+
+The one module the two share, and the direction is one way: tests import from ``bench`` (this
+module, and the benches their smoke tests run); nothing in ``bench`` imports from ``tests``.
+Everything here starts real processes on free loopback ports and stops them on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The cache secret every gateway started here with Redis gets (redis_url requires one), and that
+# tests configuring Redis pass.
+CACHE_SECRET = "voxgate-test-cache-secret-0123456789"
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve_command(port: int, cache_dir: Path, *args: str) -> list[str]:
+    """``python -m gateway serve`` on 127.0.0.1:``port`` with its own cache dir (run it with
+    ``cwd`` = the repo root, so the tree under test is the one imported)."""
+    return [
+        sys.executable,
+        "-m",
+        "gateway",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--cache-dir",
+        str(cache_dir),
+        *args,
+    ]
+
+
+class RedisServer:
+    """A real ``redis-server`` on a free loopback port, in its own temp directory."""
+
+    def __init__(self, directory: Path, port: int | None = None, extra: Sequence[str] = ()) -> None:
+        self.directory = directory
+        self.port = port or free_port()
+        self.extra = list(extra)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.directory),
+                *self.extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s,
+            ):
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"redis-server did not start on port {self.port}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
+
+@contextlib.contextmanager
+def redis_server(directory: Path, **kw: object) -> Iterator[RedisServer]:
+    """Start a redis-server for the block."""
+    server = RedisServer(directory, **kw)  # type: ignore[arg-type]
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class GatewayProcess:
+    """``python -m gateway serve`` in a subprocess on a free port, its own cache dir."""
+
+    def __init__(self, cache_dir: Path, *, redis_url: str = "", args: Sequence[str] = ()) -> None:
+        self.port = free_port()
+        self.cache_dir = cache_dir
+        # One process per replica: what is measured or tested here is replicas sharing Redis, not
+        # the gateway processes and the one synthesis pool a replica runs on a multi-core host.
+        cmd = serve_command(self.port, cache_dir, "--log-level", "warning", "--workers", "1", *args)
+        if redis_url:
+            cmd += ["--redis-url", redis_url, "--cache-secret", CACHE_SECRET]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VOXGATE_")}
+        self.log_path = cache_dir.parent / f"gateway-{self.port}.log"
+        cache_dir.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        """Block until ``/readyz`` answers 200 (models warm)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited: {self.log_path.read_text()[-2000:]}")
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(self.url + "/readyz", timeout=2) as resp,
+            ):
+                if resp.status == 200:
+                    return
+            time.sleep(0.2)
+        raise TimeoutError(f"gateway on {self.port} not ready: {self.log_path.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+
+
+@contextlib.contextmanager
+def gateway_processes(
+    directory: Path, n: int, *, redis_url: str, args: Sequence[str] = ()
+) -> Iterator[list[GatewayProcess]]:
+    """``n`` gateway processes sharing ``redis_url``, each with its own cache dir, all ready."""
+    procs: list[GatewayProcess] = []
+    try:
+        for i in range(n):
+            procs.append(
+                GatewayProcess(directory / f"replica{i}" / "cache", redis_url=redis_url, args=args)
+            )
+        for p in procs:
+            p.wait_ready()
+        yield procs
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of metric ``name`` in a Prometheus exposition whose labels match."""
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(rf"^{re.escape(name)}(?:\{{(.*)\}})? (\S+)$", line)
+        if m is None:
+            continue
+        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
+
+
+# ---- a real Coqui VITS -----------------------------------------------------------------------
+
+# The reduced sizes of ``build_vits(size="tiny")``: a model that loads and speaks in a second.
+TINY_ARGS = {
+    "hidden_channels": 32,
+    "hidden_channels_ffn_text_encoder": 64,
+    "num_heads_text_encoder": 2,
+    "num_layers_text_encoder": 2,
+    "num_layers_posterior_encoder": 2,
+    "num_layers_flow": 2,
+    "upsample_initial_channel_decoder": 32,
+    "upsample_rates_decoder": [8, 8, 4],
+    "upsample_kernel_sizes_decoder": [16, 16, 8],
+    "resblock_kernel_sizes_decoder": [3],
+    "resblock_dilation_sizes_decoder": [[1, 3, 5]],
+    "dropout_p_duration_predictor": 0.0,
+    "spec_segment_size": 8,
+}
+
+
+def build_vits(directory: Path, *, size: str = "tiny", seed: int = 0) -> tuple[Path, Path]:
+    """Write a random-weight Coqui VITS into ``directory``, saved the way Coqui saves a trained
+    model; return ``(checkpoint, config)``.
+
+    ``model.pth`` holds ``{"model": state_dict}`` beside ``config.json``; the engine then loads
+    them through Coqui's own ``Synthesizer``, the path a downloaded model takes. The text front
+    end is plain characters (``use_phonemes=False``), so no phonemizer or espeak is needed.
+    ``size="tiny"`` is a reduced model for fast tests; ``size="ljspeech"`` keeps the architecture
+    of Coqui's LJSpeech VITS (the default ``VitsArgs``), for benchmarks where only speed matters.
+    """
+    import torch
+    from TTS.tts.configs.shared_configs import CharactersConfig
+    from TTS.tts.configs.vits_config import VitsConfig
+    from TTS.tts.models.vits import Vits, VitsArgs
+
+    args = VitsArgs(init_discriminator=False, **(TINY_ARGS if size == "tiny" else {}))
+    characters = CharactersConfig(
+        characters_class="TTS.tts.models.vits.VitsCharacters",
+        pad="_",
+        eos="",
+        bos="",
+        blank=None,
+        characters="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ",
+        punctuations="!'(),-.:;? ",
+        phonemes="",
+        is_unique=True,
+        is_sorted=True,
+    )
+    config = VitsConfig(
+        model_args=args,
+        use_phonemes=False,
+        characters=characters,
+        text_cleaner="basic_cleaners",
+        add_blank=True,
+    )
+    torch.manual_seed(seed)
+    model = Vits(config)
+    directory.mkdir(parents=True, exist_ok=True)
+    checkpoint, config_path = directory / "model.pth", directory / "config.json"
+    torch.save({"model": model.state_dict()}, checkpoint)
+    config.save_json(str(config_path))
+    return checkpoint, config_path
