@@ -217,8 +217,9 @@ def test_rates_round_up_to_what_the_codec_runs_at() -> None:
 
 @pytest.mark.parametrize("rate", [8000, 22050, 24000, 48000])
 def test_wav_is_byte_for_byte_what_libsndfile_writes(rate: int) -> None:
-    """WAV is built by hand (libsndfile wrote it through a Python callback per block), and must
-    stay the file libsndfile writes: stored renditions and their ETags do not change."""
+    """WAV is written by stdlib ``wave`` (libsndfile wrote it through a Python callback per
+    block), and must stay the file libsndfile writes: stored renditions and their ETags do not
+    change."""
     rng = np.random.default_rng(rate)
     for n in (0, 1, 999, 66150):
         pcm = (rng.standard_normal(n) * 0.6).astype(np.float32)  # some samples clip
