@@ -110,8 +110,6 @@ def test_uvloop_sends_headers_and_body_in_one_writelines(monkeypatch: pytest.Mon
     writer) still arrive whole."""
     from aiohttp import http_writer, web
 
-    from gateway.http.conditional import AudioResponse
-
     monkeypatch.setattr(http_writer, "SKIP_WRITELINES", True)  # restored after the test
     make = eventloop.factory("uvloop")
     assert http_writer.SKIP_WRITELINES is False
@@ -121,7 +119,7 @@ def test_uvloop_sends_headers_and_body_in_one_writelines(monkeypatch: pytest.Mon
         import aiohttp
 
         async def handler(request: web.Request) -> web.StreamResponse:
-            return AudioResponse(request, body=bodies[request.match_info["name"]])
+            return web.Response(body=bodies[request.match_info["name"]])
 
         app = web.Application()
         app.router.add_get("/{name}", handler)

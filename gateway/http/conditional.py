@@ -14,7 +14,7 @@ from __future__ import annotations
 import email.utils
 from collections.abc import Mapping
 
-from aiohttp import http_writer, web
+from aiohttp import web
 
 from gateway.http.errors import error_body
 
@@ -48,44 +48,9 @@ def not_modified_since(request: web.Request, created: float) -> bool:
     return int(created) <= since.timestamp()
 
 
-# Above this size the status line and headers go out in their own write, ahead of the body.
+# Above this size a hit's status line and headers go out in their own write, ahead of the body,
+# where aiohttp would join them into one copy (the hit writer, gateway/http/hits.py).
 SEPARATE_HEADERS_FROM = 16 * 1024
-
-
-class AudioResponse(web.Response):
-    """A response with an audio body that is sent without being copied.
-
-    aiohttp coalesces the headers and a bytes body into one buffer before writing (on Python
-    before 3.12.9 it never uses ``writelines``): for a 250 KB prompt that is a 250 KB allocation
-    and copy on every cache hit, a large part of a hit's CPU time. For a large body this sends
-    the headers on their own first (one small extra ``send``), then hands the stored bytes
-    object to the transport as it is. On uvloop neither is needed: headers and body go out as one
-    ``writev`` (:func:`gateway.runtime.eventloop.allow_writelines`), and this is a plain Response.
-    """
-
-    def __init__(
-        self,
-        request: web.Request,
-        *,
-        body: bytes,
-        status: int = 200,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(body=body, status=status, headers=headers)
-        self._writer = (
-            request.writer
-            if len(body) >= SEPARATE_HEADERS_FROM and http_writer.SKIP_WRITELINES
-            else None
-        )
-
-    async def write_eof(self, data: bytes = b"") -> None:
-        writer = self._writer
-        if writer is not None:
-            self._writer = None
-            send_headers = getattr(writer, "send_headers", None)
-            if send_headers is not None:  # aiohttp's StreamWriter; others just coalesce
-                send_headers()
-        await super().write_eof(data)
 
 
 def audio_body(
@@ -94,11 +59,12 @@ def audio_body(
     headers: Mapping[str, str] | None = None,
     status: int = 200,
 ) -> web.Response:
-    """A response with the audio ``body``: an :class:`AudioResponse` when its headers must go
-    out on their own (a large body where aiohttp would copy it), else a plain Response, which
-    saves a hit the subclass's frames (on uvloop, every response)."""
-    if len(body) >= SEPARATE_HEADERS_FROM and http_writer.SKIP_WRITELINES:
-        return AudioResponse(request, body=body, status=status, headers=headers)
+    """A response with the audio ``body``: aiohttp's own Response.
+
+    (On asyncio's loop aiohttp joins the headers and a large body into one buffer before
+    writing; sending the headers on their own instead saved 2-3% of a bare server's CPU per
+    270 KB response, docs/bench/handmade_send.json, not worth a response class of our own.)
+    """
     return web.Response(body=body, status=status, headers=headers)
 
 

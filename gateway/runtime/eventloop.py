@@ -58,8 +58,8 @@ def allow_writelines() -> None:
     aiohttp never calls ``transport.writelines`` on Python before 3.12.9 (or on 3.13.0-3.13.1):
     asyncio's own selector transport had CVE-2024-12254 there (its ``writelines`` ignored the
     write high-water mark). Instead it joins the status line, headers and body into a new bytes
-    object: a copy of every response body, or (:class:`gateway.http.conditional.AudioResponse`,
-    for large bodies) a second ``send`` of its own, and on loopback each send costs the receiver's
+    object: a copy of every response body, or (the hit writer, :mod:`gateway.http.hits`, for
+    large bodies) a second ``send`` of its own, and on loopback each send costs the receiver's
     TCP processing too: a third of a memory hit's CPU (py-spy, the 5,000-prompt Zipf hit bench).
     uvloop's transport is libuv's, not asyncio's: its ``writelines`` buffers the pieces, pauses
     the protocol above the high-water mark like ``write``, and sends them with one
