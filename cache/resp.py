@@ -1,12 +1,13 @@
 """A lean, pipelined RESP2 reader for the Redis tier's hot path: GET of an audio entry.
 
 Why it exists: redis-py's asyncio client copies a 250 KB reply four or five times on its way up
-(socket -> StreamReader buffer -> ``read()`` -> hiredis buffer -> ``bytes``) and pauses and resumes
-the transport around the StreamReader's buffer limit. On this host that is about 170 us of CPU per
-GET, where a bare aiohttp handler serves the same bytes to a client in 110 us all told, so no
-gateway reading through it can serve a Redis hit at 0.4x the bare server. This reader receives a
-bulk reply straight into one buffer of its exact size (:class:`asyncio.BufferedProtocol`): the
-kernel's copy is the only one. Measured side by side: about 60 us per GET of the same value.
+(socket -> StreamReader buffer -> ``read()`` -> hiredis buffer -> ``bytes``), pauses and resumes
+the transport around the StreamReader's buffer limit, and takes a pooled connection per
+concurrent GET. This reader receives a bulk reply straight into one buffer of its exact size
+(:class:`asyncio.BufferedProtocol`): the kernel's copy is the only one, and concurrent GETs share
+one pipelined connection. A Redis-tier hit through the gateway (the entry's HMAC checked) served
+2.1x the requests/s of the same gateway reading through redis-py with hiredis, at 2.6x less CPU
+per hit (docs/bench/handmade_resp.json, ``python -m bench.handmade``).
 
 It is deliberately small. It speaks what the hot path needs (AUTH, SELECT, GET, PING) over one
 pipelined connection per event loop: Redis answers in order, so each request is a future in a

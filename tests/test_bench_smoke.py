@@ -172,3 +172,24 @@ def test_vs_nginx_bench_tiny(tmp_path: Path) -> None:
     assert s["warm_qps_ratio"] == round(
         res["voxgate"]["warm"]["rps"] / res["nginx_seed"]["warm"]["rps"], 3
     )
+
+
+@pytest.mark.slow
+def test_handmade_bench_resp_one_round(tmp_path: Path) -> None:
+    """bench/handmade.py's reader comparison end to end at a tiny size: both gateways serve the
+    one stored entry from Redis under load, and the ratios are those of the rounds' figures."""
+    from bench import handmade
+
+    args = argparse.Namespace(rounds=1, seconds=1.0, connections=4)
+    result = handmade.resp(args, tmp_path)
+    runs = result["rounds"]
+    assert set(runs) == {"lean_reader", "redis_py_hiredis"}
+    assert all(len(r) == 1 and r[0]["rps"] > 0 for r in runs.values())
+    assert result["payload_bytes"] > 200_000  # a ~5.7 s WAV, read from Redis on every hit
+    lean, redis_py = runs["lean_reader"][0], runs["redis_py_hiredis"][0]
+    assert result["speedup_rps"]["median"] == round(lean["rps"] / redis_py["rps"], 3)
+    cpu = redis_py["cpu_us_per_request"] / lean["cpu_us_per_request"]
+    assert result["speedup_cpu"]["median"] == round(cpu, 3)
+    assert result["verdict"] == (
+        "keep" if min(result["speedup_rps"]["median"], round(cpu, 3)) >= 1.15 else "drop"
+    )
