@@ -27,7 +27,7 @@ from aiohttp import web
 from pydantic import TypeAdapter
 
 from gateway.api.jambonz import ENCODINGS as JAMBONZ_ENCODINGS
-from gateway.api.models import RequestModel, RequestModels, models_for
+from gateway.api.models import SPEAKABLE, RequestModel, RequestModels, models_for
 from gateway.http import keys, sse
 from gateway.http.errors import Error
 from gateway.http.ops import Ready
@@ -66,6 +66,7 @@ def _errors(*codes: int) -> dict[str, Any]:
         401: "Unauthorized",
         403: "Forbidden",
         404: "NotFound",
+        408: "RequestTimeout",
         413: "PayloadTooLarge",
         415: "UnsupportedMediaType",
         416: "RangeNotSatisfiable",
@@ -276,8 +277,8 @@ def _without_null(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def query_parameters(model: type[RequestModel], *, optional: bool = False) -> list[Any]:
-    """The query parameters of ``model``'s fields (all optional with ``optional``)."""
+def query_parameters(model: type[RequestModel]) -> list[Any]:
+    """The query parameters of ``model``'s fields."""
     schema = _json_schema(model)
     required = set(schema.get("required", []))
     params = []
@@ -288,7 +289,7 @@ def query_parameters(model: type[RequestModel], *, optional: bool = False) -> li
             {
                 "name": name,
                 "in": "query",
-                "required": name in required and not optional,
+                "required": name in required,
                 "description": description,
                 "schema": prop,
             }
@@ -367,8 +368,10 @@ def _coqui_path(models: RequestModels) -> dict[str, Any]:
         "post": {
             **op,
             "operationId": "coquiTtsPost",
-            # The body carries the fields; the query string may carry (or add) them too.
-            "parameters": [*query_parameters(models.coqui, optional=True), *COND_PARAMS],
+            # The body carries the fields. (The query string and headers may too, as Coqui's
+            # server reads them: said in the description, not as parameters, because a schema
+            # cannot say "text in the body or in the query", and the body's schema needs it.)
+            "parameters": COND_PARAMS,
             "requestBody": {
                 "required": True,
                 "content": {
@@ -558,7 +561,12 @@ def _telephony_paths(settings: Settings) -> dict[str, Any]:
             "required": True,
             "description": "The text, percent-encoded as one path segment: `/` as %2F, `%` as "
             "%25, `?` as %3F, `#` as %23, `&` as %26; the extension follows the last `.`.",
-            "schema": {"type": "string"},
+            "schema": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": settings.max_input_chars,
+                "pattern": SPEAKABLE,
+            },
         },
         EXT_PARAM,
         *CONDITIONS,
@@ -965,6 +973,12 @@ def _components(settings: Settings, models: RequestModels) -> dict[str, Any]:
                 "description": "No such audio key or route.",
                 "content": {JSON: {"schema": _ref("schemas", "Error")}},
             },
+            "RequestTimeout": {
+                "description": f"The body did not arrive within {settings.body_timeout_s:g} s "
+                "(`body_timeout_s`); the connection is closed.",
+                "headers": {"Connection": {"schema": {"type": "string", "const": "close"}}},
+                "content": {JSON: {"schema": _ref("schemas", "Error")}},
+            },
             "PayloadTooLarge": {
                 "description": f"Body over {settings.max_body_kb} KiB.",
                 "content": {JSON: {"schema": _ref("schemas", "Error")}},
@@ -1069,6 +1083,8 @@ def _add_access(paths: dict[str, Any], settings: Settings) -> None:
             responses = op["responses"]
             if settings.allowed_hosts:  # every route is behind the Host allow-list
                 responses.update(_errors(421))
+            if "requestBody" in op:  # a body that does not arrive within body_timeout_s
+                responses.update(_errors(408))
             if (path, method) in _JSON_BODIES:
                 responses.update(_errors(415))
             if (path, method) in open_ops or path.startswith(_SIGNED):

@@ -146,7 +146,8 @@ async def prompts(request: web.Request) -> web.Response:
     try:
         check_ids(parsed)
     except CatalogueError as exc:
-        raise BadRequest(str(exc), param="prompts", code="invalid_id") from exc
+        # (Each id's form is the model's to check: what is left is an id used twice.)
+        raise BadRequest(str(exc), param="prompts", code="duplicate_id") from exc
     requests = to_requests(parsed, base, settings, service)
     owner, quota = pin_owner(settings)
     metrics = app[keys.METRICS]
