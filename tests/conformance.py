@@ -18,19 +18,22 @@ its status, Content-Type, headers and every complete event checked, not a trunca
 The document is built in-process with :func:`gateway.http.openapi.build_openapi` from the app's
 settings (what ``GET /openapi.json`` serves), and validators are compiled once per document and
 schema, so the checks cost about a millisecond per test.
+
+The recording is a :class:`Recorder`: an aiohttp trace config, so any ``ClientSession`` can carry
+one; for a gateway in another process, check against the :class:`Document` it serves at
+``/openapi.json``, routed by ``create_app(settings, engines={})``.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from aiohttp import ClientResponse, web
+from aiohttp import ClientResponse, ClientSession, TraceConfig, TraceRequestEndParams, web
 from aiohttp.streams import StreamReader
-from aiohttp.test_utils import TestClient, make_mocked_request
+from aiohttp.test_utils import TestClient
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 from referencing import Registry
@@ -125,14 +128,24 @@ class Document:
         return content[name], f"{response[1]}/content/{_escape(name)}"
 
 
-@functools.lru_cache(maxsize=32)
-def _document(text: str) -> Document:
-    return Document(json.loads(text))
+# Documents (with their compiled validators) by the settings they were built for; the most
+# recently used few are kept.
+_DOCUMENTS: dict[str, Document] = {}
+_KEPT_DOCUMENTS = 16
 
 
 def document_for(app: web.Application) -> Document:
-    """The document ``app`` serves (one per distinct document, so built once per settings)."""
-    return _document(json.dumps(build_openapi(app[keys.SETTINGS]), sort_keys=True))
+    """The document ``app`` serves, built once per distinct settings (where the cache lives, a
+    directory per test, is not in the document)."""
+    settings = app[keys.SETTINGS]
+    key = settings.model_dump_json(exclude={"cache_dir"})
+    found = _DOCUMENTS.pop(key, None)
+    if found is None:
+        found = Document(build_openapi(settings))
+        while len(_DOCUMENTS) >= _KEPT_DOCUMENTS:
+            del _DOCUMENTS[next(iter(_DOCUMENTS))]
+    _DOCUMENTS[key] = found  # (last: the most recently used)
+    return found
 
 
 class _TeeStreamReader(StreamReader):
@@ -227,17 +240,24 @@ def _first_error(validator: Draft202012Validator, instance: Any) -> str | None:
 
 
 def _schema_failure(document: Document, pointer: str, instance: Any, what: str) -> str | None:
-    try:
-        problem = _first_error(document.validator(pointer), instance)
-    except ValidationError as exc:  # (a schema the document cannot hold: reported, not raised)
-        problem = f"schema {pointer} does not compile: {exc.message}"
+    problem = _first_error(document.validator(pointer), instance)
     return None if problem is None else f"{what} does not match {pointer}: {problem}"
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """What aiohttp's router reads of a request: its method and path (a mocked request, with
+    its mocks, took half the time of checking a test's answers)."""
+
+    method: str
+    rel_url: URL
 
 
 async def route_path(app: web.Application, method: str, raw_path: str) -> str | None:
     """The document path (the resource's template) aiohttp routes ``method raw_path`` to in
     ``app``, or None where only a fallback answers (an unknown path, an unknown method)."""
-    match = await app.router.resolve(make_mocked_request(method, raw_path, app=app))
+    asked = cast(web.Request, _Asked(method, URL(raw_path)))
+    match = await app.router.resolve(asked)
     if match.http_exception is not None or match.route.method == "*":
         return None
     resource = match.route.resource
@@ -354,29 +374,49 @@ def _events(
             yield problem
 
 
+class Recorder:
+    """Records every response of the ``aiohttp.ClientSession`` its :attr:`trace_config` is given
+    to (``ClientSession(trace_configs=[recorder.trace_config])``), with a copy of each body."""
+
+    def __init__(self) -> None:
+        self.recorded: list[Recorded] = []
+        self.trace_config = TraceConfig()
+        self.trace_config.on_request_end.append(self._on_request_end)
+
+    async def _on_request_end(
+        self, session: ClientSession, context: Any, params: TraceRequestEndParams
+    ) -> None:
+        resp = params.response
+        self.recorded.append(Recorded(params.method.upper(), resp.url, resp, tee(resp.content)))
+
+    async def failures(self, document: Document, app: web.Application) -> list[str]:
+        """Every way a recorded response departs from ``document``, routed as ``app`` routes
+        (a gateway in another process routes as ``create_app(settings, engines={})`` does)."""
+        return [f for rec in self.recorded for f in await check(document, app, rec)]
+
+    def forget(self) -> None:
+        """Drop the body copies (the responses are done with)."""
+        for rec in self.recorded:
+            _TEED.pop(id(rec.response.content), None)
+
+
 class RecordingClient(TestClient[web.Request, web.Application]):
     """A ``TestClient`` that records every response for :meth:`conformance_failures`."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.recorded: list[Recorded] = []
+    def __init__(self, server: Any, **kwargs: Any) -> None:
+        self.recorder = Recorder()
+        super().__init__(server, trace_configs=[self.recorder.trace_config], **kwargs)
 
-    async def _request(self, method: str, path: Any, **kwargs: Any) -> ClientResponse:
-        resp = await super()._request(method, path, **kwargs)
-        self.recorded.append(Recorded(method.upper(), resp.url, resp, tee(resp.content)))
-        return resp
+    @property
+    def recorded(self) -> list[Recorded]:
+        return self.recorder.recorded
 
     async def conformance_failures(self) -> list[str]:
         """Every way a recorded response departs from the document the app serves."""
         app = self.app
         assert app is not None
-        document = document_for(app)
-        failures = []
-        for rec in self.recorded:
-            failures += await check(document, app, rec)
-        return failures
+        return await self.recorder.failures(document_for(app), app)
 
     async def close(self) -> None:
         await super().close()
-        for rec in self.recorded:
-            _TEED.pop(id(rec.response.content), None)
+        self.recorder.forget()
