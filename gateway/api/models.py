@@ -602,6 +602,10 @@ class SignBody(RequestModel):
             "unsupported ext {shown}; supported: {expected}",
             "unsupported_format",
         ),
+        ("expires_in", "less_than_equal"): (
+            "expires_in {shown} is longer than this gateway signs for ({le} s, signed_url_max_s)",
+            None,
+        ),
     }
 
     voice: str = Field(description="A voice of the default model, or an alias.", examples=["joe"])
@@ -647,6 +651,7 @@ def models_for(settings: Settings) -> RequestModels:
         settings.default_model,
         settings.default_voice,
         settings.default_format,
+        settings.signed_url_max_s,
     )
 
 
@@ -657,6 +662,7 @@ def request_models(
     default_model: str,
     default_voice: str,
     default_format: str,
+    signed_url_max_s: int,
 ) -> RequestModels:
     """The models with the configured bounds and defaults filled in."""
     bounds: dict[str, Any] = {"min_length": 1, "max_length": max_input_chars, "pattern": SPEAKABLE}
@@ -750,6 +756,14 @@ def request_models(
         "SignRequest",
         __base__=SignBody,
         text=(str, Field(description="Text to speak.", examples=["Press one."], **bounds)),
+        expires_in=(
+            cast(Any, Annotated[int, Field(ge=1, le=signed_url_max_s), INTEGRAL] | None),
+            Field(
+                None,
+                description=f"Seconds the URL stays valid: at most {signed_url_max_s} "
+                "(signed_url_max_s); absent: signed_url_ttl_s. Every signed URL expires.",
+            ),
+        ),
     )
     return RequestModels(
         speech=speech,

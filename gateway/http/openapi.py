@@ -627,13 +627,15 @@ def _telephony_paths(settings: Settings) -> dict[str, Any]:
                         "name": "token",
                         "in": "path",
                         "required": True,
-                        "description": "HMAC-SHA256 (url_signing_secret) over voice, text, "
-                        "extension and expiry: `{mac}` or `{expires}.{mac}`.",
+                        "description": "`{expires}~{key}~{mac}`: the expiry (Unix seconds), "
+                        "the name of the API key that signed it (empty without a keys file), "
+                        "and HMAC-SHA256 (url_signing_secret) over voice, text, extension, "
+                        "expiry and key. The URL is charged to that key's budget (429 past it).",
                         "schema": {"type": "string"},
                     },
                     *say_params,
                 ],
-                "responses": {**say_responses, **_errors(403)},
+                "responses": {**say_responses, **_errors(403, 429)},
             }
         },
         "/v1/say/sign": {
