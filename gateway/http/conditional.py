@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 from aiohttp import http_writer, web
 
+from gateway.errors import BadRequest
 from gateway.http.errors import error_body
 
 
@@ -206,7 +207,7 @@ def audio_response(
             status=416,
             body=error_body(
                 f"range not satisfiable: the audio is {size} bytes",
-                "invalid_request_error",
+                BadRequest.type,
                 "Range",
                 "range_not_satisfiable",
             ),
