@@ -5,6 +5,20 @@ contain request text or secrets.
 
 from __future__ import annotations
 
+from typing import ClassVar, Literal, get_args
+
+# The ``type`` of an error body: every value an error class below carries, and so every value a
+# client can see (the OpenAPI document's ``Error.type`` enum is this tuple).
+ErrorType = Literal[
+    "invalid_request_error",
+    "permission_error",
+    "not_found_error",
+    "rate_limit_exceeded",
+    "server_overloaded",
+    "server_error",
+]
+ERROR_TYPES: tuple[ErrorType, ...] = get_args(ErrorType)
+
 # Names and values a message echoes are cut to this many characters: a client's voice name or
 # path can be 200 KB, and an error must not send it back (nor the access log keep it).
 ECHO_CHARS = 64
@@ -20,8 +34,8 @@ def clip(value: object, limit: int = ECHO_CHARS) -> str:
 class VoxgateError(Exception):
     """Root of errors raised at the HTTP edge. ``status`` and ``type`` choose the response."""
 
-    status = 500
-    type = "server_error"
+    status: ClassVar[int] = 500
+    type: ClassVar[ErrorType] = "server_error"
 
     def __init__(
         self,

@@ -1,5 +1,6 @@
 """Shared fixtures: settings in a temp dir, the real bundled Piper voice (loaded once), a real
-gateway on loopback, a real redis-server on a free port."""
+gateway on loopback (every answer it gives checked against its OpenAPI document), a real
+redis-server on a free port."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from gateway.runtime.settings import Settings
 from metrics import Metrics
 from synth.engine import Engine
 from synth.piper_engine import PiperEngine, PiperVoiceFiles
+from tests.conformance import RecordingClient
 from tests.support import CountingEngine
 
 
@@ -70,8 +72,10 @@ async def gateway(
     (:mod:`tests.served`).
 
     Keyword arguments: ``settings``, ``metrics``, ``engines`` (default: the counting joe voice).
+    Once the test is done, every response its clients received is checked against the OpenAPI
+    document the gateway serves (tests/conformance.py): a departure fails the test.
     """
-    clients: list[TestClient[Any, Any]] = []
+    clients: list[RecordingClient] = []
 
     async def start(
         *,
@@ -85,7 +89,7 @@ async def gateway(
             metrics=metrics,
             engines=engines if engines is not None else {"piper": counting_engine},
         )
-        client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"))
+        client = RecordingClient(TestServer(app, host="127.0.0.1"))
         await client.start_server()
         clients.append(client)
         if wait_ready:
@@ -99,8 +103,15 @@ async def gateway(
         return client
 
     yield start
-    for client in reversed(clients):
-        await client.close()
+    try:
+        failures = [f for client in clients for f in await client.conformance_failures()]
+    finally:
+        for client in reversed(clients):
+            await client.close()
+    if failures:
+        shown = "\n".join(f"  {f}" for f in failures[:20])
+        more = f"\n  ... and {len(failures) - 20} more" if len(failures) > 20 else ""
+        pytest.fail(f"answers that depart from /openapi.json:\n{shown}{more}", pytrace=False)
 
 
 @pytest.fixture

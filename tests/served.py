@@ -10,6 +10,7 @@ what a test gets unless it argues otherwise.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import Mapping
@@ -17,7 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 
+from gateway.http.app import create_app
+from gateway.runtime.settings import Settings
+from tests.conformance import Document, Recorder
 from tests.ops_support import ServerProcess, clean_env
 
 # Flags that change the process topology or the event loop.
@@ -46,6 +51,7 @@ class DefaultServer(ServerProcess):
         extra = ("--workers", "1") if one_process_because and "--workers" not in flags else ()
         super().__init__(directory, *args, *extra, env=clean_env(**(env or {})))
         self.gateways = 1
+        self.recorder = Recorder()
 
     def wait_ready(self, workers: int | None = None, timeout: float = 180) -> None:
         """Until every gateway process the start log announced is ready."""
@@ -75,8 +81,22 @@ class DefaultServer(ServerProcess):
         """One request on a new connection (so the kernel picks a gateway process for it, as it
         does for clients that do not keep connections): status, headers, body."""
         connector = aiohttp.TCPConnector(force_close=True)
+        traced = [self.recorder.trace_config]
         async with (
-            aiohttp.ClientSession(connector=connector) as session,
+            aiohttp.ClientSession(connector=connector, trace_configs=traced) as session,
             session.request(method, self.url + path, headers=headers, json=json, data=data) as resp,
         ):
             return resp.status, dict(resp.headers), await resp.read()
+
+    async def conformance_failures(self) -> list[str]:
+        """Every way an answer :meth:`request` received departs from the OpenAPI document this
+        server serves (tests/conformance.py); call it while the server runs."""
+        async with aiohttp.ClientSession() as session, session.get(self.url + "/openapi.json") as r:
+            document = Document(await r.json())
+        return await self.recorder.failures(document, routing_app())
+
+
+@functools.cache
+def routing_app() -> web.Application:
+    """An app with the gateway's routes (never started), to route requests as the server did."""
+    return create_app(Settings.load(env={}), engines={})

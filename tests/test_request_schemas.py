@@ -234,3 +234,59 @@ async def test_coqui_text_must_be_a_string(gateway: GatewayFactory) -> None:
         err = (await r.json())["error"]
         assert err["param"] == "text"
         assert "must be a string" in err["message"]
+
+
+SPEECH = {"model": "tts-1", "voice": "alloy", "input": "Hi."}
+# (label, path, body, whether the document allows it): rules that span fields, JSON's one
+# number type, and text with a control character (tab, line feed and carriage return are text).
+RULES = [
+    ("integral float rate", "/v1/audio/speech", {**SPEECH, "sample_rate": 16000.0}, True),
+    ("fractional rate", "/v1/audio/speech", {**SPEECH, "sample_rate": 16000.5}, False),
+    ("control character", "/v1/audio/speech", {**SPEECH, "input": "Hi\x01."}, False),
+    ("C1 control character", "/v1/audio/speech", {**SPEECH, "input": "Hi\x85."}, False),
+    ("tab", "/v1/audio/speech", {**SPEECH, "input": "Hi\t."}, True),
+    (
+        "sse of flac",
+        "/v1/audio/speech",
+        {**SPEECH, "stream_format": "sse", "response_format": "flac"},
+        False,
+    ),
+    (
+        "sse, stream false",
+        "/v1/audio/speech",
+        {**SPEECH, "stream_format": "audio", "stream": False},
+        False,
+    ),
+    (
+        "stream of wav",
+        "/v1/audio/speech",
+        {**SPEECH, "stream": True, "response_format": "wav"},
+        True,
+    ),
+    ("sse of the default", "/v1/audio/speech", {**SPEECH, "stream_format": "sse"}, True),
+    ("prompt without text", "/v1/prompts", {"prompts": [{}]}, False),
+    ("text from defaults", "/v1/prompts", {"prompts": [{}], "defaults": {"input": "Hi."}}, True),
+    ("id in defaults", "/v1/prompts", {"prompts": ["Hi."], "defaults": {"id": "x"}}, False),
+    ("null id in defaults", "/v1/prompts", {"prompts": ["Hi."], "defaults": {"id": None}}, True),
+    ("speaker 0.0", "/", {"text": "Hi.", "speaker_id": 0.0}, True),
+    ("speaker 1", "/", {"text": "Hi.", "speaker_id": 1}, False),
+    ("no speaker name", "/", {"text": "Hi.", "speaker": ""}, True),
+    ("a speaker name", "/", {"text": "Hi.", "speaker": "alice"}, False),
+    ("control in Coqui text", "/api/tts", {"text": "Hi\x1b."}, False),
+]
+
+
+async def test_rules_across_fields_are_documented_and_enforced(
+    gateway: GatewayFactory, small_settings: Settings
+) -> None:
+    client = await gateway(settings=small_settings)
+    doc = await (await client.get("/openapi.json")).json()
+    wrong = []
+    for label, path, body, allowed in RULES:
+        schema = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        r = await client.post(path, json=body)
+        await r.read()
+        said = documented(doc, schema, body)
+        if said != allowed or (200 <= r.status < 300) != allowed or r.status >= 500:
+            wrong.append(f"{label}: documented {said}, answered {r.status}, expected {allowed}")
+    assert wrong == []

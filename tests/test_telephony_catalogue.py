@@ -71,19 +71,29 @@ async def test_prompts_return_ready_absolute_urls(
 
 
 @pytest.mark.parametrize(
-    ("prompts", "fragment"),
+    ("prompts", "fragment", "code"),
     [
-        ([{"input": "A.", "id": "../x"}], "'id' is not a safe file name"),
-        ([{"input": "A.", "id": "a"}, {"input": "B.", "id": "a"}], "id 'a' is already used"),
+        ([{"input": "A.", "id": "../x"}], "'id' is not a safe file name", "invalid_id"),
+        (
+            [{"input": "A.", "id": "a"}, {"input": "B.", "id": "a"}],
+            "id 'a' is already used",
+            "duplicate_id",
+        ),
     ],
 )
 async def test_bad_prompt_ids_are_400(
-    gateway: GatewayFactory, counting_engine: CountingEngine, prompts: Any, fragment: str
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    prompts: Any,
+    fragment: str,
+    code: str,
 ) -> None:
     client = await gateway()
     r = await client.post("/v1/prompts", json={"prompts": prompts})
     assert r.status == 400
-    assert fragment in (await r.json())["error"]["message"]
+    error = (await r.json())["error"]
+    assert fragment in error["message"]
+    assert error["code"] == code
     assert counting_engine.items == 0
 
 

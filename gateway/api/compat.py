@@ -129,7 +129,8 @@ def find_voice(name: str | None, settings: Settings, speech: SpeechService) -> t
 
 
 def check_speaker(speaker: str | None, speaker_id: int | None, voice: str) -> None:
-    """The served voices have one speaker each: accept only its id 0, or no speaker."""
+    """The served voices have one speaker each: accept only its id 0, or no speaker (Piper's
+    ``POST /`` body states the same in its model, :class:`gateway.api.models.PiperBody`)."""
     if speaker_id not in (None, 0):
         raise BadRequest(
             f"voice '{voice}' has one speaker (id 0); got speaker_id {clip(speaker_id, 24)}",
@@ -160,7 +161,6 @@ def parse_piper(
     fields = models_for(settings).piper.check(values)
     model, voice = find_voice(fields.voice, settings, speech)
     text, segments = speech_text(fields.text, settings, speech, model, voice, param="text")
-    check_speaker(fields.speaker, fields.speaker_id, voice)
     defaults = speech.models[model].engine.default_params(voice)
     speed = 1.0
     if fields.length_scale is not None:

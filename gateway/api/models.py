@@ -18,10 +18,11 @@ defaults named in descriptions): :func:`request_models` builds them once per dis
 """
 
 import functools
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
 from pydantic_core import ErrorDetails
 
 from gateway.api.frontend import NORMALIZE_MODES
@@ -35,10 +36,15 @@ MIN_RATE, MAX_RATE = 8000, 48000
 # OpenAI documents no bound for `instructions`; ignored text still costs memory, so one applies.
 MAX_INSTRUCTIONS = 4096
 
-# Text the engine would find empty after normalization (cache.keys.normalize_text collapses and
-# strips whitespace) is refused by the model, so the document states it. Python's ``re`` engine is
+# C0 and C1 control characters (Unicode category Cc) but tab, line feed and carriage return: no
+# sound and no place in text to speak (a NUL reached espeak-ng as a C string terminator).
+CONTROL = r"\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f"
+CONTROL_CHARACTER = re.compile(f"[{CONTROL}]")
+# Text to speak: no control character (the lookahead: one linear scan), and not blank: text the
+# engine would find empty after normalization (cache.keys.normalize_text collapses and strips
+# whitespace). The models refuse both, so the document states both. Python's ``re`` engine is
 # used (model_config below) so ``\s`` is exactly the whitespace ``str.strip`` removes.
-NOT_BLANK = r"\S"
+SPEAKABLE = rf"^(?=[^{CONTROL}]*$)\s*\S"
 # A value that must be empty or whitespace only (Coqui's style_wav/speaker_wav).
 BLANK = r"^\s*$"
 
@@ -57,6 +63,20 @@ else:
 # A prompt id (gateway.api.catalogue.ID_PATTERN: a safe file name).
 PROMPT_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 
+
+def _integral(value: Any) -> Any:
+    """JSON has one number type: ``8000.0`` is the integer 8000 (JSON Schema's ``integer`` says
+    so, and Python's json writes a float so). Strict validation still refuses ``8000.5``,
+    ``"8000"`` and ``true``."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# Metadata of an integer field of a JSON body, after its Field (before, pydantic would write the
+# bounds into the JSON schema as "ge"/"le", which no JSON Schema validator reads).
+INTEGRAL = BeforeValidator(_integral)
+
 Speed = Annotated[
     float,
     Field(ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False, description="Speaking rate."),
@@ -69,6 +89,7 @@ SampleRate = Annotated[
         description="Output rate in Hz (resampled with soxr). Default: the voice's rate, 8000 for "
         "the G.711 formats; MP3/AAC/Opus round up to a rate their codec runs at.",
     ),
+    INTEGRAL,
 ]
 
 
@@ -97,6 +118,16 @@ _MESSAGES: dict[str, str] = {
 }
 _RANGE = ("greater_than_equal", "less_than_equal", "finite_number")
 _CODES = {"string_too_long": "input_too_long"}
+
+
+def control_character(field: str, found: re.Match[str]) -> BadRequest:
+    """The error for a control character ``found`` in text ``field``."""
+    return BadRequest(
+        f"'{field}' contains the control character U+{ord(found.group()):04X} at position "
+        f"{found.start()}: only tab, line feed and carriage return are allowed",
+        param=field,
+        code="control_character",
+    )
 
 
 def _shown(value: Any) -> str:
@@ -148,6 +179,9 @@ class RequestModel(BaseModel):
         if custom is not None:
             template, code = custom
             return BadRequest(template.format(**words), param=field, code=code)
+        control = CONTROL_CHARACTER.search(value) if isinstance(value, str) else None
+        if kind == "string_pattern_mismatch" and control is not None:
+            return control_character(field, control)
         if kind in _RANGE:
             low, high = cls.bounds(field)
             return BadRequest(
@@ -192,6 +226,37 @@ class RequestModel(BaseModel):
             raise cls.bad_request(exc) from None
 
 
+def _streaming_rules(schema: dict[str, Any], model: type[BaseModel]) -> None:
+    """What the speech body's fields cannot say one by one (:func:`gateway.api.parsing.streams`
+    enforces it): ``stream_format`` is not for ``stream: false``, and a streamed answer (either
+    field) needs a streamable format, the default one when ``response_format`` is null."""
+    streamable = [f.name for f in audio.FORMATS.values() if f.streamable]
+    default = getattr(model, "default_format", None)
+    formats: dict[str, Any] = {"properties": {"response_format": {"enum": streamable}}}
+    if default in streamable:
+        formats["properties"]["response_format"]["enum"] = [*streamable, None]
+    else:
+        formats["required"] = ["response_format"]
+    schema["allOf"] = [
+        {
+            "if": {"required": ["stream"], "properties": {"stream": {"const": False}}},
+            "then": {"properties": {"stream_format": {"type": "null"}}},
+        },
+        {
+            "if": {
+                "anyOf": [
+                    {"required": ["stream"], "properties": {"stream": {"const": True}}},
+                    {
+                        "required": ["stream_format"],
+                        "properties": {"stream_format": {"type": "string"}},
+                    },
+                ]
+            },
+            "then": formats,
+        },
+    ]
+
+
 class SpeechBody(RequestModel):
     """``POST /v1/audio/speech``: OpenAI's speech body.
 
@@ -200,7 +265,11 @@ class SpeechBody(RequestModel):
     and names them in a response header, or refuses them with ``strict_fields``.
     """
 
-    model_config = ConfigDict(title="SpeechRequest", extra="allow")
+    model_config = ConfigDict(
+        title="SpeechRequest", extra="allow", json_schema_extra=_streaming_rules
+    )
+    # The format of a body that names none (set on each configuration's model).
+    default_format: ClassVar[str | None] = None
     messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {
         ("response_format", "literal_error"): (
             "unsupported response_format {shown}; supported: {expected}",
@@ -295,10 +364,29 @@ class PromptFields(RequestModel):
     )
 
 
+def _catalogue_rules(schema: dict[str, Any]) -> None:
+    """What the prompts' shared schema cannot say alone: a prompt object needs its text
+    (``input`` or ``text``) unless the defaults give it, and the defaults name no ``id`` (an id
+    names one prompt; null is no id)."""
+    has_text = [{"required": ["input"]}, {"required": ["text"]}]
+    schema["if"] = {
+        "required": ["defaults"],
+        "properties": {"defaults": {"type": "object", "anyOf": has_text}},
+    }
+    schema["else"] = {
+        "properties": {"prompts": {"items": {"anyOf": [{"type": "string"}, {"anyOf": has_text}]}}}
+    }
+    schema["properties"]["defaults"]["not"] = {
+        "type": "object",
+        "required": ["id"],
+        "properties": {"id": {"type": "string"}},
+    }
+
+
 class PromptsBody(RequestModel):
     """``POST /v1/prompts``: a catalogue to render and pin."""
 
-    model_config = ConfigDict(title="PromptsRequest")
+    model_config = ConfigDict(title="PromptsRequest", json_schema_extra=_catalogue_rules)
 
     prompts: list[str | PromptFields]
     defaults: PromptFields | None = Field(None, description="Fields applied to every prompt.")
@@ -429,17 +517,30 @@ class PiperBody(RequestModel):
     route: ClassVar[str | None] = "POST /"
     messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {
         ("text", "missing"): ("'text' is missing or empty: send the text to speak", None),
+        ("speaker_id", "less_than_equal"): (
+            "the served voices have one speaker each (id 0); got speaker_id {shown}",
+            "speaker_not_found",
+        ),
+        ("speaker", "string_too_long"): (
+            "the served voices have one speaker each and no speaker names; omit 'speaker'",
+            "speaker_not_found",
+        ),
     }
 
     text: str
     voice: str | None = Field(
         None, description="A voice of any served model (see GET /voices); null: the default."
     )
+    # Piper's multi-speaker fields: every served voice has one speaker, so only "none" is valid.
     speaker: str | None = Field(
-        None, description="Speaker name of a multi-speaker voice (the served voices have one)."
+        None,
+        max_length=0,
+        description="Speaker name of a multi-speaker voice: the served voices have one speaker "
+        "and no names, so null or empty.",
     )
-    speaker_id: int | None = Field(
-        None, ge=0, description="Speaker id (overrides speaker); 0 on a one-speaker voice."
+    speaker_id: Annotated[int, Field(ge=0, le=0), INTEGRAL] | None = Field(
+        None,
+        description="Speaker id (overrides speaker): the served voices have one speaker, id 0.",
     )
     length_scale: float | None = Field(
         None,
@@ -501,15 +602,17 @@ class SignBody(RequestModel):
             "unsupported ext {shown}; supported: {expected}",
             "unsupported_format",
         ),
+        ("expires_in", "less_than_equal"): (
+            "expires_in {shown} is longer than this gateway signs for ({le} s, signed_url_max_s)",
+            None,
+        ),
     }
 
     voice: str = Field(description="A voice of the default model, or an alias.", examples=["joe"])
     text: str
     ext: ExtensionName = Field(description="Extension of the URL (see GET /v1/audio/{key}.{ext}).")
-    expires_in: int | None = Field(
+    expires_in: Annotated[int, Field(ge=1, le=10 * 365 * 86400), INTEGRAL] | None = Field(
         None,
-        ge=1,
-        le=10 * 365 * 86400,
         description="Seconds the URL stays valid: at most signed_url_max_s; absent: "
         "signed_url_ttl_s (30 days by default). Every signed URL expires.",
     )
@@ -548,6 +651,7 @@ def models_for(settings: Settings) -> RequestModels:
         settings.default_model,
         settings.default_voice,
         settings.default_format,
+        settings.signed_url_max_s,
     )
 
 
@@ -558,9 +662,10 @@ def request_models(
     default_model: str,
     default_voice: str,
     default_format: str,
+    signed_url_max_s: int,
 ) -> RequestModels:
     """The models with the configured bounds and defaults filled in."""
-    bounds: dict[str, Any] = {"min_length": 1, "max_length": max_input_chars, "pattern": NOT_BLANK}
+    bounds: dict[str, Any] = {"min_length": 1, "max_length": max_input_chars, "pattern": SPEAKABLE}
     speech = create_model(
         "SpeechRequest",
         __base__=SpeechBody,
@@ -595,6 +700,7 @@ def request_models(
             ),
         ),
     )
+    speech.default_format = default_format
     prompt = create_model(
         "Prompt",
         __base__=PromptFields,
@@ -650,6 +756,14 @@ def request_models(
         "SignRequest",
         __base__=SignBody,
         text=(str, Field(description="Text to speak.", examples=["Press one."], **bounds)),
+        expires_in=(
+            cast(Any, Annotated[int, Field(ge=1, le=signed_url_max_s), INTEGRAL] | None),
+            Field(
+                None,
+                description=f"Seconds the URL stays valid: at most {signed_url_max_s} "
+                "(signed_url_max_s); absent: signed_url_ttl_s. Every signed URL expires.",
+            ),
+        ),
     )
     return RequestModels(
         speech=speech,

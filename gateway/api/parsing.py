@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from cache.keys import normalize_text
 from gateway.api.frontend import front_end
-from gateway.api.models import SpeechBody, models_for
+from gateway.api.models import CONTROL_CHARACTER, SpeechBody, control_character, models_for
 from gateway.api.normalize import language_of, normalize_numbers
 from gateway.api.ssml import SsmlLimits, expand, is_ssml, joined_words, plain_text
 from gateway.errors import BadRequest, PayloadTooLarge, RequestTimeout, clip
@@ -179,10 +179,6 @@ def front_end_may_run(settings: Settings, raw: bytes = b"") -> bool:
     )
 
 
-# C0 and C1 control characters (Unicode category Cc) but tab, line feed and carriage return.
-_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
-
-
 def _check_raw(raw: str, settings: Settings, param: str) -> None:
     if len(raw) > settings.max_input_chars:
         raise BadRequest(
@@ -196,16 +192,11 @@ def _check_raw(raw: str, settings: Settings, param: str) -> None:
         raise BadRequest(
             f"'{param}' contains invalid Unicode (a lone surrogate)", param=param
         ) from exc
-    control = _CONTROL.search(raw)
+    control = CONTROL_CHARACTER.search(raw)
     if control is not None:
-        # A NUL reaches espeak-ng as a C string terminator (it raised mid-synthesis: a 500);
-        # other control characters have no sound and no place in text to speak.
-        raise BadRequest(
-            f"'{param}' contains the control character U+{ord(control.group()):04X} at "
-            f"position {control.start()}: only tab, line feed and carriage return are allowed",
-            param=param,
-            code="control_character",
-        )
+        # (The request models refuse these first; text from elsewhere, Wyoming's or a catalogue
+        # file's, is checked here.)
+        raise control_character(param, control)
 
 
 def validate_text(

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
+from gateway.errors import BadRequest
 from gateway.http.errors import error_body
 
 
@@ -172,7 +173,7 @@ def audio_response(
             status=416,
             body=error_body(
                 f"range not satisfiable: the audio is {size} bytes",
-                "invalid_request_error",
+                BadRequest.type,
                 "Range",
                 "range_not_satisfiable",
             ),

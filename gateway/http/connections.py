@@ -17,13 +17,14 @@ capped, so a few sockets cannot hold the gateway.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from gateway.errors import Unavailable
+from gateway.http.errors import error_body
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 
@@ -52,16 +53,11 @@ async def write_within(
 
 
 def _refusal() -> bytes:
-    body = json.dumps(
-        {
-            "error": {
-                "message": "too many connections to this gateway (max_connections); retry",
-                "type": "server_overloaded",
-                "param": None,
-                "code": "too_many_connections",
-            }
-        }
-    ).encode()
+    body = error_body(
+        "too many connections to this gateway (max_connections); retry",
+        Unavailable.type,
+        code="too_many_connections",
+    )
     head = (
         "HTTP/1.1 503 Service Unavailable\r\n"
         "Content-Type: application/json\r\n"

@@ -9,13 +9,18 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Annotated
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from pydantic import Field
+from typing_extensions import TypedDict
 
 from gateway.errors import (
     BadRequest,
+    ErrorType,
     MethodNotAllowed,
+    NotFound,
     RequestTimeout,
     TooManyRequests,
     Unauthorized,
@@ -36,22 +41,43 @@ from synth.errors import (
 log = logging.getLogger("voxgate.gateway")
 
 
+class ErrorObject(TypedDict):
+    """What went wrong (OpenAI's error object)."""
+
+    message: Annotated[str, Field(description="Safe to show; never echoes the text.")]
+    type: ErrorType
+    param: Annotated[str | None, Field(description="The field at fault.")]
+    code: Annotated[str | None, Field(description="Why, as a stable identifier.")]
+
+
+class Error(TypedDict):
+    """The body of every error answer (OpenAI's shape)."""
+
+    error: ErrorObject
+
+
 # The longest message an error carries. Messages clip what they echo (gateway.errors.clip);
 # this is the backstop for one that does not, so no request can make an error body large.
 MAX_MESSAGE_CHARS = 1024
 
 
-def error_body(
-    message: str, type_: str, param: str | None = None, code: str | None = None
-) -> bytes:
-    """Serialize an error in OpenAI's shape."""
+def error_object(
+    message: str, type_: ErrorType, param: str | None = None, code: str | None = None
+) -> ErrorObject:
+    """An error in OpenAI's shape, ``{"message", "type", "param", "code"}``, bounded in size."""
     if len(message) > MAX_MESSAGE_CHARS:
         message = message[: MAX_MESSAGE_CHARS - 3] + "..."
     if param is not None and len(param) > 128:
         param = param[:125] + "..."
-    return json.dumps(
-        {"error": {"message": message, "type": type_, "param": param, "code": code}}
-    ).encode()
+    return {"message": message, "type": type_, "param": param, "code": code}
+
+
+def error_body(
+    message: str, type_: ErrorType, param: str | None = None, code: str | None = None
+) -> bytes:
+    """Serialize an error in OpenAI's shape: ``{"error": {...}}``."""
+    body: Error = {"error": error_object(message, type_, param, code)}
+    return json.dumps(body).encode()
 
 
 def error_response(exc: VoxgateError, status: int | None = None) -> web.Response:
@@ -93,7 +119,7 @@ def from_synthesis_error(exc: SynthesisError) -> VoxgateError:
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-_HTTP_TYPES = {404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error"}
+_HTTP_TYPES: dict[int, ErrorType] = {404: NotFound.type}
 
 # The reason a 4xx without an error code of ours is counted under (a bounded set).
 _REASONS = {
@@ -138,7 +164,7 @@ def error_response_for(request: web.Request, exc: Exception) -> web.Response:
             message = "request body too large"
         return web.Response(
             status=exc.status,
-            body=error_body(message, _HTTP_TYPES.get(exc.status, "invalid_request_error")),
+            body=error_body(message, _HTTP_TYPES.get(exc.status, BadRequest.type)),
             content_type="application/json",
         )
     if isinstance(exc, web.RequestPayloadError):

@@ -1,26 +1,38 @@
-"""The OpenAPI 3.1 description of the gateway, served at ``/openapi.json``.
+"""The OpenAPI 3.2 description of the gateway, served at ``/openapi.json``.
 
 Every request schema (bodies and query parameters: types, bounds, enums, required lists) is
-generated from the request models the server validates with (:mod:`gateway.api.models`), so the
-document states exactly what is enforced; paths, prose and responses are written here.
+generated from the request models the server validates with (:mod:`gateway.api.models`), and the
+schemas of the bodies the code types (errors, readiness, the speech events) from those types
+(:data:`TYPED_BODIES`); enums of values the code sends (X-Cache, formats, extensions) come from
+the code's own tables. So the document states exactly what is enforced and sent; paths, prose and
+the other responses are written here. 3.2, not 3.1, for ``itemSchema``: an event stream is
+described event by event.
+
 ``tests/test_openapi.py`` checks every registered route is described and that
 ``docs/openapi.json`` equals what a default server serves; ``tests/test_request_schemas.py`` sends
-each schema's boundary values. Regenerate the saved copy with
+each schema's boundary values; every JSON and event-stream body the suite's gateways answer is
+validated against the document (``tests/conformance.py``). Regenerate the saved copy with
 ``python -m gateway.http.openapi docs/openapi.json``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from pydantic import TypeAdapter
 
-from gateway.api.models import RequestModel, RequestModels, models_for
-from gateway.http import keys
+from gateway.api.jambonz import ENCODINGS as JAMBONZ_ENCODINGS
+from gateway.api.models import SPEAKABLE, RequestModel, RequestModels, models_for
+from gateway.http import keys, sse
+from gateway.http.errors import Error
+from gateway.http.ops import Ready
 from gateway.runtime.settings import Settings
+from gateway.speech.request import CACHE_RESULTS
 from gateway.speech.telephony import EXTENSIONS
 from synth import audio
 
@@ -54,10 +66,13 @@ def _errors(*codes: int) -> dict[str, Any]:
         401: "Unauthorized",
         403: "Forbidden",
         404: "NotFound",
+        408: "RequestTimeout",
         413: "PayloadTooLarge",
         415: "UnsupportedMediaType",
         416: "RangeNotSatisfiable",
+        421: "MisdirectedRequest",
         429: "TooManyRequests",
+        500: "ServerError",
         503: "Unavailable",
     }
     return {str(c): _ref("responses", names[c]) for c in codes}
@@ -80,7 +95,7 @@ def _audio_ok(description: str) -> dict[str, Any]:
             "X-Cache": {
                 "description": "HIT (stored), MISS (synthesized for this request) or COALESCED "
                 "(joined an identical request in flight).",
-                "schema": {"type": "string", "enum": ["HIT", "MISS", "COALESCED"]},
+                "schema": {"type": "string", "enum": [c.upper() for c in CACHE_RESULTS]},
             },
             "X-Audio-Sample-Rate": {"schema": {"type": "integer"}},
             "Content-Length": {
@@ -95,6 +110,18 @@ def _audio_ok(description: str) -> dict[str, Any]:
     }
 
 
+def _partial(whole: dict[str, Any]) -> dict[str, Any]:
+    """The 206 answer of a route whose 200 is ``whole``: the asked bytes of the same audio."""
+    return {
+        "description": "The asked byte range of the audio; Content-Range says which.",
+        "headers": {
+            "Content-Range": {"schema": {"type": "string"}},
+            **whole["headers"],
+        },
+        "content": whole["content"],
+    }
+
+
 def _speech_ok() -> dict[str, Any]:
     ok = _audio_ok(
         "The audio. Streamed responses use chunked transfer encoding and carry no ETag or "
@@ -105,11 +132,22 @@ def _speech_ok() -> dict[str, Any]:
         "comma-separated.",
         "schema": {"type": "string"},
     }
-    ok["content"]["text/event-stream"] = {
-        "schema": {"type": "string"},
-        "description": 'Lines `data: {"type": "speech.audio.delta", "audio": "<base64>"}`, '
-        'then `data: {"type": "speech.audio.done", "usage": {"input_tokens", '
-        '"output_tokens", "total_tokens", "input_characters", "audio_seconds"}}`.',
+    ok["content"][sse.CONTENT_TYPE] = {
+        "description": "One event per `data:` line (no `event:` line: the JSON's `type` "
+        "names it): `speech.audio.delta` events, then `speech.audio.done`; or an `error` "
+        "event, after which the connection is dropped.",
+        "itemSchema": {
+            "type": "object",
+            "required": ["data"],
+            "properties": {
+                "data": {
+                    "type": "string",
+                    "contentMediaType": JSON,
+                    "contentSchema": _ref("schemas", "SpeechStreamEvent"),
+                },
+                "event": {"type": "string", "const": "message"},
+            },
+        },
     }
     return ok
 
@@ -171,7 +209,7 @@ def _listing_paths() -> dict[str, Any]:
 
 
 def _piper_paths(models: RequestModels) -> dict[str, Any]:
-    body = models.piper.model_json_schema()["title"]
+    body = _json_schema(models.piper)["title"]
     return {
         "/": {
             "post": {
@@ -184,7 +222,7 @@ def _piper_paths(models: RequestModels) -> dict[str, Any]:
                 "responses": {
                     "200": _audio_ok("WAV audio."),
                     "304": _ref("responses", "NotModified"),
-                    **_errors(400, 413, 503),
+                    **_errors(400, 413, 500, 503),
                 },
             }
         },
@@ -198,6 +236,18 @@ def _piper_paths(models: RequestModels) -> dict[str, Any]:
     }
 
 
+@functools.cache
+def _schema_text(model: type[RequestModel]) -> str:
+    return json.dumps(model.model_json_schema(ref_template="#/components/schemas/{model}"))
+
+
+def _json_schema(model: type[RequestModel]) -> dict[str, Any]:
+    """``model``'s JSON schema, references into the document's components (a fresh copy: pydantic
+    takes milliseconds to generate one, and every document build asks for each a few times)."""
+    schema: dict[str, Any] = json.loads(_schema_text(model))
+    return schema
+
+
 def _strip_titles(schema: dict[str, Any]) -> dict[str, Any]:
     """pydantic titles every property with its own name: noise in a document that names them."""
     for prop in schema.get("properties", {}).values():
@@ -209,7 +259,7 @@ def request_schemas(models: RequestModels) -> dict[str, Any]:
     """Every request model's JSON schema (and the models they refer to), by model title."""
     schemas: dict[str, Any] = {}
     for model in models.all():
-        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schema = _json_schema(model)
         for name, nested in schema.pop("$defs", {}).items():
             schemas[name] = _strip_titles(nested)
         schemas[schema["title"]] = _strip_titles(schema)
@@ -227,9 +277,9 @@ def _without_null(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def query_parameters(model: type[RequestModel], *, optional: bool = False) -> list[Any]:
-    """The query parameters of ``model``'s fields (all optional with ``optional``)."""
-    schema = model.model_json_schema()
+def query_parameters(model: type[RequestModel]) -> list[Any]:
+    """The query parameters of ``model``'s fields."""
+    schema = _json_schema(model)
     required = set(schema.get("required", []))
     params = []
     for name, prop in schema["properties"].items():
@@ -239,7 +289,7 @@ def query_parameters(model: type[RequestModel], *, optional: bool = False) -> li
             {
                 "name": name,
                 "in": "query",
-                "required": name in required and not optional,
+                "required": name in required,
                 "description": description,
                 "schema": prop,
             }
@@ -288,7 +338,7 @@ def _speech_path() -> dict[str, Any]:
             "responses": {
                 "200": _speech_ok(),
                 "304": _ref("responses", "NotModified"),
-                **_errors(400, 413, 429, 503),
+                **_errors(400, 413, 429, 500, 503),
             },
         }
     }
@@ -305,10 +355,10 @@ def _coqui_path(models: RequestModels) -> dict[str, Any]:
         "responses": {
             "200": _audio_ok("WAV audio."),
             "304": _ref("responses", "NotModified"),
-            **_errors(400, 413, 429, 503),
+            **_errors(400, 413, 429, 500, 503),
         },
     }
-    body = _ref("schemas", models.coqui.model_json_schema()["title"])
+    body = _ref("schemas", _json_schema(models.coqui)["title"])
     return {
         "get": {
             **op,
@@ -318,8 +368,10 @@ def _coqui_path(models: RequestModels) -> dict[str, Any]:
         "post": {
             **op,
             "operationId": "coquiTtsPost",
-            # The body carries the fields; the query string may carry (or add) them too.
-            "parameters": [*query_parameters(models.coqui, optional=True), *COND_PARAMS],
+            # The body carries the fields. (The query string and headers may too, as Coqui's
+            # server reads them: said in the description, not as parameters, because a schema
+            # cannot say "text in the body or in the query", and the body's schema needs it.)
+            "parameters": COND_PARAMS,
             "requestBody": {
                 "required": True,
                 "content": {
@@ -341,7 +393,7 @@ def _synthesize_path(models: RequestModels) -> dict[str, Any]:
             "responses": {
                 "200": _audio_ok("The audio."),
                 "304": _ref("responses", "NotModified"),
-                **_errors(400, 429, 503),
+                **_errors(400, 429, 500, 503),
             },
         }
     }
@@ -445,11 +497,7 @@ def _stored_audio_path() -> dict[str, Any]:
             ],
             "responses": {
                 "200": _audio_ok("The stored audio (Cache-Control: public, max-age)."),
-                "206": {
-                    "description": "The asked byte range; Content-Range says which.",
-                    "headers": {"Content-Range": {"schema": {"type": "string"}}},
-                    "content": {"application/octet-stream": {"schema": {"type": "string"}}},
-                },
+                "206": _partial(_audio_ok("")),
                 "304": _ref("responses", "NotModified"),
                 **_errors(400, 404, 416),
             },
@@ -491,7 +539,14 @@ EXT_PARAM = {
 CONDITIONS = [*COND_PARAMS, {"$ref": "#/components/parameters/IfModifiedSince"}]
 
 
-def _telephony_paths() -> dict[str, Any]:
+def _jambonz_audio(settings: Settings) -> dict[str, Any]:
+    ok = _audio_ok("The audio, as `jambonz_content_type` (jambonz compares the string).")
+    media = settings.jambonz_content_type
+    ok["content"] = {media: {"schema": {"type": "string", "contentMediaType": media}}}
+    return ok
+
+
+def _telephony_paths(settings: Settings) -> dict[str, Any]:
     say_params = [
         {
             "name": "voice",
@@ -506,7 +561,12 @@ def _telephony_paths() -> dict[str, Any]:
             "required": True,
             "description": "The text, percent-encoded as one path segment: `/` as %2F, `%` as "
             "%25, `?` as %3F, `#` as %23, `&` as %26; the extension follows the last `.`.",
-            "schema": {"type": "string"},
+            "schema": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": settings.max_input_chars,
+                "pattern": SPEAKABLE,
+            },
         },
         EXT_PARAM,
         *CONDITIONS,
@@ -514,7 +574,7 @@ def _telephony_paths() -> dict[str, Any]:
     say_responses: dict[str, Any] = {
         "200": _player_audio("The audio."),
         "304": _ref("responses", "NotModified"),
-        **_errors(400, 503),
+        **_errors(400, 500, 503),
     }
     say: dict[str, Any] = {
         "tags": ["telephony"],
@@ -545,8 +605,9 @@ def _telephony_paths() -> dict[str, Any]:
                 ],
                 "responses": {
                     "200": _player_audio("The audio (Cache-Control: public, max-age)."),
+                    "206": _partial(_player_audio("")),
                     "304": _ref("responses", "NotModified"),
-                    **_errors(400, 404),
+                    **_errors(400, 404, 416),
                 },
             }
         },
@@ -566,13 +627,15 @@ def _telephony_paths() -> dict[str, Any]:
                         "name": "token",
                         "in": "path",
                         "required": True,
-                        "description": "HMAC-SHA256 (url_signing_secret) over voice, text, "
-                        "extension and expiry: `{mac}` or `{expires}.{mac}`.",
+                        "description": "`{expires}~{key}~{mac}`: the expiry (Unix seconds), "
+                        "the name of the API key that signed it (empty without a keys file), "
+                        "and HMAC-SHA256 (url_signing_secret) over voice, text, extension, "
+                        "expiry and key. The URL is charged to that key's budget (429 past it).",
                         "schema": {"type": "string"},
                     },
                     *say_params,
                 ],
-                "responses": {**say_responses, **_errors(403)},
+                "responses": {**say_responses, **_errors(403, 429)},
             }
         },
         "/v1/say/sign": {
@@ -593,13 +656,14 @@ def _telephony_paths() -> dict[str, Any]:
             "post": {
                 "tags": ["telephony"],
                 "summary": "jambonz custom TTS vendor",
-                "description": "jambonz's request; answered as `jambonz_content_type` "
-                "(`audio/l16;rate=8000` raw PCM by default, `audio/l16;rate=16000`, or 8 kHz "
-                "`audio/wav`). `type: ssml` is a 400 for now.",
+                "description": "jambonz's request; answered as `jambonz_content_type`: "
+                + ", ".join(f"`{media}`" for media in JAMBONZ_ENCODINGS)
+                + " (raw 16-bit PCM at the rate named, or 8 kHz WAV); "
+                "this server's is the one in the 200 answer's content.",
                 "requestBody": _json_body("JambonzRequest"),
                 "responses": {
-                    "200": _audio_ok("The audio."),
-                    **_errors(400, 413, 503),
+                    "200": _jambonz_audio(settings),
+                    **_errors(400, 413, 500, 503),
                 },
             }
         },
@@ -710,7 +774,7 @@ def _operations_paths() -> dict[str, Any]:
                 "summary": "This document",
                 "responses": {
                     "200": {
-                        "description": "OpenAPI 3.1.",
+                        "description": "OpenAPI 3.2.",
                         "content": {JSON: {"schema": {"type": "object"}}},
                     }
                 },
@@ -766,37 +830,6 @@ def _response_schemas() -> dict[str, Any]:
                 "estimated_audio_s": {"type": "number"},
             },
         },
-        "Error": {
-            "type": "object",
-            "required": ["error"],
-            "properties": {
-                "error": {
-                    "type": "object",
-                    "required": ["message", "type", "param", "code"],
-                    "properties": {
-                        "message": {
-                            "type": "string",
-                            "description": "Safe to show; never echoes the text.",
-                        },
-                        "type": {
-                            "type": "string",
-                            "enum": [
-                                "invalid_request_error",
-                                "permission_error",
-                                "not_found_error",
-                                "server_overloaded",
-                                "server_error",
-                            ],
-                        },
-                        "param": {
-                            "type": ["string", "null"],
-                            "description": "The field at fault.",
-                        },
-                        "code": {"type": ["string", "null"]},
-                    },
-                }
-            },
-        },
         "Voices": {
             "type": "object",
             "properties": {
@@ -846,24 +879,45 @@ def _response_schemas() -> dict[str, Any]:
                 },
             },
         },
-        "Ready": {
-            "type": "object",
-            "properties": {
-                "status": {"type": "string", "enum": ["ready", "degraded", "loading"]},
-                "models": {"type": "object", "additionalProperties": {"type": "boolean"}},
-                "tiers": {
-                    "type": "object",
-                    "description": "Per tier: state ok or degraded (still serving).",
-                    "additionalProperties": {"type": "object"},
-                },
-            },
+    }
+
+
+# The response bodies the code types (gateway.http.errors, .ops, .sse): their schemas are
+# generated from those types, so a value the code can send is a value the document allows.
+TYPED_BODIES: tuple[type, ...] = (Error, Ready, *sse.EVENTS)
+
+
+def typed_schemas() -> dict[str, Any]:
+    """The schemas of :data:`TYPED_BODIES` and the types they contain, by type name; and
+    ``SpeechStreamEvent``, any one of the speech events (told apart by ``type``)."""
+    schemas: dict[str, Any] = json.loads(_typed_schemas_text())
+    return schemas
+
+
+@functools.cache
+def _typed_schemas_text() -> str:
+    _, defs = TypeAdapter.json_schemas(
+        [(t, "serialization", TypeAdapter(t)) for t in TYPED_BODIES],
+        ref_template="#/components/schemas/{model}",
+    )
+    schemas = {name: _strip_titles(schema) for name, schema in defs["$defs"].items()}
+    for schema in schemas.values():  # docstrings mark code ``so``; the document's Markdown `so`
+        if "description" in schema:
+            schema["description"] = schema["description"].replace("``", "`")
+    events = {t.__name__: schemas[t.__name__]["properties"]["type"]["const"] for t in sse.EVENTS}
+    schemas["SpeechStreamEvent"] = {
+        "oneOf": [_ref("schemas", name) for name in events],
+        "discriminator": {
+            "propertyName": "type",
+            "mapping": {kind: f"#/components/schemas/{name}" for name, kind in events.items()},
         },
     }
+    return json.dumps(schemas)
 
 
 def _components(settings: Settings, models: RequestModels) -> dict[str, Any]:
     return {
-        "schemas": {**request_schemas(models), **_response_schemas()},
+        "schemas": {**request_schemas(models), **_response_schemas(), **typed_schemas()},
         "parameters": {
             "IfNoneMatch": {
                 "name": "If-None-Match",
@@ -921,8 +975,19 @@ def _components(settings: Settings, models: RequestModels) -> dict[str, Any]:
                 "description": "No such audio key or route.",
                 "content": {JSON: {"schema": _ref("schemas", "Error")}},
             },
+            "RequestTimeout": {
+                "description": f"The body did not arrive within {settings.body_timeout_s:g} s "
+                "(`body_timeout_s`); the connection is closed.",
+                "headers": {"Connection": {"schema": {"type": "string", "const": "close"}}},
+                "content": {JSON: {"schema": _ref("schemas", "Error")}},
+            },
             "PayloadTooLarge": {
                 "description": f"Body over {settings.max_body_kb} KiB.",
+                "content": {JSON: {"schema": _ref("schemas", "Error")}},
+            },
+            "MisdirectedRequest": {
+                "description": "The Host header names a host this gateway does not serve "
+                "(`allowed_hosts`).",
                 "content": {JSON: {"schema": _ref("schemas", "Error")}},
             },
             "RangeNotSatisfiable": {
@@ -937,6 +1002,11 @@ def _components(settings: Settings, models: RequestModels) -> dict[str, Any]:
                 "headers": {"Retry-After": {"schema": {"type": "integer"}}},
                 "content": {JSON: {"schema": _ref("schemas", "Error")}},
             },
+            "ServerError": {
+                "description": "The engine failed this request (`engine_error`); nothing was "
+                "stored, so a retry synthesizes again.",
+                "content": {JSON: {"schema": _ref("schemas", "Error")}},
+            },
             "Unavailable": {
                 "description": "Synthesis queue full, model loading, or engine unavailable; "
                 "retry after Retry-After seconds (stored audio is still served).",
@@ -948,10 +1018,10 @@ def _components(settings: Settings, models: RequestModels) -> dict[str, Any]:
 
 
 def build_openapi(settings: Settings) -> dict[str, Any]:
-    """The OpenAPI 3.1 document for a server running with ``settings``."""
+    """The OpenAPI 3.2 document for a server running with ``settings``."""
     models = models_for(settings)
     doc: dict[str, Any] = {
-        "openapi": "3.1.0",
+        "openapi": "3.2.0",
         "info": _info(),
         "tags": [
             {"name": "speech", "description": "Text to speech."},
@@ -972,13 +1042,13 @@ def build_openapi(settings: Settings) -> dict[str, Any]:
             "/v1/prompts": _prompts_path(),
             **_listing_paths(),
             **_piper_paths(models),
-            **_telephony_paths(),
+            **_telephony_paths(settings),
             **_operations_paths(),
         },
         "components": _components(settings, models),
     }
     doc["paths"]["/"].update(_studio_path())  # GET / is the studio, POST / Piper's API
-    _add_access(doc["paths"], metrics_open=not settings.metrics_auth)
+    _add_access(doc["paths"], settings)
     doc["components"]["securitySchemes"] = {
         "bearer": {
             "type": "http",
@@ -1006,13 +1076,17 @@ _JSON_BODIES = {
 }
 
 
-def _add_access(paths: dict[str, Any], *, metrics_open: bool) -> None:
-    open_ops = _OPEN | ({("/metrics", "get")} if metrics_open else set())
+def _add_access(paths: dict[str, Any], settings: Settings) -> None:
+    open_ops = _OPEN | (set() if settings.metrics_auth else {("/metrics", "get")})
     for path, item in paths.items():
         for method, op in item.items():
             if not isinstance(op, dict) or "responses" not in op:
                 continue
             responses = op["responses"]
+            if settings.allowed_hosts:  # every route is behind the Host allow-list
+                responses.update(_errors(421))
+            if "requestBody" in op:  # a body that does not arrive within body_timeout_s
+                responses.update(_errors(408))
             if (path, method) in _JSON_BODIES:
                 responses.update(_errors(415))
             if (path, method) in open_ops or path.startswith(_SIGNED):
@@ -1027,7 +1101,7 @@ def render(settings: Settings) -> str:
 
 
 async def openapi_handler(request: web.Request) -> web.Response:
-    """``GET /openapi.json``: this server's OpenAPI 3.1 description."""
+    """``GET /openapi.json``: this server's OpenAPI 3.2 description."""
     body = render(request.app[keys.SETTINGS]).encode()
     return web.Response(body=body, content_type="application/json")
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Annotated, Any, Literal, NotRequired
 
 from aiohttp import web
+from pydantic import Field
+from typing_extensions import TypedDict
 
 from cache.pins import ANONYMOUS, PinQuota, PinQuotaExceeded, PinRegistryError, check_room
 from cache.tier import TierError
@@ -37,7 +39,26 @@ log = logging.getLogger("voxgate.gateway")
 TIER_PROBE_TIMEOUT_S = 1.0
 
 
-async def _probe(tier: Any) -> dict[str, Any]:
+class TierProbe(TypedDict):
+    """One tier's answer to the readiness probe: ``degraded`` still serves (a failing tier is a
+    miss)."""
+
+    state: Literal["ok", "degraded"]
+    entries: NotRequired[int]
+    bytes: NotRequired[int]
+    error: NotRequired[Annotated[str, Field(description="Why the probe failed.")]]
+
+
+class Ready(TypedDict):
+    """The ``/readyz`` body: ``starting`` (no models yet), ``loading`` (warming up; 503), then
+    ``ready`` or ``degraded`` (a tier fails its probe; still 200)."""
+
+    status: Literal["starting", "loading", "ready", "degraded"]
+    models: Annotated[dict[str, bool], Field(description="Per model: loaded and warmed.")]
+    tiers: dict[str, TierProbe]
+
+
+async def _probe(tier: Any) -> TierProbe:
     try:
         stats = await asyncio.wait_for(tier.stats(), TIER_PROBE_TIMEOUT_S)
     except (TierError, TimeoutError, OSError) as exc:
@@ -45,7 +66,7 @@ async def _probe(tier: Any) -> dict[str, Any]:
     return {"state": "ok", "entries": stats.entries, "bytes": stats.bytes}
 
 
-async def readiness(app: web.Application) -> tuple[int, dict[str, Any]]:
+async def readiness(app: web.Application) -> tuple[int, Ready]:
     """Status code and body of ``/readyz``.
 
     Ready means every model is loaded and warmed. A tier that fails its probe is reported as
@@ -60,8 +81,12 @@ async def readiness(app: web.Application) -> tuple[int, dict[str, Any]]:
     tiers = {t.name: p for t, p in zip(service.store.tiers, probes, strict=True)}
     ready = bool(models) and all(models.values())
     degraded = any(p["state"] != "ok" for p in probes)
-    status = ("degraded" if degraded else "ready") if ready else "loading"
-    return (200 if ready else 503), {"status": status, "models": models, "tiers": tiers}
+    body: Ready = {
+        "status": ("degraded" if degraded else "ready") if ready else "loading",
+        "models": models,
+        "tiers": tiers,
+    }
+    return (200 if ready else 503), body
 
 
 def pin_owner(settings: Settings) -> tuple[str, PinQuota]:
@@ -121,7 +146,8 @@ async def prompts(request: web.Request) -> web.Response:
     try:
         check_ids(parsed)
     except CatalogueError as exc:
-        raise BadRequest(str(exc), param="prompts", code="invalid_id") from exc
+        # (Each id's form is the model's to check: what is left is an id used twice.)
+        raise BadRequest(str(exc), param="prompts", code="duplicate_id") from exc
     requests = to_requests(parsed, base, settings, service)
     owner, quota = pin_owner(settings)
     metrics = app[keys.METRICS]

@@ -11,6 +11,7 @@ from gateway.http.conditional import cache_control, http_date
 from gateway.http.hits import PreparedHit
 from gateway.memo import BoundedMemo
 from gateway.runtime.settings import Settings
+from gateway.speech.request import CacheResult
 from gateway.speech.telephony import EXTENSIONS
 from synth import audio
 
@@ -19,7 +20,7 @@ HIT_HEADERS = 8192
 
 
 def audio_headers(
-    key: str, fmt: audio.AudioFormat, rate: int, cache: str, etag: str | None
+    key: str, fmt: audio.AudioFormat, rate: int, cache: CacheResult, etag: str | None
 ) -> dict[str, str]:
     """The headers every audio response carries: type, cache result, key, rate, and the ETag of
     the bytes sent (``etag``; None for a stream, whose bytes are not a stored entry's)."""
@@ -55,7 +56,7 @@ class Presentation:
         key: str,
         fmt: audio.AudioFormat,
         rate: int,
-        cache: str,
+        cache: CacheResult,
         created: float | None,
         etag: str | None,
     ) -> dict[str, str]:

@@ -14,8 +14,11 @@ blank line (OpenAI's speech events carry no ``event:`` line: their ``type`` fiel
 Shapes from OpenAI's API reference (``SpeechAudioDeltaEvent``, ``SpeechAudioDoneEvent``) and what
 the clients parse: LiveKit's OpenAI plugin reads ``data:`` lines, ``type``, ``audio`` and
 ``usage.input_tokens``/``output_tokens``. A failure after the first event cannot change the
-status: an ``error`` event in OpenAI's error shape is sent and the connection is dropped before
-the stream's end, like a failed audio stream.
+status: an ``{"type": "error", "error": {"message", "type", "param", "code"}}`` event (OpenAI's
+error object) is sent and the connection is dropped before the stream's end, like a failed audio
+stream.
+
+The OpenAPI document describes each event (``itemSchema``) from the types below.
 """
 
 from __future__ import annotations
@@ -26,13 +29,19 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator
+from typing import Annotated, Literal
 
 from aiohttp import web
+from pydantic import Field
+from typing_extensions import TypedDict
 
 from cache.entry import Entry
+from gateway.errors import VoxgateError
 from gateway.http import keys
 from gateway.http.connections import write_within
+from gateway.http.errors import ErrorObject, error_object, from_synthesis_error
 from gateway.speech.assembly import SpeechStream
+from synth.errors import SynthesisError
 
 log = logging.getLogger("voxgate.gateway")
 
@@ -42,7 +51,44 @@ DELTA_BYTES = 32 * 1024
 CONTENT_TYPE = "text/event-stream"
 
 
-def event(payload: dict[str, object]) -> bytes:
+class Usage(TypedDict):
+    """OpenAI's usage, and voxgate's own measures. The served engines have no tokens: input
+    tokens count the input's characters, output tokens are 0."""
+
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    input_characters: int
+    audio_seconds: Annotated[float, Field(description="The audio's length.")]
+
+
+class SpeechAudioDeltaEvent(TypedDict):
+    """A piece of the audio, in order: the deltas joined are the audio stream."""
+
+    type: Literal["speech.audio.delta"]
+    audio: Annotated[str, Field(description="Base64 of the audio's bytes in the asked format.")]
+
+
+class SpeechAudioDoneEvent(TypedDict):
+    """The last event of a complete stream."""
+
+    type: Literal["speech.audio.done"]
+    usage: Usage
+
+
+class SpeechErrorEvent(TypedDict):
+    """A failure after the first event; the connection is dropped after it (no done event)."""
+
+    type: Literal["error"]
+    error: ErrorObject
+
+
+# Every event this module sends (the OpenAPI document describes each, from these types).
+SpeechEvent = SpeechAudioDeltaEvent | SpeechAudioDoneEvent | SpeechErrorEvent
+EVENTS: tuple[type, ...] = (SpeechAudioDeltaEvent, SpeechAudioDoneEvent, SpeechErrorEvent)
+
+
+def event(payload: SpeechEvent) -> bytes:
     """One server-sent event carrying ``payload`` as JSON."""
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
@@ -56,7 +102,7 @@ def deltas(data: bytes) -> Iterator[bytes]:
 
 def done(characters: int, audio_s: float) -> bytes:
     """The final ``speech.audio.done`` event with its usage."""
-    usage = {
+    usage: Usage = {
         "input_tokens": characters,
         "output_tokens": 0,
         "total_tokens": characters,
@@ -64,6 +110,14 @@ def done(characters: int, audio_s: float) -> bytes:
         "audio_seconds": round(audio_s, 3),
     }
     return event({"type": "speech.audio.done", "usage": usage})
+
+
+def error_event(exc: Exception) -> bytes:
+    """The ``error`` event for a failure after the first event: OpenAI's error object, its type
+    and code those the failure would have had as a JSON answer."""
+    known = from_synthesis_error(exc) if isinstance(exc, SynthesisError) else VoxgateError("")
+    error = error_object("synthesis failed mid-stream", known.type, code=known.code)
+    return event({"type": "error", "error": error})
 
 
 async def _open(request: web.Request, headers: dict[str, str]) -> web.StreamResponse:
@@ -126,9 +180,8 @@ async def send_stream(
         # stream's end so no client takes the audio for complete.
         metrics.streams.labels("failed").inc()
         log.warning("event stream failed key=%s: %s", stream.key, type(exc).__name__)
-        error = {"message": "synthesis failed mid-stream", "type": "server_error"}
         try:
-            await resp.write(event({"type": "error", "error": error}))
+            await resp.write(error_event(exc))
         finally:
             if request.transport is not None:
                 request.transport.close()

@@ -28,7 +28,7 @@ from prometheus_client import Counter
 
 from cache.entry import Entry
 from gateway.errors import TooManyRequests
-from gateway.speech.request import SpeechRequest, segment_speed
+from gateway.speech.request import CacheResult, SpeechRequest, segment_speed
 from metrics import Metrics
 from synth import audio, sentences
 from synth.engine import Audio
@@ -40,7 +40,7 @@ log = logging.getLogger("voxgate.speech")
 # call) or "coalesced" (joined a synthesis already in flight).
 # fetch_master(request, on_queued): ``on_queued`` is called once the sentence is answered from
 # the store or handed to synthesis, so the next sentence may start its own lookup.
-MasterFetch = Callable[[SpeechRequest, Callable[[], None]], Awaitable[tuple[Audio, str]]]
+MasterFetch = Callable[[SpeechRequest, Callable[[], None]], Awaitable[tuple[Audio, CacheResult]]]
 Store = Callable[[str, Entry], Awaitable[None]]
 # master_key(request, **extra): the format-free key of the request's text (extra parameters join).
 MasterKey = Callable[..., str]
@@ -56,7 +56,7 @@ class Production:
     req: SpeechRequest
     rate: int
     parts: asyncio.Future[list[asyncio.Future[Audio]]]
-    result: asyncio.Task[tuple[Entry, str]] | None = None
+    result: asyncio.Task[tuple[Entry, CacheResult]] | None = None
     # Readers and whole-answer waiters following this production; at 0 it is abandoned.
     waiters: int = 0
     # One event per sentence, set once it is answered from the store or queued for synthesis.
@@ -65,13 +65,13 @@ class Production:
     # How the sentences are joined (set with ``parts``).
     layout: Layout | None = None
     # How each sentence was had ("hit", "miss", "coalesced"), by index, once it has been.
-    outcomes: dict[int, str] = dataclasses.field(default_factory=dict)
+    outcomes: dict[int, CacheResult] = dataclasses.field(default_factory=dict)
 
     async def sentence_parts(self) -> list[asyncio.Future[Audio]]:
         """The per-sentence futures (await each through :func:`asyncio.shield`)."""
         return await asyncio.shield(self.parts)
 
-    async def entry(self) -> tuple[Entry, str]:
+    async def entry(self) -> tuple[Entry, CacheResult]:
         """Wait for the finished, stored rendition (a cancelled waiter does not cancel it)."""
         assert self.result is not None
         return await asyncio.shield(self.result)
@@ -85,7 +85,7 @@ class SpeechStream:
 
     key: str
     rate: int
-    cache: str  # "miss" (this call started the production) or "coalesced"
+    cache: CacheResult  # "miss" (this call started the production) or "coalesced"
     first: bytes
     _rest: list[asyncio.Future[Audio]]
     _encoder: audio.StreamEncoder
@@ -282,7 +282,9 @@ class Assembler:
             prod.result.add_done_callback(lambda _: release())
         return prod, True
 
-    def _finished(self, key: str, prod: Production, task: asyncio.Task[tuple[Entry, str]]) -> None:
+    def _finished(
+        self, key: str, prod: Production, task: asyncio.Task[tuple[Entry, CacheResult]]
+    ) -> None:
         if self._inflight.get(key) is prod:
             del self._inflight[key]
         # Consume outcomes nobody awaited (every reader gone) so asyncio does not warn about them.
@@ -326,7 +328,7 @@ class Assembler:
             if prod.result is not None:
                 prod.result.cancel()
 
-    async def produce(self, req: SpeechRequest, key: str, rate: int) -> tuple[Entry, str]:
+    async def produce(self, req: SpeechRequest, key: str, rate: int) -> tuple[Entry, CacheResult]:
         """Make (or join the making of) rendition ``key`` and return ``(entry, outcome)``: the
         outcome is ``"miss"`` when a sentence was synthesized for it here, ``"coalesced"`` when
         one came from a synthesis another replica ran, else ``"hit"`` (stored masters); and
@@ -375,7 +377,7 @@ class Assembler:
             _release=functools.partial(self._leave, prod),
         )
 
-    async def _run(self, prod: Production) -> tuple[Entry, str]:
+    async def _run(self, prod: Production) -> tuple[Entry, CacheResult]:
         req = prod.req
         loop = asyncio.get_running_loop()
         try:
@@ -390,7 +392,7 @@ class Assembler:
             raise
         prod.layout = layout
         gate = asyncio.Semaphore(self.max_parallel)
-        outcomes: list[str] = []
+        outcomes: list[CacheResult] = []
 
         # Sentences must reach the synthesis queue in text order, so the first sentence (what a
         # stream sends first) is synthesized first. A FIFO semaphore is not enough: each
@@ -422,7 +424,9 @@ class Assembler:
         # retry, and a stream reader following them never sees a part cancelled under it.
         masters = await asyncio.gather(*parts)
         synthesized = "miss" in outcomes
-        outcome = "miss" if synthesized else "coalesced" if "coalesced" in outcomes else "hit"
+        outcome: CacheResult = (
+            "miss" if synthesized else "coalesced" if "coalesced" in outcomes else "hit"
+        )
         if not synthesized:
             self.metrics.transcodes.labels(req.fmt.name).inc()
         # The rendition names its masters, so another encoding of it is a transcode of them

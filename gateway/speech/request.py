@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from cache.entry import Entry
 from synth import audio
 from synth.engine import ParamValue
+
+# How the store answered a request: "hit" (stored), "miss" (synthesized for this request) or
+# "coalesced" (joined an identical request in flight). Sent as the X-Cache header, upper-cased.
+CacheResult = Literal["hit", "miss", "coalesced"]
+CACHE_RESULTS: tuple[CacheResult, ...] = get_args(CacheResult)
 
 # An SSML rate multiplies the request's speed; the product stays within what a request may ask.
 MIN_SEGMENT_SPEED, MAX_SEGMENT_SPEED = 0.25, 4.0
@@ -99,4 +105,4 @@ class SpeechResult:
 
     entry: Entry
     key: str
-    cache: str  # "hit", "miss" (synthesized for this request) or "coalesced"
+    cache: CacheResult

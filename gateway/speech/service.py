@@ -23,7 +23,13 @@ from cache.store import TieredStore
 from gateway.errors import BadRequest
 from gateway.memo import BoundedMemo
 from gateway.speech.assembly import Assembler, SpeechStream, plan
-from gateway.speech.request import Segment, SpeechRequest, SpeechResult, segment_speed
+from gateway.speech.request import (
+    CacheResult,
+    Segment,
+    SpeechRequest,
+    SpeechResult,
+    segment_speed,
+)
 from gateway.speech.telephony import Transcoder
 from metrics import Metrics
 from synth import audio, sentences
@@ -110,7 +116,9 @@ class SpeechService:
         self.models = dict(models)
         self.metrics = metrics
         # Cancelled once every waiter is gone, so the production below learns nobody waits.
-        self._renditions: SingleFlight[tuple[Entry, str]] = SingleFlight(cancel_abandoned=True)
+        self._renditions: SingleFlight[tuple[Entry, CacheResult]] = SingleFlight(
+            cancel_abandoned=True
+        )
         # A master and whether this replica made it (False: adopted from another's synthesis).
         self._masters: SingleFlight[tuple[Audio, bool]] = SingleFlight()
         # Set when Redis is configured (issue 4): one replica of many synthesizes each master.
@@ -277,7 +285,9 @@ class SpeechService:
             return SpeechResult(entry, rk, "coalesced")
         return SpeechResult(entry, rk, outcome)
 
-    async def _produce(self, req: SpeechRequest, mk: str, rk: str, rate: int) -> tuple[Entry, str]:
+    async def _produce(
+        self, req: SpeechRequest, mk: str, rk: str, rate: int
+    ) -> tuple[Entry, CacheResult]:
         """Make the rendition ``rk`` from its sentences' masters (stored ones are transcoded, the
         others synthesized concurrently); see :mod:`gateway.speech.assembly`."""
         return await self.assembler.produce(req, rk, rate)
@@ -293,7 +303,7 @@ class SpeechService:
 
     async def master_audio(
         self, req: SpeechRequest, on_queued: Callable[[], None] | None = None
-    ) -> tuple[Audio, str]:
+    ) -> tuple[Audio, CacheResult]:
         """The master audio of ``req`` (one sentence) and how it was had: ``"hit"`` (stored),
         ``"miss"`` (synthesized for this call) or ``"coalesced"`` (joined one in flight).
 

@@ -31,6 +31,7 @@ from cache.store import TieredStore
 from gateway.errors import BadRequest, NotFound
 from gateway.memo import BoundedMemo
 from gateway.speech.assembly import RenderShare
+from gateway.speech.request import CacheResult
 from metrics import Metrics
 from synth import audio, sentences
 from synth.engine import Engine
@@ -113,7 +114,7 @@ class Transcoded:
 
     key: str
     entry: Entry
-    cache: str
+    cache: CacheResult
 
 
 class Transcoder:
