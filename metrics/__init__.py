@@ -331,6 +331,15 @@ class Metrics:
             registry=r,
         )
 
+        self.wyoming_dropped = Counter(
+            "voxgate_wyoming_connections_dropped_total",
+            "Wyoming connections the server closed, by reason: idle (no event within "
+            "wyoming_idle_timeout_s) or write_timeout (the client took no audio within "
+            "write_timeout_s).",
+            ["reason"],
+            registry=r,
+        )
+
         # --- Redis tier and cross-replica single flight (issue 4) ------------------------------
         self.redis_errors = Counter(
             "voxgate_redis_errors_total",

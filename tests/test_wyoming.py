@@ -10,12 +10,17 @@ What the client does is what Home Assistant's wyoming integration does
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
+import socket
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 import soundfile as sf
 from aiohttp.test_utils import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
@@ -35,6 +40,7 @@ from gateway.http import keys
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 from tests.conftest import GatewayFactory
+from tests.ops_support import ServerProcess
 from tests.support import CountingEngine
 
 TEXT = "Turning on the kitchen lights. They will dim at ten."
@@ -256,3 +262,115 @@ async def test_ssml_over_wyoming_shares_the_http_audio(
     paused = await say(port, '<speak>Press one.<break time="1s"/></speak>')
     assert 0.75 <= paused.seconds - plain.seconds <= 1.0  # the break, less the trimmed tail
     assert syntheses(metrics) == 1
+
+
+# ---- the default topology: `voxgate serve --wyoming-port N`, as Home Assistant users start it --
+
+# A text whose audio (about 3 s, 130 KB of PCM) is far more than a socket buffers for a client
+# that has stopped reading.
+LONG_TEXT = "The front door is locked. The garage door is closed. All the lights are off."
+
+
+@pytest.fixture(scope="module", params=["auto", "asyncio"])
+def served(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[ServerProcess, int]]:
+    """`voxgate serve` with no topology flags (a gateway process per core sharing the Wyoming
+    port, the shared pool host, uvloop) and again on asyncio; short idle and write timeouts so
+    that the tests of them wait seconds, not minutes."""
+    port = free_port()
+    args = ["--wyoming-port", str(port), "--wyoming-idle-timeout-s", "2", "--write-timeout-s", "2"]
+    if request.param != "auto":
+        args += ["--event-loop", request.param]
+    server = ServerProcess(tmp_path_factory.mktemp(f"wyoming-{request.param}"), *args)
+    try:
+        server.wait_ready(workers=2)
+        loop = "uvloop" if request.param == "auto" else request.param
+        assert server.logs().count(f"event loop: {loop}") >= 2, server.logs()
+        yield server, port
+        assert server.terminate() == 0, server.logs()
+    finally:
+        server.close()
+
+
+async def dropped(server: ServerProcess, reason: str) -> float:
+    """``voxgate_wyoming_connections_dropped_total{reason}`` summed over the gateway processes."""
+    text = await asyncio.to_thread(server.metrics)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if (
+                sample.name == "voxgate_wyoming_connections_dropped_total"
+                and sample.labels.get("reason") == reason
+            ):
+                return float(sample.value)
+    return 0.0
+
+
+async def test_every_gateway_process_serves_wyoming(
+    served: tuple[ServerProcess, int],
+) -> None:
+    """Every process listens on the one port (SO_REUSEPORT): concurrent clients, spread over
+    them by the kernel, all get their audio, and HTTP is ready beside it."""
+    server, port = served
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        await client.write_event(Describe().event())
+        event = await client.read_event()
+    assert event is not None and Info.is_type(event.type)
+    assert [v.name for v in Info.from_event(event).tts[0].voices] == ["joe"]
+    spoken = await asyncio.gather(*(say(port, f"Timer {i % 3} is done.") for i in range(12)))
+    assert all(s.rate == 22050 and s.seconds > 0.5 for s in spoken)
+    assert spoken[0].audio == spoken[3].audio  # the same text: the same stored audio
+    status, _ = await asyncio.to_thread(server.get, "/readyz")
+    assert status == 200
+
+
+async def test_an_idle_client_is_closed(served: tuple[ServerProcess, int]) -> None:
+    """A client that sends nothing (or nothing more, or not the rest of an event) is closed
+    after wyoming_idle_timeout_s."""
+    server, port = served
+    before = await dropped(server, "idle")
+    async with asyncio.timeout(30):
+        async with AsyncTcpClient("127.0.0.1", port) as silent:
+            assert await silent.read_event() is None  # the server closed it
+        async with AsyncTcpClient("127.0.0.1", port) as quiet:
+            await quiet.write_event(Describe().event())
+            event = await quiet.read_event()
+            assert event is not None and Info.is_type(event.type)
+            assert await quiet.read_event() is None
+        async with AsyncTcpClient("127.0.0.1", port) as stalled:
+            assert stalled._writer is not None
+            stalled._writer.write(b'{"type": "synthesize", "data_length": 100}\n{"text": ')
+            await stalled._writer.drain()
+            assert await stalled.read_event() is None  # half an event is not kept open
+    assert await dropped(server, "idle") >= before + 3
+    spoken = await say(port, "Still here.")
+    assert spoken.seconds > 0.3
+
+
+async def test_a_client_that_stops_reading_is_cut_off(served: tuple[ServerProcess, int]) -> None:
+    """A client that asks for audio and never reads it is dropped after write_timeout_s: the
+    audio does not pile up in the gateway."""
+    server, port = served
+    before = await dropped(server, "write_timeout")
+    # A small receive buffer, so the server's writes stall after little audio (the kernel
+    # would otherwise buffer megabytes on loopback).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    client = AsyncTcpClient("127.0.0.1", port)
+    client._reader, client._writer = reader, writer  # the package's client over this socket
+    for _ in range(100):  # up to 13 MB of audio asked for; none of it read
+        await client.write_event(Synthesize(text=LONG_TEXT).event())
+    async with asyncio.timeout(120):  # (the first answer is a synthesis; the rest are hits)
+        while await dropped(server, "write_timeout") < before + 1:  # noqa: ASYNC110 - a metric
+            await asyncio.sleep(0.1)
+    # What the server had sent before it gave up can still be read, then the connection ends.
+    async with asyncio.timeout(30):
+        with contextlib.suppress(ConnectionResetError):
+            while await reader.read(65536):
+                pass
+    writer.close()
+    spoken = await say(port, LONG_TEXT)
+    assert spoken.seconds > 2.0

@@ -179,7 +179,11 @@ def create_app(
             app[keys.METRICS],
             reuse_port=os.environ.get(WORKER_INDEX_ENV) is not None,
         )
-        await server.start()
+        try:
+            await server.start()
+        except BaseException:
+            await server.close()  # (a port bound before the failure is not left open)
+            raise
         app[keys.WYOMING] = server
         try:
             yield

@@ -168,8 +168,9 @@ class Settings(BaseSettings):
     write_timeout_s: float = _opt(
         "server",
         30.0,
-        "Seconds one piece of a streamed answer (chunked audio, events, a WebSocket message) may "
-        "wait for a slow reader to take it; beyond it the connection is dropped.",
+        "Seconds one piece of a streamed answer (chunked audio, events, a WebSocket message, a "
+        "Wyoming event) may wait for a slow reader to take it; beyond it the connection is "
+        "dropped.",
         gt=0,
     )
     max_connections: int = _opt(
@@ -517,8 +518,17 @@ class Settings(BaseSettings):
     wyoming_max_connections: int = _opt(
         "wyoming",
         64,
-        "Wyoming connections served at once; one more is sent an error event and closed.",
+        "Wyoming connections served at once per gateway process; one more is sent an error "
+        "event and closed.",
         ge=1,
+    )
+    wyoming_idle_timeout_s: float = _opt(
+        "wyoming",
+        60.0,
+        "Seconds a Wyoming connection may wait for the client's next event (or for the rest of "
+        "one it began); beyond it the connection is closed. Home Assistant opens a connection "
+        "per utterance, and streams a reply's text as a language model writes it.",
+        gt=0,
     )
     wyoming_samples_per_chunk: int = _opt(
         "wyoming", 1024, "Samples in each audio-chunk event the Wyoming server sends.", ge=64

@@ -24,7 +24,13 @@ Reading is the one part not left to the package: its ``async_read_event`` trusts
 each event's header line, data and payload are bounded (an oversized payload is read in pieces and
 dropped), so a hostile client costs bounded memory; events themselves are still the package's
 :class:`~wyoming.event.Event`. Connections are bounded by ``wyoming_max_connections``: one more is
-sent an ``error`` event and closed.
+sent an ``error`` event and closed. Time is bounded too: a client that sends no event for
+``wyoming_idle_timeout_s`` (or takes longer than that to send the rest of one it began) is
+closed, and one that stops reading, so that an event cannot be handed to its socket within
+``write_timeout_s``, is cut off (counted in ``voxgate_wyoming_connections_dropped_total``).
+
+The listening socket is asyncio's ``start_server`` (with ``reuse_port`` under ``serve --workers
+N``): on uvloop it is uvloop's own server class, so nothing here may assume ``asyncio.Server``.
 """
 
 from __future__ import annotations
@@ -32,12 +38,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from functools import partial
 from typing import Any
 
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.error import Error
-from wyoming.event import Event
+from wyoming.event import Event, async_write_event
 from wyoming.info import Attribution, Describe, Info, TtsProgram, TtsVoice
 from wyoming.ping import Ping, Pong
 from wyoming.server import AsyncEventHandler, AsyncTcpServer, HandlerFactory
@@ -91,15 +98,41 @@ class BadEvent(Exception):
         self.fatal = fatal
 
 
-async def read_event(reader: asyncio.StreamReader, max_data: int) -> Event | None:
+class Dropped(Exception):
+    """The connection is given up on: the client was idle, or stopped reading (``reason``)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+async def read_event(
+    reader: asyncio.StreamReader, max_data: int, idle_s: float = math.inf
+) -> Event | None:
     """The next event, or None at the end of the stream; :class:`BadEvent` for one that breaks
-    the rules (the bytes it declared are consumed, so the next event can still be read)."""
+    the rules (the bytes it declared are consumed, so the next event can still be read);
+    :class:`Dropped` when no header line comes within ``idle_s``, or the rest of the event
+    does not come within ``idle_s`` of its header."""
     try:
-        line = await reader.readline()
+        async with asyncio.timeout(idle_s):
+            line = await reader.readline()
     except ValueError as exc:  # longer than the reader's limit: the framing is lost
         raise BadEvent(f"event header longer than {MAX_LINE} bytes", fatal=True) from exc
+    except TimeoutError:
+        raise Dropped("idle", f"no event for {idle_s:g} s (wyoming_idle_timeout_s)") from None
     if not line:
         return None
+    try:
+        async with asyncio.timeout(idle_s):
+            return await _read_rest(reader, line, max_data)
+    except TimeoutError:
+        raise Dropped(
+            "idle", f"an event's data took over {idle_s:g} s (wyoming_idle_timeout_s)"
+        ) from None
+
+
+async def _read_rest(reader: asyncio.StreamReader, line: bytes, max_data: int) -> Event:
+    """The event whose header is ``line``: its data read and checked, its payload dropped."""
     try:
         header = json.loads(line)
     except (ValueError, RecursionError) as exc:
@@ -164,16 +197,31 @@ class SpeechEventHandler(AsyncEventHandler):
         self._stream_voice: dict[str, Any] | None = None
         self._pending = ""
 
+    async def write_event(self, event: Event) -> None:
+        """Send ``event``, or drop the connection (:class:`Dropped`) when the client has not
+        taken it within ``write_timeout_s`` (it stopped reading: audio would pile up)."""
+        timeout_s = self.settings.write_timeout_s
+        try:
+            async with asyncio.timeout(timeout_s):
+                await async_write_event(event, self.writer)
+        except TimeoutError:
+            # abort(), not close(): close() would wait to flush to the very reader that stalls.
+            self.writer.transport.abort()
+            raise Dropped(
+                "write_timeout", f"client did not read for {timeout_s:g} s (write_timeout_s)"
+            ) from None
+
     async def run(self) -> None:
         """Read events until the client leaves; answer each (a bad one with an error event)."""
         max_data = max(MAX_LINE, 4 * self.settings.max_input_chars + 4096)
+        idle_s = self.settings.wyoming_idle_timeout_s
         task = asyncio.current_task()
         assert task is not None
         self.server.tasks.add(task)
         try:
             while True:
                 try:
-                    event = await read_event(self.reader, max_data)
+                    event = await read_event(self.reader, max_data, idle_s)
                 except BadEvent as exc:
                     self.metrics.wyoming_events.labels("other", "error").inc()
                     await self.write_event(Error(text=str(exc), code=exc.code).event())
@@ -185,6 +233,9 @@ class SpeechEventHandler(AsyncEventHandler):
                 await self.handle_event(event)
         except (ConnectionError, asyncio.IncompleteReadError):
             log.debug("wyoming client went away")
+        except Dropped as exc:
+            self.metrics.wyoming_dropped.labels(exc.reason).inc()
+            log.info("wyoming client dropped: %s", exc)
         finally:
             self.writer.close()
             self.server.tasks.discard(task)
@@ -388,19 +439,19 @@ class _TcpServer(AsyncTcpServer):
     def __init__(self, host: str, port: int, *, reuse_port: bool) -> None:
         super().__init__(host, port)
         self.reuse_port = reuse_port
+        # The port listened on (the asked one, or the one the OS chose for 0), once started.
+        self.port_bound = 0
 
     async def start(self, handler_factory: HandlerFactory) -> None:
         callback = partial(self._handler_callback, handler_factory)
-        self._server = await asyncio.start_server(
+        server = await asyncio.start_server(
             callback, host=self.host, port=self.port, limit=MAX_LINE, reuse_port=self.reuse_port
         )
-        await self._server.start_serving()
-
-    @property
-    def port_bound(self) -> int:
-        """The port listened on (the asked one, or the one the OS chose for 0)."""
-        assert isinstance(self._server, asyncio.Server)
-        return int(self._server.sockets[0].getsockname()[1])
+        self._server = server
+        # Its port, read now: on uvloop the server is uvloop's class, not asyncio.Server (only
+        # what both have is used: ``sockets`` and the AbstractServer methods).
+        self.port_bound = int(server.sockets[0].getsockname()[1])
+        await server.start_serving()
 
 
 class WyomingServer:
