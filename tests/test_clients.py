@@ -11,10 +11,12 @@ from __future__ import annotations
 import base64
 import io
 import json
+import logging
 from typing import Any
 
 import aiohttp
 import numpy as np
+import pytest
 import soundfile as sf
 from aiohttp.test_utils import TestClient
 from openai import AsyncOpenAI
@@ -135,13 +137,19 @@ async def test_pipecat_piper_http_tts_service(gateway: GatewayFactory) -> None:
     assert np.abs(first).max() < 2000
 
 
-async def test_livekit_openai_tts_plugin(gateway: GatewayFactory) -> None:
+async def test_livekit_openai_tts_plugin(
+    gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+) -> None:
     """LiveKit Agents' OpenAI TTS plugin: for a model other than tts-1 it asks for
-    ``stream_format: "sse"`` (MP3 deltas, decoded to 24 kHz frames); for tts-1, streamed audio."""
+    ``stream_format: "sse"`` (MP3 deltas, decoded to 24 kHz frames); for tts-1, streamed audio.
+    Each answer's X-Request-Id becomes the utterance's request id (without one, the plugin
+    warns "no request_id provided" on every utterance)."""
     from livekit.plugins import openai as lk_openai
 
+    caplog.set_level(logging.WARNING)
     http = await gateway()
     reference = await wav_seconds(http)
+    ids: list[str] = []
     for model, fmt in (("gpt-4o-mini-tts", "mp3"), ("tts-1", "pcm")):
         tts = lk_openai.TTS(
             model=model,
@@ -152,10 +160,14 @@ async def test_livekit_openai_tts_plugin(gateway: GatewayFactory) -> None:
         )
         try:
             async with tts.synthesize(TEXT) as stream:
-                frames = [event.frame async for event in stream]
+                events = [event async for event in stream]
+                frames = [event.frame for event in events]
+                ids.extend({event.request_id for event in events})
         finally:
             await tts.aclose()
         seconds = sum(f.samples_per_channel / f.sample_rate for f in frames)
         assert frames and {f.sample_rate for f in frames} == {24000}
         # MP3 adds its encoder delay and padding (tens of ms): still well within 3%.
         assert close_to(seconds, reference), (model, seconds, reference)
+    assert len(ids) == 2 and len(set(ids)) == 2 and "unknown" not in ids and "" not in ids
+    assert not [r for r in caplog.records if "request_id" in r.getMessage()], caplog.text

@@ -10,6 +10,7 @@ from urllib.parse import quote
 
 import pytest
 
+from gateway.http import keys
 from gateway.http.hits import PreparedHit
 from gateway.runtime.settings import Settings
 from metrics import Metrics
@@ -68,16 +69,18 @@ async def exchange(
 async def test_a_hit_sends_what_an_ordinary_response_sends(
     gateway: GatewayFactory, settings: Settings
 ) -> None:
-    """The same hit from an app with a response-prepare receiver (CORS on, no Origin sent, so it
-    adds nothing) goes out as an ordinary aiohttp response: the headers must be the same."""
+    """The same hit from an app with a response-prepare receiver besides the request-id stamp
+    (CORS on, no Origin sent, so it adds nothing) goes out as an ordinary aiohttp response: the
+    headers must be the same, the client's X-Request-Id included."""
     fast = await gateway()
     ordinary = await gateway(settings=settings.replace(cors_origins="https://app.example"))
-    assert not fast.app.on_response_prepare and ordinary.app.on_response_prepare
+    assert fast.app[keys.FAST_HITS] and not ordinary.app[keys.FAST_HITS]
     sent: list[tuple[dict[str, str], bytes]] = []
     for client in (fast, ordinary):
         # (The second app shares the first's disk tier: its first answer is a disk hit.)
         audio = await (await client.post("/v1/audio/speech", json=BODY)).read()
-        (answer,), _ = await exchange(client.port, post_bytes(BODY))
+        ask = post_bytes(BODY, extra="X-Request-Id: call-7f3a:leg.2\r\n")
+        (answer,), _ = await exchange(client.port, ask)
         status, headers, body = answer
         assert status == "HTTP/1.1 200 OK"
         assert headers["x-cache"] == "HIT" and body == audio
@@ -87,6 +90,7 @@ async def test_a_hit_sends_what_an_ordinary_response_sends(
 
     fast_date, ordinary_date = fast_headers.pop("date"), ordinary_headers.pop("date")
     assert fast_headers == ordinary_headers  # the same bytes, the same ETag
+    assert fast_headers["x-request-id"] == "call-7f3a:leg.2"
     assert fast_date.endswith(" GMT") and len(fast_date) == len(ordinary_date) == 29
 
 

@@ -32,6 +32,7 @@ from gateway.http.observe import RequestObserver
 from gateway.http.openapi import openapi_handler
 from gateway.http.origins import add_cors
 from gateway.http.presentation import Presentations
+from gateway.http.requestid import RequestIds, add_request_ids
 from gateway.http.telephony import (
     AUDIO_EXT_ROUTE,
     SAY_ROUTE,
@@ -104,6 +105,10 @@ def create_app(
     app[keys.AUTH].on_reload.append(app[keys.KEYED_SOCKETS].rekey)
     app[keys.CORS_ORIGINS] = frozenset(settings.cors_origins)
     add_cors(app, app[keys.CORS_ORIGINS])
+    request_ids = RequestIds()
+    add_request_ids(app, request_ids)
+    # The memory hit's own writer writes the request id and nothing else a receiver would add.
+    app[keys.FAST_HITS] = len(app.on_response_prepare) == 1
     # With keys on and Redis configured, one budget per key across replicas (a lazy client:
     # nothing connects until a limited key is used).
     app[keys.LIMITS] = KeyLimits(
@@ -235,6 +240,7 @@ def create_app(
         ],
         json_bodies=JSON_BODIES if settings.require_json_content_type else frozenset(),
         allowed_hosts=frozenset(settings.allowed_hosts),
+        request_ids=request_ids,
     )
     return app
 

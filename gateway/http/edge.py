@@ -3,6 +3,7 @@ and the 404/405 fallbacks."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 
@@ -14,12 +15,15 @@ from gateway.http.auth import Access, guarded
 from gateway.http.errors import Handler, error_response, error_response_for, rejection_reason
 from gateway.http.observe import RequestObserver
 from gateway.http.origins import host_checked, preflight
+from gateway.http.requestid import PREPARED, REQUEST_ID, RequestIds
 
 
-def edge(route: str, handler: Handler, observer: RequestObserver) -> Handler:
+def edge(route: str, handler: Handler, observer: RequestObserver, ids: RequestIds) -> Handler:
     """Wrap ``handler`` (registered under the template ``route``): every failure becomes a JSON
     error (the server keeps serving), and every request is counted, timed and logged by the
-    app's ``observer`` (one JSON access-log line, never the text).
+    app's ``observer`` (one JSON access-log line, never the text), under its request id
+    (``ids``: the client's ``X-Request-Id``, or one made here; gateway.http.requestid puts it on
+    the response).
 
     This wraps each route rather than being an aiohttp middleware: with any middleware at all,
     aiohttp builds a chain and adds a frame of its own to every request, which was a tenth of a
@@ -27,15 +31,38 @@ def edge(route: str, handler: Handler, observer: RequestObserver) -> Handler:
     (:func:`add_routes`), so they are answered and counted the same way.
     """
     observe = observer.observe  # (the app's, fixed when it is built: no lookup per request)
+    request_id = ids.of
 
     async def wrapped(request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
+        rid = request[REQUEST_ID] = request_id(request)
         failure: Exception | None = None
         try:
             response = await handler(request)
         except Exception as exc:  # every failure is answered: error_response_for says how
             response = error_response_for(request, exc)
             failure = exc
+        except asyncio.CancelledError:
+            # The client left and aiohttp cancelled the handler. One whose headers had gone out
+            # (a WebSocket its client closed, a stream cut short) was answered: count and log
+            # it, then let the cancellation go on.
+            prepared = request.get(PREPARED)
+            if prepared is not None:
+                elapsed = time.perf_counter() - started
+                get = request.get
+                observe(
+                    route,
+                    request.method,
+                    prepared.status,
+                    get(keys.CACHE_RESULT, "none"),
+                    get(keys.AUDIO_KEY),
+                    elapsed,
+                    prepared.body_length,
+                    get(keys.FIRST_BYTE_AT, started + elapsed) - started,
+                    get(keys.CLIENT_NAME),
+                    rid,
+                )
+            raise
         elapsed = time.perf_counter() - started
         if response.status >= 400:
             # Every 4xx its input caused is counted here, once (a 416 is answered, not raised).
@@ -62,6 +89,7 @@ def edge(route: str, handler: Handler, observer: RequestObserver) -> Handler:
             sent,
             ttfb,
             get(keys.CLIENT_NAME),  # the API key's name, set by gateway.http.auth
+            rid,
         )
         return response
 
@@ -125,22 +153,25 @@ def add_routes(
     *,
     json_bodies: frozenset[tuple[str, str]] = frozenset(),
     allowed_hosts: frozenset[str] = frozenset(),
+    request_ids: RequestIds | None = None,
 ) -> None:
     """Register ``(method, path, handler, access)`` routes, each behind its access check
     (:func:`gateway.http.auth.guarded`: none for open routes; with a JSON Content-Type check for
     the ``(method, path)`` pairs in ``json_bodies``), behind the Host allow-list when
     ``allowed_hosts`` is set, and wrapped by :func:`edge`; every path answers its other methods
     with 405, and unknown paths get 404 (both counted as usual). The app's observer
-    (``keys.OBSERVER``) must be set first."""
+    (``keys.OBSERVER``) must be set first; ``request_ids`` names the requests (gateway.http.app
+    passes the ones its response-prepare stamp uses)."""
 
     def outer(handler: Handler) -> Handler:
         return host_checked(allowed_hosts, handler) if allowed_hosts else handler
 
     observer = app[keys.OBSERVER]
+    ids = request_ids if request_ids is not None else RequestIds()
     methods: dict[str, list[str]] = {}
     for method, path, handler, access in routes:
         inner = guarded(access, handler, json_body=(method, path) in json_bodies)
-        wrapped = edge(path, outer(inner), observer)
+        wrapped = edge(path, outer(inner), observer, ids)
         if method == "GET":
             app.router.add_get(path, wrapped)
             methods.setdefault(path, []).extend(["GET", "HEAD"])
@@ -148,5 +179,7 @@ def add_routes(
             app.router.add_route(method, path, wrapped, expect_handler=expect_continue)
             methods.setdefault(path, []).append(method)
     for path, allowed in methods.items():
-        app.router.add_route("*", path, edge(path, outer(method_not_allowed(allowed)), observer))
-    app.router.add_route("*", "/{tail:.*}", edge("unmatched", outer(no_route), observer))
+        app.router.add_route(
+            "*", path, edge(path, outer(method_not_allowed(allowed)), observer, ids)
+        )
+    app.router.add_route("*", "/{tail:.*}", edge("unmatched", outer(no_route), observer, ids))

@@ -15,9 +15,10 @@ this was most of what separated a gateway hit from bare aiohttp serving the same
 (docs/architecture.md, "Hit path cost").
 
 It is used only where nothing else may change the response: no ``on_response_prepare``
-receivers on the app (the CORS headers of ``cors_origins`` are added by one; with CORS on, hits
-go out as ordinary responses), and only for a plain 200 (conditional and range requests take the
-ordinary path).
+receivers on the app but the request-id stamp, whose ``X-Request-Id`` line it writes itself
+(:data:`FAST_HITS`, set by the app; the CORS headers of ``cors_origins`` are added by another
+receiver: with CORS on, hits go out as ordinary responses), and only for a plain 200
+(conditional and range requests take the ordinary path).
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ from aiohttp.http import SERVER_SOFTWARE
 from multidict import CIMultiDict
 
 from gateway.http.conditional import SEPARATE_HEADERS_FROM, audio_body
+from gateway.http.requestid import REQUEST_ID
+
+# True when the app's only response-prepare receiver is the request-id stamp (module doc).
+FAST_HITS = web.AppKey("fast_hits", bool)
 
 # What aiohttp refuses in a header (http_writer._safe_header): control characters but tab.
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
@@ -113,8 +118,17 @@ class HitResponse(web.StreamResponse):
         keep_alive = request.keep_alive
         self._keep_alive = keep_alive
         v11 = request.version == HttpVersion11
+        # (The id is safe ASCII: gateway.http.requestid checked or made it.)
+        rid = request.get(REQUEST_ID)
         head = b"".join(
-            (_STATUS[v11], self._hit.head, date_line(), _CONNECTION[v11, keep_alive], b"\r\n")
+            (
+                _STATUS[v11],
+                self._hit.head,
+                date_line(),
+                b"" if rid is None else b"X-Request-Id: %s\r\n" % rid.encode(),
+                _CONNECTION[v11, keep_alive],
+                b"\r\n",
+            )
         )
         transport = request.transport
         if transport is None or transport.is_closing():
@@ -137,8 +151,9 @@ class HitResponse(web.StreamResponse):
 
 def hit_response(request: web.Request, audio: bytes, hit: PreparedHit) -> web.StreamResponse:
     """The response to a memory hit: a :class:`HitResponse` unless the app has response-prepare
-    receivers (they may change headers), then an ordinary one with the same headers. (aiohttp's
-    parser takes HTTP/1.0 and 1.1 only, the two versions :class:`HitResponse` knows.)"""
-    if request.app.on_response_prepare:
-        return audio_body(request, audio, hit.headers)
-    return HitResponse(audio, hit)
+    receivers other than the request-id stamp (they may change headers: :data:`FAST_HITS`), then
+    an ordinary one with the same headers. (aiohttp's parser takes HTTP/1.0 and 1.1 only, the
+    two versions :class:`HitResponse` knows.)"""
+    if request.app.get(FAST_HITS, False):
+        return HitResponse(audio, hit)
+    return audio_body(request, audio, hit.headers)

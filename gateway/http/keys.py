@@ -8,8 +8,10 @@ from cache.pins import PinRegistry
 from cache.store import TieredStore
 from gateway.api.parsing import RequestMemo
 from gateway.api.say import SayMemo
+from gateway.http.hits import FAST_HITS as FAST_HITS
 from gateway.http.observe import RequestObserver
 from gateway.http.presentation import Presentations
+from gateway.http.requestid import REQUEST_ID as REQUEST_ID
 from gateway.runtime.accesslog import AccessLog
 from gateway.runtime.apikeys import Authenticator, KeyedSockets
 from gateway.runtime.hostshare import HostTable
@@ -33,6 +35,9 @@ WYOMING = web.AppKey("wyoming", WyomingServer)
 # Per-request values the handlers leave for the edge wrapper (gateway.app.edge) to record.
 CACHE_RESULT = web.RequestKey("cache_result", str)
 AUDIO_KEY = web.RequestKey("audio_key", str)
+
+# The request's id (X-Request-Id; gateway.http.requestid), picked by the edge: REQUEST_ID above.
+# Whether a memory hit may be written by gateway.http.hits's own writer: FAST_HITS above.
 
 # --- operations (issue 6) ---
 # perf_counter() when a streamed response's headers were sent (time to first byte).

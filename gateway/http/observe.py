@@ -91,6 +91,7 @@ class RequestObserver:
         nbytes: int,
         ttfb: float | None = None,
         client: str | None = None,
+        request_id: str | None = None,
     ) -> None:
         """Record one answered request (``route`` is the route template, never the path).
 
@@ -110,6 +111,7 @@ class RequestObserver:
                 seconds if ttfb is None else ttfb,
                 nbytes,
                 client,
+                request_id,
             )
         )
         if len(pending) >= MAX_PENDING:
@@ -120,7 +122,7 @@ class RequestObserver:
     def _tally(self, observations: list[Observation]) -> None:
         tallies = self._tallies
         bounds = self._bounds
-        for _, route, method, status, cache, _, seconds, first, nbytes, _ in observations:
+        for _, route, method, status, cache, _, seconds, first, nbytes, _, _ in observations:
             k = (route, method, status, cache)
             tally = tallies.get(k)
             if tally is None:

@@ -31,6 +31,7 @@ from gateway.api.models import SPEAKABLE, RequestModel, RequestModels, models_fo
 from gateway.http import keys, sse
 from gateway.http.errors import Error
 from gateway.http.ops import Ready
+from gateway.http.requestid import MAX_LENGTH, REQUEST_ID_PATTERN
 from gateway.runtime.settings import Settings
 from gateway.speech.request import CACHE_RESULTS
 from gateway.speech.telephony import EXTENSIONS
@@ -1049,6 +1050,7 @@ def build_openapi(settings: Settings) -> dict[str, Any]:
     }
     doc["paths"]["/"].update(_studio_path())  # GET / is the studio, POST / Piper's API
     _add_access(doc["paths"], settings)
+    _add_request_ids(doc)
     doc["components"]["securitySchemes"] = {
         "bearer": {
             "type": "http",
@@ -1093,6 +1095,30 @@ def _add_access(paths: dict[str, Any], settings: Settings) -> None:
                 continue
             op["security"] = [{"bearer": []}, {"apiKey": []}, {}]
             responses.update(_errors(401, 403, 429))
+
+
+def _add_request_ids(doc: dict[str, Any]) -> None:
+    """``X-Request-Id`` on every response (gateway.http.requestid): the operations' own and the
+    shared ones they refer to."""
+    doc["components"]["headers"] = {
+        "RequestId": {
+            "description": "The request's X-Request-Id when it sent one of at most "
+            f"{MAX_LENGTH} characters from A-Z a-z 0-9 . _ : + / = -; else one the gateway "
+            "made. The access log names it too.",
+            "schema": {"type": "string", "pattern": REQUEST_ID_PATTERN},
+        }
+    }
+    ref = _ref("headers", "RequestId")
+    answers = [
+        r
+        for item in doc["paths"].values()
+        for op in item.values()
+        if isinstance(op, dict)
+        for r in op.get("responses", {}).values()
+    ]
+    for response in [*answers, *doc["components"]["responses"].values()]:
+        if "$ref" not in response:
+            response.setdefault("headers", {})["X-Request-Id"] = ref
 
 
 def render(settings: Settings) -> str:

@@ -24,11 +24,12 @@ from gateway.http.errors import Handler
 
 # Request headers a browser page may send across origins (beyond the CORS-safelisted ones).
 CORS_ALLOW_HEADERS = (
-    "Authorization, X-API-Key, Content-Type, If-None-Match, If-Modified-Since, Range"
+    "Authorization, X-API-Key, Content-Type, If-None-Match, If-Modified-Since, Range, X-Request-Id"
 )
 # Response headers a page may read (beyond the CORS-safelisted ones).
 CORS_EXPOSE_HEADERS = (
-    "X-Cache, X-Audio-Key, X-Audio-Sample-Rate, X-Ignored-Fields, ETag, Content-Length, Retry-After"
+    "X-Cache, X-Audio-Key, X-Audio-Sample-Rate, X-Ignored-Fields, ETag, Content-Length, "
+    "Retry-After, X-Request-Id"
 )
 CORS_MAX_AGE_S = 600
 

@@ -12,7 +12,8 @@ lines are dropped and counted, and the count is written once the stream drains, 
 reader costs bounded memory. The lines have the same shape as every other log line
 (:mod:`gateway.runtime.logs`: one JSON object with ts, level, logger, pid, msg, then the fields;
 or the text form). The request text is never part of a line: only the route template, status, content
-key, cache result, timing, bytes and client id.
+key, cache result, timing, bytes, client id and request id (``X-Request-Id``: the client's, if made
+of safe characters only, or one the gateway made; gateway.http.requestid).
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ LOGGER = "voxgate.access"
 
 # One answered request as gateway.http.observe sees it: (time.time() when answered, route
 # template, method, status, cache result, content key, seconds, seconds to the first byte, bytes
-# sent, client id). A plain tuple: one is made per request, on the hit path.
-Observation = tuple[float, str, str, int, str, str | None, float, float, int | None, str | None]
+# sent, client id, request id). A plain tuple: one is made per request, on the hit path.
+Observation = tuple[
+    float, str, str, int, str, str | None, float, float, int | None, str | None, str | None
+]
 
 
 class AccessLog:
@@ -121,11 +124,26 @@ class AccessLog:
         seconds: float,
         nbytes: int | None,
         client: str | None = None,
+        request_id: str | None = None,
     ) -> None:
         """Queue one request's line."""
         if self.enabled:
             self.extend(
-                [(time.time(), route, method, status, cache, key, seconds, 0.0, nbytes, client)]
+                [
+                    (
+                        time.time(),
+                        route,
+                        method,
+                        status,
+                        cache,
+                        key,
+                        seconds,
+                        0.0,
+                        nbytes,
+                        client,
+                        request_id,
+                    )
+                ]
             )
 
     def extend(self, observations: list[Observation]) -> None:
@@ -144,7 +162,19 @@ class AccessLog:
         lines: list[str] = []
         add = lines.append
         if self.fmt != "json":
-            for now, route, method, status, cache, key, seconds, _, nbytes, client in observations:
+            for (
+                now,
+                route,
+                method,
+                status,
+                cache,
+                key,
+                seconds,
+                _,
+                nbytes,
+                client,
+                rid,
+            ) in observations:
                 stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
                 add(
                     f"{stamp},{int(now * 1000) % 1000:03d} INFO {LOGGER} request route={route} "
@@ -152,14 +182,16 @@ class AccessLog:
                     + (f" key={key}" if key else "")
                     + (f" bytes={nbytes}" if nbytes is not None else "")
                     + (f" client={client}" if client else "")
+                    + (f" request_id={rid}" if rid else "")
                 )
             return lines
         timestamp = self._timestamp
         known = self._parts
-        for now, route, method, status, cache, key, seconds, _, nbytes, client in observations:
-            # Route templates, methods, cache results and keys (hex) are ours and need no
-            # escaping; only the client id can hold arbitrary characters. The parts fixed by
-            # (route, method, status, cache) are formatted once.
+        for now, route, method, status, cache, key, seconds, _, nbytes, client, rid in observations:
+            # Route templates, methods, cache results, keys (hex) and request ids (checked or
+            # made by gateway.http.requestid) need no escaping; only the client id can hold
+            # arbitrary characters. The parts fixed by (route, method, status, cache) are
+            # formatted once.
             parts = known.get((route, method, status, cache))
             if parts is None:
                 parts = self._json_parts(route, method, status, cache)
@@ -168,7 +200,8 @@ class AccessLog:
                 f'{{"ts":"{timestamp(now)}{head}'
                 f"{'null' if key is None else chr(34) + key + chr(34)}{tail}"
                 f'{seconds * 1000:.3f},"bytes":{"null" if nbytes is None else nbytes},'
-                f'"client":{"null" if client is None else json.dumps(client)}}}'
+                f'"client":{"null" if client is None else json.dumps(client)},'
+                f'"request_id":{"null" if rid is None else chr(34) + rid + chr(34)}}}'
             )
         return lines
 
