@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -318,3 +319,39 @@ async def test_probes_answer_while_the_default_topology_is_full(tmp_path: Path) 
         for _, w in idle:
             w.close()
         server.close()
+
+
+def test_parser_refusals_are_one_warning_per_interval_without_their_bytes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """RefusedRequests (the logger aiohttp's request handlers get): a refusal is a warning with
+    the error's kind and the peer, never the bytes; within the interval they are counted, and
+    the next line says how many were not logged; other records pass through unchanged."""
+    from aiohttp.http_exceptions import InvalidHeader, LineTooLong
+
+    from gateway.http.connections import RefusedRequests
+
+    now = [100.0]
+    logger = RefusedRequests(10.0, clock=lambda: now[0])
+    caplog.set_level(logging.DEBUG)
+    secret = "sk-live-0123456789abcdef"
+    for _ in range(5):
+        logger.exception(
+            "Error handling request from %s", "10.0.0.7", exc_info=InvalidHeader(secret)
+        )
+    now[0] += 10.0
+    logger.exception(
+        "Error handling request from %s", "10.0.0.8", exc_info=LineTooLong(secret, "8190")
+    )
+    logger.warning("something else %s", "entirely")
+    mine = [r for r in caplog.records if r.name == "voxgate.gateway"]
+    assert [
+        (r.levelno, r.fields["kind"], r.fields["peer"], r.fields["unlogged"]) for r in mine
+    ] == [
+        (logging.WARNING, "InvalidHeader", "10.0.0.7", 0),
+        (logging.WARNING, "LineTooLong", "10.0.0.8", 4),
+    ]
+    assert logger.refused == 6
+    assert secret not in caplog.text and not any(r.exc_info for r in caplog.records)
+    passed = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert [r.getMessage() for r in passed] == ["something else entirely"]

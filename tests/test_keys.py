@@ -4,10 +4,13 @@ no secret in any log line at any level."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -536,3 +539,85 @@ def test_an_open_gateway_beyond_loopback_says_so_when_it_starts_listening(tmp_pa
             assert "api_keys_file" in line["msg"]
     finally:
         server.close()
+
+
+# ---- requests the HTTP parser refuses: logged without their bytes, and boundedly -------------
+
+
+def malformed_requests(secret: str) -> list[bytes]:
+    """Requests aiohttp's parser refuses, each carrying a real key where the refused bytes are:
+    a control byte in the Authorization header, an oversized Authorization line, a header name
+    with a control byte, a bad request line after a good request (aiohttp logs a bad first
+    request line at debug only), and a bad HTTP version."""
+    good = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    auth = f"Authorization: Bearer {secret}".encode()
+    return [
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + auth + b"\x01\r\n\r\n",
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + auth + b"A" * 9000 + b"\r\n\r\n",
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-K\x01ey: " + secret.encode() + b"\r\n\r\n",
+        good + b"G\x01T /v1/models?k=" + secret.encode() + b" HTTP/1.1\r\n" + auth + b"\r\n\r\n",
+        b"GET /v1/models?k=" + secret.encode() + b" HTTP/9.x\r\nHost: x\r\n" + auth + b"\r\n\r\n",
+    ]
+
+
+async def refused(port: int, raw: bytes) -> bytes:
+    """Send ``raw`` on its own connection; the status line of the last answer before the
+    server closes it."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(raw)
+        await writer.drain()
+        async with asyncio.timeout(30):
+            answer = b""
+            while piece := await reader.read(65536):
+                answer += piece
+    finally:
+        writer.close()
+    return re.findall(rb"HTTP/1\.[01] (\d{3}) ", answer)[-1]
+
+
+async def test_malformed_requests_log_no_secret_and_few_lines(tmp_path: Path) -> None:
+    """`voxgate serve` as users start it, with a keys file made by `voxgate keys add`: 1,000
+    requests the HTTP parser refuses, each holding a real key in the refused bytes, are all
+    answered 400; no log output of any process holds any piece of the key, and they cost a few
+    warning lines (one per process per REFUSALS_LOGGED_EVERY_S), not one each."""
+    from gateway.http.connections import REFUSALS_LOGGED_EVERY_S
+    from tests.ops_support import ServerProcess, run_cli
+
+    keys_file = tmp_path / "keys.toml"
+    made = await asyncio.to_thread(
+        run_cli, "keys", "add", "ivr", "--scopes", "speak", "--file", str(keys_file)
+    )
+    assert made.returncode == 0, made.stderr
+    secret = made.stdout.strip()
+    server = ServerProcess(tmp_path / "srv", "--api-keys-file", str(keys_file))
+    try:
+        await asyncio.to_thread(server.wait_ready, 2)
+        processes = server.logs().count("voxgate ready on")
+        before = len(server.logs().splitlines())
+        started = time.monotonic()
+        requests = malformed_requests(secret) * 200
+        limit = asyncio.Semaphore(16)
+
+        async def send(raw: bytes) -> bytes:
+            async with limit:
+                return await refused(server.port, raw)
+
+        statuses = await asyncio.gather(*(send(raw) for raw in requests))
+        elapsed = time.monotonic() - started
+        assert statuses == [b"400"] * len(requests)
+        assert server.terminate() == 0
+    finally:
+        server.close()
+    logs = server.logs()
+    for piece in (secret[:12], secret[12:24], secret[-12:]):
+        assert piece not in logs
+    added = logs.splitlines()[before:]
+    warnings = [line for line in added if "refused by the HTTP parser" in line]
+    assert warnings and all('"level": "warning"' in line for line in warnings)
+    bound = processes * (1 + elapsed / REFUSALS_LOGGED_EVERY_S)
+    assert len(warnings) <= bound, (len(warnings), bound)
+    # Nothing else per refusal: beside the warnings, the access lines of the good requests that
+    # came first on their connections, and the shutdown's few lines.
+    others = [x for x in added if '"voxgate.access"' not in x and x not in warnings]
+    assert len(others) <= 40, others[:50]

@@ -12,15 +12,24 @@ capped, so a few sockets cannot hold the gateway.
   closes it, except in a few slots kept for health probes: a full gateway still answers
   ``GET /healthz`` and ``GET /readyz`` (an orchestrator whose liveness probe got 503 would restart
   a gateway that is only busy).
+- Requests aiohttp's parser refuses (a header with a control byte, an oversized line, a bad
+  request line) are logged by :class:`RefusedRequests`: a warning naming the error's kind and
+  the peer, at most one line per ``REFUSALS_LOGGED_EVERY_S``; never the raw line, which holds
+  whatever the client sent (API keys included).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import logging
+import math
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
 from gateway.errors import Unavailable
@@ -28,10 +37,73 @@ from gateway.http.errors import error_body
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 
+log = logging.getLogger("voxgate.gateway")
+
+# At most one log line per this many seconds (per process) for requests the parser refuses.
+REFUSALS_LOGGED_EVERY_S = 10.0
+
 
 def runner_options(settings: Settings) -> dict[str, Any]:
-    """The AppRunner (aiohttp ``Server``) arguments for the connection settings."""
-    return {"keepalive_timeout": settings.keepalive_timeout_s}
+    """The AppRunner (aiohttp ``Server``) arguments for the connection settings, and the logger
+    of its request handlers (:class:`RefusedRequests`)."""
+    return {"keepalive_timeout": settings.keepalive_timeout_s, "logger": RefusedRequests()}
+
+
+class RefusedRequests(logging.LoggerAdapter[logging.Logger]):
+    """aiohttp's server logger as its request handlers use it, with the requests its parser
+    refuses logged safely.
+
+    aiohttp logs each refusal at ERROR with a traceback whose message holds the raw bytes of the
+    offending line, so a header with a control byte logged the API key beside it (1,000 such
+    requests added 628 KiB of log). Here a refusal (any ``HttpProcessingError`` aiohttp hands its
+    logger) is a WARNING on ``voxgate.gateway`` naming the error's kind and the peer, and at most
+    one such line is written per ``every_s``; the refusals between two lines are counted in the
+    second. aiohttp's debug line for a first request that is not HTTP at all (TLS, a scanner)
+    stays a debug line, without the bytes. Everything else reaches aiohttp's logger unchanged.
+    """
+
+    def __init__(
+        self,
+        every_s: float = REFUSALS_LOGGED_EVERY_S,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(logging.getLogger("aiohttp.server"), {})
+        self.every_s = every_s
+        self._clock = clock
+        self._next_line_at = -math.inf
+        self._unlogged = 0
+        self.refused = 0
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info")
+        if exc is True:
+            exc = sys.exc_info()[1]
+        if not isinstance(exc, HttpProcessingError):
+            super().log(level, msg, *args, **kwargs)
+            return
+        # aiohttp passes the peer (request.remote) as the one argument of its message.
+        peer = str(args[0]) if args and args[0] is not None else "unknown"
+        kind = type(exc).__name__
+        if level < logging.WARNING:
+            super().log(level, "request refused by the HTTP parser from %s: %s", peer, kind)
+            return
+        self.refused += 1
+        now = self._clock()
+        if now < self._next_line_at:
+            self._unlogged += 1
+            return
+        self._next_line_at = now + self.every_s
+        unlogged, self._unlogged = self._unlogged, 0
+        fields: Mapping[str, object] = {"peer": peer, "kind": kind, "unlogged": unlogged}
+        log.warning(
+            "request refused by the HTTP parser from %s: %s (logged at most once per %g s%s)",
+            peer,
+            kind,
+            self.every_s,
+            f"; {unlogged} more refused since the last such line" if unlogged else "",
+            extra={"fields": fields},
+        )
 
 
 async def write_within(
