@@ -581,7 +581,8 @@ async def test_malformed_requests_log_no_secret_and_few_lines(tmp_path: Path) ->
     requests the HTTP parser refuses, each holding a real key in the refused bytes, are all
     answered 400; no log output of any process holds any piece of the key, and they cost a few
     warning lines (one per process per 10 s, as docs/operations.md says), not one each."""
-    from tests.ops_support import ServerProcess, run_cli
+    from tests.ops_support import run_cli
+    from tests.served import DefaultServer
 
     every_s = 10.0
 
@@ -591,10 +592,10 @@ async def test_malformed_requests_log_no_secret_and_few_lines(tmp_path: Path) ->
     )
     assert made.returncode == 0, made.stderr
     secret = made.stdout.strip()
-    server = ServerProcess(tmp_path / "srv", "--api-keys-file", str(keys_file))
+    server = DefaultServer(tmp_path / "srv", "--api-keys-file", str(keys_file))
     try:
-        await asyncio.to_thread(server.wait_ready, 2)
-        processes = server.logs().count("voxgate ready on")
+        await asyncio.to_thread(server.wait_ready)
+        processes = server.gateways
         before = len(server.logs().splitlines())
         started = time.monotonic()
         requests = malformed_requests(secret) * 200

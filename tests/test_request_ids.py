@@ -18,6 +18,8 @@ import aiohttp
 import pytest
 
 from tests.ops_support import ServerProcess
+from tests.served import DefaultServer
+from tests.support import eventually
 
 SPEECH = {"model": "piper", "voice": "joe", "response_format": "wav"}
 MADE = re.compile(r"[0-9a-f]{12}-[0-9]+")  # a process's prefix and its counter
@@ -25,9 +27,9 @@ MADE = re.compile(r"[0-9a-f]{12}-[0-9]+")  # a process's prefix and its counter
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    served = ServerProcess(tmp_path_factory.mktemp("request-ids"))
+    served = DefaultServer(tmp_path_factory.mktemp("request-ids"))
     try:
-        served.wait_ready(workers=2)
+        served.wait_ready()
         yield served
         assert served.terminate() == 0, served.logs()
     finally:
@@ -36,18 +38,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 async def access_lines(server: ServerProcess, ids: set[str]) -> dict[str, dict[str, Any]]:
     """The access-log line of each request id in ``ids`` (lines are written within 0.2 s)."""
-    found: dict[str, dict[str, Any]] = {}
-    async with asyncio.timeout(30):
-        while True:
-            text = await asyncio.to_thread(server.logs)
-            for line in text.splitlines():
-                if '"voxgate.access"' in line:
-                    entry = json.loads(line)
-                    if entry.get("request_id") in ids:
-                        found[entry["request_id"]] = entry
-            if set(found) == ids:
-                return found
-            await asyncio.sleep(0.05)  # polling a file another process writes
+
+    async def read() -> dict[str, dict[str, Any]]:
+        found: dict[str, dict[str, Any]] = {}
+        for line in (await asyncio.to_thread(server.logs)).splitlines():
+            if '"voxgate.access"' in line:
+                entry = json.loads(line)
+                if entry.get("request_id") in ids:
+                    found[entry["request_id"]] = entry
+        return found
+
+    return await eventually(read, lambda found: set(found) == ids, 30, "an access line per id")
 
 
 async def raw_head(

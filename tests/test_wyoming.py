@@ -38,10 +38,12 @@ from wyoming.tts import (
 from bench.harness import free_port
 from gateway.http import keys
 from gateway.runtime.settings import Settings
+from gateway.runtime.topology import usable_cores
 from metrics import Metrics
 from tests.conftest import GatewayFactory
 from tests.ops_support import ServerProcess
-from tests.support import CountingEngine
+from tests.served import DefaultServer
+from tests.support import CountingEngine, eventually
 
 TEXT = "Turning on the kitchen lights. They will dim at ten."
 
@@ -276,17 +278,21 @@ def served(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[ServerProcess, int]]:
     """`voxgate serve` with no topology flags (a gateway process per core sharing the Wyoming
-    port, the shared pool host, uvloop) and again on asyncio; short idle and write timeouts so
-    that the tests of them wait seconds, not minutes."""
+    port, the shared pool host, uvloop), and the same on asyncio's loop (only the loop changed:
+    DefaultServer would make that one process); short idle and write timeouts so that the tests
+    of them wait seconds, not minutes."""
     port = free_port()
     args = ["--wyoming-port", str(port), "--wyoming-idle-timeout-s", "2", "--write-timeout-s", "2"]
-    if request.param != "auto":
-        args += ["--event-loop", request.param]
-    server = ServerProcess(tmp_path_factory.mktemp(f"wyoming-{request.param}"), *args)
+    home = tmp_path_factory.mktemp(f"wyoming-{request.param}")
+    server = (
+        DefaultServer(home, *args)
+        if request.param == "auto"
+        else ServerProcess(home, *args, "--event-loop", request.param)
+    )
     try:
-        server.wait_ready(workers=2)
+        server.wait_ready(workers=usable_cores())
         loop = "uvloop" if request.param == "auto" else request.param
-        assert server.logs().count(f"event loop: {loop}") >= 2, server.logs()
+        assert server.logs().count(f"event loop: {loop}") == usable_cores(), server.logs()
         yield server, port
         assert server.terminate() == 0, server.logs()
     finally:
@@ -363,9 +369,13 @@ async def test_a_client_that_stops_reading_is_cut_off(served: tuple[ServerProces
     client._reader, client._writer = reader, writer  # the package's client over this socket
     for _ in range(100):  # up to 13 MB of audio asked for; none of it read
         await client.write_event(Synthesize(text=LONG_TEXT).event())
-    async with asyncio.timeout(120):  # (the first answer is a synthesis; the rest are hits)
-        while await dropped(server, "write_timeout") < before + 1:  # noqa: ASYNC110 - a metric
-            await asyncio.sleep(0.1)
+    # (The first answer is a synthesis; the rest are hits.)
+    await eventually(
+        lambda: dropped(server, "write_timeout"),
+        lambda n: n >= before + 1,
+        within_s=120,
+        what="the client that stopped reading dropped",
+    )
     # What the server had sent before it gave up can still be read, then the connection ends.
     async with asyncio.timeout(30):
         with contextlib.suppress(ConnectionResetError):
