@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import os
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -43,7 +44,7 @@ from metrics import Metrics
 from tests.conftest import GatewayFactory
 from tests.ops_support import ServerProcess
 from tests.served import DefaultServer
-from tests.support import CountingEngine, eventually
+from tests.support import CountingEngine, eventually, until
 
 TEXT = "Turning on the kitchen lights. They will dim at ten."
 
@@ -162,6 +163,38 @@ async def test_streaming_speaks_sentence_by_sentence(
     ):
         seconds = await wav_seconds(http, text)
         assert abs(spoken.seconds - seconds) / seconds < 0.03
+
+
+async def test_each_connection_is_a_client_with_its_own_queue_share(
+    gateway: GatewayFactory, settings: Settings, counting_engine: CountingEngine
+) -> None:
+    """The protocol has no keys: each connection's sentences take that connection's share of
+    the synthesis queue (queue_per_client), so one connection cannot fill it for the others."""
+    http, port = await start(gateway, settings, max_parallel_sentences=4, queue_per_client=4)
+    scheduler = http.server.app[keys.SPEECH].models["piper"].scheduler
+    counting_engine.release.clear()  # every batch waits: sentences stay queued
+    text = "One. Two. Three. Four. Five. Six."
+    try:
+        async with AsyncTcpClient("127.0.0.1", port) as a, AsyncTcpClient("127.0.0.1", port) as b:
+            await a.write_event(Synthesize(text=text).event())
+            await b.write_event(Synthesize(text="Seven. Eight.").event())
+            # The server names a connection by its peer: this client's own address.
+            names = []
+            for c in (a, b):
+                host, port_ = c._writer.get_extra_info("sockname")[:2]
+                names.append(f"wyoming:{os.getpid()}:{host}:{port_}")
+            await until(
+                lambda: (
+                    scheduler.waiting_for(names[0]) >= 3 and scheduler.waiting_for(names[1]) >= 1
+                ),
+                what="both connections' sentences queued, each under its own name",
+            )
+            assert scheduler.waiting_for(names[0]) <= 4
+            counting_engine.release.set()
+            assert (await utterance(a)).seconds > 1.0
+            assert (await utterance(b)).seconds > 0.5
+    finally:
+        counting_engine.release.set()
 
 
 async def test_bad_events_get_an_error_and_the_connection_keeps_serving(

@@ -39,6 +39,7 @@ import asyncio
 import json
 import logging
 import math
+import os
 from functools import partial
 from typing import Any
 
@@ -68,7 +69,8 @@ from gateway.speech.service import SpeechService
 from metrics import Metrics
 from synth import audio
 from synth.cancellation import cancel_and_wait
-from synth.errors import SynthesisError
+from synth.errors import ClientQueueFull, SynthesisError
+from synth.scheduler import CLIENT
 
 log = logging.getLogger("voxgate.wyoming")
 
@@ -179,6 +181,14 @@ async def _discard(reader: asyncio.StreamReader, length: int) -> None:
         length -= len(piece)
 
 
+def client_name(writer: asyncio.StreamWriter) -> str:
+    """Who a Wyoming connection is for the per-client shares: the connection itself (its peer's
+    address and port; the process id, since the host's gateway processes share the counts)."""
+    peer = writer.get_extra_info("peername")
+    where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "?"
+    return f"wyoming:{os.getpid()}:{where}"
+
+
 class SpeechEventHandler(AsyncEventHandler):
     """One Wyoming connection: TTS events answered from the speech service."""
 
@@ -218,6 +228,9 @@ class SpeechEventHandler(AsyncEventHandler):
         task = asyncio.current_task()
         assert task is not None
         self.server.tasks.add(task)
+        # The protocol carries no key: each connection is a client with its own share of the
+        # synthesis queue (queue_per_client) and of the renditions being made.
+        CLIENT.set(client_name(self.writer))
         try:
             while True:
                 try:
@@ -254,7 +267,8 @@ class SpeechEventHandler(AsyncEventHandler):
         except SynthesisError as exc:
             self.metrics.wyoming_events.labels(kind, "error").inc()
             log.warning("wyoming synthesis failed: %s", type(exc).__name__)
-            await self.write_event(Error(text=str(exc), code="synthesis_failed").event())
+            code = "client_queue_full" if isinstance(exc, ClientQueueFull) else "synthesis_failed"
+            await self.write_event(Error(text=str(exc), code=code).event())
             return True
         self.metrics.wyoming_events.labels(kind, "ok").inc()
         return True
