@@ -1,16 +1,26 @@
 """A memory hit written by gateway.http.hits: on the wire it is what aiohttp would have sent
 (same headers, Content-Length framing, HTTP/1.0 and keep-alive rules, no body for HEAD), and it
-is used only where no response-prepare receiver could change the response."""
+is used only where no response-prepare receiver could change the response, and only on the
+aiohttp it was written for (else aiohttp's own response goes out, byte for byte the same)."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
+import re
+import tomllib
+import types
+from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
+import aiohttp
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
 
-from gateway.http import keys
+from gateway.http import hits, keys
 from gateway.http.hits import PreparedHit
 from gateway.runtime.settings import Settings
 from metrics import Metrics
@@ -177,3 +187,129 @@ def test_prepared_hit_refuses_a_line_break_in_a_value() -> None:
     hit = PreparedHit("d", {"Content-Type": "audio/wav"}, 10)
     assert hit.head.startswith(b"Content-Type: audio/wav\r\nContent-Length: 10\r\nServer: ")
     assert hit.head.endswith(b"\r\n") and not hit.head.endswith(b"\r\n\r\n")
+
+
+# --- the aiohttp it was written for, and the fallback ---
+
+
+def hits_imported_with(version: str, monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    """A fresh import of gateway.http.hits (its own module object, the real one untouched) while
+    aiohttp says it is ``version``: what a process with that aiohttp installed would get."""
+    monkeypatch.setattr(aiohttp, "__version__", version)
+    spec = importlib.util.spec_from_file_location("hits_on_aiohttp_" + version, hits.__file__)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_pinned_aiohttp_is_the_one_the_writer_was_written_for() -> None:
+    """Moving the pin in pyproject.toml fails here until the writer is read again against the
+    new aiohttp; and the installed aiohttp, the pin's, gets the writer (the tests above test it)."""
+    pyproject = tomllib.loads((Path(hits.__file__).parents[2] / "pyproject.toml").read_text())
+    pins = [d for d in pyproject["project"]["dependencies"] if re.match(r"aiohttp\b", d)]
+    assert len(pins) == 1
+    pin = re.fullmatch(r"aiohttp==(\d+)\.(\d+)\.\*", pins[0])
+    assert pin is not None, pins[0]
+    assert (int(pin[1]), int(pin[2])) == hits.WRITTEN_FOR
+    assert hits.written_for(aiohttp.__version__) and hits.FITS
+
+
+@pytest.mark.parametrize(
+    ("version", "fits"),
+    [
+        ("3.14.5", True),
+        ("3.14.0rc1", True),
+        ("3.14", True),
+        ("3.13.2", False),
+        ("3.15.0", False),
+        ("3.140.0", False),
+        ("4.0.0a1", False),
+        ("3", False),
+        ("unknown", False),
+    ],
+)
+def test_written_for_takes_the_pinned_minor_release_only(version: str, fits: bool) -> None:
+    assert hits.written_for(version) is fits
+
+
+def hit_request(module: types.ModuleType) -> web.Request:
+    app = web.Application()
+    app[module.FAST_HITS] = True  # nothing else would keep the writer from it
+    return make_mocked_request("POST", "/v1/audio/speech", app=app)
+
+
+def test_another_aiohttp_gets_aiohttp_s_own_response(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Imported with another aiohttp version, the module keeps away from aiohttp's internals:
+    a hit is a plain web.Response with the same headers and body. Imported with the pinned
+    version, the same code makes the writer: it is the version that decides."""
+    audio = b"RIFF" + bytes(range(256)) * 64
+    headers = {"Content-Type": "audio/wav", "X-Cache": "HIT", "ETag": '"e1"'}
+    pinned = hits_imported_with("3.14.9", monkeypatch)
+    assert pinned.FITS
+    fast = pinned.hit_response(hit_request(pinned), audio, pinned.PreparedHit("d", headers, 9))
+    assert type(fast) is pinned.HitResponse
+
+    other = hits_imported_with("3.15.0", monkeypatch)
+    assert not other.FITS
+    plain = other.hit_response(hit_request(other), audio, other.PreparedHit("d", headers, 9))
+    assert type(plain) is web.Response
+    assert plain.status == 200 and plain.body == audio
+    assert dict(plain.headers) == headers and plain.content_length == len(audio)
+
+
+def test_a_renamed_private_field_also_gets_aiohttp_s_own_response(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pinned-version aiohttp without one of the fields the writer sets (setting it would
+    quietly make a new attribute, and aiohttp would send a response of its own after the hit's)
+    is not written to either."""
+    monkeypatch.delattr(web.StreamResponse, "_eof_sent")
+    assert not hits_imported_with(aiohttp.__version__, monkeypatch).FITS
+
+
+async def test_the_fallback_sends_the_same_status_headers_and_bytes(
+    gateway: GatewayFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hit by POST and by say URL, GET and HEAD, with the client's X-Request-Id: what the
+    writer sends and what aiohttp's own response sends where the writer does not fit are the
+    same status line, headers (the Date apart) and bytes."""
+    written: list[int] = []
+    prepare = hits.HitResponse.prepare
+
+    async def counted(self: hits.HitResponse, request: web.BaseRequest) -> Any:
+        written.append(1)
+        return await prepare(self, request)
+
+    monkeypatch.setattr(hits.HitResponse, "prepare", counted)
+    http = await gateway()
+    await http.post("/v1/audio/speech", json=BODY)  # stored
+    await http.get(SAY_PATH)
+    rid = "X-Request-Id: call-7f3a:leg.2\r\n"
+    asks = {
+        "post": (post_bytes(BODY, extra=rid), False),
+        "say": (f"GET {SAY_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\n{rid}\r\n".encode(), False),
+        "head": (f"HEAD {SAY_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\n{rid}\r\n".encode(), True),
+    }
+    sent: dict[bool, dict[str, tuple[str, dict[str, str], bytes]]] = {}
+    for fits in (True, False):
+        monkeypatch.setattr(hits, "FITS", fits)
+        written.clear()
+        sent[fits] = {}
+        for name, (ask, head) in asks.items():
+            (answer,), _ = await exchange(http.port, ask, head=head)
+            status, headers, body = answer
+            assert status == "HTTP/1.1 200 OK" and headers["x-cache"] == "HIT", name
+            assert headers.pop("date").endswith(" GMT")
+            sent[fits][name] = (status, headers, body)
+        assert len(written) == (len(asks) if fits else 0)  # the writer, then never
+    assert sent[True] == sent[False]
+    post, say, head = (sent[False][name] for name in asks)
+    for _, headers, _ in (post, say, head):
+        assert headers["x-request-id"] == "call-7f3a:leg.2"
+        assert headers["etag"].startswith('"') and headers["x-audio-key"]
+    assert post[2][:4] == say[2][:4] == b"RIFF" and head[2] == b""
+    assert post[1]["content-length"] == str(len(post[2]))
+    assert say[1]["content-length"] == head[1]["content-length"] == str(len(say[2]))
+    assert say[1]["cache-control"] == head[1]["cache-control"]
+    assert say[1]["cache-control"].startswith(("public, max-age=", "no-cache"))

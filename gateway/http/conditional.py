@@ -49,26 +49,6 @@ def not_modified_since(request: web.Request, created: float) -> bool:
     return int(created) <= since.timestamp()
 
 
-# Above this size a hit's status line and headers go out in their own write, ahead of the body,
-# where aiohttp would join them into one copy (the hit writer, gateway/http/hits.py).
-SEPARATE_HEADERS_FROM = 16 * 1024
-
-
-def audio_body(
-    request: web.Request,
-    body: bytes,
-    headers: Mapping[str, str] | None = None,
-    status: int = 200,
-) -> web.Response:
-    """A response with the audio ``body``: aiohttp's own Response.
-
-    (On asyncio's loop aiohttp joins the headers and a large body into one buffer before
-    writing; sending the headers on their own instead saved 2-3% of a bare server's CPU per
-    270 KB response, docs/bench/handmade_send.json, not worth a response class of our own.)
-    """
-    return web.Response(body=body, status=status, headers=headers)
-
-
 def none_match(request: web.Request, etag: str, *, exists: bool = True) -> bool:
     """True when ``If-None-Match`` names ``etag`` (or ``*`` and the audio exists): answer 304.
 
@@ -146,7 +126,10 @@ def audio_response(
     conditional: bool = True,
     created: float | None = None,
 ) -> web.Response:
-    """A full (200), partial (206), 304 or 416 response for immutable ``body``.
+    """A full (200), partial (206), 304 or 416 response for immutable ``body``: aiohttp's own
+    ``web.Response``. (A class of our own that sent a large body's headers in their own write on
+    asyncio's loop saved only 2-3% of a bare server's CPU per 270 KB response,
+    docs/bench/handmade_send.json; a memory hit has its own writer, :mod:`gateway.http.hits`.)
 
     ``headers`` must carry the ``ETag``. ``Content-Length`` is always set (aiohttp does it for a
     bytes body). With ``ranges`` the response advertises and honours byte ranges. Without
@@ -159,12 +142,12 @@ def audio_response(
     if created is not None and not_modified_since(request, created):
         return not_modified(headers)
     if not ranges:
-        return audio_body(request, body, headers)
+        return web.Response(body=body, headers=headers)
     headers = {**headers, "Accept-Ranges": "bytes"}
     header = request.headers.get("Range")
     if_range = request.headers.get("If-Range")
     if header is None or (if_range is not None and if_range.strip() != etag):
-        return audio_body(request, body, headers)
+        return web.Response(body=body, headers=headers)
     size = len(body)
     try:
         span = parse_range(header, size)
@@ -181,7 +164,7 @@ def audio_response(
             headers={"Content-Range": f"bytes */{size}", "ETag": etag},
         )
     if span is None:
-        return audio_body(request, body, headers)
+        return web.Response(body=body, headers=headers)
     first, last = span
     headers["Content-Range"] = f"bytes {first}-{last}/{size}"
-    return audio_body(request, body[first : last + 1], headers, status=206)
+    return web.Response(body=body[first : last + 1], status=206, headers=headers)

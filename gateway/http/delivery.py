@@ -17,7 +17,7 @@ from multidict import CIMultiDict
 
 from cache.entry import Entry
 from gateway.http import keys, sse
-from gateway.http.conditional import audio_body, audio_response, http_date
+from gateway.http.conditional import audio_response, http_date
 from gateway.http.connections import write_within
 from gateway.http.hits import PreparedHit, hit_response
 from gateway.http.presentation import Presentation, audio_headers
@@ -103,7 +103,7 @@ async def serve_speech(
             if ignored:
                 headers = CIMultiDict(prepared.headers)
                 headers[IGNORED_FIELDS] = ", ".join(ignored)
-                return audio_body(request, entry.audio, headers)
+                return web.Response(body=entry.audio, headers=headers)
             return hit_response(request, entry.audio, prepared)
     extra = {IGNORED_FIELDS: ", ".join(ignored)} if ignored else {}
     if sse:

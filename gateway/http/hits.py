@@ -19,6 +19,17 @@ receivers on the app but the request-id stamp, whose ``X-Request-Id`` line it wr
 (:data:`FAST_HITS`, set by the app; the CORS headers of ``cors_origins`` are added by another
 receiver: with CORS on, hits go out as ordinary responses), and only for a plain 200
 (conditional and range requests take the ordinary path).
+
+**Every aiohttp internal the hit path relies on is in this module**, written against aiohttp
+:data:`WRITTEN_FOR` (the minor version ``pyproject.toml`` pins; a test holds the two together):
+:class:`HitResponse` stands in for ``StreamResponse.__init__`` and ``prepare`` by setting seven
+of its private fields (``_state``, ``_headers``, ``_status``, ``_reason``, ``_keep_alive``,
+``_eof_sent``, ``_body_length``), writes to the request's transport itself and waits on
+``request._payload_writer``. :data:`FITS` says, once at import, whether the installed aiohttp
+is that minor version and still has those fields. Where it is not, nothing here touches
+aiohttp's internals: :func:`hit_response` answers with aiohttp's own ``web.Response`` (the same
+status, headers and body, for the CPU per hit the writer saves: docs/architecture.md, "Hit path
+cost").
 """
 
 from __future__ import annotations
@@ -28,16 +39,49 @@ import re
 import time
 from collections.abc import Mapping
 
+import aiohttp
 from aiohttp import HttpVersion11, http_writer, web
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http import SERVER_SOFTWARE
 from multidict import CIMultiDict
 
-from gateway.http.conditional import SEPARATE_HEADERS_FROM, audio_body
 from gateway.http.requestid import REQUEST_ID
 
 # True when the app's only response-prepare receiver is the request-id stamp (module doc).
 FAST_HITS = web.AppKey("fast_hits", bool)
+
+# The aiohttp (major, minor) the internals below were read in and tested against.
+WRITTEN_FOR = (3, 14)
+
+# The private StreamResponse fields HitResponse sets. Were one renamed, setting it would quietly
+# make a new attribute (aiohttp would then send a second response after ours): checked at import.
+_RESPONSE_FIELDS = (
+    "_state",
+    "_headers",
+    "_status",
+    "_reason",
+    "_keep_alive",
+    "_eof_sent",
+    "_body_length",
+)
+
+
+def written_for(version: str) -> bool:
+    """Whether aiohttp ``version`` (``aiohttp.__version__``) is the minor release the internals
+    of this module were written against (:data:`WRITTEN_FOR`)."""
+    found = re.match(r"(\d+)\.(\d+)", version)
+    return found is not None and (int(found[1]), int(found[2])) == WRITTEN_FOR
+
+
+def _fields_there() -> bool:
+    probe = web.StreamResponse()
+    return all(hasattr(probe, name) for name in _RESPONSE_FIELDS) and hasattr(
+        http_writer, "SKIP_WRITELINES"
+    )
+
+
+# Decided once, at import (module doc): the hit writer, or aiohttp's own response.
+FITS = written_for(aiohttp.__version__) and _fields_there()
 
 # What aiohttp refuses in a header (http_writer._safe_header): control characters but tab.
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
@@ -75,6 +119,10 @@ _CONNECTION = {
     (False, False): b"",
 }
 
+# Above this size, where the transport would join them, a hit's status line and headers go out
+# in their own write ahead of the body instead of being copied together with it.
+SEPARATE_HEADERS_FROM = 16 * 1024
+
 _date: tuple[int, bytes] = (0, b"")
 
 
@@ -91,7 +139,7 @@ class HitResponse(web.StreamResponse):
     """A 200 with stored ``audio`` and a :class:`PreparedHit`'s headers, written by
     :meth:`prepare` in one transport call (module doc). It is a complete ``StreamResponse`` to
     aiohttp and the gateway's edge: status, headers, ``content_length``, ``keep_alive``,
-    ``body_length`` once sent."""
+    ``body_length`` once sent. Made only where :data:`FITS` (:func:`hit_response`)."""
 
     def __init__(self, audio: bytes, hit: PreparedHit) -> None:
         # Not StreamResponse.__init__: it copies the headers into a new multidict and checks the
@@ -150,10 +198,11 @@ class HitResponse(web.StreamResponse):
 
 
 def hit_response(request: web.Request, audio: bytes, hit: PreparedHit) -> web.StreamResponse:
-    """The response to a memory hit: a :class:`HitResponse` unless the app has response-prepare
-    receivers other than the request-id stamp (they may change headers: :data:`FAST_HITS`), then
-    an ordinary one with the same headers. (aiohttp's parser takes HTTP/1.0 and 1.1 only, the
-    two versions :class:`HitResponse` knows.)"""
-    if request.app.get(FAST_HITS, False):
+    """The response to a memory hit: a :class:`HitResponse` where this aiohttp is the one it was
+    written for (:data:`FITS`) and the app has no response-prepare receivers but the request-id
+    stamp (they may change headers: :data:`FAST_HITS`); else aiohttp's own ``web.Response``
+    with the same headers and body. (aiohttp's parser takes HTTP/1.0 and 1.1 only, the two
+    versions :class:`HitResponse` knows.)"""
+    if FITS and request.app.get(FAST_HITS, False):
         return HitResponse(audio, hit)
-    return audio_body(request, audio, hit.headers)
+    return web.Response(body=audio, headers=hit.headers)
