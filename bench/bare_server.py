@@ -21,6 +21,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from gateway.http.hits import lift_writelines_skip
 from gateway.runtime.eventloop import factory
 
 
@@ -52,9 +53,9 @@ def main() -> None:
     app = web.Application()
     app.router.add_route("*", "/readyz", ok)
     app.router.add_route("*", "/{tail:.*}", handler)
-    web.run_app(
-        app, host="127.0.0.1", port=port, access_log=None, print=None, loop=factory(loop_choice)()
-    )
+    loop = factory(loop_choice)()
+    lift_writelines_skip(loop)  # as the gateway's serve does
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, loop=loop)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """A memory hit written by gateway.http.hits: on the wire it is what aiohttp would have sent
 (same headers, Content-Length framing, HTTP/1.0 and keep-alive rules, no body for HEAD), and it
 is used only where no response-prepare receiver could change the response, and only on the
-aiohttp it was written for (else aiohttp's own response goes out, byte for byte the same)."""
+aiohttp it was written for (else aiohttp's own response goes out, byte for byte the same). The
+writelines skip of aiohttp is lifted only where that is safe for the whole process."""
 
 from __future__ import annotations
 
@@ -11,13 +12,16 @@ import json
 import re
 import tomllib
 import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import aiohttp
 import pytest
-from aiohttp import web
+import uvloop
+from aiohttp import http_writer, web
 from aiohttp.test_utils import make_mocked_request
 
 from gateway.http import hits, keys
@@ -241,8 +245,9 @@ def hit_request(module: types.ModuleType) -> web.Request:
 
 def test_another_aiohttp_gets_aiohttp_s_own_response(monkeypatch: pytest.MonkeyPatch) -> None:
     """Imported with another aiohttp version, the module keeps away from aiohttp's internals:
-    a hit is a plain web.Response with the same headers and body. Imported with the pinned
-    version, the same code makes the writer: it is the version that decides."""
+    a hit is a plain web.Response with the same headers and body, and the writelines skip is
+    left alone even on uvloop. Imported with the pinned version, the same code makes the
+    writer: it is the version that decides."""
     audio = b"RIFF" + bytes(range(256)) * 64
     headers = {"Content-Type": "audio/wav", "X-Cache": "HIT", "ETag": '"e1"'}
     pinned = hits_imported_with("3.14.9", monkeypatch)
@@ -256,6 +261,11 @@ def test_another_aiohttp_gets_aiohttp_s_own_response(monkeypatch: pytest.MonkeyP
     assert type(plain) is web.Response
     assert plain.status == 200 and plain.body == audio
     assert dict(plain.headers) == headers and plain.content_length == len(audio)
+
+    monkeypatch.setattr(http_writer, "SKIP_WRITELINES", True)
+    with new_loop("uvloop") as loop:
+        assert not other.lift_writelines_skip(loop)
+    assert http_writer.SKIP_WRITELINES is True
 
 
 def test_a_renamed_private_field_also_gets_aiohttp_s_own_response(
@@ -313,3 +323,131 @@ async def test_the_fallback_sends_the_same_status_headers_and_bytes(
     assert say[1]["content-length"] == head[1]["content-length"] == str(len(say[2]))
     assert say[1]["cache-control"] == head[1]["cache-control"]
     assert say[1]["cache-control"].startswith(("public, max-age=", "no-cache"))
+
+
+# --- aiohttp's writelines skip ---
+
+
+@contextmanager
+def new_loop(kind: str) -> Iterator[asyncio.AbstractEventLoop]:
+    loop = uvloop.new_event_loop() if kind == "uvloop" else asyncio.new_event_loop()
+    try:
+        yield loop
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize(
+    ("python", "writelines"),
+    [
+        ((3, 11, 7), "joins"),
+        ((3, 12, 0), "unsafe"),
+        ((3, 12, 8), "unsafe"),
+        ((3, 12, 9), "sends"),
+        ((3, 13, 0), "unsafe"),
+        ((3, 13, 1), "unsafe"),
+        ((3, 13, 2), "sends"),
+        ((3, 14, 0), "sends"),
+    ],
+)
+def test_asyncio_writelines_by_python_version(
+    python: tuple[int, int, int], writelines: str
+) -> None:
+    """The versions aiohttp's skip stands for (CVE-2024-12254: 3.12.0-3.12.8, 3.13.0-3.13.1)."""
+    assert hits.asyncio_writelines(python) == writelines
+
+
+def test_the_version_table_agrees_with_aiohttp_and_with_this_python() -> None:
+    """aiohttp skips writelines by itself exactly where asyncio's does not "send"; and on this
+    interpreter asyncio's socket transport does what the table says: before 3.12 its
+    writelines is WriteTransport's, one write of the joined pieces (what the skip does
+    instead, so lifting the skip changes nothing for an asyncio transport), later its own."""
+    aiohttp_skips = http_writer.IS_PY_BEFORE_312_9 or http_writer.IS_PY313_BEFORE_313_2
+    assert aiohttp_skips == (hits.ASYNCIO_WRITELINES != "sends")
+    from asyncio import selector_events, transports
+
+    own = selector_events._SelectorSocketTransport.writelines
+    if hits.ASYNCIO_WRITELINES == "joins":
+        assert own is transports.WriteTransport.writelines
+        written: list[bytes] = []
+
+        class Probe(transports.WriteTransport):
+            def write(self, data: Any) -> None:
+                written.append(bytes(data))
+
+        Probe().writelines([b"HTTP/1.1 200 OK\r\n\r\n", b"RIFF"])
+        assert written == [b"HTTP/1.1 200 OK\r\n\r\nRIFF"]
+    else:
+        assert own is not transports.WriteTransport.writelines
+
+
+@pytest.mark.parametrize("fits", [True, False])
+@pytest.mark.parametrize("writelines", ["joins", "unsafe", "sends"])
+@pytest.mark.parametrize("loop_kind", ["uvloop", "asyncio"])
+def test_the_skip_is_lifted_only_on_uvloop_where_asyncio_s_writelines_joins(
+    loop_kind: str, writelines: str, fits: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Process-wide, so only where it is safe for every transport (lift_writelines_skip): a
+    uvloop server, a Python whose asyncio writelines joins, the aiohttp it was written for."""
+    monkeypatch.setattr(http_writer, "SKIP_WRITELINES", True)  # restored after the test
+    monkeypatch.setattr(hits, "ASYNCIO_WRITELINES", writelines)
+    monkeypatch.setattr(hits, "FITS", fits)
+    lifted = loop_kind == "uvloop" and writelines == "joins" and fits
+    with new_loop(loop_kind) as loop:
+        assert hits.lift_writelines_skip(loop) is lifted
+    assert http_writer.SKIP_WRITELINES is not lifted
+
+
+@pytest.mark.parametrize("lift", [True, False])
+def test_on_uvloop_bodies_small_and_large_arrive_whole(
+    lift: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On uvloop, with aiohttp's skip lifted as a server lifts it (aiohttp's own responses then
+    go to the transport as one writelines) or kept: aiohttp's responses and the hit writer's
+    carry bodies small and large (past the socket buffer, so flow control pauses the writer)
+    whole. The hit writer gives uvloop's transport one writelines either way: it asks the
+    transport, not the skip."""
+    monkeypatch.setattr(http_writer, "SKIP_WRITELINES", True)  # restored after the test
+    bodies = {"small": bytes(range(256)) * 141, "large": bytes(range(255, -1, -1)) * 16384}
+    prepared = {n: PreparedHit(n, {"Content-Type": "audio/wav"}, len(b)) for n, b in bodies.items()}
+    transports: set[type[object]] = set()
+
+    async def main() -> None:
+        if lift:
+            hits.lift_writelines_skip(asyncio.get_running_loop())
+
+        async def handler(request: web.Request) -> web.StreamResponse:
+            name = request.match_info["name"]
+            if request.match_info["kind"] == "plain":
+                return web.Response(body=bodies[name], content_type="audio/wav")
+            transports.add(type(request.transport))
+            return hits.hit_response(request, bodies[name], prepared[name])
+
+        app = web.Application()
+        app[hits.FAST_HITS] = True
+        app.router.add_get("/{kind}/{name}", handler)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        try:
+            async with aiohttp.ClientSession() as session:
+
+                async def fetch(path: str) -> tuple[str, bytes]:
+                    async with session.get(f"http://127.0.0.1:{port}/{path}") as r:
+                        assert r.status == 200
+                        return r.headers["Content-Type"], await r.read()
+
+                paths = [f"{k}/{n}" for k in ("hit", "plain") for n in bodies] * 4
+                got = await asyncio.gather(*(fetch(p) for p in paths))
+                for path, (kind, body) in zip(paths, got, strict=True):
+                    assert kind == "audio/wav" and body == bodies[path.split("/")[1]], path
+        finally:
+            await runner.cleanup()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
+    assert http_writer.SKIP_WRITELINES is not (lift and hits.ASYNCIO_WRITELINES == "joins")
+    assert transports and all(k.__module__.startswith("uvloop") for k in transports)
+    assert all(hits._gathers(k) for k in transports)

@@ -21,7 +21,10 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
     from gateway.http import keys
     from gateway.http.app import create_app, is_loopback, wait_ready
     from gateway.http.connections import cap_connections, runner_options
+    from gateway.http.hits import lift_writelines_skip
 
+    # Headers and body in one writev on uvloop, where that is safe for the whole process.
+    lift_writelines_skip(asyncio.get_running_loop())
     app = create_app(settings)
     # On SIGTERM, runner.cleanup() stops listening, lets in-flight requests finish for up to
     # shutdown_timeout_s, then runs the cleanup contexts (schedulers, engines, tiers) in reverse.

@@ -25,19 +25,23 @@ receiver: with CORS on, hits go out as ordinary responses), and only for a plain
 :class:`HitResponse` stands in for ``StreamResponse.__init__`` and ``prepare`` by setting seven
 of its private fields (``_state``, ``_headers``, ``_status``, ``_reason``, ``_keep_alive``,
 ``_eof_sent``, ``_body_length``), writes to the request's transport itself and waits on
-``request._payload_writer``. :data:`FITS` says, once at import, whether the installed aiohttp
-is that minor version and still has those fields. Where it is not, nothing here touches
-aiohttp's internals: :func:`hit_response` answers with aiohttp's own ``web.Response`` (the same
-status, headers and body, for the CPU per hit the writer saves: docs/architecture.md, "Hit path
-cost").
+``request._payload_writer``; :func:`lift_writelines_skip` clears
+``aiohttp.http_writer.SKIP_WRITELINES``. :data:`FITS` says, once at import, whether the
+installed aiohttp is that minor version and still has those fields. Where it is not, nothing
+here touches aiohttp's internals: :func:`hit_response` answers with aiohttp's own
+``web.Response`` (the same status, headers and body, for the CPU per hit the writer saves:
+docs/architecture.md, "Hit path cost"), and the skip stays as aiohttp sets it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import re
+import sys
 import time
 from collections.abc import Mapping
+from typing import Literal
 
 import aiohttp
 from aiohttp import HttpVersion11, http_writer, web
@@ -80,8 +84,63 @@ def _fields_there() -> bool:
     )
 
 
-# Decided once, at import (module doc): the hit writer, or aiohttp's own response.
+# Decided once, at import (module doc): the hit writer and the writelines lift, or neither.
 FITS = written_for(aiohttp.__version__) and _fields_there()
+
+# What asyncio's own socket transport does with ``writelines`` on a Python version: "joins" the
+# pieces into one bytes and writes that (WriteTransport's, before 3.12: what aiohttp's skip does
+# anyway), "unsafe" (3.12.0-3.12.8, 3.13.0-3.13.1: its own writelines ignores the write
+# high-water mark, CVE-2024-12254, the reason aiohttp skips it), or "sends" the pieces with one
+# flow-controlled sendmsg, without a copy (later; aiohttp then calls it by itself).
+AsyncioWritelines = Literal["joins", "unsafe", "sends"]
+
+
+def asyncio_writelines(version: tuple[int, int, int]) -> AsyncioWritelines:
+    """What asyncio's socket transport's ``writelines`` does on Python ``version``."""
+    if version < (3, 12):
+        return "joins"
+    if version < (3, 12, 9) or (3, 13) <= version < (3, 13, 2):
+        return "unsafe"
+    return "sends"
+
+
+ASYNCIO_WRITELINES = asyncio_writelines(
+    (sys.version_info.major, sys.version_info.minor, sys.version_info.micro)
+)
+
+
+def _uvloop_made(kind: type[object]) -> bool:
+    return kind.__module__.partition(".")[0] == "uvloop"
+
+
+def lift_writelines_skip(loop: asyncio.AbstractEventLoop) -> bool:
+    """Let aiohttp hand a response's headers and body to ``loop``'s transports as one
+    ``writelines`` where that is safe; True when it did (call it in a process that serves HTTP,
+    with the loop it serves on).
+
+    Why: aiohttp never calls ``transport.writelines`` on Python before 3.12.9 (or on
+    3.13.0-3.13.1), for asyncio's sake (:func:`asyncio_writelines`); it joins the status line,
+    headers and body into a new bytes object instead, a copy of every response body. uvloop's
+    transport is libuv's, not asyncio's: its ``writelines`` buffers the pieces, pauses the
+    protocol above the high-water mark like ``write``, and sends them with one ``writev`` without
+    copying. A memory hit does not need this (:class:`HitResponse` asks each transport itself);
+    every other response of the gateway (disk and Redis hits, misses, ranges, 304s) does.
+
+    Why process-wide: ``SKIP_WRITELINES`` is a global of ``aiohttp.http_writer``, read on every
+    write of every connection; aiohttp has no per-loop or per-connection switch. So it is lifted
+    only where lifting it is safe for *every* transport the process may hold, uvloop's or
+    asyncio's (a test run, or a library with a loop of its own in a thread): on ``loop`` being
+    uvloop's (elsewhere it gains nothing) and on a Python whose asyncio transport's
+    ``writelines`` joins and writes (before 3.12), which is exactly what the skip does instead. On
+    3.12.0-3.12.8 and 3.13.0-3.13.1 it stays (asyncio's transport is the CVE's), and from 3.12.9
+    and 3.13.2 aiohttp no longer skips by itself. Never on an aiohttp that is not the one this was
+    written for (:data:`FITS`).
+    """
+    if not (FITS and ASYNCIO_WRITELINES == "joins" and _uvloop_made(type(loop))):
+        return False
+    http_writer.SKIP_WRITELINES = False
+    return True
+
 
 # What aiohttp refuses in a header (http_writer._safe_header): control characters but tab.
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
@@ -122,6 +181,19 @@ _CONNECTION = {
 # Above this size, where the transport would join them, a hit's status line and headers go out
 # in their own write ahead of the body instead of being copied together with it.
 SEPARATE_HEADERS_FROM = 16 * 1024
+
+# Whether a transport type's ``writelines`` sends the pieces without joining them: uvloop's
+# always, asyncio's where it "sends" (ASYNCIO_WRITELINES). Asked of the transport, not of
+# aiohttp's skip, so a hit gets one writev on uvloop wherever the skip is left in place.
+_GATHERS: dict[type[object], bool] = {}
+
+
+def _gathers(kind: type[object]) -> bool:
+    found = _GATHERS.get(kind)
+    if found is None:
+        found = _GATHERS[kind] = _uvloop_made(kind) or ASYNCIO_WRITELINES == "sends"
+    return found
+
 
 _date: tuple[int, bytes] = (0, b"")
 
@@ -184,11 +256,11 @@ class HitResponse(web.StreamResponse):
         body = b"" if request.method == "HEAD" else self._audio
         if not body:
             transport.write(head)
-        elif not http_writer.SKIP_WRITELINES:
-            transport.writelines((head, body))  # uvloop: one writev, no copy
+        elif _gathers(type(transport)):
+            transport.writelines((head, body))  # one writev, no copy
         elif len(body) < SEPARATE_HEADERS_FROM:
             transport.write(head + body)
-        else:  # (asyncio's transport: join() would copy a large body; two sends do not)
+        else:  # (asyncio's transport before 3.12: join() would copy a large body)
             transport.write(head)
             transport.write(body)
         self._eof_sent = True

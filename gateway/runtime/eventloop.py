@@ -7,6 +7,9 @@ asyncio's loop and 225 us on uvloop, while a bare aiohttp handler went from 108 
 gateway does several loop round trips per request (the client, Redis, the response) where the
 bare handler does one, so it gains the most.
 
+A process serving HTTP on uvloop also lifts aiohttp's ``writelines`` skip, where that is safe
+(:func:`gateway.http.hits.lift_writelines_skip`, with the other aiohttp internals).
+
 ``asyncio`` stays selectable (``--event-loop asyncio``) for platforms without uvloop (Windows)
 and to rule the loop out when debugging.
 """
@@ -47,29 +50,8 @@ def factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop]:
     if resolve(choice) == "uvloop":
         import uvloop
 
-        allow_writelines()
         return uvloop.new_event_loop
     return asyncio.new_event_loop
-
-
-def allow_writelines() -> None:
-    """Let aiohttp hand a response's headers and body to a uvloop transport as one ``writev``.
-
-    aiohttp never calls ``transport.writelines`` on Python before 3.12.9 (or on 3.13.0-3.13.1):
-    asyncio's own selector transport had CVE-2024-12254 there (its ``writelines`` ignored the
-    write high-water mark). Instead it joins the status line, headers and body into a new bytes
-    object: a copy of every response body, or (the hit writer, :mod:`gateway.http.hits`, for
-    large bodies) a second ``send`` of its own, and on loopback each send costs the receiver's
-    TCP processing too: a third of a memory hit's CPU (py-spy, the 5,000-prompt Zipf hit bench).
-    uvloop's transport is libuv's, not asyncio's: its ``writelines`` buffers the pieces, pauses
-    the protocol above the high-water mark like ``write``, and sends them with one
-    ``uv_try_write`` (a ``writev``) without copying. So on uvloop the skip is lifted. (Set once,
-    process-wide, before the loop starts; the bare-aiohttp baseline of ``bench/hit_path.py``
-    makes its loop here too, so it gets the same.)
-    """
-    from aiohttp import http_writer
-
-    http_writer.SKIP_WRITELINES = False
 
 
 def describe(loop: asyncio.AbstractEventLoop) -> str:
