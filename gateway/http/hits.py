@@ -185,13 +185,12 @@ SEPARATE_HEADERS_FROM = 16 * 1024
 # Whether a transport type's ``writelines`` sends the pieces without joining them: uvloop's
 # always, asyncio's where it "sends" (ASYNCIO_WRITELINES). Asked of the transport, not of
 # aiohttp's skip, so a hit gets one writev on uvloop wherever the skip is left in place.
+# (Remembered per type: HitResponse.prepare reads it with one dict lookup.)
 _GATHERS: dict[type[object], bool] = {}
 
 
 def _gathers(kind: type[object]) -> bool:
-    found = _GATHERS.get(kind)
-    if found is None:
-        found = _GATHERS[kind] = _uvloop_made(kind) or ASYNCIO_WRITELINES == "sends"
+    found = _GATHERS[kind] = _uvloop_made(kind) or ASYNCIO_WRITELINES == "sends"
     return found
 
 
@@ -254,9 +253,12 @@ class HitResponse(web.StreamResponse):
         if transport is None or transport.is_closing():
             raise ConnectionResetError("the client went away")
         body = b"" if request.method == "HEAD" else self._audio
+        gathers = _GATHERS.get(type(transport))
+        if gathers is None:
+            gathers = _gathers(type(transport))
         if not body:
             transport.write(head)
-        elif _gathers(type(transport)):
+        elif gathers:
             transport.writelines((head, body))  # one writev, no copy
         elif len(body) < SEPARATE_HEADERS_FROM:
             transport.write(head + body)
