@@ -124,7 +124,8 @@ def lift_writelines_skip(loop: asyncio.AbstractEventLoop) -> bool:
     transport is libuv's, not asyncio's: its ``writelines`` buffers the pieces, pauses the
     protocol above the high-water mark like ``write``, and sends them with one ``writev`` without
     copying. A memory hit does not need this (:class:`HitResponse` asks each transport itself);
-    every other response of the gateway (disk and Redis hits, misses, ranges, 304s) does.
+    every other response with a body (disk and Redis hits, misses, ranges, JSON) is aiohttp's
+    own and gets the ``writev`` only this way.
 
     Why process-wide: ``SKIP_WRITELINES`` is a global of ``aiohttp.http_writer``, read on every
     write of every connection; aiohttp has no per-loop or per-connection switch. So it is lifted
