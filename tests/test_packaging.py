@@ -172,12 +172,13 @@ def test_piper_speaks_without_the_extra(tmp_path: Path) -> None:
 def test_dev_extra_installs_everything() -> None:
     # `bash .ci/install` installs `.[dev]`: the whole suite needs the Coqui extra (its engine
     # tests), the bench extra (the seed baseline the bench smoke tests start) and the clients extra
-    # (the real client libraries the compatibility tests drive).
+    # (the real client libraries the compatibility tests drive), the openai extra (the upstream
+    # client of kind "openai" the upstream tests run).
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     project = pyproject["project"]
     selves = [d for d in project["optional-dependencies"]["dev"] if d.startswith("voxgate[")]
     assert len(selves) == 1
-    assert set(selves[0][len("voxgate[") : -1].split(",")) == {"coqui", "bench", "clients"}
+    assert set(selves[0][len("voxgate[") : -1].split(",")) == {"coqui", "bench", "clients", "openai"}
     heavy = ("torch", "torchaudio", "torchcodec", "coqui-tts", "onnx", "six")
     names = {re.split(r"[=<>~;\[ ]", d)[0] for d in project["dependencies"]}
     assert names.isdisjoint(heavy)

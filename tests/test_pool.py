@@ -370,7 +370,7 @@ def test_a_reply_round_trips() -> None:
     assert [a.sample_rate for a in audios] == [22050, 22050]
     assert np.array_equal(audios[0].pcm, pcm) and len(audios[1].pcm) == 0
     message = "x" * 10_000
-    kind, (error_kind, text) = decode_reply(
+    kind, (error_kind, text, _) = decode_reply(
         encode_reply("error", {"kind": "EngineError", "message": message}), 1
     )
     assert (kind, error_kind, len(text)) == ("error", "EngineError", 500)

@@ -131,12 +131,13 @@ def init_keys_file(settings: Settings) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from gateway.runtime.extras import check_extras
+    from gateway.runtime.extras import check_extras, check_upstreams
     from gateway.runtime.logs import configure_logging
 
     settings = load_settings(args)
     # Before any process starts: `--workers N` would otherwise start N servers that each fail.
     check_extras(settings)
+    check_upstreams(settings)
     if settings.api_keys_init and args.worker_of is None and not args.serve_pool:
         init_keys_file(settings)
     if settings.api_keys_file:

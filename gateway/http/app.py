@@ -6,7 +6,7 @@ import asyncio
 import ipaddress
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 
 from aiohttp import web
 
@@ -45,7 +45,7 @@ from gateway.http.telephony import (
 from gateway.runtime.accesslog import AccessLog
 from gateway.runtime.apikeys import Authenticator, KeyedSockets
 from gateway.runtime.buildinfo import record_build_info
-from gateway.runtime.components import open_pins, open_speech
+from gateway.runtime.components import ModelSource, open_pins, open_speech
 from gateway.runtime.hostshare import HostShares, open_host_table
 from gateway.runtime.ratelimit import KeyLimits
 from gateway.runtime.settings import Settings
@@ -53,8 +53,6 @@ from gateway.runtime.workers import WORKER_INDEX_ENV
 from gateway.speech.assembly import RenderShare
 from gateway.wyoming.server import WyomingServer
 from metrics import Metrics
-from synth.engine import Engine
-from synth.pool import EngineSpec
 
 log = logging.getLogger("voxgate")
 
@@ -87,7 +85,7 @@ def create_app(
     settings: Settings,
     *,
     metrics: Metrics | None = None,
-    engines: Mapping[str, Engine | Sequence[EngineSpec]] | None = None,
+    engines: Mapping[str, ModelSource] | None = None,
 ) -> web.Application:
     """Build the gateway. ``engines`` replaces the configured engines (tests inject wrappers)."""
     max_body = settings.max_body_kb * 1024

@@ -74,6 +74,7 @@ def _errors(*codes: int) -> dict[str, Any]:
         421: "MisdirectedRequest",
         429: "TooManyRequests",
         500: "ServerError",
+        502: "BadGateway",
         503: "Unavailable",
     }
     return {str(c): _ref("responses", names[c]) for c in codes}
@@ -223,7 +224,7 @@ def _piper_paths(models: RequestModels) -> dict[str, Any]:
                 "responses": {
                     "200": _audio_ok("WAV audio."),
                     "304": _ref("responses", "NotModified"),
-                    **_errors(400, 413, 500, 503),
+                    **_errors(400, 413, 500, 502, 503),
                 },
             }
         },
@@ -339,7 +340,7 @@ def _speech_path() -> dict[str, Any]:
             "responses": {
                 "200": _speech_ok(),
                 "304": _ref("responses", "NotModified"),
-                **_errors(400, 413, 429, 500, 503),
+                **_errors(400, 413, 429, 500, 502, 503),
             },
         }
     }
@@ -356,7 +357,7 @@ def _coqui_path(models: RequestModels) -> dict[str, Any]:
         "responses": {
             "200": _audio_ok("WAV audio."),
             "304": _ref("responses", "NotModified"),
-            **_errors(400, 413, 429, 500, 503),
+            **_errors(400, 413, 429, 500, 502, 503),
         },
     }
     body = _ref("schemas", _json_schema(models.coqui)["title"])
@@ -394,7 +395,7 @@ def _synthesize_path(models: RequestModels) -> dict[str, Any]:
             "responses": {
                 "200": _audio_ok("The audio."),
                 "304": _ref("responses", "NotModified"),
-                **_errors(400, 429, 500, 503),
+                **_errors(400, 429, 500, 502, 503),
             },
         }
     }
@@ -575,7 +576,7 @@ def _telephony_paths(settings: Settings) -> dict[str, Any]:
     say_responses: dict[str, Any] = {
         "200": _player_audio("The audio."),
         "304": _ref("responses", "NotModified"),
-        **_errors(400, 500, 503),
+        **_errors(400, 500, 502, 503),
     }
     say: dict[str, Any] = {
         "tags": ["telephony"],
@@ -664,7 +665,7 @@ def _telephony_paths(settings: Settings) -> dict[str, Any]:
                 "requestBody": _json_body("JambonzRequest"),
                 "responses": {
                     "200": _jambonz_audio(settings),
-                    **_errors(400, 413, 500, 503),
+                    **_errors(400, 413, 500, 502, 503),
                 },
             }
         },
@@ -1008,8 +1009,16 @@ def _components(settings: Settings, models: RequestModels) -> dict[str, Any]:
                 "stored, so a retry synthesizes again.",
                 "content": {JSON: {"schema": _ref("schemas", "Error")}},
             },
+            "BadGateway": {
+                "description": "An upstream (a remote TTS provider served as a model) failed "
+                "this request after its retries, or refused voxgate's credentials; the message "
+                "names the upstream. Nothing was stored: a retry asks it again.",
+                "headers": {"Retry-After": {"schema": {"type": "integer"}}},
+                "content": {JSON: {"schema": _ref("schemas", "Error")}},
+            },
             "Unavailable": {
-                "description": "Synthesis queue full, model loading, or engine unavailable; "
+                "description": "Synthesis queue full, model loading, engine unavailable, or an "
+                "upstream unavailable (down, rate limiting, its breaker open); "
                 "retry after Retry-After seconds (stored audio is still served).",
                 "headers": {"Retry-After": {"schema": {"type": "integer"}}},
                 "content": {JSON: {"schema": _ref("schemas", "Error")}},

@@ -367,6 +367,13 @@ class Settings(BaseSettings):
         "Runtime), int8 (dynamic quantization of Linear/LSTM layers; a no-op for VITS), "
         "fp16 or bf16 (autocast; fp16 needs CUDA).",
     )
+    upstreams_file: str = _opt(
+        "synthesis",
+        "",
+        "TOML file of upstreams: remote TTS services and other TTS servers (OpenAI or any "
+        "OpenAI-compatible server, another voxgate) served as models of the same store, each "
+        "under its own name ([[upstream]] entries: docs/upstreams.md). Empty: none.",
+    )
     devices: Annotated[tuple[Device, ...], NoDecode] = _opt(
         "synthesis",
         ("cpu",),
