@@ -178,7 +178,12 @@ def test_dev_extra_installs_everything() -> None:
     project = pyproject["project"]
     selves = [d for d in project["optional-dependencies"]["dev"] if d.startswith("voxgate[")]
     assert len(selves) == 1
-    assert set(selves[0][len("voxgate[") : -1].split(",")) == {"coqui", "bench", "clients", "openai"}
+    assert set(selves[0][len("voxgate[") : -1].split(",")) == {
+        "coqui",
+        "bench",
+        "clients",
+        "openai",
+    }
     heavy = ("torch", "torchaudio", "torchcodec", "coqui-tts", "onnx", "six")
     names = {re.split(r"[=<>~;\[ ]", d)[0] for d in project["dependencies"]}
     assert names.isdisjoint(heavy)
