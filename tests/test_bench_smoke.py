@@ -193,3 +193,18 @@ def test_handmade_bench_resp_one_round(tmp_path: Path) -> None:
     assert result["verdict"] == (
         "keep" if min(result["speedup_rps"]["median"], round(cpu, 3)) >= 1.15 else "drop"
     )
+
+
+@pytest.mark.slow
+async def test_upstream_bench_runs_and_voxgate_bills_only_new_sentences(tmp_path: Path) -> None:
+    from bench import upstream
+
+    results = await upstream.run(seconds=3, clients=2, prompts=8, latency_ms=50, directory=tmp_path)
+    direct, voxgate = results["direct"], results["voxgate"]
+    assert direct["errors"] == voxgate["errors"] == 0
+    # Without a cache every request is a call, every character billed.
+    assert direct["provider_calls"] == direct["requests"] > 0
+    assert direct["chars_billed"] == direct["chars_requested"]
+    # Through voxgate: 8 prompts of 2 x 2 x 2 sentences, each sentence billed once at most.
+    assert voxgate["requests"] > voxgate["provider_calls"]
+    assert voxgate["provider_calls"] <= 6
