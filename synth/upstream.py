@@ -42,7 +42,14 @@ from limits import RateLimitItem, RateLimitItemPerMinute
 from limits.aio.storage import MemoryStorage, Storage
 from limits.aio.strategies import MovingWindowRateLimiter
 from limits.errors import StorageError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from redis.exceptions import RedisError
 
 from metrics import Metrics
@@ -51,8 +58,8 @@ from synth.errors import EngineError, UpstreamError
 
 log = logging.getLogger("voxgate.upstream")
 
-UpstreamKind = Literal["openai"]
-KINDS: tuple[str, ...] = ("openai",)
+UpstreamKind = Literal["openai", "wyoming"]
+KINDS: tuple[str, ...] = ("openai", "wyoming")
 
 # A voice name the provider is sent when the entry's voices include "*" (any voice): a
 # provider's voice ids are short identifiers; anything else is refused before it costs a call.
@@ -73,14 +80,19 @@ class UpstreamConfig(BaseModel):
     kind: UpstreamKind = Field(
         description="The provider's API: openai (any OpenAI-compatible server)."
     )
-    base_url: str = Field(description="The API's base URL, e.g. https://api.openai.com/v1.")
+    base_url: str = Field(
+        description="The API's base URL, e.g. https://api.openai.com/v1 (openai), or "
+        "tcp://host:port (wyoming)."
+    )
     api_key_env: str = Field(
         "",
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*$|^$",
         description="The environment variable holding the API key (never the key itself); "
         "empty: the server takes no key.",
     )
-    model: str = Field(description="The provider's model id.", min_length=1, max_length=128)
+    model: str = Field(
+        "", description="The provider's model id (openai: required).", max_length=128
+    )
     voices: tuple[str, ...] = Field(
         ("*",),
         description='The provider voice ids served; "*" also lets any other id through.',
@@ -128,11 +140,26 @@ class UpstreamConfig(BaseModel):
 
     @field_validator("base_url")
     @classmethod
-    def _http_url(cls, value: str) -> str:
+    def _url(cls, value: str) -> str:
         parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("must be an http:// or https:// URL")
+        if parts.scheme not in ("http", "https", "tcp") or not parts.hostname:
+            raise ValueError("must be an http://, https:// or tcp:// URL")
         return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _fits_its_kind(self) -> UpstreamConfig:
+        scheme = urlsplit(self.base_url).scheme
+        if self.kind == "openai":
+            if scheme not in ("http", "https"):
+                raise ValueError("base_url of kind openai must be an http:// or https:// URL")
+            if not self.model:
+                raise ValueError("kind openai needs the provider's model id (model)")
+        if self.kind == "wyoming":
+            if scheme != "tcp" or urlsplit(self.base_url).port is None:
+                raise ValueError("base_url of kind wyoming must be tcp://host:port")
+            if self.format != "pcm":
+                raise ValueError('a wyoming server sends pcm (format = "pcm")')
+        return self
 
     @field_validator("voices")
     @classmethod
@@ -668,11 +695,15 @@ def build_provider(config: UpstreamConfig, api_key: str) -> Provider:
         from synth.providers.openai_api import OpenAIProvider
 
         return OpenAIProvider(config, api_key)
+    if config.kind == "wyoming":
+        from synth.providers.wyoming_tcp import WyomingProvider
+
+        return WyomingProvider(config)
     raise ValueError(f"unknown upstream kind {config.kind!r}")
 
 
 # The package each kind's client imports (its extra is named like the kind).
-SDK_MODULES = {"openai": "openai"}
+SDK_MODULES = {"openai": "openai", "wyoming": "wyoming"}
 
 
 def missing_sdk(config: UpstreamConfig) -> str:

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from bench.harness import free_port
 from gateway.http import keys
 from gateway.runtime.settings import Settings
 from metrics import Metrics
@@ -401,3 +402,50 @@ def test_retry_after_forms() -> None:
     assert retry_after_of({}) is None
     later = retry_after_of({"retry-after": "Wed, 21 Oct 2099 07:28:00 GMT"})
     assert later is not None and later > 1e9
+
+
+async def test_a_wyoming_server_is_an_upstream(
+    gateway: GatewayFactory, counting_engine: CountingEngine, settings: Settings
+) -> None:
+    """kind = "wyoming" through the wyoming package's client, against a real Wyoming server
+    (another voxgate's, in this process): its PCM is the master; formats are transcodes."""
+    port = free_port()
+    await gateway(settings=settings.replace(wyoming_port=port))
+    assert counting_engine.items == 0
+    fleet = UpstreamConfig(
+        name="fleet",
+        kind="wyoming",
+        base_url=f"tcp://127.0.0.1:{port}",
+        voices=("joe",),
+        sample_rate=22050,
+        timeout_s=30,
+    )
+    front = await gateway(settings=settings, engines={"piper": counting_engine, "fleet": fleet})
+    body = {"model": "fleet", "input": GREETING, "voice": "joe", "response_format": "wav"}
+    r = await front.post("/v1/audio/speech", json=body)
+    assert r.status == 200, await r.text()
+    audio, rate = sf.read(io.BytesIO(await r.read()))
+    assert rate == 22050 and len(audio) > rate // 2
+    for fmt in ("mp3", "pcm", "flac"):
+        r = await front.post("/v1/audio/speech", json={**body, "response_format": fmt})
+        assert r.status == 200
+    assert counting_engine.texts == [GREETING]  # the Wyoming server synthesized it once
+    # Wyoming has no speed: refused before a call, with the reason.
+    r = await front.post("/v1/audio/speech", json={**body, "input": "Faster.", "speed": 1.5})
+    assert r.status == 400
+    assert "no speed" in (await r.json())["error"]["message"]
+    assert counting_engine.texts == [GREETING]
+
+
+def test_an_entry_must_fit_its_kind() -> None:
+    good = {"name": "w", "kind": "wyoming", "base_url": "tcp://127.0.0.1:10200"}
+    assert UpstreamConfig.model_validate(good).model == ""
+    for bad, named in (
+        ({**good, "base_url": "http://127.0.0.1:10200"}, "tcp://host:port"),
+        ({**good, "base_url": "tcp://127.0.0.1"}, "tcp://host:port"),
+        ({**good, "format": "wav"}, "pcm"),
+        ({"name": "o", "kind": "openai", "base_url": "tcp://h:1", "model": "m"}, "http"),
+        ({"name": "o", "kind": "openai", "base_url": "http://h"}, "model"),
+    ):
+        with pytest.raises(ValueError, match=named):
+            UpstreamConfig.model_validate(bad)
