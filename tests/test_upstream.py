@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from bench.harness import free_port
+from bench.harness import CACHE_SECRET, RedisServer, free_port
 from gateway.http import keys
 from gateway.runtime.settings import Settings
 from metrics import Metrics
@@ -449,3 +449,31 @@ def test_an_entry_must_fit_its_kind() -> None:
     ):
         with pytest.raises(ValueError, match=named):
             UpstreamConfig.model_validate(bad)
+
+
+async def test_requests_per_minute_is_one_budget_for_replicas_sharing_redis(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    provider: OpenAISpeechServer,
+    settings: Settings,
+    tmp_path: Path,
+    redis: RedisServer,
+) -> None:
+    shared = settings.replace(redis_url=redis.url, cache_secret=CACHE_SECRET)
+    config = entry(provider, requests_per_minute=3, timeout_s=1)
+    a = await start(gateway, counting_engine, config, settings=shared)
+    b = await start(
+        gateway,
+        counting_engine,
+        config,
+        settings=shared.replace(cache_dir=tmp_path / "b"),
+        metrics=Metrics(),
+    )
+    for client, text in ((a, "One."), (b, "Two."), (a, "Three.")):
+        r = await client.post("/v1/audio/speech", json=speech(text))
+        assert r.status == 200, await r.text()
+    # The fourth call of the minute, on either replica, finds no slot in the shared window.
+    r = await b.post("/v1/audio/speech", json=speech("Four."))
+    assert r.status == 503
+    assert (await r.json())["error"]["code"] == "upstream_rate_wait"
+    assert provider.calls == 3
