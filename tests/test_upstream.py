@@ -477,3 +477,31 @@ async def test_requests_per_minute_is_one_budget_for_replicas_sharing_redis(
     assert r.status == 503
     assert (await r.json())["error"]["code"] == "upstream_rate_wait"
     assert provider.calls == 3
+
+
+async def test_as_the_default_model_say_urls_and_jambonz_speak_through_it(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    provider: OpenAISpeechServer,
+    settings: Settings,
+) -> None:
+    """Telephony speaks with the default model: an upstream made the default serves say URLs
+    and jambonz from the same sentence masters as the OpenAI route."""
+    client = await start(
+        gateway,
+        counting_engine,
+        entry(provider),
+        settings=settings.replace(default_model="openai", default_voice="alloy"),
+    )
+    r = await client.get("/v1/say/alloy/Hello%20there..wav")
+    assert r.status == 200, await r.text()
+    assert provider.texts == ["Hello there."]
+    r = await client.get("/v1/say/alloy/Hello%20there..ulaw")
+    assert r.status == 200
+    jambonz = {"type": "text", "text": "Hello there.", "voice": "alloy", "language": "en-US"}
+    r = await client.post("/v1/jambonz/tts", json=jambonz)
+    assert r.status == 200, await r.text()
+    r = await client.post("/v1/audio/speech", json=speech("Hello there.", response_format="mp3"))
+    assert r.status == 200
+    assert provider.calls == 1
+    assert counting_engine.items == 0  # the local voice said nothing
