@@ -58,8 +58,10 @@ from synth.errors import EngineError, UpstreamError
 
 log = logging.getLogger("voxgate.upstream")
 
-UpstreamKind = Literal["openai", "wyoming"]
-KINDS: tuple[str, ...] = ("openai", "wyoming")
+UpstreamKind = Literal["openai", "elevenlabs", "wyoming"]
+KINDS: tuple[str, ...] = ("openai", "elevenlabs", "wyoming")
+# The pcm rates ElevenLabs offers (its output_format pcm_<rate>).
+ELEVENLABS_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
 
 # A voice name the provider is sent when the entry's voices include "*" (any voice): a
 # provider's voice ids are short identifiers; anything else is refused before it costs a call.
@@ -134,6 +136,11 @@ class UpstreamConfig(BaseModel):
     instructions: bool = Field(
         True, description="Pass OpenAI's `instructions` on (part of the content address)."
     )
+    voice_settings: dict[str, float | bool] = Field(
+        default_factory=dict,
+        description="elevenlabs: voice_settings sent with every call (stability, "
+        "similarity_boost, style, use_speaker_boost); part of the content address.",
+    )
     max_audio_mb: int = Field(
         64, ge=1, le=1024, description="Largest answer read from the provider, in MiB."
     )
@@ -149,11 +156,19 @@ class UpstreamConfig(BaseModel):
     @model_validator(mode="after")
     def _fits_its_kind(self) -> UpstreamConfig:
         scheme = urlsplit(self.base_url).scheme
-        if self.kind == "openai":
+        if self.kind in ("openai", "elevenlabs"):
             if scheme not in ("http", "https"):
-                raise ValueError("base_url of kind openai must be an http:// or https:// URL")
+                raise ValueError(f"base_url of kind {self.kind} must be an http(s):// URL")
             if not self.model:
-                raise ValueError("kind openai needs the provider's model id (model)")
+                raise ValueError(f"kind {self.kind} needs the provider's model id (model)")
+        if self.kind == "elevenlabs":
+            if self.format != "pcm" or self.sample_rate not in ELEVENLABS_RATES:
+                raise ValueError(
+                    'kind elevenlabs is asked for pcm at one of its rates: format = "pcm", '
+                    f"sample_rate in {', '.join(map(str, ELEVENLABS_RATES))}"
+                )
+        elif self.voice_settings:
+            raise ValueError("voice_settings are for kind elevenlabs")
         if self.kind == "wyoming":
             if scheme != "tcp" or urlsplit(self.base_url).port is None:
                 raise ValueError("base_url of kind wyoming must be tcp://host:port")
@@ -193,6 +208,7 @@ class UpstreamConfig(BaseModel):
             "sample_rate": self.sample_rate if self.format == "pcm" else None,
             "revision": self.revision,
             "split": self.split,
+            **({"voice_settings": self.voice_settings} if self.voice_settings else {}),
         }
 
 
@@ -678,6 +694,10 @@ class UpstreamRunner:
                 "auth",
                 f"upstream {name!r} refused voxgate's credentials ({exc.status}); see api_key_env",
             )
+        if exc.kind == "timeout":
+            return self._fail(
+                "timeout", f"upstream {name!r} did not answer within {self.config.timeout_s:g}s"
+            )
         if exc.kind == "connection":
             return self._fail("connection", f"upstream {name!r} cannot be reached: {exc.message}")
         if exc.kind == "bad_reply":
@@ -695,6 +715,10 @@ def build_provider(config: UpstreamConfig, api_key: str) -> Provider:
         from synth.providers.openai_api import OpenAIProvider
 
         return OpenAIProvider(config, api_key)
+    if config.kind == "elevenlabs":
+        from synth.providers.elevenlabs_api import ElevenLabsProvider
+
+        return ElevenLabsProvider(config, api_key)
     if config.kind == "wyoming":
         from synth.providers.wyoming_tcp import WyomingProvider
 
@@ -703,7 +727,7 @@ def build_provider(config: UpstreamConfig, api_key: str) -> Provider:
 
 
 # The package each kind's client imports (its extra is named like the kind).
-SDK_MODULES = {"openai": "openai", "wyoming": "wyoming"}
+SDK_MODULES = {"openai": "openai", "elevenlabs": "aiohttp", "wyoming": "wyoming"}
 
 
 def missing_sdk(config: UpstreamConfig) -> str:

@@ -26,7 +26,7 @@ from metrics import Metrics
 from synth.upstream import UpstreamConfig, load_upstreams, retry_after_of
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine, until
-from tests.upstream_support import RATE, OpenAISpeechServer, Scripted, tone
+from tests.upstream_support import RATE, ElevenLabsServer, OpenAISpeechServer, Scripted, tone
 
 KEY_ENV = "VOXGATE_TEST_UPSTREAM_KEY"
 GREETING = "Thank you for calling."
@@ -505,3 +505,57 @@ async def test_as_the_default_model_say_urls_and_jambonz_speak_through_it(
     assert r.status == 200
     assert provider.calls == 1
     assert counting_engine.items == 0  # the local voice said nothing
+
+
+async def test_elevenlabs_through_its_published_api(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    monkeypatch: pytest.MonkeyPatch,
+    metrics: Metrics,
+) -> None:
+    """kind = "elevenlabs" against a local server following ElevenLabs' published contract
+    (tests/upstream_support.py cites it): pcm at the asked rate is the master, the entry's
+    voice_settings (and the request's speed) go with each call and into the address."""
+    server = await ElevenLabsServer().start()
+    monkeypatch.setenv("VOXGATE_TEST_XI_KEY", server.api_key)
+    voice = server.voices[0]
+    try:
+        config = UpstreamConfig(
+            name="eleven",
+            kind="elevenlabs",
+            base_url=server.url,
+            api_key_env="VOXGATE_TEST_XI_KEY",
+            model="eleven_multilingual_v2",
+            voices=(voice, "*"),
+            sample_rate=22050,
+            voice_settings={"stability": 0.5, "similarity_boost": 0.75},
+            price_per_million_chars=180.0,
+        )
+        client = await start(gateway, counting_engine, config, metrics=metrics)
+        body = {"model": "eleven", "input": GREETING, "voice": voice, "response_format": "wav"}
+        for fmt in ("wav", "wav", "mp3", "pcm"):
+            r = await client.post("/v1/audio/speech", json={**body, "response_format": fmt})
+            assert r.status == 200, await r.text()
+        _, rate = sf.read(
+            io.BytesIO(await (await client.post("/v1/audio/speech", json=body)).read())
+        )
+        assert rate == 22050
+        assert server.calls == 1
+        ((sent_voice, query, sent),) = server.requests
+        assert (sent_voice, query) == (voice, {"output_format": "pcm_22050"})
+        assert sent == {
+            "text": GREETING,
+            "model_id": "eleven_multilingual_v2",
+            "voice_settings": {"stability": 0.5, "similarity_boost": 0.75},
+        }
+        r = await client.post("/v1/audio/speech", json={**body, "speed": 1.1})
+        assert r.status == 200 and server.calls == 2
+        assert server.requests[-1][2]["voice_settings"]["speed"] == 1.1
+        # An unknown voice id: the caller's 400, with ElevenLabs' message.
+        r = await client.post("/v1/audio/speech", json={**body, "voice": "nosuchvoice"})
+        assert r.status == 400
+        assert "was not found" in (await r.json())["error"]["message"]
+        saved = value(metrics, "voxgate_upstream_saved_total", upstream="eleven")
+        assert saved == pytest.approx(4 * len(GREETING) * 180.0 / 1e6)
+    finally:
+        await server.stop()

@@ -191,3 +191,89 @@ class OpenAISpeechServer:
                 "voice",
             )
         return None
+
+
+class ElevenLabsServer:
+    """ElevenLabs' text-to-speech endpoint as its OpenAPI document publishes it (the official
+    SDK generated from it: repository elevenlabs/elevenlabs-python,
+    ``src/elevenlabs/text_to_speech/raw_client.py`` and
+    ``types/text_to_speech_convert_request_output_format.py``):
+    ``POST /v1/text-to-speech/{voice_id}``, query ``output_format`` (``pcm_<rate>`` among the
+    listed rates), the key in ``xi-api-key``, JSON ``text`` (required), ``model_id``,
+    ``voice_settings`` (``stability``, ``similarity_boost``, ``style``, ``use_speaker_boost``,
+    ``speed``); a 422 in FastAPI's ``{"detail": [{"loc", "msg", "type"}]}`` shape for a body that
+    does not validate, ``{"detail": {"status", "message"}}`` for other errors (401 for a bad key,
+    404 for an unknown voice). ``pcm_<rate>`` is raw 16-bit mono at that rate."""
+
+    RATES = (8000, 16000, 22050, 24000, 44100, 48000)
+    SETTINGS = frozenset({"stability", "similarity_boost", "style", "use_speaker_boost", "speed"})
+
+    def __init__(
+        self, *, api_key: str = "xi-test-key", voices: tuple[str, ...] = ("21m00Tcm4TlvDq8ikWAM",)
+    ) -> None:
+        self.api_key = api_key
+        self.voices = voices
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.calls = 0
+        self.requests: list[tuple[str, dict[str, str], dict[str, Any]]] = []
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> ElevenLabsServer:
+        app = web.Application()
+        app.router.add_post("/v1/text-to-speech/{voice_id}", self._speech)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    @staticmethod
+    def _detail(status: int, code: str, message: str) -> web.Response:
+        return web.json_response({"detail": {"status": code, "message": message}}, status=status)
+
+    async def _speech(self, request: web.Request) -> web.Response:
+        self.calls += 1
+        if request.headers.get("xi-api-key") != self.api_key:
+            return self._detail(401, "invalid_api_key", "Invalid API key")
+        body = await request.json()
+        voice = request.match_info["voice_id"]
+        self.requests.append((voice, dict(request.query), body))
+        problems = []
+        if not isinstance(body.get("text"), str):
+            problems.append({"loc": ["body", "text"], "msg": "Field required", "type": "missing"})
+        settings = body.get("voice_settings", {})
+        if not isinstance(settings, dict) or set(settings) - self.SETTINGS:
+            problems.append(
+                {
+                    "loc": ["body", "voice_settings"],
+                    "msg": "Extra inputs are not permitted",
+                    "type": "extra_forbidden",
+                }
+            )
+        fmt = request.query.get("output_format", "mp3_44100_128")
+        if not fmt.startswith("pcm_") or int(fmt[4:]) not in self.RATES:
+            problems.append(
+                {
+                    "loc": ["query", "output_format"],
+                    "msg": "this test server makes pcm only",
+                    "type": "enum",
+                }
+            )
+        if problems:
+            return web.json_response({"detail": problems}, status=422)
+        if voice not in self.voices:
+            return self._detail(
+                404, "voice_not_found", f"A voice with the voice_id {voice} was not found."
+            )
+        rate = int(fmt[4:])
+        speed = float(settings.get("speed", 1.0))
+        samples = tone(body["text"], speed)
+        # At the asked rate: the tone's length in seconds, resampled by repetition of the pattern.
+        n = int(len(samples) * rate / RATE)
+        pcm = np.resize(samples, n).astype("<i2")
+        return web.Response(body=pcm.tobytes(), content_type="application/octet-stream")
