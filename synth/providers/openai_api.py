@@ -13,6 +13,7 @@ every attempt is counted and all of them fit in one deadline. The answer is read
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import httpx2
 import openai
@@ -36,6 +37,9 @@ class OpenAIProvider:
     def __init__(self, config: UpstreamConfig, api_key: str) -> None:
         self.config = config
         self.max_bytes = config.max_audio_mb * MIB
+        # The SDK logs each request's options, text included, at DEBUG: never, whatever the
+        # gateway's log level (request text is never logged).
+        logging.getLogger("openai").setLevel(logging.INFO)
         self.client = openai.AsyncOpenAI(
             # A server that takes no key (a local one) is sent a placeholder it ignores: the SDK
             # refuses to start without one.
