@@ -189,6 +189,26 @@ async def test_phoneme_reaches_piper_as_ipa(
     assert counting_engine.items == 2
 
 
+async def test_phoneme_before_punctuation_is_spoken(
+    gateway: GatewayFactory, counting_engine: CountingEngine
+) -> None:
+    """The full stop after a ``<phoneme>`` is no segment of its own (no voice has audio for a
+    lone "."): it ends the phoneme's sentence, and the document is spoken, not a 400."""
+    client = await gateway()
+    doc = '<speak>Say <phoneme alphabet="ipa" ph="təˈmeɪtoʊ">tomato</phoneme>.</speak>'
+    explained = await client.post("/v1/ssml/explain", json=body(doc))
+    assert explained.status == 200, await explained.text()
+    assert (await explained.json())["expansion"] == [
+        {"words": "Say", "pause_ms": 0, "rate": 1.0, "phonemes": False},
+        {"words": "təˈmeɪtoʊ", "pause_ms": None, "rate": 1.0, "phonemes": True},
+    ]
+    resp = await client.post("/v1/audio/speech", json=body(doc))
+    assert resp.status == 200, await resp.text()
+    pcm, _ = sf.read(io.BytesIO(await resp.read()), dtype="float32")
+    assert np.any(pcm != 0)
+    assert counting_engine.texts == ["Say", "təˈmeɪtoʊ"]
+
+
 async def test_numbers_front_end_shares_the_written_out_address(gateway: GatewayFactory) -> None:
     client = await gateway()
     written, _, _ = await speak(client, "There are four thousand and ninety-six bytes.")
