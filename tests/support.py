@@ -262,3 +262,18 @@ def shortest_audio_s(text: str, *, ipa: bool = False) -> float:
     sentences = [list(text)] if ipa else voice.phonemize(text)
     ids = sum(len(voice.phonemes_to_ids(phonemes)) for phonemes in sentences)
     return float(ids * PIPER_HOP_SAMPLES / voice.config.sample_rate)
+
+
+async def clear_of_a_minute_edge(span_s: float = 15.0) -> None:
+    """Return when the next ``span_s`` seconds hold no minute edge (waiting, if need be, until
+    the next minute has begun).
+
+    Per-minute limits count in the ``limits`` library's sliding-window counter: two fixed
+    windows aligned to the minute, the previous one weighted by how much of it still overlaps.
+    Requests that straddle an edge see the earlier ones' weight drop below a whole request
+    (``floor``), and one more request fits than the limit says: a test asserting "the 4th of 3
+    is refused" then fails for about (its span / 60) of runs. A test that runs its counted
+    requests within ``span_s`` of this call cannot meet an edge."""
+    into = time.time() % 60
+    if into > 60 - span_s:
+        await asyncio.sleep(60 - into + 0.05)
