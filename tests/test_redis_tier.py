@@ -262,11 +262,14 @@ async def test_release_never_deletes_a_lock_it_lost(tier: RedisTier) -> None:
 
 
 async def test_lock_is_extended_while_the_work_runs(tier: RedisTier) -> None:
-    flight = CrossReplicaFlight(tier, lock_ttl_s=0.3, max_wait_s=1)
+    """The keeper extends the lock every third of its TTL. A TTL of 1.5 s and work of 2.5 s: the
+    lock outlives its TTL only if it was extended, and losing it needs the loop to stall a whole
+    second between two extensions (0.2 s did it with the 0.3 s TTL this test used to have)."""
+    flight = CrossReplicaFlight(tier, lock_ttl_s=1.5, max_wait_s=1)
     seen: list[bytes | None] = []
 
     async def produce() -> str:
-        await asyncio.sleep(0.8)  # longer than the TTL: the keeper must extend it
+        await asyncio.sleep(2.5)  # longer than the TTL: the keeper must extend it
         seen.append(await tier.client.get(flight.lock_key(KEY)))
         return "mine"
 
