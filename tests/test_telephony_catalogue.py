@@ -221,7 +221,9 @@ def read_as_nobody(path: Path) -> subprocess.CompletedProcess[bytes]:
 
 
 @pytest.mark.parametrize(
-    ("umask", "file_mode", "dir_mode"), [(0o022, 0o644, 0o755), (0o027, 0o640, 0o750)]
+    ("umask", "file_mode", "dir_mode"),
+    [(0o022, 0o644, 0o755), (0o027, 0o640, 0o750)],
+    ids=["umask-022", "umask-027"],
 )
 async def test_exported_files_have_the_modes_the_umask_allows(
     shared_dir: Path,
