@@ -356,7 +356,9 @@ async def test_tier_survives_redis_outage_and_recovers_without_restart(tmp_path:
         secret=SECRET,
         timeout_s=0.2,
         breaker_failures=2,
-        breaker_reset_s=0.3,
+        # Long enough that the third call comes while the breaker is still open on any machine
+        # (at 0.3 s a loop stall of 0.3 s made it the half-open probe instead).
+        breaker_reset_s=2.0,
         metrics=metrics,
     )
     try:
@@ -371,7 +373,7 @@ async def test_tier_survives_redis_outage_and_recovers_without_restart(tmp_path:
         server = RedisServer(tmp_path / "r", port=port)
         server.start()
         try:
-            await asyncio.sleep(0.35)
+            await asyncio.sleep(2.05)  # time passes beyond the reset: the next call is the probe
             e = entry()
             await t.put(KEY, e)  # the half-open probe succeeds and closes the breaker
             assert await t.get(KEY) == e

@@ -17,7 +17,7 @@ from gateway.http.jambonz import STREAM_AHEAD
 from gateway.runtime.apikeys import key_table
 from gateway.runtime.settings import Settings
 from tests.conftest import GatewayFactory
-from tests.support import CountingEngine, until
+from tests.support import CountingEngine, clear_of_a_minute_edge, until
 
 
 def jambonz_file_ext(mime: str) -> tuple[str, int]:
@@ -236,6 +236,7 @@ async def test_each_stream_message_is_a_request_of_the_key(
     gateway: GatewayFactory, settings: Settings, tmp_path: Path
 ) -> None:
     client = await gateway(settings=keyed(settings, tmp_path, requests_per_minute=3))
+    await clear_of_a_minute_edge()
     async with client.ws_connect(STREAM, headers={"X-API-Key": A_SECRET}) as ws:  # request 1
         assert (await ws.receive_json(timeout=30))["type"] == "connect"
         for i in range(4):  # requests 2 and 3 pass, then the key is over its limit
