@@ -41,8 +41,8 @@ def speech(text: str) -> dict[str, str]:
 
 @pytest.mark.slow
 async def test_sigterm_finishes_twenty_in_flight_requests(tmp_path: Path) -> None:
-    # One client with 20 misses in flight: beyond the default queue_per_client (16) the rest would
-    # get 429 before the shutdown this test is about.
+    # One client with 20 misses in flight: beyond the default queue_per_client and
+    # renders_per_client (16 each) the rest would get 429 before the shutdown this test is about.
     server = ServerProcess(
         tmp_path,
         "--shutdown-timeout-s",
@@ -50,6 +50,8 @@ async def test_sigterm_finishes_twenty_in_flight_requests(tmp_path: Path) -> Non
         "--log-format",
         "json",
         "--queue-per-client",
+        "32",
+        "--renders-per-client",
         "32",
     )
     try:
