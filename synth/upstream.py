@@ -58,10 +58,15 @@ from synth.errors import EngineError, UpstreamError
 
 log = logging.getLogger("voxgate.upstream")
 
-UpstreamKind = Literal["openai", "elevenlabs", "wyoming"]
-KINDS: tuple[str, ...] = ("openai", "elevenlabs", "wyoming")
-# The pcm rates ElevenLabs offers (its output_format pcm_<rate>).
-ELEVENLABS_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
+UpstreamKind = Literal["openai", "elevenlabs", "azure", "google", "deepgram", "wyoming"]
+KINDS: tuple[str, ...] = ("openai", "elevenlabs", "azure", "google", "deepgram", "wyoming")
+# The pcm rates each provider offers (ElevenLabs' output_format pcm_<rate>, Azure's
+# raw-<rate>-16bit-mono-pcm, Deepgram's linear16 sample_rate); Google takes any.
+PCM_RATES: dict[str, tuple[int, ...]] = {
+    "elevenlabs": (8000, 16000, 22050, 24000, 44100, 48000),
+    "azure": (8000, 16000, 22050, 24000, 44100, 48000),
+    "deepgram": (8000, 16000, 24000, 32000, 48000),
+}
 
 # A voice name the provider is sent when the entry's voices include "*" (any voice): a
 # provider's voice ids are short identifiers; anything else is refused before it costs a call.
@@ -161,13 +166,17 @@ class UpstreamConfig(BaseModel):
                 raise ValueError(f"base_url of kind {self.kind} must be an http(s):// URL")
             if not self.model:
                 raise ValueError(f"kind {self.kind} needs the provider's model id (model)")
-        if self.kind == "elevenlabs":
-            if self.format != "pcm" or self.sample_rate not in ELEVENLABS_RATES:
+        if self.kind in ("elevenlabs", "azure", "google", "deepgram"):
+            if scheme not in ("http", "https"):
+                raise ValueError(f"base_url of kind {self.kind} must be an http(s):// URL")
+            rates = PCM_RATES.get(self.kind)
+            if self.format != "pcm" or (rates is not None and self.sample_rate not in rates):
+                allowed = ", ".join(map(str, rates)) if rates else "8000-48000"
                 raise ValueError(
-                    'kind elevenlabs is asked for pcm at one of its rates: format = "pcm", '
-                    f"sample_rate in {', '.join(map(str, ELEVENLABS_RATES))}"
+                    f'kind {self.kind} is asked for pcm at one of its rates: format = "pcm", '
+                    f"sample_rate in {allowed}"
                 )
-        elif self.voice_settings:
+        if self.kind != "elevenlabs" and self.voice_settings:
             raise ValueError("voice_settings are for kind elevenlabs")
         if self.kind == "wyoming":
             if scheme != "tcp" or urlsplit(self.base_url).port is None:
@@ -318,6 +327,7 @@ class ProviderError(Exception):
         status: int | None = None,
         retryable: bool = False,
         retry_after_s: float | None = None,
+        sent: bool = True,
     ) -> None:
         super().__init__(message)
         self.kind = kind
@@ -325,6 +335,8 @@ class ProviderError(Exception):
         self.status = status
         self.retryable = retryable
         self.retry_after_s = retry_after_s
+        # False: refused before anything was sent (not a call).
+        self.sent = sent
 
 
 class Provider(Protocol):
@@ -636,7 +648,8 @@ class UpstreamRunner:
                     "timeout", f"upstream {name!r} did not answer within {self.config.timeout_s:g}s"
                 ) from None
             except ProviderError as exc:
-                self._count_call(exc.kind, started)
+                if exc.sent:
+                    self._count_call(exc.kind, started)
                 delay = self._retry_delay(exc, attempt)
                 if delay is not None and loop.time() + delay < deadline:
                     attempt += 1
@@ -719,6 +732,18 @@ def build_provider(config: UpstreamConfig, api_key: str) -> Provider:
         from synth.providers.elevenlabs_api import ElevenLabsProvider
 
         return ElevenLabsProvider(config, api_key)
+    if config.kind == "azure":
+        from synth.providers.azure_api import AzureProvider
+
+        return AzureProvider(config, api_key)
+    if config.kind == "google":
+        from synth.providers.google_api import GoogleProvider
+
+        return GoogleProvider(config, api_key)
+    if config.kind == "deepgram":
+        from synth.providers.deepgram_api import DeepgramProvider
+
+        return DeepgramProvider(config, api_key)
     if config.kind == "wyoming":
         from synth.providers.wyoming_tcp import WyomingProvider
 
@@ -727,7 +752,7 @@ def build_provider(config: UpstreamConfig, api_key: str) -> Provider:
 
 
 # The package each kind's client imports (its extra is named like the kind).
-SDK_MODULES = {"openai": "openai", "elevenlabs": "aiohttp", "wyoming": "wyoming"}
+SDK_MODULES = {"openai": "openai"}
 
 
 def missing_sdk(config: UpstreamConfig) -> str:

@@ -26,7 +26,17 @@ from metrics import Metrics
 from synth.upstream import UpstreamConfig, load_upstreams, retry_after_of
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine, until
-from tests.upstream_support import RATE, ElevenLabsServer, OpenAISpeechServer, Scripted, tone
+from tests.upstream_support import (
+    RATE,
+    AzureServer,
+    ContractServer,
+    DeepgramServer,
+    ElevenLabsServer,
+    GoogleServer,
+    OpenAISpeechServer,
+    Scripted,
+    tone,
+)
 
 KEY_ENV = "VOXGATE_TEST_UPSTREAM_KEY"
 GREETING = "Thank you for calling."
@@ -557,5 +567,85 @@ async def test_elevenlabs_through_its_published_api(
         assert "was not found" in (await r.json())["error"]["message"]
         saved = value(metrics, "voxgate_upstream_saved_total", upstream="eleven")
         assert saved == pytest.approx(4 * len(GREETING) * 180.0 / 1e6)
+    finally:
+        await server.stop()
+
+
+@pytest.mark.parametrize(
+    ("kind", "server_type", "rate"),
+    [
+        ("azure", AzureServer, 24000),
+        ("google", GoogleServer, 22050),
+        ("deepgram", DeepgramServer, 16000),
+    ],
+)
+async def test_providers_through_their_published_apis(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    monkeypatch: pytest.MonkeyPatch,
+    metrics: Metrics,
+    kind: str,
+    server_type: type[ContractServer],
+    rate: int,
+) -> None:
+    """Each of these kinds against a local server that follows that provider's published
+    request and response shape (tests/upstream_support.py cites each): once per text, its
+    lossless audio the master, its refusal the caller's 400, its 429 retried, a wrong key 502."""
+    server = await server_type().start()  # type: ignore[call-arg]
+    monkeypatch.setenv("VOXGATE_TEST_PROVIDER_KEY", server.api_key)
+    voice = server.voices[0]
+    try:
+        config = UpstreamConfig(
+            name=kind,
+            kind=kind,  # type: ignore[arg-type]
+            base_url=server.url,
+            api_key_env="VOXGATE_TEST_PROVIDER_KEY",
+            voices=(voice, "*"),
+            sample_rate=rate,
+            max_retries=2,
+        )
+        client = await start(gateway, counting_engine, config, metrics=metrics)
+        body = {"model": kind, "input": GREETING, "voice": voice, "response_format": "wav"}
+        for fmt in ("wav", "wav", "mp3", "pcm"):
+            r = await client.post("/v1/audio/speech", json={**body, "response_format": fmt})
+            assert r.status == 200, await r.text()
+        r = await client.post("/v1/audio/speech", json=body)
+        audio, got_rate = sf.read(io.BytesIO(await r.read()), dtype="int16")
+        assert got_rate == rate
+        expected = np.resize(tone(GREETING), int(len(tone(GREETING)) * rate / RATE))
+        assert audio.shape == expected.shape
+        assert np.max(np.abs(audio.astype(np.int32) - expected)) <= 2
+        assert server.calls == 1
+        # A voice the provider does not have: the caller's 400 (not retried).
+        r = await client.post("/v1/audio/speech", json={**body, "voice": "xx-XX-Nobody-1"})
+        assert r.status == 400, await r.text()
+        assert (await r.json())["error"]["code"] == "upstream_refused"
+        assert server.calls == 2
+        # 429 with Retry-After: retried after it, then served.
+        server.script.append((429, {"Retry-After": "1"}, b""))
+        r = await client.post("/v1/audio/speech", json={**body, "input": "A second text."})
+        assert r.status == 200 and server.calls == 4
+        retries = value(
+            metrics, "voxgate_upstream_retries_total", upstream=kind, kind="rate_limited"
+        )
+        assert retries == 1
+    finally:
+        await server.stop()
+    # The key from the environment, and nothing else, authorized the calls.
+    monkeypatch.setenv("VOXGATE_TEST_PROVIDER_KEY", "wrong")
+    server = await server_type().start()  # type: ignore[call-arg]
+    try:
+        config = UpstreamConfig(
+            name=kind,
+            kind=kind,  # type: ignore[arg-type]
+            base_url=server.url,
+            api_key_env="VOXGATE_TEST_PROVIDER_KEY",
+            voices=(voice,),
+            sample_rate=rate,
+        )
+        client = await start(gateway, counting_engine, config, metrics=Metrics())
+        r = await client.post("/v1/audio/speech", json=body)
+        assert r.status == 502
+        assert (await r.json())["error"]["code"] == "upstream_auth"
     finally:
         await server.stop()

@@ -29,7 +29,7 @@ import json
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import soundfile
@@ -277,3 +277,163 @@ class ElevenLabsServer:
         n = int(len(samples) * rate / RATE)
         pcm = np.resize(samples, n).astype("<i2")
         return web.Response(body=pcm.tobytes(), content_type="application/octet-stream")
+
+
+class ContractServer:
+    """A provider's speech endpoint on loopback, as its published reference describes it (each
+    subclass cites it): ``requests`` holds (path, query, headers, body) of each call; ``script``
+    answers to give first, as (status, headers, body)."""
+
+    path = "/"
+
+    def __init__(self, *, api_key: str, voices: tuple[str, ...]) -> None:
+        self.api_key = api_key
+        self.voices = voices
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.calls = 0
+        self.requests: list[tuple[str, dict[str, str], dict[str, str], bytes]] = []
+        self.script: deque[tuple[int, dict[str, str], bytes]] = deque()
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> ContractServer:
+        app = web.Application()
+        app.router.add_post(self.path, self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        self.calls += 1
+        body = await request.read()
+        self.requests.append((request.path, dict(request.query), dict(request.headers), body))
+        if self.script:
+            status, headers, data = self.script.popleft()
+            return web.Response(status=status, headers=headers, body=data)
+        return self.answer(request, body)
+
+    def answer(self, request: web.Request, body: bytes) -> web.Response:
+        raise NotImplementedError
+
+
+class AzureServer(ContractServer):
+    """Azure AI Speech's text to speech REST endpoint as Microsoft Learn's "Text to speech REST
+    API" page describes it: ``POST /cognitiveservices/v1``; ``Ocp-Apim-Subscription-Key``
+    (401 without the right one), ``Content-Type: application/ssml+xml``,
+    ``X-Microsoft-OutputFormat`` (one of the listed formats; ``raw-*`` is headerless PCM) and
+    ``User-Agent`` required (400 without); the body SSML with a ``voice`` element whose ``name``
+    is a voice (400, empty body, for one it does not have)."""
+
+    path = "/cognitiveservices/v1"
+    RAW: ClassVar[dict[str, int]] = {
+        "raw-8khz-16bit-mono-pcm": 8000,
+        "raw-16khz-16bit-mono-pcm": 16000,
+        "raw-22050hz-16bit-mono-pcm": 22050,
+        "raw-24khz-16bit-mono-pcm": 24000,
+        "raw-44100hz-16bit-mono-pcm": 44100,
+        "raw-48khz-16bit-mono-pcm": 48000,
+    }
+
+    def __init__(self) -> None:
+        super().__init__(api_key="azure-test-key", voices=("en-US-AvaMultilingualNeural",))
+
+    def answer(self, request: web.Request, body: bytes) -> web.Response:
+        import xml.etree.ElementTree as ET
+
+        h = request.headers
+        if h.get("Ocp-Apim-Subscription-Key") != self.api_key:
+            return web.Response(status=401)
+        if h.get("Content-Type") != "application/ssml+xml" or not h.get("User-Agent"):
+            return web.Response(status=400)
+        rate = self.RAW.get(h.get("X-Microsoft-OutputFormat", ""))
+        if rate is None:
+            return web.Response(status=400)
+        speak = ET.fromstring(body)
+        voice = speak.find("voice")
+        if speak.tag != "speak" or voice is None or voice.get("name") not in self.voices:
+            return web.Response(status=400)
+        text = "".join(voice.itertext())
+        prosody = voice.find("prosody")
+        speed = float(prosody.get("rate", "1")) if prosody is not None else 1.0
+        samples = np.resize(tone(text, speed), int(len(tone(text, speed)) * rate / RATE))
+        return web.Response(body=samples.astype("<i2").tobytes(), content_type="audio/x-wav")
+
+
+class GoogleServer(ContractServer):
+    """Google Cloud Text-to-Speech's ``text.synthesize`` as its v1 REST reference describes it:
+    ``POST /v1/text:synthesize``; the API key in ``X-Goog-Api-Key``; JSON ``input`` (``text``),
+    ``voice`` (``languageCode``, ``name``), ``audioConfig`` (``audioEncoding``,
+    ``sampleRateHertz``, ``speakingRate``); the answer ``{"audioContent": base64}``, LINEAR16
+    with its WAV header; errors ``{"error": {"code", "message", "status"}}``."""
+
+    path = "/v1/text:synthesize"
+
+    def __init__(self) -> None:
+        super().__init__(api_key="google-test-key", voices=("en-US-Neural2-F",))
+
+    @staticmethod
+    def _error(code: int, status: str, message: str) -> web.Response:
+        body = {"error": {"code": code, "message": message, "status": status}}
+        return web.json_response(body, status=code)
+
+    def answer(self, request: web.Request, body: bytes) -> web.Response:
+        import base64
+
+        if request.headers.get("X-Goog-Api-Key") != self.api_key:
+            return self._error(401, "UNAUTHENTICATED", "API key not valid.")
+        value = json.loads(body)
+        if set(value) - {"input", "voice", "audioConfig"} or "text" not in value.get("input", {}):
+            return self._error(400, "INVALID_ARGUMENT", "Invalid JSON payload received.")
+        voice, config = value.get("voice", {}), value.get("audioConfig", {})
+        if voice.get("name") not in self.voices:
+            return self._error(
+                400, "INVALID_ARGUMENT", f"Voice '{voice.get('name')}' does not exist."
+            )
+        if config.get("audioEncoding") != "LINEAR16":
+            return self._error(400, "INVALID_ARGUMENT", "this test server makes LINEAR16 only")
+        rate = int(config.get("sampleRateHertz", RATE))
+        speed = float(config.get("speakingRate", 1.0))
+        samples = tone(value["input"]["text"], speed)
+        samples = np.resize(samples, int(len(samples) * rate / RATE)).astype("<i2")
+        out = io.BytesIO()
+        soundfile.write(out, samples, rate, format="WAV", subtype="PCM_16")
+        return web.json_response({"audioContent": base64.b64encode(out.getvalue()).decode()})
+
+
+class DeepgramServer(ContractServer):
+    """Deepgram's ``/v1/speak`` as its API reference ("Single Text Request") describes it:
+    ``POST /v1/speak``; ``Authorization: Token <key>``; the query ``model`` (a voice such as
+    ``aura-2-thalia-en``), ``encoding``, ``sample_rate``, ``container``; JSON ``{"text"}``;
+    errors ``{"err_code", "err_msg", "request_id"}``."""
+
+    path = "/v1/speak"
+
+    def __init__(self) -> None:
+        super().__init__(api_key="deepgram-test-key", voices=("aura-2-thalia-en",))
+
+    @staticmethod
+    def _error(status: int, code: str, message: str) -> web.Response:
+        body = {"err_code": code, "err_msg": message, "request_id": "test"}
+        return web.json_response(body, status=status)
+
+    def answer(self, request: web.Request, body: bytes) -> web.Response:
+        if request.headers.get("Authorization") != f"Token {self.api_key}":
+            return self._error(401, "INVALID_AUTH", "Invalid credentials.")
+        q = request.query
+        if q.get("model") not in self.voices:
+            return self._error(400, "UNSUPPORTED_MODEL", f"No such model: {q.get('model')}")
+        if (q.get("encoding"), q.get("container")) != ("linear16", "none"):
+            return self._error(400, "UNSUPPORTED", "this test server makes raw linear16 only")
+        rate = int(q.get("sample_rate", "24000"))
+        value = json.loads(body)
+        if set(value) != {"text"}:
+            return self._error(400, "INVALID_BODY", 'The body must be {"text": ...}.')
+        samples = tone(value["text"])
+        samples = np.resize(samples, int(len(samples) * rate / RATE)).astype("<i2")
+        return web.Response(body=samples.tobytes(), content_type="audio/l16")

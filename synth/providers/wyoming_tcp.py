@@ -37,7 +37,9 @@ class WyomingProvider:
     async def synthesize(self, item: SynthesisItem, timeout_s: float) -> Audio:
         if item.speed != 1.0:
             raise ProviderError(
-                "refused", "a Wyoming server has no speed: ask for speed 1 (and no SSML rate)"
+                "refused",
+                "a Wyoming server has no speed: ask for speed 1 (and no SSML rate)",
+                sent=False,
             )
         chunks: list[bytes] = []
         size = 0
