@@ -324,6 +324,15 @@ def _upstream_runner(
 ) -> tuple[Runner, Engine, int]:
     """The runner of upstream ``config`` (built in a thread: it may build a Redis storage)."""
     engine = UpstreamEngine(config)
+    if settings.redis_url.get_secret_value() and config.timeout_s > settings.redis_lock_wait_s:
+        # Another replica would stop waiting for this one's call and pay for its own.
+        log.warning(
+            "upstream %s: timeout_s %gs is longer than redis_lock_wait_s %ds; replicas may "
+            "call it twice for one text",
+            name,
+            config.timeout_s,
+            settings.redis_lock_wait_s,
+        )
     # Calls wait for a slot inside the runner, under their deadline (timeout_s), not in the
     # scheduler's queue, where a provider that hangs would hold them for many timeouts.
     concurrency = config.max_concurrency + settings.queue_size
