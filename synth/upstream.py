@@ -283,6 +283,20 @@ class UpstreamEngine:
     def voices(self) -> Sequence[VoiceInfo]:
         return self._voices
 
+    def reconfigure(self, config: UpstreamConfig) -> str:
+        """Take ``config``'s tunables (the price here); "" when done, else why it needs a
+        restart: a change of what is in the content address, of the voices or the name."""
+        old = self.config
+        if config.name != old.name or config.address_material() != old.address_material():
+            return "a change of what is in the content address"
+        if config.voices != old.voices or config.language != old.language:
+            return "a change of the voices"
+        if config.instructions != old.instructions or config.api_key_env != old.api_key_env:
+            return "a change of instructions or api_key_env"
+        self.config = config
+        self.price_per_million_chars = config.price_per_million_chars
+        return ""
+
     def default_params(self, voice: str) -> Mapping[str, ParamValue]:
         return {}
 
@@ -437,6 +451,9 @@ def wav_audio(data: bytes) -> Audio:
 class Breaker(Protocol):
     """A circuit breaker (``cache.breaker.CircuitBreaker`` is one; the gateway passes it in)."""
 
+    failures: int
+    reset_s: float
+
     def allow(self) -> bool: ...
 
     def success(self) -> None: ...
@@ -465,7 +482,8 @@ class RequestRate:
     ) -> None:
         self.upstream = upstream
         self.metrics = metrics
-        self.item: RateLimitItem = RateLimitItemPerMinute(per_minute)
+        self.per_minute = per_minute
+        self.item: RateLimitItem = RateLimitItemPerMinute(max(1, per_minute))
         self._local = MovingWindowRateLimiter(MemoryStorage())
         self._shared = MovingWindowRateLimiter(shared) if shared is not None else None
         self.timeout_s = timeout_s
@@ -497,8 +515,15 @@ class RequestRate:
         stats = await self._local.get_window_stats(self.item, *ident)
         return False, max(0.01, stats.reset_time - time.time())
 
+    def set_limit(self, per_minute: int) -> None:
+        """Calls per minute from now on (0: no limit)."""
+        self.per_minute = per_minute
+        self.item = RateLimitItemPerMinute(max(1, per_minute))
+
     async def acquire(self, deadline: float) -> bool:
         """Take a slot, waiting for one until ``deadline`` (loop time); False if none freed."""
+        if not self.per_minute:
+            return True
         loop = asyncio.get_running_loop()
         while True:
             ok, wait = await self._try()
@@ -569,6 +594,25 @@ class UpstreamRunner:
         """The upstream's model name."""
         return self.config.name
 
+    def reconfigure(self, config: UpstreamConfig) -> str:
+        """Take ``config``'s tunables for the calls that start from now on (concurrency,
+        requests per minute, timeout, retries, breaker, price); "" when done, else why it needs
+        a restart (see :meth:`UpstreamEngine.reconfigure`)."""
+        reason = self.engine.reconfigure(config)
+        if reason:
+            return reason
+        old, self.config = self.config, config
+        if config.max_concurrency != old.max_concurrency:
+            # Calls running finish under the old bound; new ones count against the new one.
+            self._slots = asyncio.Semaphore(config.max_concurrency)
+        if self.rate is not None:
+            self.rate.set_limit(config.requests_per_minute)
+        if self.breaker is not None:
+            self.breaker.failures = config.breaker_failures
+            self.breaker.reset_s = config.breaker_reset_s
+        self.metrics.upstream_price.labels(self.name).set(config.price_per_million_chars)
+        return ""
+
     async def start(self) -> None:
         """Nothing to start: the provider is asked on the first miss (a provider that is down
         must not keep the gateway from serving what it has stored)."""
@@ -602,9 +646,11 @@ class UpstreamRunner:
             self.engine.any_voice and VOICE_ID.fullmatch(item.voice)
         ):
             raise self._fail("refused", f"upstream {name!r} does not serve voice {item.voice!r}")
+        # This semaphore, not the attribute: a reload may replace it while the call runs.
+        slots = self._slots
         try:
             async with asyncio.timeout_at(deadline):
-                await self._slots.acquire()
+                await slots.acquire()
         except TimeoutError:
             raise self._fail(
                 "timeout",
@@ -616,7 +662,7 @@ class UpstreamRunner:
             return await self._attempts(item, deadline)
         finally:
             self._in_flight.dec()
-            self._slots.release()
+            slots.release()
 
     async def _attempts(self, item: SynthesisItem, deadline: float) -> Audio:
         loop = asyncio.get_running_loop()

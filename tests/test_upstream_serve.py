@@ -14,6 +14,7 @@ import asyncio
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -272,3 +273,75 @@ async def test_a_third_party_openai_compatible_server_from_pypi(
         assert calls == 1
     finally:
         front.terminate()
+
+
+async def test_sighup_reloads_the_upstreams_tunables_in_every_process(tmp_path: Path) -> None:
+    """Edit the file, SIGHUP `voxgate serve`: the gateway processes and the pool process (which
+    makes the calls) take the new requests_per_minute and price; an edit that would change
+    content addresses waits for a restart, and the stored audio keeps being served."""
+    provider = await OpenAISpeechServer().start()
+    entry: dict[str, object] = {
+        "name": "openai",
+        "kind": "openai",
+        "base_url": provider.url,
+        "api_key_env": KEY_ENV,
+        "model": "gpt-4o-mini-tts",
+        "voices": ["alloy"],
+        "timeout_s": 1,
+        "requests_per_minute": 1,
+        "price_per_million_chars": 10.0,
+    }
+    path = write_upstreams(tmp_path / "upstreams.toml", entry)
+    server = DefaultServer(
+        tmp_path / "s", "--upstreams-file", str(path), env={KEY_ENV: provider.api_key}
+    )
+    try:
+        await started(server)
+        status, _, _ = await server.request("POST", "/v1/audio/speech", json=speech("One."))
+        assert status == 200
+        status, _, body = await server.request("POST", "/v1/audio/speech", json=speech("Two."))
+        assert status == 503 and b"upstream_rate_wait" in body
+
+        def reloads() -> int:
+            return server.logs().count("upstreams reloaded from")
+
+        async def hangup(before: int) -> None:
+            server.proc.send_signal(signal.SIGHUP)
+            # Every gateway process and the pool process read it again.
+            await eventually(
+                lambda: asyncio.to_thread(reloads),
+                lambda n: n >= before + server.gateways + 1,
+                30,
+                "every process reloaded the upstreams file",
+            )
+
+        write_upstreams(
+            path, {**entry, "requests_per_minute": 100, "price_per_million_chars": 20.0}
+        )
+        await hangup(reloads())
+        status, _, _ = await server.request("POST", "/v1/audio/speech", json=speech("Two."))
+        assert status == 200
+        price = metric_sum(server.metrics(), "voxgate_upstream_price_per_million_chars")
+        assert price == 20.0
+        # A new revision would re-address everything: not under load. Logged, and the stored
+        # audio is still what is served.
+        write_upstreams(path, {**entry, "requests_per_minute": 100, "revision": "2"})
+        await hangup(reloads())
+        assert "takes a restart" in server.logs()
+        status, headers, _ = await server.request("POST", "/v1/audio/speech", json=speech("One."))
+        assert status == 200 and headers["X-Cache"] == "HIT"
+        # A file that no longer loads changes nothing.
+        path.write_text("[[upstream]]\nname = 'openai'\n")
+        server.proc.send_signal(signal.SIGHUP)
+        await eventually(
+            lambda: asyncio.to_thread(server.logs),
+            lambda text: "upstreams not reloaded" in text,
+            30,
+            "the bad file refused",
+        )
+        status, _, _ = await server.request("POST", "/v1/audio/speech", json=speech("Three."))
+        assert status == 200
+        assert provider.calls == 3
+    finally:
+        server.terminate()
+        await provider.stop()

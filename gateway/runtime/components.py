@@ -352,15 +352,14 @@ def _upstream_runner(
         config.breaker_reset_s,
         on_change=lambda state: gauge.set(state),
     )
-    rate = None
-    if config.requests_per_minute:
-        rate = RequestRate(
-            name,
-            config.requests_per_minute,
-            metrics,
-            shared=_rate_storage(settings),
-            timeout_s=settings.redis_timeout_ms / 1000,
-        )
+    # Always made (0: no limit), so a reload may set a limit.
+    rate = RequestRate(
+        name,
+        config.requests_per_minute,
+        metrics,
+        shared=_rate_storage(settings),
+        timeout_s=settings.redis_timeout_ms / 1000,
+    )
     provider = build_provider(config, check_config(config, os.environ))
     runner = UpstreamRunner(engine, provider, metrics, breaker=breaker, rate=rate)
     return runner, engine, concurrency

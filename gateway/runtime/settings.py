@@ -372,7 +372,8 @@ class Settings(BaseSettings):
         "",
         "TOML file of upstreams: remote TTS services and other TTS servers (OpenAI or any "
         "OpenAI-compatible server, another voxgate) served as models of the same store, each "
-        "under its own name ([[upstream]] entries: docs/upstreams.md). Empty: none.",
+        "under its own name ([[upstream]] entries: docs/upstreams.md); their tunables are "
+        "reloaded on SIGHUP. Empty: none.",
     )
     devices: Annotated[tuple[Device, ...], NoDecode] = _opt(
         "synthesis",

@@ -188,7 +188,8 @@ class SpeechService:
         m = self.metrics
         for model, chars in tally.items():
             m.upstream_chars_cached.labels(model).inc(chars)
-            price = self._prices[model]
+            # Read now: a reload of the upstreams file may have changed it.
+            price = float(getattr(self.models[model].engine, "price_per_million_chars", 0.0))
             if price:
                 m.upstream_saved.labels(model).inc(chars * price / 1e6)
 
