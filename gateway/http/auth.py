@@ -1,5 +1,5 @@
-"""Who may call a route (issue 12): each route is registered with an :class:`Access`, and every
-route that needs a key is wrapped, at registration, by :func:`guarded`.
+"""Who may call a route: each route is declared with an :class:`Access` (gateway.http.routes),
+and every route that needs a key is wrapped, at registration, by :func:`guarded`.
 
 Open routes get no wrapper at all, so they pay nothing; with no keys file every guard is one
 attribute read. A guarded request presents its secret as ``Authorization: Bearer <secret>`` or

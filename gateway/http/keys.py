@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from aiohttp import web
 
 from cache.pins import PinRegistry
@@ -66,3 +68,7 @@ KEYED_SOCKETS = web.AppKey("keyed_sockets", KeyedSockets)
 HOST_TABLE = web.AppKey("host_table", HostTable)
 # Origins whose browser pages may call the gateway (cors_origins; empty: CORS off).
 CORS_ORIGINS = web.AppKey("cors_origins", frozenset[str])
+# The app's OpenAPI document (GET /openapi.json), rendered from its route table on first use.
+# (A callable the app is given: gateway.http.openapi reads the table, whose module names the
+# handler, so the handler cannot import the generator without an import cycle.)
+OPENAPI = web.AppKey[Callable[[], bytes]]("openapi")
