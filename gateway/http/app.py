@@ -76,6 +76,7 @@ def create_app(
     app[keys.AUTH].on_reload.append(app[keys.KEYED_SOCKETS].rekey)
     app[keys.CORS_ORIGINS] = frozenset(settings.cors_origins)
     add_cors(app, app[keys.CORS_ORIGINS], cors_response_headers(table))
+    app[keys.ROUTES] = table
     # Rendered on first use, then kept: the settings and routes are the app's for life.
     document: Callable[[], bytes] = functools.cache(lambda: render(settings, table).encode())
     app[keys.OPENAPI] = document

@@ -14,6 +14,7 @@ from gateway.http.hits import FAST_HITS as FAST_HITS
 from gateway.http.observe import RequestObserver
 from gateway.http.presentation import Presentations
 from gateway.http.requestid import REQUEST_ID as REQUEST_ID
+from gateway.http.routing import RouteTable
 from gateway.runtime.accesslog import AccessLog
 from gateway.runtime.apikeys import Authenticator, KeyedSockets
 from gateway.runtime.hostshare import HostTable
@@ -68,7 +69,9 @@ KEYED_SOCKETS = web.AppKey("keyed_sockets", KeyedSockets)
 HOST_TABLE = web.AppKey("host_table", HostTable)
 # Origins whose browser pages may call the gateway (cors_origins; empty: CORS off).
 CORS_ORIGINS = web.AppKey("cors_origins", frozenset[str])
-# The app's OpenAPI document (GET /openapi.json), rendered from its route table on first use.
+# The routes the app registered (gateway.http.routes), and its OpenAPI document (GET
+# /openapi.json), rendered from them on first use.
+ROUTES = web.AppKey("routes", RouteTable)
 # (A callable the app is given: gateway.http.openapi reads the table, whose module names the
 # handler, so the handler cannot import the generator without an import cycle.)
 OPENAPI = web.AppKey[Callable[[], bytes]]("openapi")

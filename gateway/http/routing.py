@@ -1,10 +1,10 @@
 """What a route declaration says, and what is derived from it.
 
 A :class:`Route` states everything about one method and path once (after FastAPI's ``APIRoute``):
-its handler, who may call it (:class:`gateway.http.auth.Access`), what it reads (a request body
-model and its media types, query and path parameters, request headers), what it answers per
-status (JSON bodies by the types the code builds them as, audio by media type, server-sent events
-by their event types) and its prose. The table of them (:mod:`gateway.http.routes`) is then read,
+its handler, who may call it (an :class:`Access`; those there are: :mod:`gateway.http.auth`),
+what it reads (a request body model and its media types, query and path parameters, request
+headers), what it answers per status (JSON bodies by the types the code builds them as, audio by
+media type, server-sent events by their event types) and its prose. The table of them (:mod:`gateway.http.routes`) is then read,
 and nothing else is, by:
 
 - the registration (:func:`gateway.http.edge.add_routes`): each handler wrapped once, behind its
@@ -22,11 +22,24 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gateway.api.models import RequestModel
-from gateway.http.auth import Access
 from gateway.http.errors import Handler
 from gateway.http.requestid import HEADER as REQUEST_ID_HEADER
 
 JSON = "application/json"
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """What a route asks of its caller: a key with one of ``scopes`` (none: open to all).
+
+    ``capability``: the URL may authorize itself (a content address while public_audio_urls is
+    on; :func:`gateway.http.telephony.self_authorized`), so a request without a key is let
+    through when it does.
+    """
+
+    name: str
+    scopes: frozenset[str]
+    capability: bool = False
 
 
 @dataclass(frozen=True, slots=True)
