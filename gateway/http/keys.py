@@ -32,7 +32,7 @@ MAX_BODY_BYTES = web.AppKey("max_body_bytes", int)
 ACCESS_LOG = web.AppKey("access_log", AccessLog)
 REQUEST_MEMO = web.AppKey("request_memo", RequestMemo)
 OBSERVER = web.AppKey("observer", RequestObserver)
-# Set when the Wyoming server runs (wyoming_port; issue 15).
+# Set when the Wyoming server runs (wyoming_port).
 WYOMING = web.AppKey("wyoming", WyomingServer)
 
 # Per-request values the handlers leave for the edge wrapper (gateway.app.edge) to record.
@@ -42,11 +42,11 @@ AUDIO_KEY = web.RequestKey("audio_key", str)
 # The request's id (X-Request-Id; gateway.http.requestid), picked by the edge: REQUEST_ID above.
 # Whether a memory hit may be written by gateway.http.hits's own writer: FAST_HITS above.
 
-# --- operations (issue 6) ---
+# --- operations ---
 # perf_counter() when a streamed response's headers were sent (time to first byte).
 FIRST_BYTE_AT = web.RequestKey("first_byte_at", float)
 
-# --- telephony (issue 14) ---
+# --- telephony ---
 PRESENTATIONS = web.AppKey("presentations", Presentations)
 SAY_MEMO = web.AppKey("say_memo", SayMemo)
 # The prompt studio's page (GET /), read at start.
@@ -55,7 +55,7 @@ STUDIO_PAGE = web.AppKey("studio_page", bytes)
 # the studio); one per host, or per Redis (cache.pins).
 PINS = web.AppKey("pins", PinRegistry)
 
-# --- trust (issue 12) ---
+# --- trust ---
 # Who is asking, for per-client shares: the API key's name once keys are checked (set by the
 # authentication step), else the client's address (gateway.http.delivery.client_of).
 CLIENT_NAME = web.RequestKey("client_name", str)

@@ -148,6 +148,7 @@ def partial(whole: Answer) -> Answer:
 
 
 def json_answer(description: str, model: type | None = None) -> Answer:
+    """A JSON body built as ``model`` (None: some object)."""
     return Answer(description, {JSON: Json(model)})
 
 

@@ -180,7 +180,7 @@ def _parse(request: web.Request, voice: str, text: str, ext: str) -> SayParsed:
 
 
 def self_authorized(request: web.Request) -> str | None:
-    """Why ``request`` needs no API key, or None: the seam for the API-key check (issue 12).
+    """Why ``request`` needs no API key, or None: the seam for the API-key check.
 
     ``"signature"``: a signed say URL whose HMAC and expiry check out (it authorizes exactly its
     own prompt). ``"capability"``: a content-address URL (``/v1/audio/{key}[.{ext}]``) while
