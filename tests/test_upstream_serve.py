@@ -11,6 +11,7 @@ cites the document).
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import io
 import json
 import os
@@ -207,6 +208,8 @@ def local_tts_studio(tmp_path: Path) -> Iterator[str]:
     """local-tts-studio (PyPI, MIT; an OpenAI-compatible speech API over Piper voices) serving
     the bundled joe voice from its voices directory; its base URL. Its server takes the voice
     from its own settings (it ignores the request's voice and speed)."""
+    if importlib.util.find_spec("local_tts") is None:
+        pytest.fail("local-tts-studio is not installed: pip install -e '.[dev]' installs it")
     data = tmp_path / "local-tts"
     voices = data / "voices"
     voices.mkdir(parents=True)

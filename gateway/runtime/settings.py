@@ -629,9 +629,9 @@ class Settings(BaseSettings):
     require_json_content_type: bool = _opt(
         "security",
         True,
-        "POST bodies that must be JSON (/v1/audio/speech, /v1/prompts, /v1/say/sign, "
-        "/v1/jambonz/tts, /v1/ssml/explain, Piper's POST /) need Content-Type application/json, else 415: a browser "
-        "page cannot send them cross-origin without a CORS preflight.",
+        "Routes whose body is JSON only (those with a 415 in /openapi.json) need Content-Type "
+        "application/json, else 415: a browser page cannot send them cross-origin without a "
+        "CORS preflight.",
     )
     allowed_hosts: Names = _opt(
         "security",
