@@ -21,7 +21,9 @@ from typing import Any
 KEY_SCHEMA_VERSION = 1
 
 KEY_HEX_LENGTH = 64
-_KEY_RE = re.compile(r"[0-9a-f]{64}")
+# A content address as a JSON Schema pattern (the API's documents state it so).
+KEY_PATTERN = f"^[0-9a-f]{{{KEY_HEX_LENGTH}}}$"
+_KEY_RE = re.compile(KEY_PATTERN[1:-1])
 _WHITESPACE_RE = re.compile(r"\s+")
 
 ParamValue = str | int | float | bool | None

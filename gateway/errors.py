@@ -127,6 +127,13 @@ class TooManyRequests(VoxgateError):
     type = "rate_limit_exceeded"
 
 
+class BadGateway(VoxgateError):
+    """An upstream (a remote TTS provider served as a model) failed; the message names it."""
+
+    status = 502
+    type = "server_error"
+
+
 class Unavailable(VoxgateError):
     """Recoverable: overloaded, warming up, or a worker died. Carries Retry-After."""
 

@@ -431,6 +431,92 @@ class Metrics:
             registry=r,
         )
 
+        # --- upstreams: remote TTS providers served as models -----------------------------------
+        # The upstream label is the model name of an entry of the operator's upstreams file.
+        self.upstream_calls = Counter(
+            "voxgate_upstream_calls_total",
+            "Calls made to an upstream provider, retries included, by result: ok, or the kind "
+            "of failure (rate_limited, server, timeout, connection, auth, refused, bad_reply).",
+            ["upstream", "result"],
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "voxgate_upstream_errors_total",
+            "Misses an upstream gave no audio for (after its retries), by kind: rate_limited, "
+            "server, timeout, connection, auth, refused (the caller's 400), bad_reply, "
+            "breaker_open (not asked), rate_wait (no requests_per_minute slot in time).",
+            ["upstream", "kind"],
+            registry=r,
+        )
+        self.upstream_retries = Counter(
+            "voxgate_upstream_retries_total",
+            "Calls to an upstream tried again, by the kind of failure that preceded them.",
+            ["upstream", "kind"],
+            registry=r,
+        )
+        self.upstream_call_seconds = Histogram(
+            "voxgate_upstream_call_duration_seconds",
+            "Time one call to an upstream took (each attempt), by upstream.",
+            ["upstream"],
+            buckets=_SYNTH_BUCKETS,
+            registry=r,
+        )
+        self.upstream_in_flight = Gauge(
+            "voxgate_upstream_calls_in_flight",
+            "Calls to an upstream under way now (at most its max_concurrency per host).",
+            ["upstream"],
+            multiprocess_mode="livesum",
+            registry=r,
+        )
+        self.upstream_chars_billed = Counter(
+            "voxgate_upstream_chars_billed_total",
+            "Characters sent to an upstream in calls that returned audio: what it bills.",
+            ["upstream"],
+            registry=r,
+        )
+        self.upstream_chars_cached = Counter(
+            "voxgate_upstream_chars_cached_total",
+            "Characters of an upstream's model served without a call: stored audio, or a call "
+            "already in flight joined.",
+            ["upstream"],
+            registry=r,
+        )
+        self.upstream_saved = Counter(
+            "voxgate_upstream_saved_total",
+            "Money not spent on an upstream: characters served without a call x its "
+            "price_per_million_chars / 1e6 (in the price's currency).",
+            ["upstream"],
+            registry=r,
+        )
+        self.upstream_price = Gauge(
+            "voxgate_upstream_price_per_million_chars",
+            "An upstream's price_per_million_chars as configured.",
+            ["upstream"],
+            multiprocess_mode="livemax",
+            registry=r,
+        )
+        self.upstream_breaker_state = Gauge(
+            "voxgate_upstream_breaker_state",
+            "Circuit breaker of an upstream: 0 closed (asked), 1 half-open (one probe), 2 open "
+            "(not asked: misses answer 503 at once, stored audio is still served).",
+            ["upstream"],
+            multiprocess_mode="livemax",
+            registry=r,
+        )
+        self.upstream_rate_waits = Counter(
+            "voxgate_upstream_rate_waits_total",
+            "Calls that waited for a slot of the upstream's requests_per_minute.",
+            ["upstream"],
+            registry=r,
+        )
+        self.upstream_rate_fallbacks = Counter(
+            "voxgate_upstream_rate_fallbacks_total",
+            "requests_per_minute checks made in one process because Redis failed (the limit "
+            "then holds per process, not across replicas).",
+            ["upstream"],
+            registry=r,
+        )
+
     def before_collect(self, hook: Callable[[], None]) -> None:
         """Run ``hook`` (a flush of counts kept outside prometheus-client) before every collection
         of the registry and in :meth:`flush_pending`."""

@@ -45,3 +45,66 @@ class SynthesisTimeout(SynthesisError):
     """The item did not finish within its time bound."""
 
     retry_after_s = 1.0
+
+
+# The kinds of upstream failure, a bounded set: the ``kind`` label of
+# ``voxgate_upstream_errors_total`` and of the calls that failed.
+UPSTREAM_ERROR_KINDS = (
+    "rate_limited",  # the provider said 429 and no retry fitted within timeout_s
+    "server",  # 5xx after the retries
+    "timeout",  # no answer within timeout_s
+    "connection",  # refused, reset, DNS: the provider could not be reached
+    "auth",  # 401/403: our key is wrong (not the caller's fault)
+    "refused",  # 4xx the caller caused: a bad voice, text the provider will not say
+    "bad_reply",  # an answer that is not audio, or too large
+    "breaker_open",  # not asked: the provider failed repeatedly and its breaker is open
+    "rate_wait",  # not asked: no slot of requests_per_minute free within timeout_s
+)
+
+
+class UpstreamError(SynthesisError):
+    """A remote TTS provider (an upstream) did not give audio. ``upstream`` names it (the
+    model name clients use); ``status`` is the HTTP status the gateway answers with (502: the
+    provider failed, 503: it is unavailable for now, 4xx: the caller's request was refused by
+    the provider, whose message is kept); ``kind`` is one of :data:`UPSTREAM_ERROR_KINDS`."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        upstream: str,
+        kind: str,
+        status: int = 502,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.upstream = upstream
+        self.kind = kind
+        self.status = status
+        self.retry_after_s = retry_after_s
+
+    def to_wire(self) -> dict[str, object]:
+        """The error as JSON values (the host's shared pool sends it to a gateway process)."""
+        return {
+            "kind": "UpstreamError",
+            "message": str(self),
+            "upstream": self.upstream,
+            "upstream_kind": self.kind,
+            "status": self.status,
+            "retry_after_s": self.retry_after_s,
+        }
+
+    @classmethod
+    def from_wire(cls, message: str, header: dict[str, object]) -> UpstreamError:
+        """The error :meth:`to_wire` sent; values of the wrong type fall back to a 502."""
+        upstream = header.get("upstream")
+        kind = header.get("upstream_kind")
+        status = header.get("status")
+        retry = header.get("retry_after_s")
+        return cls(
+            message,
+            upstream=upstream if isinstance(upstream, str) else "",
+            kind=kind if kind in UPSTREAM_ERROR_KINDS and isinstance(kind, str) else "server",
+            status=status if type(status) is int and 400 <= status <= 599 else 502,
+            retry_after_s=float(retry) if isinstance(retry, int | float) and retry >= 0 else None,
+        )

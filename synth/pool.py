@@ -110,8 +110,9 @@ class BadReply(Exception):
 
 
 def decode_reply(data: bytes, expected_items: int) -> tuple[str, Any]:
-    """``("ok", [Audio...])``, ``("error", (kind, message))``, ``("ready", pid)`` or
-    ``("failed", message)`` from one worker message; :class:`BadReply` for anything else."""
+    """``("ok", [Audio...])``, ``("error", (kind, message, header))``, ``("ready", pid)`` or
+    ``("failed", message)`` from one worker message; :class:`BadReply` for anything else.
+    An error's ``header`` is its whole JSON object (an upstream's error carries more fields)."""
     # Offsets, not partition(): a reply is hundreds of KB of samples, and each partition copied
     # them (two copies and a third out of the buffer, on every miss).
     kind_end = data.find(b"\n")
@@ -158,7 +159,7 @@ def decode_reply(data: bytes, expected_items: int) -> tuple[str, Any]:
         error_kind, message = header.get("kind"), header.get("message")
         if not isinstance(error_kind, str) or not isinstance(message, str):
             raise BadReply("error reply without kind and message")
-        return "error", (error_kind, message[:_MAX_MESSAGE_CHARS])
+        return "error", (error_kind, message[:_MAX_MESSAGE_CHARS], header)
     if kind == b"ready":
         pid = header.get("pid")
         if type(pid) is not int:
@@ -396,7 +397,7 @@ class _Worker:
             return audios
         if kind != "error":
             raise BadReply(f"unexpected {kind!r} message during a batch")
-        kind, message = value
+        kind, message, _ = value
         error = {
             "EngineDead": EngineDead,
             "SynthesisTimeout": SynthesisTimeout,

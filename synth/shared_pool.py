@@ -49,6 +49,7 @@ from synth.errors import (
     SynthesisError,
     SynthesisTimeout,
     UnspeakableInput,
+    UpstreamError,
 )
 from synth.pool import BadReply, decode_reply, encode_reply
 from synth.scheduler import Scheduler
@@ -232,6 +233,8 @@ class PoolServer:
     async def _answer(self, model: str, items: Sequence[SynthesisItem]) -> bytes:
         try:
             audios = await _all_or_none([self._one(model, item) for item in items])
+        except UpstreamError as exc:
+            return encode_reply("error", exc.to_wire())
         except SynthesisError as exc:
             header: dict[str, Any] = {"kind": type(exc).__name__, "message": str(exc)}
             if isinstance(exc, Overloaded):
@@ -420,9 +423,11 @@ class RemotePool:
             return audios
         if kind != "error":
             raise EngineError(f"unexpected {kind!r} reply from the synthesis pool")
-        error_kind, message = value
+        error_kind, message, header = value
         if error_kind == "Overloaded":
             raise Overloaded(message)
+        if error_kind == "UpstreamError":
+            raise UpstreamError.from_wire(message, header)
         raise _ERRORS.get(error_kind, EngineError)(message)
 
     async def close(self) -> None:

@@ -16,7 +16,7 @@ A response the test cut short (a stream it stopped reading, a connection the ser
 its status, Content-Type, headers and every complete event checked, not a truncated JSON body.
 
 The document is built in-process with :func:`gateway.http.openapi.build_openapi` from the app's
-settings (what ``GET /openapi.json`` serves), and validators are compiled once per document and
+settings and route table (what ``GET /openapi.json`` serves), and validators are compiled once per document and
 schema, so the checks cost about a millisecond per test.
 
 The recording is a :class:`Recorder`: an aiohttp trace config, so any ``ClientSession`` can carry
@@ -42,6 +42,7 @@ from yarl import URL
 
 from gateway.http import keys
 from gateway.http.openapi import build_openapi
+from gateway.http.routes import route_table
 
 DOCUMENT_URI = "urn:voxgate:openapi"
 JSON = "application/json"
@@ -136,8 +137,12 @@ _KEPT_DOCUMENTS = 16
 
 def document_for(app: web.Application) -> Document:
     """The document ``app`` serves, built once per distinct settings (where the cache lives, a
-    directory per test, is not in the document)."""
+    directory per test, is not in the document), or, for an app given a route table of a test's
+    own, from that table."""
     settings = app[keys.SETTINGS]
+    table = app[keys.ROUTES]
+    if table != route_table(settings):
+        return Document(build_openapi(settings, table))
     key = settings.model_dump_json(exclude={"cache_dir"})
     found = _DOCUMENTS.pop(key, None)
     if found is None:

@@ -15,6 +15,7 @@ from blockbuster import blockbuster_ctx
 
 from bench.harness import RedisServer, redis_server
 from gateway.http.app import create_app
+from gateway.http.routing import RouteTable
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 from synth.engine import Engine
@@ -71,7 +72,8 @@ async def gateway(
     readiness, metrics) is tested against ``voxgate serve`` as users start it too
     (:mod:`tests.served`).
 
-    Keyword arguments: ``settings``, ``metrics``, ``engines`` (default: the counting joe voice).
+    Keyword arguments: ``settings``, ``metrics``, ``engines`` (default: the counting joe voice),
+    ``routes`` (default: the route table).
     Once the test is done, every response its clients received is checked against the OpenAPI
     document the gateway serves (tests/conformance.py): a departure fails the test.
     """
@@ -82,12 +84,14 @@ async def gateway(
         settings: Settings = settings,
         metrics: Metrics = metrics,
         engines: Mapping[str, Engine] | None = None,
+        routes: RouteTable | None = None,
         wait_ready: bool = True,
     ) -> TestClient[Any, Any]:
         app = create_app(
             settings,
             metrics=metrics,
             engines=engines if engines is not None else {"piper": counting_engine},
+            routes=routes,
         )
         client = RecordingClient(TestServer(app, host="127.0.0.1"))
         await client.start_server()

@@ -5,11 +5,12 @@ ports) live in :mod:`bench.harness`."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -232,3 +233,47 @@ class ServerThread:
         if self._stop is not None:
             self.loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(60)
+
+
+# One spectrogram frame of a Piper voice is this many samples (every Piper voice: 22,050 Hz).
+PIPER_HOP_SAMPLES = 256
+
+
+@functools.cache
+def _joe_voice() -> Any:
+    from piper import PiperVoice
+
+    from synth.piper_engine import PiperVoiceFiles
+
+    files = PiperVoiceFiles.bundled_joe()
+    return PiperVoice.load(files.model_path, files.config_path)
+
+
+def shortest_audio_s(text: str, *, ipa: bool = False) -> float:
+    """The shortest audio the joe voice can make of ``text`` (one sentence or more, plain words;
+    IPA when ``ipa``), whatever its noise draws.
+
+    Piper's durations are random (noise inside the ONNX graph), but VITS gives every phoneme id
+    at least one frame: a duration is the ceiling of a positive number (``w_ceil`` in its graph),
+    and noise only lengthens it. So ``ids x 256`` samples is a lower bound that holds on every
+    run: a test asserting a synthesis lasts at least this long cannot fail by chance. (Measured:
+    the shortest of 100 syntheses at speed 4 with ``noise_w`` 2 is 1.08x this bound.)"""
+    voice = _joe_voice()
+    sentences = [list(text)] if ipa else voice.phonemize(text)
+    ids = sum(len(voice.phonemes_to_ids(phonemes)) for phonemes in sentences)
+    return float(ids * PIPER_HOP_SAMPLES / voice.config.sample_rate)
+
+
+async def clear_of_a_minute_edge(span_s: float = 15.0) -> None:
+    """Return when the next ``span_s`` seconds hold no minute edge (waiting, if need be, until
+    the next minute has begun).
+
+    Per-minute limits count in the ``limits`` library's sliding-window counter: two fixed
+    windows aligned to the minute, the previous one weighted by how much of it still overlaps.
+    Requests that straddle an edge see the earlier ones' weight drop below a whole request
+    (``floor``), and one more request fits than the limit says: a test asserting "the 4th of 3
+    is refused" then fails for about (its span / 60) of runs. A test that runs its counted
+    requests within ``span_s`` of this call cannot meet an edge."""
+    into = time.time() % 60
+    if into > 60 - span_s:
+        await asyncio.sleep(60 - into + 0.05)

@@ -37,7 +37,7 @@ from gateway.runtime.apikeys import key_table
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 from tests.conftest import GatewayFactory
-from tests.support import SECRET, CountingEngine, until
+from tests.support import SECRET, CountingEngine, clear_of_a_minute_edge, until
 
 KEY = "ab" * 32
 OTHER = "cd" * 32
@@ -256,10 +256,16 @@ async def test_a_replicas_lock_is_still_waited_for(tier: RedisTier) -> None:
     assert metrics.redis_locks.labels("squatted")._value.get() == 0
 
 
+# The captured lock's TTL: short, so that a replay can wait it out, yet long enough that the
+# value is still there when read right after the lock is taken (at 0.2 s a loop stall of
+# 0.2 s between the two lost it).
+CAPTURED_TTL_S = 1.0
+
+
 async def capture_a_lock_value(tier: RedisTier) -> bytes:
     """A genuine lock value, as someone watching Redis would capture it from a replica's work
-    (its lock lived 0.2 s)."""
-    holder = CrossReplicaFlight(tier, lock_ttl_s=0.2)
+    (its lock lived CAPTURED_TTL_S)."""
+    holder = CrossReplicaFlight(tier, lock_ttl_s=CAPTURED_TTL_S)
 
     async def produce() -> bytes:
         value = await tier.client.get(holder.lock_key(KEY))
@@ -286,8 +292,12 @@ async def test_a_replayed_or_forged_lock_value_does_not_stall_a_miss(
     captured_at = time.time()
     captured = await capture_a_lock_value(tier)
     if forgery == "replayed":
-        # It was made at most 0.2 s (its lock's TTL) before it expires.
-        await until(lambda: time.time() > captured_at + 0.25, 10, "the captured value's expiry")
+        # It was made at most CAPTURED_TTL_S (its lock's TTL) before it expires.
+        await until(
+            lambda: time.time() > captured_at + CAPTURED_TTL_S + 0.05,
+            30,
+            "the captured value's expiry",
+        )
         planted = captured
     elif forgery == "expiry moved on":
         nonce, _, tag = captured.split(b".")
@@ -311,10 +321,12 @@ async def test_a_replayed_or_forged_lock_value_does_not_stall_a_miss(
 
 async def test_a_holder_past_its_first_expiry_keeps_its_lock(tier: RedisTier) -> None:
     """A holder working longer than its lock's TTL renews it with a new value (a new expiry
-    under the tag): a waiter never takes a live holder's lock for an expired one."""
-    holder = CrossReplicaFlight(tier, lock_ttl_s=0.3)
+    under the tag): a waiter never takes a live holder's lock for an expired one. The keeper
+    renews every third of the 1.5 s TTL: losing the lock by chance needs a loop stall of a
+    second (0.2 s did it with a 0.3 s TTL)."""
+    holder = CrossReplicaFlight(tier, lock_ttl_s=1.5)
     waiter_metrics = Metrics()
-    waiter = CrossReplicaFlight(tier, lock_ttl_s=0.3, max_wait_s=30, metrics=waiter_metrics)
+    waiter = CrossReplicaFlight(tier, lock_ttl_s=1.5, max_wait_s=30, metrics=waiter_metrics)
     name = holder.lock_key(KEY)
     working, release = asyncio.Event(), asyncio.Event()
 
@@ -339,7 +351,7 @@ async def test_a_holder_past_its_first_expiry_keeps_its_lock(tier: RedisTier) ->
     waiting = asyncio.ensure_future(waiter.run(KEY, never, adopt))
     try:
         # Well past the first value's expiry: renewed (a new value), still the holder's.
-        await until(lambda: time.time() > first_expiry + 0.5, 10, "the first value's expiry")
+        await until(lambda: time.time() > first_expiry + 0.5, 30, "the first value's expiry")
         now = await tier.client.get(name)
         assert isinstance(now, bytes) and now != first
         renewed = tier.seal.lock_token_expiry(name, now)
@@ -381,6 +393,7 @@ async def test_a_counter_planted_under_a_keys_name_locks_nothing(
         plain = RateLimitItemPerMinute(3).key_for("r:ivr-prod")
         await attacker.set(f"voxgate:ratelimit:{{{plain}}}", 10**6)  # no TTL: for good
         headers = {"X-API-Key": LIMITED_SECRET}
+        await clear_of_a_minute_edge()
         statuses = [(await client.get("/v1/models", headers=headers)).status for _ in range(4)]
         assert statuses == [200, 200, 200, 429]  # its own budget, shared in Redis, holds
         names = await counter_names(attacker)
@@ -414,6 +427,7 @@ async def test_a_counter_no_replica_could_write_is_discarded(
     )
     headers = {"X-API-Key": LIMITED_SECRET}
     attacker = Redis.from_url(redis.url)
+    await clear_of_a_minute_edge()
     try:
         assert (await client.get("/v1/models", headers=headers)).status == 200
         names = await counter_names(attacker)

@@ -3,7 +3,9 @@ dummy API keys, base URLs pointing at the gateway).
 
 Each test checks that the audio the client hands its caller lasts as long as the WAV rendering
 of the same text, within 3%: a client that plays 22,050 Hz samples as OpenAI's 24 kHz (or the
-reverse) is 8% off and fails. The Wyoming client's test is in tests/test_wyoming.py.
+reverse) is 8% off and fails. Both are encodings of the same two sentence masters (each test
+checks that only two syntheses ran), never two random syntheses, so the comparison holds on
+every run. The Wyoming client's test is in tests/test_wyoming.py.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ def close_to(seconds: float, reference: float) -> bool:
     return abs(seconds - reference) / reference < 0.03
 
 
-async def test_openai_client_pcm_and_sse(gateway: GatewayFactory) -> None:
+async def test_openai_client_pcm_and_sse(
+    gateway: GatewayFactory, counting_engine: CountingEngine
+) -> None:
     """The official ``openai`` client: raw PCM (played as 24 kHz) and server-sent events."""
     http = await gateway()
     reference = await wav_seconds(http)
@@ -67,6 +71,7 @@ async def test_openai_client_pcm_and_sse(gateway: GatewayFactory) -> None:
     )
     assert events[-1]["type"] == "speech.audio.done"
     assert close_to(len(audio) / 2 / 24000, reference)
+    assert counting_engine.items == 2  # the reference's two sentence masters, nothing more
 
 
 async def test_openai_agents_sdk_tts_model(
@@ -103,7 +108,9 @@ def frames_seconds(frames: list[Any]) -> float:
     return sum(len(f.audio) / 2 / f.sample_rate / f.num_channels for f in frames)
 
 
-async def test_pipecat_openai_tts_service(gateway: GatewayFactory) -> None:
+async def test_pipecat_openai_tts_service(
+    gateway: GatewayFactory, counting_engine: CountingEngine
+) -> None:
     """Pipecat's ``OpenAITTSService``: ``pcm`` played as 24 kHz frames."""
     from pipecat.services.openai.tts import OpenAITTSService
 
@@ -113,9 +120,12 @@ async def test_pipecat_openai_tts_service(gateway: GatewayFactory) -> None:
     frames = await collect_pipecat(service, TEXT)
     assert frames and {f.sample_rate for f in frames} == {24000}
     assert close_to(frames_seconds(frames), reference)
+    assert counting_engine.items == 2
 
 
-async def test_pipecat_piper_http_tts_service(gateway: GatewayFactory) -> None:
+async def test_pipecat_piper_http_tts_service(
+    gateway: GatewayFactory, counting_engine: CountingEngine
+) -> None:
     """Pipecat's ``PiperHttpTTSService`` against Piper's HTTP API (``POST /``): it strips a
     44-byte WAV header, reads the rate from it and resamples to the pipeline's rate."""
     from pipecat.services.piper.tts import PiperHttpTTSService
@@ -132,13 +142,14 @@ async def test_pipecat_piper_http_tts_service(gateway: GatewayFactory) -> None:
         frames = await collect_pipecat(service, TEXT)
     assert frames
     assert close_to(frames_seconds(frames), reference)
+    assert counting_engine.items == 2
     # No header bytes played as audio: the first samples are the voice's leading near-silence.
     first = np.frombuffer(frames[0].audio[:200], dtype="<i2")
     assert np.abs(first).max() < 2000
 
 
 async def test_livekit_openai_tts_plugin(
-    gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+    gateway: GatewayFactory, caplog: pytest.LogCaptureFixture, counting_engine: CountingEngine
 ) -> None:
     """LiveKit Agents' OpenAI TTS plugin: for a model other than tts-1 it asks for
     ``stream_format: "sse"`` (MP3 deltas, decoded to 24 kHz frames); for tts-1, streamed audio.
@@ -171,3 +182,4 @@ async def test_livekit_openai_tts_plugin(
         assert close_to(seconds, reference), (model, seconds, reference)
     assert len(ids) == 2 and len(set(ids)) == 2 and "unknown" not in ids and "" not in ids
     assert not [r for r in caplog.records if "request_id" in r.getMessage()], caplog.text
+    assert counting_engine.items == 2

@@ -71,6 +71,7 @@ def container_env(container: dict[str, Any], secrets: dict[str, str]) -> dict[st
 K8S_SECRETS = {
     "redis-password": SECRETS["REDIS_PASSWORD"],
     "cache-secret": SECRETS["VOXGATE_CACHE_SECRET"],
+    "synthesis-key": "synthesis-key-secret",
 }
 
 
@@ -281,6 +282,56 @@ def test_k8s_deployment_probes_service_and_config(tmp_path: Path) -> None:
     annotations = pod["metadata"]["annotations"]
     assert annotations["prometheus.io/path"] == "/metrics"
     assert int(annotations["prometheus.io/port"]) == settings.port
+
+
+def test_k8s_gateways_call_the_synthesis_hosts_as_an_upstream(tmp_path: Path) -> None:
+    """The synthesis Deployment sits behind the gateways' cache: the gateway's upstreams file
+    names its Service and port, with a key from the Secret; its pods load their own config and
+    answer the host names the gateways send."""
+    from urllib.parse import urlsplit
+
+    from synth.upstream import check_config, load_upstreams
+
+    docs = k8s_docs()
+    gateway = find(docs, "Deployment", "voxgate")["spec"]["template"]["spec"]
+    (container,) = gateway["containers"]
+    configmap = find(docs, "ConfigMap", "voxgate-config")["data"]
+    env = container_env(container, K8S_SECRETS)
+    settings = Settings.load(
+        config_file=_write(configmap["voxgate.toml"], tmp_path), env=voxgate_env(env)
+    )
+    # The file the settings name is the ConfigMap's, mounted beside voxgate.toml.
+    upstreams_path = Path(settings.upstreams_file)
+    assert upstreams_path.parent == Path("/etc/voxgate")
+    local = tmp_path / upstreams_path.name
+    local.write_text(configmap[upstreams_path.name])
+    (fleet,) = load_upstreams(local)
+    assert check_config(fleet, env) == "synthesis-key-secret"
+    url = urlsplit(fleet.base_url)
+    service = find(docs, "Service", str(url.hostname))
+    assert service["spec"]["ports"][0]["port"] == (url.port or 80)
+    synthesis = find(docs, "Deployment", "voxgate-synthesis")["spec"]["template"]
+    assert service["spec"]["selector"].items() <= synthesis["metadata"]["labels"].items()
+    (host,) = synthesis["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in host["ports"]}
+    (tmp_path / "synthesis").mkdir()
+    host_settings = Settings.load(
+        config_file=_write(
+            find(docs, "ConfigMap", "voxgate-synthesis-config")["data"]["voxgate.toml"],
+            tmp_path / "synthesis",
+        ),
+        env=voxgate_env(container_env(host, K8S_SECRETS)),
+    )
+    assert ports[service["spec"]["ports"][0]["targetPort"]] == host_settings.port
+    assert url.hostname in host_settings.allowed_hosts
+    # It serves what the entry asks for (the bundled voice, on the Piper model).
+    assert fleet.model == "piper" and fleet.voices == ("joe",)
+    assert host_settings.api_keys_file and host_settings.metrics_auth
+    # Only the gateways reach it.
+    policy = find(docs, "NetworkPolicy", "voxgate-synthesis")["spec"]
+    assert policy["podSelector"]["matchLabels"].items() <= synthesis["metadata"]["labels"].items()
+    senders = [f["podSelector"]["matchLabels"] for f in policy["ingress"][0]["from"]]
+    assert {"app.kubernetes.io/name": "voxgate"} in senders
 
 
 def test_k8s_redis_matches_the_url_voxgate_uses() -> None:

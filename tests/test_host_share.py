@@ -20,7 +20,7 @@ from synth.engine import Audio, SynthesisItem
 from synth.errors import ClientQueueFull
 from synth.scheduler import CLIENT, Scheduler
 from tests.served import DefaultServer
-from tests.support import until
+from tests.support import clear_of_a_minute_edge, until
 
 SECRET = "host-share-secret-0123456789-abcdefghij"
 OTHER = "host-share-other-0123456789-abcdefghijk"
@@ -98,6 +98,7 @@ async def test_key_limits_fall_back_to_the_process_when_the_table_is_full(
     limits.host = one_row
     one = APIKey("one", b"", frozenset({"speak"}), requests_per_minute=2)
     two = APIKey("two", b"", frozenset({"speak"}), requests_per_minute=2)
+    await clear_of_a_minute_edge()
     await limits.admit_request(one)
     await limits.admit_request(two)  # no room in the table: counted in this process
     await limits.admit_request(two)
@@ -187,6 +188,7 @@ async def test_a_keys_budget_is_the_hosts_under_the_default_topology(tmp_path: P
     try:
         server.wait_ready()
         assert server.gateways == usable_cores()
+        await clear_of_a_minute_edge()
         statuses = [
             (await server.request("GET", "/v1/models", headers={"X-API-Key": SECRET}))[0]
             for _ in range(10)

@@ -23,6 +23,7 @@ from gateway.runtime.ratelimit import KeyLimits, limits_storage_uri
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 from tests.conftest import GatewayFactory
+from tests.support import clear_of_a_minute_edge
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEAK_SECRET = "speak-secret-0123456789-abcdefghijklmnop"
@@ -303,6 +304,7 @@ async def test_requests_per_minute_3_gives_200_200_200_then_429(
         key_table("free", READ_SECRET, ["speak"]),
     )
     http = await gateway(settings=settings.replace(api_keys_file=str(path)))
+    await clear_of_a_minute_edge()
     statuses = []
     for _ in range(4):
         r = await http.post("/v1/audio/speech", json=BODY, headers={"X-API-Key": SPEAK_SECRET})
@@ -334,6 +336,7 @@ async def test_two_replicas_sharing_redis_spend_one_budget(
         await gateway(settings=shared.replace(cache_dir=str(tmp_path / f"cache{i}")))
         for i in range(2)
     ]
+    await clear_of_a_minute_edge()
     statuses = []
     for i in range(10):
         r = await replicas[i % 2].get("/v1/models", headers={"X-API-Key": SPEAK_SECRET})
@@ -350,6 +353,7 @@ async def test_chars_per_minute_counts_misses_only(
     )
     http = await gateway(settings=settings.replace(api_keys_file=str(path)))
     headers = {"X-API-Key": SPEAK_SECRET}
+    await clear_of_a_minute_edge()
     first = {**BODY, "input": "Press one for sales."}  # 20 characters
     second = {**BODY, "input": "Press two for support."}  # 22: 42 in all, over 40
     assert (await http.post("/v1/audio/speech", json=first, headers=headers)).status == 200
@@ -372,6 +376,7 @@ async def test_redis_down_falls_back_to_local_limits_counted_and_logged_once(
     key = APIKey("k", b"\0" * 32, frozenset({"speak"}), requests_per_minute=2)
     caplog.set_level(logging.INFO, logger="voxgate.auth")
     await limits.start()
+    await clear_of_a_minute_edge()
     try:
         await limits.admit_request(key)
         await limits.admit_request(key)

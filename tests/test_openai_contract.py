@@ -43,7 +43,9 @@ def sse_events(raw: bytes) -> list[dict[str, Any]]:
     return events
 
 
-async def test_pcm_is_24khz_unless_a_rate_is_asked(gateway: GatewayFactory) -> None:
+async def test_pcm_is_24khz_unless_a_rate_is_asked(
+    gateway: GatewayFactory, counting_engine: CountingEngine
+) -> None:
     client = await gateway()
     wav = await client.post("/v1/audio/speech", json=body(response_format="wav"))
     seconds = wav_seconds(await wav.read())
@@ -58,6 +60,7 @@ async def test_pcm_is_24khz_unless_a_rate_is_asked(gateway: GatewayFactory) -> N
     )
     assert asked.headers["X-Audio-Sample-Rate"] == "16000"
     assert abs(len(await asked.read()) / 2 / 16000 - seconds) / seconds < 0.01
+    assert counting_engine.items == 1  # every length is one master's: transcodes, not syntheses
     listing = await (await client.get("/v1/voices")).json()
     assert listing["formats"]["pcm"]["default_sample_rate"] == 24000
     assert listing["formats"]["wav"]["default_sample_rate"] is None
@@ -175,8 +178,10 @@ async def test_sse_streams_other_formats(gateway: GatewayFactory) -> None:
     )
     events = sse_events(await r.read())
     data = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
-    assert data[:4] == b"RIFF"
-    assert events[-1]["usage"]["audio_seconds"] > 3
+    assert data[:4] == b"RIFF" and data[36:40] == b"data"  # a 44-byte header, then samples
+    rate = int.from_bytes(data[24:28], "little")
+    # The usage says how long the audio sent is (not a guess at a random synthesis's length).
+    assert abs(events[-1]["usage"]["audio_seconds"] - (len(data) - 44) / 2 / rate) < 0.005
 
 
 async def test_listings(gateway: GatewayFactory) -> None:

@@ -63,6 +63,10 @@ def exported_names(text: str) -> set[str]:
     """Metric family names declared in an exposition, plus every sample name."""
     names = set(re.findall(r"^# TYPE (\S+) ", text, re.M))
     names |= set(re.findall(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)[{ ]", text, re.M))
+    # A histogram declared without a sample yet (a labelled one no label set has used, such as
+    # an upstream's on a gateway without upstreams) still exports its series' names.
+    for family in re.findall(r"^# TYPE (\S+) histogram$", text, re.M):
+        names |= {f"{family}_bucket", f"{family}_sum", f"{family}_count"}
     return names
 
 

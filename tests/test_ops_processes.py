@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.ops_support import ServerProcess, clean_env, run_cli
 from tests.served import DefaultServer
+from tests.support import shortest_audio_s
 
 
 def sample(text: str, name: str, **labels: str) -> float:
@@ -40,8 +41,8 @@ def speech(text: str) -> dict[str, str]:
 
 @pytest.mark.slow
 async def test_sigterm_finishes_twenty_in_flight_requests(tmp_path: Path) -> None:
-    # One client with 20 misses in flight: beyond the default queue_per_client (16) the rest would
-    # get 429 before the shutdown this test is about.
+    # One client with 20 misses in flight: beyond the default queue_per_client and
+    # renders_per_client (16 each) the rest would get 429 before the shutdown this test is about.
     server = ServerProcess(
         tmp_path,
         "--shutdown-timeout-s",
@@ -49,6 +50,8 @@ async def test_sigterm_finishes_twenty_in_flight_requests(tmp_path: Path) -> Non
         "--log-format",
         "json",
         "--queue-per-client",
+        "32",
+        "--renders-per-client",
         "32",
     )
     try:
@@ -79,17 +82,25 @@ async def test_sigterm_finishes_twenty_in_flight_requests(tmp_path: Path) -> Non
                 assert time.monotonic() < deadline, f"requests never queued: {queued=} {done=}"
                 await asyncio.sleep(0.05)
             server.proc.send_signal(15)
-            await asyncio.sleep(0.5)
-            # It stopped accepting: a new connection is refused while the 20 finish.
-            with pytest.raises(aiohttp.ClientConnectionError):
-                async with session.get(server.url + "/healthz", headers={"Connection": "close"}):
-                    pass
+            # It stops accepting: a new connection is refused while the 20 finish. Asked until
+            # it is (the signal takes a moment to be acted on), not after a guessed pause.
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    async with session.get(
+                        server.url + "/healthz", headers={"Connection": "close"}
+                    ) as r:
+                        await r.read()
+                except aiohttp.ClientConnectionError:
+                    break
+                assert time.monotonic() < deadline, "still accepting 60 s after SIGTERM"
+                await asyncio.sleep(0.05)
             results = await asyncio.gather(*tasks)
-        for status, length, body in results:
+        for (status, length, body), text in zip(results, texts, strict=True):
             assert status == 200
             assert length == len(body)
             data, rate = sf.read(io.BytesIO(body))
-            assert rate == 22050 and len(data) > rate  # a full sentence, over a second of audio
+            assert rate == 22050 and len(data) / rate >= shortest_audio_s(text)  # a full sentence
         rc = await asyncio.to_thread(server.proc.wait, 120)
         assert rc == 0
         logs = server.logs()

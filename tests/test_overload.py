@@ -8,7 +8,7 @@ from typing import Any
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 from tests.conftest import GatewayFactory
-from tests.support import CountingEngine
+from tests.support import CountingEngine, until
 
 CACHED = {"model": "tts-1", "input": "Already cached.", "voice": "alloy", "response_format": "wav"}
 
@@ -28,22 +28,18 @@ async def test_full_queue_503_while_hits_served(
     def sample(name: str) -> float:
         return metrics.registry.get_sample_value(name, {"model": "piper"}) or 0.0
 
-    async def until(name: str, value: float) -> None:
-        for _ in range(500):
-            if sample(name) == value:
-                return
-            await asyncio.sleep(0.02)
-        raise AssertionError(f"{name} never reached {value}")
+    async def reaches(name: str, value: float) -> None:
+        await until(lambda: sample(name) == value, 60, f"{name} == {value}")
 
     inflight: list[asyncio.Task[Any]] = []
     try:
         # One item running (blocked in the engine), then two queued: the queue is full. Each
         # step waits for the previous to land, so the order cannot race.
         inflight.append(asyncio.create_task(client.post("/v1/audio/speech", json=miss(0))))
-        await until("voxgate_synthesis_busy_workers", 1.0)
+        await reaches("voxgate_synthesis_busy_workers", 1.0)
         for i in (1, 2):
             inflight.append(asyncio.create_task(client.post("/v1/audio/speech", json=miss(i))))
-            await until("voxgate_synthesis_queue_depth", float(i))
+            await reaches("voxgate_synthesis_queue_depth", float(i))
         rejected = await client.post("/v1/audio/speech", json=miss(99))
         assert rejected.status == 503
         assert rejected.headers["Retry-After"] == "3"
@@ -76,10 +72,15 @@ async def test_readyz_503_until_warm(
         r = await client.post("/v1/audio/speech", json=CACHED)
         assert r.status == 503 and "Retry-After" in r.headers
         slow.release.set()
-        for _ in range(200):
-            if (await client.get("/readyz")).status == 200:
-                break
+        ready: list[int] = []
+
+        async def readyz() -> int:
+            ready.append((await client.get("/readyz")).status)
+            return ready[-1]
+
+        # The warm-up synthesis runs once released: ready when it is done (polled, up to 60 s).
+        while await readyz() != 200:
+            assert len(ready) < 1200, "not ready 60 s after the warm-up was released"
             await asyncio.sleep(0.05)
-        assert (await client.get("/readyz")).status == 200
     finally:
         counting_engine.release.set()

@@ -154,6 +154,6 @@ async def test_redis_outage_fails_no_request_and_recovers(
         assert resp.status == 200
         if resp.headers["X-Cache"] == "HIT":
             break
-        assert time.monotonic() - restarted < 10, "Redis tier not serving hits 10 s after restart"
+        assert time.monotonic() - restarted < 30, "Redis tier not serving hits 30 s after restart"
         await asyncio.sleep(0.2)
     assert b_metrics.cache_lookups.labels("redis", "hit")._value.get() >= 1

@@ -262,11 +262,14 @@ async def test_release_never_deletes_a_lock_it_lost(tier: RedisTier) -> None:
 
 
 async def test_lock_is_extended_while_the_work_runs(tier: RedisTier) -> None:
-    flight = CrossReplicaFlight(tier, lock_ttl_s=0.3, max_wait_s=1)
+    """The keeper extends the lock every third of its TTL. A TTL of 1.5 s and work of 2.5 s: the
+    lock outlives its TTL only if it was extended, and losing it needs the loop to stall a whole
+    second between two extensions (0.2 s did it with the 0.3 s TTL this test used to have)."""
+    flight = CrossReplicaFlight(tier, lock_ttl_s=1.5, max_wait_s=1)
     seen: list[bytes | None] = []
 
     async def produce() -> str:
-        await asyncio.sleep(0.8)  # longer than the TTL: the keeper must extend it
+        await asyncio.sleep(2.5)  # longer than the TTL: the keeper must extend it
         seen.append(await tier.client.get(flight.lock_key(KEY)))
         return "mine"
 
@@ -353,7 +356,9 @@ async def test_tier_survives_redis_outage_and_recovers_without_restart(tmp_path:
         secret=SECRET,
         timeout_s=0.2,
         breaker_failures=2,
-        breaker_reset_s=0.3,
+        # Long enough that the third call comes while the breaker is still open on any machine
+        # (at 0.3 s a loop stall of 0.3 s made it the half-open probe instead).
+        breaker_reset_s=2.0,
         metrics=metrics,
     )
     try:
@@ -368,7 +373,7 @@ async def test_tier_survives_redis_outage_and_recovers_without_restart(tmp_path:
         server = RedisServer(tmp_path / "r", port=port)
         server.start()
         try:
-            await asyncio.sleep(0.35)
+            await asyncio.sleep(2.05)  # time passes beyond the reset: the next call is the probe
             e = entry()
             await t.put(KEY, e)  # the half-open probe succeeds and closes the breaker
             assert await t.get(KEY) == e

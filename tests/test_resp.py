@@ -10,7 +10,6 @@ import itertools
 import os
 import random
 import socket
-import time
 import tracemalloc
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -27,7 +26,7 @@ from cache.redis_tier import RedisTier
 from cache.resp import ReplyTooLarge, RespProtocol, RespReader, encode_command
 from cache.tier import TierError
 from metrics import Metrics
-from tests.support import SECRET
+from tests.support import SECRET, until
 
 BIG = os.urandom(300_000)  # larger than the scratch buffer: received into a buffer of its own
 
@@ -386,7 +385,9 @@ async def test_a_request_cancelled_early_leaves_the_others_on_the_connection_alo
     reader = RespReader(port=silent_server, stall_s=5.0)
     others = [asyncio.ensure_future(reader.get(b"k", bytes)) for _ in range(15)]
     mine = asyncio.ensure_future(reader.get(b"k", bytes))
-    await asyncio.sleep(0.05)
+    # All 16 are sent and waiting for their replies on the one connection: mine is cancelled
+    # mid-flight, not before it was written.
+    await until(lambda: reader._conn is not None and len(reader._conn._waiters) == 16)
     mine.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await mine
@@ -498,16 +499,15 @@ async def test_a_declared_length_of_2_gb_is_refused_before_anything_is_allocated
         reader = RespReader(port=port, stall_s=5.0, **kw)
         tracemalloc.start()
         try:
-            started = time.perf_counter()
             with pytest.raises(ReplyTooLarge):
-                await asyncio.wait_for(reader.get(b"k", bytes), 5)
-            elapsed = time.perf_counter() - started
+                await asyncio.wait_for(reader.get(b"k", bytes), 30)
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
             await reader.close()
+    # Nothing was allocated for it (what stalled the loop was the allocation): measured in
+    # bytes, not in time, so a loaded machine cannot fail it.
     assert peak < 4 * 1024 * 1024
-    assert elapsed < 1.0
 
 
 @pytest.mark.parametrize(

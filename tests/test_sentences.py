@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import threading
 from typing import Any
 
 import numpy as np
@@ -54,7 +55,9 @@ _RULE_WORDS = ["Mr", "Dr", "St", "No", "vs", "e", "i", "a", "iv", "II", "Inc", "
 _PLAIN_WORDS = ["ticket", "call", "1", "12", "1st", "O'Neil", "it's", "'", ",", "x,", "3rd"]
 
 
-@settings(max_examples=400, deadline=None)
+# Derandomized, no example database: the same 400 texts on every run and machine (a property
+# test that drew new examples each run could fail on one run and pass on the next).
+@settings(max_examples=400, deadline=None, derandomize=True, database=None)
 @given(
     words=st.lists(st.sampled_from(_RULE_WORDS + _PLAIN_WORDS), min_size=1, max_size=10),
     end=st.sampled_from(["", ".", "!", "?"]),
@@ -135,16 +138,37 @@ async def test_joined_audio_is_the_sentences_plus_pauses(
     assert np.all(gap == 0)
 
 
+class MeetingEngine(CountingEngine):
+    """The real voice; the first two batches wait for each other before they run, so the test
+    knows (not guesses from timing) that two were in the engine at once."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.meeting = threading.Barrier(2)
+        self.arrived = 0
+        self.met = False
+
+    def synthesize_batch(self, items: Any) -> Any:
+        with self._lock:
+            self.arrived += 1
+            first_two = self.arrived <= 2
+        if first_two:
+            self.meeting.wait(timeout=60)  # a BrokenBarrierError if the other never comes
+            self.met = True
+        return super().synthesize_batch(items)
+
+
 async def test_sentences_synthesize_concurrently(
     gateway: GatewayFactory, counting_engine: CountingEngine, settings: Settings
 ) -> None:
-    # Two engine threads: the five sentences reach the queue together, so batches overlap.
-    client = await gateway(settings=settings.replace(synth_threads=2))
-    counting_engine.delay_s = 0.2
+    # Two engine threads: the five sentences reach the queue together, so two batches run at
+    # once (with one thread, the first would wait at the meeting for a second that never came).
+    engine = MeetingEngine(counting_engine.inner)
+    client = await gateway(settings=settings.replace(synth_threads=2), engines={"piper": engine})
     r = await client.post("/v1/audio/speech", json=body(" ".join(FIVE)))
     assert r.status == 200
-    assert counting_engine.items == 5
-    assert counting_engine.max_concurrent == 2
+    assert engine.items == 5
+    assert engine.met
 
 
 async def test_pause_setting_changes_the_rendition_not_the_masters(

@@ -21,7 +21,7 @@ from synth.engine import Audio, SynthesisItem
 from synth.errors import EngineError
 from synth.piper_engine import PiperEngine
 from tests.conftest import GatewayFactory
-from tests.support import CountingEngine
+from tests.support import CountingEngine, until
 
 FIVE = (
     "Welcome to the support line. Your ticket number is 7 4 2. "
@@ -149,10 +149,13 @@ async def test_disconnect_ends_only_that_stream_and_the_audio_is_still_cached(
     whole = await other.read()
     assert await wait_for_stored(client, key) == whole
     assert gated.items == 5  # nothing was synthesized twice, nothing was abandoned
-    for _ in range(200):
-        if metrics.registry.get_sample_value("voxgate_streams_total", {"outcome": "disconnected"}):
-            break
-        await asyncio.sleep(0.05)
+    await until(
+        lambda: metrics.registry.get_sample_value(
+            "voxgate_streams_total", {"outcome": "disconnected"}
+        ),
+        60,
+        "the disconnected stream counted",
+    )
     assert (
         metrics.registry.get_sample_value("voxgate_streams_total", {"outcome": "disconnected"})
         == 1.0

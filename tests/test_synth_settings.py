@@ -52,8 +52,11 @@ async def test_coqui_batches_through_the_gateway_piper_stays_at_one(
     coqui_model_files: tuple[Path, Path],
 ) -> None:
     model, config = coqui_model_files
+    # A batch waits up to 2 s for companions and goes as soon as it holds 4: the four requests
+    # below (sent at once) share batches unless one takes 2 s to arrive, where 300 ms was a
+    # margin a loaded machine could eat.
     s = settings.replace(
-        coqui_model=str(model), coqui_config=str(config), max_batch=4, max_wait_ms=300
+        coqui_model=str(model), coqui_config=str(config), max_batch=4, max_wait_ms=2000
     )
     client = await gateway(settings=s, engines=await asyncio.to_thread(default_engine_specs, s))
     models = client.app[keys.SPEECH].models

@@ -8,10 +8,14 @@ import asyncio
 import json
 import os
 import re
+import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 import wave
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -193,6 +197,79 @@ async def test_export_writes_each_layout_and_a_rerun_writes_nothing(
     )
     with wave.open(str(fs / "16000" / "welcome.wav")) as w:
         assert w.getframerate() == 16000
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory other users may enter (pytest's tmp_path sits under a 0700 directory, which
+    would hide any file from them whatever its mode)."""
+    path = Path(tempfile.mkdtemp(prefix="voxgate-export-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
+def read_as_nobody(path: Path) -> subprocess.CompletedProcess[bytes]:
+    """``cat path`` as the unprivileged user ``nobody`` (uid 65534), as a PBX's own user reads."""
+    if shutil.which("setpriv"):
+        argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "cat", str(path)]
+    else:
+        argv = ["runuser", "-u", "nobody", "--", "cat", str(path)]
+    return subprocess.run(argv, capture_output=True, timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("umask", "file_mode", "dir_mode"),
+    [(0o022, 0o644, 0o755), (0o027, 0o640, 0o750)],
+    ids=["umask-022", "umask-027"],
+)
+async def test_exported_files_have_the_modes_the_umask_allows(
+    shared_dir: Path,
+    settings: Settings,
+    counting_engine: CountingEngine,
+    umask: int,
+    file_mode: int,
+    dir_mode: int,
+) -> None:
+    """Exported files, the directories made for them and the manifest get the modes the process
+    umask allows (not mkstemp's 0600): under 022 the PBX's own user can read every prompt."""
+    catalogue = shared_dir / "prompts.csv"
+    catalogue.write_text(CATALOGUE)
+    out = shared_dir / "sounds" / "en"
+    old = os.umask(umask)
+    try:
+        result = await run_export(
+            settings,
+            export_args(catalogue, out, "wav,wav16", "freeswitch"),
+            {"piper": counting_engine},
+        )
+    finally:
+        os.umask(old)
+    assert result["written"] == 6
+    made = [shared_dir / "sounds", out, out / "8000", out / "16000"]
+    assert {str(d.relative_to(shared_dir)): stat.S_IMODE(d.stat().st_mode) for d in made} == {
+        str(d.relative_to(shared_dir)): dir_mode for d in made
+    }
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert len(files) == 7 and out / "manifest.json" in files
+    assert {str(f): stat.S_IMODE(f.stat().st_mode) for f in files} == {
+        str(f): file_mode for f in files
+    }
+    assert not [p for p in out.rglob(".*")]  # no temporary file left behind
+    # The test suite runs as root (as CI does): read as another user, as the PBX does.
+    if os.geteuid() == 0:
+        prompt = out / "8000" / "welcome.wav"
+        read = read_as_nobody(prompt)
+        readable_by_others = bool(file_mode & stat.S_IROTH)
+        assert (read.returncode == 0) == readable_by_others, read.stderr
+        if readable_by_others:
+            assert read.stdout == prompt.read_bytes()
+            manifest = read_as_nobody(out / "manifest.json")
+            assert (
+                manifest.returncode == 0 and json.loads(manifest.stdout)["layout"] == "freeswitch"
+            )
 
 
 def run_cli(*argv: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:

@@ -1,15 +1,17 @@
-"""``voxgate tune`` (issue 13): splits measured, the fastest written to the config file, which
+"""``voxgate tune``: splits measured, the fastest written to the config file, which
 ``voxgate config show`` then reports."""
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
 from gateway.cli.tune import Measurement, best_for, splits, table, write_config
-from tests.ops_support import clean_env, run_cli
+from tests.ops_support import ROOT, clean_env, run_cli
 
 
 def test_splits_use_every_core_plus_one_by_one() -> None:
@@ -87,3 +89,24 @@ def test_tune_writes_what_config_show_then_reports(tmp_path: Path) -> None:
     assert settings["synth_workers"] == int(processes)
     assert settings["intra_op_threads"] == int(threads)
     assert settings["log_format"] == "text"  # what the file held before stays
+
+
+def test_tune_creates_the_config_file_the_readme_names(tmp_path: Path) -> None:
+    """``voxgate tune --config voxgate.toml`` as README.md writes it, on a machine where the file
+    does not exist yet: it is created (not refused as a missing config file)."""
+    assert not (tmp_path / "voxgate.toml").exists()
+    env = clean_env(PYTHONPATH=str(ROOT))  # this tree's gateway, run from another directory
+    tune = ["tune", "--config", "voxgate.toml", "--seconds", "1", "--max-processes", "1"]
+    res = subprocess.run(
+        [sys.executable, "-m", "gateway", *tune, "--cache-dir", str(tmp_path / "cache")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    written = tomllib.loads((tmp_path / "voxgate.toml").read_text(encoding="utf-8"))
+    assert set(written) == {"synth_workers", "intra_op_threads"}
+    assert written["synth_workers"] == 1  # --max-processes 1
+    assert f"intra_op_threads = {written['intra_op_threads']} to voxgate.toml" in res.stdout

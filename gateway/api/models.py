@@ -307,9 +307,11 @@ class SpeechBody(RequestModel):
     instructions: str | None = Field(
         None,
         max_length=MAX_INSTRUCTIONS,
-        description="Voice instructions. The served models cannot follow them: they are "
-        "ignored (not part of the content address) and named in the X-Ignored-Fields header, "
-        "or refused with the strict_instructions setting.",
+        description="Voice instructions. An upstream model that follows them (OpenAI's "
+        "gpt-4o-mini-tts) gets them, and they are part of the content address; the local "
+        "models cannot follow them: there they are ignored (not part of the content address) "
+        "and named in the X-Ignored-Fields header, or refused with the strict_instructions "
+        "setting.",
     )
     normalize: NormalizeMode | None = Field(
         None,

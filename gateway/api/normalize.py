@@ -1,5 +1,5 @@
 """Text normalization: numbers, amounts, dates, times and telephone numbers as the words a voice
-should say, in the voice's language (issue 16).
+should say, in the voice's language.
 
 Phonemizers guess at "4096", "$12.50" or "03/04/2026" (espeak-ng reads some, mangles others, and
 never knows whether a date is month-first), so the gateway writes them out before the text is
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from decimal import Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation, localcontext
 
 from num2words import CONVERTER_CLASSES, num2words
 
@@ -76,11 +76,94 @@ def _need_language(lang: str, what: str) -> str:
     return lang
 
 
-def _words(number: Decimal | int, lang: str, to: str = "cardinal") -> str:
+# Number words stop here: 36 digits is the undecillions (short scale), past what any prompt says
+# and past what several of num2words' languages have names for. A longer number is refused
+# (say-as) or left as written (plain text), not spoken as a page of words.
+MAX_NUMBER_DIGITS = 36
+# Languages whose num2words converter fails earlier; Amharic (num2words 0.5.14) never returns
+# for some numbers of seven digits or more, so it is not asked.
+_LANGUAGE_MAX_DIGITS = {"am": 6}
+# A float holds this many significant digits exactly; num2words reads a number with a fractional
+# part through a float, so a longer one is said here (whole part, the language's point word,
+# each digit) rather than rounded silently.
+_FLOAT_DIGITS = 15
+
+
+def _check_size(digits: int, lang: str, what: str) -> None:
+    """Refuse a number whose whole part has more ``digits`` than number words say in ``lang``."""
+    limit = _LANGUAGE_MAX_DIGITS.get(lang, MAX_NUMBER_DIGITS)
+    if digits > limit:
+        raise _bad(
+            f"{what}: a number of {digits} digits is too large to say as words (at most "
+            f"{limit} digits in language '{lang}')",
+            code="number_too_large",
+        )
+
+
+def _whole_digits(number: Decimal | int) -> int:
+    if isinstance(number, int):
+        return len(str(abs(number)))  # ints here come from at most MAX_NUMBER_DIGITS characters
+    return max(1, number.adjusted() + 1) if number else 1
+
+
+def _exact(number: Decimal) -> Context:
+    """A decimal context that holds ``number`` and a few more digits exactly: num2words does
+    Decimal arithmetic in the caller's context (28 digits by default), which raises or rounds
+    beyond that."""
+    return Context(prec=max(28, len(number.as_tuple().digits) + 8), rounding=ROUND_HALF_UP)
+
+
+def _num2words(number: Decimal | int, lang: str, to: str, **kw: str) -> str:
+    """num2words' words, or :class:`BadRequest`. Its ~60 languages are tables and code of their
+    own, and a number some language has no words for fails in that language's way (OverflowError,
+    NotImplementedError, KeyError, IndexError, TypeError, even AssertionError): every failure of
+    the library means "no words for this number here", a refusal, never a server error. The
+    property test in tests/test_normalize.py drives every language with arbitrary numbers."""
+    _check_size(_whole_digits(number), lang, f"say-as {to}")
     try:
-        return str(num2words(number, lang=lang, to=to))
-    except (NotImplementedError, OverflowError, ValueError, KeyError) as exc:
+        if isinstance(number, Decimal):
+            with localcontext(_exact(number)):
+                return str(num2words(number, lang=lang, to=to, **kw))
+        return str(num2words(number, lang=lang, to=to, **kw))
+    except Exception as exc:  # any failure of the library is a refusal (see above)
+        if "currency" in kw:
+            raise _bad(
+                f"say-as currency: no words for currency '{kw['currency']}' in language '{lang}'",
+                code="unsupported_currency",
+            ) from exc
         raise _bad(f"cannot say this number as {to} in language '{lang}'") from exc
+
+
+def _words(number: Decimal | int, lang: str, to: str = "cardinal") -> str:
+    if isinstance(number, Decimal):
+        _check_size(_whole_digits(number), lang, f"say-as {to}")
+        if number == number.to_integral_value():
+            number = int(number)  # exact at any size (num2words' Decimal path rounds past 28)
+        elif to == "cardinal" and len(number.as_tuple().digits) > _FLOAT_DIGITS:
+            return _long_fraction(number, lang)
+    return _num2words(number, lang, to)
+
+
+def _long_fraction(number: Decimal, lang: str) -> str:
+    """A number with more digits than a float holds, said as num2words says any fraction (its
+    whole part, the point word, then digit by digit) without going through a float."""
+    point = str(getattr(CONVERTER_CLASSES[lang], "pointword", "") or "")
+    if not point or point == "(.)":  # num2words' placeholder: the language names no point
+        raise _bad(
+            f"cannot say a number with more than {_FLOAT_DIGITS} digits and a fractional part "
+            f"in language '{lang}'"
+        )
+    sign, digits, exponent = number.as_tuple()
+    assert isinstance(exponent, int)  # a finite Decimal (the pattern in _decimal admits no other)
+    text = "".join(map(str, digits)).rjust(-exponent + 1, "0")
+    whole, fraction = text[:exponent], text[exponent:]
+    said = [_words(int(whole), lang), point, *(_words(int(d), lang) for d in fraction)]
+    if sign:
+        minus = str(getattr(CONVERTER_CLASSES[lang], "negword", "")).strip()
+        if not minus or minus == "(-)":
+            raise _bad(f"cannot say a negative number this long in language '{lang}'")
+        said.insert(0, minus)
+    return " ".join(said)
 
 
 def _decimal(text: str, what: str) -> Decimal:
@@ -94,14 +177,15 @@ def _decimal(text: str, what: str) -> Decimal:
 
 
 def _digit_words(text: str, lang: str) -> str:
-    return " ".join(_words(int(ch), lang) for ch in text if ch.isdigit())
+    # isdecimal, not isdigit: "²" is a digit int() cannot read.
+    return " ".join(_words(int(ch), lang) for ch in text if ch.isdecimal())
 
 
 def characters(text: str, lang: str) -> str:
     """Each letter or digit on its own ("AB1" -> "A B one"); other characters are dropped."""
     out = []
     for ch in text:
-        if ch.isdigit():
+        if ch.isdecimal():
             out.append(_words(int(ch), _need_language(lang, "say-as characters")))
         elif ch.isalnum():
             out.append(ch)
@@ -111,7 +195,7 @@ def characters(text: str, lang: str) -> str:
 def digits(text: str, lang: str) -> str:
     """Every digit as a word ("4096" -> "four zero nine six")."""
     lang = _need_language(lang, "say-as digits")
-    if not any(ch.isdigit() for ch in text):
+    if not any(ch.isdecimal() for ch in text):
         raise _bad("say-as digits: no digits to say")
     return _digit_words(text, lang)
 
@@ -126,7 +210,9 @@ def ordinal(text: str, lang: str) -> str:
     match = re.fullmatch(r"\s*(\d+)\s*(st|nd|rd|th|\.|º|ª|e|er|re|ème)?\s*", text, re.IGNORECASE)
     if match is None:
         raise _bad("say-as ordinal: not a whole number")
-    return _words(int(match.group(1)), _need_language(lang, "say-as ordinal"), "ordinal")
+    lang = _need_language(lang, "say-as ordinal")
+    _check_size(len(match.group(1).lstrip("0")), lang, "say-as ordinal")  # before int() reads it
+    return _words(int(match.group(1)), lang, "ordinal")
 
 
 def telephone(text: str, lang: str) -> str:
@@ -135,7 +221,7 @@ def telephone(text: str, lang: str) -> str:
     lang = _need_language(lang, "say-as telephone")
     stripped = text.strip()
     groups = [g for g in re.split(r"[\s\-./()]+", stripped.lstrip("+")) if g]
-    if not groups or not all(g.isdigit() for g in groups):
+    if not groups or not all(g.isdecimal() for g in groups):
         raise _bad("say-as telephone: only digits, spaces, + ( ) - . are allowed")
     spoken = ", ".join(_digit_words(g, lang) for g in groups)
     return f"plus {spoken}" if stripped.startswith("+") and lang.startswith("en") else spoken
@@ -159,18 +245,15 @@ def currency(text: str, lang: str) -> str:
         or _SYMBOLS[match.group("sym") or match.group("sym2")]
     )
     amount = _decimal(match.group("a") or match.group("b") or match.group("c") or "", "currency")
-    amount = amount.quantize(Decimal("0.01"))
-    try:
-        said = str(num2words(amount, lang=lang, to="currency", currency=code))
-    except (NotImplementedError, KeyError, ValueError) as exc:
-        raise _bad(
-            f"say-as currency: no words for currency '{code}' in language '{lang}'",
-            code="unsupported_currency",
-        ) from exc
+    _check_size(_whole_digits(amount), lang, "say-as currency")
+    # The context holds every digit: the default (28 digits) raises on a longer amount, here and
+    # in num2words' own Decimal arithmetic.
+    amount = amount.quantize(Decimal("0.01"), context=_exact(amount))
+    said = _num2words(amount, lang, "currency", currency=code)
     if amount == amount.to_integral_value():
         # "twelve dollars", not "twelve dollars, zero cents": drop the zero-cents phrase the
         # language puts after its first ", " (where it has one that way).
-        zero = str(num2words(Decimal("0.00"), lang=lang, to="currency", currency=code))
+        zero = _num2words(Decimal("0.00"), lang, "currency", currency=code)
         _, sep, cents = zero.partition(", ")
         if sep and said.endswith(sep + cents):
             said = said[: -len(sep + cents)]
@@ -185,8 +268,11 @@ def date(text: str, lang: str, fmt: str = "mdy") -> str:
     if fmt not in DATE_FORMATS:
         raise _bad(f"say-as date: unsupported format '{fmt}'; supported: {', '.join(DATE_FORMATS)}")
     fields = [f for f in re.split(r"[\s/.\-,]+", text.strip()) if f]
-    if len(fields) != len(fmt) or not all(f.isdigit() for f in fields):
-        raise _bad(f"say-as date: expected {len(fmt)} numeric fields for format '{fmt}'")
+    if len(fields) != len(fmt) or not all(f.isdecimal() and len(f) <= 4 for f in fields):
+        raise _bad(
+            f"say-as date: expected {len(fmt)} numeric fields of at most 4 digits for format "
+            f"'{fmt}'"
+        )
     parts = dict(zip(fmt, (int(f) for f in fields), strict=True))
     if not 1 <= parts.get("m", 1) <= 12 or not 1 <= parts.get("d", 1) <= 31:
         raise _bad("say-as date: month or day out of range")
@@ -214,7 +300,9 @@ _TIME_RE = re.compile(
 
 
 def time(text: str, lang: str) -> str:
-    """A clock time ("14:30" -> "fourteen thirty", "9:05 am" -> "nine oh five a m")."""
+    """A clock time ("14:30" -> "fourteen thirty", "09:05" -> "nine oh five", "9:05 am" -> "nine
+    oh five a m"). English says the 24-hour clock's hour zero as "midnight" (00:00) or as
+    twelve a m ("00:30" -> "twelve thirty a m"): "zero o'clock" is nobody's reading."""
     lang = _need_language(lang, "say-as time")
     match = _TIME_RE.match(text)
     if match is None:
@@ -222,8 +310,10 @@ def time(text: str, lang: str) -> str:
     hour, minute = int(match.group("h")), int(match.group("m") or 0)
     if hour > 23 or minute > 59 or (match.group("ap") and not 1 <= hour <= 12):
         raise _bad("say-as time: hour or minute out of range")
-    words = [_words(hour, lang)]
     english = lang.startswith("en")
+    if english and hour == 0 and not match.group("ap"):
+        return "midnight" if not minute else time(f"12:{minute:02d} am", lang)
+    words = [_words(hour, lang)]
     if minute:
         if english and minute < 10:
             words.append(f"oh {_words(minute, lang)}")
@@ -236,10 +326,19 @@ def time(text: str, lang: str) -> str:
     return " ".join(words)
 
 
+def date_order(text: str) -> str:
+    """The field order of a date written without a ``format``: year first when its first field
+    has four digits (ISO 8601's ``2026-12-24``, ``2026-12``, ``2026``), else month first."""
+    fields = [f for f in re.split(r"[\s/.\-,]+", text.strip()) if f]
+    if fields and len(fields[0]) == 4 and len(fields) <= 3:
+        return "ymd"[: len(fields)]
+    return "mdy"
+
+
 def say_as(kind: str, text: str, lang: str, fmt: str = "") -> str:
     """``text`` said as ``kind`` (one of :data:`SAY_AS_KINDS`) in num2words language ``lang``."""
     if kind == "date":
-        return date(text, lang, fmt or "mdy")
+        return date(text, lang, fmt or date_order(text))
     handler = _SAY_AS.get(kind)
     if handler is None:
         raise _bad(
@@ -266,6 +365,7 @@ _PLAIN = re.compile(
     r"(?P<phone>\+\d{1,3}(?:[ \-.]\d{2,5}){2,5}\b)"
     r"|(?P<money>[$€£]\s?\d[\d,]*(?:\.\d+)?)"
     r"|(?P<date>\b\d{1,4}/\d{1,2}/\d{2,4}\b)"
+    r"|(?P<isodate>\b\d{4}-\d{2}-\d{2}\b)"
     r"|(?P<time>\b\d{1,2}:\d{2}(?:\s?[ap]\.?m\.?\b)?)"
     r"|(?P<ordinal>\b\d+(?:st|nd|rd|th)\b)"
     r"|(?P<number>(?<![\w.])-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w])|(?<![\w.])-?\d+(?:\.\d+)?(?![\w]))",
@@ -295,6 +395,8 @@ def normalize_numbers(text: str, lang: str, date_format: str = "") -> str:
                 if len(parts[0]) == 4:
                     return date(value, lang, "ymd")
                 return date(value, lang, order)
+            if kind == "isodate":
+                return date(value, lang, "ymd")
             if kind == "time":
                 return time(value, lang)
             if kind == "ordinal":

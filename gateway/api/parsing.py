@@ -24,6 +24,8 @@ from gateway.runtime.settings import Settings
 from gateway.speech.request import Segment, SpeechRequest
 from gateway.speech.service import SpeechService
 from synth import audio
+from synth.engine import ParamValue
+from synth.upstream import VOICE_ID
 
 
 async def read_body(request: web.Request, max_bytes: int, timeout_s: float | None = None) -> bytes:
@@ -326,13 +328,28 @@ def resolve_model(name: str, settings: Settings, speech: SpeechService) -> str:
 
 def resolve_voice(name: str, model: str, settings: Settings, speech: SpeechService) -> str:
     """Our voice name for ``name`` on ``model`` (an alias such as ``alloy`` or a voice name)."""
-    voices = speech.models[model].voice_names()
+    handle = speech.models[model]
+    voices = handle.voice_names()
     if name in voices:
         return name
     alias = settings.voice_aliases.get(name)
     if alias is not None and alias in voices:
         return alias
-    if alias is not None and model != settings.default_model:
+    # An upstream (a paid provider) says what it was asked to: a name it does not list is
+    # never swapped for another voice of it.
+    upstream = hasattr(handle.engine, "any_voice")
+    if getattr(handle.engine, "any_voice", False):
+        # voices = ["*"]: any voice id goes to the provider, which says whether it has it (its
+        # refusal is a 400 with its message), once the id has a voice id's form.
+        if not VOICE_ID.fullmatch(name):
+            raise BadRequest(
+                f"voice {clip(name)} is not a voice id (letters, digits and _.:@+- only, at "
+                "most 128)",
+                param="voice",
+                code="voice_not_found",
+            )
+        return name
+    if alias is not None and model != settings.default_model and voices and not upstream:
         # OpenAI voice names on a model that lacks the aliased voice: use its first voice.
         return voices[0]
     known = sorted(set(voices) | set(settings.voice_aliases))
@@ -389,8 +406,13 @@ def speech_request(body: SpeechBody, settings: Settings, speech: SpeechService) 
         raise type(body).unknown_fields(unknown)
     model = resolve_model(body.model, settings, speech)
     ignored: list[str] = []
-    if body.instructions:
-        # No served engine takes instructions (OpenAI's own tts-1 does not either). Ignored,
+    params: tuple[tuple[str, ParamValue], ...] = ()
+    if body.instructions and getattr(speech.models[model].engine, "takes_instructions", False):
+        # An upstream that follows them (OpenAI's gpt-4o-mini-tts): they change the audio, so
+        # they are part of the content address, and go to the provider with the text.
+        params = (("instructions", body.instructions),)
+    elif body.instructions:
+        # No local engine takes instructions (OpenAI's own tts-1 does not either). Ignored,
         # they stay out of the request and so out of the content address.
         if settings.strict_instructions:
             raise BadRequest(
@@ -413,6 +435,7 @@ def speech_request(body: SpeechBody, settings: Settings, speech: SpeechService) 
         fmt=fmt,
         speed=body.speed,
         sample_rate=body.sample_rate,
+        params=params,
         segments=segments,
     )
     return SpeechCall(req, stream, sse, tuple(ignored) + header_names(unknown))

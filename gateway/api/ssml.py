@@ -1,4 +1,4 @@
-"""The SSML front end (issue 16): a ``<speak>`` document as a list of (words, pause, rate) segments.
+"""The SSML front end: a ``<speak>`` document as a list of (words, pause, rate) segments.
 
 Neither Piper nor Coqui parses SSML, so the gateway does, before hashing: the content address is
 computed from the expansion (:class:`gateway.speech.request.Segment`), not from the markup, so
@@ -20,6 +20,7 @@ ignored: ``emphasis``, ``prosody pitch/volume``, ``mark``, ``lang``.
 from __future__ import annotations
 
 import re
+import unicodedata
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -228,15 +229,29 @@ class _Expander:
     def segments(self) -> tuple[Segment, ...]:
         self.boundary(_TIGHT)
         merged: list[_Piece] = []
+        leading = self.leading
         for piece in self.pieces:
             prev = merged[-1] if merged else None
             if prev is not None and _joins(prev, piece):
                 prev.words = f"{prev.words} {piece.words}"
                 prev.pause = piece.pause
+            elif not piece.phonemes and _unspoken(piece.words):
+                # Punctuation alone ("Say <phoneme ...>tomato</phoneme>."): no voice has audio
+                # for it, so it is not a segment of its own. It closes what it follows: words
+                # take it (a "?" keeps its intonation), IPA cannot; a sentence end there ends
+                # that sentence (the sentence pause, not a tight join).
+                pause = piece.pause
+                if isinstance(pause, _Tight) and _SENTENCE_END.search(piece.words):
+                    pause = None
+                if prev is None:
+                    leading = _combine(leading, pause)
+                    continue
+                if not prev.phonemes:
+                    prev.words += piece.words
+                prev.pause = _combine(prev.pause, pause)
             else:
                 merged.append(_Piece(piece.words, piece.pause, piece.rate, piece.phonemes))
         out: list[Segment] = []
-        leading = self.leading
         pauses = [leading, *(piece.pause for piece in merged)]
         if any(isinstance(p, int) and p > MAX_PAUSE_MS for p in pauses):
             raise _bad(
@@ -253,6 +268,12 @@ class _Expander:
                 pause = None
             out.append(Segment(piece.words, pause, piece.rate, piece.phonemes))
         return tuple(out)
+
+
+def _unspoken(words: str) -> bool:
+    """Whether ``words`` hold nothing a voice says: punctuation and spaces only (a symbol such as
+    "%" or "$" is read out, so it is spoken)."""
+    return all(ch.isspace() or unicodedata.category(ch).startswith("P") for ch in words)
 
 
 def _joins(prev: _Piece, piece: _Piece) -> bool:

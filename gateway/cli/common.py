@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from gateway.runtime.settings import ENV_PREFIX, GROUPS, Settings
+from gateway.runtime.settings import CONFIG_ENV, ENV_PREFIX, GROUPS, Settings
 
 
 def add_setting_flags(parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> None:
@@ -32,9 +34,17 @@ def add_setting_flags(parser: argparse.ArgumentParser, only: Sequence[str] | Non
             )
 
 
-def load_settings(args: argparse.Namespace) -> Settings:
-    """The settings for a command: defaults < file < environment < its flags."""
+def load_settings(args: argparse.Namespace, *, creates_config: bool = False) -> Settings:
+    """The settings for a command: defaults < file < environment < its flags.
+
+    ``creates_config``: the command writes the config file (``voxgate tune``), so a file that
+    does not exist yet is read as an empty one rather than refused.
+    """
     overrides = {name: getattr(args, name, None) for name in Settings.names()}
+    path = args.config or os.environ.get(CONFIG_ENV)
+    if creates_config and path and not Path(path).exists():
+        env = {k: v for k, v in os.environ.items() if k != CONFIG_ENV}
+        return Settings.load(env=env, overrides=overrides)
     return Settings.load(config_file=args.config, overrides=overrides)
 
 

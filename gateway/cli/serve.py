@@ -51,11 +51,18 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
     reloads: set[asyncio.Task[bool]] = set()
 
     def reload_keys() -> None:
-        # The file is read off the loop; the task is kept until done (the loop holds only a
-        # weak reference to it).
+        # The files are read off the loop; the tasks are kept until done (the loop holds only a
+        # weak reference to them).
         task = asyncio.ensure_future(app[keys.AUTH].reload())
         reloads.add(task)
         task.add_done_callback(reloads.discard)
+        if settings.upstreams_file:
+            from gateway.runtime.upstreams import reload_upstreams
+
+            models = app[keys.SPEECH].models
+            task = asyncio.ensure_future(reload_upstreams(settings, models))
+            reloads.add(task)
+            task.add_done_callback(reloads.discard)
 
     loop.add_signal_handler(signal.SIGHUP, reload_keys)
     orphan_watch = None
@@ -134,12 +141,13 @@ def init_keys_file(settings: Settings) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from gateway.runtime.extras import check_extras
+    from gateway.runtime.extras import check_extras, check_upstreams
     from gateway.runtime.logs import configure_logging
 
     settings = load_settings(args)
     # Before any process starts: `--workers N` would otherwise start N servers that each fail.
     check_extras(settings)
+    check_upstreams(settings)
     if settings.api_keys_init and args.worker_of is None and not args.serve_pool:
         init_keys_file(settings)
     if settings.api_keys_file:

@@ -182,7 +182,9 @@ def write_config(path: Path, values: dict[str, int]) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    settings = load_settings(args)
+    # The file tune writes may not exist yet (README: `voxgate tune --config voxgate.toml` on a
+    # fresh machine): it is then created, with its directory.
+    settings = load_settings(args, creates_config=True)
     quiet_logging(settings)
     target = Path(args.config or os.environ.get(CONFIG_ENV) or "voxgate.toml")
     results = asyncio.run(tune(settings, args.seconds, args.max_processes))

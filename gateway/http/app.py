@@ -1,51 +1,33 @@
-"""The aiohttp application: the route table, and the resources as cleanup contexts."""
+"""The aiohttp application: the routes of the route table (gateway.http.routes), and the
+resources as cleanup contexts."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping
 
 from aiohttp import web
 
 from gateway.api.parsing import RequestMemo
 from gateway.api.say import SayMemo
-from gateway.http import keys, listings, ops
-from gateway.http.auth import ADMIN, ANY_KEY, METRICS, OPEN, READ, SIGNED, SPEAK
-from gateway.http.compat import api_tts, piper_speak, piper_voices, synthesize
+from gateway.http import keys
 from gateway.http.edge import add_routes
-from gateway.http.handlers import (
-    audio_by_key,
-    healthz,
-    metrics_handler,
-    readyz,
-    speech,
-    ssml_explain,
-    studio,
-    studio_ctx,
-    voices,
-)
-from gateway.http.jambonz import jambonz_stream, jambonz_tts
+from gateway.http.handlers import studio_ctx
 from gateway.http.observe import RequestObserver
-from gateway.http.openapi import openapi_handler
+from gateway.http.openapi import render
 from gateway.http.origins import add_cors
 from gateway.http.presentation import Presentations
 from gateway.http.requestid import RequestIds, add_request_ids
-from gateway.http.telephony import (
-    AUDIO_EXT_ROUTE,
-    SAY_ROUTE,
-    SIGNED_SAY_ROUTE,
-    audio_by_key_ext,
-    say,
-    say_signed,
-    sign_say_url,
-)
+from gateway.http.routes import route_table
+from gateway.http.routing import RouteTable, cors_response_headers
 from gateway.runtime.accesslog import AccessLog
 from gateway.runtime.apikeys import Authenticator, KeyedSockets
 from gateway.runtime.buildinfo import record_build_info
-from gateway.runtime.components import open_pins, open_speech
+from gateway.runtime.components import ModelSource, open_pins, open_speech
 from gateway.runtime.hostshare import HostShares, open_host_table
 from gateway.runtime.ratelimit import KeyLimits
 from gateway.runtime.settings import Settings
@@ -53,24 +35,8 @@ from gateway.runtime.workers import WORKER_INDEX_ENV
 from gateway.speech.assembly import RenderShare
 from gateway.wyoming.server import WyomingServer
 from metrics import Metrics
-from synth.engine import Engine
-from synth.pool import EngineSpec
 
 log = logging.getLogger("voxgate")
-
-# Routes whose POST body is JSON only (require_json_content_type: 415 for anything else).
-# /api/tts is not one: Coqui's clients send forms too.
-JSON_BODIES = frozenset(
-    {
-        ("POST", "/v1/audio/speech"),
-        ("POST", "/v1/ssml/explain"),
-        ("POST", "/v1/prompts"),
-        ("POST", "/v1/say/sign"),
-        ("POST", "/v1/jambonz/tts"),
-        ("POST", "/v1/ssml/explain"),
-        ("POST", "/"),
-    }
-)
 
 
 def is_loopback(host: str) -> bool:
@@ -87,9 +53,12 @@ def create_app(
     settings: Settings,
     *,
     metrics: Metrics | None = None,
-    engines: Mapping[str, Engine | Sequence[EngineSpec]] | None = None,
+    engines: Mapping[str, ModelSource] | None = None,
+    routes: RouteTable | None = None,
 ) -> web.Application:
-    """Build the gateway. ``engines`` replaces the configured engines (tests inject wrappers)."""
+    """Build the gateway. ``engines`` replaces the configured engines (tests inject wrappers);
+    ``routes`` the route table (default: :func:`gateway.http.routes.route_table`)."""
+    table = route_table(settings) if routes is None else routes
     max_body = settings.max_body_kb * 1024
     app = web.Application(client_max_size=max_body)
     app[keys.MAX_BODY_BYTES] = max_body
@@ -104,7 +73,11 @@ def create_app(
     app[keys.KEYED_SOCKETS] = KeyedSockets()
     app[keys.AUTH].on_reload.append(app[keys.KEYED_SOCKETS].rekey)
     app[keys.CORS_ORIGINS] = frozenset(settings.cors_origins)
-    add_cors(app, app[keys.CORS_ORIGINS])
+    add_cors(app, app[keys.CORS_ORIGINS], cors_response_headers(table))
+    app[keys.ROUTES] = table
+    # Rendered on first use, then kept: the settings and routes are the app's for life.
+    document: Callable[[], bytes] = functools.cache(lambda: render(settings, table).encode())
+    app[keys.OPENAPI] = document
     request_ids = RequestIds()
     add_request_ids(app, request_ids)
     # The memory hit's own writer writes the request id and nothing else a receiver would add.
@@ -177,7 +150,7 @@ def create_app(
             yield
 
     async def wyoming_ctx(app: web.Application) -> AsyncIterator[None]:
-        # Home Assistant's protocol (issue 15), off unless a port is set; the same service.
+        # Home Assistant's protocol, off unless a port is set; the same service.
         server = WyomingServer(
             app[keys.SPEECH],
             settings,
@@ -204,41 +177,8 @@ def create_app(
         app.cleanup_ctx.append(wyoming_ctx)
     add_routes(
         app,
-        [
-            ("POST", "/v1/audio/speech", speech, SPEAK),
-            ("POST", "/v1/ssml/explain", ssml_explain, SPEAK),
-            # --- listings (issue 15); before /v1/audio/{key}, which would match them ---
-            ("GET", "/v1/models", listings.openai_models, ANY_KEY),
-            ("GET", "/v1/audio/models", listings.audio_models, ANY_KEY),
-            ("GET", "/v1/audio/voices", listings.audio_voices, ANY_KEY),
-            # (also before /v1/audio/{key}, whose segment would take "{key}.{ext}" whole)
-            ("GET", AUDIO_EXT_ROUTE, audio_by_key_ext, READ),
-            ("GET", "/v1/audio/{key}", audio_by_key, READ),
-            ("GET", "/v1/voices", voices, ANY_KEY),
-            ("GET", "/healthz", healthz, OPEN),
-            ("GET", "/readyz", readyz, OPEN),
-            ("GET", "/metrics", metrics_handler, METRICS if settings.metrics_auth else OPEN),
-            # --- compatible endpoints and the API description (issue 5) ---
-            ("GET", "/api/tts", api_tts, SPEAK),
-            ("POST", "/api/tts", api_tts, SPEAK),
-            ("GET", "/synthesize", synthesize, SPEAK),
-            ("GET", "/openapi.json", openapi_handler, OPEN),
-            # --- operations (issue 6) ---
-            ("POST", "/v1/prompts", ops.prompts, ADMIN),
-            ("GET", "/v1/prompts", ops.pinned_prompts, ANY_KEY),
-            # --- Piper's HTTP API (issue 15): POST only; GET / is the prompt studio (issue 16),
-            # a page open to all that calls the API with the key typed into it ---
-            ("POST", "/", piper_speak, SPEAK),
-            ("GET", "/", studio, OPEN),
-            ("GET", "/voices", piper_voices, ANY_KEY),
-            # --- telephony (issue 14) ---
-            ("GET", SAY_ROUTE, say, SPEAK),
-            ("GET", SIGNED_SAY_ROUTE, say_signed, SIGNED),
-            ("POST", "/v1/say/sign", sign_say_url, SPEAK),
-            ("POST", "/v1/jambonz/tts", jambonz_tts, SPEAK),
-            ("GET", "/v1/jambonz/stream", jambonz_stream, SPEAK),
-        ],
-        json_bodies=JSON_BODIES if settings.require_json_content_type else frozenset(),
+        table.routes,
+        require_json=settings.require_json_content_type,
         allowed_hosts=frozenset(settings.allowed_hosts),
         request_ids=request_ids,
     )

@@ -1,5 +1,6 @@
-"""Who may call a route (issue 12): each route is registered with an :class:`Access`, and every
-route that needs a key is wrapped, at registration, by :func:`guarded`.
+"""Who may call a route: each route is declared with one of the accesses here
+(:class:`gateway.http.routing.Access`; the table: gateway.http.routes), and every route that
+needs a key is wrapped, at registration, by :func:`guarded`.
 
 Open routes get no wrapper at all, so they pay nothing; with no keys file every guard is one
 attribute read. A guarded request presents its secret as ``Authorization: Bearer <secret>`` or
@@ -10,8 +11,6 @@ queue share see.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from aiohttp import web
 from multidict import CIMultiDictProxy
 
@@ -20,23 +19,9 @@ from gateway.http import keys
 from gateway.http.charging import charged
 from gateway.http.errors import Handler
 from gateway.http.origins import check_json_content_type
+from gateway.http.routing import Access
 from gateway.http.telephony import self_authorized
 from gateway.runtime.apikeys import SCOPES
-
-
-@dataclass(frozen=True, slots=True)
-class Access:
-    """What a route asks of its caller: a key with one of ``scopes`` (none: open to all).
-
-    ``capability``: the URL may authorize itself (a content address while public_audio_urls is
-    on; :func:`gateway.http.telephony.self_authorized`), so a request without a key is let
-    through when it does.
-    """
-
-    name: str
-    scopes: frozenset[str]
-    capability: bool = False
-
 
 OPEN = Access("open", frozenset())
 # A signed say URL: its handler checks the signature and answers 403 for a bad or expired one.

@@ -11,11 +11,12 @@ from aiohttp import HttpVersion11, hdrs, web
 
 from gateway.errors import BadRequest, MethodNotAllowed, NotFound, PayloadTooLarge, clip
 from gateway.http import keys
-from gateway.http.auth import Access, guarded
+from gateway.http.auth import guarded
 from gateway.http.errors import Handler, error_response, error_response_for, rejection_reason
 from gateway.http.observe import RequestObserver
 from gateway.http.origins import host_checked, preflight
 from gateway.http.requestid import PREPARED, REQUEST_ID, RequestIds
+from gateway.http.routing import Route, cors_request_headers
 
 
 def edge(route: str, handler: Handler, observer: RequestObserver, ids: RequestIds) -> Handler:
@@ -103,14 +104,15 @@ async def no_route(request: web.Request) -> web.StreamResponse:
     raise NotFound(f"no route for {clip(request.method, 24)} {clip(request.path, 128)}")
 
 
-def method_not_allowed(allowed: Sequence[str]) -> Handler:
+def method_not_allowed(allowed: Sequence[str], cors_headers: str) -> Handler:
     """A fallback for a path's other methods: 405 with ``Allow``; a CORS preflight from an
-    allowed origin (``cors_origins``) is answered here too, since OPTIONS is such a method."""
+    allowed origin (``cors_origins``) is answered here too, since OPTIONS is such a method,
+    allowing ``cors_headers``."""
     allow = ", ".join(allowed)
 
     async def not_allowed(request: web.Request) -> web.StreamResponse:
         if request.method == "OPTIONS":
-            answer = preflight(request, request.app[keys.CORS_ORIGINS], allow)
+            answer = preflight(request, request.app[keys.CORS_ORIGINS], allow, cors_headers)
             if answer is not None:
                 return answer
         raise MethodNotAllowed(
@@ -149,17 +151,17 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
 
 def add_routes(
     app: web.Application,
-    routes: Sequence[tuple[str, str, Handler, Access]],
+    routes: Sequence[Route],
     *,
-    json_bodies: frozenset[tuple[str, str]] = frozenset(),
+    require_json: bool = True,
     allowed_hosts: frozenset[str] = frozenset(),
     request_ids: RequestIds | None = None,
 ) -> None:
-    """Register ``(method, path, handler, access)`` routes, each behind its access check
-    (:func:`gateway.http.auth.guarded`: none for open routes; with a JSON Content-Type check for
-    the ``(method, path)`` pairs in ``json_bodies``), behind the Host allow-list when
-    ``allowed_hosts`` is set, and wrapped by :func:`edge`; every path answers its other methods
-    with 405, and unknown paths get 404 (both counted as usual). The app's observer
+    """Register ``routes`` (gateway.http.routes), each handler wrapped once: behind its access
+    check (:func:`gateway.http.auth.guarded`: none for an open route; with ``require_json``, a
+    JSON Content-Type check for a JSON-only body), behind the Host allow-list when
+    ``allowed_hosts`` is set, and by :func:`edge`. Every path answers its other methods with 405
+    (and CORS preflights), and unknown paths get 404 (both counted as usual). The app's observer
     (``keys.OBSERVER``) must be set first; ``request_ids`` names the requests (gateway.http.app
     passes the ones its response-prepare stamp uses)."""
 
@@ -169,17 +171,17 @@ def add_routes(
     observer = app[keys.OBSERVER]
     ids = request_ids if request_ids is not None else RequestIds()
     methods: dict[str, list[str]] = {}
-    for method, path, handler, access in routes:
-        inner = guarded(access, handler, json_body=(method, path) in json_bodies)
-        wrapped = edge(path, outer(inner), observer, ids)
-        if method == "GET":
-            app.router.add_get(path, wrapped)
-            methods.setdefault(path, []).extend(["GET", "HEAD"])
+    for route in routes:
+        inner = guarded(route.access, route.handler, json_body=require_json and route.json_only)
+        wrapped = edge(route.path, outer(inner), observer, ids)
+        if route.method == "GET":
+            app.router.add_get(route.path, wrapped)
+            methods.setdefault(route.path, []).extend(["GET", "HEAD"])
         else:
-            app.router.add_route(method, path, wrapped, expect_handler=expect_continue)
-            methods.setdefault(path, []).append(method)
+            app.router.add_route(route.method, route.path, wrapped, expect_handler=expect_continue)
+            methods.setdefault(route.path, []).append(route.method)
+    cors_headers = cors_request_headers(routes)
     for path, allowed in methods.items():
-        app.router.add_route(
-            "*", path, edge(path, outer(method_not_allowed(allowed)), observer, ids)
-        )
+        fallback = method_not_allowed(allowed, cors_headers)
+        app.router.add_route("*", path, edge(path, outer(fallback), observer, ids))
     app.router.add_route("*", "/{tail:.*}", edge("unmatched", outer(no_route), observer, ids))

@@ -17,6 +17,7 @@ from pydantic import Field
 from typing_extensions import TypedDict
 
 from gateway.errors import (
+    BadGateway,
     BadRequest,
     ErrorType,
     MethodNotAllowed,
@@ -36,6 +37,7 @@ from synth.errors import (
     SynthesisError,
     SynthesisTimeout,
     UnspeakableInput,
+    UpstreamError,
 )
 
 log = logging.getLogger("voxgate.gateway")
@@ -101,6 +103,8 @@ def error_response(exc: VoxgateError, status: int | None = None) -> web.Response
 
 def from_synthesis_error(exc: SynthesisError) -> VoxgateError:
     """Map a synthesis failure to its HTTP error."""
+    if isinstance(exc, UpstreamError):
+        return _upstream_error(exc)
     if isinstance(exc, ClientQueueFull):
         return TooManyRequests(
             str(exc), code="client_queue_full", retry_after_s=exc.retry_after_s or 1.0
@@ -115,6 +119,17 @@ def from_synthesis_error(exc: SynthesisError) -> VoxgateError:
         err = VoxgateError(str(exc), code="engine_error")
         return err
     return VoxgateError("synthesis failed", code="engine_error")
+
+
+def _upstream_error(exc: UpstreamError) -> VoxgateError:
+    """An upstream's failure as the status it carries: 400 with the provider's message when the
+    caller's request was refused, 503 (with Retry-After) when it is unavailable for now, 502."""
+    code = f"upstream_{exc.kind}"
+    if 400 <= exc.status < 500:
+        return BadRequest(str(exc), code=code)
+    if exc.status == 503:
+        return Unavailable(str(exc), code=code, retry_after_s=exc.retry_after_s or 1.0)
+    return BadGateway(str(exc), code=code, retry_after_s=exc.retry_after_s)
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -1,20 +1,105 @@
-"""The gateway's own endpoints: speech, stored audio, voices, health, metrics."""
+"""The gateway's own endpoints: speech, stored audio, voices, health, metrics, the API
+description."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Annotated, Any, Literal, cast
 
 from aiohttp import web
+from pydantic import Field
+from typing_extensions import TypedDict
 
-from cache.keys import is_key
+from cache.keys import KEY_PATTERN, is_key
 from gateway.api.parsing import front_end_may_run, parse_speech_body, read_body
 from gateway.errors import BadRequest, NotFound
 from gateway.http import keys, ops
 from gateway.http.delivery import serve_speech, serve_stored
 from metrics import CONTENT_TYPE_LATEST, exposition
 from synth import audio
+
+ContentKey = Annotated[str, Field(pattern=KEY_PATTERN)]
+
+
+class ExpansionSegment(TypedDict):
+    """Words said at one rate (IPA phonemes when ``phonemes``), then a pause."""
+
+    words: str
+    pause_ms: Annotated[int | None, Field(description="Silence after; null: the sentence pause.")]
+    rate: float
+    phonemes: bool
+
+
+class ExplainedSentence(TypedDict):
+    """A sentence of the answer: one cached master, after a pause."""
+
+    text: str
+    speed: float
+    phonemes: bool
+    pause_before_ms: int
+    master: ContentKey
+
+
+# (The body SpeechService.explain builds; its docstring is the document's description.)
+class Explanation(TypedDict):
+    """What a speech request would say, and where its audio lives."""
+
+    key: Annotated[ContentKey, Field(description="The X-Audio-Key of the speech answer.")]
+    master: Annotated[ContentKey, Field(description="The format-free address it derives from.")]
+    model: str
+    voice: str
+    format: str
+    sample_rate: int
+    text: Annotated[str, Field(description="The words, joined.")]
+    expansion: list[ExpansionSegment]
+    sentences: list[ExplainedSentence]
+    pause_after_ms: int
+    estimated_audio_s: float
+
+
+class VoiceEntry(TypedDict):
+    """A voice of a model."""
+
+    id: str
+    language: str
+    description: str
+
+
+# (What SpeechService.voice_listing builds.)
+class ModelEntry(TypedDict):
+    """A served model: whether it is warmed, its rate, its voices."""
+
+    id: str
+    ready: bool
+    sample_rate: int
+    voices: list[VoiceEntry]
+    execution: Annotated[dict[str, Any], Field(description="How the engine runs.")]
+
+
+class FormatEntry(TypedDict):
+    """A response_format: its Content-Type, its rate when no sample_rate is asked (null: the
+    voice's; pcm: 24000), whether it streams."""
+
+    content_type: str
+    default_sample_rate: int | None
+    streamable: bool
+
+
+class Voices(TypedDict):
+    """Models, their voices, the accepted aliases and the formats."""
+
+    models: list[ModelEntry]
+    model_aliases: dict[str, str]
+    voice_aliases: dict[str, str]
+    formats: dict[str, FormatEntry]
+
+
+class Health(TypedDict):
+    """The process is up."""
+
+    status: Literal["ok"]
 
 
 async def speech(request: web.Request) -> web.StreamResponse:
@@ -70,7 +155,8 @@ async def ssml_explain(request: web.Request) -> web.Response:
     settings, service = app[keys.SETTINGS], app[keys.SPEECH]
     raw = await read_body(request, settings.max_body_kb * 1024, settings.body_timeout_s)
     call = await asyncio.to_thread(parse_speech_body, raw, settings, service)
-    return web.json_response(await service.explain(call.req))
+    body = cast(Explanation, await service.explain(call.req))
+    return web.json_response(body)
 
 
 async def audio_by_key(request: web.Request) -> web.StreamResponse:
@@ -87,34 +173,40 @@ async def audio_by_key(request: web.Request) -> web.StreamResponse:
 async def voices(request: web.Request) -> web.Response:
     """``GET /v1/voices``: models, their voices, and the accepted aliases."""
     settings = request.app[keys.SETTINGS]
-    return web.json_response(
-        {
-            "models": list(request.app[keys.SPEECH].voice_listing()),
-            "model_aliases": settings.model_aliases,
-            "voice_aliases": settings.voice_aliases,
-            # What each response_format is, and its rate when none is asked for (null: the
-            # voice's own): `pcm` is OpenAI's 24 kHz, whatever the voice's rate.
-            "formats": {
-                f.name: {
-                    "content_type": f.content_type,
-                    "default_sample_rate": f.default_rate,
-                    "streamable": f.streamable,
-                }
-                for f in audio.FORMATS.values()
-            },
-        }
-    )
+    body: Voices = {
+        "models": cast(list[ModelEntry], list(request.app[keys.SPEECH].voice_listing())),
+        "model_aliases": settings.model_aliases,
+        "voice_aliases": settings.voice_aliases,
+        # What each response_format is, and its rate when none is asked for (null: the
+        # voice's own): `pcm` is OpenAI's 24 kHz, whatever the voice's rate.
+        "formats": {
+            f.name: {
+                "content_type": f.content_type,
+                "default_sample_rate": f.default_rate,
+                "streamable": f.streamable,
+            }
+            for f in audio.FORMATS.values()
+        },
+    }
+    return web.json_response(body)
 
 
 async def healthz(request: web.Request) -> web.Response:
     """``GET /healthz``: the process is alive."""
-    return web.json_response({"status": "ok"})
+    body: Health = {"status": "ok"}
+    return web.json_response(body)
 
 
 async def readyz(request: web.Request) -> web.Response:
     """``GET /readyz``: 200 once every model is warmed, else 503; each tier's state in the body."""
     status, body = await ops.readiness(request.app)
     return web.json_response(body, status=status)
+
+
+async def openapi_document(request: web.Request) -> web.Response:
+    """``GET /openapi.json``: this server's OpenAPI description (of the route table it was
+    built with: the app renders it, :data:`gateway.http.keys.OPENAPI`)."""
+    return web.Response(body=request.app[keys.OPENAPI](), content_type="application/json")
 
 
 async def metrics_handler(request: web.Request) -> web.Response:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from aiohttp import web
 
 from cache.pins import PinRegistry
@@ -12,6 +14,7 @@ from gateway.http.hits import FAST_HITS as FAST_HITS
 from gateway.http.observe import RequestObserver
 from gateway.http.presentation import Presentations
 from gateway.http.requestid import REQUEST_ID as REQUEST_ID
+from gateway.http.routing import RouteTable
 from gateway.runtime.accesslog import AccessLog
 from gateway.runtime.apikeys import Authenticator, KeyedSockets
 from gateway.runtime.hostshare import HostTable
@@ -29,7 +32,7 @@ MAX_BODY_BYTES = web.AppKey("max_body_bytes", int)
 ACCESS_LOG = web.AppKey("access_log", AccessLog)
 REQUEST_MEMO = web.AppKey("request_memo", RequestMemo)
 OBSERVER = web.AppKey("observer", RequestObserver)
-# Set when the Wyoming server runs (wyoming_port; issue 15).
+# Set when the Wyoming server runs (wyoming_port).
 WYOMING = web.AppKey("wyoming", WyomingServer)
 
 # Per-request values the handlers leave for the edge wrapper (gateway.app.edge) to record.
@@ -39,11 +42,11 @@ AUDIO_KEY = web.RequestKey("audio_key", str)
 # The request's id (X-Request-Id; gateway.http.requestid), picked by the edge: REQUEST_ID above.
 # Whether a memory hit may be written by gateway.http.hits's own writer: FAST_HITS above.
 
-# --- operations (issue 6) ---
+# --- operations ---
 # perf_counter() when a streamed response's headers were sent (time to first byte).
 FIRST_BYTE_AT = web.RequestKey("first_byte_at", float)
 
-# --- telephony (issue 14) ---
+# --- telephony ---
 PRESENTATIONS = web.AppKey("presentations", Presentations)
 SAY_MEMO = web.AppKey("say_memo", SayMemo)
 # The prompt studio's page (GET /), read at start.
@@ -52,7 +55,7 @@ STUDIO_PAGE = web.AppKey("studio_page", bytes)
 # the studio); one per host, or per Redis (cache.pins).
 PINS = web.AppKey("pins", PinRegistry)
 
-# --- trust (issue 12) ---
+# --- trust ---
 # Who is asking, for per-client shares: the API key's name once keys are checked (set by the
 # authentication step), else the client's address (gateway.http.delivery.client_of).
 CLIENT_NAME = web.RequestKey("client_name", str)
@@ -66,3 +69,9 @@ KEYED_SOCKETS = web.AppKey("keyed_sockets", KeyedSockets)
 HOST_TABLE = web.AppKey("host_table", HostTable)
 # Origins whose browser pages may call the gateway (cors_origins; empty: CORS off).
 CORS_ORIGINS = web.AppKey("cors_origins", frozenset[str])
+# The routes the app registered (gateway.http.routes), and its OpenAPI document (GET
+# /openapi.json), rendered from them on first use.
+ROUTES = web.AppKey("routes", RouteTable)
+# (A callable the app is given: gateway.http.openapi reads the table, whose module names the
+# handler, so the handler cannot import the generator without an import cycle.)
+OPENAPI = web.AppKey[Callable[[], bytes]]("openapi")

@@ -11,11 +11,57 @@ alias names.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from aiohttp import web
+from typing_extensions import TypedDict
 
 from gateway.http import keys
 from gateway.runtime.settings import Settings
 from gateway.speech.service import SpeechService
+
+
+class OpenAIModel(TypedDict):
+    """A served model or an alias, as OpenAI lists a model."""
+
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(TypedDict):
+    """OpenAI's model list: every served model, then every alias of one."""
+
+    object: Literal["list"]
+    data: list[OpenAIModel]
+
+
+class NamedModel(TypedDict):
+    """A served model (``name`` = ``id``) or an alias (``name``: ``alias (model)``)."""
+
+    id: str
+    name: str
+
+
+class AudioModels(TypedDict):
+    """The models as Open WebUI reads them: served models, then their aliases."""
+
+    models: list[NamedModel]
+
+
+class AudioVoice(TypedDict):
+    """A served voice, or an alias of one (``name``: ``alias (voice)``, no language)."""
+
+    id: str
+    name: str
+    language: str
+
+
+class AudioVoices(TypedDict):
+    """The voices as Open WebUI reads them: voices, then the voice aliases that resolve to one."""
+
+    voices: list[AudioVoice]
 
 
 def model_names(settings: Settings, speech: SpeechService) -> list[tuple[str, str]]:
@@ -28,28 +74,33 @@ def model_names(settings: Settings, speech: SpeechService) -> list[tuple[str, st
 async def openai_models(request: web.Request) -> web.Response:
     """``GET /v1/models``: OpenAI's model list (``{"object": "list", "data": [...]}``)."""
     settings, speech = request.app[keys.SETTINGS], request.app[keys.SPEECH]
-    data = [
-        {"id": name, "object": "model", "created": 0, "owned_by": "voxgate"}
-        for name, _ in model_names(settings, speech)
-    ]
-    return web.json_response({"object": "list", "data": data})
+    body: ModelList = {
+        "object": "list",
+        "data": [
+            {"id": name, "object": "model", "created": 0, "owned_by": "voxgate"}
+            for name, _ in model_names(settings, speech)
+        ],
+    }
+    return web.json_response(body)
 
 
 async def audio_models(request: web.Request) -> web.Response:
     """``GET /v1/audio/models``: ``{"models": [{"id", "name"}]}``."""
     settings, speech = request.app[keys.SETTINGS], request.app[keys.SPEECH]
-    models = [
-        {"id": name, "name": name if name == model else f"{name} ({model})"}
-        for name, model in model_names(settings, speech)
-    ]
-    return web.json_response({"models": models})
+    body: AudioModels = {
+        "models": [
+            {"id": name, "name": name if name == model else f"{name} ({model})"}
+            for name, model in model_names(settings, speech)
+        ]
+    }
+    return web.json_response(body)
 
 
 async def audio_voices(request: web.Request) -> web.Response:
     """``GET /v1/audio/voices``: ``{"voices": [{"id", "name", "language"}]}``: every served
     voice, then the voice aliases that resolve to one."""
     settings, speech = request.app[keys.SETTINGS], request.app[keys.SPEECH]
-    voices: dict[str, dict[str, str]] = {}
+    voices: dict[str, AudioVoice] = {}
     for handle in speech.models.values():
         for v in handle.engine.voices():
             voices.setdefault(v.name, {"id": v.name, "name": v.name, "language": v.language})
@@ -57,4 +108,5 @@ async def audio_voices(request: web.Request) -> web.Response:
     for alias, voice in settings.voice_aliases.items():
         if voice in served and alias not in voices:
             voices[alias] = {"id": alias, "name": f"{alias} ({voice})", "language": ""}
-    return web.json_response({"voices": list(voices.values())})
+    body: AudioVoices = {"voices": list(voices.values())}
+    return web.json_response(body)

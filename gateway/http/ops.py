@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Annotated, Any, Literal, NotRequired
+from typing import Annotated, Any, Literal, NotRequired, Required, cast
 
 from aiohttp import web
 from pydantic import Field
 from typing_extensions import TypedDict
 
+from cache.keys import KEY_PATTERN
 from cache.pins import ANONYMOUS, PinQuota, PinQuotaExceeded, PinRegistryError, check_room
 from cache.tier import TierError
 from gateway.api.catalogue import (
@@ -56,6 +57,25 @@ class Ready(TypedDict):
     status: Literal["starting", "loading", "ready", "degraded"]
     models: Annotated[dict[str, bool], Field(description="Per model: loaded and warmed.")]
     tiers: dict[str, TierProbe]
+
+
+class PinnedPrompt(TypedDict, total=False):
+    """A pinned prompt: its content address, and what was pinned (the text's first 1,000
+    characters; id, model, voice, format, rate) as far as the pin recorded it."""
+
+    key: Required[Annotated[str, Field(pattern=KEY_PATTERN)]]
+    id: str | None
+    text: str
+    model: str
+    voice: str
+    format: str
+    sample_rate: int | None
+
+
+class PinnedPrompts(TypedDict):
+    """The pinned prompts, oldest first."""
+
+    prompts: list[PinnedPrompt]
 
 
 async def _probe(tier: Any) -> TierProbe:
@@ -194,7 +214,8 @@ async def pinned_prompts(request: web.Request) -> web.Response:
         listing = await request.app[keys.PINS].listing()
     except PinRegistryError as exc:
         raise registry_down(exc) from exc
-    return web.json_response({"prompts": listing})
+    body: PinnedPrompts = {"prompts": cast(list[PinnedPrompt], listing)}
+    return web.json_response(body)
 
 
 async def report_pins(app: web.Application) -> None:

@@ -1,4 +1,4 @@
-"""What a browser may make the gateway do (issue 12, point 7).
+"""What a browser may make the gateway do.
 
 - **JSON content type**: a browser page may POST ``text/plain``, form or multipart bodies to any
   origin without a CORS preflight (a "simple" request), so a JSON route that parsed any body as
@@ -8,7 +8,8 @@
 - **Host allow-list** (``allowed_hosts``): a DNS-rebinding page reaches the gateway under the
   attacker's host name; a Host not in the list gets 421.
 - **CORS** (``cors_origins``, off by default): allowed origins get ``Access-Control-Allow-*``
-  headers on every response and their preflights answered.
+  headers on every response and their preflights answered. The headers a page may send and read
+  are those the route table declares (:mod:`gateway.http.routing`).
 
 Each check is a wrapper chosen at route registration (none when its setting is off), in keeping
 with the edge's no-middleware rule (:mod:`gateway.http.edge`).
@@ -22,15 +23,6 @@ from multidict import CIMultiDictProxy
 from gateway.errors import MisdirectedRequest, UnsupportedMediaType
 from gateway.http.errors import Handler
 
-# Request headers a browser page may send across origins (beyond the CORS-safelisted ones).
-CORS_ALLOW_HEADERS = (
-    "Authorization, X-API-Key, Content-Type, If-None-Match, If-Modified-Since, Range, X-Request-Id"
-)
-# Response headers a page may read (beyond the CORS-safelisted ones).
-CORS_EXPOSE_HEADERS = (
-    "X-Cache, X-Audio-Key, X-Audio-Sample-Rate, X-Ignored-Fields, ETag, Content-Length, "
-    "Retry-After, X-Request-Id"
-)
 CORS_MAX_AGE_S = 600
 
 
@@ -85,9 +77,10 @@ def allowed_origin(request: web.Request, origins: frozenset[str]) -> str | None:
     return None
 
 
-def add_cors(app: web.Application, origins: frozenset[str]) -> None:
-    """Send CORS headers to allowed origins on every response (only when ``origins`` is set:
-    a response-prepare signal with no receivers costs nothing)."""
+def add_cors(app: web.Application, origins: frozenset[str], exposed: str) -> None:
+    """Send CORS headers to allowed origins on every response, ``exposed`` naming the response
+    headers a page may read (only when ``origins`` is set: a response-prepare signal with no
+    receivers costs nothing)."""
     if not origins:
         return
 
@@ -96,7 +89,7 @@ def add_cors(app: web.Application, origins: frozenset[str]) -> None:
         if origin is None:
             return
         response.headers["Access-Control-Allow-Origin"] = origin
-        response.headers["Access-Control-Expose-Headers"] = CORS_EXPOSE_HEADERS
+        response.headers["Access-Control-Expose-Headers"] = exposed
         vary = response.headers.get("Vary")
         if vary is None:
             response.headers["Vary"] = "Origin"
@@ -106,9 +99,12 @@ def add_cors(app: web.Application, origins: frozenset[str]) -> None:
     app.on_response_prepare.append(cors_headers)
 
 
-def preflight(request: web.Request, origins: frozenset[str], allowed: str) -> web.Response | None:
+def preflight(
+    request: web.Request, origins: frozenset[str], allowed: str, headers: str
+) -> web.Response | None:
     """The answer to a CORS preflight (``OPTIONS`` with ``Access-Control-Request-Method``) from
-    an allowed origin for a method the path serves; None when it is not one."""
+    an allowed origin for a method the path serves, allowing the request ``headers``; None when
+    it is not one."""
     if request.method != "OPTIONS" or not origins:
         return None
     asked = request.headers.get("Access-Control-Request-Method")
@@ -122,7 +118,7 @@ def preflight(request: web.Request, origins: frozenset[str], allowed: str) -> we
         headers={
             "Access-Control-Allow-Origin": origin,
             "Access-Control-Allow-Methods": allowed,
-            "Access-Control-Allow-Headers": CORS_ALLOW_HEADERS,
+            "Access-Control-Allow-Headers": headers,
             "Access-Control-Max-Age": str(CORS_MAX_AGE_S),
             "Vary": "Origin",
         },

@@ -10,8 +10,11 @@ the URL, so the text does not reach the logs.
 from __future__ import annotations
 
 import time
+from typing import Annotated
 
 from aiohttp import web
+from pydantic import Field
+from typing_extensions import TypedDict
 
 from cache.keys import is_key
 from gateway.api.models import models_for
@@ -30,6 +33,15 @@ from synth.scheduler import CLIENT
 AUDIO_EXT_ROUTE = "/v1/audio/{key}.{ext}"
 SAY_ROUTE = "/v1/say/{voice}/{text}.{ext}"
 SIGNED_SAY_ROUTE = "/v1/say/" + SIGNED + "/{token}/{voice}/{text}.{ext}"
+
+
+class SignedUrl(TypedDict):
+    """A signed say URL."""
+
+    url: Annotated[str, Field(description="Absolute with public_url (else the path).")]
+    path: str
+    expires: Annotated[int, Field(description="Unix seconds.")]
+    key: Annotated[str | None, Field(description="The API key it is charged to.")]
 
 
 async def audio_by_key_ext(request: web.Request) -> web.StreamResponse:
@@ -149,9 +161,13 @@ async def sign_say_url(request: web.Request) -> web.Response:
     caller = CALLER.get()
     signer = caller.name if caller is not None else ""
     path = signed_say_path(secret, body.voice, body.text, body.ext, expires, signer)
-    return web.json_response(
-        {"url": settings.public_url + path, "path": path, "expires": expires, "key": signer or None}
-    )
+    answer: SignedUrl = {
+        "url": settings.public_url + path,
+        "path": path,
+        "expires": expires,
+        "key": signer or None,
+    }
+    return web.json_response(answer)
 
 
 def _secret(request: web.Request) -> str:
@@ -164,7 +180,7 @@ def _parse(request: web.Request, voice: str, text: str, ext: str) -> SayParsed:
 
 
 def self_authorized(request: web.Request) -> str | None:
-    """Why ``request`` needs no API key, or None: the seam for the API-key check (issue 12).
+    """Why ``request`` needs no API key, or None: the seam for the API-key check.
 
     ``"signature"``: a signed say URL whose HMAC and expiry check out (it authorizes exactly its
     own prompt). ``"capability"``: a content-address URL (``/v1/audio/{key}[.{ext}]``) while

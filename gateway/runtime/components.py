@@ -12,6 +12,11 @@ import logging
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 
+import redis
+from limits.aio.storage import Storage
+from redis.driver_info import DriverInfo
+
+from cache.breaker import BreakerState, CircuitBreaker
 from cache.disk import DiskTier
 from cache.distributed import CrossReplicaFlight
 from cache.memory import MemoryTier
@@ -20,7 +25,9 @@ from cache.redis_tier import RedisTier
 from cache.store import TieredStore
 from cache.tier import Tier
 from gateway.runtime.extras import check_extras
+from gateway.runtime.ratelimit import limits_storage_uri
 from gateway.runtime.settings import Settings
+from gateway.runtime.upstreams import upstream_configs
 from gateway.runtime.workers import POOL_SOCKET_ENV
 from gateway.speech.service import ModelHandle, SpeechService
 from metrics import Metrics
@@ -31,6 +38,14 @@ from synth.pool import EngineSpec, LogSetup, WorkerPool
 from synth.runner import ThreadRunner
 from synth.scheduler import ClientShares, Scheduler
 from synth.shared_pool import RemotePool
+from synth.upstream import (
+    RequestRate,
+    UpstreamConfig,
+    UpstreamEngine,
+    UpstreamRunner,
+    build_provider,
+    check_config,
+)
 
 log = logging.getLogger("voxgate")
 
@@ -139,6 +154,18 @@ def default_engine_specs(settings: Settings) -> dict[str, list[EngineSpec]]:
     return specs
 
 
+# What a model is built from: an engine object (in-process), engine specs (worker processes) or
+# an upstream entry (a remote provider).
+ModelSource = Engine | Sequence[EngineSpec] | UpstreamConfig
+
+
+def default_models(settings: Settings) -> dict[str, ModelSource]:
+    """Every model the settings ask for: the local engines' specs, then the upstreams."""
+    specs: dict[str, ModelSource] = dict(default_engine_specs(settings))
+    specs.update(upstream_configs(settings, list(specs)))
+    return specs
+
+
 def default_engines(settings: Settings) -> dict[str, Engine]:
     """The engines the settings ask for, built in this process (the bundled Piper voice by
     default, plus Coqui when configured)."""
@@ -149,7 +176,7 @@ def default_engines(settings: Settings) -> dict[str, Engine]:
 async def open_models(
     settings: Settings,
     metrics: Metrics,
-    engines: Mapping[str, Engine | Sequence[EngineSpec]] | None = None,
+    engines: Mapping[str, ModelSource] | None = None,
     *,
     wait_ready: bool = False,
     shares: ClientShares | None = None,
@@ -162,20 +189,19 @@ async def open_models(
 
     Each handle's ``ready`` event is set once its engine is warm. With ``wait_ready`` the context
     is entered only after every engine is ready (the CLI); the server enters at once so that
-    ``/readyz`` can answer 503 while models load.
+    ``/readyz`` can answer 503 while models load. An :class:`UpstreamConfig` is a remote
+    provider's model (:mod:`synth.upstream`).
     """
     if engines is None:
         # Reads configs (and may resolve a zoo name): off the loop.
-        engines = await asyncio.to_thread(default_engine_specs, settings)
+        engines = await asyncio.to_thread(default_models, settings)
     handles: dict[str, ModelHandle] = {}
-    runners: list[ThreadRunner | WorkerPool | RemotePool] = []
+    runners: list[Runner] = []
     loaders: list[asyncio.Task[None]] = []
     # Set by the supervisor of `serve --workers N` for its gateway processes: the host's one pool.
     shared_pool = os.environ.get(POOL_SOCKET_ENV) or None
 
-    async def load(
-        name: str, runner: ThreadRunner | WorkerPool | RemotePool, ready: asyncio.Event
-    ) -> None:
+    async def load(name: str, runner: Runner, ready: asyncio.Event) -> None:
         try:
             await runner.start()
         except Exception:
@@ -223,15 +249,22 @@ async def open_models(
             await runner.close()
 
 
+Runner = ThreadRunner | WorkerPool | RemotePool | UpstreamRunner
+
+
 def _runner_for(
     name: str,
-    given: Engine | Sequence[EngineSpec],
+    given: ModelSource,
     settings: Settings,
     metrics: Metrics,
     shared_pool: str | None = None,
-) -> tuple[ThreadRunner | WorkerPool | RemotePool, Engine, int]:
+) -> tuple[Runner, Engine, int]:
     """``(runner, engine for metadata, batches at once)`` for one model; with ``shared_pool``
-    (a Unix socket path) pooled models run in the host's pool process instead of here."""
+    (a Unix socket path) pooled models and upstreams run in the host's pool process instead of
+    here (one process per host calls each upstream: its concurrency and single flight are the
+    host's)."""
+    if isinstance(given, UpstreamConfig):
+        return _upstream_runner(name, given, settings, metrics, shared_pool)
 
     def in_process(engine: Engine) -> tuple[ThreadRunner, Engine, int]:
         runner = ThreadRunner(
@@ -282,6 +315,76 @@ def _runner_for(
     return pool, engine, pool.concurrency
 
 
+def _upstream_runner(
+    name: str,
+    config: UpstreamConfig,
+    settings: Settings,
+    metrics: Metrics,
+    shared_pool: str | None,
+) -> tuple[Runner, Engine, int]:
+    """The runner of upstream ``config`` (built in a thread: it may build a Redis storage)."""
+    engine = UpstreamEngine(config)
+    if settings.redis_url.get_secret_value() and config.timeout_s > settings.redis_lock_wait_s:
+        # Another replica would stop waiting for this one's call and pay for its own.
+        log.warning(
+            "upstream %s: timeout_s %gs is longer than redis_lock_wait_s %ds; replicas may "
+            "call it twice for one text",
+            name,
+            config.timeout_s,
+            settings.redis_lock_wait_s,
+        )
+    # Calls wait for a slot inside the runner, under their deadline (timeout_s), not in the
+    # scheduler's queue, where a provider that hangs would hold them for many timeouts.
+    concurrency = config.max_concurrency + settings.queue_size
+    if shared_pool is not None:
+        remote = RemotePool(
+            shared_pool,
+            name,
+            engine,
+            concurrency,
+            max_reply_bytes=settings.synth_max_reply_mb * MIB,
+        )
+        return remote, engine, concurrency
+    gauge = metrics.upstream_breaker_state.labels(name)
+    gauge.set(BreakerState.CLOSED)
+    breaker = CircuitBreaker(
+        config.breaker_failures,
+        config.breaker_reset_s,
+        on_change=lambda state: gauge.set(state),
+    )
+    # Always made (0: no limit), so a reload may set a limit.
+    rate = RequestRate(
+        name,
+        config.requests_per_minute,
+        metrics,
+        shared=_rate_storage(settings),
+        timeout_s=settings.redis_timeout_ms / 1000,
+    )
+    provider = build_provider(config, check_config(config, os.environ))
+    runner = UpstreamRunner(engine, provider, metrics, breaker=breaker, rate=rate)
+    return runner, engine, concurrency
+
+
+def _rate_storage(settings: Settings) -> Storage | None:
+    """The ``limits`` storage in Redis that every replica shares (None without ``redis_url``)."""
+    redis_url = settings.redis_url.get_secret_value()
+    if not redis_url:
+        return None
+    cls, uri, options = limits_storage_uri(redis_url)
+    options.update(
+        socket_timeout=settings.redis_timeout_ms / 1000,
+        socket_connect_timeout=settings.redis_timeout_ms / 1000,
+        driver_info=DriverInfo(name="redis-py", lib_version=redis.__version__),
+    )
+    return cls(
+        uri,
+        wrap_exceptions=True,
+        implementation="redispy",
+        key_prefix=f"{settings.redis_prefix}upstream",
+        **options,
+    )
+
+
 def _max_batch(settings: Settings, engine: Engine) -> int:
     """Items per batch for ``engine``: the setting, bounded by what the engine batches exactly."""
     return min(settings.effective_max_batch(), int(getattr(engine, "max_exact_batch", 1)))
@@ -291,7 +394,7 @@ def _max_batch(settings: Settings, engine: Engine) -> int:
 async def open_speech(
     settings: Settings,
     metrics: Metrics,
-    engines: Mapping[str, Engine | Sequence[EngineSpec]] | None = None,
+    engines: Mapping[str, ModelSource] | None = None,
     *,
     wait_ready: bool = False,
     shares: ClientShares | None = None,

@@ -25,3 +25,17 @@ def check_extras(settings: Settings) -> None:
             f"setting 'coqui_model': the Coqui engine needs the 'coqui' extra, which is not "
             f"installed here (missing: {', '.join(missing)}): {COQUI_INSTALL}"
         )
+
+
+def check_upstreams(settings: Settings) -> None:
+    """Raise :class:`SettingsError` when the upstreams file cannot be used: unreadable, an entry
+    that is wrong, a name a local model has, an API key variable not set, an SDK missing."""
+    if not settings.upstreams_file:
+        return
+    from gateway.runtime.upstreams import upstream_configs
+
+    local = [settings.coqui_name, "piper"] if settings.coqui_model else ["piper"]
+    try:
+        upstream_configs(settings, local)
+    except ValueError as exc:
+        raise SettingsError(f"setting 'upstreams_file': {exc}") from None

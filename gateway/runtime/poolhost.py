@@ -21,6 +21,7 @@ from pathlib import Path
 
 from gateway.runtime.components import open_models
 from gateway.runtime.settings import Settings
+from gateway.runtime.upstreams import reload_upstreams
 from metrics import Metrics
 from synth.shared_pool import PoolServer
 
@@ -41,6 +42,16 @@ async def serve_pool(settings: Settings, path: str, parent_pid: int | None) -> N
     metrics = Metrics()
     async with open_models(settings, metrics, wait_ready=True) as handles:
         server = PoolServer({name: h.scheduler for name, h in handles.items()})
+        # SIGHUP (the supervisor passes its own on): the upstreams' tunables, for the calls
+        # this process makes for every gateway process of the host.
+        reloads: set[asyncio.Task[bool]] = set()
+
+        def reload() -> None:
+            task = asyncio.ensure_future(reload_upstreams(settings, handles))
+            reloads.add(task)
+            task.add_done_callback(reloads.discard)
+
+        loop.add_signal_handler(signal.SIGHUP, reload)
         # A socket file left by a pool process that was killed would make the bind fail.
         await asyncio.to_thread(_unlink, path)
         listener = await asyncio.start_unix_server(server.handle, path)

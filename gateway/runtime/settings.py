@@ -367,6 +367,14 @@ class Settings(BaseSettings):
         "Runtime), int8 (dynamic quantization of Linear/LSTM layers; a no-op for VITS), "
         "fp16 or bf16 (autocast; fp16 needs CUDA).",
     )
+    upstreams_file: str = _opt(
+        "synthesis",
+        "",
+        "TOML file of upstreams: remote TTS services and other TTS servers (OpenAI or any "
+        "OpenAI-compatible server, another voxgate) served as models of the same store, each "
+        "under its own name ([[upstream]] entries: docs/upstreams.md); their tunables are "
+        "reloaded on SIGHUP. Empty: none.",
+    )
     devices: Annotated[tuple[Device, ...], NoDecode] = _opt(
         "synthesis",
         ("cpu",),
@@ -621,9 +629,9 @@ class Settings(BaseSettings):
     require_json_content_type: bool = _opt(
         "security",
         True,
-        "POST bodies that must be JSON (/v1/audio/speech, /v1/prompts, /v1/say/sign, "
-        "/v1/jambonz/tts, /v1/ssml/explain, Piper's POST /) need Content-Type application/json, else 415: a browser "
-        "page cannot send them cross-origin without a CORS preflight.",
+        "Routes whose body is JSON only (those with a 415 in /openapi.json) need Content-Type "
+        "application/json, else 415: a browser page cannot send them cross-origin without a "
+        "CORS preflight.",
     )
     allowed_hosts: Names = _opt(
         "security",

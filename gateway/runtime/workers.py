@@ -147,9 +147,9 @@ class Supervisor:
         self.stopping = True
 
     def _on_hangup(self, signum: int, frame: FrameType | None) -> None:
-        # Every worker holds its own copy of the API keys: each rereads the file. (Not the pool
-        # process: it holds no keys, and SIGHUP would end it.)
-        for proc in self.procs[: self.gateways]:
+        # Every worker holds its own copy of the API keys: each rereads the file. The pool
+        # process makes the host's upstream calls: it rereads the upstreams file.
+        for proc in self.procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGHUP)
 

@@ -155,6 +155,7 @@ def plan(
     splitter: sentences.SentenceSplitter,
     max_chars: int | None,
     pause_ms: int,
+    whole: bool = False,
 ) -> tuple[list[SpeechRequest], Layout]:
     """The one-sentence requests ``req`` is made of, in order, and how they join; runs off the
     loop (it splits text).
@@ -163,9 +164,11 @@ def plan(
     sentences at the segment's rate (a phoneme segment whole), ``pause_ms`` between sentences of
     a segment, the segment's own pause after it (``pause_ms`` where it has none, nothing after the
     last). Each sentence request is plain, so a sentence shared with plain text shares its master.
+    With ``whole`` (a model that says each text in one call: an upstream's ``split = "whole"``)
+    texts and segments are not split into sentences.
     """
     if not req.segments:
-        texts = splitter.split(req.text, max_chars)
+        texts = [req.text] if whole else splitter.split(req.text, max_chars)
         gaps_ms = (0, *([pause_ms] * (len(texts) - 1)), 0)
         layout = Layout(gaps_ms, (False,) * len(gaps_ms))
         return [dataclasses.replace(req, text=t) for t in texts], layout
@@ -175,7 +178,7 @@ def plan(
     for i, seg in enumerate(req.segments):
         if seg.words:
             speed = segment_speed(req.speed, seg.rate)
-            texts = [seg.words] if seg.phonemes else splitter.split(seg.words, max_chars)
+            texts = [seg.words] if seg.phonemes or whole else splitter.split(seg.words, max_chars)
             for j, text in enumerate(texts):
                 if j:
                     gaps[-1] += pause_ms
@@ -248,8 +251,11 @@ class Assembler:
         max_parallel: int = 8,
         max_sentence_chars: int | None = None,
         splitter: sentences.SentenceSplitter | None = None,
+        unsplit: Callable[[str], bool] | None = None,
     ) -> None:
         self._fetch_master = fetch_master
+        # Models whose texts are not split into sentences (None: every model's are).
+        self._unsplit = unsplit
         self._store_put = store_put
         self.encode_pool = encode_pool
         self.metrics = metrics
@@ -381,8 +387,11 @@ class Assembler:
         req = prod.req
         loop = asyncio.get_running_loop()
         try:
-            args = (req, self.splitter, self.max_sentence_chars, self.pause_ms)
-            if not req.segments and self.splitter.whole(req.text, self.max_sentence_chars):
+            whole = self._unsplit is not None and self._unsplit(req.model)
+            args = (req, self.splitter, self.max_sentence_chars, self.pause_ms, whole)
+            if not req.segments and (
+                whole or self.splitter.whole(req.text, self.max_sentence_chars)
+            ):
                 # One sentence on its face: nothing to split, no trip to a thread and back.
                 texts, layout = plan(*args)
             else:

@@ -20,7 +20,7 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -138,11 +138,26 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     return prompts if isinstance(prompts, dict) else {}
 
 
+def _create_beside(path: Path) -> tuple[int, Path]:
+    """A new, uniquely named file in ``path``'s directory, open for writing, with the mode the
+    process umask gives a new file (0644 under umask 022). Not ``tempfile.mkstemp``: its 0600
+    would survive the rename, and the PBX (its own user: asterisk, freeswitch) could not read
+    the prompt. The kernel applies the umask at creation, so no thread ever changes it."""
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
+
+
 def write_atomically(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same directory and a rename:
-    a reader sees the old file or the new one, never a part."""
+    a reader sees the old file or the new one, never a part. Files and the directories made for
+    them get the modes the process umask allows, as any file the user writes does."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _create_beside(path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -150,7 +165,7 @@ def write_atomically(path: Path, data: bytes) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

@@ -142,6 +142,16 @@ class SpeechService:
             encode_threads, thread_name_prefix="encode"
         )
         self.sentence_pause_ms = sentence_pause_ms
+        # Upstream models (remote providers billed per character) by their price per million
+        # characters, and the characters of theirs served without a call since the last flush:
+        # tallied here (the hit path), added to the metrics in bulk before every collection.
+        self._prices: dict[str, float] = {
+            name: float(getattr(handle.engine, "price_per_million_chars", 0.0))
+            for name, handle in self.models.items()
+            if hasattr(handle.engine, "price_per_million_chars")
+        }
+        self._served_free: dict[str, int] = {}
+        metrics.before_collect(self.flush_upstream_tally)
         self.assembler = Assembler(
             fetch_master=self.master_audio,
             store_put=self.store.put,
@@ -151,6 +161,7 @@ class SpeechService:
             pause_ms=sentence_pause_ms,
             max_parallel=max_parallel_sentences,
             max_sentence_chars=max_sentence_chars,
+            unsplit=self._unsplit,
         )
         # Other encodings of stored audio by content address (GET /v1/audio/{key}.{ext}).
         self.transcoder = Transcoder(
@@ -159,6 +170,28 @@ class SpeechService:
             metrics,
             self._encode_pool,
         )
+
+    def _unsplit(self, model: str) -> bool:
+        """Whether ``model`` says each text whole (an upstream with ``split = "whole"``)."""
+        return not getattr(self.models[model].engine, "splits_sentences", True)
+
+    def served_free(self, req: SpeechRequest) -> None:
+        """``req``'s characters were served without a call to its model: counted for upstream
+        models (the characters a provider did not bill), nothing for local ones."""
+        if req.model in self._prices:
+            tally = self._served_free
+            tally[req.model] = tally.get(req.model, 0) + len(req.text)
+
+    def flush_upstream_tally(self) -> None:
+        """Add the characters served without a call since the last flush to the metrics."""
+        tally, self._served_free = self._served_free, {}
+        m = self.metrics
+        for model, chars in tally.items():
+            m.upstream_chars_cached.labels(model).inc(chars)
+            # Read now: a reload of the upstreams file may have changed it.
+            price = float(getattr(self.models[model].engine, "price_per_million_chars", 0.0))
+            if price:
+                m.upstream_saved.labels(model).inc(chars * price / 1e6)
 
     async def close(self) -> None:
         """Stop productions in flight and release the encoder threads (joining threads blocks:
@@ -234,7 +267,11 @@ class SpeechService:
         """``(rendition_key, entry)`` when ``req`` is in the memory tier: the hot path, no awaits."""
         key = self.keys_for(req)[1]
         entry = self.store.get_memory(key)
-        return None if entry is None else (key, entry)
+        if entry is None:
+            return None
+        if self._prices:
+            self.served_free(req)
+        return key, entry
 
     async def answer(
         self, req: SpeechRequest, *, stream: bool = False
@@ -247,8 +284,12 @@ class SpeechService:
         self.check_budget(req)
         key, rate, entry = await self.lookup(req)
         if entry is not None:
+            self.served_free(req)
             return SpeechResult(entry, key, "hit")
-        return await self.assembler.stream(req, key, rate)
+        stream_ = await self.assembler.stream(req, key, rate)
+        if stream_.cache == "coalesced":
+            self.served_free(req)  # joined a production another request started
+        return stream_
 
     def check_budget(self, req: SpeechRequest) -> None:
         """Refuse up front (400) a request whose audio would run past ``max_audio_s``: its cost
@@ -274,10 +315,14 @@ class SpeechService:
             found = await self.store.get(rk)
             entry = found.entry if found is not None else None
         if entry is not None:
+            self.served_free(req)
             return SpeechResult(entry, rk, "hit")
         (entry, outcome), leader = await self._renditions.do(
             rk, lambda: self._produce(req, mk, rk, rate)
         )
+        if not leader:
+            # (A leader's sentences were counted one by one, in master_audio.)
+            self.served_free(req)
         if not leader or outcome == "coalesced":
             # Waited for a synthesis another request (here) or another replica (through Redis)
             # ran: not a synthesis for this response, and only one response says MISS.
@@ -315,6 +360,7 @@ class SpeechService:
         if found is not None and decoded is not None:
             if on_queued is not None:
                 on_queued()
+            self.served_free(req)
             return decoded, "hit"
         if self._masters.running(mk):
             if on_queued is not None:
@@ -326,7 +372,10 @@ class SpeechService:
         (stored, made_here), leader = await self._masters.do(
             mk, lambda: self._synthesize_once(req, mk, on_queued)
         )
-        return stored, "miss" if leader and made_here else "coalesced"
+        if leader and made_here:
+            return stored, "miss"
+        self.served_free(req)
+        return stored, "coalesced"
 
     async def _synthesize_once(
         self, req: SpeechRequest, mk: str, on_queued: Callable[[], None] | None = None
@@ -407,6 +456,7 @@ class SpeechService:
             self.assembler.splitter,
             self.assembler.max_sentence_chars,
             self.sentence_pause_ms,
+            self._unsplit(req.model),
         )
         segments = req.segments or (Segment(req.text),)
         return {

@@ -1,0 +1,1 @@
+"""Clients of remote TTS providers, one module per API kind (imported only when configured)."""

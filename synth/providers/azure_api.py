@@ -1,0 +1,63 @@
+"""kind = "azure": Azure AI Speech's text to speech REST API over aiohttp.
+
+As Microsoft Learn's "Text to speech REST API" page publishes it: ``POST
+{base_url}/cognitiveservices/v1`` (``base_url`` is ``https://<region>.tts.speech.microsoft.com``),
+the key in ``Ocp-Apim-Subscription-Key``, ``Content-Type: application/ssml+xml``,
+``X-Microsoft-OutputFormat: raw-<rate>-16bit-mono-pcm`` (16-bit mono PCM without a header:
+lossless, kept as the master) and a ``User-Agent``; the body is SSML naming the voice, its
+language taken from the voice name (``en-US-AvaNeural``: ``en-US``), the request's speed as a
+``prosody`` rate. voxgate expands SSML itself, so the text is escaped, never passed as markup.
+Errors come with an empty or plain-text body; 400 is a request Azure refuses.
+"""
+
+from __future__ import annotations
+
+from xml.sax.saxutils import escape, quoteattr
+
+from synth.engine import SynthesisItem
+from synth.providers.http_api import HttpCall, HttpProvider
+from synth.upstream import ProviderError
+
+# The raw PCM formats Azure offers, by sample rate.
+OUTPUT_FORMATS = {
+    8000: "raw-8khz-16bit-mono-pcm",
+    16000: "raw-16khz-16bit-mono-pcm",
+    22050: "raw-22050hz-16bit-mono-pcm",
+    24000: "raw-24khz-16bit-mono-pcm",
+    44100: "raw-44100hz-16bit-mono-pcm",
+    48000: "raw-48khz-16bit-mono-pcm",
+}
+
+
+def voice_language(voice: str) -> str:
+    """The locale an Azure voice name starts with (``en-US-AvaNeural``: ``en-US``)."""
+    parts = voice.split("-")
+    return "-".join(parts[:2]) if len(parts) >= 3 else "en-US"
+
+
+class AzureProvider(HttpProvider):
+    """The provider of Azure's text to speech REST endpoint."""
+
+    def request(self, item: SynthesisItem) -> HttpCall:
+        if not 0.5 <= item.speed <= 2.0:
+            raise ProviderError(
+                "refused", "Azure speaks at 0.5 to 2 times the normal rate", sent=False
+            )
+        lang = voice_language(item.voice)
+        text = escape(item.text)
+        if item.speed != 1.0:
+            text = f"<prosody rate={quoteattr(f'{item.speed:g}')}>{text}</prosody>"
+        ssml = (
+            f"<speak version='1.0' xml:lang={quoteattr(lang)}>"
+            f"<voice name={quoteattr(item.voice)}>{text}</voice></speak>"
+        )
+        return HttpCall(
+            url=f"{self.config.base_url}/cognitiveservices/v1",
+            headers={
+                "Ocp-Apim-Subscription-Key": self.api_key,
+                "Content-Type": "application/ssml+xml",
+                "X-Microsoft-OutputFormat": OUTPUT_FORMATS[self.config.sample_rate],
+                "User-Agent": "voxgate",
+            },
+            data=ssml.encode(),
+        )

@@ -1,0 +1,42 @@
+"""kind = "deepgram": Deepgram's text to speech (Aura) REST API over aiohttp.
+
+As Deepgram's API reference publishes it ("Single Text Request"): ``POST {base_url}/v1/speak``
+(``https://api.deepgram.com``) with ``Authorization: Token <key>``, the query ``model`` (the voice:
+``aura-2-thalia-en``), ``encoding=linear16``, ``sample_rate`` and ``container=none`` (raw 16-bit
+PCM: lossless, kept as the master), and JSON ``{"text"}``. Errors are ``{"err_code", "err_msg",
+"request_id"}``. Deepgram's REST call takes no speed here: a request at another speed (or an SSML
+rate) is refused before the call.
+"""
+
+from __future__ import annotations
+
+from synth.engine import SynthesisItem
+from synth.providers.http_api import HttpCall, HttpProvider, json_error_message
+from synth.upstream import ProviderError
+
+# The linear16 sample rates Deepgram offers.
+RATES = (8000, 16000, 24000, 32000, 48000)
+
+
+class DeepgramProvider(HttpProvider):
+    """The provider of Deepgram's ``/v1/speak``."""
+
+    def request(self, item: SynthesisItem) -> HttpCall:
+        if item.speed != 1.0:
+            raise ProviderError(
+                "refused", "this Deepgram upstream speaks at speed 1 only", sent=False
+            )
+        return HttpCall(
+            url=f"{self.config.base_url}/v1/speak",
+            headers={"Authorization": f"Token {self.api_key}"},
+            params={
+                "model": item.voice,
+                "encoding": "linear16",
+                "sample_rate": str(self.config.sample_rate),
+                "container": "none",
+            },
+            json={"text": item.text},
+        )
+
+    def error_message(self, body: bytes) -> str:
+        return json_error_message(body, ("err_msg",), ("message",))

@@ -1,0 +1,60 @@
+"""kind = "elevenlabs": ElevenLabs' text-to-speech API over aiohttp.
+
+The request is the one ElevenLabs publishes (their OpenAPI document, from which the official
+``elevenlabs`` SDK is generated: repository elevenlabs/elevenlabs-python,
+``text_to_speech/raw_client.py``): ``POST {base_url}/v1/text-to-speech/{voice_id}`` with the
+query ``output_format=pcm_<rate>`` (16-bit little-endian mono PCM, lossless: kept as the master),
+the key in the ``xi-api-key`` header, and a JSON body of ``text``, ``model_id`` and
+``voice_settings`` (the entry's, plus ``speed`` when the request's is not 1).
+
+aiohttp rather than the SDK: one POST needs none of the SDK's models, websockets or its own HTTP
+client, and the runner does retries itself. Errors come as ``{"detail": {"status", "message"}}``
+or, for a 422, FastAPI's ``{"detail": [{"msg"}]}``; an unknown voice id (404 on its path) is the
+caller's fault here.
+"""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import quote
+
+from synth.engine import SynthesisItem
+from synth.providers.http_api import HttpCall, HttpProvider
+
+
+def detail_message(body: bytes) -> str:
+    """The message of an ElevenLabs error body (either of its shapes), else the raw text."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return body[:300].decode("utf-8", "replace")
+    detail = value.get("detail") if isinstance(value, dict) else None
+    if isinstance(detail, dict):
+        return str(detail.get("message") or detail.get("status") or detail)
+    if isinstance(detail, list) and detail and isinstance(detail[0], dict):
+        return "; ".join(str(d.get("msg", d)) for d in detail[:3])
+    return str(detail if detail is not None else value)
+
+
+class ElevenLabsProvider(HttpProvider):
+    """The provider of ElevenLabs' text-to-speech endpoint."""
+
+    refusal_statuses = frozenset({404})
+
+    def request(self, item: SynthesisItem) -> HttpCall:
+        c = self.config
+        settings: dict[str, object] = dict(c.voice_settings)
+        if item.speed != 1.0:
+            settings["speed"] = item.speed
+        body: dict[str, object] = {"text": item.text, "model_id": c.model}
+        if settings:
+            body["voice_settings"] = settings
+        return HttpCall(
+            url=f"{c.base_url}/v1/text-to-speech/{quote(item.voice, safe='')}",
+            headers={"xi-api-key": self.api_key, "Accept": "audio/pcm"},
+            params={"output_format": f"pcm_{c.sample_rate}"},
+            json=body,
+        )
+
+    def error_message(self, body: bytes) -> str:
+        return detail_message(body)

@@ -1,0 +1,59 @@
+"""kind = "google": Google Cloud Text-to-Speech's REST API over aiohttp.
+
+As its REST reference publishes it (``text.synthesize``, v1): ``POST
+{base_url}/v1/text:synthesize`` (``https://texttospeech.googleapis.com``) with an API key in
+``X-Goog-Api-Key``, JSON ``input.text``, ``voice`` (``languageCode`` from the voice name:
+``en-US-Neural2-F`` is ``en-US``, and ``name``) and ``audioConfig`` (``audioEncoding: LINEAR16``,
+``sampleRateHertz``, ``speakingRate`` when not 1); the answer is JSON whose ``audioContent`` is
+base64 of LINEAR16 audio, which Google sends with a WAV header: decoded, it is the master.
+Errors are ``{"error": {"code", "message", "status"}}``. Service-account (OAuth) credentials
+need google-auth and are not supported: use an API key restricted to this API.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+
+from synth.engine import Audio, SynthesisItem
+from synth.providers.http_api import HttpCall, HttpProvider, json_error_message
+from synth.upstream import ProviderError, wav_audio
+
+
+class GoogleProvider(HttpProvider):
+    """The provider of Google Cloud Text-to-Speech's ``text:synthesize``."""
+
+    def request(self, item: SynthesisItem) -> HttpCall:
+        if not 0.25 <= item.speed <= 4.0:
+            raise ProviderError(
+                "refused", "Google speaks at 0.25 to 4 times the normal rate", sent=False
+            )
+        parts = item.voice.split("-")
+        language = "-".join(parts[:2]) if len(parts) >= 3 else "en-US"
+        audio_config: dict[str, object] = {
+            "audioEncoding": "LINEAR16",
+            "sampleRateHertz": self.config.sample_rate,
+        }
+        if item.speed != 1.0:
+            audio_config["speakingRate"] = item.speed
+        return HttpCall(
+            url=f"{self.config.base_url}/v1/text:synthesize",
+            headers={"X-Goog-Api-Key": self.api_key},
+            json={
+                "input": {"text": item.text},
+                "voice": {"languageCode": language, "name": item.voice},
+                "audioConfig": audio_config,
+            },
+        )
+
+    def error_message(self, body: bytes) -> str:
+        return json_error_message(body, ("error", "message"))
+
+    def audio(self, data: bytes) -> Audio:
+        try:
+            content = json.loads(data)["audioContent"]
+            wav = base64.b64decode(content, validate=True)
+        except (ValueError, KeyError, TypeError, binascii.Error):
+            raise ProviderError("bad_reply", "no base64 audioContent in the answer") from None
+        return wav_audio(wav)

@@ -1,0 +1,131 @@
+"""What the providers spoken to over plain HTTP share: one aiohttp session made on the event
+loop, a bounded read of the answer, the provider's error body turned into a
+:class:`~synth.upstream.ProviderError` (with ``Retry-After``), connection failures retried.
+
+A provider module says how to ask (:meth:`HttpProvider.request`), how its errors read
+(:meth:`HttpProvider.error_message`) and what its answer holds (:meth:`HttpProvider.audio`).
+aiohttp is a dependency of every install: these kinds need no extra.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from synth.engine import Audio, SynthesisItem
+from synth.upstream import (
+    ProviderError,
+    UpstreamConfig,
+    error_for_status,
+    pcm16_audio,
+    provider_message,
+    retry_after_of,
+)
+
+MIB = 1024 * 1024
+# The most of an error body read (a message, not audio).
+ERROR_BODY_BYTES = 64 * 1024
+
+
+@dataclass
+class HttpCall:
+    """One request to a provider: ``json`` or ``data`` as its body."""
+
+    url: str
+    headers: dict[str, str]
+    params: dict[str, str] = field(default_factory=dict)
+    json: dict[str, object] | None = None
+    data: bytes | None = None
+
+
+def json_error_message(body: bytes, *paths: tuple[str, ...]) -> str:
+    """The first string found at one of ``paths`` (keys into nested objects) of a JSON error
+    body; else the body's text."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return body[:300].decode("utf-8", "replace")
+    for path in paths:
+        found: object = value
+        for key in path:
+            found = found.get(key) if isinstance(found, dict) else None
+        if isinstance(found, str) and found:
+            return found
+    return str(value)[:300]
+
+
+class HttpProvider:
+    """A :class:`~synth.upstream.Provider` over aiohttp; subclasses say how to ask and read."""
+
+    # Statuses that mean the caller's request was wrong for this provider (its 400) beyond the
+    # ones every provider shares (400, 413, 422): a provider's "no such voice" status.
+    refusal_statuses: frozenset[int] = frozenset()
+
+    def __init__(self, config: UpstreamConfig, api_key: str) -> None:
+        self.config = config
+        self.api_key = api_key
+        self.max_bytes = config.max_audio_mb * MIB
+        self._session: aiohttp.ClientSession | None = None
+
+    def request(self, item: SynthesisItem) -> HttpCall:
+        """The call that asks for ``item``; a :class:`ProviderError` ("refused") for an item
+        the provider cannot take."""
+        raise NotImplementedError
+
+    def error_message(self, body: bytes) -> str:
+        """The provider's message in an error answer's body."""
+        return body[:300].decode("utf-8", "replace")
+
+    def audio(self, data: bytes) -> Audio:
+        """The audio of a successful answer's body (16-bit pcm at ``sample_rate`` here)."""
+        return pcm16_audio(data, self.config.sample_rate)
+
+    def _client(self) -> aiohttp.ClientSession:
+        # Made on the event loop, at the first call (providers are built in a thread).
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    async def synthesize(self, item: SynthesisItem, timeout_s: float) -> Audio:
+        call = self.request(item)
+        try:
+            async with self._client().post(
+                call.url,
+                params=call.params,
+                json=call.json,
+                data=call.data,
+                headers=call.headers,
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+            ) as resp:
+                if resp.status != 200:
+                    message = provider_message(
+                        self.error_message(await resp.content.read(ERROR_BODY_BYTES))
+                    )
+                    retry = retry_after_of({k.lower(): v for k, v in resp.headers.items()})
+                    if resp.status in self.refusal_statuses:
+                        raise ProviderError("refused", message, status=resp.status)
+                    raise error_for_status(resp.status, message, retry)
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in resp.content.iter_chunked(64 * 1024):
+                    size += len(chunk)
+                    if size > self.max_bytes:
+                        raise ProviderError(
+                            "bad_reply", f"the answer is larger than {self.config.max_audio_mb} MiB"
+                        )
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise ProviderError("timeout", "no answer in time") from None
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
+            raise ProviderError("connection", type(exc).__name__, retryable=True) from None
+        data = b"".join(chunks)
+        if len(data) > 1024 * 1024:
+            return await asyncio.to_thread(self.audio, data)
+        return self.audio(data)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()

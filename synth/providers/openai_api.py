@@ -1,0 +1,94 @@
+"""kind = "openai": any server that speaks OpenAI's ``POST {base_url}/audio/speech`` (OpenAI,
+Kokoro-FastAPI, speaches, another voxgate), through the official ``openai`` SDK (the
+``voxgate[openai]`` extra).
+
+The request is OpenAI's ``CreateSpeechRequest`` (the OpenAPI document in the public repository
+openai/openai-openapi): ``model``, ``input``, ``voice``, ``response_format`` (``pcm`` or ``wav``
+here: lossless, kept as the master), ``speed`` (sent when not 1) and ``instructions`` (when the
+request has some). The SDK's own retries are off (``max_retries=0``): the runner retries, so
+every attempt is counted and all of them fit in one deadline. The answer is read in chunks up to
+``max_audio_mb``: a provider cannot make the gateway hold more than that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx2
+import openai
+
+from synth.engine import Audio, SynthesisItem
+from synth.upstream import (
+    ProviderError,
+    UpstreamConfig,
+    error_for_status,
+    pcm16_audio,
+    retry_after_of,
+    wav_audio,
+)
+
+MIB = 1024 * 1024
+
+
+class OpenAIProvider:
+    """The :class:`~synth.upstream.Provider` of an OpenAI-compatible speech endpoint."""
+
+    def __init__(self, config: UpstreamConfig, api_key: str) -> None:
+        self.config = config
+        self.max_bytes = config.max_audio_mb * MIB
+        # The SDK logs each request's options, text included, at DEBUG: never, whatever the
+        # gateway's log level (request text is never logged).
+        logging.getLogger("openai").setLevel(logging.INFO)
+        self.client = openai.AsyncOpenAI(
+            # A server that takes no key (a local one) is sent a placeholder it ignores: the SDK
+            # refuses to start without one.
+            api_key=api_key or "no-key",
+            base_url=config.base_url,
+            max_retries=0,
+            timeout=config.timeout_s,
+        )
+
+    async def synthesize(self, item: SynthesisItem, timeout_s: float) -> Audio:
+        c = self.config
+        extra: dict[str, object] = {}
+        if item.speed != 1.0:
+            extra["speed"] = item.speed
+        instructions = item.params.get("instructions")
+        if c.instructions and isinstance(instructions, str) and instructions:
+            extra["instructions"] = instructions
+        try:
+            async with self.client.audio.speech.with_streaming_response.create(
+                model=c.model,
+                voice=item.voice,
+                input=item.text,
+                response_format=c.format,
+                timeout=timeout_s,
+                **extra,  # type: ignore[arg-type]
+            ) as response:
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in response.iter_bytes():
+                    size += len(chunk)
+                    if size > self.max_bytes:
+                        raise ProviderError(
+                            "bad_reply", f"the answer is larger than {c.max_audio_mb} MiB"
+                        )
+                    chunks.append(chunk)
+        except openai.APIStatusError as exc:
+            headers = {k.lower(): v for k, v in exc.response.headers.items()}
+            raise error_for_status(exc.status_code, exc.message, retry_after_of(headers)) from None
+        except openai.APITimeoutError:
+            raise ProviderError("timeout", "no answer in time") from None
+        except openai.APIConnectionError as exc:
+            cause = type(exc.__cause__).__name__ if exc.__cause__ is not None else "error"
+            raise ProviderError("connection", cause, retryable=True) from None
+        except (httpx2.HTTPError, OSError) as exc:  # the connection broke mid-body
+            raise ProviderError("connection", type(exc).__name__, retryable=True) from None
+        data = b"".join(chunks)
+        if c.format == "pcm":
+            return pcm16_audio(data, c.sample_rate)
+        return await asyncio.to_thread(wav_audio, data)
+
+    async def close(self) -> None:
+        await self.client.close()

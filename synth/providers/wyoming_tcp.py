@@ -1,0 +1,88 @@
+"""kind = "wyoming": a Wyoming TTS server (wyoming-piper, another voxgate's Wyoming port) over
+TCP, through the ``wyoming`` package's own client and events (a dependency of every install).
+
+One call is one connection: a ``synthesize`` event with the text and ``voice.name``, then the
+server's ``audio-start``, ``audio-chunk``s and ``audio-stop`` (or an ``error`` event). The chunks'
+PCM (16-bit, the first channel) at the rate they name is the master. Wyoming has no speed: a
+request at another speed than 1 (or an SSML rate) is refused before the call. The audio read is
+bounded by ``max_audio_mb``.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import numpy as np
+from wyoming.audio import AudioChunk, AudioStop
+from wyoming.client import AsyncTcpClient
+from wyoming.error import Error
+from wyoming.tts import Synthesize, SynthesizeVoice
+
+from synth.engine import Audio, SynthesisItem
+from synth.upstream import ProviderError, UpstreamConfig, provider_message
+
+MIB = 1024 * 1024
+
+
+class WyomingProvider:
+    """The :class:`~synth.upstream.Provider` of a Wyoming TTS server."""
+
+    def __init__(self, config: UpstreamConfig) -> None:
+        self.config = config
+        parts = urlsplit(config.base_url)
+        self.host = parts.hostname or ""
+        self.port = parts.port or 0
+        self.max_bytes = config.max_audio_mb * MIB
+
+    async def synthesize(self, item: SynthesisItem, timeout_s: float) -> Audio:
+        if item.speed != 1.0:
+            raise ProviderError(
+                "refused",
+                "a Wyoming server has no speed: ask for speed 1 (and no SSML rate)",
+                sent=False,
+            )
+        chunks: list[bytes] = []
+        size = 0
+        rate = 0
+        try:
+            async with AsyncTcpClient(self.host, self.port) as client:
+                voice = SynthesizeVoice(name=item.voice)
+                await client.write_event(Synthesize(text=item.text, voice=voice).event())
+                while True:
+                    event = await client.read_event()
+                    if event is None:
+                        raise ProviderError(
+                            "connection", "the server closed before audio-stop", retryable=True
+                        )
+                    if AudioChunk.is_type(event.type):
+                        chunk = AudioChunk.from_event(event)
+                        if chunk.width != 2:
+                            raise ProviderError(
+                                "bad_reply", f"{8 * chunk.width}-bit audio, not 16-bit"
+                            )
+                        data = chunk.audio
+                        if chunk.channels > 1:
+                            frames = np.frombuffer(data, dtype="<i2").reshape(-1, chunk.channels)
+                            data = np.ascontiguousarray(frames[:, 0]).tobytes()
+                        size += len(data)
+                        if size > self.max_bytes:
+                            raise ProviderError(
+                                "bad_reply", f"more than {self.config.max_audio_mb} MiB of audio"
+                            )
+                        rate = chunk.rate
+                        chunks.append(data)
+                    elif AudioStop.is_type(event.type):
+                        break
+                    elif Error.is_type(event.type):
+                        error = Error.from_event(event)
+                        raise ProviderError("server", provider_message(error.text))
+        except OSError as exc:  # refused, reset: ConnectionError is one
+            raise ProviderError("connection", type(exc).__name__, retryable=True) from None
+        data = b"".join(chunks)
+        if not data or len(data) % 2:
+            raise ProviderError("bad_reply", f"{len(data)} bytes of 16-bit audio")
+        samples = np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+        return Audio(samples, rate)
+
+    async def close(self) -> None:
+        """Nothing held between calls: one connection per call."""

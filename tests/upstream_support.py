@@ -1,0 +1,439 @@
+"""A local TTS provider for the upstream tests: OpenAI's published speech contract on loopback.
+
+:class:`OpenAISpeechServer` answers ``POST /v1/audio/speech`` as OpenAI's OpenAPI document says
+the endpoint behaves (the public repository openai/openai-openapi, ``openapi.yaml`` at commit
+f85dbe223d40e1a31cba812ab2d755c7e98a92a3: the ``createSpeech`` operation, the
+``CreateSpeechRequest`` schema, the ``TooManyRequests`` response and the ``ErrorResponse`` /
+``Error`` schemas):
+
+- ``Authorization: Bearer <key>`` (the ``ApiKeyAuth`` scheme: http bearer); 401 otherwise;
+- a JSON body with ``additionalProperties: false``: ``model``, ``input`` (at most 4096
+  characters), ``voice`` required; ``instructions`` (at most 4096), ``response_format`` (``mp3``,
+  ``opus``, ``aac``, ``flac``, ``wav``, ``pcm``; default ``mp3``), ``speed`` (0.25-4, default 1),
+  ``stream_format`` (``sse`` or ``audio``) optional; anything else a 400;
+- errors as ``{"error": {"message", "type", "param", "code"}}``, all four present;
+- 429 with a ``Retry-After`` header of whole seconds (minimum 1);
+- the audio as ``application/octet-stream``; ``pcm`` is 24 kHz 16-bit little-endian mono without
+  a header (OpenAI's text-to-speech guide), ``wav`` the same in a RIFF container.
+
+Only ``pcm`` and ``wav`` are produced (what voxgate asks for); another format is answered 400 here,
+so a test would see voxgate asking for something lossy. The speech is a tone whose pitch follows
+the text and whose length follows its characters: deterministic, so equal bytes mean equal calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import zlib
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import soundfile
+from aiohttp import web
+
+from bench.harness import free_port
+
+RATE = 24000
+# CreateSpeechRequest's properties, as the document lists them (additionalProperties: false).
+PROPERTIES = {
+    "model",
+    "input",
+    "instructions",
+    "voice",
+    "response_format",
+    "speed",
+    "stream_format",
+}
+REQUIRED = ("model", "input", "voice")
+FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+
+
+def tone(text: str, speed: float = 1.0) -> np.ndarray[Any, np.dtype[np.int16]]:
+    """The "speech" of ``text``: 30 ms per character (over ``speed``), pitch from its CRC."""
+    n = max(1, int(len(text) * 0.03 * RATE / speed))
+    pitch = 200 + zlib.crc32(text.encode()) % 600
+    t = np.arange(n, dtype=np.float64) / RATE
+    return (np.sin(2 * np.pi * pitch * t) * 12000).astype("<i2")
+
+
+def error(
+    status: int, message: str, param: str | None = None, code: str | None = None, **headers: str
+) -> web.Response:
+    """An answer in the document's ErrorResponse shape."""
+    kind = {401: "invalid_request_error", 429: "requests", 500: "server_error"}.get(
+        status, "invalid_request_error"
+    )
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+@dataclass
+class Scripted:
+    """An answer to give instead of audio: ``status`` with an error body and ``headers``."""
+
+    status: int
+    message: str = "scripted failure"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class OpenAISpeechServer:
+    """The provider on a free loopback port; ``url`` is its base URL (``.../v1``).
+
+    ``calls`` counts the requests that reached the speech route (each attempt, failures
+    included); ``texts`` holds the ``input`` of each call answered with audio; ``script`` holds
+    answers to give (in order) before audio; ``delay_s`` is the provider's latency;
+    ``hold`` (when cleared) keeps every call waiting until it is set.
+    """
+
+    def __init__(
+        self,
+        *,
+        api_key: str = "sk-test-key",
+        voices: tuple[str, ...] = ("alloy", "nova", "coral"),
+        delay_s: float = 0.0,
+        port: int | None = None,
+    ) -> None:
+        self.api_key = api_key
+        self.voices = voices
+        self.delay_s = delay_s
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.calls = 0
+        self.texts: list[str] = []
+        self.bodies: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.script: deque[Scripted] = deque()
+        self.hold = asyncio.Event()
+        self.hold.set()
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> OpenAISpeechServer:
+        app = web.Application()
+        app.router.add_post("/v1/audio/speech", self._speech)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _speech(self, request: web.Request) -> web.StreamResponse:
+        self.calls += 1
+        self.headers.append(dict(request.headers))
+        if request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            return error(401, "Incorrect API key provided.", code="invalid_api_key")
+        if request.content_type != "application/json":
+            return error(400, "Content-Type must be application/json")
+        try:
+            body = json.loads(await request.read())
+        except ValueError:
+            return error(400, "We could not parse the JSON body of your request.")
+        problem = self._invalid(body)
+        if problem is not None:
+            return problem
+        self.bodies.append(body)
+        await self.hold.wait()
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)  # the provider's latency
+        if self.script:
+            s = self.script.popleft()
+            return error(s.status, s.message, **s.headers)
+        self.texts.append(body["input"])
+        samples = tone(body["input"], float(body.get("speed", 1)))
+        fmt = body.get("response_format", "mp3")
+        if fmt == "pcm":
+            data = samples.tobytes()
+        else:
+            out = io.BytesIO()
+            soundfile.write(out, samples, RATE, format="WAV", subtype="PCM_16")
+            data = out.getvalue()
+        return web.Response(body=data, content_type="application/octet-stream")
+
+    def _invalid(self, body: Any) -> web.Response | None:
+        """The document's CreateSpeechRequest checks; the 400 of the first that fails."""
+        if not isinstance(body, dict):
+            return error(400, "The body must be a JSON object.")
+        extra = sorted(set(body) - PROPERTIES)
+        if extra:
+            return error(400, f"Unrecognized request argument supplied: {extra[0]}", extra[0])
+        for name in REQUIRED:
+            if name not in body:
+                return error(400, f"Missing required parameter: '{name}'.", name)
+        if not isinstance(body["input"], str) or len(body["input"]) > 4096:
+            return error(400, "'input' must be a string of at most 4096 characters", "input")
+        instructions = body.get("instructions")
+        if instructions is not None and (
+            not isinstance(instructions, str) or len(instructions) > 4096
+        ):
+            return error(400, "'instructions' is too long", "instructions")
+        fmt = body.get("response_format", "mp3")
+        if fmt not in FORMATS:
+            return error(400, f"Invalid value: '{fmt}'.", "response_format")
+        if fmt not in ("pcm", "wav"):
+            return error(400, f"this test provider makes pcm and wav only, not {fmt}")
+        speed = body.get("speed", 1)
+        if not isinstance(speed, int | float) or not 0.25 <= speed <= 4:
+            return error(400, "'speed' must be between 0.25 and 4.0", "speed")
+        if body.get("stream_format", "audio") not in ("sse", "audio"):
+            return error(400, "Invalid stream_format", "stream_format")
+        if body["voice"] not in self.voices:
+            return error(
+                400,
+                f"Invalid value for 'voice' = {body['voice']}. Supported values are: "
+                + ", ".join(f"'{v}'" for v in self.voices),
+                "voice",
+            )
+        return None
+
+
+class ElevenLabsServer:
+    """ElevenLabs' text-to-speech endpoint as its OpenAPI document publishes it (the official
+    SDK generated from it: repository elevenlabs/elevenlabs-python,
+    ``src/elevenlabs/text_to_speech/raw_client.py`` and
+    ``types/text_to_speech_convert_request_output_format.py``):
+    ``POST /v1/text-to-speech/{voice_id}``, query ``output_format`` (``pcm_<rate>`` among the
+    listed rates), the key in ``xi-api-key``, JSON ``text`` (required), ``model_id``,
+    ``voice_settings`` (``stability``, ``similarity_boost``, ``style``, ``use_speaker_boost``,
+    ``speed``); a 422 in FastAPI's ``{"detail": [{"loc", "msg", "type"}]}`` shape for a body that
+    does not validate, ``{"detail": {"status", "message"}}`` for other errors (401 for a bad key,
+    404 for an unknown voice). ``pcm_<rate>`` is raw 16-bit mono at that rate."""
+
+    RATES = (8000, 16000, 22050, 24000, 44100, 48000)
+    SETTINGS = frozenset({"stability", "similarity_boost", "style", "use_speaker_boost", "speed"})
+
+    def __init__(
+        self, *, api_key: str = "xi-test-key", voices: tuple[str, ...] = ("21m00Tcm4TlvDq8ikWAM",)
+    ) -> None:
+        self.api_key = api_key
+        self.voices = voices
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.calls = 0
+        self.requests: list[tuple[str, dict[str, str], dict[str, Any]]] = []
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> ElevenLabsServer:
+        app = web.Application()
+        app.router.add_post("/v1/text-to-speech/{voice_id}", self._speech)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    @staticmethod
+    def _detail(status: int, code: str, message: str) -> web.Response:
+        return web.json_response({"detail": {"status": code, "message": message}}, status=status)
+
+    async def _speech(self, request: web.Request) -> web.Response:
+        self.calls += 1
+        if request.headers.get("xi-api-key") != self.api_key:
+            return self._detail(401, "invalid_api_key", "Invalid API key")
+        body = await request.json()
+        voice = request.match_info["voice_id"]
+        self.requests.append((voice, dict(request.query), body))
+        problems = []
+        if not isinstance(body.get("text"), str):
+            problems.append({"loc": ["body", "text"], "msg": "Field required", "type": "missing"})
+        settings = body.get("voice_settings", {})
+        if not isinstance(settings, dict) or set(settings) - self.SETTINGS:
+            problems.append(
+                {
+                    "loc": ["body", "voice_settings"],
+                    "msg": "Extra inputs are not permitted",
+                    "type": "extra_forbidden",
+                }
+            )
+        fmt = request.query.get("output_format", "mp3_44100_128")
+        if not fmt.startswith("pcm_") or int(fmt[4:]) not in self.RATES:
+            problems.append(
+                {
+                    "loc": ["query", "output_format"],
+                    "msg": "this test server makes pcm only",
+                    "type": "enum",
+                }
+            )
+        if problems:
+            return web.json_response({"detail": problems}, status=422)
+        if voice not in self.voices:
+            return self._detail(
+                404, "voice_not_found", f"A voice with the voice_id {voice} was not found."
+            )
+        rate = int(fmt[4:])
+        speed = float(settings.get("speed", 1.0))
+        samples = tone(body["text"], speed)
+        # At the asked rate: the tone's length in seconds, resampled by repetition of the pattern.
+        n = int(len(samples) * rate / RATE)
+        pcm = np.resize(samples, n).astype("<i2")
+        return web.Response(body=pcm.tobytes(), content_type="application/octet-stream")
+
+
+class ContractServer:
+    """A provider's speech endpoint on loopback, as its published reference describes it (each
+    subclass cites it): ``requests`` holds (path, query, headers, body) of each call; ``script``
+    answers to give first, as (status, headers, body)."""
+
+    path = "/"
+
+    def __init__(self, *, api_key: str, voices: tuple[str, ...]) -> None:
+        self.api_key = api_key
+        self.voices = voices
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.calls = 0
+        self.requests: list[tuple[str, dict[str, str], dict[str, str], bytes]] = []
+        self.script: deque[tuple[int, dict[str, str], bytes]] = deque()
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> ContractServer:
+        app = web.Application()
+        app.router.add_post(self.path, self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        self.calls += 1
+        body = await request.read()
+        self.requests.append((request.path, dict(request.query), dict(request.headers), body))
+        if self.script:
+            status, headers, data = self.script.popleft()
+            return web.Response(status=status, headers=headers, body=data)
+        return self.answer(request, body)
+
+    def answer(self, request: web.Request, body: bytes) -> web.Response:
+        raise NotImplementedError
+
+
+class AzureServer(ContractServer):
+    """Azure AI Speech's text to speech REST endpoint as Microsoft Learn's "Text to speech REST
+    API" page describes it: ``POST /cognitiveservices/v1``; ``Ocp-Apim-Subscription-Key``
+    (401 without the right one), ``Content-Type: application/ssml+xml``,
+    ``X-Microsoft-OutputFormat`` (one of the listed formats; ``raw-*`` is headerless PCM) and
+    ``User-Agent`` required (400 without); the body SSML with a ``voice`` element whose ``name``
+    is a voice (400, empty body, for one it does not have)."""
+
+    path = "/cognitiveservices/v1"
+    RAW: ClassVar[dict[str, int]] = {
+        "raw-8khz-16bit-mono-pcm": 8000,
+        "raw-16khz-16bit-mono-pcm": 16000,
+        "raw-22050hz-16bit-mono-pcm": 22050,
+        "raw-24khz-16bit-mono-pcm": 24000,
+        "raw-44100hz-16bit-mono-pcm": 44100,
+        "raw-48khz-16bit-mono-pcm": 48000,
+    }
+
+    def __init__(self) -> None:
+        super().__init__(api_key="azure-test-key", voices=("en-US-AvaMultilingualNeural",))
+
+    def answer(self, request: web.Request, body: bytes) -> web.Response:
+        import xml.etree.ElementTree as ET
+
+        h = request.headers
+        if h.get("Ocp-Apim-Subscription-Key") != self.api_key:
+            return web.Response(status=401)
+        if h.get("Content-Type") != "application/ssml+xml" or not h.get("User-Agent"):
+            return web.Response(status=400)
+        rate = self.RAW.get(h.get("X-Microsoft-OutputFormat", ""))
+        if rate is None:
+            return web.Response(status=400)
+        speak = ET.fromstring(body)
+        voice = speak.find("voice")
+        if speak.tag != "speak" or voice is None or voice.get("name") not in self.voices:
+            return web.Response(status=400)
+        text = "".join(voice.itertext())
+        prosody = voice.find("prosody")
+        speed = float(prosody.get("rate", "1")) if prosody is not None else 1.0
+        samples = np.resize(tone(text, speed), int(len(tone(text, speed)) * rate / RATE))
+        return web.Response(body=samples.astype("<i2").tobytes(), content_type="audio/x-wav")
+
+
+class GoogleServer(ContractServer):
+    """Google Cloud Text-to-Speech's ``text.synthesize`` as its v1 REST reference describes it:
+    ``POST /v1/text:synthesize``; the API key in ``X-Goog-Api-Key``; JSON ``input`` (``text``),
+    ``voice`` (``languageCode``, ``name``), ``audioConfig`` (``audioEncoding``,
+    ``sampleRateHertz``, ``speakingRate``); the answer ``{"audioContent": base64}``, LINEAR16
+    with its WAV header; errors ``{"error": {"code", "message", "status"}}``."""
+
+    path = "/v1/text:synthesize"
+
+    def __init__(self) -> None:
+        super().__init__(api_key="google-test-key", voices=("en-US-Neural2-F",))
+
+    @staticmethod
+    def _error(code: int, status: str, message: str) -> web.Response:
+        body = {"error": {"code": code, "message": message, "status": status}}
+        return web.json_response(body, status=code)
+
+    def answer(self, request: web.Request, body: bytes) -> web.Response:
+        import base64
+
+        if request.headers.get("X-Goog-Api-Key") != self.api_key:
+            return self._error(401, "UNAUTHENTICATED", "API key not valid.")
+        value = json.loads(body)
+        if set(value) - {"input", "voice", "audioConfig"} or "text" not in value.get("input", {}):
+            return self._error(400, "INVALID_ARGUMENT", "Invalid JSON payload received.")
+        voice, config = value.get("voice", {}), value.get("audioConfig", {})
+        if voice.get("name") not in self.voices:
+            return self._error(
+                400, "INVALID_ARGUMENT", f"Voice '{voice.get('name')}' does not exist."
+            )
+        if config.get("audioEncoding") != "LINEAR16":
+            return self._error(400, "INVALID_ARGUMENT", "this test server makes LINEAR16 only")
+        rate = int(config.get("sampleRateHertz", RATE))
+        speed = float(config.get("speakingRate", 1.0))
+        samples = tone(value["input"]["text"], speed)
+        samples = np.resize(samples, int(len(samples) * rate / RATE)).astype("<i2")
+        out = io.BytesIO()
+        soundfile.write(out, samples, rate, format="WAV", subtype="PCM_16")
+        return web.json_response({"audioContent": base64.b64encode(out.getvalue()).decode()})
+
+
+class DeepgramServer(ContractServer):
+    """Deepgram's ``/v1/speak`` as its API reference ("Single Text Request") describes it:
+    ``POST /v1/speak``; ``Authorization: Token <key>``; the query ``model`` (a voice such as
+    ``aura-2-thalia-en``), ``encoding``, ``sample_rate``, ``container``; JSON ``{"text"}``;
+    errors ``{"err_code", "err_msg", "request_id"}``."""
+
+    path = "/v1/speak"
+
+    def __init__(self) -> None:
+        super().__init__(api_key="deepgram-test-key", voices=("aura-2-thalia-en",))
+
+    @staticmethod
+    def _error(status: int, code: str, message: str) -> web.Response:
+        body = {"err_code": code, "err_msg": message, "request_id": "test"}
+        return web.json_response(body, status=status)
+
+    def answer(self, request: web.Request, body: bytes) -> web.Response:
+        if request.headers.get("Authorization") != f"Token {self.api_key}":
+            return self._error(401, "INVALID_AUTH", "Invalid credentials.")
+        q = request.query
+        if q.get("model") not in self.voices:
+            return self._error(400, "UNSUPPORTED_MODEL", f"No such model: {q.get('model')}")
+        if (q.get("encoding"), q.get("container")) != ("linear16", "none"):
+            return self._error(400, "UNSUPPORTED", "this test server makes raw linear16 only")
+        rate = int(q.get("sample_rate", "24000"))
+        value = json.loads(body)
+        if set(value) != {"text"}:
+            return self._error(400, "INVALID_BODY", 'The body must be {"text": ...}.')
+        samples = tone(value["text"])
+        samples = np.resize(samples, int(len(samples) * rate / RATE)).astype("<i2")
+        return web.Response(body=samples.tobytes(), content_type="audio/l16")
