@@ -200,3 +200,36 @@ async def test_a_keys_budget_is_the_hosts_under_the_default_topology(tmp_path: P
     finally:
         server.close()
     assert SECRET not in server.logs()
+
+
+async def test_during_a_redis_outage_a_key_keeps_one_budget_per_host(
+    two_processes: list[HostTable],
+) -> None:
+    """Two gateway processes of one host, their Redis down: the fallback counts in the host's
+    table, so the key's limit holds for the host, not once per process."""
+    from bench.harness import CACHE_SECRET, free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    metrics = Metrics()
+    processes = [
+        KeyLimits(metrics, redis_url=url, secret=CACHE_SECRET.encode(), timeout_s=0.2)
+        for _ in two_processes
+    ]
+    for limits, table in zip(processes, two_processes, strict=True):
+        limits.host = table
+        await limits.start()
+    key = APIKey("ivr", b"\0" * 32, frozenset({"speak"}), requests_per_minute=3)
+    await clear_of_a_minute_edge()
+    admitted = 0
+    try:
+        for i in range(8):
+            try:
+                await processes[i % 2].admit_request(key)
+                admitted += 1
+            except TooManyRequests:
+                pass
+    finally:
+        for limits in processes:
+            await limits.close()
+    assert admitted == 3
+    assert metrics.registry.get_sample_value("voxgate_rate_limit_fallbacks_total") == 8
