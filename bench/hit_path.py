@@ -222,14 +222,18 @@ def memo_miss_rate(sequence: Sequence[int], size: int) -> float:
     return misses / (len(sequence) - warm)
 
 
-def write_keys_file(path: Path, count: int) -> str:
-    """A keys file of ``count`` keys (speak + read, no limits) at ``path``; the secret of one of
-    them (the middle one, so the lookup is no luckier than any other)."""
+def write_keys_file(path: Path, count: int, rpm: int = 0) -> str:
+    """A keys file of ``count`` keys (speak + read; ``rpm`` requests per minute each, 0: no
+    limit) at ``path``; the secret of one of them (the middle one, so the lookup is no luckier
+    than any other)."""
     from gateway.runtime.apikeys import key_table, new_secret
 
     secrets = [new_secret() for _ in range(count)]
     path.write_text(
-        "\n".join(key_table(f"bench-{i}", s, ["speak", "read"]) for i, s in enumerate(secrets))
+        "\n".join(
+            key_table(f"bench-{i}", s, ["speak", "read"], requests_per_minute=rpm)
+            for i, s in enumerate(secrets)
+        )
     )
     return secrets[count // 2]
 
@@ -407,6 +411,13 @@ def main() -> int:
         default=0,
         help="API keys on: a keys file of N keys, every request sending one (0: keys off)",
     )
+    ap.add_argument(
+        "--key-rpm",
+        type=int,
+        default=0,
+        help="with --keys: each key's requests_per_minute (a budget check on every request; "
+        "make it larger than the run sends, e.g. 1000000000, so none is refused)",
+    )
     args = ap.parse_args()
     provenance()  # the commit and date as the run starts
 
@@ -421,7 +432,7 @@ def main() -> int:
         extra += ["--workers", "1"]
         auth: dict[str, str] = {}
         if args.keys:
-            secret = write_keys_file(tmpdir / "keys.toml", args.keys)
+            secret = write_keys_file(tmpdir / "keys.toml", args.keys, args.key_rpm)
             extra += ["--api-keys-file", str(tmpdir / "keys.toml")]
             auth = {"Authorization": f"Bearer {secret}"}
         gateway = start_gateway(gport, tmpdir / "cache", *extra, log_path=tmpdir / "gateway.log")
@@ -611,6 +622,7 @@ def main() -> int:
                 "event_loop": label(args.event_loop),
                 "target_ratio": TARGET,
                 "api_keys": args.keys,
+                "key_requests_per_minute": args.key_rpm,
                 "workloads": results,
                 "store_counters_during_rounds": store_during_rounds,
                 "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
