@@ -668,6 +668,9 @@ class UpstreamRunner:
         loop = asyncio.get_running_loop()
         name = self.name
         attempt = 0
+        # The failure that made the last retry happen: when a retry then runs out of time, the
+        # caller hears that (the provider was unreachable), not the deadline our retries hit.
+        earlier: ProviderError | None = None
         while True:
             if self.breaker is not None and not self.breaker.allow():
                 raise self._fail(
@@ -690,6 +693,8 @@ class UpstreamRunner:
             except TimeoutError:
                 self._count_call("timeout", started)
                 self._breaker_failed()
+                if earlier is not None:
+                    raise self._error_of(earlier) from None
                 raise self._fail(
                     "timeout", f"upstream {name!r} did not answer within {self.config.timeout_s:g}s"
                 ) from None
@@ -699,6 +704,7 @@ class UpstreamRunner:
                 delay = self._retry_delay(exc, attempt)
                 if delay is not None and loop.time() + delay < deadline:
                     attempt += 1
+                    earlier = exc
                     self.metrics.upstream_retries.labels(name, exc.kind).inc()
                     log.info(
                         "upstream %s: %s (status %s), retry %d in %.2fs",
@@ -713,6 +719,8 @@ class UpstreamRunner:
                     continue
                 if exc.kind != "refused":
                     self._breaker_failed()
+                if exc.kind == "timeout" and earlier is not None:
+                    raise self._error_of(earlier) from None
                 raise self._error_of(exc) from None
             self._latency.observe(self._clock() - started)
             self._calls_ok.inc()

@@ -313,6 +313,26 @@ async def test_the_provider_stopped_cached_texts_200_new_ones_503_within_timeout
     assert ready.status == 200
 
 
+async def test_a_retry_that_runs_out_of_time_reports_the_failure_that_caused_it(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    provider: OpenAISpeechServer,
+    metrics: Metrics,
+) -> None:
+    """A 503, then a retry that never answers: the caller hears the provider's failure (what an
+    operator must fix), not the deadline voxgate's own retry ran into."""
+    client = await start(gateway, counting_engine, entry(provider, timeout_s=1), metrics=metrics)
+    provider.script.append(
+        Scripted(503, "The engine is currently overloaded", {"Retry-After": "0"})
+    )
+    provider.script.append(Scripted(503, hang=True))
+    r = await client.post("/v1/audio/speech", json=speech())
+    assert r.status == 502
+    assert (await r.json())["error"]["code"] == "upstream_server"
+    assert provider.calls == 2
+    assert value(metrics, "voxgate_upstream_calls_total", upstream="openai", result="timeout") == 1
+
+
 async def test_a_provider_that_hangs_answers_503_within_timeout(
     gateway: GatewayFactory, counting_engine: CountingEngine, provider: OpenAISpeechServer
 ) -> None:

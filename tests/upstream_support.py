@@ -73,11 +73,13 @@ def error(
 
 @dataclass
 class Scripted:
-    """An answer to give instead of audio: ``status`` with an error body and ``headers``."""
+    """An answer to give instead of audio: ``status`` with an error body and ``headers``; with
+    ``hang``, no answer at all (the call waits until the server stops)."""
 
     status: int
     message: str = "scripted failure"
     headers: dict[str, str] = field(default_factory=dict)
+    hang: bool = False
 
 
 class OpenAISpeechServer:
@@ -109,6 +111,7 @@ class OpenAISpeechServer:
         self.script: deque[Scripted] = deque()
         self.hold = asyncio.Event()
         self.hold.set()
+        self._stopping = asyncio.Event()
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> OpenAISpeechServer:
@@ -120,6 +123,7 @@ class OpenAISpeechServer:
         return self
 
     async def stop(self) -> None:
+        self._stopping.set()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -144,6 +148,8 @@ class OpenAISpeechServer:
             await asyncio.sleep(self.delay_s)  # the provider's latency
         if self.script:
             s = self.script.popleft()
+            if s.hang:
+                await self._stopping.wait()
             return error(s.status, s.message, **s.headers)
         self.texts.append(body["input"])
         samples = tone(body["input"], float(body.get("speed", 1)))
