@@ -39,6 +39,7 @@ import numpy as np
 
 from synth.engine import Audio, ParamValue, SynthesisItem, VoiceInfo, fingerprint_files
 from synth.errors import EngineError, UnspeakableInput
+from synth.exact_speed import SPEED_INPUT, rescaled_durations, rescaled_graph
 from synth.onnx_layout import rewrite_file
 from synth.onnx_memory import ShrinkingSession
 
@@ -270,8 +271,9 @@ class CoquiEngine:
     def _onnx_session(self, model: Any) -> Any:
         import onnxruntime
 
-        # ".conv2d": the export after synth.onnx_layout's rewrite (files from before it differ).
-        path = self.onnx_dir / f"{self.fingerprint}.conv2d.onnx"
+        # ".conv2d": the export after synth.onnx_layout's rewrite; ".speed": with the speed
+        # input of synth.exact_speed (files from before either differ).
+        path = self.onnx_dir / f"{self.fingerprint}.conv2d.speed.onnx"
         if not path.is_file():
             self.onnx_dir.mkdir(parents=True, exist_ok=True)
             with _file_lock(self.onnx_dir / f"{self.fingerprint}.lock"):
@@ -281,6 +283,7 @@ class CoquiEngine:
                     model.export_onnx(output_path=str(tmp), verbose=False)
                     changed = rewrite_file(str(tmp), str(tmp))
                     log.info("coqui onnx: %d 1-D convolutions recast as 2-D", changed)
+                    tmp.write_bytes(rescaled_graph(tmp.read_bytes()))
                     tmp.replace(path)
         opts = onnxruntime.SessionOptions()
         # Coqui's load_onnx() leaves ONNX Runtime's threads at "all cores"; workers x threads must
@@ -319,10 +322,12 @@ class CoquiEngine:
             return self._synthesize_vits(items)
 
     def _scales(self, item: SynthesisItem) -> tuple[float, float, float]:
+        """Noise, length and duration-noise scales; the length scale is speed 1's (the speed
+        divides the durations afterwards: synth/exact_speed.py)."""
         params: dict[str, Any] = {**self.default_params(item.voice), **item.params}
         return (
             float(params["noise_scale"]),
-            float(params["length_scale"]) / item.speed,
+            float(params["length_scale"]),
             float(params["noise_scale_dp"]),
         )
 
@@ -380,7 +385,7 @@ class CoquiEngine:
             "durations": None,
         }
         model.inference_noise_scale = noise
-        model.length_scale = length
+        model.length_scale = _LengthAtSpeed(length, items[0].speed)
         model.inference_noise_scale_dp = noise_dp
         with torch.inference_mode(), self._autocast():
             out = model.inference(x.to(device), aux_input=aux)
@@ -402,6 +407,7 @@ class CoquiEngine:
             "input": np.asarray([ids], dtype=np.int64),
             "input_lengths": np.asarray([len(ids)], dtype=np.int64),
             "scales": np.asarray([noise, length, noise_dp], dtype=np.float32),
+            SPEED_INPUT: np.asarray([item.speed], dtype=np.float32),
         }
         names = {i.name for i in self._onnx.get_inputs()}
         if "sid" in names:
@@ -425,6 +431,24 @@ class CoquiEngine:
                 "the model produced no audio for this input: it has nothing to speak"
             )
         return Audio(pcm, self.sample_rate)
+
+
+class _LengthAtSpeed:
+    """Coqui's ``Vits.inference`` computes ``w = exp(logw) * x_mask * self.length_scale`` and then
+    ``ceil(w)``. Set as ``length_scale``, this makes ``w`` the whole frames of speed 1 (at the
+    model's own length scale) divided by the speed as :mod:`synth.exact_speed` does in a graph;
+    the ceiling then leaves them as they are. (Dividing the length scale by the speed instead
+    keeps the ceiling's round-up of every id: speech gentler than asked.)"""
+
+    def __init__(self, length_scale: float, speed: float) -> None:
+        self.length_scale = length_scale
+        self.speed = speed
+
+    def __rmul__(self, w: Any) -> Any:
+        import torch
+
+        frames = torch.ceil(w.float() * self.length_scale)
+        return rescaled_durations(frames, self.speed).to(w.dtype)
 
 
 @contextlib.contextmanager

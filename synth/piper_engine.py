@@ -14,6 +14,7 @@ import numpy as np
 
 from synth.engine import Audio, ParamValue, SynthesisItem, VoiceInfo, fingerprint_files
 from synth.errors import EngineError, UnspeakableInput
+from synth.exact_speed import SPEED_INPUT, rescaled_graph
 from synth.onnx_memory import TRIM_AFTER_AUDIO_S, ShrinkingSession, release_freed_memory
 
 # Longest phoneme sequence one ONNX run is given at speed 1 (about 16 s of audio: the joe voice
@@ -118,9 +119,9 @@ class PiperEngine:
             opts.intra_op_num_threads = self.intra_op_threads
             opts.inter_op_num_threads = 1
             providers = ["CUDAExecutionProvider"] if self.use_cuda else ["CPUExecutionProvider"]
-            session = onnxruntime.InferenceSession(
-                str(files.model_path), sess_options=opts, providers=providers
-            )
+            # The graph with its durations divided by the speed asked (synth/exact_speed.py).
+            model = rescaled_graph(files.model_path.read_bytes())
+            session = onnxruntime.InferenceSession(model, sess_options=opts, providers=providers)
             self._voices[name] = PiperVoice(
                 session=ShrinkingSession(session), config=PiperConfig.from_dict(self._configs[name])
             )
@@ -140,7 +141,8 @@ class PiperEngine:
         speaker = params.get("speaker_id")
         config = SynthesisConfig(
             speaker_id=int(speaker) if speaker is not None else None,
-            length_scale=float(params["length_scale"]) / item.speed,
+            # The speed is the graph's own input (exact_speed): the length scale stays speed 1's.
+            length_scale=float(params["length_scale"]),
             noise_scale=float(params["noise_scale"]),
             noise_w_scale=float(params["noise_w"]),
         )
@@ -179,7 +181,7 @@ class PiperEngine:
         limit = max(MIN_RUN_PHONEMES, round(MAX_RUN_PHONEMES * min(1.0, speed)))
         for phonemes in sentences:
             for run in _bounded_runs(phonemes, limit):
-                audio = voice.phoneme_ids_to_audio(voice.phonemes_to_ids(run), config)
+                audio = _run_graph(voice, voice.phonemes_to_ids(run), config, speed)
                 peak = np.max(np.abs(audio)) if audio.size else 0.0
                 audio = np.zeros_like(audio) if peak < 1e-8 else audio / peak
                 yield np.clip(audio, -1.0, 1.0).astype(np.float32)
@@ -200,6 +202,25 @@ class PiperEngine:
             "sample_rate": self.sample_rate,
             "fingerprint": self.fingerprint,
         }
+
+
+def _run_graph(voice: Any, ids: list[int], config: Any, speed: float) -> np.ndarray[Any, Any]:
+    """Audio of phoneme ``ids``: ``PiperVoice.phoneme_ids_to_audio``'s feeds (its speaker
+    rules included) plus the speed input of the rewritten graph."""
+    feeds: dict[str, Any] = {
+        "input": np.asarray([ids], dtype=np.int64),
+        "input_lengths": np.asarray([len(ids)], dtype=np.int64),
+        "scales": np.asarray(
+            [config.noise_scale, config.length_scale, config.noise_w_scale], dtype=np.float32
+        ),
+        SPEED_INPUT: np.asarray([speed], dtype=np.float32),
+    }
+    speaker = config.speaker_id
+    if voice.config.num_speakers > 1:
+        feeds["sid"] = np.asarray(
+            [voice.config.default_speaker_id if speaker is None else speaker], dtype=np.int64
+        )
+    return np.asarray(voice.session.run(None, feeds)[0]).squeeze()
 
 
 def _bounded_runs(phonemes: list[str], limit: int) -> Iterator[list[str]]:

@@ -256,8 +256,8 @@ def shortest_audio_s(text: str, *, ipa: bool = False) -> float:
     Piper's durations are random (noise inside the ONNX graph), but VITS gives every phoneme id
     at least one frame: a duration is the ceiling of a positive number (``w_ceil`` in its graph),
     and noise only lengthens it. So ``ids x 256`` samples is a lower bound that holds on every
-    run: a test asserting a synthesis lasts at least this long cannot fail by chance. (Measured:
-    the shortest of 100 syntheses at speed 4 with ``noise_w`` 2 is 1.08x this bound.)"""
+    run: a test asserting a synthesis at speed 1 (or slower) lasts at least this long cannot fail
+    by chance. (At speed s > 1 the frames are speed 1's divided by s: synth/exact_speed.py.)"""
     voice = _joe_voice()
     sentences = [list(text)] if ipa else voice.phonemize(text)
     ids = sum(len(voice.phonemes_to_ids(phonemes)) for phonemes in sentences)

@@ -134,8 +134,16 @@ class Layout:
 
     @property
     def exact(self) -> bool:
-        """Whether the join is not plain text's (one pause between sentences)."""
-        return any(self.trims) or self.gaps_ms[0] > 0 or self.gaps_ms[-1] > 0
+        """Whether the join is not plain text's (one pause between sentences, nothing at the
+        edges): SSML breaks or rates (sentence pauses at several speeds)."""
+        edges = self.gaps_ms[0] > 0 or self.gaps_ms[-1] > 0
+        return any(self.trims) or edges or len(set(self.gaps_ms[1:-1])) > 1
+
+    @property
+    def pause_ms(self) -> int:
+        """The one pause between sentences of a join that is not :attr:`exact` (0 for one
+        sentence)."""
+        return self.gaps_ms[1] if len(self.gaps_ms) > 2 else 0
 
     def piece(self, i: int, pcm: audio.FloatPCM, rate: int) -> audio.FloatPCM:
         """Sentence ``i`` as it is streamed: its gap before it, its edges trimmed where due
@@ -160,16 +168,19 @@ def plan(
     """The one-sentence requests ``req`` is made of, in order, and how they join; runs off the
     loop (it splits text).
 
-    Plain text: its sentences, ``pause_ms`` between them. An SSML expansion: each segment's
-    sentences at the segment's rate (a phoneme segment whole), ``pause_ms`` between sentences of
-    a segment, the segment's own pause after it (``pause_ms`` where it has none, nothing after the
-    last). Each sentence request is plain, so a sentence shared with plain text shares its master.
+    Plain text: its sentences, ``pause_ms`` at the request's speed between them. An SSML
+    expansion: each segment's sentences at the segment's rate (a phoneme segment whole),
+    ``pause_ms`` at the segment's speed between sentences of a segment, the segment's own pause
+    after it (exact: an SSML break; ``pause_ms`` at the segment's speed where it has none,
+    nothing after the last). Each sentence request is plain, so a sentence shared with plain text
+    shares its master.
     With ``whole`` (a model that says each text in one call: an upstream's ``split = "whole"``)
     texts and segments are not split into sentences.
     """
     if not req.segments:
         texts = [req.text] if whole else splitter.split(req.text, max_chars)
-        gaps_ms = (0, *([pause_ms] * (len(texts) - 1)), 0)
+        pause = pause_at_speed(pause_ms, req.speed)
+        gaps_ms = (0, *([pause] * (len(texts) - 1)), 0)
         layout = Layout(gaps_ms, (False,) * len(gaps_ms))
         return [dataclasses.replace(req, text=t) for t in texts], layout
     parts: list[SpeechRequest] = []
@@ -181,7 +192,7 @@ def plan(
             texts = [seg.words] if seg.phonemes or whole else splitter.split(seg.words, max_chars)
             for j, text in enumerate(texts):
                 if j:
-                    gaps[-1] += pause_ms
+                    gaps[-1] += pause_at_speed(pause_ms, speed)
                 parts.append(
                     dataclasses.replace(
                         req, text=text, speed=speed, segments=(), phonemes=seg.phonemes
@@ -194,8 +205,14 @@ def plan(
             gaps[-1] += seg.pause_ms
             trims[-1] = True
         elif seg.words and not last:
-            gaps[-1] += pause_ms
+            gaps[-1] += pause_at_speed(pause_ms, segment_speed(req.speed, seg.rate))
     return parts, Layout(tuple(gaps), tuple(trims))
+
+
+def pause_at_speed(pause_ms: int, speed: float) -> int:
+    """The sentence pause of speech at ``speed``: scaled as the speech is (twice as fast, half
+    the pause), so a text's whole length is 1/speed of speed 1's. SSML breaks are not scaled."""
+    return pause_ms if speed == 1.0 else round(pause_ms / speed)
 
 
 def _open_encoder(
@@ -261,7 +278,6 @@ class Assembler:
         self.metrics = metrics
         self._master_key = master_key
         self.pause_ms = pause_ms
-        self.pause_s = pause_ms / 1000.0
         self.max_parallel = max(1, max_parallel)
         self.splitter = splitter or sentences.SentenceSplitter()
         self.max_sentence_chars = max_sentence_chars
@@ -445,7 +461,8 @@ class Assembler:
             recipe = {
                 "master": self._master_key(req, sentence_pause_ms=self.pause_ms),
                 "parts": tuple(self._master_key(t) for t in texts),
-                "pause_ms": self.pause_ms,
+                # The pause as joined (at the speech's speed): what a transcode joins with.
+                "pause_ms": layout.pause_ms if len(texts) > 1 else self.pause_ms,
                 "gaps_ms": layout.gaps_ms if layout.exact else (),
                 "trims": layout.trims if layout.exact else (),
             }
@@ -455,7 +472,6 @@ class Assembler:
             req,
             masters,
             layout,
-            self.pause_s,
             prod.rate,
             recipe,
         )
@@ -471,7 +487,6 @@ def _rendition_entry(
     req: SpeechRequest,
     masters: list[Audio],
     layout: Layout,
-    pause_s: float,
     rate: int,
     recipe: dict[str, Any],
 ) -> Entry:
@@ -481,7 +496,7 @@ def _rendition_entry(
     if layout.exact:
         pcm = layout.join([m.pcm for m in masters], rate_in)
     else:
-        pcm = sentences.join([m.pcm for m in masters], rate_in, pause_s)
+        pcm = sentences.join([m.pcm for m in masters], rate_in, layout.pause_ms / 1000.0)
     data = audio.render(pcm, rate_in, req.fmt, rate)
     return req.entry(data, req.fmt, rate, len(pcm) / rate_in, **recipe)
 

@@ -205,6 +205,11 @@ class SpeechService:
         """Everything that shapes the sound, for the master key."""
         engine = self.models[req.model].engine
         params = {**engine.default_params(req.voice), **dict(req.params), "speed": req.speed}
+        if req.speed != 1.0 or any(seg.rate != 1.0 for seg in req.segments):
+            # Speech away from speed 1 is now exactly 1/speed as long, pauses included
+            # (synth/exact_speed.py, assembly.pause_at_speed): audio stored under the rule before
+            # is never served for it. Speed 1's addresses, and their audio, are unchanged.
+            params["speed_rule"] = "exact"
         if req.phonemes:
             params["phonemes"] = True  # the same characters read as IPA are other speech
         return params
