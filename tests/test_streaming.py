@@ -143,7 +143,7 @@ async def test_disconnect_ends_only_that_stream_and_the_audio_is_still_cached(
     resp.close()  # the client hangs up after the first sentence
     gated.gate.set()
     # A second client joins the same text while the first is gone, and gets it whole.
-    other = await client.post("/v1/audio/speech", json=body())
+    other = await client.post("/v1/audio/speech", json=body(stream=False))
     assert other.status == 200
     assert other.headers["X-Audio-Key"] == key
     whole = await other.read()
@@ -226,3 +226,22 @@ async def test_engine_failure_before_and_after_the_first_chunk(
     ok = await client.post("/v1/audio/speech", json=body(input="We talk."))
     assert ok.status == 200
     assert ok.headers["X-Cache"] == "HIT"
+
+
+async def test_a_miss_streams_by_default_only_with_several_sentences(
+    gateway: GatewayFactory,
+) -> None:
+    """A body without ``stream``: several sentences stream; a text that splits into one (here
+    not one sentence on its face: the check before splitting cannot tell) is answered whole,
+    with its Content-Length and ETag."""
+    client = await gateway()
+    plain = {"model": "tts-1", "voice": "alloy", "response_format": "pcm"}
+    several = await client.post("/v1/audio/speech", json={**plain, "input": FIVE})
+    assert several.status == 200 and several.headers["X-Cache"] == "MISS"
+    assert several.headers["Transfer-Encoding"] == "chunked"
+    assert "Content-Length" not in several.headers and "ETag" not in several.headers
+    assert len(await several.read()) > 0
+    one = await client.post("/v1/audio/speech", json={**plain, "input": "Caf\u00e9 opens at 9."})
+    assert one.status == 200 and one.headers["X-Cache"] == "MISS"
+    assert one.headers["Content-Length"] == str(len(await one.read()))
+    assert "ETag" in one.headers

@@ -88,7 +88,8 @@ class OpenAISpeechServer:
     ``calls`` counts the requests that reached the speech route (each attempt, failures
     included); ``texts`` holds the ``input`` of each call answered with audio; ``script`` holds
     answers to give (in order) before audio; ``delay_s`` is the provider's latency;
-    ``hold`` (when cleared) keeps every call waiting until it is set.
+    ``hold`` (when cleared) keeps every call waiting until it is set; a call whose ``input`` is
+    in ``held_inputs`` waits until ``release`` is set.
     """
 
     def __init__(
@@ -111,6 +112,8 @@ class OpenAISpeechServer:
         self.script: deque[Scripted] = deque()
         self.hold = asyncio.Event()
         self.hold.set()
+        self.held_inputs: set[str] = set()
+        self.release = asyncio.Event()
         self._stopping = asyncio.Event()
         self._runner: web.AppRunner | None = None
 
@@ -144,6 +147,8 @@ class OpenAISpeechServer:
             return problem
         self.bodies.append(body)
         await self.hold.wait()
+        if body["input"] in self.held_inputs:
+            await self.release.wait()
         if self.delay_s:
             await asyncio.sleep(self.delay_s)  # the provider's latency
         if self.script:

@@ -296,7 +296,9 @@ class SpeechBody(RequestModel):
     stream: bool | None = Field(
         None,
         description="Chunked response, one chunk per sentence as it is ready (streamable "
-        "formats only: " + ", ".join(f.name for f in audio.FORMATS.values() if f.streamable) + ").",
+        "formats only: " + ", ".join(f.name for f in audio.FORMATS.values() if f.streamable) + "). "
+        "Unset: a miss of several sentences in a streamable format streams, the rest is whole; "
+        "false: always whole (ETag, Content-Length).",
     )
     stream_format: Literal["audio", "sse"] | None = Field(
         None,

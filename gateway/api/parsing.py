@@ -126,7 +126,9 @@ class SpeechCall:
     were accepted but have no effect (named in the ``X-Ignored-Fields`` response header)."""
 
     req: SpeechRequest
-    stream: bool = False
+    # True or False as asked (``stream``, ``stream_format``); None when the body says nothing:
+    # a miss then streams where that helps (gateway.http.delivery.serve_speech).
+    stream: bool | None = None
     sse: bool = False
     ignored: tuple[str, ...] = ()
 
@@ -457,16 +459,20 @@ def header_names(names: Iterable[str]) -> tuple[str, ...]:
     return (*safe, f"{rest} more") if rest else tuple(safe)
 
 
-def streams(body: SpeechBody, fmt: audio.AudioFormat) -> tuple[bool, bool]:
+def streams(body: SpeechBody, fmt: audio.AudioFormat) -> tuple[bool | None, bool]:
     """``(streams, as server-sent events)``: ``stream: true`` or OpenAI's
-    ``stream_format: "audio"`` stream the audio; ``stream_format: "sse"`` streams events.
+    ``stream_format: "audio"`` stream the audio; ``stream_format: "sse"`` streams events;
+    ``stream: false`` answers whole. None: neither field, the server's default (a miss of a
+    streamable format streams where it has several sentences, as OpenAI's endpoint streams).
 
-    Only formats whose sentence chunks concatenate into one valid stream can stream.
+    Only formats whose sentence chunks concatenate into one valid stream can be asked to stream.
     """
     if body.stream_format is not None and body.stream is False:
         raise BadRequest(
             f"'stream_format' is '{body.stream_format}' but 'stream' is false", param="stream"
         )
+    if body.stream is None and body.stream_format is None:
+        return None, False
     streaming = bool(body.stream) or body.stream_format is not None
     if streaming and not fmt.streamable:
         names = ", ".join(f.name for f in audio.FORMATS.values() if f.streamable)

@@ -73,25 +73,28 @@ async def serve_speech(
     request: web.Request,
     req: SpeechRequest,
     *,
-    stream: bool = False,
+    stream: bool | None = False,
     sse: bool = False,
     ignored: tuple[str, ...] = (),
     present: Presentation | None = None,
 ) -> web.StreamResponse:
     """Answer ``req``: 304 when the client holds it, else the audio, streamed when asked (and not
     already stored: stored audio goes out whole, with its Content-Length), or as server-sent
-    events with ``sse``. ``ignored`` names fields that had no effect (a response header). A GET
-    route passes its ``present``: Cache-Control, Last-Modified (and If-Modified-Since), its
-    Content-Type."""
+    events with ``sse``. ``stream=None`` is the default of OpenAI's endpoint: a miss streams
+    where its format streams and it has more than one sentence (one sentence gains nothing: its
+    first chunk would be all of it, without a Content-Length). ``ignored`` names fields that had
+    no effect (a response header). A GET route passes its ``present``: Cache-Control,
+    Last-Modified (and If-Modified-Since), its Content-Type."""
     app = request.app
     service = app[keys.SPEECH]
     asked = request.headers
     if (
         "If-None-Match" not in asked
-        and not stream
+        and not sse
         and (present is None or "If-Modified-Since" not in asked)
     ):
-        # The hot path, a memory hit: no awaits, no intermediate objects.
+        # The hot path, a memory hit: no awaits, no intermediate objects. (Stored audio goes out
+        # whole, streaming asked or not.)
         hit = service.memory_hit(req)
         if hit is not None:
             key, entry = hit
@@ -112,6 +115,8 @@ async def serve_speech(
     # does not say which bytes a client holds (other replicas, a synthesis after an eviction).
     # The synthesis queue's share is per client; this handler's tasks inherit the name.
     CLIENT.set(client_of(request))
+    if stream is None and not (req.fmt.streamable and service.several_sentences(req)):
+        stream = False  # one sentence on its face: whole, with no trip through the assembler
     answer = await service.answer(req, stream=stream)
     if isinstance(answer, SpeechStream):
         return await _stream(request, req, answer, extra)

@@ -153,8 +153,10 @@ def json_answer(description: str, model: type | None = None) -> Answer:
 
 
 SPEECH_OK = Answer(
-    "The audio. Streamed responses use chunked transfer encoding and carry no ETag or "
-    'Content-Length; with `stream_format: "sse"`, server-sent events.',
+    "The audio. Streamed responses (a miss of a text of several sentences in a streamable "
+    "format, unless `stream: false`; or `stream: true`) use chunked transfer encoding and carry "
+    "no ETag or Content-Length (Cache-Control: no-store; X-Audio-Key names the audio stored "
+    'at the end); with `stream_format: "sse"`, server-sent events.',
     {
         **{m: BINARY for m in AUDIO_TYPES},
         sse.CONTENT_TYPE: Events(
@@ -333,10 +335,14 @@ def route_table(settings: Settings) -> RouteTable:
             tag="speech",
             summary="OpenAI-compatible text to speech",
             description="Long input is split into sentences; each is cached on its own and only "
-            "unseen ones are synthesized (in parallel), joined by a short pause. With `stream` "
-            "the response is chunked and sends each sentence as soon as it is ready (WAV with an "
-            "open-ended header, or raw PCM / G.711, MP3 or AAC frames); the full audio is cached "
-            "at the end. A matching If-None-Match gets 304 when it names the bytes stored now. "
+            "unseen ones are synthesized (in parallel), joined by a short pause. As OpenAI's "
+            "endpoint, a miss streams by default: when its text has several sentences and its "
+            "format streams, the response is chunked and sends each sentence as soon as it is "
+            "ready (WAV with an open-ended header, or raw PCM / G.711, MP3 or AAC frames), "
+            "without ETag or Content-Length; the full audio is cached at the end, and a later "
+            "request for it is a whole HIT (ETag, Content-Length, 304). `stream: false` always "
+            "answers whole; `stream: true` streams a miss of one sentence too. A matching "
+            "If-None-Match gets 304 when it names the bytes stored now. "
             'With `stream_format: "sse"` the body is `text/event-stream`: `speech.audio.delta` '
             "events (base64 audio, in order, sentence by sentence) and a final "
             "`speech.audio.done` with `usage`. `instructions` go to an upstream model that follows "

@@ -365,14 +365,22 @@ class Assembler:
             self._leave(prod)
         return entry, outcome if leader else "coalesced"
 
-    async def stream(self, req: SpeechRequest, key: str, rate: int) -> SpeechStream:
+    async def stream(
+        self, req: SpeechRequest, key: str, rate: int, *, whole_if_one: bool = False
+    ) -> SpeechStream | tuple[Entry, CacheResult, bool]:
         """Start (or join) the production of ``key`` and return it as a stream once its first
         sentence is ready: a failure up to then (a full queue, an engine error) is raised here,
-        while the caller can still answer it with an error status."""
+        while the caller can still answer it with an error status. With ``whole_if_one``, a
+        rendition of one sentence (a stream would gain nothing) is awaited whole instead:
+        ``(entry, outcome, whether this call started the production)``."""
         prod, leader = self.production(req, key, rate)
         self._join(prod)
         try:
             parts = await prod.sentence_parts()
+            if whole_if_one and len(parts) == 1:
+                entry, outcome = await prod.entry()
+                self._leave(prod)
+                return entry, outcome, leader
             first = await asyncio.shield(parts[0])
             assert prod.layout is not None  # set before the parts
             pcm = prod.layout.piece(0, first.pcm, first.sample_rate)

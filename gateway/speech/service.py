@@ -279,22 +279,46 @@ class SpeechService:
         return key, entry
 
     async def answer(
-        self, req: SpeechRequest, *, stream: bool = False
+        self, req: SpeechRequest, *, stream: bool | None = False
     ) -> SpeechResult | SpeechStream:
         """The one call every endpoint makes: ``req``'s audio whole (:class:`SpeechResult`), or,
         with ``stream`` and nothing stored yet, a :class:`SpeechStream` that follows the
-        synthesis sentence by sentence (stored audio always comes whole)."""
-        if not stream:
+        synthesis sentence by sentence (stored audio always comes whole). ``stream=None``
+        streams only a rendition of more than one sentence (known once the text is split)."""
+        if stream is False:
             return await self.speak(req)
         self.check_budget(req)
         key, rate, entry = await self.lookup(req)
         if entry is not None:
             self.served_free(req)
             return SpeechResult(entry, key, "hit")
-        stream_ = await self.assembler.stream(req, key, rate)
+        stream_ = await self.assembler.stream(req, key, rate, whole_if_one=stream is None)
+        if isinstance(stream_, tuple):
+            entry, outcome, leader = stream_
+            if not leader:
+                self.served_free(req)
+            if not leader or outcome == "coalesced":
+                self.metrics.coalesced.inc()
+                return SpeechResult(entry, key, "coalesced")
+            return SpeechResult(entry, key, outcome)
         if stream_.cache == "coalesced":
             self.served_free(req)  # joined a production another request started
         return stream_
+
+    def several_sentences(self, req: SpeechRequest) -> bool:
+        """Whether ``req`` may be made of more than one sentence master (what streaming by
+        default needs to help): cheap, on the loop. A text that is not one sentence on its face
+        counts as several (it may still split into one)."""
+        if self._unsplit(req.model):
+            return len([seg for seg in req.segments if seg.words]) > 1
+        if not req.segments:
+            return not self.assembler.splitter.whole(req.text, self.assembler.max_sentence_chars)
+        spoken = [seg for seg in req.segments if seg.words]
+        limit = self.assembler.max_sentence_chars
+        return len(spoken) > 1 or any(
+            not seg.phonemes and not self.assembler.splitter.whole(seg.words, limit)
+            for seg in spoken
+        )
 
     def check_budget(self, req: SpeechRequest) -> None:
         """Refuse up front (400) a request whose audio would run past ``max_audio_s``: its cost
