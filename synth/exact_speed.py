@@ -3,8 +3,8 @@
 VITS turns each input id's predicted duration ``w`` (frames, times the length scale) into whole
 frames with ``ceil(w)``. Dividing the length scale by the speed, as Piper and Coqui do, divides
 ``w`` but not the ceiling's round-up: every id keeps at least one frame, and the blank ids between
-phonemes (most of them under a frame) cost a frame at any speed. On the joe voice, noise off,
-speed 2 gave 0.60x the frames of speed 1, speed 4 0.47x, speed 0.25 3.3x.
+phonemes (most of them under a frame) cost a frame at any speed: fast speech stayed long and slow
+speech short (measured: docs/synthesis.md, "Speed").
 
 Here the durations are made at the voice's own length scale (speed 1's, bit for bit), then
 divided by the speed over their running total: ``d_i = round(C_i / s) - round(C_{i-1} / s)``

@@ -11,6 +11,7 @@ asserted, not a time.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
@@ -31,6 +32,7 @@ SENTENCES = [
     "Goodbye for now, and have a good day.",
 ]
 SIX = " ".join(SENTENCES)
+OTHER = ["Welcome back to the billing line.", "Your balance is paid in full.", "Goodbye."]
 
 
 @pytest.fixture(scope="module")
@@ -130,16 +132,29 @@ async def test_the_sdk_gets_first_audio_before_the_last_sentence_is_made(
                 json={"model": "held", "voice": "alloy", "input": SIX},
             )
             assert status == 304
-            # pcm (what Pipecat and LiveKit ask for): the streamed body is the HIT's body.
-            async with oa.audio.speech.with_streaming_response.create(
+            # Another format of it is made of stored sentences: nothing to wait for, so whole.
+            other = await oa.audio.speech.with_raw_response.create(
                 model="held", voice="alloy", input=SIX, response_format="pcm"
+            )
+            assert other.headers["x-cache"] == "HIT"
+            assert other.headers["content-length"] == str(len(other.content))
+            # pcm (what Pipecat and LiveKit ask for) of a new text: the streamed body is the
+            # later HIT's body.
+            provider.release = asyncio.Event()
+            provider.held_inputs = {OTHER[-1]}
+            async with oa.audio.speech.with_streaming_response.create(
+                model="held", voice="alloy", input=" ".join(OTHER), response_format="pcm"
             ) as resp:
-                assert resp.headers["x-cache"] == "MISS"  # a transcode of the stored sentences
+                assert resp.headers["x-cache"] == "MISS"
                 assert "content-length" not in resp.headers
-                pcm_streamed = b"".join([c async for c in resp.iter_bytes()])
+                chunks = resp.iter_bytes()
+                first = await anext(chunks)
+                assert OTHER[-1] not in provider.texts
+                provider.release.set()
+                pcm_streamed = first + b"".join([c async for c in chunks])
             await stored(server, resp.headers["x-audio-key"])
             pcm_hit = await oa.audio.speech.with_raw_response.create(
-                model="held", voice="alloy", input=SIX, response_format="pcm"
+                model="held", voice="alloy", input=" ".join(OTHER), response_format="pcm"
             )
             assert pcm_hit.headers["x-cache"] == "HIT"
             assert pcm_hit.content == pcm_streamed

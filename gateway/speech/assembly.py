@@ -370,17 +370,23 @@ class Assembler:
     ) -> SpeechStream | tuple[Entry, CacheResult, bool]:
         """Start (or join) the production of ``key`` and return it as a stream once its first
         sentence is ready: a failure up to then (a full queue, an engine error) is raised here,
-        while the caller can still answer it with an error status. With ``whole_if_one``, a
-        rendition of one sentence (a stream would gain nothing) is awaited whole instead:
-        ``(entry, outcome, whether this call started the production)``."""
+        while the caller can still answer it with an error status. With ``whole_if_one`` (a
+        stream only where it helps), a rendition of one sentence, or one whose sentences were
+        all stored, is awaited whole instead: ``(entry, outcome, whether this call started the
+        production)``."""
         prod, leader = self.production(req, key, rate)
         self._join(prod)
         try:
             parts = await prod.sentence_parts()
-            if whole_if_one and len(parts) == 1:
-                entry, outcome = await prod.entry()
-                self._leave(prod)
-                return entry, outcome, leader
+            if whole_if_one:
+                # Every sentence answered from the store or queued (lookups, no synthesis): a
+                # stored one has resolved by then, so "all done" means nothing is synthesized.
+                for turn in prod.queued:
+                    await turn.wait()
+                if len(parts) == 1 or all(part.done() for part in parts):
+                    entry, outcome = await prod.entry()
+                    self._leave(prod)
+                    return entry, outcome, leader
             first = await asyncio.shield(parts[0])
             assert prod.layout is not None  # set before the parts
             pcm = prod.layout.piece(0, first.pcm, first.sample_rate)
