@@ -25,7 +25,7 @@ Target: gateway >= 0.8 x bare for each workload. Writes docs/bench/hit_path.json
 hit_path.png (with ``--say-url``: hit_path_say_url.json and .png, so a say-URL run does not
 replace the one-body and Zipf results; with ``--keys N``: ``_keys`` added to the name).
 
-``--keys N`` runs the gateway with API keys on (issue 12): a keys file of N keys (speak and read
+``--keys N`` runs the gateway with API keys on: a keys file of N keys (speak and read
 scopes, no limits: the hit path's cost is the key lookup), and every request of the load
 generator, to both servers, carries one of them as ``Authorization: Bearer``.
 

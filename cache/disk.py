@@ -5,7 +5,7 @@ the event loop only awaits it.
 
 What is on disk is data, never code: diskcache's own ``Disk`` unpickles any row whose mode says
 pickle, before voxgate could check that the value is bytes, so whoever could write one row to the
-cache directory ran code as the gateway (issue 12). :class:`RawBytesDisk` stores and reads raw
+cache directory ran code as the gateway. :class:`RawBytesDisk` stores and reads raw
 bytes only and refuses every other row. The directories are created 0700, and each value is framed
 with a CRC-32C over the whole blob, so a flipped bit in the metadata (its content type, its
 format) is caught like one in the audio.

@@ -585,7 +585,7 @@ class JambonzBody(RequestModel):
 
     language: str = Field("", description="jambonz language, e.g. en-US; may name a voice alias.")
     voice: str = Field("", description="jambonz voice name: a voice or voice alias.")
-    # jambonz sends "ssml" for a text that starts with <speak>: the SSML front end (issue 16).
+    # jambonz sends "ssml" for a text that starts with <speak>: the SSML front end.
     type: Literal["text", "ssml"] = Field(
         "text",
         description="'text', or 'ssml' (jambonz sends it for a text starting with <speak>; "

@@ -65,7 +65,7 @@ def build_tiers(settings: Settings, metrics: Metrics) -> list[Tier]:
     if settings.disk_cache_mb > 0:
         tiers.append(DiskTier(settings.cache_dir, settings.disk_cache_mb * MIB))
     redis_url = settings.redis_url.get_secret_value()
-    if redis_url:  # issue 4: the shared tier, last; closed with the store
+    if redis_url:  # the shared tier, last; closed with the store
         tiers.append(
             RedisTier.from_url(
                 redis_url,
@@ -414,7 +414,7 @@ async def open_speech(
             max_sentence_chars=settings.max_sentence_chars,
             max_audio_s=settings.max_audio_s,
         )
-        service.cross_replica = CrossReplicaFlight.for_tiers(  # issue 4; None without Redis
+        service.cross_replica = CrossReplicaFlight.for_tiers(  # None without Redis
             store.tiers,
             lock_ttl_s=settings.redis_lock_ttl_ms / 1000,
             max_wait_s=settings.redis_lock_wait_s,
