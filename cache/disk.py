@@ -107,9 +107,9 @@ class RawBytesDisk(diskcache.Disk):  # type: ignore[misc]  # diskcache ships no 
         if len(value) < self.min_file_size:
             return super().store(value, read, key=key)
         # A value of its own file, written in one piece: diskcache's Disk.store hands _write a
-        # BytesIO, whose iteration yields *lines*, so audio (a 0x0A byte every ~256) went out as
-        # ~550 writes per 130 KB value, 0.40 ms of CPU per put idle and several times that
-        # beside busy synthesis workers. Same file, same row (tests/test_store.py reads it back).
+        # BytesIO, whose iteration yields *lines*, so audio (a 0x0A byte every ~256) would go out
+        # as hundreds of writes per value, a system call each, costing the most beside busy
+        # synthesis workers. Same file, same row (tests/test_store.py reads it back).
         filename, full_path = self.filename(key, value)
         self._write(full_path, iter((value,)), "xb")
         return len(value), diskcache.core.MODE_BINARY, filename, None
