@@ -418,6 +418,11 @@ def main() -> int:
         help="with --keys: each key's requests_per_minute (a budget check on every request; "
         "make it larger than the run sends, e.g. 1000000000, so none is refused)",
     )
+    ap.add_argument(
+        "--json-out",
+        type=Path,
+        help="also write the workloads' figures to this file (bench.vs_commit reads it)",
+    )
     args = ap.parse_args()
     provenance()  # the commit and date as the run starts
 
@@ -606,6 +611,8 @@ def main() -> int:
         if counters_after[k] != counters_before.get(k, 0.0)
     }
     print(f"store counters during the measured rounds: {store_during_rounds}")
+    if args.json_out is not None:
+        args.json_out.write_text(json.dumps(results, indent=2) + "\n")
     if not args.no_write and not args.disk_only:
         out = "hit_path_say_url" if args.say_url else "hit_path"
         if args.keys:
