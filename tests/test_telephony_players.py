@@ -59,7 +59,14 @@ async def stored_key(client: TestClient, text: str = TEXT, fmt: str = "mp3") -> 
     """A content address voxgate returned (a lossy MP3 rendition) and the master's duration."""
     r = await client.post(
         "/v1/audio/speech",
-        json={"model": "tts-1", "input": text, "voice": "alloy", "response_format": "wav"},
+        # Whole: the WAV header's frame count (a streamed WAV's says "to the end").
+        json={
+            "model": "tts-1",
+            "input": text,
+            "voice": "alloy",
+            "response_format": "wav",
+            "stream": False,
+        },
     )
     assert r.status == 200
     with wave.open(io.BytesIO(await r.read())) as w:
