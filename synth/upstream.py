@@ -27,6 +27,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import random
 import re
 import time
@@ -58,15 +59,35 @@ from synth.errors import EngineError, UpstreamError
 
 log = logging.getLogger("voxgate.upstream")
 
-UpstreamKind = Literal["openai", "elevenlabs", "azure", "google", "deepgram", "wyoming"]
-KINDS: tuple[str, ...] = ("openai", "elevenlabs", "azure", "google", "deepgram", "wyoming")
+UpstreamKind = Literal[
+    "openai", "elevenlabs", "azure", "google", "polly", "cartesia", "deepgram", "wyoming"
+]
+KINDS: tuple[str, ...] = (
+    "openai",
+    "elevenlabs",
+    "azure",
+    "google",
+    "polly",
+    "cartesia",
+    "deepgram",
+    "wyoming",
+)
+# The kinds spoken to over HTTP(S) with a pcm answer at one of the provider's rates.
+HTTP_PCM_KINDS = ("elevenlabs", "azure", "google", "polly", "cartesia", "deepgram")
 # The pcm rates each provider offers (ElevenLabs' output_format pcm_<rate>, Azure's
-# raw-<rate>-16bit-mono-pcm, Deepgram's linear16 sample_rate); Google takes any.
+# raw-<rate>-16bit-mono-pcm, Polly's pcm SampleRate, Cartesia's raw pcm_s16le sample_rate,
+# Deepgram's linear16 sample_rate); Google takes any.
 PCM_RATES: dict[str, tuple[int, ...]] = {
     "elevenlabs": (8000, 16000, 22050, 24000, 44100, 48000),
     "azure": (8000, 16000, 22050, 24000, 44100, 48000),
+    "polly": (8000, 16000),
+    "cartesia": (8000, 16000, 22050, 24000, 44100, 48000),
     "deepgram": (8000, 16000, 24000, 32000, 48000),
 }
+# Amazon Polly's engines (SynthesizeSpeech's Engine; the entry's `model`).
+POLLY_ENGINES = ("standard", "neural", "long-form", "generative")
+# Kinds whose request carries the entry's `language` (so it is in their content address).
+LANGUAGE_KINDS = ("polly", "cartesia")
 
 # A voice name the provider is sent when the entry's voices include "*" (any voice): a
 # provider's voice ids are short identifiers; anything else is refused before it costs a call.
@@ -105,7 +126,28 @@ class UpstreamConfig(BaseModel):
         description='The provider voice ids served; "*" also lets any other id through.',
         min_length=1,
     )
-    language: str = Field("", description="The voices' language (en_US): for number reading.")
+    language: str = Field(
+        "",
+        pattern=r"^([A-Za-z]{2,3}([_-][A-Za-z0-9]{2,8})*)?$",
+        description="The voices' language (en_US): for number reading; polly and cartesia "
+        "also send it (LanguageCode, language).",
+    )
+    region: str = Field(
+        "",
+        pattern=r"^([a-z]{2}(-[a-z]+)+-\d)?$",
+        description="polly: the AWS region (us-east-1); empty: taken from base_url's host.",
+    )
+    key_id_env: str = Field(
+        "AWS_ACCESS_KEY_ID",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="polly: the variable holding the access key id (api_key_env holds the "
+        "secret access key).",
+    )
+    session_token_env: str = Field(
+        "",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$|^$",
+        description="polly: the variable holding a session token (temporary credentials).",
+    )
     max_concurrency: int = Field(8, ge=1, le=1024, description="Calls in flight to it.")
     requests_per_minute: int = Field(
         0, ge=0, description="Calls started per minute, across replicas with Redis; 0: no limit."
@@ -166,7 +208,7 @@ class UpstreamConfig(BaseModel):
                 raise ValueError(f"base_url of kind {self.kind} must be an http(s):// URL")
             if not self.model:
                 raise ValueError(f"kind {self.kind} needs the provider's model id (model)")
-        if self.kind in ("elevenlabs", "azure", "google", "deepgram"):
+        if self.kind in HTTP_PCM_KINDS:
             if scheme not in ("http", "https"):
                 raise ValueError(f"base_url of kind {self.kind} must be an http(s):// URL")
             rates = PCM_RATES.get(self.kind)
@@ -178,6 +220,23 @@ class UpstreamConfig(BaseModel):
                 )
         if self.kind != "elevenlabs" and self.voice_settings:
             raise ValueError("voice_settings are for kind elevenlabs")
+        if self.kind == "cartesia" and not self.model:
+            raise ValueError("kind cartesia needs the provider's model id (model: sonic-2)")
+        if self.kind == "polly":
+            if self.model not in ("", *POLLY_ENGINES):
+                raise ValueError(
+                    "the model of kind polly is its Engine: " + ", ".join(POLLY_ENGINES)
+                )
+            if not self.api_key_env:
+                raise ValueError(
+                    "kind polly needs api_key_env (the secret access key) and key_id_env"
+                )
+            if not self.aws_region:
+                raise ValueError(
+                    "kind polly needs region, or a base_url host polly.<region>.amazonaws.com"
+                )
+        elif self.region or self.session_token_env:
+            raise ValueError("region and session_token_env are for kind polly")
         if self.kind == "wyoming":
             if scheme != "tcp" or urlsplit(self.base_url).port is None:
                 raise ValueError("base_url of kind wyoming must be tcp://host:port")
@@ -199,6 +258,17 @@ class UpstreamConfig(BaseModel):
         return "*" in self.voices
 
     @property
+    def aws_region(self) -> str:
+        """polly: ``region``, else the region in a ``polly.<region>.amazonaws.com`` host."""
+        if self.region:
+            return self.region
+        found = re.fullmatch(
+            r"polly(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?",
+            urlsplit(self.base_url).hostname or "",
+        )
+        return found.group(1) if found else ""
+
+    @property
     def public_base_url(self) -> str:
         """``base_url`` without credentials (user:password@) or a fragment: what may be shown,
         and what the audio depends on."""
@@ -218,6 +288,8 @@ class UpstreamConfig(BaseModel):
             "revision": self.revision,
             "split": self.split,
             **({"voice_settings": self.voice_settings} if self.voice_settings else {}),
+            # The language these kinds send changes the audio (a bilingual voice's language).
+            **({"language": self.language} if self.kind in LANGUAGE_KINDS else {}),
         }
 
 
@@ -776,8 +848,11 @@ class UpstreamRunner:
         )
 
 
-def build_provider(config: UpstreamConfig, api_key: str) -> Provider:
-    """The client of ``config``'s provider kind (its SDK imported only here)."""
+def build_provider(
+    config: UpstreamConfig, api_key: str, environ: Mapping[str, str] | None = None
+) -> Provider:
+    """The client of ``config``'s provider kind (its SDK imported only here); ``environ``
+    (default: the process's) holds polly's access key id and session token."""
     if config.kind == "openai":
         from synth.providers.openai_api import OpenAIProvider
 
@@ -798,6 +873,20 @@ def build_provider(config: UpstreamConfig, api_key: str) -> Provider:
         from synth.providers.deepgram_api import DeepgramProvider
 
         return DeepgramProvider(config, api_key)
+    if config.kind == "polly":
+        from synth.providers.polly_api import PollyProvider
+
+        env = os.environ if environ is None else environ
+        return PollyProvider(
+            config,
+            api_key,
+            key_id=env.get(config.key_id_env, ""),
+            session_token=env.get(config.session_token_env, "") if config.session_token_env else "",
+        )
+    if config.kind == "cartesia":
+        from synth.providers.cartesia_api import CartesiaProvider
+
+        return CartesiaProvider(config, api_key)
     if config.kind == "wyoming":
         from synth.providers.wyoming_tcp import WyomingProvider
 
@@ -806,7 +895,7 @@ def build_provider(config: UpstreamConfig, api_key: str) -> Provider:
 
 
 # The package each kind's client imports (its extra is named like the kind).
-SDK_MODULES = {"openai": "openai"}
+SDK_MODULES = {"openai": "openai", "polly": "botocore"}
 
 
 def missing_sdk(config: UpstreamConfig) -> str:
@@ -822,6 +911,11 @@ def check_config(config: UpstreamConfig, environ: Mapping[str, str]) -> str:
     naming the variable when it is named but unset."""
     if not config.api_key_env:
         return ""
+    if config.kind == "polly" and not environ.get(config.key_id_env, ""):
+        raise ValueError(
+            f"upstream {config.name!r}: the environment variable {config.key_id_env} "
+            "(key_id_env: the access key id) is not set"
+        )
     key = environ.get(config.api_key_env, "")
     if not key:
         raise ValueError(

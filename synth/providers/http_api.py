@@ -79,6 +79,14 @@ class HttpProvider:
         """The provider's message in an error answer's body."""
         return body[:300].decode("utf-8", "replace")
 
+    def error_of(self, status: int, headers: dict[str, str], body: bytes) -> ProviderError:
+        """The :class:`ProviderError` of an answer ``status`` (not 200) with ``headers``
+        (lower-cased names) and the start of its ``body``."""
+        message = provider_message(self.error_message(body))
+        if status in self.refusal_statuses:
+            return ProviderError("refused", message, status=status)
+        return error_for_status(status, message, retry_after_of(headers))
+
     def audio(self, data: bytes) -> Audio:
         """The audio of a successful answer's body (16-bit pcm at ``sample_rate`` here)."""
         return pcm16_audio(data, self.config.sample_rate)
@@ -101,13 +109,9 @@ class HttpProvider:
                 timeout=aiohttp.ClientTimeout(total=timeout_s),
             ) as resp:
                 if resp.status != 200:
-                    message = provider_message(
-                        self.error_message(await resp.content.read(ERROR_BODY_BYTES))
-                    )
-                    retry = retry_after_of({k.lower(): v for k, v in resp.headers.items()})
-                    if resp.status in self.refusal_statuses:
-                        raise ProviderError("refused", message, status=resp.status)
-                    raise error_for_status(resp.status, message, retry)
+                    body = await resp.content.read(ERROR_BODY_BYTES)
+                    headers = {k.lower(): v for k, v in resp.headers.items()}
+                    raise self.error_of(resp.status, headers, body)
                 chunks: list[bytes] = []
                 size = 0
                 async for chunk in resp.content.iter_chunked(64 * 1024):
