@@ -33,8 +33,10 @@ from gateway.runtime.ratelimit import KeyLimits
 from gateway.runtime.settings import Settings
 from gateway.runtime.workers import WORKER_INDEX_ENV
 from gateway.speech.assembly import RenderShare
+from gateway.speech.rollout import follow_revisions, keep_following_revisions
 from gateway.wyoming.server import WyomingServer
 from metrics import Metrics
+from synth.cancellation import cancel_and_wait
 
 log = logging.getLogger("voxgate")
 
@@ -147,7 +149,18 @@ def create_app(
             if settings.api_keys_file:
                 service.admit_synthesis = app[keys.LIMITS].admit_synthesis
             app[keys.STORE] = service.store
-            yield
+            await follow_revisions(service, pins)  # before the first request: no old address
+            refresh = settings.revision_refresh_s
+            follower = (
+                asyncio.ensure_future(keep_following_revisions(service, pins, refresh))
+                if refresh > 0
+                else None
+            )
+            try:
+                yield
+            finally:
+                if follower is not None:
+                    await cancel_and_wait(follower)
 
     async def wyoming_ctx(app: web.Application) -> AsyncIterator[None]:
         # Home Assistant's protocol, off unless a port is set; the same service.

@@ -70,6 +70,11 @@ class PinnedPrompt(TypedDict, total=False):
     voice: str
     format: str
     sample_rate: int | None
+    # Recorded from the rollout on (what re-renders a prompt): the speed when not 1, whether
+    # the text was cut to its first 1,000 characters, whether it was SSML (only its words kept).
+    speed: float
+    cut: bool
+    ssml: bool
 
 
 class PinnedPrompts(TypedDict):

@@ -500,6 +500,15 @@ class Settings(BaseSettings):
         "past it is refused (413) and pins nothing. Keep it below Redis's maxmemory.",
         ge=0,
     )
+    revision_refresh_s: float = _opt(
+        "catalogue",
+        10.0,
+        "Seconds between two reads of the models' address revisions in the pin registry (what "
+        "voxgate rollout switches): how soon a running gateway serves a rolled-out revision. "
+        "0: read at start only.",
+        ge=0,
+        le=3600,
+    )
     pin_quota_mb_per_key: int = _opt(
         "catalogue",
         256,

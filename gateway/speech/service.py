@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from cache.distributed import CrossReplicaFlight
 from cache.entry import Entry
-from cache.keys import master_key, rendition_key
+from cache.keys import master_key, rendition_key, revision_fingerprint
 from cache.singleflight import SingleFlight
 from cache.store import TieredStore
 from gateway.errors import BadRequest
@@ -132,6 +132,13 @@ class SpeechService:
         self._key_memo: BoundedMemo[tuple[object, ...], tuple[str, str, int]] = BoundedMemo(
             KEY_MEMO_SIZE
         )
+        # Address revisions a rollout switched models to (voxgate rollout), and the fingerprints
+        # they make; ``_addressing`` is replaced at every switch, so a request carrying keys
+        # computed before it computes them again (a per-service token, not the service: the
+        # keys a request carries belong to one service's addressing).
+        self._revisions: dict[str, str] = {}
+        self._address_fingerprints: dict[str, str] = {}
+        self._addressing = object()
         # SSML expansions by (raw text, voice language, engine, front end, limits): a repeated
         # document is not parsed again on paths the request memo does not cover (say URLs,
         # jambonz, the Coqui and Piper routes). Filled by gateway.api.parsing.
@@ -209,6 +216,45 @@ class SpeechService:
             params["phonemes"] = True  # the same characters read as IPA are other speech
         return params
 
+    # ---- revisions (voxgate rollout) ----------------------------------------------------------
+
+    def fingerprint_of(self, model: str) -> str:
+        """The fingerprint ``model``'s content addresses carry: its engine's, joined with the
+        address revision a rollout switched it to (none: the engine's own, as before any
+        rollout)."""
+        found = self._address_fingerprints.get(model)
+        if found is not None:
+            return found
+        return self.models[model].engine.fingerprint
+
+    def revision_of(self, model: str) -> str:
+        """The address revision ``model`` is served at ("" before any rollout)."""
+        return self._revisions.get(model, "")
+
+    def apply_revisions(self, table: Mapping[tuple[str, str], str]) -> list[str]:
+        """Serve each model at the revision ``table`` (the pin registry's: (model, engine
+        fingerprint) -> revision) holds for its engine's fingerprint; the models that changed.
+        A model whose engine has another fingerprint (a new voice file not deployed here yet)
+        keeps its addresses."""
+        changed = []
+        for name, handle in self.models.items():
+            revision = table.get((name, handle.engine.fingerprint), "")
+            if revision == self._revisions.get(name, ""):
+                continue
+            changed.append(name)
+            if revision:
+                self._revisions[name] = revision
+                self._address_fingerprints[name] = revision_fingerprint(
+                    handle.engine.fingerprint, revision
+                )
+            else:
+                self._revisions.pop(name, None)
+                self._address_fingerprints.pop(name, None)
+        if changed:
+            # Requests the request memo hands out again carry keys of the old addressing.
+            self._addressing = object()
+        return changed
+
     def master_key_for(self, req: SpeechRequest, **extra: ParamValue) -> str:
         """The format-free key of ``req``'s text, or of its SSML expansion (``extra`` joins the
         parameters)."""
@@ -217,7 +263,7 @@ class SpeechService:
             text=req.text,
             engine=engine.name,
             voice=req.voice,
-            fingerprint=engine.fingerprint,
+            fingerprint=self.fingerprint_of(req.model),
             params={**self.params_for(req), **extra},
             expansion=[seg.key_material() for seg in req.segments],
         )
@@ -233,7 +279,7 @@ class SpeechService:
         # this service: a request object is only ever validated against one), so a hit skips
         # building and hashing the memo tuple below.
         cached = req.keys_cache
-        if cached is not None and cached[0] is self:
+        if cached is not None and cached[0] is self._addressing:
             return cached[1]
         engine = self.models[req.model].engine
         memo_key = (
@@ -244,7 +290,7 @@ class SpeechService:
             req.speed,
             req.sample_rate,
             req.params,
-            engine.fingerprint,
+            self.fingerprint_of(req.model),
             req.segments,
             req.phonemes,
         )
@@ -252,7 +298,7 @@ class SpeechService:
         if keys is None:
             keys = self._compute_keys(req, engine)
             self._key_memo.put(memo_key, keys)
-        object.__setattr__(req, "keys_cache", (self, keys))
+        object.__setattr__(req, "keys_cache", (self._addressing, keys))
         return keys
 
     def _compute_keys(self, req: SpeechRequest, engine: Engine) -> tuple[str, str, int]:
