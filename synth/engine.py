@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -23,6 +23,12 @@ class SynthesisItem:
     params: Mapping[str, ParamValue] = field(default_factory=dict)
     # ``text`` is IPA phonemes (SSML ``<phoneme>``), for engines whose ``takes_phonemes`` is true.
     phonemes: bool = False
+    # Where a runner that receives the audio in pieces (an upstream whose ``passes_pcm``) hands
+    # each piece of raw 16-bit pcm as it arrives, before the whole: a stream passes them on. Not
+    # part of the item's identity; never sent to another process.
+    sink: Callable[[bytes], None] | None = field(
+        default=None, compare=False, repr=False, hash=False
+    )
 
     def batch_group(self) -> tuple[object, ...]:
         """Items with the same group can share one engine batch."""

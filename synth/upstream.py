@@ -24,6 +24,7 @@ made from it, so every other format is a transcode, never a second call.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -426,7 +427,11 @@ class ProviderError(Exception):
 
 
 class Provider(Protocol):
-    """A client of one provider's API, made from an :class:`UpstreamConfig`."""
+    """A client of one provider's API, made from an :class:`UpstreamConfig`. One whose
+    ``passes_pcm`` is true hands each piece of its raw 16-bit pcm answer to ``item.sink`` (when
+    set) as it arrives."""
+
+    passes_pcm: bool
 
     async def synthesize(self, item: SynthesisItem, timeout_s: float) -> Audio:
         """The audio of ``item`` (one call, no retry); :class:`ProviderError` when there is none."""
@@ -666,6 +671,11 @@ class UpstreamRunner:
         """The upstream's model name."""
         return self.config.name
 
+    @property
+    def passes_pcm(self) -> bool:
+        """Whether an item's ``sink`` receives the provider's raw pcm as it arrives."""
+        return bool(getattr(self.provider, "passes_pcm", False))
+
     def reconfigure(self, config: UpstreamConfig) -> str:
         """Take ``config``'s tunables for the calls that start from now on (concurrency,
         requests per minute, timeout, retries, breaker, price); "" when done, else why it needs
@@ -759,9 +769,23 @@ class UpstreamRunner:
                 )
             left = deadline - loop.time()
             started = self._clock()
+            passed = [False]
+            call_item = item
+            if item.sink is not None:
+                sink = item.sink
+
+                def passing(
+                    data: bytes,
+                    sink: Callable[[bytes], None] = sink,
+                    passed: list[bool] = passed,
+                ) -> None:
+                    passed[0] = True
+                    sink(data)
+
+                call_item = dataclasses.replace(item, sink=passing)
             try:
                 async with asyncio.timeout_at(deadline):
-                    audio = await self.provider.synthesize(item, left)
+                    audio = await self.provider.synthesize(call_item, left)
             except TimeoutError:
                 self._count_call("timeout", started)
                 self._breaker_failed()
@@ -773,7 +797,8 @@ class UpstreamRunner:
             except ProviderError as exc:
                 if exc.sent:
                     self._count_call(exc.kind, started)
-                delay = self._retry_delay(exc, attempt)
+                # Pieces of this answer went to a stream already: a retry would say it twice.
+                delay = None if passed[0] else self._retry_delay(exc, attempt)
                 if delay is not None and loop.time() + delay < deadline:
                     attempt += 1
                     earlier = exc

@@ -869,3 +869,64 @@ def test_polly_and_cartesia_entries_must_fit_their_kind() -> None:
             }
         ).address_material()
     )
+
+
+async def test_a_streamed_miss_passes_the_providers_pcm_on_as_it_arrives(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    provider: OpenAISpeechServer,
+) -> None:
+    """Streaming pass-through: pcm asked with ``stream`` from an upstream that sends pcm at
+    that rate reaches the client piece by piece as the provider sends it, before the provider
+    has finished (it holds its second half until the client has the first), while the whole is
+    stored: the next request is a hit with the same audio."""
+    client = await start(gateway, counting_engine, entry(provider))
+    provider.parted = True
+    text = "Your call is important to us."
+    body = speech(text, response_format="pcm", stream=True)
+    r = await client.post("/v1/audio/speech", json=body)
+    assert r.status == 200, await r.text()
+    assert r.headers["X-Cache"] == "MISS"
+    first = await r.content.readany()
+    # The first piece is here and the provider has not sent the rest: it waits for `rest`.
+    assert provider.half_sent.is_set() and not provider.rest.is_set()
+    expected = tone(text).tobytes()
+    assert first and expected.startswith(first)
+    provider.rest.set()
+    streamed = first + await r.read()
+    assert streamed == expected  # the provider's bytes as it sent them
+    again = await client.post("/v1/audio/speech", json=speech(text, response_format="pcm"))
+    assert again.headers["X-Cache"] == "HIT"
+    stored = np.frombuffer(await again.read(), dtype="<i2").astype(np.int32)
+    assert stored.shape == tone(text).shape
+    assert np.max(np.abs(stored - tone(text))) <= 2  # the master's 16-bit round trip
+    assert provider.calls == 1
+
+
+async def test_pass_through_follows_each_sentence_and_a_stored_one_comes_whole(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    provider: OpenAISpeechServer,
+) -> None:
+    """Two sentences, the first stored: the stream sends the stored one, the pause, then the
+    new sentence's pieces as they arrive; another rate than the provider's is not passed."""
+    client = await start(gateway, counting_engine, entry(provider))
+    a, b = "Thank you for calling.", "Please hold the line."
+    r = await client.post("/v1/audio/speech", json=speech(a, response_format="pcm"))
+    assert r.status == 200
+    provider.parted = True
+    r = await client.post(
+        "/v1/audio/speech", json=speech(f"{a} {b}", response_format="pcm", stream=True)
+    )
+    assert r.status == 200, await r.text()
+    got = b""
+    pause = bytes(2 * round(0.25 * RATE))  # sentence_pause_ms 250 at 24 kHz
+    # The stored sentence and the pause come first, then the first half of the new one.
+    while not provider.half_sent.is_set() or len(got) < 2 * len(tone(a)) + len(pause) + 2:
+        got += await r.content.readany()
+    assert not provider.rest.is_set()
+    provider.rest.set()
+    got += await r.read()
+    assert len(got) == 2 * len(tone(a)) + len(pause) + 2 * len(tone(b))
+    assert got.endswith(tone(b).tobytes())
+    assert provider.calls == 2

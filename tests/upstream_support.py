@@ -111,6 +111,11 @@ class OpenAISpeechServer:
         self.script: deque[Scripted] = deque()
         self.hold = asyncio.Event()
         self.hold.set()
+        # In two parts: with ``parted`` set, each audio answer sends its first half, sets
+        # ``half_sent`` and sends the rest once ``rest`` is set (a provider that streams).
+        self.parted = False
+        self.half_sent = asyncio.Event()
+        self.rest = asyncio.Event()
         self._stopping = asyncio.Event()
         self._runner: web.AppRunner | None = None
 
@@ -160,7 +165,17 @@ class OpenAISpeechServer:
             out = io.BytesIO()
             soundfile.write(out, samples, RATE, format="WAV", subtype="PCM_16")
             data = out.getvalue()
-        return web.Response(body=data, content_type="application/octet-stream")
+        if not self.parted:
+            return web.Response(body=data, content_type="application/octet-stream")
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        await resp.prepare(request)
+        half = len(data) // 4 * 2
+        await resp.write(data[:half])
+        self.half_sent.set()
+        await self.rest.wait()
+        await resp.write(data[half:])
+        await resp.write_eof()
+        return resp
 
     def _invalid(self, body: Any) -> web.Response | None:
         """The document's CreateSpeechRequest checks; the 400 of the first that fails."""

@@ -22,7 +22,7 @@ from cache.singleflight import SingleFlight
 from cache.store import TieredStore
 from gateway.errors import BadRequest
 from gateway.memo import BoundedMemo
-from gateway.speech.assembly import Assembler, SpeechStream, plan
+from gateway.speech.assembly import Assembler, PartialFeed, SpeechStream, plan
 from gateway.speech.request import (
     CacheResult,
     Segment,
@@ -169,6 +169,8 @@ class SpeechService:
             max_parallel=max_parallel_sentences,
             max_sentence_chars=max_sentence_chars,
             unsplit=self._unsplit,
+            partials=PartialFeed(),
+            passes_through=self._passes_through,
         )
         # Other encodings of stored audio by content address (GET /v1/audio/{key}.{ext}).
         self.transcoder = Transcoder(
@@ -177,6 +179,13 @@ class SpeechService:
             metrics,
             self._encode_pool,
         )
+
+    def _passes_through(self, model: str, rate: int) -> bool:
+        """Whether ``model``'s pcm may go to a stream as it arrives at output ``rate``: its
+        runner (here, in this process) receives it in pieces, at that rate."""
+        handle = self.models[model]
+        runner = handle.scheduler.runner
+        return bool(getattr(runner, "passes_pcm", False)) and handle.engine.sample_rate == rate
 
     def _unsplit(self, model: str) -> bool:
         """Whether ``model`` says each text whole (an upstream with ``split = "whole"``)."""
@@ -469,11 +478,27 @@ class SpeechService:
         handle = self.models[req.model]
         if not handle.ready.is_set():
             raise Overloaded(f"model '{req.model}' is still loading", retry_after_s=2.0)
-        item = SynthesisItem(req.text, req.voice, req.speed, dict(req.params), req.phonemes)
+        feed = self.assembler.partials
+        partial = None
+        if feed is not None and getattr(handle.scheduler.runner, "passes_pcm", False):
+            # The provider's pcm, piece by piece, for streams that pass it on.
+            partial = feed.open(mk)
+        item = SynthesisItem(
+            req.text,
+            req.voice,
+            req.speed,
+            dict(req.params),
+            req.phonemes,
+            sink=partial.add if partial is not None else None,
+        )
         if on_queued is not None:
             # submit() queues the item before its first suspension; this runs right after.
             asyncio.get_running_loop().call_soon(on_queued)
-        result = await handle.scheduler.submit(item)
+        try:
+            result = await handle.scheduler.submit(item)
+        finally:
+            if partial is not None and feed is not None:
+                feed.close(mk, partial)
         # One job off the loop: the 16-bit samples once, the FLAC master from them, its checksum
         # and digest (a miss's CPU here is taken from the synthesis workers on the same cores).
         stored, entry = await asyncio.get_running_loop().run_in_executor(

@@ -63,6 +63,8 @@ class HttpProvider:
     # Statuses that mean the caller's request was wrong for this provider (its 400) beyond the
     # ones every provider shares (400, 413, 422): a provider's "no such voice" status.
     refusal_statuses: frozenset[int] = frozenset()
+    # The answer's body is the raw 16-bit pcm itself (not JSON): its pieces can go to a stream.
+    passes_pcm = True
 
     def __init__(self, config: UpstreamConfig, api_key: str) -> None:
         self.config = config
@@ -114,6 +116,7 @@ class HttpProvider:
                     raise self.error_of(resp.status, headers, body)
                 chunks: list[bytes] = []
                 size = 0
+                sink = item.sink if self.passes_pcm else None
                 async for chunk in resp.content.iter_chunked(64 * 1024):
                     size += len(chunk)
                     if size > self.max_bytes:
@@ -121,6 +124,8 @@ class HttpProvider:
                             "bad_reply", f"the answer is larger than {self.config.max_audio_mb} MiB"
                         )
                     chunks.append(chunk)
+                    if sink is not None:
+                        sink(chunk)
         except TimeoutError:
             raise ProviderError("timeout", "no answer in time") from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
