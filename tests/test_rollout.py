@@ -14,13 +14,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
+from bench.harness import CACHE_SECRET, RedisServer
 from cache.pins import HostPinRegistry
 from gateway.cli.main import build_parser
 from gateway.cli.rollout import run_rollout
+from gateway.http import keys
 from gateway.runtime.settings import Settings
 from synth.upstream import UpstreamConfig
 from tests.conftest import GatewayFactory
@@ -209,3 +213,40 @@ def test_the_command_line_of_a_rollout() -> None:
     assert {k: parsed[k] for k in vars(args("openai", "2"))} == vars(args("openai", "2"))
     with pytest.raises(SystemExit):
         build_parser().parse_args(["rollout", "openai"])
+
+
+async def test_with_redis_the_switch_is_every_replicas_and_a_planted_one_is_ignored(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    provider: OpenAISpeechServer,
+    settings: Settings,
+    redis: RedisServer,
+    tmp_path: Path,
+) -> None:
+    """With Redis the revision lives beside the pins in Redis, authenticated as they are: a
+    replica on another host (another cache directory) starts at the switched revision, and a
+    revision written into Redis without the cache secret is never applied."""
+    shared = settings.replace(redis_url=redis.url, cache_secret=CACHE_SECRET, revision_refresh_s=0)
+    engines = {"piper": counting_engine, "openai": upstream(provider)}
+    a = await gateway(settings=shared, engines=engines)
+    old = await pin_prompts(a, "openai", "alloy")
+    report = await run_rollout(shared, args("openai", "7"), engines)
+    assert report["switched"] and report["rendered"] == 3
+    new = {c["text"]: c["new_key"] for c in report["changes"]}
+    # A replica of another host: nothing of this one's disk, the switch read from Redis.
+    b = await gateway(settings=shared.replace(cache_dir=tmp_path / "b"), engines=engines)
+    assert {t: await key_of(b, t) for t in PROMPTS} == new
+    assert provider.calls == 6
+    # A revision planted in Redis (no valid HMAC) for the local model: not applied.
+    client = aioredis.Redis.from_url(redis.url)
+    try:
+        names = [k async for k in client.scan_iter(match="*{pins}:rev")]
+        assert len(names) == 1
+        field = f"piper\n{counting_engine.fingerprint}"
+        await client.hset(names[0], field, b"\0" * 32 + b"evil")
+    finally:
+        await client.aclose()
+    c = await gateway(settings=shared.replace(cache_dir=tmp_path / "c"), engines=engines)
+    assert c.app[keys.SPEECH].revision_of("piper") == ""
+    assert c.app[keys.SPEECH].revision_of("openai") == "7"
+    assert all(old[t] != new[t] for t in PROMPTS)
