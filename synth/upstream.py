@@ -366,6 +366,12 @@ class UpstreamEngine:
             return "a change of the voices"
         if config.instructions != old.instructions or config.api_key_env != old.api_key_env:
             return "a change of instructions or api_key_env"
+        if (config.region, config.key_id_env, config.session_token_env) != (
+            old.region,
+            old.key_id_env,
+            old.session_token_env,
+        ):
+            return "a change of region, key_id_env or session_token_env"
         self.config = config
         self.price_per_million_chars = config.price_per_million_chars
         return ""

@@ -23,7 +23,7 @@ from bench.harness import CACHE_SECRET, RedisServer, free_port
 from gateway.http import keys
 from gateway.runtime.settings import Settings
 from metrics import Metrics
-from synth.upstream import UpstreamConfig, load_upstreams, retry_after_of
+from synth.upstream import UpstreamConfig, UpstreamEngine, load_upstreams, retry_after_of
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine, until
 from tests.upstream_support import (
@@ -853,6 +853,11 @@ def test_polly_and_cartesia_entries_must_fit_their_kind() -> None:
     ):
         with pytest.raises(ValueError, match=named):
             UpstreamConfig.model_validate(bad)
+    # Where polly's calls are signed, and with which credentials, takes a restart.
+    engine = UpstreamEngine(UpstreamConfig.model_validate(polly))
+    moved = UpstreamConfig.model_validate({**polly, "region": "us-west-2"})
+    assert "region" in engine.reconfigure(moved)
+    assert engine.reconfigure(UpstreamConfig.model_validate({**polly, "timeout_s": 9})) == ""
     # The language these kinds send is in their address; other kinds' is not.
     a = UpstreamConfig.model_validate({**polly, "language": "en_US"})
     b = UpstreamConfig.model_validate({**polly, "language": "en_GB"})
