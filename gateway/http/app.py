@@ -33,7 +33,7 @@ from gateway.runtime.ratelimit import KeyLimits
 from gateway.runtime.settings import Settings
 from gateway.runtime.workers import WORKER_INDEX_ENV
 from gateway.speech.assembly import RenderShare
-from gateway.speech.rollout import follow_revisions, keep_following_revisions
+from gateway.speech.rollout import keep_following_revisions
 from gateway.wyoming.server import WyomingServer
 from metrics import Metrics
 from synth.cancellation import cancel_and_wait
@@ -149,7 +149,7 @@ def create_app(
             if settings.api_keys_file:
                 service.admit_synthesis = app[keys.LIMITS].admit_synthesis
             app[keys.STORE] = service.store
-            await follow_revisions(service, pins)  # before the first request: no old address
+            # open_speech applied the revisions at start; this follows later switches.
             refresh = settings.revision_refresh_s
             follower = (
                 asyncio.ensure_future(keep_following_revisions(service, pins, refresh))

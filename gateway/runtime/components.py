@@ -29,6 +29,7 @@ from gateway.runtime.ratelimit import limits_storage_uri
 from gateway.runtime.settings import Settings
 from gateway.runtime.upstreams import upstream_configs
 from gateway.runtime.workers import POOL_SOCKET_ENV
+from gateway.speech.rollout import follow_revisions
 from gateway.speech.service import ModelHandle, SpeechService
 from metrics import Metrics
 from synth.cancellation import cancel_and_wait
@@ -419,6 +420,10 @@ async def open_speech(
             max_wait_s=settings.redis_lock_wait_s,
             metrics=metrics,
         )
+        # The address revisions `voxgate rollout` switched, before anything is looked up (the
+        # server, warm, export, say: every user of the store addresses as the gateways do).
+        async with open_pins(settings, store) as registry:
+            await follow_revisions(service, registry)
         try:
             yield service
         finally:
