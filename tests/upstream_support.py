@@ -111,8 +111,8 @@ class OpenAISpeechServer:
         self.script: deque[Scripted] = deque()
         self.hold = asyncio.Event()
         self.hold.set()
-        # In two parts: with ``parted`` set, each audio answer sends its first half, sets
-        # ``half_sent`` and sends the rest once ``rest`` is set (a provider that streams).
+        # In two parts: with ``parted`` set, each audio answer sets ``half_sent``, sends its
+        # first half, and sends the rest once ``rest`` is set (a provider that streams).
         self.parted = False
         self.half_sent = asyncio.Event()
         self.rest = asyncio.Event()
@@ -170,8 +170,8 @@ class OpenAISpeechServer:
         resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
         await resp.prepare(request)
         half = len(data) // 4 * 2
-        await resp.write(data[:half])
         self.half_sent.set()
+        await resp.write(data[:half])
         await self.rest.wait()
         await resp.write(data[half:])
         await resp.write_eof()
