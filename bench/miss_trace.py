@@ -117,7 +117,9 @@ async def trace_misses(root: Path, runs: int) -> list[dict[str, Any]]:
             for text in TEXTS[:runs]:
                 calls: list[str] = []
 
-                def profile(frame: FrameType, event: str, arg: object) -> None:
+                def profile(
+                    frame: FrameType, event: str, arg: object, calls: list[str] = calls
+                ) -> None:
                     if event == "call":
                         name = frame.f_code.co_filename
                         if name.startswith(prefixes):
