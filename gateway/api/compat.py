@@ -10,7 +10,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.api.models import MAX_SPEED, MIN_SPEED, models_for
-from gateway.api.parsing import resolve_format, resolve_model, resolve_voice, speech_text
+from gateway.api.parsing import (
+    build_request,
+    resolve_format,
+    resolve_model,
+    resolve_voice,
+    speech_text,
+)
 from gateway.errors import BadRequest, clip
 from gateway.runtime.settings import Settings
 from gateway.speech.request import SpeechRequest
@@ -78,10 +84,8 @@ def parse_coqui(
     model = resolve_model(settings.default_model, settings, speech)
     voice = _voice(fields.speaker_id.strip(), model, "speaker_id", settings, speech)
     check_language(fields.language_id, model, voice, speech)
-    text, segments = speech_text(fields.text, settings, speech, model, voice, param="text")
-    return SpeechRequest(
-        text=text, model=model, voice=voice, fmt=audio.FORMATS["wav"], segments=segments
-    )
+    spoken = speech_text(fields.text, settings, speech, model, voice, param="text")
+    return build_request(spoken, model=model, voice=voice, fmt=audio.FORMATS["wav"])
 
 
 def parse_synthesize(
@@ -91,19 +95,18 @@ def parse_synthesize(
     fields = models_for(settings).synthesize.check(query)
     model = resolve_model(fields.model or settings.default_model, settings, speech)
     voice = _voice(fields.speaker, model, "speaker", settings, speech)
-    text, segments = speech_text(fields.text, settings, speech, model, voice, param="text")
+    spoken = speech_text(fields.text, settings, speech, model, voice, param="text")
     try:
         fmt = resolve_format(fields.format)
     except BadRequest as exc:
         raise BadRequest(exc.message, param="format", code=exc.code) from exc
-    return SpeechRequest(
-        text=text,
+    return build_request(
+        spoken,
         model=model,
         voice=voice,
         fmt=fmt,
         speed=fields.speed,
         sample_rate=fields.sample_rate,
-        segments=segments,
     )
 
 
@@ -160,7 +163,7 @@ def parse_piper(
     """
     fields = models_for(settings).piper.check(values)
     model, voice = find_voice(fields.voice, settings, speech)
-    text, segments = speech_text(fields.text, settings, speech, model, voice, param="text")
+    spoken = speech_text(fields.text, settings, speech, model, voice, param="text")
     defaults = speech.models[model].engine.default_params(voice)
     speed = 1.0
     if fields.length_scale is not None:
@@ -187,12 +190,6 @@ def parse_piper(
             )
         if value != defaults[param]:  # the voice's own value: the same audio, the same key
             params[param] = float(value)
-    return SpeechRequest(
-        text=text,
-        model=model,
-        voice=voice,
-        fmt=audio.FORMATS["wav"],
-        speed=speed,
-        params=tuple(sorted(params.items())),
-        segments=segments,
+    return build_request(
+        spoken, model=model, voice=voice, fmt=audio.FORMATS["wav"], speed=speed, params=params
     )

@@ -14,7 +14,7 @@ from typing import Any
 
 from gateway.api.compat import default_voice
 from gateway.api.models import models_for
-from gateway.api.parsing import resolve_model, resolve_voice, speech_text
+from gateway.api.parsing import build_request, resolve_model, resolve_voice, speech_text
 from gateway.errors import BadRequest
 from gateway.runtime.settings import Settings
 from gateway.speech.request import SpeechRequest
@@ -62,18 +62,11 @@ def parse_jambonz(body: dict[str, Any], settings: Settings, speech: SpeechServic
     model = resolve_model(settings.default_model, settings, speech)
     voice = jambonz_voice(fields.voice, fields.language, model, settings, speech)
     # type "ssml" (jambonz sends it for a text starting with <speak>) goes to the SSML front end.
-    text, segments = speech_text(
+    spoken = speech_text(
         fields.text, settings, speech, model, voice, param="text", ssml=fields.type == "ssml"
     )
     fmt, rate = ENCODINGS[settings.jambonz_content_type]
-    return SpeechRequest(
-        text=text,
-        model=model,
-        voice=voice,
-        fmt=audio.FORMATS[fmt],
-        sample_rate=rate,
-        segments=segments,
-    )
+    return build_request(spoken, model=model, voice=voice, fmt=audio.FORMATS[fmt], sample_rate=rate)
 
 
 def parse_stream_query(

@@ -8,7 +8,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiohttp import web
 from pydantic import ValidationError
@@ -240,6 +240,14 @@ def ssml_limits(settings: Settings) -> SsmlLimits:
     )
 
 
+class Spoken(NamedTuple):
+    """What a request's text says, validated: its normalized ``text`` and, for an SSML
+    expansion plain text cannot stand for, its ``segments`` (else empty)."""
+
+    text: str
+    segments: tuple[Segment, ...] = ()
+
+
 def speech_text(
     raw: str,
     settings: Settings,
@@ -250,9 +258,8 @@ def speech_text(
     param: str = "input",
     normalize: str | None = None,
     ssml: bool | None = None,
-) -> tuple[str, tuple[Segment, ...]]:
-    """What ``raw`` says with ``voice`` of ``model``: ``(text, segments)`` for a
-    :class:`SpeechRequest`.
+) -> Spoken:
+    """What ``raw`` says with ``voice`` of ``model``, for :func:`build_request`.
 
     SSML when ``ssml`` says so, or (``ssml`` None) when the text starts with ``<speak`` (a
     startswith on the stripped text is all plain text pays); SSML content said to be SSML
@@ -277,11 +284,11 @@ def _speech_text(
     param: str,
     normalize: str | None,
     ssml: bool | None,
-) -> tuple[str, tuple[Segment, ...]]:
+) -> Spoken:
     handle = speech.models[model]
     language = handle.voice_language(voice)
     if not (ssml if ssml is not None else is_ssml(raw)):
-        return validate_text(raw, settings, param, normalize, language), ()
+        return Spoken(validate_text(raw, settings, param, normalize, language))
     _check_raw(raw, settings, param)
     document = raw if is_ssml(raw) else f"<speak>{raw}</speak>"
     mode = normalize or settings.normalize
@@ -309,8 +316,8 @@ def _speech_text(
             speech.expansions.put(memo_key, segments)
     plain = plain_text(segments)
     if plain is not None:
-        return plain, ()
-    return joined_words(segments), segments
+        return Spoken(plain)
+    return Spoken(joined_words(segments), segments)
 
 
 def resolve_model(name: str, settings: Settings, speech: SpeechService) -> str:
@@ -372,6 +379,32 @@ def resolve_format(name: str) -> audio.AudioFormat:
     return fmt
 
 
+def build_request(
+    spoken: Spoken,
+    *,
+    model: str,
+    voice: str,
+    fmt: audio.AudioFormat,
+    speed: float = 1.0,
+    sample_rate: int | None = None,
+    params: Mapping[str, ParamValue] | None = None,
+) -> SpeechRequest:
+    """The one constructor of a client's :class:`SpeechRequest`, from validated fields: the
+    text as :func:`speech_text` made it, ``model`` and ``voice`` resolved, ``fmt``, ``speed``
+    and ``sample_rate`` checked, and engine ``params`` beyond the voice's defaults (sorted here:
+    they enter the content address in one order)."""
+    return SpeechRequest(
+        text=spoken.text,
+        model=model,
+        voice=voice,
+        fmt=fmt,
+        speed=speed,
+        sample_rate=sample_rate,
+        params=tuple(sorted((params or {}).items())),
+        segments=spoken.segments,
+    )
+
+
 def parse_openai_speech(
     body: Mapping[str, Any], settings: Settings, speech: SpeechService
 ) -> SpeechRequest:
@@ -406,11 +439,11 @@ def speech_request(body: SpeechBody, settings: Settings, speech: SpeechService) 
         raise type(body).unknown_fields(unknown)
     model = resolve_model(body.model, settings, speech)
     ignored: list[str] = []
-    params: tuple[tuple[str, ParamValue], ...] = ()
+    params: dict[str, ParamValue] = {}
     if body.instructions and getattr(speech.models[model].engine, "takes_instructions", False):
         # An upstream that follows them (OpenAI's gpt-4o-mini-tts): they change the audio, so
         # they are part of the content address, and go to the provider with the text.
-        params = (("instructions", body.instructions),)
+        params["instructions"] = body.instructions
     elif body.instructions:
         # No local engine takes instructions (OpenAI's own tts-1 does not either). Ignored,
         # they stay out of the request and so out of the content address.
@@ -423,20 +456,19 @@ def speech_request(body: SpeechBody, settings: Settings, speech: SpeechService) 
         ignored.append("instructions")
     voice = resolve_voice(body.voice, model, settings, speech)
     ssml = None if body.input_type is None else body.input_type == "ssml"
-    text, segments = speech_text(
+    spoken = speech_text(
         body.input, settings, speech, model, voice, normalize=body.normalize, ssml=ssml
     )
     fmt = resolve_format(body.response_format or settings.default_format)
     stream, sse = streams(body, fmt)
-    req = SpeechRequest(
-        text=text,
+    req = build_request(
+        spoken,
         model=model,
         voice=voice,
         fmt=fmt,
         speed=body.speed,
         sample_rate=body.sample_rate,
         params=params,
-        segments=segments,
     )
     return SpeechCall(req, stream, sse, tuple(ignored) + header_names(unknown))
 

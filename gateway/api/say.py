@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from gateway.api.parsing import resolve_model, resolve_voice, speech_text
+from gateway.api.parsing import build_request, resolve_model, resolve_voice, speech_text
 from gateway.errors import Forbidden
 from gateway.memo import BoundedMemo
 from gateway.runtime.settings import Settings
@@ -68,15 +68,8 @@ def parse_say(
     model = resolve_model(settings.default_model, settings, speech)
     voice = resolve_voice(voice, model, settings, speech)
     # A say URL may carry an SSML document (percent-encoded) like any text.
-    text, segments = speech_text(text, settings, speech, model, voice, param="text")
-    req = SpeechRequest(
-        text=text,
-        model=model,
-        voice=voice,
-        fmt=ext.fmt,
-        sample_rate=ext.rate,
-        segments=segments,
-    )
+    spoken = speech_text(text, settings, speech, model, voice, param="text")
+    req = build_request(spoken, model=model, voice=voice, fmt=ext.fmt, sample_rate=ext.rate)
     return req, ext
 
 

@@ -15,22 +15,22 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import json
 import logging
 from collections.abc import Awaitable
+from typing import NamedTuple
 
 from aiohttp import WSMsgType, web
 
 from gateway.api.jambonz import parse_jambonz, parse_stream_query
-from gateway.api.parsing import read_json_object, validate_text
+from gateway.api.parsing import Spoken, build_request, read_json_object, validate_text
 from gateway.errors import BadRequest, VoxgateError
 from gateway.http import keys
 from gateway.http.charging import admit
 from gateway.http.delivery import client_of, serve_speech
 from gateway.runtime.ratelimit import CALLER
 from gateway.runtime.settings import Settings
-from gateway.speech.request import SpeechRequest, SpeechResult
+from gateway.speech.request import SpeechResult
 from gateway.speech.service import SpeechService
 from synth import audio
 from synth.cancellation import cancel_and_wait
@@ -83,10 +83,7 @@ async def jambonz_stream(request: web.Request) -> web.StreamResponse:
     if opened_by is not None:
         sockets.add(ws, opened_by)
     await ws.send_json({"type": "connect", "data": {"sample_rate": rate, "base64_encoding": False}})
-    base = SpeechRequest(
-        text="", model=model, voice=voice, fmt=audio.FORMATS["pcm"], sample_rate=rate
-    )
-    stream = _Stream(request, ws, service, base, settings)
+    stream = _Stream(request, ws, service, Voice(model, voice, rate), settings)
     text = TextBuffer(service, settings.max_input_chars)
     try:
         async for msg in ws:
@@ -141,11 +138,11 @@ class _Stream:
         request: web.Request,
         ws: web.WebSocketResponse,
         service: SpeechService,
-        base: SpeechRequest,
+        voice: Voice,
         settings: Settings,
     ) -> None:
         self.service = service
-        self.base = base
+        self.voice = voice
         self.settings = settings
         self.ws = ws
         self.backlog: collections.deque[str] = collections.deque()
@@ -176,7 +173,7 @@ class _Stream:
             self.backlog_chars -= len(sentence)
             self.changed.set()
             try:
-                task = _speak(self.service, self.base, sentence, self.settings)
+                task = _speak(self.service, self.voice, sentence, self.settings)
             except VoxgateError as exc:
                 with contextlib.suppress(ConnectionError):
                     await self.ws.send_json({"error": exc.message})
@@ -192,13 +189,28 @@ class _Stream:
             self.pending.get_nowait().cancel()
 
 
+class Voice(NamedTuple):
+    """What a streaming socket speaks in: its model, voice and sample rate (from its query)."""
+
+    model: str
+    voice: str
+    rate: int
+
+
 def _speak(
-    service: SpeechService, base: SpeechRequest, sentence: str, settings: Settings
+    service: SpeechService, voice: Voice, sentence: str, settings: Settings
 ) -> asyncio.Task[SpeechResult]:
-    # Each sentence is its own request (and cache entry): a repeated sentence is a hit.
-    language = service.models[base.model].voice_language(base.voice)
+    # Each sentence is its own request (and cache entry): a repeated sentence is a hit. It is
+    # plain text (a stream carries no SSML).
+    language = service.models[voice.model].voice_language(voice.voice)
     text = validate_text(sentence, settings, param="text", language=language)
-    req = dataclasses.replace(base, text=text)
+    req = build_request(
+        Spoken(text),
+        model=voice.model,
+        voice=voice.voice,
+        fmt=audio.FORMATS["pcm"],
+        sample_rate=voice.rate,
+    )
     return asyncio.create_task(service.speak(req))
 
 

@@ -59,7 +59,7 @@ from wyoming.tts import (
 
 from cache.keys import normalize_text
 from gateway.api.compat import check_language, check_speaker, find_voice
-from gateway.api.parsing import front_end_may_run, speech_text
+from gateway.api.parsing import build_request, front_end_may_run, speech_text
 from gateway.errors import BadRequest, VoxgateError
 from gateway.runtime.buildinfo import version
 from gateway.runtime.settings import Settings
@@ -356,14 +356,13 @@ class SpeechEventHandler(AsyncEventHandler):
         check_speaker(speaker, None, chosen)
         engine = self.service.models[model].engine
         # Home Assistant's TTS may send SSML (<speak>...) like any HTTP client.
-        text, segments = speech_text(text, self.settings, self.service, model, chosen, param="text")
-        return SpeechRequest(
-            text=text,
+        spoken = speech_text(text, self.settings, self.service, model, chosen, param="text")
+        return build_request(
+            spoken,
             model=model,
             voice=chosen,
             fmt=audio.FORMATS["pcm"],
             sample_rate=engine.sample_rate,
-            segments=segments,
         )
 
     def _voice_for_language(self, language: str) -> tuple[str, str]:
