@@ -37,7 +37,14 @@ from typing import Any
 
 import numpy as np
 
-from synth.engine import Audio, ParamValue, SynthesisItem, VoiceInfo, fingerprint_files
+from synth.engine import (
+    Audio,
+    EngineCapabilities,
+    ParamValue,
+    SynthesisItem,
+    VoiceInfo,
+    fingerprint_files,
+)
 from synth.errors import EngineError, UnspeakableInput
 from synth.onnx_layout import rewrite_file
 from synth.onnx_memory import ShrinkingSession
@@ -194,6 +201,11 @@ class CoquiEngine:
         """Largest batch this engine splits back exactly (1: it runs items one at a time)."""
         exact = self.model_type == "vits" and self.mode != "onnx"
         return 64 if exact else 1
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        """Plain text; exact batches of up to :attr:`max_exact_batch` (VITS in torch)."""
+        return EngineCapabilities(max_exact_batch=self.max_exact_batch)
 
     def describe(self) -> Mapping[str, object]:
         out: dict[str, object] = {

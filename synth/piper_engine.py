@@ -12,7 +12,14 @@ from typing import Any
 
 import numpy as np
 
-from synth.engine import Audio, ParamValue, SynthesisItem, VoiceInfo, fingerprint_files
+from synth.engine import (
+    Audio,
+    EngineCapabilities,
+    ParamValue,
+    SynthesisItem,
+    VoiceInfo,
+    fingerprint_files,
+)
 from synth.errors import EngineError, UnspeakableInput
 from synth.onnx_memory import TRIM_AFTER_AUDIO_S, ShrinkingSession, release_freed_memory
 
@@ -61,7 +68,7 @@ class PiperEngine:
 
     name = "piper"
     # Piper's ONNX graph takes phoneme ids: IPA (SSML <phoneme>) skips espeak-ng's phonemizer.
-    takes_phonemes = True
+    capabilities = EngineCapabilities(takes_phonemes=True)
 
     def __init__(
         self,

@@ -110,6 +110,10 @@ async def test_key_limits_fall_back_to_the_process_when_the_table_is_full(
 class Held:
     """A runner whose batches wait for ``release``: items stay queued behind it."""
 
+    counts_syntheses = True
+    times_batches = False
+    cancel_when_abandoned = False
+
     def __init__(self) -> None:
         self.release = asyncio.Event()
         self.running = 0

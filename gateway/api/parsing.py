@@ -301,7 +301,7 @@ def _speech_text(
             document,
             language=language,
             engine=engine.name,
-            takes_phonemes=bool(getattr(engine, "takes_phonemes", False)),
+            takes_phonemes=engine.capabilities.takes_phonemes,
             limits=limits,
         )
         if mode == "numbers":
@@ -344,8 +344,8 @@ def resolve_voice(name: str, model: str, settings: Settings, speech: SpeechServi
         return alias
     # An upstream (a paid provider) says what it was asked to: a name it does not list is
     # never swapped for another voice of it.
-    upstream = hasattr(handle.engine, "any_voice")
-    if getattr(handle.engine, "any_voice", False):
+    can = handle.engine.capabilities
+    if can.any_voice:
         # voices = ["*"]: any voice id goes to the provider, which says whether it has it (its
         # refusal is a 400 with its message), once the id has a voice id's form.
         if not VOICE_ID.fullmatch(name):
@@ -356,7 +356,7 @@ def resolve_voice(name: str, model: str, settings: Settings, speech: SpeechServi
                 code="voice_not_found",
             )
         return name
-    if alias is not None and model != settings.default_model and voices and not upstream:
+    if alias is not None and model != settings.default_model and voices and not can.remote:
         # OpenAI voice names on a model that lacks the aliased voice: use its first voice.
         return voices[0]
     known = sorted(set(voices) | set(settings.voice_aliases))
@@ -440,7 +440,7 @@ def speech_request(body: SpeechBody, settings: Settings, speech: SpeechService) 
     model = resolve_model(body.model, settings, speech)
     ignored: list[str] = []
     params: dict[str, ParamValue] = {}
-    if body.instructions and getattr(speech.models[model].engine, "takes_instructions", False):
+    if body.instructions and speech.models[model].engine.capabilities.takes_instructions:
         # An upstream that follows them (OpenAI's gpt-4o-mini-tts): they change the audio, so
         # they are part of the content address, and go to the provider with the text.
         params["instructions"] = body.instructions

@@ -387,7 +387,7 @@ def _rate_storage(settings: Settings) -> Storage | None:
 
 def _max_batch(settings: Settings, engine: Engine) -> int:
     """Items per batch for ``engine``: the setting, bounded by what the engine batches exactly."""
-    return min(settings.effective_max_batch(), int(getattr(engine, "max_exact_batch", 1)))
+    return min(settings.effective_max_batch(), engine.capabilities.max_exact_batch)
 
 
 @contextlib.asynccontextmanager

@@ -146,9 +146,9 @@ class SpeechService:
         # characters, and the characters of theirs served without a call since the last flush:
         # tallied here (the hit path), added to the metrics in bulk before every collection.
         self._prices: dict[str, float] = {
-            name: float(getattr(handle.engine, "price_per_million_chars", 0.0))
+            name: price
             for name, handle in self.models.items()
-            if hasattr(handle.engine, "price_per_million_chars")
+            if (price := handle.engine.capabilities.price_per_million_chars) is not None
         }
         self._served_free: dict[str, int] = {}
         metrics.before_collect(self.flush_upstream_tally)
@@ -173,7 +173,7 @@ class SpeechService:
 
     def _unsplit(self, model: str) -> bool:
         """Whether ``model`` says each text whole (an upstream with ``split = "whole"``)."""
-        return not getattr(self.models[model].engine, "splits_sentences", True)
+        return not self.models[model].engine.capabilities.splits_sentences
 
     def served_free(self, req: SpeechRequest) -> None:
         """``req``'s characters were served without a call to its model: counted for upstream
@@ -189,7 +189,7 @@ class SpeechService:
         for model, chars in tally.items():
             m.upstream_chars_cached.labels(model).inc(chars)
             # Read now: a reload of the upstreams file may have changed it.
-            price = float(getattr(self.models[model].engine, "price_per_million_chars", 0.0))
+            price = self.models[model].engine.capabilities.price_per_million_chars or 0.0
             if price:
                 m.upstream_saved.labels(model).inc(chars * price / 1e6)
 
