@@ -17,7 +17,6 @@ import collections
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable
 from typing import NamedTuple
 
 from aiohttp import WSMsgType, web
@@ -32,10 +31,12 @@ from gateway.runtime.ratelimit import CALLER
 from gateway.runtime.settings import Settings
 from gateway.speech.request import SpeechResult
 from gateway.speech.service import SpeechService
+from gateway.speech.vocabulary import Vocabulary
 from synth import audio
 from synth.cancellation import cancel_and_wait
 from synth.errors import SynthesisError
 from synth.scheduler import CLIENT
+from synth.sentences import SentenceSplitter
 
 log = logging.getLogger("voxgate.gateway")
 
@@ -53,7 +54,7 @@ async def jambonz_tts(request: web.Request) -> web.StreamResponse:
     app = request.app
     settings = app[keys.SETTINGS]
     body = await read_json_object(request, app[keys.MAX_BODY_BYTES], settings.body_timeout_s)
-    req = parse_jambonz(body, settings, app[keys.SPEECH])
+    req = parse_jambonz(body, settings, app[keys.VOCABULARY], app[keys.EXPANSIONS])
     return await serve_speech(request, req, present=app[keys.PRESENTATIONS].jambonz)
 
 
@@ -71,7 +72,8 @@ async def jambonz_stream(request: web.Request) -> web.StreamResponse:
     settings = app[keys.SETTINGS]
     service = app[keys.SPEECH]
     # A bad query is a 400 before the upgrade, while a status can still say so.
-    model, voice, rate = parse_stream_query(dict(request.query), settings, service)
+    words = app[keys.VOCABULARY]
+    model, voice, rate = parse_stream_query(dict(request.query), settings, words)
     ws = web.WebSocketResponse(max_msg_size=app[keys.MAX_BODY_BYTES], heartbeat=30.0)
     await ws.prepare(request)
     request[keys.CACHE_RESULT] = "stream"
@@ -84,7 +86,7 @@ async def jambonz_stream(request: web.Request) -> web.StreamResponse:
         sockets.add(ws, opened_by)
     await ws.send_json({"type": "connect", "data": {"sample_rate": rate, "base64_encoding": False}})
     stream = _Stream(request, ws, service, Voice(model, voice, rate), settings)
-    text = TextBuffer(service, settings.max_input_chars)
+    text = TextBuffer(SentenceSplitter(), settings.max_input_chars)
     try:
         async for msg in ws:
             if msg.type != WSMsgType.TEXT:
@@ -142,6 +144,7 @@ class _Stream:
         settings: Settings,
     ) -> None:
         self.service = service
+        self.words = request.app[keys.VOCABULARY]
         self.voice = voice
         self.settings = settings
         self.ws = ws
@@ -173,7 +176,7 @@ class _Stream:
             self.backlog_chars -= len(sentence)
             self.changed.set()
             try:
-                task = _speak(self.service, self.voice, sentence, self.settings)
+                task = _speak(self.service, self.words, self.voice, sentence, self.settings)
             except VoxgateError as exc:
                 with contextlib.suppress(ConnectionError):
                     await self.ws.send_json({"error": exc.message})
@@ -198,11 +201,11 @@ class Voice(NamedTuple):
 
 
 def _speak(
-    service: SpeechService, voice: Voice, sentence: str, settings: Settings
+    service: SpeechService, words: Vocabulary, voice: Voice, sentence: str, settings: Settings
 ) -> asyncio.Task[SpeechResult]:
     # Each sentence is its own request (and cache entry): a repeated sentence is a hit. It is
     # plain text (a stream carries no SSML).
-    language = service.models[voice.model].voice_language(voice.voice)
+    language = words.models[voice.model].voice_language(voice.voice)
     text = validate_text(sentence, settings, param="text", language=language)
     req = build_request(
         Spoken(text),
@@ -254,9 +257,8 @@ class TextBuffer:
     """Streamed text cut into sentences: complete ones go out as soon as the next begins, the
     rest on ``flush``. Bounded: a buffer that reaches the input limit is spoken as it is."""
 
-    def __init__(self, service: SpeechService, max_chars: int) -> None:
-        self._splitter = service.assembler.splitter
-        self._pool = service.assembler.encode_pool
+    def __init__(self, splitter: SentenceSplitter, max_chars: int) -> None:
+        self._splitter = splitter
         self._max = max_chars
         self._text = ""
 
@@ -283,8 +285,5 @@ class TextBuffer:
     async def _split(self) -> list[str]:
         if not self._text.strip():
             return []
-        loop = asyncio.get_running_loop()
-        split: Awaitable[list[str]] = loop.run_in_executor(
-            self._pool, self._splitter.split, self._text
-        )
-        return [p.strip() for p in await split if p.strip()]
+        split = await asyncio.to_thread(self._splitter.split, self._text)
+        return [p.strip() for p in split if p.strip()]

@@ -168,7 +168,7 @@ async def prompts(request: web.Request) -> web.Response:
     except CatalogueError as exc:
         # (Each id's form is the model's to check: what is left is an id used twice.)
         raise BadRequest(str(exc), param="prompts", code="duplicate_id") from exc
-    requests = to_requests(parsed, base, settings, service)
+    requests = to_requests(parsed, base, settings, app[keys.VOCABULARY])
     owner, quota = pin_owner(settings)
     metrics = app[keys.METRICS]
     try:

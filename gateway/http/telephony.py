@@ -155,7 +155,7 @@ async def sign_say_url(request: web.Request) -> web.Response:
             param="expires_in",
         )
     # Signed only if it would play: an unknown voice or unspeakable text is refused now.
-    parse_say(body.voice, body.text, body.ext, settings, app[keys.SPEECH])
+    parse_say(body.voice, body.text, body.ext, settings, app[keys.VOCABULARY], app[keys.EXPANSIONS])
     expires = int(time.time()) + min(ttl, settings.signed_url_max_s)
     # The URL is charged to the key that signs it (none without a keys file).
     caller = CALLER.get()
@@ -176,7 +176,8 @@ def _secret(request: web.Request) -> str:
 
 def _parse(request: web.Request, voice: str, text: str, ext: str) -> SayParsed:
     app = request.app
-    return parse_say(voice, text, ext, app[keys.SETTINGS], app[keys.SPEECH])
+    settings, words, expansions = app[keys.SETTINGS], app[keys.VOCABULARY], app[keys.EXPANSIONS]
+    return parse_say(voice, text, ext, settings, words, expansions)
 
 
 def self_authorized(request: web.Request) -> str | None:

@@ -30,6 +30,7 @@ from gateway.runtime.settings import Settings
 from gateway.runtime.upstreams import upstream_configs
 from gateway.runtime.workers import POOL_SOCKET_ENV
 from gateway.speech.service import ModelHandle, SpeechService
+from gateway.speech.vocabulary import Vocabulary
 from metrics import Metrics
 from synth.cancellation import cancel_and_wait
 from synth.engine import Engine
@@ -413,6 +414,13 @@ async def open_speech(
             max_parallel_sentences=settings.max_parallel_sentences,
             max_sentence_chars=settings.max_sentence_chars,
             max_audio_s=settings.max_audio_s,
+            vocabulary=Vocabulary(
+                {name: handle.engine for name, handle in models.items()},
+                default_model=settings.default_model,
+                default_voice=settings.default_voice,
+                model_aliases=settings.model_aliases,
+                voice_aliases=settings.voice_aliases,
+            ),
         )
         service.cross_replica = CrossReplicaFlight.for_tiers(  # issue 4; None without Redis
             store.tiers,

@@ -31,6 +31,7 @@ from gateway.speech.request import (
     segment_speed,
 )
 from gateway.speech.telephony import Transcoder
+from gateway.speech.vocabulary import Vocabulary
 from metrics import Metrics
 from synth import audio, sentences
 from synth.engine import Audio, Engine, ParamValue, SynthesisItem
@@ -72,20 +73,6 @@ class ModelHandle:
     engine: Engine
     scheduler: Scheduler
     ready: asyncio.Event
-    _voice_names: list[str] | None = None
-    _languages: dict[str, str] | None = None
-
-    def voice_language(self, voice: str) -> str:
-        """The language code of ``voice`` ("en_US"), "" when the engine names none."""
-        if self._languages is None:
-            self._languages = {v.name: v.language for v in self.engine.voices()}
-        return self._languages.get(voice, "")
-
-    def voice_names(self) -> list[str]:
-        """Names of the voices this model serves (an engine's voices do not change once built)."""
-        if self._voice_names is None:
-            self._voice_names = [v.name for v in self.engine.voices()]
-        return self._voice_names
 
 
 def _master_entry(req: SpeechRequest, result: Audio) -> tuple[Audio, Entry]:
@@ -110,6 +97,7 @@ class SpeechService:
         max_parallel_sentences: int = 8,
         max_sentence_chars: int | None = None,
         max_audio_s: float | None = None,
+        vocabulary: Vocabulary | None = None,
     ) -> None:
         self.store = store
         self.max_audio_s = max_audio_s
@@ -132,11 +120,9 @@ class SpeechService:
         self._key_memo: BoundedMemo[tuple[object, ...], tuple[str, str, int]] = BoundedMemo(
             KEY_MEMO_SIZE
         )
-        # SSML expansions by (raw text, voice language, engine, front end, limits): a repeated
-        # document is not parsed again on paths the request memo does not cover (say URLs,
-        # jambonz, the Coqui and Piper routes). Filled by gateway.api.parsing.
-        self.expansions: BoundedMemo[tuple[object, ...], tuple[Segment, ...]] = BoundedMemo(
-            KEY_MEMO_SIZE
+        # What requests may name, for parsing (gateway.api), which never sees this service.
+        self.vocabulary = vocabulary or Vocabulary(
+            {name: handle.engine for name, handle in self.models.items()}
         )
         self._encode_pool = concurrent.futures.ThreadPoolExecutor(
             encode_threads, thread_name_prefix="encode"
