@@ -147,7 +147,7 @@ def create_app(
             share = RenderShare(shares, settings.renders_per_client, metrics.renders_refused)
             service.assembler.render_share = service.transcoder.render_share = share
             if settings.api_keys_file:
-                service.admit_synthesis = app[keys.LIMITS].admit_synthesis
+                service.masters.admit_synthesis = app[keys.LIMITS].admit_synthesis
             app[keys.STORE] = service.store
             yield
 

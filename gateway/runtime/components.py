@@ -29,7 +29,8 @@ from gateway.runtime.ratelimit import limits_storage_uri
 from gateway.runtime.settings import Settings
 from gateway.runtime.upstreams import upstream_configs
 from gateway.runtime.workers import POOL_SOCKET_ENV
-from gateway.speech.service import ModelHandle, SpeechService
+from gateway.speech.masters import ModelHandle
+from gateway.speech.service import SpeechService
 from gateway.speech.vocabulary import Vocabulary
 from metrics import Metrics
 from synth.cancellation import cancel_and_wait
@@ -422,7 +423,7 @@ async def open_speech(
                 voice_aliases=settings.voice_aliases,
             ),
         )
-        service.cross_replica = CrossReplicaFlight.for_tiers(  # issue 4; None without Redis
+        service.masters.cross_replica = CrossReplicaFlight.for_tiers(  # None without Redis
             store.tiers,
             lock_ttl_s=settings.redis_lock_ttl_ms / 1000,
             max_wait_s=settings.redis_lock_wait_s,
