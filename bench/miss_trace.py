@@ -11,7 +11,9 @@ send to its last byte; calls in the project's packages (``gateway``, ``cache``, 
 
 - ``transitions``: steps from one project file to another (the collapsed sequence's length - 1);
 - ``returns``: steps into a file the request had already left (how often the path calls back);
-- ``files``: distinct project files called.
+- ``files``: distinct project files called;
+- ``step_pairs``: how often the path stepped from one file straight into another (e.g.
+  ``gateway/speech/assembly.py -> gateway/speech/service.py``: the assembler calling back up).
 
 The engine runs in a worker thread the tracer does not follow (what it does is not the gateway's
 path), and the client's calls are aiohttp's, not the project's. The figures are the median over
@@ -149,6 +151,12 @@ def measure(root: Path, runs: int) -> dict[str, Any]:
         # The median run's steps, and how many times each file was entered in it.
         "steps": middle["steps"],
         "entries_per_file": dict(revisited.most_common()),
+        # Steps from one file straight into another, by pair ("a -> b": count), in that run.
+        "step_pairs": dict(
+            Counter(
+                f"{a} -> {b}" for a, b in zip(middle["steps"], middle["steps"][1:], strict=False)
+            )
+        ),
     }
 
 

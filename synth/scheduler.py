@@ -4,11 +4,10 @@ Contract (after Ray Serve's ``@serve.batch``): one future per item; cancelled it
 before a batch runs; the runner must return exactly one output per input; on any error every future
 of the batch fails, none is left hanging; queue wait and batch size are histogrammed.
 
-Each client gets a bounded share of the queue: the caller names it in the :data:`CLIENT` context
-variable (the gateway sets it per request: an API key's name, else the client's address), and a
-client with ``max_per_client`` items waiting gets :class:`ClientQueueFull` (HTTP 429) for the next
-one, while other clients' misses still find room. Tasks inherit the variable, so every sentence
-of a text counts against the client whose request started its synthesis. The counts live in a
+Each client gets a bounded share of the queue: the caller names it in :meth:`Scheduler.submit`
+(the gateway names the client its request is for: an API key's name, else the client's
+address), and a client with ``max_per_client`` items waiting gets :class:`ClientQueueFull`
+(HTTP 429) for the next one, while other clients' misses still find room. The counts live in a
 :class:`ClientShares`: this process's by default; the gateway gives one that every gateway
 process of the host shares, so a client's share is the host's, not one per process.
 """
@@ -17,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import logging
 import sys
 import time
@@ -38,9 +36,6 @@ from synth.errors import (
 )
 
 log = logging.getLogger("voxgate.synth")
-
-# Who a synthesis is for; "" (not set: the CLI, catalogue warm-up) is bound by the queue only.
-CLIENT: contextvars.ContextVar[str] = contextvars.ContextVar("voxgate_client", default="")
 
 
 class ClientShares(Protocol):
@@ -192,8 +187,10 @@ class Scheduler:
     def _set_depth(self) -> None:
         self.metrics.queue_depth.labels(self.model).set(len(self._queue))
 
-    async def submit(self, item: SynthesisItem) -> Audio:
-        """Queue ``item`` and wait for its audio. Raises ``Overloaded`` when the queue is full."""
+    async def submit(self, item: SynthesisItem, client: str = "") -> Audio:
+        """Queue ``item`` for ``client`` and wait for its audio. Raises ``Overloaded`` when the
+        queue is full, :class:`ClientQueueFull` when ``client`` has its share waiting ("": no
+        client, the CLI or a catalogue warm-up, bound by the queue only)."""
         if self._closed:
             raise Overloaded("server is shutting down", self.retry_after_s)
         if len(self._queue) >= self.max_queue:
@@ -202,7 +199,6 @@ class Scheduler:
                 f"synthesis queue for model {self.model!r} is full ({self.max_queue} waiting)",
                 self.retry_after_s,
             )
-        client = CLIENT.get()
         limit = self.max_per_client if self.max_per_client is not None else sys.maxsize
         if client and not self.shares.take(client, limit):
             self.metrics.client_rejected.labels(self.model).inc()

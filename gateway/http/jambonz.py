@@ -27,15 +27,14 @@ from gateway.errors import BadRequest, VoxgateError
 from gateway.http import keys
 from gateway.http.charging import admit
 from gateway.http.delivery import client_of, serve_speech
-from gateway.runtime.ratelimit import CALLER
 from gateway.runtime.settings import Settings
+from gateway.speech.caller import ask_as, caller
 from gateway.speech.request import SpeechResult
 from gateway.speech.service import SpeechService
 from gateway.speech.vocabulary import Vocabulary
 from synth import audio
 from synth.cancellation import cancel_and_wait
 from synth.errors import SynthesisError
-from synth.scheduler import CLIENT
 from synth.sentences import SentenceSplitter
 
 log = logging.getLogger("voxgate.gateway")
@@ -79,9 +78,9 @@ async def jambonz_stream(request: web.Request) -> web.StreamResponse:
     request[keys.CACHE_RESULT] = "stream"
     # Whose queue share the sentences take (the key's name, else the address); tasks made
     # below inherit it, and the caller whose characters they spend (set by the route guard).
-    CLIENT.set(client_of(request))
+    ask_as(client_of(request))
     sockets = app[keys.KEYED_SOCKETS]
-    opened_by = CALLER.get()
+    opened_by = caller().key
     if opened_by is not None:
         sockets.add(ws, opened_by)
     await ws.send_json({"type": "connect", "data": {"sample_rate": rate, "base64_encoding": False}})

@@ -28,11 +28,12 @@ from prometheus_client import Counter
 
 from cache.entry import Entry
 from gateway.errors import TooManyRequests
+from gateway.speech.caller import caller
 from gateway.speech.request import CacheResult, SpeechRequest, segment_speed
 from metrics import Metrics
 from synth import audio, sentences
 from synth.engine import Audio, ParamValue
-from synth.scheduler import CLIENT, ClientShares
+from synth.scheduler import ClientShares
 
 log = logging.getLogger("voxgate.speech")
 
@@ -225,8 +226,8 @@ class RenderShare:
     """Each client's share of the renditions being made at once: a rendition of stored masters
     (a new format or sample rate of audio said before) is a transcode, CPU that no synthesis
     queue bounds, so a client asking for many formats of one text could take every encoder.
-    The client is the calling context's (:data:`synth.scheduler.CLIENT`: the API key's name, else
-    the address); counts live in ``shares`` (the host's, in the gateway)."""
+    The client is the caller's (:mod:`gateway.speech.caller`: the API key's name, else the
+    address); counts live in ``shares`` (the host's, in the gateway)."""
 
     def __init__(self, shares: ClientShares, limit: int, refused: Counter) -> None:
         self.shares = shares
@@ -236,7 +237,7 @@ class RenderShare:
     def take(self) -> Callable[[], None] | None:
         """Count one rendition for the calling client (429 ``render_share`` past its limit); the
         call that gives it back, or None for no client (the CLI, a catalogue warm-up)."""
-        client = CLIENT.get()
+        client = caller().client
         if not client:
             return None
         name = "render:" + client

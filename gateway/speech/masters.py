@@ -20,6 +20,7 @@ from cache.entry import Entry
 from cache.keys import master_key
 from cache.singleflight import SingleFlight
 from cache.store import TieredStore
+from gateway.speech.caller import caller
 from gateway.speech.request import CacheResult, SpeechRequest
 from metrics import Metrics
 from synth import audio
@@ -28,6 +29,10 @@ from synth.errors import Overloaded
 from synth.scheduler import Scheduler
 
 log = logging.getLogger("voxgate.speech")
+
+
+# Voices whose engine defaults are remembered (more only with an upstream taking any voice id).
+MAX_VOICES_REMEMBERED = 4096
 
 
 @dataclass
@@ -108,13 +113,19 @@ class Masters:
         # synthesizing it (misses only; joining one in flight is free); raises to refuse it (a
         # key over its chars_per_minute).
         self.admit_synthesis: Callable[[int], Awaitable[None]] | None = None
+        # Each voice's engine defaults (fixed once an engine is built), read for every key.
+        self._defaults: dict[tuple[str, str], Mapping[str, ParamValue]] = {}
 
     # ---- addressing -------------------------------------------------------------------------
 
     def params_for(self, req: SpeechRequest) -> dict[str, ParamValue]:
         """Everything that shapes the sound, for the master key."""
-        engine = self.models[req.model].engine
-        params = {**engine.default_params(req.voice), **dict(req.params), "speed": req.speed}
+        defaults = self._defaults.get((req.model, req.voice))
+        if defaults is None:
+            defaults = self.models[req.model].engine.default_params(req.voice)
+            if len(self._defaults) < MAX_VOICES_REMEMBERED:  # (an upstream takes any voice id)
+                self._defaults[req.model, req.voice] = defaults
+        params = {**defaults, **dict(req.params), "speed": req.speed}
         if req.phonemes:
             params["phonemes"] = True  # the same characters read as IPA are other speech
         return params
@@ -219,7 +230,7 @@ class Masters:
         if on_queued is not None:
             # submit() queues the item before its first suspension; this runs right after.
             asyncio.get_running_loop().call_soon(on_queued)
-        result = await handle.scheduler.submit(item)
+        result = await handle.scheduler.submit(item, caller().client)
         # One job off the loop: the 16-bit samples once, the FLAC master from them, its checksum
         # and digest (a miss's CPU here is taken from the synthesis workers on the same cores).
         stored, entry = await asyncio.get_running_loop().run_in_executor(

@@ -64,13 +64,13 @@ from gateway.errors import BadRequest, VoxgateError
 from gateway.runtime.buildinfo import version
 from gateway.runtime.settings import Settings
 from gateway.speech.assembly import SpeechStream
+from gateway.speech.caller import ask_as
 from gateway.speech.request import SpeechRequest
 from gateway.speech.service import SpeechService
 from metrics import Metrics
 from synth import audio
 from synth.cancellation import cancel_and_wait
 from synth.errors import ClientQueueFull, SynthesisError
-from synth.scheduler import CLIENT
 from synth.sentences import SentenceSplitter
 
 log = logging.getLogger("voxgate.wyoming")
@@ -232,7 +232,7 @@ class SpeechEventHandler(AsyncEventHandler):
         self.server.tasks.add(task)
         # The protocol carries no key: each connection is a client with its own share of the
         # synthesis queue (queue_per_client) and of the renditions being made.
-        CLIENT.set(client_name(self.writer))
+        ask_as(client_name(self.writer))
         try:
             while True:
                 try:
