@@ -18,7 +18,17 @@ Engines: the bundled Piper voice (joe) and a Coqui VITS with the full LJSpeech-s
 Everything runs in one process run, side by side, so the ratios survive a noisy shared machine.
 Writes ``docs/bench/engines.json`` and ``docs/bench/engines.png``.
 
+``--int8`` runs only fp32 against int8 (``synthesis_precision``): the Piper voice and Coqui's VITS
+export (``--no-coqui``: Piper only), each at both precisions on one intra-op thread, the voice's
+noise off, in interleaved rounds. Speed is CPU seconds (``getrusage``: user + system of this
+process, which busy neighbours on the same cores move least) per synthesized second, and its
+inverse, audio seconds per core second; the int8 speedup is the median of the per-round ratios.
+Distance from fp32: mel-cepstral distortion (``bench.harness.mel_cepstral_distortion``) and
+duration, beside two yardsticks: voxgate's MP3 of the same fp32 audio (the bound) and the voice's
+own noise. Writes ``docs/bench/engines_int8.json`` and ``docs/bench/engines_int8.png``.
+
     .venv/bin/python -m bench.engines            # ~3 minutes on 2 idle cores (much longer on a loaded machine)
+    .venv/bin/python -m bench.engines --int8     # the first run derives the int8 graphs (minutes)
 """
 
 from __future__ import annotations

@@ -205,4 +205,30 @@ async def test_served_int8_uses_the_cached_graph(
         assert "deriving the int8 graph" not in server.logs()
         assert mtime(graph) == before
     finally:
-        server.stop()
+        server.close()
+
+
+def test_coqui_onnx_int8(coqui_model_files: tuple[Path, Path], tmp_path: Path) -> None:
+    """Coqui's VITS export at int8 (the test model: reduced size, random weights): derived once
+    beside the export, its own fingerprint, audio of the same length as fp32's with noise off.
+    Other modes have no int8 precision and keep their fingerprint."""
+    from synth.coqui_engine import CoquiEngine
+
+    quiet = {"noise_scale": 0.0, "noise_scale_dp": 0.0}
+    fp32 = CoquiEngine(*coqui_model_files, mode="onnx", onnx_dir=tmp_path)
+    int8 = CoquiEngine(*coqui_model_files, mode="onnx", onnx_dir=tmp_path, precision="int8")
+    torch_int8 = CoquiEngine(*coqui_model_files, mode="torch", precision="int8")
+    assert torch_int8.precision == "fp32" and torch_int8.fingerprint == fp32.fingerprint
+    assert int8.fingerprint == onnx_quant.int8_fingerprint(f"{fp32.fingerprint}.conv2d")
+    fp32.load()
+    int8.load()
+    assert int8.describe()["precision"] == "int8"
+    (graph,) = tmp_path.glob("*.int8.onnx")
+    assert graph.name == f"{int8.fingerprint}.int8.onnx"
+    items = [SynthesisItem("A medium sized test.", "default", params=quiet)]
+    (a,) = fp32.synthesize_batch(items)
+    (b,) = int8.synthesize_batch(items)
+    (c,) = int8.synthesize_batch(items)
+    assert np.array_equal(b.pcm, c.pcm)
+    assert abs(b.duration_s / a.duration_s - 1.0) <= MAX_DURATION_CHANGE
+    assert np.isfinite(b.pcm).all() and float(np.abs(b.pcm).max()) > 0.0
