@@ -576,7 +576,8 @@ def plot_precision(report: dict[str, Any], path: Path) -> None:
         )
     ):
         ax2.bar(xs + (j - 1) * width, [r[key] for r in q], width, label=label)
-    ax2.set_xticks(xs, [f"{r['engine'][:5]}\n{r['text'][:12]}" for r in q], fontsize=6)
+    ax2.set_xticks(xs, [f"{r['engine'][:5]}\n{TEXTS.index(r['text']) + 1}" for r in q])
+    ax2.set_xlabel("engine, text number (coqui: random weights, its distances mean nothing)")
     ax2.set_ylabel("mel-cepstral distortion from fp32, dB")
     ax2.set_title("Distance from fp32 audio (noise off)")
     ax2.legend()
