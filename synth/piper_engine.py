@@ -20,7 +20,8 @@ from synth.onnx_quant import CALIBRATION_TEXTS, PRECISIONS, derived_int8, int8_f
 
 # Longest phoneme sequence one ONNX run is given at speed 1 (about 16 s of audio: the joe voice
 # speaks about 22 phonemes a second). Peak memory grows with the audio of one run, about 20 MB a
-# second, so a run is held to about 330 MB at any speed: slower speech gets shorter runs.
+# second, so a run is held to about 330 MB at any speed: slower speech gets shorter runs
+# (docs/synthesis.md, "Memory per run").
 MAX_RUN_PHONEMES = 350
 MIN_RUN_PHONEMES = 40
 
