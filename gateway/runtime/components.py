@@ -125,7 +125,13 @@ def default_engine_specs(settings: Settings) -> dict[str, list[EngineSpec]]:
         "piper": [
             EngineSpec(
                 "synth.piper_engine:PiperEngine",
-                {"voices": voices, "intra_op_threads": threads, "use_cuda": d.startswith("cuda")},
+                {
+                    "voices": voices,
+                    "intra_op_threads": threads,
+                    "use_cuda": d.startswith("cuda"),
+                    "precision": settings.synthesis_precision,
+                    "derived_dir": settings.cache_dir / "piper-int8",
+                },
             )
             for d in devices
         ]
@@ -149,6 +155,7 @@ def default_engine_specs(settings: Settings) -> dict[str, list[EngineSpec]]:
                     "device": d,
                     "intra_op_threads": threads,
                     "onnx_dir": settings.cache_dir / "coqui-onnx",
+                    "precision": settings.synthesis_precision,
                 },
             )
             for d in devices
