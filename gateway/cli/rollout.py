@@ -37,7 +37,9 @@ async def run_rollout(
     ):
 
         def parse(body: dict[str, Any]) -> SpeechRequest:
-            (req,) = to_requests([Prompt(body, "a pinned prompt")], {}, settings, service)
+            (req,) = to_requests(
+                [Prompt(body, "a pinned prompt")], {}, settings, service.vocabulary
+            )
             return req
 
         with tqdm(
