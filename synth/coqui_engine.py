@@ -147,7 +147,7 @@ class CoquiEngine:
         self.sample_rate = int(audio_cfg.get("output_sample_rate") or audio_cfg["sample_rate"])
         self.source_fingerprint = fingerprint_files([self.model_path, self.config_path])
         self.fingerprint = (
-            int8_fingerprint(f"{self.source_fingerprint}.conv2d")
+            int8_fingerprint(f"{self.source_fingerprint}.conv2d.speed")
             if self.precision == "int8"
             else self.source_fingerprint
         )

@@ -219,7 +219,7 @@ class SpeechService:
         if isinstance(stream_, tuple):
             entry, outcome, leader = stream_
             if not leader:
-                self.served_free(req)
+                self.tally.add(req)
             if not leader or outcome == "coalesced":
                 self.metrics.coalesced.inc()
                 return SpeechResult(entry, key, "coalesced")
@@ -232,7 +232,7 @@ class SpeechService:
         """Whether ``req`` may be made of more than one sentence master (what streaming by
         default needs to help): cheap, on the loop. A text that is not one sentence on its face
         counts as several (it may still split into one)."""
-        if self._unsplit(req.model):
+        if self.masters.says_whole(req.model):
             return len([seg for seg in req.segments if seg.words]) > 1
         if not req.segments:
             return not self.assembler.splitter.whole(req.text, self.assembler.max_sentence_chars)
