@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from synth.alignment import WordTiming
 from synth.audio import FloatPCM
 
 ParamValue = str | int | float | bool | None
@@ -31,10 +32,12 @@ class SynthesisItem:
 
 @dataclass(frozen=True)
 class Audio:
-    """Mono float32 PCM at ``sample_rate``."""
+    """Mono float32 PCM at ``sample_rate``; ``words``, when the engine can tell, where each
+    word of the item's text is heard (None: the engine gives no alignment)."""
 
     pcm: FloatPCM
     sample_rate: int
+    words: tuple[WordTiming, ...] | None = None
 
     @property
     def duration_s(self) -> float:

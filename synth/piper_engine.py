@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from synth.alignment import WordTiming, align_words
 from synth.engine import Audio, ParamValue, SynthesisItem, VoiceInfo, fingerprint_files
 from synth.errors import EngineError, UnspeakableInput
 from synth.onnx_memory import TRIM_AFTER_AUDIO_S, ShrinkingSession, release_freed_memory
@@ -62,6 +63,9 @@ class PiperEngine:
     name = "piper"
     # Piper's ONNX graph takes phoneme ids: IPA (SSML <phoneme>) skips espeak-ng's phonemizer.
     takes_phonemes = True
+    # Each voice's graph is given its phoneme durations as an output at load (below), so every
+    # item comes back with where its words are heard (docs/speech-marks.md).
+    speech_marks = True
 
     def __init__(
         self,
@@ -76,6 +80,8 @@ class PiperEngine:
         self.intra_op_threads = intra_op_threads
         self.use_cuda = use_cuda
         self._voices: dict[str, Any] = {}
+        # Voices whose graph gives phoneme durations (a graph without the Ceil node gives none).
+        self._aligned: set[str] = set()
         self._configs: dict[str, dict[str, Any]] = {}
         for v in voices:
             for p in (v.model_path, v.config_path):
@@ -118,9 +124,10 @@ class PiperEngine:
             opts.intra_op_num_threads = self.intra_op_threads
             opts.inter_op_num_threads = 1
             providers = ["CUDAExecutionProvider"] if self.use_cuda else ["CPUExecutionProvider"]
-            session = onnxruntime.InferenceSession(
-                str(files.model_path), sess_options=opts, providers=providers
-            )
+            model, aligned = _with_durations(files.model_path)
+            session = onnxruntime.InferenceSession(model, sess_options=opts, providers=providers)
+            if aligned:
+                self._aligned.add(name)
             self._voices[name] = PiperVoice(
                 session=ShrinkingSession(session), config=PiperConfig.from_dict(self._configs[name])
             )
@@ -146,7 +153,18 @@ class PiperEngine:
         )
         ipa = item.phonemes
         sentences = [self._ipa(voice, item.text)] if ipa else voice.phonemize(item.text)
-        chunks = list(self._runs(voice, sentences, config, item.speed))
+        aligned = item.voice in self._aligned
+        chunks: list[np.ndarray[Any, Any]] = []
+        # (phoneme, first sample, samples) of the whole item, for the word timings.
+        stream: list[tuple[str, int, int]] = []
+        at = 0
+        for pcm_run, run, durations in self._runs(voice, sentences, config, item.speed, aligned):
+            chunks.append(pcm_run)
+            if durations is not None:
+                stream.extend(_phoneme_stream(voice, run, durations, at))
+            else:
+                aligned = False
+            at += len(pcm_run)
         if not chunks:
             raise UnspeakableInput(
                 "the voice produced no audio for this input: it has nothing to speak"
@@ -154,7 +172,16 @@ class PiperEngine:
         pcm = np.concatenate(chunks).astype(np.float32, copy=False)
         if len(pcm) > TRIM_AFTER_AUDIO_S * self.sample_rate:
             release_freed_memory()
-        return Audio(pcm, self.sample_rate)
+        words: tuple[WordTiming, ...] | None = None
+        if aligned:
+
+            def phonemes_of(word: str) -> list[str]:
+                if ipa:
+                    return list(word)
+                return [p for sentence in voice.phonemize(word) for p in sentence]
+
+            words = align_words(item.text, stream, phonemes_of)
+        return Audio(pcm, self.sample_rate, words)
 
     @staticmethod
     def _ipa(voice: Any, ipa: str) -> list[str]:
@@ -171,18 +198,24 @@ class PiperEngine:
 
     @staticmethod
     def _runs(
-        voice: Any, sentences: list[list[str]], config: Any, speed: float
-    ) -> Iterator[np.ndarray[Any, Any]]:
+        voice: Any, sentences: list[list[str]], config: Any, speed: float, aligned: bool
+    ) -> Iterator[tuple[np.ndarray[Any, Any], list[str], np.ndarray[Any, Any] | None]]:
         """Audio of phonemized ``sentences`` as ``PiperVoice.synthesize`` makes it (one run per
         espeak sentence, each peak-normalized and clipped), except that a sentence of more
-        phonemes than one run may take is cut between words into several runs."""
+        phonemes than one run may take is cut between words into several runs. With each run
+        its phonemes and, when ``aligned``, the samples of each of its phoneme ids."""
         limit = max(MIN_RUN_PHONEMES, round(MAX_RUN_PHONEMES * min(1.0, speed)))
         for phonemes in sentences:
             for run in _bounded_runs(phonemes, limit):
-                audio = voice.phoneme_ids_to_audio(voice.phonemes_to_ids(run), config)
+                ids = voice.phoneme_ids_to_audio(
+                    voice.phonemes_to_ids(run), config, include_alignments=aligned
+                )
+                audio, durations = ids if isinstance(ids, tuple) else (ids, None)
+                if durations is not None and int(durations.sum()) != len(audio):
+                    durations = None  # not this graph's frames: no timings rather than wrong
                 peak = np.max(np.abs(audio)) if audio.size else 0.0
                 audio = np.zeros_like(audio) if peak < 1e-8 else audio / peak
-                yield np.clip(audio, -1.0, 1.0).astype(np.float32)
+                yield np.clip(audio, -1.0, 1.0).astype(np.float32), run, durations
 
     def synthesize_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]:
         if not self._voices:
@@ -200,6 +233,50 @@ class PiperEngine:
             "sample_rate": self.sample_rate,
             "fingerprint": self.fingerprint,
         }
+
+
+def _with_durations(model_path: Path) -> tuple[str | bytes, bool]:
+    """The voice's graph with its phoneme durations (the ``Ceil`` of the duration predictor,
+    in frames) as a second output, patched in memory as Piper's ``include_alignments`` does
+    (``piper.patch_voice_with_alignment``); the path itself when the graph has no single such
+    node or already outputs it. The durations cost nothing at run time: the graph computes them
+    to make the audio."""
+    import onnx
+    from piper.patch_voice_with_alignment import add_alignment_output
+
+    model = onnx.load(str(model_path))
+    if len(model.graph.output) > 1:
+        return str(model_path), True  # patched on disk already
+    try:
+        add_alignment_output(model)
+    except ValueError as exc:
+        log.warning("piper voice %s gives no phoneme durations: %s", model_path.name, exc)
+        return str(model_path), False
+    return model.SerializeToString(), True
+
+
+def _phoneme_stream(
+    voice: Any, run: list[str], durations: np.ndarray[Any, Any], at: int
+) -> Iterator[tuple[str, int, int]]:
+    """``(phoneme, first sample, samples)`` of each phoneme of ``run`` whose audio starts at
+    sample ``at``: a phoneme lasts its id's frames and the pad after it (``phonemes_to_ids``
+    puts BOS and a pad first, a pad after each known phoneme, EOS last; a phoneme the voice has
+    no id for is skipped there and here)."""
+    from piper.const import BOS, PAD
+
+    id_map = voice.config.phoneme_id_map
+    pad = len(id_map[PAD])
+    cumulative = np.concatenate([[0], np.cumsum(durations)]).astype(np.int64)
+    cursor = len(id_map[BOS]) + pad
+    for phoneme in run:
+        ids = id_map.get(phoneme)
+        if ids is None:
+            continue
+        end = cursor + len(ids) + pad
+        if end >= len(cumulative):
+            return
+        yield phoneme, at + int(cumulative[cursor]), int(cumulative[end] - cumulative[cursor])
+        cursor = end
 
 
 def _bounded_runs(phonemes: list[str], limit: int) -> Iterator[list[str]]:

@@ -37,6 +37,8 @@ class CountingEngine:
         self.sample_rate = inner.sample_rate
         # Piper takes phonemes (SSML <phoneme>); the wrapper passes that on.
         self.takes_phonemes = bool(getattr(inner, "takes_phonemes", False))
+        # And speech marks (its items come back with word timings).
+        self.speech_marks = bool(getattr(inner, "speech_marks", False))
         self.items = 0
         self.batches = 0
         self.texts: list[str] = []

@@ -65,6 +65,10 @@ class VoiceEntry(TypedDict):
     id: str
     language: str
     description: str
+    speech_marks: Annotated[
+        bool,
+        Field(description="Whether its audio has speech marks (`GET /v1/audio/{key}.marks`)."),
+    ]
 
 
 # (What SpeechService.voice_listing builds.)

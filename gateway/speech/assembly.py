@@ -28,6 +28,7 @@ from prometheus_client import Counter
 
 from cache.entry import Entry
 from gateway.errors import TooManyRequests
+from gateway.speech import marks
 from gateway.speech.request import CacheResult, SpeechRequest, segment_speed
 from metrics import Metrics
 from synth import audio, sentences
@@ -458,6 +459,7 @@ class Assembler:
             self.pause_s,
             prod.rate,
             recipe,
+            [t.text for t in texts],
         )
         await self._store_put(prod.key, entry)
         if len(texts) > 1:
@@ -474,16 +476,34 @@ def _rendition_entry(
     pause_s: float,
     rate: int,
     recipe: dict[str, Any],
+    sentence_texts: list[str],
 ) -> Entry:
     """The rendition of ``req`` made of ``masters`` (in order) and the entry that stores it: the
-    join, the encoding, its checksum and digest in one job off the loop."""
+    join, the encoding, its checksum and digest, and its speech marks, in one job off the
+    loop."""
     rate_in = masters[0].sample_rate
+    pcms = [m.pcm for m in masters]
     if layout.exact:
-        pcm = layout.join([m.pcm for m in masters], rate_in)
+        pcm = layout.join(pcms, rate_in)
+        gaps: list[float] | None = [g / 1000.0 for g in layout.gaps_ms]
     else:
-        pcm = sentences.join([m.pcm for m in masters], rate_in, pause_s)
+        pcm = sentences.join(pcms, rate_in, pause_s)
+        gaps = None
     data = audio.render(pcm, rate_in, req.fmt, rate)
-    return req.entry(data, req.fmt, rate, len(pcm) / rate_in, **recipe)
+    found = marks.compose(
+        req.text,
+        sentence_texts,
+        masters,
+        sentences.part_offsets(pcms, rate_in, gaps, layout.trims, pause_s),
+    )
+    return req.entry(
+        data,
+        req.fmt,
+        rate,
+        len(pcm) / rate_in,
+        marks=marks.to_ndjson(found) if found is not None else "",
+        **recipe,
+    )
 
 
 def _consume(fut: asyncio.Future[Any]) -> None:

@@ -79,6 +79,8 @@ class SpeechRequest:
         pause_ms: int = 0,
         gaps_ms: tuple[int, ...] = (),
         trims: tuple[bool, ...] = (),
+        alignment: str = "",
+        marks: str = "",
     ) -> Entry:
         """Stored audio for this request: ``data`` in ``fmt``, tagged with model and voice
         (and, for a rendition, the masters it was made from: see :class:`cache.entry.EntryMeta`).
@@ -96,6 +98,8 @@ class SpeechRequest:
             pause_ms=pause_ms,
             gaps_ms=gaps_ms,
             trims=trims,
+            alignment=alignment,
+            marks=marks,
         )
 
 

@@ -22,6 +22,7 @@ from cache.singleflight import SingleFlight
 from cache.store import TieredStore
 from gateway.errors import BadRequest
 from gateway.memo import BoundedMemo
+from gateway.speech import marks
 from gateway.speech.assembly import Assembler, SpeechStream, plan
 from gateway.speech.request import (
     CacheResult,
@@ -92,8 +93,14 @@ def _master_entry(req: SpeechRequest, result: Audio) -> tuple[Audio, Entry]:
     """Freshly synthesized audio as stored, and the master entry that stores it (runs off the
     loop)."""
     stored, master = audio.master_of(result.pcm, result.sample_rate)
-    entry = req.entry(master, audio.MASTER_FORMAT, result.sample_rate, result.duration_s)
-    return Audio(stored, result.sample_rate), entry
+    words = result.words
+    if words is not None and any(w.end > len(req.text) for w in words):
+        words = None  # (an engine's offsets past its text: no marks rather than wrong ones)
+    alignment = marks.alignment_json(words) if words is not None else ""
+    entry = req.entry(
+        master, audio.MASTER_FORMAT, result.sample_rate, result.duration_s, alignment=alignment
+    )
+    return Audio(stored, result.sample_rate, words), entry
 
 
 class SpeechService:
@@ -413,7 +420,8 @@ class SpeechService:
             log.warning("stored master deleted key=%s: %s", mk, exc)
             await self.store.delete(mk)
             return None
-        return Audio(pcm, rate)
+        words = marks.stored_alignment(entry.meta.alignment, len(pcm), 1 << 30)
+        return Audio(pcm, rate, words)
 
     async def _synthesize(
         self, req: SpeechRequest, mk: str, on_queued: Callable[[], None] | None = None
@@ -482,6 +490,11 @@ class SpeechService:
             "estimated_audio_s": round(estimated_request_s(req), 2),
         }
 
+    def has_marks(self, model: str, voice: str) -> bool:
+        """Whether ``voice`` of ``model`` gives speech marks (its engine reports alignments)."""
+        handle = self.models.get(model)
+        return handle is not None and bool(getattr(handle.engine, "speech_marks", False))
+
     def voice_listing(self) -> Sequence[Mapping[str, object]]:
         """Models with their voices, for ``GET /v1/voices``."""
         out = []
@@ -492,7 +505,12 @@ class SpeechService:
                     "ready": handle.ready.is_set(),
                     "sample_rate": handle.engine.sample_rate,
                     "voices": [
-                        {"id": v.name, "language": v.language, "description": v.description}
+                        {
+                            "id": v.name,
+                            "language": v.language,
+                            "description": v.description,
+                            "speech_marks": self.has_marks(name, v.name),
+                        }
                         for v in handle.engine.voices()
                     ],
                     "execution": dict(handle.engine.describe()),

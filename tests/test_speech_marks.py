@@ -1,0 +1,275 @@
+"""Speech marks (docs/speech-marks.md): word timings computed beside synthesis from Piper's phoneme
+durations, stored with the audio, served as Polly's NDJSON, captions and ElevenLabs' character
+alignment.
+
+Deterministic: every synthesis here runs with Piper's noise scales at 0 (the same audio every
+run), so the accuracy figures do not move between runs; where two answers are compared they are
+encodings of one synthesis (the synthesis count says so)."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+from typing import Any
+
+import numpy as np
+import soundfile as sf
+from aiohttp.test_utils import TestClient
+
+from gateway.speech import marks as speech_marks
+from synth import sentences
+from synth.alignment import align_words, word_spans
+from synth.engine import Audio
+from tests.conftest import GatewayFactory
+from tests.support import CountingEngine
+
+NOISE_FREE = {"noise_scale": 0.0, "noise_w_scale": 0.0}
+TEN_WORDS = [
+    "Please",
+    "listen",
+    "carefully",
+    "because",
+    "our",
+    "menu",
+    "options",
+    "have",
+    "recently",
+    "changed",
+]
+
+
+def body(text: str, **kw: Any) -> dict[str, Any]:
+    return {
+        "model": "tts-1",
+        "input": text,
+        "voice": "alloy",
+        "response_format": "wav",
+        **NOISE_FREE,
+        **kw,
+    }
+
+
+def ndjson(data: bytes) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in data.decode().splitlines()]
+
+
+async def speak(client: TestClient[Any, Any], text: str, **kw: Any) -> tuple[str, bytes]:
+    resp = await client.post("/v1/audio/speech", json=body(text, **kw))
+    assert resp.status == 200, await resp.text()
+    return resp.headers["X-Audio-Key"], await resp.read()
+
+
+async def marks_of(client: TestClient[Any, Any], key: str, query: str = "") -> list[dict[str, Any]]:
+    resp = await client.get(f"/v1/audio/{key}.marks{query}")
+    assert resp.status == 200, await resp.text()
+    assert resp.headers["Content-Type"].startswith("application/x-ndjson")
+    return ndjson(await resp.read())
+
+
+# ---- word alignment ----------------------------------------------------------------------------
+
+
+def test_words_espeak_joins_or_expands_map_back_to_the_text() -> None:
+    """espeak says "of the" as one phoneme word and "42" as two; each text word still gets its
+    own phonemes and time."""
+    text = "Out of the 42 cats."
+    said = "aʊt ʌvðə fɔːɹti tuː kæts."
+    stream = [(ph, i * 100, 100) for i, ph in enumerate(said)]
+    alone = {"Out": "aʊt", "of": "ʌv", "the": "ðə", "42": "fɔːɹti tuː", "cats": "kæts"}
+    words = align_words(text, stream, lambda w: list(alone[w]))
+    assert [text[w.start : w.end] for w in words] == ["Out", "of", "the", "42", "cats"]
+    assert [w.t0 // 100 for w in words] == [0, 4, 6, 9, 20]
+    assert words[3].t1 == 19 * 100  # "fɔːɹti tuː" ends before the space
+    assert all(a.t1 <= b.t0 for a, b in itertools.pairwise(words))
+
+
+def test_word_spans_leave_out_the_punctuation_around_words() -> None:
+    text = '"Hello," she said -- (it\'s 3.5%).'
+    assert [text[a:b] for a, b in word_spans(text)] == ["Hello", "she", "said", "it's", "3.5%"]
+
+
+def test_marks_follow_the_join_of_sentences_and_breaks() -> None:
+    """A part's word times move by where the join puts it: after the pause, less the head
+    trimmed at a break."""
+    rate = 1000
+    loud = np.ones(100, dtype=np.float32)
+    quiet = np.zeros(20, dtype=np.float32)
+    part = np.concatenate([quiet, loud, quiet])  # 140 samples, sound at 20-120
+    words = align_words("Hi", [("h", 20, 50), ("aɪ", 70, 50)], lambda w: ["h", "aɪ"])
+    masters = [Audio(part, rate, words), Audio(part, rate, words)]
+    joined = sentences.join_gaps([part, part], rate, [0.0, 0.5, 0.0], [False, True, False])
+    placements = sentences.part_offsets([part, part], rate, [0.0, 0.5, 0.0], [False, True, False])
+    found = speech_marks.compose("Hi. Hi.", ["Hi.", "Hi."], masters, placements)
+    assert found is not None
+    times = [m.time for m in found if m.type == "word"]
+    # First at 20 ms; the second part lost its 20-sample tail, the break is 500, the second
+    # part's head (20 samples) is trimmed: its word starts right after the break.
+    assert times == [20, 120 + 500]
+    assert joined[620] == 1.0 and joined[619] == 0.0
+    assert [(m.start, m.end) for m in found if m.type == "word"] == [(0, 2), (4, 6)]
+
+
+# ---- through the gateway -----------------------------------------------------------------------
+
+
+async def test_marks_of_a_text_index_its_bytes_and_fit_its_audio(gateway: GatewayFactory) -> None:
+    client = await gateway()
+    text = "Café au lait costs 3 dollars. Thank you for calling!"
+    key, wav = await speak(client, text)
+    duration_ms = len(sf.read(io.BytesIO(wav))[0]) * 1000 / 22050
+    found = await marks_of(client, key)
+    raw = text.encode()
+    words = [m for m in found if m["type"] == "word"]
+    assert [m["value"] for m in words] == [
+        "Café",
+        "au",
+        "lait",
+        "costs",
+        "3",
+        "dollars",
+        "Thank",
+        "you",
+        "for",
+        "calling",
+    ]
+    for m in found:
+        if m["type"] != "viseme":
+            assert raw[m["start"] : m["end"]].decode() == m["value"]
+        assert 0 <= m["time"] <= duration_ms
+    assert [m["time"] for m in found] == sorted(m["time"] for m in found)
+    sentences_ = [m for m in found if m["type"] == "sentence"]
+    assert [m["value"] for m in sentences_] == [
+        "Café au lait costs 3 dollars.",
+        "Thank you for calling!",
+    ]
+    # A sentence starts with its first word; the second after the pause between sentences.
+    assert sentences_[0]["time"] == words[0]["time"]
+    assert sentences_[1]["time"] == words[6]["time"] > words[5]["time"] + 250
+    visemes = {m["value"] for m in found if m["type"] == "viseme"}
+    assert visemes <= {
+        "p",
+        "t",
+        "S",
+        "T",
+        "f",
+        "k",
+        "i",
+        "r",
+        "s",
+        "u",
+        "@",
+        "a",
+        "e",
+        "E",
+        "o",
+        "O",
+        "sil",
+    }
+    assert {"k", "f", "sil"} <= visemes
+    only = await marks_of(client, key, "?types=word,ssml")
+    assert only == words
+    resp = await client.get(f"/v1/audio/{key}.marks?types=word,bogus")
+    assert resp.status == 400
+    assert (await resp.json())["error"]["param"] == "types"
+
+
+async def test_a_hit_and_a_transcode_answer_the_misses_marks(
+    gateway: GatewayFactory, counting_engine: CountingEngine
+) -> None:
+    client = await gateway()
+    text = "Your call is important to us. Please hold."
+    key, _ = await speak(client, text)
+    first = await marks_of(client, key)
+    synthesized = counting_engine.items
+    again, _ = await speak(client, text)
+    assert again == key
+    mp3_key, _ = await speak(client, text, response_format="mp3")
+    assert mp3_key != key
+    resp = await client.get(f"/v1/audio/{key}.ulaw")
+    assert resp.status == 200
+    ulaw_key = resp.headers["X-Audio-Key"]
+    assert counting_engine.items == synthesized  # all of it from the stored masters
+    assert await marks_of(client, key) == first
+    assert await marks_of(client, mp3_key) == first
+    assert await marks_of(client, ulaw_key) == first
+
+
+async def test_captions_cut_phrases_at_words(gateway: GatewayFactory) -> None:
+    client = await gateway()
+    text = (
+        "Thank you for calling the city library information line. Our opening hours have "
+        "changed for the holidays."
+    )
+    key, _ = await speak(client, text)
+    resp = await client.get(f"/v1/audio/{key}.vtt")
+    assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/vtt")
+    vtt = (await resp.text()).split("\n\n")
+    assert vtt[0] == "WEBVTT"
+    cues = [block.split("\n") for block in vtt[1:] if block.strip()]
+    phrases = [lines[1] for lines in cues]
+    assert " ".join(phrases) == text.replace(".", "")
+    assert all(len(p) <= 42 for p in phrases) and len(phrases) >= 3
+    # No cue joins the end of one sentence to the next.
+    assert any(p.endswith("line") for p in phrases)
+    resp = await client.get(f"/v1/audio/{key}.srt")
+    srt = await resp.text()
+    assert resp.headers["Content-Type"].startswith("application/x-subrip")
+    blocks = [b.split("\n") for b in srt.split("\n\n") if b.strip()]
+    assert [b[0] for b in blocks] == [str(i) for i in range(1, len(cues) + 1)]
+    assert [b[1].replace(",", ".") for b in blocks] == [c[0] for c in cues]
+
+
+async def test_with_timestamps_answers_elevenlabs_alignment_of_the_input(
+    gateway: GatewayFactory,
+) -> None:
+    client = await gateway()
+    text = "  Hello   there,\nfriend. "
+    resp = await client.post("/v1/audio/speech/with-timestamps", json=body(text))
+    assert resp.status == 200, await resp.text()
+    got = await resp.json()
+    wav = __import__("base64").b64decode(got["audio_base64"])
+    audio, rate = sf.read(io.BytesIO(wav))
+    assert rate == 22050
+    alignment = got["alignment"]
+    assert "".join(alignment["characters"]) == text
+    starts, ends = (
+        alignment["character_start_times_seconds"],
+        alignment["character_end_times_seconds"],
+    )
+    assert len(starts) == len(ends) == len(text)
+    assert starts == sorted(starts) and all(s <= e for s, e in zip(starts, ends, strict=True))
+    assert ends[-1] <= len(audio) / rate + 0.001
+    assert got["normalized_text"] == "Hello there, friend."
+    words = [m for m in got["marks"] if m["type"] == "word"]
+    raw = text.encode()
+    assert [raw[m["start"] : m["end"]].decode() for m in words] == ["Hello", "there", "friend"]
+    # The character alignment puts each word's first letter at its mark.
+    for m in words:
+        assert starts[len(raw[: m["start"]].decode())] == round(m["time"] / 1000, 3)
+    # The same key's marks, by key, index the normalized text.
+    by_key = await marks_of(client, got["key"])
+    assert [m["time"] for m in by_key] == [m["time"] for m in got["marks"]]
+    assert resp.headers["X-Cache"] == "MISS"
+    again = await client.post("/v1/audio/speech/with-timestamps", json=body(text))
+    assert again.headers["X-Cache"] == "HIT"
+    assert (await again.json())["marks"] == got["marks"]
+
+
+async def test_voices_say_which_have_marks_and_others_are_refused_by_name(
+    gateway: GatewayFactory, counting_engine: CountingEngine
+) -> None:
+    unmarked = CountingEngine(counting_engine.inner)
+    unmarked.speech_marks = False
+    unmarked.name = "plain"
+    client = await gateway(engines={"piper": counting_engine, "plain": unmarked})
+    resp = await client.get("/v1/voices")
+    listing = {m["id"]: m["voices"][0]["speech_marks"] for m in (await resp.json())["models"]}
+    assert listing == {"piper": True, "plain": False}
+    resp = await client.post(
+        "/v1/audio/speech/with-timestamps", json=body("Hello.", model="plain", voice="joe")
+    )
+    assert resp.status == 400
+    error = (await resp.json())["error"]
+    assert "voice 'joe' of model 'plain'" in error["message"]
+    assert error["code"] == "marks_unsupported"
