@@ -25,6 +25,7 @@ from typing import Any
 # Symbols in a phoneme stream that are not a sound of their own: stress marks, the word space,
 # punctuation Piper keeps as pauses, and IPA's tie and syllable marks.
 _SILENT = frozenset(" \u02c8\u02cc.,;:!?-'\"()\u0361\u035c|\u2016")
+_STRESS = frozenset("\u02c8\u02cc")
 _TOKEN = re.compile(r"\S+")
 # Most words a sentence's timings may hold across the worker boundary (a run is at most a few
 # hundred phonemes; a sentence at most a few runs of them).
@@ -184,6 +185,11 @@ def align_words(
     for w, (start, end) in enumerate(spans):
         if owned[w]:
             first, last_j = heard[owned[w][0]], heard[owned[w][-1]]
+            # A stress mark before the word's first sound has frames of its own, and they are
+            # the sound's beginning (measured: a vowel-initial word, "ˈaʊɚ", was heard 100 ms
+            # before its vowel's frames).
+            while first > 0 and stream[first - 1][0] in _STRESS:
+                first -= 1
             t0 = max(floor, stream[first][1])
             t1 = max(t0, stream[last_j][1] + stream[last_j][2])
             phonemes = tuple(

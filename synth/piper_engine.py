@@ -259,9 +259,9 @@ def _phoneme_stream(
     voice: Any, run: list[str], durations: np.ndarray[Any, Any], at: int
 ) -> Iterator[tuple[str, int, int]]:
     """``(phoneme, first sample, samples)`` of each phoneme of ``run`` whose audio starts at
-    sample ``at``: a phoneme lasts its id's frames and the pad after it (``phonemes_to_ids``
-    puts BOS and a pad first, a pad after each known phoneme, EOS last; a phoneme the voice has
-    no id for is skipped there and here)."""
+    sample ``at``, from the frames of each phoneme id (``phonemes_to_ids`` puts BOS and a pad
+    first, a pad after each known phoneme, EOS last; a phoneme the voice has no id for is
+    skipped there and here)."""
     from piper.const import BOS, PAD
 
     id_map = voice.config.phoneme_id_map
@@ -275,7 +275,13 @@ def _phoneme_stream(
         end = cursor + len(ids) + pad
         if end >= len(cumulative):
             return
-        yield phoneme, at + int(cumulative[cursor]), int(cumulative[end] - cumulative[cursor])
+        # A phoneme is heard from the blank (pad) before it to the end of its own frames: VITS
+        # makes the transition into a sound in the blank before it. Measured on ten words after
+        # breaks (tests/test_speech_marks.py): words started 0-28 ms before their first id's
+        # frames, and 0-11 ms from the blank before it (half the blank: 0-17 ms).
+        first = int(cumulative[cursor - pad])
+        last = int(cumulative[end - pad])
+        yield phoneme, at + first, last - first
         cursor = end
 
 

@@ -8,20 +8,25 @@ encodings of one synthesis (the synthesis count says so)."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import itertools
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import pytest
 import soundfile as sf
 from aiohttp.test_utils import TestClient
 
 from gateway.speech import marks as speech_marks
 from synth import sentences
 from synth.alignment import align_words, word_spans
-from synth.engine import Audio
+from synth.engine import Audio, SynthesisItem
+from synth.piper_engine import PiperEngine
 from tests.conftest import GatewayFactory
+from tests.served import DefaultServer
 from tests.support import CountingEngine
 
 NOISE_FREE = {"noise_scale": 0.0, "noise_w_scale": 0.0}
@@ -273,3 +278,133 @@ async def test_voices_say_which_have_marks_and_others_are_refused_by_name(
     error = (await resp.json())["error"]
     assert "voice 'joe' of model 'plain'" in error["message"]
     assert error["code"] == "marks_unsupported"
+
+
+# ---- accuracy ----------------------------------------------------------------------------------
+
+# Where a word's sound begins after a break: the first sample above the level the gateway takes
+# for an engine's near-silence when it trims at a break (synth.sentences.SILENCE_LEVEL).
+ONSET_LEVEL = sentences.SILENCE_LEVEL
+TOLERANCE_MS = 30.0
+
+
+def break_onsets(pcm: np.ndarray[Any, Any], rate: int, break_ms: int) -> list[float]:
+    """The end of each run of exact zeros at least ``break_ms`` long (a break the gateway
+    inserted), and the first sample above the silence floor after it, both in ms."""
+    zero = pcm == 0.0
+    min_run = round(break_ms * rate / 1000) - 2
+    onsets = []
+    i = 0
+    while i < len(pcm):
+        if zero[i]:
+            j = i
+            while j < len(pcm) and zero[j]:
+                j += 1
+            if j - i >= min_run and j < len(pcm):
+                loud = np.flatnonzero(np.abs(pcm[j:]) > ONSET_LEVEL)
+                onsets.append((j * 1000 / rate, (j + int(loud[0])) * 1000 / rate))
+            i = j
+        else:
+            i += 1
+    return onsets  # type: ignore[return-value]
+
+
+def break_errors(pcm: np.ndarray[Any, Any], rate: int, words: list[dict[str, Any]]) -> list[float]:
+    """For each word after an 800 ms break: its mark minus the onset of its sound (ms); asserts
+    the mark is not before the break's end."""
+    onsets = break_onsets(pcm, rate, 800)
+    assert len(onsets) == len(words) - 1
+    errors = []
+    for (silence_end, onset), word in zip(onsets, words[1:], strict=True):
+        assert word["time"] >= silence_end - 1, (word, silence_end)  # ms marks round
+        errors.append(word["time"] - onset)
+    return errors
+
+
+async def test_each_word_after_a_break_is_marked_at_its_onset(gateway: GatewayFactory) -> None:
+    """Ten words, each after an 800 ms break: each word's mark falls after the break and within
+    30 ms of where its samples rise above the silence floor (docs/speech-marks.md gives the
+    figures)."""
+    client = await gateway()
+    ssml = "<speak>" + '<break time="800ms"/>'.join(TEN_WORDS) + "</speak>"
+    key, wav = await speak(client, ssml)
+    pcm, rate = sf.read(io.BytesIO(wav), dtype="float32")
+    found = await marks_of(client, key)
+    words = [m for m in found if m["type"] == "word"]
+    assert [m["value"] for m in words] == TEN_WORDS
+    errors = break_errors(pcm, rate, words)
+    print("break errors ms", [round(e, 1) for e in errors])
+    assert max(abs(e) for e in errors) <= TOLERANCE_MS, errors
+    assert all(m["time"] <= len(pcm) * 1000 / rate for m in found)
+
+
+def test_a_words_mark_is_its_sounds_onset_in_the_engines_own_audio(
+    piper_engine: PiperEngine,
+) -> None:
+    """The same measure without the gateway's trim at breaks (which puts a mark that falls in
+    the trimmed near-silence on the break's end): each of the ten words synthesized alone, its
+    mark against the first sample above the silence floor of the engine's own audio."""
+    params = {"noise_scale": 0.0, "noise_w": 0.0}
+    items = [SynthesisItem(word, "joe", params=params) for word in TEN_WORDS]
+    errors = []
+    for got in piper_engine.synthesize_batch(items):
+        assert got.words is not None and len(got.words) == 1
+        onset = int(np.flatnonzero(np.abs(got.pcm) > ONSET_LEVEL)[0])
+        errors.append((got.words[0].t0 - onset) * 1000 / got.sample_rate)
+    print("engine onset errors ms", [round(e, 1) for e in errors])
+    assert max(abs(e) for e in errors) <= TOLERANCE_MS, errors
+
+
+# ---- as users run it ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DefaultServer]:
+    """``voxgate serve`` with no topology flags: gateway processes and the host's pool process,
+    so the timings cross the worker's and the pool's sockets before they are stored."""
+    srv = DefaultServer(tmp_path_factory.mktemp("marks") / "srv")
+    try:
+        srv.wait_ready()
+        yield srv
+        assert asyncio.run(srv.conformance_failures()) == []
+    finally:
+        srv.close()
+
+
+async def test_served_marks_cross_the_processes_and_every_route_agrees(
+    server: DefaultServer,
+) -> None:
+    text = "Thank you for calling. Please hold while we connect you."
+    speech = {"model": "piper", "voice": "joe", "input": text, "response_format": "wav"}
+    status, headers, wav = await server.request(
+        "POST", "/v1/audio/speech", json={**speech, **NOISE_FREE}
+    )
+    assert status == 200
+    key = headers["X-Audio-Key"]
+    duration_ms = len(sf.read(io.BytesIO(wav))[0]) * 1000 / 22050
+    status, headers, data = await server.request("GET", f"/v1/audio/{key}.marks")
+    assert status == 200 and headers["Content-Type"].startswith("application/x-ndjson")
+    found = ndjson(data)
+    words = [m for m in found if m["type"] == "word"]
+    assert " ".join(m["value"] for m in words) == text.replace(".", "")
+    assert all(0 <= m["time"] <= duration_ms for m in found)
+    # Every gateway process answers the same marks (new connections: the kernel picks one).
+    for _ in range(4):
+        assert ndjson((await server.request("GET", f"/v1/audio/{key}.marks"))[2]) == found
+    status, _, data = await server.request(
+        "POST", "/v1/audio/speech/with-timestamps", json={**speech, **NOISE_FREE}
+    )
+    assert status == 200
+    timed = json.loads(data)
+    assert timed["key"] == key and timed["marks"] == found
+    status, headers, _ = await server.request("GET", f"/v1/audio/{key}.ulaw")
+    assert status == 200
+    ulaw_marks = ndjson(
+        (await server.request("GET", f"/v1/audio/{headers['X-Audio-Key']}.marks"))[2]
+    )
+    assert ulaw_marks == found
+    status, _, data = await server.request("GET", f"/v1/audio/{key}.srt")
+    assert status == 200 and data.decode().startswith("1\n00:00:00,")
+    status, _, data = await server.request("GET", "/v1/voices")
+    voices = json.loads(data)["models"][0]["voices"]
+    assert voices[0]["speech_marks"] is True
