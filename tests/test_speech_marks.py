@@ -9,6 +9,7 @@ encodings of one synthesis (the synthesis count says so)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import itertools
 import json
@@ -19,7 +20,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 from aiohttp.test_utils import TestClient
+from openai import AsyncOpenAI
 
+from gateway.api.ssml import expand, plain_text
 from gateway.speech import marks as speech_marks
 from synth import sentences
 from synth.alignment import align_words, word_spans
@@ -408,3 +411,96 @@ async def test_served_marks_cross_the_processes_and_every_route_agrees(
     status, _, data = await server.request("GET", "/v1/voices")
     voices = json.loads(data)["models"][0]["voices"]
     assert voices[0]["speech_marks"] is True
+
+
+# ---- SSML <mark> -------------------------------------------------------------------------------
+
+
+def test_ssml_marks_ride_the_expansion_with_their_offsets() -> None:
+    doc = (
+        '<speak><mark name="start"/>Hello <mark name="mid"/>world.<break time="500ms"/>'
+        '<mark name="after"/><prosody rate="slow">Bye</prosody><mark name="end"/></speak>'
+    )
+    segments = expand(doc, language="en_US")
+    assert [(s.words, s.marks) for s in segments] == [
+        ("Hello world.", (("start", 0), ("mid", 6), ("after", 12))),
+        ("Bye", (("end", 3),)),
+    ]
+    assert speech_marks.ssml_positions(segments) == [
+        ("start", 0),
+        ("mid", 6),
+        ("after", 12),
+        ("end", 16),
+    ]
+    # A document without marks expands as before (its address does not move).
+    plain = expand("<speak>Hello world.</speak>", language="en_US")
+    assert plain_text(plain) == "Hello world."
+    assert (
+        plain_text(expand('<speak>Hello <mark name="m"/>world.</speak>', language="en_US")) is None
+    )
+
+
+async def test_an_ssml_mark_is_heard_with_the_word_after_it(gateway: GatewayFactory) -> None:
+    client = await gateway()
+    ssml = (
+        '<speak>Welcome.<break time="800ms"/><mark name="menu"/>Press one for sales.'
+        '<mark name="end"/></speak>'
+    )
+    key, wav = await speak(client, ssml)
+    pcm, rate = sf.read(io.BytesIO(wav), dtype="float32")
+    found = await marks_of(client, key)
+    text = "Welcome. Press one for sales."
+    ssml_marks = {m["value"]: m for m in found if m["type"] == "ssml"}
+    words = {m["value"]: m for m in found if m["type"] == "word"}
+    assert ssml_marks["menu"]["time"] == words["Press"]["time"]
+    assert ssml_marks["menu"]["start"] == ssml_marks["menu"]["end"] == text.index("Press")
+    ((silence_end, _),) = break_onsets(pcm, rate, 800)
+    assert ssml_marks["menu"]["time"] >= silence_end - 1
+    assert ssml_marks["end"]["time"] == round(len(pcm) * 1000 / rate)
+    assert await marks_of(client, key, "?types=ssml") == sorted(
+        ssml_marks.values(), key=lambda m: m["time"]
+    )
+
+
+# ---- server-sent events ------------------------------------------------------------------------
+
+
+async def sse_events(http: TestClient[Any, Any], text: str) -> tuple[str, list[dict[str, Any]]]:
+    """``stream_format: "sse"`` through the official openai client."""
+    async with (
+        AsyncOpenAI(base_url=str(http.make_url("/v1")), api_key="test", max_retries=0) as oa,
+        oa.audio.speech.with_streaming_response.create(
+            model="tts-1",
+            voice="alloy",
+            input=text,
+            response_format="pcm",
+            stream_format="sse",
+            extra_body=NOISE_FREE,
+        ) as resp,
+    ):
+        key = resp.headers["x-audio-key"]
+        lines = [line async for line in resp.iter_lines()]
+    return key, [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+
+
+async def test_sse_sends_each_sentences_marks_before_its_audio(gateway: GatewayFactory) -> None:
+    http = await gateway()
+    text = "Thank you for calling. Your order has shipped. Goodbye."
+    key, events = await sse_events(http, text)
+    sent_ms = 0.0
+    streamed: list[dict[str, Any]] = []
+    for e in events:
+        if e["type"] == "speech.audio.delta":
+            sent_ms += len(base64.b64decode(e["audio"])) / 2 / 24
+        elif e["type"] == "speech.marks.delta":
+            # Marks come before the audio they cover: none is of audio already sent.
+            assert all(m["time"] >= sent_ms - 1 for m in e["marks"]), (sent_ms, e["marks"])
+            streamed += e["marks"]
+    assert events[-1]["type"] == "speech.audio.done"
+    assert sum(e["type"] == "speech.marks.delta" for e in events) == 3  # one per sentence
+    stored = await marks_of(http, key)
+    assert streamed == stored
+    # Stored audio: all its marks in one event, first.
+    again_key, again = await sse_events(http, text)
+    assert again_key == key
+    assert again[0] == {"type": "speech.marks.delta", "marks": stored}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, Literal, NotRequired, cast
 
 from aiohttp import web
 from pydantic import Field
@@ -30,6 +30,12 @@ class ExpansionSegment(TypedDict):
     pause_ms: Annotated[int | None, Field(description="Silence after; null: the sentence pause.")]
     rate: float
     phonemes: bool
+    marks: NotRequired[
+        Annotated[
+            list[tuple[str, int]],
+            Field(description="SSML <mark> names and their character offsets into `words`."),
+        ]
+    ]
 
 
 class ExplainedSentence(TypedDict):

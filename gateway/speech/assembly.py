@@ -65,6 +65,8 @@ class Production:
     abandoned: bool = False
     # How the sentences are joined (set with ``parts``).
     layout: Layout | None = None
+    # Each sentence's text, in order (set with ``parts``): where a stream's marks point.
+    texts: list[str] = dataclasses.field(default_factory=list)
     # How each sentence was had ("hit", "miss", "coalesced"), by index, once it has been.
     outcomes: dict[int, CacheResult] = dataclasses.field(default_factory=dict)
 
@@ -98,6 +100,42 @@ class SpeechStream:
     # Seconds of audio in the bytes made so far (``first`` and the chunks read).
     audio_s: float = 0.0
     _release: Callable[[], None] | None = None
+    # Speech marks as the stream goes: the rendition's text, each sentence's, where the next
+    # sentence starts (in samples at the source rate), and the marks of the piece last made
+    # (``first``'s, then each chunk's, read before it is sent: SSE's speech.marks.delta).
+    _text: str = ""
+    _sentences: list[str] = dataclasses.field(default_factory=list)
+    _samples: int = 0
+    _cursor: int = 0
+    piece_marks: list[marks.Mark] = dataclasses.field(default_factory=list)
+
+    def _place(self, i: int, sentence: Audio, piece_samples: int) -> None:
+        """The marks of sentence ``i`` (made into a piece of ``piece_samples``), placed after
+        what was streamed before it; ``piece_marks`` holds them until the next piece."""
+        layout = self._layout
+        offsets = sentences.part_offsets(
+            [sentence.pcm],
+            sentence.sample_rate,
+            [layout.gaps_ms[i] / 1000.0, 0.0],
+            [layout.trims[i], layout.trims[i + 1]],
+        )
+        at, head, kept = offsets[0]
+        found = None
+        if self._sentences and i < len(self._sentences):
+            text = self._sentences[i]
+            start = self._text.find(text, self._cursor)
+            if start >= 0:
+                self._cursor = start + len(text)
+                # The rendition's text up to this sentence, so offsets index the whole text.
+                found = marks.compose(
+                    self._text,
+                    [text],
+                    [sentence],
+                    [(self._samples + at, head, kept)],
+                    cursor=start,
+                )
+        self.piece_marks = found or []
+        self._samples += piece_samples
 
     def close(self) -> None:
         """Stop following the production (idempotent): the reader is gone or done."""
@@ -113,6 +151,7 @@ class SpeechStream:
             sentence = await asyncio.shield(part)
             rate = sentence.sample_rate
             pcm = self._layout.piece(i, sentence.pcm, rate)
+            self._place(i, sentence, len(pcm))
             self.audio_s += len(pcm) / rate
             yield await loop.run_in_executor(self._pool, self._encoder.encode, pcm, rate)
         trailing_s = self._layout.gaps_ms[-1] / 1000.0
@@ -120,6 +159,7 @@ class SpeechStream:
             # An SSML break at the very end: its silence is part of the audio.
             tail = np.zeros(round(trailing_s * rate), dtype=np.float32)
             self.audio_s += len(tail) / rate
+            self.piece_marks = []
             yield await loop.run_in_executor(self._pool, self._encoder.encode, tail, rate)
         yield await loop.run_in_executor(self._pool, self._encoder.finish)
 
@@ -368,7 +408,7 @@ class Assembler:
         except BaseException:
             self._leave(prod)
             raise
-        return SpeechStream(
+        stream = SpeechStream(
             key=key,
             rate=rate,
             # The header goes out with the first sentence: COALESCED when this request joined
@@ -382,7 +422,11 @@ class Assembler:
             _source_rate=first.sample_rate,
             audio_s=len(pcm) / first.sample_rate,
             _release=functools.partial(self._leave, prod),
+            _text=req.text,
+            _sentences=prod.texts,
         )
+        stream._place(0, first, len(pcm))
+        return stream
 
     async def _run(self, prod: Production) -> tuple[Entry, CacheResult]:
         req = prod.req
@@ -401,6 +445,7 @@ class Assembler:
             prod.parts.set_exception(exc)
             raise
         prod.layout = layout
+        prod.texts = [t.text for t in texts]
         gate = asyncio.Semaphore(self.max_parallel)
         outcomes: list[CacheResult] = []
 
@@ -495,6 +540,8 @@ def _rendition_entry(
         sentence_texts,
         masters,
         sentences.part_offsets(pcms, rate_in, gaps, layout.trims, pause_s),
+        marks.ssml_positions(req.segments),
+        len(pcm),
     )
     return req.entry(
         data,

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from gateway.speech.request import Segment
 from synth.alignment import WordTiming, timings_from_json, timings_to_json
 from synth.engine import Audio
 
@@ -110,22 +111,47 @@ def _visemes(word: WordTiming) -> Iterator[tuple[int, str]]:
         yield at, viseme
 
 
+def ssml_positions(segments: Sequence[Segment]) -> list[tuple[str, int]]:
+    """Each SSML ``<mark>`` of an expansion: its name and character offset into the rendition's
+    text (the segments' words joined by spaces, as :func:`gateway.api.ssml.joined_words`); a
+    mark in a segment without words is where the next words start."""
+    out: list[tuple[str, int]] = []
+    cursor = 0
+    waiting: list[str] = []
+    first = True
+    for seg in segments:
+        if not seg.words:
+            waiting += [name for name, _ in seg.marks]
+            continue
+        start = cursor if first else cursor + 1
+        out += [(name, start) for name in waiting]
+        waiting = []
+        out += [(name, start + at) for name, at in seg.marks]
+        cursor = start + len(seg.words)
+        first = False
+    out += [(name, cursor) for name in waiting]
+    return out
+
+
 def compose(
     text: str,
     sentence_texts: Sequence[str],
     masters: Sequence[Audio],
     placements: Sequence[tuple[int, int, int]],
+    ssml: Sequence[tuple[str, int]] = (),
+    total_samples: int = 0,
+    cursor: int = 0,
 ) -> list[Mark] | None:
     """The marks of a rendition of ``text`` made of ``masters`` (one per sentence of
     ``sentence_texts``), each placed as :func:`synth.sentences.part_offsets` says: ``(first
     output sample, samples trimmed off its head, samples kept)``. None when a master has no
-    alignment (its engine gives none, or it was stored before marks were)."""
+    alignment (its engine gives none, or it was stored before marks were). The sentences are
+    looked for in ``text`` from character ``cursor`` on."""
     if not masters or any(m.words is None for m in masters):
         return None
     rate = masters[0].sample_rate
     offsets = _byte_offsets(text)
     marks: list[Mark] = []
-    cursor = 0
     for sentence, master, (at, head, kept) in zip(sentence_texts, masters, placements, strict=True):
         found = text.find(sentence, cursor)
         base = found if found >= 0 else cursor
@@ -148,6 +174,14 @@ def compose(
                 marks.append(Mark(ms(sample), "viseme", 0, 0, viseme))
         if words:
             marks.append(Mark(ms(words[-1].t1), "viseme", 0, 0, "sil"))
+    # An SSML mark is heard when the next word is (Polly's time for it); after the last word,
+    # at the end of the audio.
+    word_marks = [m for m in marks if m.type == "word"]
+    end_ms = round(total_samples * 1000 / rate)
+    for name, at in ssml:
+        byte = offsets[min(at, len(text))]
+        following = next((m.time for m in word_marks if m.start >= byte), end_ms)
+        marks.append(Mark(following, "ssml", byte, byte, name))
     return sorted(marks, key=lambda m: (m.time, _ORDER[m.type]))
 
 

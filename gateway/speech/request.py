@@ -35,10 +35,17 @@ class Segment:
     pause_ms: int | None = None
     rate: float = 1.0
     phonemes: bool = False
+    # SSML ``<mark name>``s in it: (name, character offset into ``words``), in order. Part of
+    # the address (a rendition stores its marks), and only when there are some, so documents
+    # without marks keep their addresses.
+    marks: tuple[tuple[str, int], ...] = ()
 
     def key_material(self) -> list[object]:
         """The segment as it enters the content address."""
-        return [self.words, self.pause_ms, self.rate, self.phonemes]
+        material: list[object] = [self.words, self.pause_ms, self.rate, self.phonemes]
+        if self.marks:
+            material.append([list(m) for m in self.marks])
+        return material
 
 
 @dataclass(frozen=True)

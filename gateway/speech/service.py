@@ -65,6 +65,14 @@ def estimated_request_s(req: SpeechRequest) -> float:
     return total
 
 
+def _explained(seg: Segment) -> dict[str, object]:
+    """A segment as ``explain`` shows it (its SSML marks only when it has some)."""
+    shown = dataclasses.asdict(seg)
+    if not seg.marks:
+        del shown["marks"]
+    return shown
+
+
 @dataclass
 class ModelHandle:
     """A served model: its engine (for metadata) and the scheduler that runs it."""
@@ -475,7 +483,7 @@ class SpeechService:
             "format": req.fmt.name,
             "sample_rate": rate,
             "text": req.text,
-            "expansion": [dataclasses.asdict(seg) for seg in segments],
+            "expansion": [_explained(seg) for seg in segments],
             "sentences": [
                 {
                     "text": part.text,
