@@ -300,6 +300,19 @@ class Entry:
         return entry
 
 
+class HeadTooShort(CorruptEntry):
+    """The first bytes read of a blob end before its metadata does: ``needed`` bytes hold it
+    (speech marks make metadata longer than a purge scan's first read)."""
+
+    def __init__(self, needed: int) -> None:
+        super().__init__(f"blob head too short: need {needed} bytes")
+        self.needed = needed
+
+
+# Longest metadata a blob may have: its fields, and both speech marks fields at their bound.
+MAX_META_BYTES = 64 * 1024 + 2 * 4 * MAX_MARKS_CHARS
+
+
 def read_meta(head: bytes) -> EntryMeta:
     """The metadata of a blob from its first bytes only (a purge scan need not fetch the audio).
 
@@ -308,7 +321,7 @@ def read_meta(head: bytes) -> EntryMeta:
     try:
         (n,) = _LEN.unpack_from(head, 0)
         if len(head) < _LEN.size + n:
-            raise CorruptEntry(f"blob head too short: need {_LEN.size + n} bytes")
+            raise HeadTooShort(_LEN.size + n)
         return _checked_meta(json.loads(head[_LEN.size : _LEN.size + n]))
     except (struct.error, ValueError, TypeError, RecursionError) as exc:
         if isinstance(exc, CorruptEntry):

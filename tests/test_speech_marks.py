@@ -14,6 +14,7 @@ import io
 import itertools
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -465,8 +466,10 @@ async def test_an_ssml_mark_is_heard_with_the_word_after_it(gateway: GatewayFact
 # ---- server-sent events ------------------------------------------------------------------------
 
 
-async def sse_events(http: TestClient[Any, Any], text: str) -> tuple[str, list[dict[str, Any]]]:
-    """``stream_format: "sse"`` through the official openai client."""
+async def sse_events(
+    http: TestClient[Any, Any], text: str, *, marks: bool = True
+) -> tuple[str, list[dict[str, Any]]]:
+    """``stream_format: "sse"`` through the official openai client (``speech_marks`` asked)."""
     async with (
         AsyncOpenAI(base_url=str(http.make_url("/v1")), api_key="test", max_retries=0) as oa,
         oa.audio.speech.with_streaming_response.create(
@@ -475,7 +478,7 @@ async def sse_events(http: TestClient[Any, Any], text: str) -> tuple[str, list[d
             input=text,
             response_format="pcm",
             stream_format="sse",
-            extra_body=NOISE_FREE,
+            extra_body={**NOISE_FREE, "speech_marks": marks},
         ) as resp,
     ):
         key = resp.headers["x-audio-key"]
@@ -504,3 +507,55 @@ async def test_sse_sends_each_sentences_marks_before_its_audio(gateway: GatewayF
     again_key, again = await sse_events(http, text)
     assert again_key == key
     assert again[0] == {"type": "speech.marks.delta", "marks": stored}
+    # Not asked for: OpenAI's two event types only.
+    _, plain = await sse_events(http, text, marks=False)
+    assert {e["type"] for e in plain} == {"speech.audio.delta", "speech.audio.done"}
+    resp = await http.post("/v1/audio/speech", json=body(text, speech_marks=True))
+    assert resp.status == 400
+    assert (await resp.json())["error"]["param"] == "speech_marks"
+
+
+# ---- Pipecat -----------------------------------------------------------------------------------
+
+
+def pipecat_recipe() -> dict[str, Any]:
+    """The Pipecat service of docs/speech-marks.md, run as the page shows it."""
+    page = (Path(__file__).parents[1] / "docs" / "speech-marks.md").read_text()
+    section = page.split("## Pipecat", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "docs/speech-marks.md", "exec"), namespace)
+    return namespace
+
+
+async def test_the_pipecat_recipe_times_pipecats_words_by_the_marks(
+    gateway: GatewayFactory,
+) -> None:
+    """The documented service in a real Pipecat pipeline (``pipecat.tests.utils.run_test``):
+    its audio frames and the word frames Pipecat makes from the word timestamps."""
+    import aiohttp
+    from pipecat.frames.frames import TTSAudioRawFrame, TTSSpeakFrame, TTSTextFrame
+    from pipecat.pipeline.task import PipelineParams
+    from pipecat.tests.utils import run_test
+
+    http = await gateway()
+    recipe = pipecat_recipe()
+    text = "Thank you for calling. Goodbye."
+    async with aiohttp.ClientSession() as session:
+        service = recipe["VoxgateTTSService"](
+            session=session, base_url=str(http.make_url("")), model="piper", voice="joe"
+        )
+        down, _ = await run_test(
+            service,
+            frames_to_send=[TTSSpeakFrame(text)],
+            pipeline_params=PipelineParams(audio_out_sample_rate=24000),
+        )
+    audio = b"".join(f.audio for f in down if isinstance(f, TTSAudioRawFrame))
+    assert len(audio) > 0 and all(
+        f.sample_rate == 24000 for f in down if isinstance(f, TTSAudioRawFrame)
+    )
+    # Pipecat's word frames, made from the word timestamps (the sentence's own frame aside).
+    spoken = [f for f in down if isinstance(f, TTSTextFrame) and f.text_type == "word"]
+    assert [f.text.strip() for f in spoken] == ["Thank", "you", "for", "calling", "Goodbye"]
+    stamps = [f.pts for f in spoken]
+    assert all(isinstance(p, int) for p in stamps) and stamps == sorted(stamps)

@@ -301,6 +301,12 @@ class SpeechBody(RequestModel):
         "text/event-stream events `speech.audio.delta` (base64 audio, sentence by sentence) "
         "and a final `speech.audio.done` with `usage`. Not with `stream: false`.",
     )
+    speech_marks: bool = Field(
+        False,
+        description='With `stream_format: "sse"`: a `speech.marks.delta` event (Amazon Polly\'s '
+        "speech marks: sentence, word, viseme) before the audio deltas it covers "
+        "(docs/speech-marks.md). Voices with `speech_marks` in GET /v1/voices only.",
+    )
     instructions: str | None = Field(
         None,
         max_length=MAX_INSTRUCTIONS,

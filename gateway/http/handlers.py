@@ -128,7 +128,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
         memo.put(raw, call)
     # ETag / If-None-Match, Content-Length, and streaming: gateway.http.delivery.
     return await serve_speech(
-        request, call.req, stream=call.stream, sse=call.sse, ignored=call.ignored
+        request, call.req, stream=call.stream, sse=call.sse, ignored=call.ignored, marks=call.marks
     )
 
 

@@ -6,8 +6,9 @@ blank line (OpenAI's speech events carry no ``event:`` line: their ``type`` fiel
 - ``{"type": "speech.audio.delta", "audio": "<base64>"}``, in order: the audio's bytes in the
   asked format, sentence by sentence as each is ready (stored audio goes out at once, in pieces);
   the deltas joined are the audio stream;
-- ``{"type": "speech.marks.delta", "marks": [...]}`` before the audio deltas they cover, for
-  voices with speech marks (Polly's marks: docs/speech-marks.md); stored audio sends them all
+- with ``speech_marks: true`` in the body, ``{"type": "speech.marks.delta", "marks": [...]}``
+  before the audio deltas they cover (an event OpenAI's stream does not have: only on request),
+  for voices with speech marks (Polly's marks: docs/speech-marks.md); stored audio sends them all
   at once, a stream one event per sentence;
 - ``{"type": "speech.audio.done", "usage": {...}}`` last. ``usage`` has OpenAI's shape
   (``input_tokens``, ``output_tokens``, ``total_tokens``) and voxgate's own measures
@@ -162,13 +163,18 @@ async def _open(request: web.Request, headers: dict[str, str]) -> web.StreamResp
 
 
 async def send_whole(
-    request: web.Request, headers: dict[str, str], entry: Entry, *, characters: int
+    request: web.Request,
+    headers: dict[str, str],
+    entry: Entry,
+    *,
+    characters: int,
+    marks: bool = False,
 ) -> web.StreamResponse:
-    """Stored audio as events: every delta at once, then done."""
+    """Stored audio as events: its marks (with ``marks``), every delta at once, then done."""
     resp = await _open(request, headers)
     timeout_s = request.app[keys.SETTINGS].write_timeout_s
     try:
-        if entry.meta.marks:
+        if marks and entry.meta.marks:
             found = speech_marks.from_ndjson(entry.meta.marks)
             await write_within(request, resp, marks_event(found), timeout_s)
         for chunk in deltas(entry.audio):
@@ -181,9 +187,15 @@ async def send_whole(
 
 
 async def send_stream(
-    request: web.Request, headers: dict[str, str], stream: SpeechStream, *, characters: int
+    request: web.Request,
+    headers: dict[str, str],
+    stream: SpeechStream,
+    *,
+    characters: int,
+    marks: bool = False,
 ) -> web.StreamResponse:
-    """A stream being made as events: a delta per sentence as it is ready, then done."""
+    """A stream being made as events: a delta per sentence as it is ready (after its marks,
+    with ``marks``), then done."""
     metrics = request.app[keys.METRICS]
     resp = await _open(request, headers)
     timeout_s = request.app[keys.SETTINGS].write_timeout_s
@@ -198,7 +210,7 @@ async def send_stream(
             if request.transport is None or request.transport.is_closing():
                 raise ConnectionResetError("client went away")
             found, stream.piece_marks = stream.piece_marks, []
-            if found:
+            if marks and found:
                 await write_within(request, resp, marks_event(found), timeout_s)
             for chunk in deltas(data):
                 await write_within(request, resp, chunk, timeout_s)
