@@ -559,3 +559,20 @@ async def test_the_pipecat_recipe_times_pipecats_words_by_the_marks(
     assert [f.text.strip() for f in spoken] == ["Thank", "you", "for", "calling", "Goodbye"]
     stamps = [f.pts for f in spoken]
     assert all(isinstance(p, int) for p in stamps) and stamps == sorted(stamps)
+
+
+def test_character_alignment_of_a_text_without_words() -> None:
+    """Punctuation alone has no word marks: every character spans the audio."""
+    got = speech_marks.character_alignment("!", [], 500)
+    assert got == {
+        "characters": ["!"],
+        "character_start_times_seconds": [0.0],
+        "character_end_times_seconds": [0.5],
+    }
+    assert speech_marks.parse_types(" word , ssml ") == {"word", "ssml"}
+    for bad in ("word,,ssml", "bogus"):
+        try:
+            speech_marks.parse_types(bad)
+        except ValueError:
+            continue
+        raise AssertionError(bad)

@@ -64,6 +64,7 @@ from gateway.http.telephony import (
     sign_say_url,
 )
 from gateway.runtime.settings import Settings
+from gateway.speech.marks import MARK_TYPES
 from gateway.speech.request import CACHE_RESULTS
 from gateway.speech.telephony import EXTENSIONS
 from synth import audio
@@ -262,6 +263,8 @@ def common_answers(settings: Settings) -> dict[int, Common]:
 # ---- parameters -------------------------------------------------------------------------------
 
 KEY_PARAM = Param("key", "path", KEY)
+_MARK_TYPE = "(" + "|".join(MARK_TYPES) + ")"
+MARK_TYPES_PATTERN = rf"^\s*({_MARK_TYPE}\s*(,\s*{_MARK_TYPE}\s*)*)?$"
 EXT_PARAM = Param(
     "ext",
     "path",
@@ -362,7 +365,8 @@ def route_table(settings: Settings) -> RouteTable:
             SPEAK,
             tag="speech",
             summary="Speech with its timings: ElevenLabs' with-timestamps shape plus speech marks",
-            description="Takes the body of POST /v1/audio/speech (not streamed) and answers JSON: "
+            description="Takes the body of POST /v1/audio/speech and answers JSON, whole (its "
+            "streaming fields have no effect here): "
             "`audio_base64` (the audio in `response_format`), `alignment` (each character of the "
             "input with its start and end in seconds, as ElevenLabs' "
             "`/v1/text-to-speech/{voice_id}/with-timestamps` answers), `normalized_alignment`, "
@@ -438,7 +442,7 @@ def route_table(settings: Settings) -> RouteTable:
                 Param(
                     "types",
                     "query",
-                    {"type": "string"},
+                    {"type": "string", "pattern": MARK_TYPES_PATTERN},
                     "Comma-separated mark types to keep (sentence, word, viseme, ssml); all "
                     "when absent.",
                     required=False,

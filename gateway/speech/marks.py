@@ -217,7 +217,10 @@ def parse_types(value: str | None) -> frozenset[str] | None:
     """``?types=word,ssml`` as a set (None: every type); ValueError naming an unknown type."""
     if value is None or not value.strip():
         return None
-    asked = {t.strip() for t in value.split(",") if t.strip()}
+    parts = [t.strip() for t in value.split(",")]
+    if not all(parts):
+        raise ValueError("an empty mark type")
+    asked = set(parts)
     unknown = sorted(asked - set(MARK_TYPES))
     if unknown:
         raise ValueError(f"unknown mark type(s) {', '.join(unknown[:4])[:80]}")
@@ -309,7 +312,7 @@ def character_alignment(text: str, marks: Sequence[Mark], duration_ms: int) -> d
     ends = [0.0] * n
     words = [m for m in marks if m.type == "word" and m.start in index_of and m.end in index_of]
     spans = [(index_of[m.start], index_of[m.end], m.time) for m in words]
-    ends_ms = [nxt[2] for nxt in spans[1:]] + [duration_ms]
+    ends_ms = [nxt[2] for nxt in spans[1:]] + [duration_ms] if spans else []
     covered = 0
     previous_end = 0.0
     for (first, last, time_ms), next_ms in zip(spans, ends_ms, strict=True):
