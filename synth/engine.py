@@ -22,7 +22,7 @@ class SynthesisItem:
     voice: str
     speed: float = 1.0
     params: Mapping[str, ParamValue] = field(default_factory=dict)
-    # ``text`` is IPA phonemes (SSML ``<phoneme>``), for engines whose ``takes_phonemes`` is true.
+    # ``text`` is IPA phonemes (SSML ``<phoneme>``), for engines whose capabilities take them.
     phonemes: bool = False
 
     def batch_group(self) -> tuple[object, ...]:
@@ -54,6 +54,34 @@ class VoiceInfo:
     description: str = ""
 
 
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """What an engine can do beyond saying plain text, read by whoever must know before a
+    request reaches it (parsing, the assembler, the scheduler's batching, the tallies).
+
+    ``takes_phonemes``: it says IPA (SSML ``<phoneme>``); ``takes_instructions``: it follows
+    OpenAI's ``instructions`` (they enter the content address); ``remote``: a provider that says
+    what it is asked (a voice it does not list is never swapped for another); ``any_voice``: any
+    voice id goes to it as asked; ``splits_sentences``: its texts are said sentence by sentence
+    (False: whole, one call per text); ``max_exact_batch``: the largest batch it splits back
+    exactly; ``price_per_million_chars``: what a provider bills (None: not billed per character).
+    """
+
+    takes_phonemes: bool = False
+    takes_instructions: bool = False
+    remote: bool = False
+    any_voice: bool = False
+    splits_sentences: bool = True
+    max_exact_batch: int = 1
+    price_per_million_chars: float | None = None
+    # Its items come back with word timings (``Audio.words``): speech marks.
+    speech_marks: bool = False
+
+
+# A local engine that says plain text only, one item at a time.
+PLAIN = EngineCapabilities()
+
+
 @runtime_checkable
 class Engine(Protocol):
     """A speech synthesizer. All methods are synchronous: callers run them off the event loop.
@@ -65,6 +93,11 @@ class Engine(Protocol):
     name: str
     fingerprint: str
     sample_rate: int
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        """What it can do (may change when an upstream's file is reloaded: read it per use)."""
+        ...
 
     def voices(self) -> Sequence[VoiceInfo]: ...
 

@@ -53,7 +53,7 @@ from pydantic import (
 from redis.exceptions import RedisError
 
 from metrics import Metrics
-from synth.engine import Audio, ParamValue, SynthesisItem, VoiceInfo
+from synth.engine import Audio, EngineCapabilities, ParamValue, SynthesisItem, VoiceInfo
 from synth.errors import EngineError, UpstreamError
 
 log = logging.getLogger("voxgate.upstream")
@@ -261,19 +261,12 @@ class UpstreamEngine:
     sample rate and the fingerprint every content address of it carries. It synthesizes
     nothing itself: its runner calls the provider."""
 
-    max_exact_batch = 1
-    takes_phonemes = False
-
     def __init__(self, config: UpstreamConfig) -> None:
         self.config = config
         self.name = f"upstream-{config.kind}"
         material = json.dumps(config.address_material(), sort_keys=True, separators=(",", ":"))
         self.fingerprint = hashlib.blake2b(material.encode(), digest_size=32).hexdigest()
         self.sample_rate = config.sample_rate
-        self.any_voice = config.any_voice
-        self.takes_instructions = config.instructions
-        self.splits_sentences = config.split == "sentence"
-        self.price_per_million_chars = config.price_per_million_chars
         self._voices = [
             VoiceInfo(v, config.language, f"{config.kind} voice of {config.model}")
             for v in config.voices
@@ -294,8 +287,21 @@ class UpstreamEngine:
         if config.instructions != old.instructions or config.api_key_env != old.api_key_env:
             return "a change of instructions or api_key_env"
         self.config = config
-        self.price_per_million_chars = config.price_per_million_chars
         return ""
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        """A provider's: it says what it is asked (the listed voices, or any with ``*``),
+        whole texts with ``split = "whole"``, instructions where configured, at its price
+        (the current config's: a reload may change it)."""
+        config = self.config
+        return EngineCapabilities(
+            takes_instructions=config.instructions,
+            remote=True,
+            any_voice=config.any_voice,
+            splits_sentences=config.split == "sentence",
+            price_per_million_chars=config.price_per_million_chars,
+        )
 
     def default_params(self, voice: str) -> Mapping[str, ParamValue]:
         return {}
@@ -562,6 +568,8 @@ class UpstreamRunner:
 
     # Every waiter gone: cancel the call (it frees a slot; the provider's work is lost either way).
     cancel_when_abandoned = True
+    counts_syntheses = True
+    times_batches = False
 
     def __init__(
         self,
@@ -643,7 +651,7 @@ class UpstreamRunner:
         deadline = loop.time() + self.config.timeout_s
         name = self.name
         if item.voice not in self._listed and not (
-            self.engine.any_voice and VOICE_ID.fullmatch(item.voice)
+            self.engine.config.any_voice and VOICE_ID.fullmatch(item.voice)
         ):
             raise self._fail("refused", f"upstream {name!r} does not serve voice {item.voice!r}")
         # This semaphore, not the attribute: a reload may replace it while the call runs.

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 
 from aiohttp import web
 
-from gateway.api.parsing import RequestMemo
+from gateway.api.parsing import ExpansionMemo, RequestMemo
 from gateway.api.say import SayMemo
 from gateway.http import keys
 from gateway.http.edge import add_routes
@@ -65,6 +65,7 @@ def create_app(
     app[keys.SETTINGS] = settings
     app[keys.METRICS] = metrics if metrics is not None else Metrics()
     app[keys.REQUEST_MEMO] = RequestMemo()
+    app[keys.EXPANSIONS] = ExpansionMemo()
     app[keys.SAY_MEMO] = SayMemo()
     app[keys.PRESENTATIONS] = Presentations.from_settings(settings)
     app[keys.ACCESS_LOG] = AccessLog.from_settings(settings)
@@ -141,11 +142,12 @@ def create_app(
             open_pins(settings, service.store) as pins,
         ):
             app[keys.SPEECH] = service
+            app[keys.VOCABULARY] = service.vocabulary
             app[keys.PINS] = pins
             share = RenderShare(shares, settings.renders_per_client, metrics.renders_refused)
             service.assembler.render_share = service.transcoder.render_share = share
             if settings.api_keys_file:
-                service.admit_synthesis = app[keys.LIMITS].admit_synthesis
+                service.masters.admit_synthesis = app[keys.LIMITS].admit_synthesis
             app[keys.STORE] = service.store
             yield
 

@@ -150,7 +150,8 @@ async def speech_with_timestamps(request: web.Request) -> web.Response:
     app = request.app
     settings, service = app[keys.SETTINGS], app[keys.SPEECH]
     raw = await read_body(request, settings.max_body_kb * 1024, settings.body_timeout_s)
-    call = await asyncio.to_thread(parse_speech_body, raw, settings, service)
+    words, expansions = app[keys.VOCABULARY], app[keys.EXPANSIONS]
+    call = await asyncio.to_thread(parse_speech_body, raw, settings, words, expansions)
     # (The answer is whole JSON: the streaming fields of the speech body have no effect here.)
     req = call.req
     if not service.has_marks(req.model, req.voice):

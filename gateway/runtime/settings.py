@@ -367,6 +367,14 @@ class Settings(BaseSettings):
         "Runtime), int8 (dynamic quantization of Linear/LSTM layers; a no-op for VITS), "
         "fp16 or bf16 (autocast; fp16 needs CUDA).",
     )
+    synthesis_precision: Literal["fp32", "int8"] = _opt(
+        "synthesis",
+        "fp32",
+        "Precision of the ONNX Runtime graphs (Piper voices; Coqui in coqui_mode onnx): fp32, or "
+        "int8 (static QDQ quantization of the convolutions, derived once per model into "
+        "cache_dir; its own content addresses). docs/synthesis.md has the measured speed and "
+        "distance from fp32.",
+    )
     upstreams_file: str = _opt(
         "synthesis",
         "",

@@ -21,7 +21,7 @@ import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from prometheus_client import Counter
@@ -29,22 +29,38 @@ from prometheus_client import Counter
 from cache.entry import Entry
 from gateway.errors import TooManyRequests
 from gateway.speech import marks
+from gateway.speech.caller import caller
 from gateway.speech.request import CacheResult, SpeechRequest, segment_speed
 from metrics import Metrics
 from synth import audio, sentences
-from synth.engine import Audio
-from synth.scheduler import CLIENT, ClientShares
+from synth.engine import Audio, ParamValue
+from synth.scheduler import ClientShares
 
 log = logging.getLogger("voxgate.speech")
 
-# A sentence's master audio and how it was obtained: "hit" (stored), "miss" (synthesized by this
-# call) or "coalesced" (joined a synthesis already in flight).
-# fetch_master(request, on_queued): ``on_queued`` is called once the sentence is answered from
-# the store or handed to synthesis, so the next sentence may start its own lookup.
-MasterFetch = Callable[[SpeechRequest, Callable[[], None]], Awaitable[tuple[Audio, CacheResult]]]
 Store = Callable[[str, Entry], Awaitable[None]]
-# master_key(request, **extra): the format-free key of the request's text (extra parameters join).
-MasterKey = Callable[..., str]
+
+
+class MasterSource(Protocol):
+    """Where the assembler has each sentence's master (:class:`gateway.speech.masters.Masters`:
+    the store, else one synthesis), and what it must know of a model to plan a text."""
+
+    async def master(
+        self, req: SpeechRequest, on_queued: Callable[[], None] | None = None
+    ) -> tuple[Audio, CacheResult]:
+        """Sentence ``req``'s master audio and how it was had: "hit" (stored), "miss"
+        (synthesized by this call) or "coalesced" (joined a synthesis in flight).
+        ``on_queued`` is called once the sentence is answered from the store or handed to
+        synthesis, so the next sentence may start its own lookup."""
+        ...
+
+    def master_key(self, req: SpeechRequest, **extra: ParamValue) -> str:
+        """The format-free key of ``req``'s text (``extra`` parameters join)."""
+        ...
+
+    def says_whole(self, model: str) -> bool:
+        """Whether ``model``'s texts are said whole, not sentence by sentence."""
+        ...
 
 
 @dataclasses.dataclass
@@ -251,8 +267,8 @@ class RenderShare:
     """Each client's share of the renditions being made at once: a rendition of stored masters
     (a new format or sample rate of audio said before) is a transcode, CPU that no synthesis
     queue bounds, so a client asking for many formats of one text could take every encoder.
-    The client is the calling context's (:data:`synth.scheduler.CLIENT`: the API key's name, else
-    the address); counts live in ``shares`` (the host's, in the gateway)."""
+    The client is the caller's (:mod:`gateway.speech.caller`: the API key's name, else the
+    address); counts live in ``shares`` (the host's, in the gateway)."""
 
     def __init__(self, shares: ClientShares, limit: int, refused: Counter) -> None:
         self.shares = shares
@@ -262,7 +278,7 @@ class RenderShare:
     def take(self) -> Callable[[], None] | None:
         """Count one rendition for the calling client (429 ``render_share`` past its limit); the
         call that gives it back, or None for no client (the CLI, a catalogue warm-up)."""
-        client = CLIENT.get()
+        client = caller().client
         if not client:
             return None
         name = "render:" + client
@@ -283,24 +299,19 @@ class Assembler:
     def __init__(
         self,
         *,
-        fetch_master: MasterFetch,
+        masters: MasterSource,
         store_put: Store,
         encode_pool: concurrent.futures.Executor,
         metrics: Metrics,
-        master_key: MasterKey | None = None,
         pause_ms: int = 250,
         max_parallel: int = 8,
         max_sentence_chars: int | None = None,
         splitter: sentences.SentenceSplitter | None = None,
-        unsplit: Callable[[str], bool] | None = None,
     ) -> None:
-        self._fetch_master = fetch_master
-        # Models whose texts are not split into sentences (None: every model's are).
-        self._unsplit = unsplit
+        self._masters = masters
         self._store_put = store_put
         self.encode_pool = encode_pool
         self.metrics = metrics
-        self._master_key = master_key
         self.pause_ms = pause_ms
         self.pause_s = pause_ms / 1000.0
         self.max_parallel = max(1, max_parallel)
@@ -432,7 +443,7 @@ class Assembler:
         req = prod.req
         loop = asyncio.get_running_loop()
         try:
-            whole = self._unsplit is not None and self._unsplit(req.model)
+            whole = self._masters.says_whole(req.model)
             args = (req, self.splitter, self.max_sentence_chars, self.pause_ms, whole)
             if not req.segments and (
                 whole or self.splitter.whole(req.text, self.max_sentence_chars)
@@ -461,7 +472,7 @@ class Assembler:
                 if i:
                     await turns[i - 1].wait()
                 try:
-                    master, outcome = await self._fetch_master(sentence, turns[i].set)
+                    master, outcome = await self._masters.master(sentence, turns[i].set)
                 finally:
                     turns[i].set()
             outcomes.append(outcome)
@@ -486,15 +497,13 @@ class Assembler:
             self.metrics.transcodes.labels(req.fmt.name).inc()
         # The rendition names its masters, so another encoding of it is a transcode of them
         # (gateway.speech.telephony), whoever asks and by whichever address.
-        recipe: dict[str, Any] = {}
-        if self._master_key is not None:
-            recipe = {
-                "master": self._master_key(req, sentence_pause_ms=self.pause_ms),
-                "parts": tuple(self._master_key(t) for t in texts),
-                "pause_ms": self.pause_ms,
-                "gaps_ms": layout.gaps_ms if layout.exact else (),
-                "trims": layout.trims if layout.exact else (),
-            }
+        recipe: dict[str, Any] = {
+            "master": self._masters.master_key(req, sentence_pause_ms=self.pause_ms),
+            "parts": tuple(self._masters.master_key(t) for t in texts),
+            "pause_ms": self.pause_ms,
+            "gaps_ms": layout.gaps_ms if layout.exact else (),
+            "trims": layout.trims if layout.exact else (),
+        }
         entry = await loop.run_in_executor(
             self.encode_pool,
             _rendition_entry,
