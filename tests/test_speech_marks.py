@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import io
 import itertools
 import json
@@ -269,7 +270,7 @@ async def test_voices_say_which_have_marks_and_others_are_refused_by_name(
     gateway: GatewayFactory, counting_engine: CountingEngine
 ) -> None:
     unmarked = CountingEngine(counting_engine.inner)
-    unmarked.speech_marks = False
+    unmarked.capabilities = dataclasses.replace(unmarked.capabilities, speech_marks=False)
     unmarked.name = "plain"
     client = await gateway(engines={"piper": counting_engine, "plain": unmarked})
     resp = await client.get("/v1/voices")
