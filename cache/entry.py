@@ -38,6 +38,11 @@ def matches(data: bytes | memoryview, stored: str) -> bool:
     return hashlib.blake2b(data, digest_size=16).hexdigest() == stored
 
 
+def marks_checksum(alignment: str, marks: str) -> str:
+    """The checksum of an entry's speech marks (CRC-32C, as for audio), over both fields."""
+    return checksum(f"{len(alignment)}:{alignment}{marks}".encode())
+
+
 def body_digest(data: bytes | memoryview) -> str:
     """What names these exact bytes in HTTP: the first 128 bits of their SHA-256, in hex.
 
@@ -67,7 +72,10 @@ _ADDRESS = re.compile(r"[0-9a-z]{64}")  # a content address (tests use other let
 _DIGEST = re.compile(r"[0-9a-f]{32}")
 _MAX_PARTS = 4096
 _MAX_RATE = 384_000
-_STR_FIELDS = ("content_type", "checksum", "model", "voice", "digest")
+_STR_FIELDS = ("content_type", "checksum", "model", "voice", "digest", "marks_checksum")
+# Speech marks stored with the audio: a master's word alignment (JSON) and a rendition's marks
+# (Polly's NDJSON). A minute of speech has about 1,000 marks of 60 bytes.
+MAX_MARKS_CHARS = 4 << 20
 
 
 def _checked_meta(raw: object) -> EntryMeta:
@@ -115,6 +123,12 @@ def _checked_meta(raw: object) -> EntryMeta:
         or not all(type(t) is bool for t in trims)
     ):
         raise CorruptEntry("entry metadata: bad gaps_ms or trims")
+    for name in ("alignment", "marks"):
+        value = raw.get(name, "")
+        if not isinstance(value, str) or len(value) > MAX_MARKS_CHARS:
+            raise CorruptEntry(f"entry metadata: bad {name}")
+    if (raw.get("alignment") or raw.get("marks")) and not raw.get("marks_checksum"):
+        raise CorruptEntry("entry metadata: speech marks without their checksum")
     return EntryMeta(**raw)
 
 
@@ -147,6 +161,12 @@ class EntryMeta:
     gaps_ms: tuple[int, ...] = ()
     trims: tuple[bool, ...] = ()
     digest: str = ""  # body_digest(audio); empty in entries stored before it existed
+    # Speech marks (docs/speech-marks.md): a master's ``alignment`` (its words' timings as JSON,
+    # :mod:`synth.alignment`), a rendition's ``marks`` (Polly's NDJSON, offsets into the text),
+    # and the checksum over both, verified with the audio's. Empty: none (left out of the blob).
+    alignment: str = ""
+    marks: str = ""
+    marks_checksum: str = ""
 
     def __post_init__(self) -> None:
         # JSON gives a list back; keep the frozen value hashable and equal to what was stored.
@@ -186,8 +206,10 @@ class Entry:
         pause_ms: int = 0,
         gaps_ms: tuple[int, ...] = (),
         trims: tuple[bool, ...] = (),
+        alignment: str = "",
+        marks: str = "",
     ) -> Entry:
-        """Build an entry, computing its checksum."""
+        """Build an entry, computing its checksums."""
         meta = EntryMeta(
             content_type=content_type,
             format=fmt,
@@ -203,13 +225,16 @@ class Entry:
             gaps_ms=gaps_ms,
             trims=trims,
             digest=body_digest(audio),
+            alignment=alignment,
+            marks=marks,
+            marks_checksum=marks_checksum(alignment, marks) if alignment or marks else "",
         )
         return cls(audio=audio, meta=meta)
 
     @property
     def size(self) -> int:
-        """Bytes of audio held."""
-        return len(self.audio)
+        """Bytes of audio held (and of speech marks: a memory tier bounds both)."""
+        return len(self.audio) + len(self.meta.alignment) + len(self.meta.marks)
 
     @property
     def etag(self) -> str:
@@ -231,6 +256,11 @@ class Entry:
         """Raise :class:`CorruptEntry` when the audio does not match the stored checksum."""
         if not matches(self.audio, self.meta.checksum):
             raise CorruptEntry("checksum mismatch")
+        meta = self.meta
+        if (meta.alignment or meta.marks) and marks_checksum(
+            meta.alignment, meta.marks
+        ) != meta.marks_checksum:
+            raise CorruptEntry("speech marks checksum mismatch")
 
     def blob_head(self) -> bytes:
         """The blob's bytes before the audio: the metadata's length and the metadata."""
@@ -238,7 +268,7 @@ class Entry:
         # tuple, a visible share of a disk put).
         meta_ = self.meta
         fields = {name: getattr(meta_, name) for name in _META_NAMES}
-        for name in ("gaps_ms", "trims"):
+        for name in ("gaps_ms", "trims", "alignment", "marks", "marks_checksum"):
             if not fields[name]:
                 del fields[name]  # plain text's blobs stay readable by earlier versions
         meta = json.dumps(fields, separators=(",", ":")).encode()
@@ -270,6 +300,19 @@ class Entry:
         return entry
 
 
+class HeadTooShort(CorruptEntry):
+    """The first bytes read of a blob end before its metadata does: ``needed`` bytes hold it
+    (speech marks make metadata longer than a purge scan's first read)."""
+
+    def __init__(self, needed: int) -> None:
+        super().__init__(f"blob head too short: need {needed} bytes")
+        self.needed = needed
+
+
+# Longest metadata a blob may have: its fields, and both speech marks fields at their bound.
+MAX_META_BYTES = 64 * 1024 + 2 * 4 * MAX_MARKS_CHARS
+
+
 def read_meta(head: bytes) -> EntryMeta:
     """The metadata of a blob from its first bytes only (a purge scan need not fetch the audio).
 
@@ -278,7 +321,7 @@ def read_meta(head: bytes) -> EntryMeta:
     try:
         (n,) = _LEN.unpack_from(head, 0)
         if len(head) < _LEN.size + n:
-            raise CorruptEntry(f"blob head too short: need {_LEN.size + n} bytes")
+            raise HeadTooShort(_LEN.size + n)
         return _checked_meta(json.loads(head[_LEN.size : _LEN.size + n]))
     except (struct.error, ValueError, TypeError, RecursionError) as exc:
         if isinstance(exc, CorruptEntry):

@@ -37,7 +37,14 @@ from redis.driver_info import DriverInfo
 from redis.exceptions import RedisError
 
 from cache.breaker import BreakerState, CircuitBreaker
-from cache.entry import CorruptEntry, Entry, ForgedEntry, read_meta
+from cache.entry import (
+    MAX_META_BYTES,
+    CorruptEntry,
+    Entry,
+    ForgedEntry,
+    HeadTooShort,
+    read_meta,
+)
 from cache.resp import ReplyTooLarge, RespReader
 from cache.tier import PurgeFilter, TierError, TierStats, TierUnavailable, bounded
 from metrics import Metrics
@@ -385,6 +392,37 @@ class RedisTier:
             removed += await self._purge_batch(batch[start : start + _SCAN_BATCH], match)
         return removed
 
+    @staticmethod
+    def _judge(
+        name: str,
+        head: Any,
+        match: PurgeFilter,
+        doomed: list[str],
+        longer: list[tuple[str, int]] | None,
+    ) -> None:
+        """Whether the value ``name`` (its first bytes ``head``) goes: added to ``doomed``; or
+        to ``longer`` with the bytes its metadata needs, when ``head`` ends before it does."""
+        if not head:
+            return  # expired or deleted since the scan
+        try:
+            magic = bytes(head[:4])
+            if magic not in _MAGICS:
+                raise CorruptEntry("not a voxgate redis value")
+            skip = _HEAD if magic == _MAGIC else 8
+            # Unverified (the head only): it decides what to delete, never what is served.
+            meta = read_meta(bytes(head[skip:]))
+        except HeadTooShort as short:
+            if longer is not None and short.needed <= MAX_META_BYTES:
+                longer.append((name, skip + short.needed))
+            else:
+                doomed.append(name)  # metadata past any bound: never served either
+            return
+        except CorruptEntry:
+            doomed.append(name)  # unreadable: it could never be served anyway
+            return
+        if match.matches(meta):
+            doomed.append(name)
+
     async def _purge_batch(self, names: list[str], match: PurgeFilter) -> int:
         async def heads() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
@@ -393,20 +431,22 @@ class RedisTier:
             return list(await pipe.execute())
 
         doomed: list[str] = []
+        # Metadata longer than the first read (an entry with speech marks): read again, as far
+        # as it says, once.
+        longer: list[tuple[str, int]] = []
         for name, head in zip(names, await self.guarded("purge", heads), strict=True):
-            if not head:
-                continue  # expired or deleted since the scan
-            try:
-                magic = bytes(head[:4])
-                if magic not in _MAGICS:
-                    raise CorruptEntry("not a voxgate redis value")
-                # Unverified (the head only): it decides what to delete, never what is served.
-                meta = read_meta(bytes(head[_HEAD if magic == _MAGIC else 8 :]))
-            except CorruptEntry:
-                doomed.append(name)  # unreadable: it could never be served anyway
-                continue
-            if match.matches(meta):
-                doomed.append(name)
+            self._judge(name, head, match, doomed, longer)
+        if longer:
+
+            async def rest() -> list[Any]:
+                pipe = self.client.pipeline(transaction=False)
+                for name, end in longer:
+                    pipe.getrange(name, 0, end - 1)
+                return list(await pipe.execute())
+
+            fetched = await self.guarded("purge", rest)
+            for (name, _), head in zip(longer, fetched, strict=True):
+                self._judge(name, head, match, doomed, None)
         if not doomed:
             return 0
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from synth.alignment import WordTiming
 from synth.audio import FloatPCM
 
 ParamValue = str | int | float | bool | None
@@ -37,10 +38,12 @@ class SynthesisItem:
 
 @dataclass(frozen=True)
 class Audio:
-    """Mono float32 PCM at ``sample_rate``."""
+    """Mono float32 PCM at ``sample_rate``; ``words``, when the engine can tell, where each
+    word of the item's text is heard (None: the engine gives no alignment)."""
 
     pcm: FloatPCM
     sample_rate: int
+    words: tuple[WordTiming, ...] | None = None
 
     @property
     def duration_s(self) -> float:
@@ -77,6 +80,8 @@ class EngineCapabilities:
     splits_sentences: bool = True
     max_exact_batch: int = 1
     price_per_million_chars: float | None = None
+    # Its items come back with word timings (``Audio.words``): speech marks.
+    speech_marks: bool = False
 
 
 # A local engine that says plain text only, one item at a time.

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from synth.alignment import WordTiming, align_words
 from synth.engine import (
     Audio,
     EngineCapabilities,
@@ -78,7 +79,9 @@ class PiperEngine:
 
     name = "piper"
     # Piper's ONNX graph takes phoneme ids: IPA (SSML <phoneme>) skips espeak-ng's phonemizer.
-    capabilities = EngineCapabilities(takes_phonemes=True)
+    # Each voice's graph is given its phoneme durations as an output at load (below), so every
+    # item comes back with where its words are heard (docs/speech-marks.md).
+    capabilities = EngineCapabilities(takes_phonemes=True, speech_marks=True)
 
     def __init__(
         self,
@@ -99,6 +102,8 @@ class PiperEngine:
         self.intra_op_threads = intra_op_threads
         self.use_cuda = use_cuda
         self._voices: dict[str, Any] = {}
+        # Voices whose graph gives phoneme durations (a graph without the Ceil node gives none).
+        self._aligned: set[str] = set()
         self._configs: dict[str, dict[str, Any]] = {}
         for v in voices:
             for p in (v.model_path, v.config_path):
@@ -152,9 +157,15 @@ class PiperEngine:
             model_path = files.model_path
             if self.precision == "int8":
                 model_path = self._int8_model(files, PiperVoice(session=None, config=config))
-            # The graph with its durations divided by the speed asked (synth/exact_speed.py).
-            model = rescaled_graph(model_path.read_bytes())
-            session = onnxruntime.InferenceSession(model, sess_options=opts, providers=providers)
+            model, aligned = _with_durations(Path(model_path))
+            raw = Path(model).read_bytes() if isinstance(model, str) else model
+            # The graph with its durations divided by the speed asked (synth/exact_speed.py);
+            # the durations output (speech marks) is then the frames at that speed.
+            session = onnxruntime.InferenceSession(
+                rescaled_graph(raw), sess_options=opts, providers=providers
+            )
+            if aligned:
+                self._aligned.add(name)
             self._voices[name] = PiperVoice(session=ShrinkingSession(session), config=config)
         log.info("piper voices loaded: %s", ", ".join(self._files))
 
@@ -203,7 +214,18 @@ class PiperEngine:
         )
         ipa = item.phonemes
         sentences = [self._ipa(voice, item.text)] if ipa else voice.phonemize(item.text)
-        chunks = list(self._runs(voice, sentences, config, item.speed))
+        aligned = item.voice in self._aligned
+        chunks: list[np.ndarray[Any, Any]] = []
+        # (phoneme, first sample, samples) of the whole item, for the word timings.
+        stream: list[tuple[str, int, int]] = []
+        at = 0
+        for pcm_run, run, durations in self._runs(voice, sentences, config, item.speed, aligned):
+            chunks.append(pcm_run)
+            if durations is not None:
+                stream.extend(_phoneme_stream(voice, run, durations, at))
+            else:
+                aligned = False
+            at += len(pcm_run)
         if not chunks:
             raise UnspeakableInput(
                 "the voice produced no audio for this input: it has nothing to speak"
@@ -211,7 +233,16 @@ class PiperEngine:
         pcm = np.concatenate(chunks).astype(np.float32, copy=False)
         if len(pcm) > TRIM_AFTER_AUDIO_S * self.sample_rate:
             release_freed_memory()
-        return Audio(pcm, self.sample_rate)
+        words: tuple[WordTiming, ...] | None = None
+        if aligned:
+
+            def phonemes_of(word: str) -> list[str]:
+                if ipa:
+                    return list(word)
+                return [p for sentence in voice.phonemize(word) for p in sentence]
+
+            words = align_words(item.text, stream, phonemes_of)
+        return Audio(pcm, self.sample_rate, words)
 
     @staticmethod
     def _ipa(voice: Any, ipa: str) -> list[str]:
@@ -228,18 +259,23 @@ class PiperEngine:
 
     @staticmethod
     def _runs(
-        voice: Any, sentences: list[list[str]], config: Any, speed: float
-    ) -> Iterator[np.ndarray[Any, Any]]:
+        voice: Any, sentences: list[list[str]], config: Any, speed: float, aligned: bool
+    ) -> Iterator[tuple[np.ndarray[Any, Any], list[str], np.ndarray[Any, Any] | None]]:
         """Audio of phonemized ``sentences`` as ``PiperVoice.synthesize`` makes it (one run per
         espeak sentence, each peak-normalized and clipped), except that a sentence of more
-        phonemes than one run may take is cut between words into several runs."""
+        phonemes than one run may take is cut between words into several runs. With each run
+        its phonemes and, when ``aligned``, the samples of each of its phoneme ids."""
         limit = max(MIN_RUN_PHONEMES, round(MAX_RUN_PHONEMES * min(1.0, speed)))
         for phonemes in sentences:
             for run in _bounded_runs(phonemes, limit):
-                audio = _run_graph(voice, voice.phonemes_to_ids(run), config, speed)
+                audio, durations = _run_graph(
+                    voice, voice.phonemes_to_ids(run), config, speed, aligned
+                )
+                if durations is not None and int(durations.sum()) != len(audio):
+                    durations = None  # not this graph's frames: no timings rather than wrong
                 peak = np.max(np.abs(audio)) if audio.size else 0.0
                 audio = np.zeros_like(audio) if peak < 1e-8 else audio / peak
-                yield np.clip(audio, -1.0, 1.0).astype(np.float32)
+                yield np.clip(audio, -1.0, 1.0).astype(np.float32), run, durations
 
     def synthesize_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]:
         if not self._voices:
@@ -260,9 +296,12 @@ class PiperEngine:
         }
 
 
-def _run_graph(voice: Any, ids: list[int], config: Any, speed: float) -> np.ndarray[Any, Any]:
-    """Audio of phoneme ``ids``: ``PiperVoice.phoneme_ids_to_audio``'s feeds (its speaker
-    rules included) plus the speed input of the rewritten graph."""
+def _run_graph(
+    voice: Any, ids: list[int], config: Any, speed: float, aligned: bool
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None]:
+    """Audio of phoneme ``ids`` and, when ``aligned``, the samples of each id:
+    ``PiperVoice.phoneme_ids_to_audio``'s feeds and outputs (its speaker rules included) plus
+    the speed input of the rewritten graph."""
     feeds: dict[str, Any] = {
         "input": np.asarray([ids], dtype=np.int64),
         "input_lengths": np.asarray([len(ids)], dtype=np.int64),
@@ -276,7 +315,62 @@ def _run_graph(voice: Any, ids: list[int], config: Any, speed: float) -> np.ndar
         feeds["sid"] = np.asarray(
             [voice.config.default_speaker_id if speaker is None else speaker], dtype=np.int64
         )
-    return np.asarray(voice.session.run(None, feeds)[0]).squeeze()
+    result = voice.session.run(None, feeds)
+    audio = np.asarray(result[0]).squeeze()
+    if not aligned or len(result) < 2:
+        return audio, None
+    samples = (np.asarray(result[1]).squeeze() * voice.config.hop_length).astype(np.int64)
+    return audio, samples
+
+
+def _with_durations(model_path: Path) -> tuple[str | bytes, bool]:
+    """The voice's graph with its phoneme durations (the ``Ceil`` of the duration predictor,
+    in frames) as a second output, patched in memory as Piper's ``include_alignments`` does
+    (``piper.patch_voice_with_alignment``); the path itself when the graph has no single such
+    node or already outputs it. The durations cost nothing at run time: the graph computes them
+    to make the audio."""
+    import onnx
+    from piper.patch_voice_with_alignment import add_alignment_output
+
+    model = onnx.load(str(model_path))
+    if len(model.graph.output) > 1:
+        return str(model_path), True  # patched on disk already
+    try:
+        add_alignment_output(model)
+    except ValueError as exc:
+        log.warning("piper voice %s gives no phoneme durations: %s", model_path.name, exc)
+        return str(model_path), False
+    return model.SerializeToString(), True
+
+
+def _phoneme_stream(
+    voice: Any, run: list[str], durations: np.ndarray[Any, Any], at: int
+) -> Iterator[tuple[str, int, int]]:
+    """``(phoneme, first sample, samples)`` of each phoneme of ``run`` whose audio starts at
+    sample ``at``, from the frames of each phoneme id (``phonemes_to_ids`` puts BOS and a pad
+    first, a pad after each known phoneme, EOS last; a phoneme the voice has no id for is
+    skipped there and here)."""
+    from piper.const import BOS, PAD
+
+    id_map = voice.config.phoneme_id_map
+    pad = len(id_map[PAD])
+    cumulative = np.concatenate([[0], np.cumsum(durations)]).astype(np.int64)
+    cursor = len(id_map[BOS]) + pad
+    for phoneme in run:
+        ids = id_map.get(phoneme)
+        if ids is None:
+            continue
+        end = cursor + len(ids) + pad
+        if end >= len(cumulative):
+            return
+        # A phoneme is heard from the blank (pad) before it to the end of its own frames: VITS
+        # makes the transition into a sound in the blank before it. Measured on ten words after
+        # breaks (tests/test_speech_marks.py): words started 0-28 ms before their first id's
+        # frames, and 0-11 ms from the blank before it (half the blank: 0-17 ms).
+        first = int(cumulative[cursor - pad])
+        last = int(cumulative[end - pad])
+        yield phoneme, at + first, last - first
+        cursor = end
 
 
 def _bounded_runs(phonemes: list[str], limit: int) -> Iterator[list[str]]:

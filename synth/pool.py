@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from metrics import Metrics
+from synth.alignment import timings_from_json, timings_to_json
 from synth.cancellation import cancel_and_wait
 from synth.engine import Audio, Engine, SynthesisItem
 from synth.errors import (
@@ -94,6 +95,17 @@ class LogSetup:
 _MAX_MESSAGE_CHARS = 500  # error texts from a worker are cut to this before they reach a client
 
 
+def reply_items(outputs: Sequence[Audio]) -> list[list[Any]]:
+    """The header of each item of an "ok" reply: ``[samples, rate]``, and the word timings
+    third when the engine gave them (:mod:`synth.alignment`)."""
+    return [
+        [len(a.pcm), a.sample_rate]
+        if a.words is None
+        else [len(a.pcm), a.sample_rate, timings_to_json(a.words)]
+        for a in outputs
+    ]
+
+
 def encode_reply(kind: str, header: Mapping[str, Any], pcm: Sequence[Any] = ()) -> bytes:
     """One framed worker message (runs in the worker)."""
     head = kind.encode() + b"\n" + json.dumps(header).encode()
@@ -132,13 +144,20 @@ def decode_reply(data: bytes, expected_items: int) -> tuple[str, Any]:
         for item in items:
             if (
                 not isinstance(item, list)
-                or len(item) != 2
-                or not all(type(v) is int for v in item)
+                or len(item) not in (2, 3)
+                or not all(type(v) is int for v in item[:2])
                 or item[0] < 0
                 or not 1 <= item[1] <= 1_000_000
             ):
                 raise BadReply("reply item is not [samples, rate]")
-            n, rate = item
+            n, rate = item[0], item[1]
+            words = None
+            if len(item) == 3:
+                try:
+                    # (Character offsets are checked against the text where they are used.)
+                    words = timings_from_json(item[2], n, 1 << 30)
+                except ValueError as exc:
+                    raise BadReply(f"reply item's word timings: {exc}") from exc
             end = offset + 4 * n
             if end > len(data):
                 raise BadReply("reply shorter than its header says")
@@ -149,7 +168,7 @@ def decode_reply(data: bytes, expected_items: int) -> tuple[str, Any]:
                 pcm = pcm.astype(np.float32)
             if not np.isfinite(pcm).all():
                 raise BadReply("reply holds samples that are not finite")
-            out.append(Audio(pcm, rate))
+            out.append(Audio(pcm, rate, words))
             offset = end
         if offset != len(data):
             raise BadReply("reply longer than its header says")
@@ -219,7 +238,7 @@ def _worker_main(
             outputs = engine.synthesize_batch(items)
             reply = encode_reply(
                 "ok",
-                {"items": [[len(a.pcm), a.sample_rate] for a in outputs]},
+                {"items": reply_items(outputs)},
                 [a.pcm for a in outputs],
             )
         except SynthesisError as exc:

@@ -232,6 +232,43 @@ def join_gaps(
     return np.concatenate(pieces).astype(np.float32, copy=False)
 
 
+def part_offsets(
+    parts: Sequence[FloatPCM],
+    sample_rate: int,
+    gaps_s: Sequence[float] | None,
+    trims: Sequence[bool] = (),
+    pause_s: float = 0.0,
+) -> list[tuple[int, int, int]]:
+    """Where each of ``parts`` lands in what :func:`join_gaps` (``gaps_s`` given) or
+    :func:`join` (``pause_s``) makes of them: ``(first output sample, samples trimmed off its
+    head, samples kept)`` of each part, so a time inside a part maps onto the joined audio
+    (speech marks). Computed the way those functions join."""
+    out: list[tuple[int, int, int]] = []
+    at = 0
+    if gaps_s is None:
+        gap = round(pause_s * sample_rate) if len(parts) > 1 else 0
+        for i, part in enumerate(parts):
+            if i:
+                at += gap
+            out.append((at, 0, len(part)))
+            at += len(part)
+        return out
+    flags = list(trims) or [False] * len(gaps_s)
+    for i, gap_s in enumerate(gaps_s):
+        if gap_s > 0:
+            at += round(gap_s * sample_rate)
+        if i < len(parts):
+            part = parts[i]
+            kept = trim_edges(part, flags[i], flags[i + 1])
+            head = 0
+            if flags[i] and len(kept) != len(part):
+                loud = np.flatnonzero(np.abs(part) > SILENCE_LEVEL)
+                head = int(loud[0]) if loud.size else 0
+            out.append((at, head, len(kept)))
+            at += len(kept)
+    return out
+
+
 def leading_pause(pcm: FloatPCM, sample_rate: int, pause_s: float) -> FloatPCM:
     """``pcm`` preceded by the inter-sentence pause: a streamed sentence after the first, so that
     the streamed chunks add up to exactly :func:`join`'s output."""

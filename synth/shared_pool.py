@@ -51,7 +51,7 @@ from synth.errors import (
     UnspeakableInput,
     UpstreamError,
 )
-from synth.pool import BadReply, decode_reply, encode_reply
+from synth.pool import BadReply, decode_reply, encode_reply, reply_items
 from synth.scheduler import Scheduler
 
 log = logging.getLogger("voxgate.synth.shared_pool")
@@ -246,7 +246,7 @@ class PoolServer:
             return encode_reply("error", {"kind": "EngineError", "message": message})
         return encode_reply(
             "ok",
-            {"items": [[len(a.pcm), a.sample_rate] for a in audios]},
+            {"items": reply_items(audios)},
             [a.pcm for a in audios],
         )
 

@@ -159,6 +159,31 @@ async def test_purge_by_voice_and_model_without_keys(tier: RedisTier) -> None:
     assert await tier.purge(PurgeFilter(model="piper")) == 20
 
 
+async def test_purge_reads_past_the_first_bytes_of_metadata_long_with_speech_marks(
+    tier: RedisTier,
+) -> None:
+    """Speech marks make an entry's metadata longer than the purge's first read: that entry is
+    judged by its metadata read whole, not deleted as unreadable."""
+    marks = '{"time":0,"type":"word","start":0,"end":5,"value":"hello"}\n' * 400  # 24 KB
+    kept, gone = f"{7:064x}", f"{8:064x}"
+    for key, voice in ((kept, "b"), (gone, "a")):
+        base = entry(voice=voice)
+        marked = Entry.create(
+            base.audio,
+            content_type=base.meta.content_type,
+            fmt=base.meta.format,
+            sample_rate=base.meta.sample_rate,
+            model=base.meta.model,
+            voice=voice,
+            marks=marks,
+        )
+        await tier.put(key, marked)
+    assert await tier.purge(PurgeFilter(voice="a")) == 1
+    assert await tier.get(gone) is None
+    found = await tier.get(kept)
+    assert found is not None and found.meta.marks == marks
+
+
 # ---- cross-replica single flight ----------------------------------------------------------
 
 

@@ -211,6 +211,7 @@ async def test_every_request_schema_is_enforced_as_documented(
     # Every operation that takes input was exercised, with more than its example.
     assert set(checked) == {
         "POST /v1/audio/speech",
+        "POST /v1/audio/speech/with-timestamps",
         "POST /v1/ssml/explain",
         "GET /api/tts",
         "POST /api/tts",

@@ -79,6 +79,7 @@ WEBSOCKET = "/v1/jambonz/stream"
 NAMES: dict[tuple[str, str], dict[str, dict[str, str]]] = {
     ("POST", "/v1/audio/speech"): {"body": {"model": "model", "voice": "voice"}},
     ("POST", "/v1/ssml/explain"): {"body": {"model": "model", "voice": "voice"}},
+    ("POST", "/v1/audio/speech/with-timestamps"): {"body": {"model": "model", "voice": "voice"}},
     ("GET", "/synthesize"): {"query": {"model": "model", "speaker": "voice"}},
     ("GET", "/api/tts"): {"query": {"speaker_id": "voice", "language_id": "language"}},
     ("POST", "/api/tts"): {

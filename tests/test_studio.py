@@ -60,6 +60,10 @@ def drive(url: str, pinned_key: str) -> dict[str, Any]:
             "return document.getElementById('audio').duration"
         )
         seen["expansion"] = text_of(driver, "expansion")
+        # Its words, from the speech marks, each highlighted in turn as the audio plays.
+        wait.until(lambda d: text_of(d, "words") == "Hello from the studio")
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#words span.now"))
+        seen["words"] = text_of(driver, "words")
         driver.find_element(By.ID, "speak").click()
         wait.until(lambda d: text_of(d, "cache") == "HIT" and text_of(d, "duration").endswith(" s"))
         seen["second_address"] = text_of(driver, "address")
@@ -101,6 +105,7 @@ async def test_studio_speaks_a_prompt_in_a_real_browser(
     assert seen["first_cache"] == "MISS"
     assert seen["second_address"] == seen["address"]
     assert "Hello from the studio." in seen["expansion"] and "pause 700 ms" in seen["expansion"]
+    assert seen["words"] == "Hello from the studio"
     assert "welcome" in seen["prompt_row"] and "Welcome to voxgate." in seen["prompt_row"]
     assert seen["pinned_cache"] == "HIT"
     # The page played what the API serves: the same address and the same length.

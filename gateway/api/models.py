@@ -225,8 +225,9 @@ class RequestModel(BaseModel):
 
 def _streaming_rules(schema: dict[str, Any], model: type[BaseModel]) -> None:
     """What the speech body's fields cannot say one by one (:func:`gateway.api.parsing.streams`
-    enforces it): ``stream_format`` is not for ``stream: false``, and a streamed answer (either
-    field) needs a streamable format, the default one when ``response_format`` is null."""
+    enforces it): ``stream_format`` is not for ``stream: false``, a streamed answer (either
+    field) needs a streamable format, the default one when ``response_format`` is null, and
+    ``speech_marks`` needs ``stream_format: "sse"``."""
     streamable = [f.name for f in audio.FORMATS.values() if f.streamable]
     default = getattr(model, "default_format", None)
     formats: dict[str, Any] = {"properties": {"response_format": {"enum": streamable}}}
@@ -250,6 +251,14 @@ def _streaming_rules(schema: dict[str, Any], model: type[BaseModel]) -> None:
                 ]
             },
             "then": formats,
+        },
+        {
+            # Speech marks events are events of the event stream.
+            "if": {"required": ["speech_marks"], "properties": {"speech_marks": {"const": True}}},
+            "then": {
+                "required": ["stream_format"],
+                "properties": {"stream_format": {"const": "sse"}},
+            },
         },
     ]
 
@@ -302,6 +311,12 @@ class SpeechBody(RequestModel):
         description="OpenAI's streaming: 'audio' is `stream: true`; 'sse' answers "
         "text/event-stream events `speech.audio.delta` (base64 audio, sentence by sentence) "
         "and a final `speech.audio.done` with `usage`. Not with `stream: false`.",
+    )
+    speech_marks: bool = Field(
+        False,
+        description='With `stream_format: "sse"`: a `speech.marks.delta` event (Amazon Polly\'s '
+        "speech marks: sentence, word, viseme) before the audio deltas it covers "
+        "(docs/speech-marks.md). Voices with `speech_marks` in GET /v1/voices only.",
     )
     instructions: str | None = Field(
         None,

@@ -131,6 +131,8 @@ class SpeechCall:
     stream: bool | None = None
     sse: bool = False
     ignored: tuple[str, ...] = ()
+    # Speech marks events in the event stream (``speech_marks``; with ``sse`` only).
+    marks: bool = False
 
 
 class RequestMemo(BoundedMemo[bytes, SpeechCall]):
@@ -502,7 +504,22 @@ def speech_request(
         sample_rate=body.sample_rate,
         params=params,
     )
-    return SpeechCall(req, stream, sse, tuple(ignored) + header_names(unknown))
+    if body.speech_marks and not sse:
+        raise BadRequest(
+            "'speech_marks' sends events in an event stream: ask for stream_format 'sse' (or use "
+            "POST /v1/audio/speech/with-timestamps)",
+            param="speech_marks",
+        )
+    if body.speech_marks and not words.models[model].capabilities.speech_marks:
+        raise BadRequest(
+            f"voice '{voice}' of model '{model}' gives no speech marks; GET /v1/voices says "
+            "which voices do (`speech_marks`)",
+            param="speech_marks",
+            code="marks_unsupported",
+        )
+    return SpeechCall(
+        req, stream, sse, tuple(ignored) + header_names(unknown), marks=body.speech_marks
+    )
 
 
 # A field name a header may carry as it is; others are counted, not echoed (a client's JSON key

@@ -13,8 +13,9 @@ the expansion counts against the request's audio budget like any text. Nothing f
 
 Supported (docs/ssml.md compares it with Polly's, Google's and Azure's): ``speak``, ``p``, ``s``,
 ``break`` (``time``, ``strength``), ``say-as`` (:data:`gateway.api.normalize.SAY_AS_KINDS`),
-``sub``, ``prosody rate``, ``phoneme alphabet="ipa"`` (engines that take phonemes); accepted and
-ignored: ``emphasis``, ``prosody pitch/volume``, ``mark``, ``lang``.
+``sub``, ``prosody rate``, ``phoneme alphabet="ipa"`` (engines that take phonemes), ``mark`` (its
+position in the words: speech marks of type ``ssml``); accepted and ignored: ``emphasis``,
+``prosody pitch/volume``, ``lang``.
 """
 
 from __future__ import annotations
@@ -58,7 +59,12 @@ BREAK_STRENGTHS = {
     "strong": 750,
     "x-strong": 1000,
 }
-IGNORED_TAGS = frozenset({"emphasis", "mark", "lang"})
+IGNORED_TAGS = frozenset({"emphasis", "lang"})
+# A <mark> rides through the expansion as one character of Unicode's supplementary private use
+# area (its index added), which normalizing and joining keep in place, and is taken out at the
+# end with its offset (speech marks of type "ssml": docs/speech-marks.md).
+_MARK_BASE = 0xF0000
+MAX_MARK_NAME = 128
 CONTAINER_TAGS = frozenset({"speak", "p", "s", "paragraph", "sentence"})
 # Tags whose purpose is to fetch something: refused whatever the unknown-tag setting says.
 FETCHING_TAGS = frozenset({"audio", "lexicon", "lookup"})
@@ -120,6 +126,8 @@ class _Piece:
     pause: Boundary
     rate: float
     phonemes: bool = False
+    # Marks right after IPA (which cannot hold them in its words): at its end.
+    after_marks: str = ""
 
 
 class _Expander:
@@ -132,6 +140,7 @@ class _Expander:
         self.buffer: list[str] = []
         self.buffer_rate = 1.0
         self.leading: Boundary = _TIGHT
+        self.mark_names: list[str] = []
 
     # ---- building -------------------------------------------------------------------------
 
@@ -190,6 +199,13 @@ class _Expander:
             self.text(alias, rate)
         elif tag == "prosody":
             self.children(element, depth, _prosody_rate(element, rate))
+        elif tag == "mark":
+            name = element.get("name", "")
+            if not name or len(name) > MAX_MARK_NAME:
+                raise _bad(f"<mark> needs a name of 1-{MAX_MARK_NAME} characters")
+            _only_text(element, tag)
+            self.buffer.append(chr(_MARK_BASE + len(self.mark_names)))
+            self.mark_names.append(name)
         elif tag == "phoneme":
             self.phoneme(element, rate)
         elif tag in IGNORED_TAGS or self.limits.unknown_tags == "strip":
@@ -230,6 +246,7 @@ class _Expander:
         self.boundary(_TIGHT)
         merged: list[_Piece] = []
         leading = self.leading
+        leading_marks = ""
         for piece in self.pieces:
             prev = merged[-1] if merged else None
             if prev is not None and _joins(prev, piece):
@@ -243,11 +260,15 @@ class _Expander:
                 pause = piece.pause
                 if isinstance(pause, _Tight) and _SENTENCE_END.search(piece.words):
                     pause = None
+                marks_only = "".join(ch for ch in piece.words if _is_mark(ch))
                 if prev is None:
                     leading = _combine(leading, pause)
+                    leading_marks += marks_only
                     continue
                 if not prev.phonemes:
                     prev.words += piece.words
+                else:
+                    prev.after_marks += marks_only
                 prev.pause = _combine(prev.pause, pause)
             else:
                 merged.append(_Piece(piece.words, piece.pause, piece.rate, piece.phonemes))
@@ -258,22 +279,49 @@ class _Expander:
                 f"breaks in a row add up to more than {MAX_PAUSE_MS // 1000} s",
                 code="ssml_break_too_long",
             )
-        if isinstance(leading, int) and leading > 0:
-            out.append(Segment("", leading, 1.0))
+        names = self.mark_names
+        if (isinstance(leading, int) and leading > 0) or leading_marks:
+            _, at_start = _take_marks(leading_marks, names)
+            pause_ms = leading if isinstance(leading, int) and leading > 0 else None
+            out.append(Segment("", pause_ms, 1.0, marks=at_start))
         for i, piece in enumerate(merged):
             pause = piece.pause
             if isinstance(pause, _Tight):
                 pause = None if i == len(merged) - 1 else 0
             elif pause == 0 and i == len(merged) - 1:
                 pause = None
-            out.append(Segment(piece.words, pause, piece.rate, piece.phonemes))
+            words, marks = _take_marks(piece.words, names) if names else (piece.words, ())
+            if piece.after_marks:
+                marks += tuple((n, len(words)) for n, _ in _take_marks(piece.after_marks, names)[1])
+            out.append(Segment(words, pause, piece.rate, piece.phonemes, marks))
         return tuple(out)
 
 
 def _unspoken(words: str) -> bool:
     """Whether ``words`` hold nothing a voice says: punctuation and spaces only (a symbol such as
     "%" or "$" is read out, so it is spoken)."""
-    return all(ch.isspace() or unicodedata.category(ch).startswith("P") for ch in words)
+    return all(
+        ch.isspace() or unicodedata.category(ch).startswith("P") or _is_mark(ch) for ch in words
+    )
+
+
+def _is_mark(ch: str) -> bool:
+    return _MARK_BASE <= ord(ch) <= 0xFFFFD
+
+
+def _take_marks(words: str, names: Sequence[str]) -> tuple[str, tuple[tuple[str, int], ...]]:
+    """``words`` without their mark characters, and each mark's (name, offset into them)."""
+    out: list[str] = []
+    found: list[tuple[str, int]] = []
+    for ch in words:
+        if _is_mark(ch):
+            found.append((names[ord(ch) - _MARK_BASE], len(out)))
+        elif not (ch == " " and (not out or out[-1] == " ")):
+            out.append(ch)
+    while out and out[-1] == " ":
+        out.pop()
+    n = len(out)
+    return "".join(out), tuple((name, min(at, n)) for name, at in found)
 
 
 def _joins(prev: _Piece, piece: _Piece) -> bool:
@@ -355,6 +403,9 @@ def expand(
     language code (numbers are said in it); ``engine`` and ``takes_phonemes`` decide whether
     ``<phoneme>`` is possible. Raises :class:`BadRequest` for anything refused."""
     limits = limits or SsmlLimits()
+    if any(_is_mark(ch) for ch in text):
+        # (These stand for <mark>s inside the expansion.)
+        raise _bad("characters of the supplementary private use area A are not accepted")
     # Cheap bound before parsing: every element costs at least one '<'.
     if text.count("<") > 2 * limits.max_elements + 2:
         raise _bad(
@@ -407,7 +458,7 @@ def plain_text(segments: Sequence[Segment]) -> str | None:
     if len(segments) != 1:
         return None
     seg = segments[0]
-    if seg.pause_ms is not None or seg.rate != 1.0 or seg.phonemes:
+    if seg.pause_ms is not None or seg.rate != 1.0 or seg.phonemes or seg.marks:
         return None
     return seg.words
 

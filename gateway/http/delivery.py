@@ -77,14 +77,16 @@ async def serve_speech(
     sse: bool = False,
     ignored: tuple[str, ...] = (),
     present: Presentation | None = None,
+    marks: bool = False,
 ) -> web.StreamResponse:
     """Answer ``req``: 304 when the client holds it, else the audio, streamed when asked (and not
     already stored: stored audio goes out whole, with its Content-Length), or as server-sent
-    events with ``sse``. ``stream=None`` is the default of OpenAI's endpoint: a miss streams
-    where its format streams and it has more than one sentence (one sentence gains nothing: its
-    first chunk would be all of it, without a Content-Length). ``ignored`` names fields that had
-    no effect (a response header). A GET route passes its ``present``: Cache-Control,
-    Last-Modified (and If-Modified-Since), its Content-Type."""
+    events with ``sse`` (speech marks events too with ``marks``). ``stream=None`` is the default
+    of OpenAI's endpoint: a miss streams where its format streams and it has more than one
+    sentence (one sentence gains nothing: its first chunk would be all of it, without a
+    Content-Length). ``ignored`` names fields that had no effect (a response header). A GET route
+    passes its ``present``: Cache-Control, Last-Modified (and If-Modified-Since), its
+    Content-Type."""
     app = request.app
     service = app[keys.SPEECH]
     asked = request.headers
@@ -110,7 +112,7 @@ async def serve_speech(
             return hit_response(request, entry.audio, prepared)
     extra = {IGNORED_FIELDS: ", ".join(ignored)} if ignored else {}
     if sse:
-        return await _events(request, req, extra)
+        return await _events(request, req, extra, marks)
     # If-None-Match is answered against the entry held now (audio_response below): the key alone
     # does not say which bytes a client holds (other replicas, a synthesis after an eviction).
     # The synthesis queue's share is per client; this handler's tasks inherit the name.
@@ -133,7 +135,7 @@ async def serve_speech(
 
 
 async def _events(
-    request: web.Request, req: SpeechRequest, extra: dict[str, str]
+    request: web.Request, req: SpeechRequest, extra: dict[str, str], marks: bool
 ) -> web.StreamResponse:
     """OpenAI's ``stream_format: "sse"``: the audio as ``speech.audio.delta`` events, sentence by
     sentence as it is made (stored audio at once), then ``speech.audio.done``."""
@@ -142,13 +144,17 @@ async def _events(
         _record(request, req, answer.key, answer.cache, request.app)
         headers = {**audio_headers(answer.key, req.fmt, answer.rate, answer.cache, None), **extra}
         try:
-            return await sse.send_stream(request, headers, answer, characters=len(req.text))
+            return await sse.send_stream(
+                request, headers, answer, characters=len(req.text), marks=marks
+            )
         finally:
             answer.close()  # this reader no longer waits for the production
     _record(request, req, answer.key, answer.cache, request.app)
     rate = answer.entry.meta.sample_rate
     headers = {**audio_headers(answer.key, req.fmt, rate, answer.cache, None), **extra}
-    return await sse.send_whole(request, headers, answer.entry, characters=len(req.text))
+    return await sse.send_whole(
+        request, headers, answer.entry, characters=len(req.text), marks=marks
+    )
 
 
 async def _stream(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, Literal, NotRequired, cast
 
 from aiohttp import web
 from pydantic import Field
@@ -30,6 +30,12 @@ class ExpansionSegment(TypedDict):
     pause_ms: Annotated[int | None, Field(description="Silence after; null: the sentence pause.")]
     rate: float
     phonemes: bool
+    marks: NotRequired[
+        Annotated[
+            list[tuple[str, int]],
+            Field(description="SSML <mark> names and their character offsets into `words`."),
+        ]
+    ]
 
 
 class ExplainedSentence(TypedDict):
@@ -65,6 +71,10 @@ class VoiceEntry(TypedDict):
     id: str
     language: str
     description: str
+    speech_marks: Annotated[
+        bool,
+        Field(description="Whether its audio has speech marks (`GET /v1/audio/{key}.marks`)."),
+    ]
 
 
 # (What SpeechService.voice_listing builds.)
@@ -118,7 +128,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
         memo.put(raw, call)
     # ETag / If-None-Match, Content-Length, and streaming: gateway.http.delivery.
     return await serve_speech(
-        request, call.req, stream=call.stream, sse=call.sse, ignored=call.ignored
+        request, call.req, stream=call.stream, sse=call.sse, ignored=call.ignored, marks=call.marks
     )
 
 

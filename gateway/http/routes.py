@@ -32,6 +32,13 @@ from gateway.http.handlers import (
     voices,
 )
 from gateway.http.jambonz import jambonz_stream, jambonz_tts
+from gateway.http.marks import (
+    TimedSpeech,
+    marks_by_key,
+    speech_with_timestamps,
+    srt_by_key,
+    vtt_by_key,
+)
 from gateway.http.routing import (
     JSON,
     Answer,
@@ -57,6 +64,7 @@ from gateway.http.telephony import (
     sign_say_url,
 )
 from gateway.runtime.settings import Settings
+from gateway.speech.marks import MARK_TYPES
 from gateway.speech.request import CACHE_RESULTS
 from gateway.speech.telephony import EXTENSIONS
 from synth import audio
@@ -257,6 +265,8 @@ def common_answers(settings: Settings) -> dict[int, Common]:
 # ---- parameters -------------------------------------------------------------------------------
 
 KEY_PARAM = Param("key", "path", KEY)
+_MARK_TYPE = "(" + "|".join(MARK_TYPES) + ")"
+MARK_TYPES_PATTERN = rf"^\s*({_MARK_TYPE}\s*(,\s*{_MARK_TYPE}\s*)*)?$"
 EXT_PARAM = Param(
     "ext",
     "path",
@@ -357,6 +367,25 @@ def route_table(settings: Settings) -> RouteTable:
         ),
         Route(
             "POST",
+            "/v1/audio/speech/with-timestamps",
+            speech_with_timestamps,
+            SPEAK,
+            tag="speech",
+            summary="Speech with its timings: ElevenLabs' with-timestamps shape plus speech marks",
+            description="Takes the body of POST /v1/audio/speech and answers JSON, whole (its "
+            "streaming fields have no effect here): "
+            "`audio_base64` (the audio in `response_format`), `alignment` (each character of the "
+            "input with its start and end in seconds, as ElevenLabs' "
+            "`/v1/text-to-speech/{voice_id}/with-timestamps` answers), `normalized_alignment`, "
+            "and `marks`, Amazon Polly's speech marks (sentence, word, viseme). The timings are "
+            "stored with the audio: a repeat computes nothing. A voice without speech marks is a "
+            "400 naming it (docs/speech-marks.md).",
+            body=speech_body,
+            answers={200: json_answer("The audio and its timings.", TimedSpeech)},
+            common=(400, 413, 429, 500, 502, 503),
+        ),
+        Route(
+            "POST",
             "/v1/ssml/explain",
             ssml_explain,
             SPEAK,
@@ -401,6 +430,58 @@ def route_table(settings: Settings) -> RouteTable:
                     "Voices, then the voice aliases that resolve to them.", listings.AudioVoices
                 )
             },
+        ),
+        Route(
+            "GET",
+            "/v1/audio/{key}.marks",
+            marks_by_key,
+            READ,
+            tag="speech",
+            summary="Speech marks of stored audio (Amazon Polly's NDJSON)",
+            description="One JSON object per line: `time` (ms from the start of the audio), "
+            "`type` (sentence, word, viseme), `start`/`end` (UTF-8 byte offsets into the text as "
+            "normalized: the request's text with whitespace collapsed, or its SSML expansion's "
+            "words) and `value`. Stored with the audio at synthesis; every format and rate of "
+            "the same text has the same marks. A voice whose engine gives no alignment is a 400 "
+            "naming it (docs/speech-marks.md).",
+            params=(
+                KEY_PARAM,
+                Param(
+                    "types",
+                    "query",
+                    {"type": "string", "pattern": MARK_TYPES_PATTERN},
+                    "Comma-separated mark types to keep (sentence, word, viseme, ssml); all "
+                    "when absent.",
+                    required=False,
+                ),
+            ),
+            answers={200: Answer("The marks.", {"application/x-ndjson": TEXT})},
+            common=(400, 404),
+        ),
+        Route(
+            "GET",
+            "/v1/audio/{key}.vtt",
+            vtt_by_key,
+            READ,
+            tag="speech",
+            summary="WebVTT captions of stored audio",
+            description="One cue per phrase of at most 42 characters, cut between words, from "
+            "the stored word marks.",
+            params=(KEY_PARAM,),
+            answers={200: Answer("The captions.", {"text/vtt": TEXT})},
+            common=(400, 404),
+        ),
+        Route(
+            "GET",
+            "/v1/audio/{key}.srt",
+            srt_by_key,
+            READ,
+            tag="speech",
+            summary="SubRip captions of stored audio",
+            description="As the WebVTT captions, in SubRip's numbered form.",
+            params=(KEY_PARAM,),
+            answers={200: Answer("The captions.", {"application/x-subrip": TEXT})},
+            common=(400, 404),
         ),
         Route(
             "GET",
@@ -556,8 +637,9 @@ def route_table(settings: Settings) -> RouteTable:
             summary="The prompt studio: a page to try text and SSML (docs/ssml.md)",
             description="One static HTML page with its script (no build step, nothing from a "
             "CDN). It calls only this API: POST /v1/audio/speech, POST /v1/ssml/explain, GET "
-            "/v1/voices, GET /v1/prompts and GET /v1/audio/{key}.{ext}, with the key typed into "
-            "it when API keys are on. POST / is Piper's API.",
+            "/v1/voices, GET /v1/prompts, GET /v1/audio/{key}.{ext} and the speech marks and "
+            "captions of `/v1/audio/{key}.marks`, `.vtt`, `.srt` (each word highlighted as it "
+            "plays), with the key typed into it when API keys are on. POST / is Piper's API.",
             answers={200: Answer("The page.", {"text/html": TEXT})},
         ),
         Route(

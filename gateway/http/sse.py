@@ -6,6 +6,10 @@ blank line (OpenAI's speech events carry no ``event:`` line: their ``type`` fiel
 - ``{"type": "speech.audio.delta", "audio": "<base64>"}``, in order: the audio's bytes in the
   asked format, sentence by sentence as each is ready (stored audio goes out at once, in pieces);
   the deltas joined are the audio stream;
+- with ``speech_marks: true`` in the body, ``{"type": "speech.marks.delta", "marks": [...]}``
+  before the audio deltas they cover (an event OpenAI's stream does not have: only on request),
+  for voices with speech marks (Polly's marks: docs/speech-marks.md); stored audio sends them all
+  at once, a stream one event per sentence;
 - ``{"type": "speech.audio.done", "usage": {...}}`` last. ``usage`` has OpenAI's shape
   (``input_tokens``, ``output_tokens``, ``total_tokens``) and voxgate's own measures
   (``input_characters``, ``audio_seconds``). The served engines have no tokens: input tokens
@@ -29,7 +33,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Annotated, Literal
+from typing import Annotated, Literal, cast
 
 from aiohttp import web
 from pydantic import Field
@@ -40,7 +44,10 @@ from gateway.errors import VoxgateError
 from gateway.http import keys
 from gateway.http.connections import write_within
 from gateway.http.errors import ErrorObject, error_object, from_synthesis_error
+from gateway.http.marks import SpeechMark
+from gateway.speech import marks as speech_marks
 from gateway.speech.assembly import SpeechStream
+from gateway.speech.marks import Mark
 from synth.errors import SynthesisError
 
 log = logging.getLogger("voxgate.gateway")
@@ -69,6 +76,17 @@ class SpeechAudioDeltaEvent(TypedDict):
     audio: Annotated[str, Field(description="Base64 of the audio's bytes in the asked format.")]
 
 
+class SpeechMarksDeltaEvent(TypedDict):
+    """The speech marks of the audio deltas that follow it, up to the next marks event (voices
+    with speech marks only: docs/speech-marks.md)."""
+
+    type: Literal["speech.marks.delta"]
+    marks: Annotated[
+        list[SpeechMark],
+        Field(description="Polly's speech marks; `time` in ms from the start of the audio."),
+    ]
+
+
 class SpeechAudioDoneEvent(TypedDict):
     """The last event of a complete stream."""
 
@@ -84,8 +102,15 @@ class SpeechErrorEvent(TypedDict):
 
 
 # Every event this module sends (the OpenAPI document describes each, from these types).
-SpeechEvent = SpeechAudioDeltaEvent | SpeechAudioDoneEvent | SpeechErrorEvent
-EVENTS: tuple[type, ...] = (SpeechAudioDeltaEvent, SpeechAudioDoneEvent, SpeechErrorEvent)
+SpeechEvent = (
+    SpeechAudioDeltaEvent | SpeechMarksDeltaEvent | SpeechAudioDoneEvent | SpeechErrorEvent
+)
+EVENTS: tuple[type, ...] = (
+    SpeechAudioDeltaEvent,
+    SpeechMarksDeltaEvent,
+    SpeechAudioDoneEvent,
+    SpeechErrorEvent,
+)
 
 
 def event(payload: SpeechEvent) -> bytes:
@@ -98,6 +123,12 @@ def deltas(data: bytes) -> Iterator[bytes]:
     for start in range(0, len(data), DELTA_BYTES):
         piece = base64.b64encode(data[start : start + DELTA_BYTES]).decode("ascii")
         yield event({"type": "speech.audio.delta", "audio": piece})
+
+
+def marks_event(found: list[Mark]) -> bytes:
+    """A ``speech.marks.delta`` event of ``found``."""
+    listed = cast(list[SpeechMark], [m.as_json() for m in found])
+    return event({"type": "speech.marks.delta", "marks": listed})
 
 
 def done(characters: int, audio_s: float) -> bytes:
@@ -132,12 +163,20 @@ async def _open(request: web.Request, headers: dict[str, str]) -> web.StreamResp
 
 
 async def send_whole(
-    request: web.Request, headers: dict[str, str], entry: Entry, *, characters: int
+    request: web.Request,
+    headers: dict[str, str],
+    entry: Entry,
+    *,
+    characters: int,
+    marks: bool = False,
 ) -> web.StreamResponse:
-    """Stored audio as events: every delta at once, then done."""
+    """Stored audio as events: its marks (with ``marks``), every delta at once, then done."""
     resp = await _open(request, headers)
     timeout_s = request.app[keys.SETTINGS].write_timeout_s
     try:
+        if marks and entry.meta.marks:
+            found = speech_marks.from_ndjson(entry.meta.marks)
+            await write_within(request, resp, marks_event(found), timeout_s)
         for chunk in deltas(entry.audio):
             await write_within(request, resp, chunk, timeout_s)
         await write_within(request, resp, done(characters, entry.meta.duration_s), timeout_s)
@@ -148,9 +187,15 @@ async def send_whole(
 
 
 async def send_stream(
-    request: web.Request, headers: dict[str, str], stream: SpeechStream, *, characters: int
+    request: web.Request,
+    headers: dict[str, str],
+    stream: SpeechStream,
+    *,
+    characters: int,
+    marks: bool = False,
 ) -> web.StreamResponse:
-    """A stream being made as events: a delta per sentence as it is ready, then done."""
+    """A stream being made as events: a delta per sentence as it is ready (after its marks,
+    with ``marks``), then done."""
     metrics = request.app[keys.METRICS]
     resp = await _open(request, headers)
     timeout_s = request.app[keys.SETTINGS].write_timeout_s
@@ -164,6 +209,9 @@ async def send_stream(
         async for data in pieces():
             if request.transport is None or request.transport.is_closing():
                 raise ConnectionResetError("client went away")
+            found, stream.piece_marks = stream.piece_marks, []
+            if marks and found:
+                await write_within(request, resp, marks_event(found), timeout_s)
             for chunk in deltas(data):
                 await write_within(request, resp, chunk, timeout_s)
         await write_within(request, resp, done(characters, stream.audio_s), timeout_s)

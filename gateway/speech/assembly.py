@@ -28,6 +28,7 @@ from prometheus_client import Counter
 
 from cache.entry import Entry
 from gateway.errors import TooManyRequests
+from gateway.speech import marks
 from gateway.speech.caller import caller
 from gateway.speech.request import CacheResult, SpeechRequest, segment_speed
 from metrics import Metrics
@@ -85,6 +86,8 @@ class Production:
     # How the sentences are joined, and the one-sentence requests (set with ``parts``).
     layout: Layout | None = None
     sentences: list[SpeechRequest] = dataclasses.field(default_factory=list)
+    # Each sentence's text, in order (set with ``parts``): where a stream's marks point.
+    texts: list[str] = dataclasses.field(default_factory=list)
     # How each sentence was had ("hit", "miss", "coalesced"), by index, once it has been.
     outcomes: dict[int, CacheResult] = dataclasses.field(default_factory=dict)
 
@@ -206,6 +209,43 @@ class SpeechStream:
     _first_rest: AsyncIterator[bytes] | None = None
     _first_part: asyncio.Future[Audio] | None = None
 
+    # Speech marks as the stream goes: the rendition's text, each sentence's, where the next
+    # sentence starts (in samples at the source rate), and the marks of the piece last made
+    # (``first``'s, then each chunk's, read before it is sent: SSE's speech.marks.delta).
+    _text: str = ""
+    _sentences: list[str] = dataclasses.field(default_factory=list)
+    _samples: int = 0
+    _cursor: int = 0
+    piece_marks: list[marks.Mark] = dataclasses.field(default_factory=list)
+
+    def _place(self, i: int, sentence: Audio, piece_samples: int) -> None:
+        """The marks of sentence ``i`` (made into a piece of ``piece_samples``), placed after
+        what was streamed before it; ``piece_marks`` holds them until the next piece."""
+        layout = self._layout
+        offsets = sentences.part_offsets(
+            [sentence.pcm],
+            sentence.sample_rate,
+            [layout.gaps_ms[i] / 1000.0, 0.0],
+            [layout.trims[i], layout.trims[i + 1]],
+        )
+        at, head, kept = offsets[0]
+        found = None
+        if self._sentences and i < len(self._sentences):
+            text = self._sentences[i]
+            start = self._text.find(text, self._cursor)
+            if start >= 0:
+                self._cursor = start + len(text)
+                # The rendition's text up to this sentence, so offsets index the whole text.
+                found = marks.compose(
+                    self._text,
+                    [text],
+                    [sentence],
+                    [(self._samples + at, head, kept)],
+                    cursor=start,
+                )
+        self.piece_marks = found or []
+        self._samples += piece_samples
+
     def close(self) -> None:
         """Stop following the production (idempotent): the reader is gone or done."""
         release, self._release = self._release, None
@@ -242,6 +282,7 @@ class SpeechStream:
             sentence = await asyncio.shield(part)
             rate = sentence.sample_rate
             pcm = self._layout.piece(i, sentence.pcm, rate)
+            self._place(i, sentence, len(pcm))
             self.audio_s += len(pcm) / rate
             yield await loop.run_in_executor(self._pool, self._encoder.encode, pcm, rate)
         trailing_s = self._layout.gaps_ms[-1] / 1000.0
@@ -249,6 +290,7 @@ class SpeechStream:
             # An SSML break at the very end: its silence is part of the audio.
             tail = np.zeros(round(trailing_s * rate), dtype=np.float32)
             self.audio_s += len(tail) / rate
+            self.piece_marks = []
             yield await loop.run_in_executor(self._pool, self._encoder.encode, tail, rate)
         yield await loop.run_in_executor(self._pool, self._encoder.finish)
 
@@ -531,7 +573,7 @@ class Assembler:
         except BaseException:
             self._leave(prod)
             raise
-        return SpeechStream(
+        stream = SpeechStream(
             key=key,
             rate=rate,
             # The header goes out with the first sentence: COALESCED when this request joined
@@ -548,7 +590,11 @@ class Assembler:
             # The sentences after a stored first one may still pass through.
             _feed=self.partials if keys is not None else None,
             _keys=keys or [],
+            _text=req.text,
+            _sentences=prod.texts,
         )
+        stream._place(0, first, len(pcm))
+        return stream
 
     def _passing_keys(
         self, req: SpeechRequest, rate: int, prod: Production
@@ -609,6 +655,8 @@ class Assembler:
             _keys=keys,
             _first_rest=pieces,
             _first_part=parts[0],
+            _text=req.text,
+            _sentences=prod.texts,
         )
 
     async def _run(self, prod: Production) -> tuple[Entry, CacheResult]:
@@ -629,6 +677,7 @@ class Assembler:
             raise
         prod.layout = layout
         prod.sentences = texts
+        prod.texts = [t.text for t in texts]
         gate = asyncio.Semaphore(self.max_parallel)
         outcomes: list[CacheResult] = []
 
@@ -685,6 +734,7 @@ class Assembler:
             layout,
             prod.rate,
             recipe,
+            [t.text for t in texts],
         )
         await self._store_put(prod.key, entry)
         if len(texts) > 1:
@@ -700,16 +750,36 @@ def _rendition_entry(
     layout: Layout,
     rate: int,
     recipe: dict[str, Any],
+    sentence_texts: list[str],
 ) -> Entry:
     """The rendition of ``req`` made of ``masters`` (in order) and the entry that stores it: the
-    join, the encoding, its checksum and digest in one job off the loop."""
+    join, the encoding, its checksum and digest, and its speech marks, in one job off the
+    loop."""
     rate_in = masters[0].sample_rate
+    pcms = [m.pcm for m in masters]
     if layout.exact:
-        pcm = layout.join([m.pcm for m in masters], rate_in)
+        pcm = layout.join(pcms, rate_in)
+        gaps: list[float] | None = [g / 1000.0 for g in layout.gaps_ms]
     else:
-        pcm = sentences.join([m.pcm for m in masters], rate_in, layout.pause_ms / 1000.0)
+        pcm = sentences.join(pcms, rate_in, layout.pause_ms / 1000.0)
+        gaps = None
     data = audio.render(pcm, rate_in, req.fmt, rate)
-    return req.entry(data, req.fmt, rate, len(pcm) / rate_in, **recipe)
+    found = marks.compose(
+        req.text,
+        sentence_texts,
+        masters,
+        sentences.part_offsets(pcms, rate_in, gaps, layout.trims, layout.pause_ms / 1000.0),
+        marks.ssml_positions(req.segments),
+        len(pcm),
+    )
+    return req.entry(
+        data,
+        req.fmt,
+        rate,
+        len(pcm) / rate_in,
+        marks=marks.to_ndjson(found) if found is not None else "",
+        **recipe,
+    )
 
 
 def _consume(fut: asyncio.Future[Any]) -> None:

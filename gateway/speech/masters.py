@@ -20,6 +20,7 @@ from cache.entry import Entry
 from cache.keys import master_key, revision_fingerprint
 from cache.singleflight import SingleFlight
 from cache.store import TieredStore
+from gateway.speech import marks
 from gateway.speech.assembly import PartialFeed
 from gateway.speech.caller import caller
 from gateway.speech.request import CacheResult, SpeechRequest
@@ -86,8 +87,14 @@ def _master_entry(req: SpeechRequest, result: Audio) -> tuple[Audio, Entry]:
     """Freshly synthesized audio as stored, and the master entry that stores it (runs off the
     loop)."""
     stored, master = audio.master_of(result.pcm, result.sample_rate)
-    entry = req.entry(master, audio.MASTER_FORMAT, result.sample_rate, result.duration_s)
-    return Audio(stored, result.sample_rate), entry
+    words = result.words
+    if words is not None and any(w.end > len(req.text) for w in words):
+        words = None  # (an engine's offsets past its text: no marks rather than wrong ones)
+    alignment = marks.alignment_json(words) if words is not None else ""
+    entry = req.entry(
+        master, audio.MASTER_FORMAT, result.sample_rate, result.duration_s, alignment=alignment
+    )
+    return Audio(stored, result.sample_rate, words), entry
 
 
 class Masters:
@@ -272,7 +279,8 @@ class Masters:
             log.warning("stored master deleted key=%s: %s", mk, exc)
             await self.store.delete(mk)
             return None
-        return Audio(pcm, rate)
+        words = marks.stored_alignment(entry.meta.alignment, len(pcm), 1 << 30)
+        return Audio(pcm, rate, words)
 
     async def _synthesize(
         self, req: SpeechRequest, mk: str, on_queued: Callable[[], None] | None = None

@@ -35,10 +35,17 @@ class Segment:
     pause_ms: int | None = None
     rate: float = 1.0
     phonemes: bool = False
+    # SSML ``<mark name>``s in it: (name, character offset into ``words``), in order. Part of
+    # the address (a rendition stores its marks), and only when there are some, so documents
+    # without marks keep their addresses.
+    marks: tuple[tuple[str, int], ...] = ()
 
     def key_material(self) -> list[object]:
         """The segment as it enters the content address."""
-        return [self.words, self.pause_ms, self.rate, self.phonemes]
+        material: list[object] = [self.words, self.pause_ms, self.rate, self.phonemes]
+        if self.marks:
+            material.append([list(m) for m in self.marks])
+        return material
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,8 @@ class SpeechRequest:
         pause_ms: int = 0,
         gaps_ms: tuple[int, ...] = (),
         trims: tuple[bool, ...] = (),
+        alignment: str = "",
+        marks: str = "",
     ) -> Entry:
         """Stored audio for this request: ``data`` in ``fmt``, tagged with model and voice
         (and, for a rendition, the masters it was made from: see :class:`cache.entry.EntryMeta`).
@@ -96,6 +105,8 @@ class SpeechRequest:
             pause_ms=pause_ms,
             gaps_ms=gaps_ms,
             trims=trims,
+            alignment=alignment,
+            marks=marks,
         )
 
 

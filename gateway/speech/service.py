@@ -62,6 +62,14 @@ def estimated_request_s(req: SpeechRequest) -> float:
     return total
 
 
+def _explained(seg: Segment) -> dict[str, object]:
+    """A segment as ``explain`` shows it (its SSML marks only when it has some)."""
+    shown = dataclasses.asdict(seg)
+    if not seg.marks:
+        del shown["marks"]
+    return shown
+
+
 class SpeechService:
     """Answers speech requests from the store, synthesizing each distinct master once."""
 
@@ -322,7 +330,7 @@ class SpeechService:
             "format": req.fmt.name,
             "sample_rate": rate,
             "text": req.text,
-            "expansion": [dataclasses.asdict(seg) for seg in segments],
+            "expansion": [_explained(seg) for seg in segments],
             "sentences": [
                 {
                     "text": part.text,
@@ -337,6 +345,11 @@ class SpeechService:
             "estimated_audio_s": round(estimated_request_s(req), 2),
         }
 
+    def has_marks(self, model: str, voice: str) -> bool:
+        """Whether ``voice`` of ``model`` gives speech marks (its engine reports alignments)."""
+        handle = self.models.get(model)
+        return handle is not None and handle.engine.capabilities.speech_marks
+
     def voice_listing(self) -> Sequence[Mapping[str, object]]:
         """Models with their voices, for ``GET /v1/voices``."""
         out = []
@@ -347,7 +360,12 @@ class SpeechService:
                     "ready": handle.ready.is_set(),
                     "sample_rate": handle.engine.sample_rate,
                     "voices": [
-                        {"id": v.name, "language": v.language, "description": v.description}
+                        {
+                            "id": v.name,
+                            "language": v.language,
+                            "description": v.description,
+                            "speech_marks": self.has_marks(name, v.name),
+                        }
                         for v in handle.engine.voices()
                     ],
                     "execution": dict(handle.engine.describe()),

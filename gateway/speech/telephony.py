@@ -209,6 +209,8 @@ class Transcoder:
             pause_ms=meta.pause_ms,
             gaps_ms=meta.gaps_ms,
             trims=meta.trims,
+            # Times do not depend on the encoding: the same audio has the same marks.
+            marks=meta.marks,
         )
         await self.store.put(key, entry)
         self.metrics.transcodes.labels(ext.fmt.name).inc()

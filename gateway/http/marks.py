@@ -1,0 +1,195 @@
+"""Speech marks over HTTP (docs/speech-marks.md): ``GET /v1/audio/{key}.marks`` (Polly's NDJSON),
+``.vtt`` and ``.srt`` (captions), and ``POST /v1/audio/speech/with-timestamps`` (ElevenLabs'
+response shape plus the marks). The marks are stored with the audio (:mod:`gateway.speech.marks`):
+a hit reads them, nothing is computed again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Annotated, Any, cast
+
+from aiohttp import web
+from pydantic import Field
+from typing_extensions import TypedDict
+
+from cache.entry import Entry
+from cache.keys import is_key
+from gateway.api.parsing import parse_speech_body, read_body
+from gateway.errors import BadRequest, NotFound
+from gateway.http import keys
+from gateway.speech import marks as speech_marks
+from gateway.speech.request import SpeechRequest
+
+
+class CharacterAlignment(TypedDict):
+    """ElevenLabs' alignment: each character with when it starts and ends (seconds)."""
+
+    characters: list[str]
+    character_start_times_seconds: list[float]
+    character_end_times_seconds: list[float]
+
+
+class SpeechMark(TypedDict):
+    """One speech mark, as Amazon Polly writes it."""
+
+    time: Annotated[int, Field(description="Milliseconds from the start of the audio.")]
+    type: Annotated[str, Field(description="sentence, word, viseme or ssml.")]
+    start: Annotated[int, Field(description="UTF-8 byte offset of the text's first byte.")]
+    end: Annotated[int, Field(description="UTF-8 byte offset after the text's last byte.")]
+    value: Annotated[str, Field(description="The sentence, the word, or the viseme.")]
+
+
+class TimedSpeech(TypedDict):
+    """Audio with its timings (ElevenLabs' ``with-timestamps`` shape, plus Polly's marks)."""
+
+    audio_base64: str
+    alignment: Annotated[
+        CharacterAlignment,
+        Field(description="Of `input` as sent where it is plain text; else of `normalized_text`."),
+    ]
+    normalized_alignment: Annotated[
+        CharacterAlignment, Field(description="Of the text as spoken (`normalized_text`).")
+    ]
+    normalized_text: str
+    marks: Annotated[
+        list[SpeechMark],
+        Field(description="Offsets into the text `alignment` covers."),
+    ]
+    key: Annotated[str, Field(description="The audio's content key (`GET /v1/audio/{key}`).")]
+    content_type: str
+    sample_rate: int
+    duration_s: float
+
+
+def _no_marks(model: str, voice: str, why: str = "") -> BadRequest:
+    return BadRequest(
+        f"voice '{voice}' of model '{model}' gives no speech marks{why}; GET /v1/voices says "
+        "which voices do (`speech_marks`)",
+        param="voice",
+        code="marks_unsupported",
+    )
+
+
+async def _stored(request: web.Request, key: str) -> Entry:
+    if not is_key(key):
+        raise BadRequest("malformed audio key: expected 64 lowercase hex digits", param="key")
+    store = request.app[keys.STORE]
+    entry = store.get_memory(key)
+    if entry is None:
+        found = await store.get(key)
+        if found is None:
+            raise NotFound(f"no audio stored under key {key}", param="key")
+        entry = found.entry
+    meta = entry.meta
+    if not meta.marks:
+        stored_before = request.app[keys.SPEECH].has_marks(meta.model, meta.voice)
+        raise _no_marks(
+            meta.model, meta.voice, " for this audio (stored before marks were)" * stored_before
+        )
+    request[keys.CACHE_RESULT] = "hit"
+    request[keys.AUDIO_KEY] = key
+    return entry
+
+
+def _text_response(body: str, content_type: str, key: str) -> web.Response:
+    response = web.Response(text=body, content_type=content_type, charset="utf-8")
+    response.headers["X-Audio-Key"] = key
+    # The marks of one entry never change; another replica's entry for the key has its own.
+    response.headers["Cache-Control"] = "public, max-age=3600"
+    return response
+
+
+async def marks_by_key(request: web.Request) -> web.Response:
+    """``GET /v1/audio/{key}.marks``: the stored audio's speech marks (``?types=`` filters)."""
+    try:
+        types = speech_marks.parse_types(request.query.get("types"))
+    except ValueError as exc:
+        raise BadRequest(
+            f"{exc}; types are {', '.join(speech_marks.MARK_TYPES)}", param="types"
+        ) from exc
+    key = request.match_info["key"]
+    entry = await _stored(request, key)
+    body = entry.meta.marks
+    if types is not None:
+        body = speech_marks.to_ndjson(speech_marks.chosen(speech_marks.from_ndjson(body), types))
+    return _text_response(body, speech_marks.CONTENT_TYPE, key)
+
+
+async def _captions(request: web.Request, kind: str) -> web.Response:
+    key = request.match_info["key"]
+    entry = await _stored(request, key)
+    found = speech_marks.from_ndjson(entry.meta.marks)
+    cues = speech_marks.cues(found, round(entry.meta.duration_s * 1000))
+    if kind == "vtt":
+        return _text_response(speech_marks.webvtt(cues), "text/vtt", key)
+    return _text_response(speech_marks.subrip(cues), "application/x-subrip", key)
+
+
+async def vtt_by_key(request: web.Request) -> web.Response:
+    """``GET /v1/audio/{key}.vtt``: WebVTT captions of the stored audio."""
+    return await _captions(request, "vtt")
+
+
+async def srt_by_key(request: web.Request) -> web.Response:
+    """``GET /v1/audio/{key}.srt``: SubRip captions of the stored audio."""
+    return await _captions(request, "srt")
+
+
+def _input_of(raw: bytes) -> str:
+    # (The body validated already: this reads its one field again for the offsets.)
+    value = json.loads(raw).get("input", "")
+    return value if isinstance(value, str) else ""
+
+
+async def speech_with_timestamps(request: web.Request) -> web.Response:
+    """``POST /v1/audio/speech/with-timestamps``: the speech body's audio, whole, base64 in
+    JSON, with ElevenLabs' character alignment and Polly's marks."""
+    app = request.app
+    settings, service = app[keys.SETTINGS], app[keys.SPEECH]
+    raw = await read_body(request, settings.max_body_kb * 1024, settings.body_timeout_s)
+    words, expansions = app[keys.VOCABULARY], app[keys.EXPANSIONS]
+    call = await asyncio.to_thread(parse_speech_body, raw, settings, words, expansions)
+    # (The answer is whole JSON: the streaming fields of the speech body have no effect here.)
+    req = call.req
+    if not service.has_marks(req.model, req.voice):
+        raise _no_marks(req.model, req.voice)
+    result = await service.speak(req)
+    entry = result.entry
+    request[keys.CACHE_RESULT] = result.cache
+    request[keys.AUDIO_KEY] = result.key
+    if not entry.meta.marks:
+        raise _no_marks(req.model, req.voice, " for this audio (stored before marks were)")
+    body = await asyncio.to_thread(_timed_body, req, raw, entry, result.key)
+    response = web.json_response(body)
+    response.headers["X-Audio-Key"] = result.key
+    response.headers["X-Cache"] = result.cache.upper()
+    return response
+
+
+def _timed_body(req: SpeechRequest, raw: bytes, entry: Entry, key: str) -> TimedSpeech:
+    """The with-timestamps body (off the loop: base64 and the alignment of every character)."""
+    found = speech_marks.from_ndjson(entry.meta.marks)
+    duration_ms = round(entry.meta.duration_s * 1000)
+    given = _input_of(raw) if not req.segments else ""
+    source = speech_marks.SourceMap(req.text, given)
+    moved = [source.mark(m) for m in found]
+    marks_json: list[Any] = [m.as_json() for m in moved]
+    return {
+        "audio_base64": base64.b64encode(entry.audio).decode("ascii"),
+        "alignment": cast(
+            CharacterAlignment,
+            speech_marks.character_alignment(source.text, moved, duration_ms),
+        ),
+        "normalized_alignment": cast(
+            CharacterAlignment, speech_marks.character_alignment(req.text, found, duration_ms)
+        ),
+        "normalized_text": req.text,
+        "marks": marks_json,
+        "key": key,
+        "content_type": req.fmt.content_type,
+        "sample_rate": entry.meta.sample_rate,
+        "duration_s": round(entry.meta.duration_s, 3),
+    }

@@ -1,0 +1,390 @@
+"""Speech marks: when each sentence, word and viseme of a rendition is heard (docs/speech-marks.md).
+
+An engine that can tell (Piper) returns where each word of a sentence is heard
+(:mod:`synth.alignment`); the sentence's master stores that alignment beside its audio. A
+rendition joins its sentences with pauses and SSML breaks, so its marks are composed from its
+masters' alignments exactly as its audio is joined (:func:`synth.sentences.part_offsets`), and
+stored with it as Amazon Polly's speech marks: one JSON object per line,
+``{"time": 373, "type": "word", "start": 5, "end": 9, "value": "Mary"}``, ``time`` in ms from
+the start of the audio, ``start``/``end`` UTF-8 byte offsets into the rendition's text (the
+request's text as normalized, or its SSML expansion's words). A hit reads them; another format
+or rate of the same audio has the same marks (times do not depend on the encoding).
+
+From the stored marks: the captions (WebVTT, SubRip), ElevenLabs' character alignment, and
+the request's own offsets (:class:`SourceMap`) where the request's text is at hand.
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gateway.speech.request import Segment
+from synth.alignment import WordTiming, timings_from_json, timings_to_json
+from synth.engine import Audio
+
+MarkType = Literal["sentence", "word", "viseme", "ssml"]
+MARK_TYPES: tuple[MarkType, ...] = ("sentence", "word", "viseme", "ssml")
+CONTENT_TYPE = "application/x-ndjson"
+# Longest caption cue, in characters (the BBC's and Netflix's 42 per line).
+CUE_CHARS = 42
+
+# Amazon Polly's visemes for English (US) from IPA (the Polly developer guide's phoneme and
+# viseme table): p t S T f k i r s u @ a e E o O, and sil for silence. espeak-ng's IPA comes one
+# symbol at a time (a diphthong's second part is not a viseme of its own, see _visemes).
+_VISEME = {
+    **dict.fromkeys("bpm", "p"),
+    **dict.fromkeys("dtnlɾɫʔ", "t"),
+    **dict.fromkeys("ʃʒʧʤ", "S"),
+    **dict.fromkeys("θð", "T"),
+    **dict.fromkeys("fv", "f"),
+    **dict.fromkeys("kgɡŋhxɣ", "k"),
+    **dict.fromkeys("iɪjy", "i"),
+    **dict.fromkeys("ɹrɻ", "r"),
+    **dict.fromkeys("sz", "s"),
+    **dict.fromkeys("uʊw", "u"),
+    **dict.fromkeys("əɐᵻ", "@"),
+    **dict.fromkeys("aæɑ", "a"),
+    "e": "e",
+    **dict.fromkeys("ɛɜɝɚʌ", "E"),
+    "o": "o",
+    **dict.fromkeys("ɔɒ", "O"),
+}
+_VOWELS = frozenset("aæɑeɛɜəɐoɔɒʌ")
+_GLIDES = frozenset("ɪʊ")
+
+
+@dataclass(frozen=True)
+class Mark:
+    """One speech mark (Polly's fields)."""
+
+    time: int
+    type: MarkType
+    start: int
+    end: int
+    value: str
+
+    def as_json(self) -> dict[str, Any]:
+        """The mark as Polly writes it."""
+        return {
+            "time": self.time,
+            "type": self.type,
+            "start": self.start,
+            "end": self.end,
+            "value": self.value,
+        }
+
+
+def alignment_json(words: Sequence[WordTiming]) -> str:
+    """A master's alignment as stored (compact JSON)."""
+    return json.dumps(timings_to_json(words), separators=(",", ":"), ensure_ascii=False)
+
+
+def stored_alignment(alignment: str, samples: int, chars: int) -> tuple[WordTiming, ...] | None:
+    """The word timings a master stored (None: it has none, or they do not fit its audio)."""
+    if not alignment:
+        return None
+    try:
+        return timings_from_json(json.loads(alignment), samples, chars)
+    except ValueError:
+        return None
+
+
+def _visemes(word: WordTiming) -> Iterator[tuple[int, str]]:
+    """(first sample, viseme) of each viseme of ``word``: a phoneme's, where it changes; the
+    second part of a diphthong (``aɪ``, ``oʊ``) is the first's."""
+    previous = ""
+    last_symbol = ""
+    for phoneme, at in word.phonemes:
+        symbol = unicodedata.normalize("NFC", phoneme)[:1]
+        if symbol in _GLIDES and last_symbol in _VOWELS:
+            last_symbol = symbol
+            continue
+        last_symbol = symbol
+        viseme = _VISEME.get(symbol)
+        if viseme is None or viseme == previous:
+            continue
+        previous = viseme
+        yield at, viseme
+
+
+def ssml_positions(segments: Sequence[Segment]) -> list[tuple[str, int]]:
+    """Each SSML ``<mark>`` of an expansion: its name and character offset into the rendition's
+    text (the segments' words joined by spaces, as :func:`gateway.api.ssml.joined_words`); a
+    mark in a segment without words is where the next words start."""
+    out: list[tuple[str, int]] = []
+    cursor = 0
+    waiting: list[str] = []
+    first = True
+    for seg in segments:
+        if not seg.words:
+            waiting += [name for name, _ in seg.marks]
+            continue
+        start = cursor if first else cursor + 1
+        out += [(name, start) for name in waiting]
+        waiting = []
+        out += [(name, start + at) for name, at in seg.marks]
+        cursor = start + len(seg.words)
+        first = False
+    out += [(name, cursor) for name in waiting]
+    return out
+
+
+def compose(
+    text: str,
+    sentence_texts: Sequence[str],
+    masters: Sequence[Audio],
+    placements: Sequence[tuple[int, int, int]],
+    ssml: Sequence[tuple[str, int]] = (),
+    total_samples: int = 0,
+    cursor: int = 0,
+) -> list[Mark] | None:
+    """The marks of a rendition of ``text`` made of ``masters`` (one per sentence of
+    ``sentence_texts``), each placed as :func:`synth.sentences.part_offsets` says: ``(first
+    output sample, samples trimmed off its head, samples kept)``. None when a master has no
+    alignment (its engine gives none, or it was stored before marks were). The sentences are
+    looked for in ``text`` from character ``cursor`` on."""
+    if not masters or any(m.words is None for m in masters):
+        return None
+    rate = masters[0].sample_rate
+    offsets = _byte_offsets(text)
+    marks: list[Mark] = []
+    for sentence, master, (at, head, kept) in zip(sentence_texts, masters, placements, strict=True):
+        found = text.find(sentence, cursor)
+        base = found if found >= 0 else cursor
+        cursor = base + len(sentence) if found >= 0 else cursor
+        words = master.words or ()
+
+        def ms(sample: int, at: int = at, head: int = head, kept: int = kept) -> int:
+            inside = min(max(sample - head, 0), kept)
+            return round((at + inside) * 1000 / rate)
+
+        first = ms(words[0].t0) if words else ms(head)
+        end_char = min(base + len(sentence), len(text))
+        marks.append(Mark(first, "sentence", offsets[base], offsets[end_char], text[base:end_char]))
+        for word in words:
+            start, end = base + word.start, base + word.end
+            if end > len(text) or text[start:end] != sentence[word.start : word.end]:
+                continue  # (the sentence was not found as it was said: no offsets to give)
+            marks.append(Mark(ms(word.t0), "word", offsets[start], offsets[end], text[start:end]))
+            for sample, viseme in _visemes(word):
+                marks.append(Mark(ms(sample), "viseme", 0, 0, viseme))
+        if words:
+            marks.append(Mark(ms(words[-1].t1), "viseme", 0, 0, "sil"))
+    # An SSML mark is heard when the next word is (Polly's time for it); after the last word,
+    # at the end of the audio.
+    word_marks = [m for m in marks if m.type == "word"]
+    end_ms = round(total_samples * 1000 / rate)
+    for name, at in ssml:
+        byte = offsets[min(at, len(text))]
+        following = next((m.time for m in word_marks if m.start >= byte), end_ms)
+        marks.append(Mark(following, "ssml", byte, byte, name))
+    return sorted(marks, key=lambda m: (m.time, _ORDER[m.type]))
+
+
+# Polly's order for marks of one time: the sentence, then the word, then its viseme.
+_ORDER = {"ssml": 0, "sentence": 1, "word": 2, "viseme": 3}
+
+
+def _byte_offsets(text: str) -> list[int]:
+    """UTF-8 byte offset of each character of ``text``, and of its end."""
+    out = [0]
+    for ch in text:
+        out.append(out[-1] + len(ch.encode()))
+    return out
+
+
+def to_ndjson(marks: Iterable[Mark]) -> str:
+    """Marks as Polly's NDJSON (one object per line, each line ended)."""
+    return "".join(
+        json.dumps(m.as_json(), separators=(",", ":"), ensure_ascii=False) + "\n" for m in marks
+    )
+
+
+def from_ndjson(data: str) -> list[Mark]:
+    """Marks from stored NDJSON (written by :func:`to_ndjson`)."""
+    out = []
+    for line in data.splitlines():
+        raw = json.loads(line)
+        out.append(Mark(raw["time"], raw["type"], raw["start"], raw["end"], raw["value"]))
+    return out
+
+
+def parse_types(value: str | None) -> frozenset[str] | None:
+    """``?types=word,ssml`` as a set (None: every type); ValueError naming an unknown type."""
+    if value is None or not value.strip():
+        return None
+    parts = [t.strip() for t in value.split(",")]
+    if not all(parts):
+        raise ValueError("an empty mark type")
+    asked = set(parts)
+    unknown = sorted(asked - set(MARK_TYPES))
+    if unknown:
+        raise ValueError(f"unknown mark type(s) {', '.join(unknown[:4])[:80]}")
+    return frozenset(asked)
+
+
+def chosen(marks: Iterable[Mark], types: frozenset[str] | None) -> list[Mark]:
+    """The marks of ``types`` (all when None)."""
+    return [m for m in marks if types is None or m.type in types]
+
+
+# ---- captions ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cue:
+    """One caption: its text and when it shows (ms)."""
+
+    start_ms: int
+    end_ms: int
+    text: str
+
+
+def cues(marks: Sequence[Mark], duration_ms: int, max_chars: int = CUE_CHARS) -> list[Cue]:
+    """Captions from the word marks: phrases of at most ``max_chars`` characters (a longer word
+    is a cue alone), cut at word boundaries, a sentence never sharing a cue with the next; each
+    shows from its first word until the next cue (or the word's end plus a moment at a pause)."""
+    words = [m for m in marks if m.type == "word"]
+    sentence_starts = {m.start for m in marks if m.type == "sentence"}
+    groups: list[list[Mark]] = []
+    for word in words:
+        current = groups[-1] if groups else None
+        if (
+            current is None
+            or word.start in sentence_starts
+            or len(" ".join(w.value for w in current)) + 1 + len(word.value) > max_chars
+        ):
+            groups.append([word])
+        else:
+            current.append(word)
+    out = []
+    for i, group in enumerate(groups):
+        start = group[0].time
+        end = groups[i + 1][0].time if i + 1 < len(groups) else duration_ms
+        out.append(Cue(start, max(end, start + 1), " ".join(w.value for w in group)))
+    return out
+
+
+def _stamp(ms: int, sep: str) -> str:
+    hours, rest = divmod(ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    seconds, millis = divmod(rest, 1000)
+    return f"{hours:02d}:{minutes:02d}:{seconds:02d}{sep}{millis:03d}"
+
+
+def webvtt(cue_list: Sequence[Cue]) -> str:
+    """WebVTT (W3C WebVTT: a ``WEBVTT`` line, then cues ``00:00:00.000 --> 00:00:01.000``)."""
+    lines = ["WEBVTT", ""]
+    for cue in cue_list:
+        lines += [f"{_stamp(cue.start_ms, '.')} --> {_stamp(cue.end_ms, '.')}", cue.text, ""]
+    return "\n".join(lines)
+
+
+def subrip(cue_list: Sequence[Cue]) -> str:
+    """SubRip: numbered cues, ``00:00:00,000 --> 00:00:01,000``."""
+    lines: list[str] = []
+    for n, cue in enumerate(cue_list, start=1):
+        lines += [
+            str(n),
+            f"{_stamp(cue.start_ms, ',')} --> {_stamp(cue.end_ms, ',')}",
+            cue.text,
+            "",
+        ]
+    return "\n".join(lines)
+
+
+# ---- ElevenLabs' character alignment ------------------------------------------------------------
+
+
+def character_alignment(text: str, marks: Sequence[Mark], duration_ms: int) -> dict[str, Any]:
+    """ElevenLabs' ``alignment`` of ``text`` (whose UTF-8 byte offsets the word marks are):
+    each character with its start and end in seconds. A word's characters share its time
+    evenly; the characters between two words (spaces, punctuation) run from the end of one to
+    the start of the next; before the first word, from 0."""
+    byte_at = _byte_offsets(text)
+    index_of = {b: i for i, b in enumerate(byte_at)}
+    n = len(text)
+    starts = [0.0] * n
+    ends = [0.0] * n
+    words = [m for m in marks if m.type == "word" and m.start in index_of and m.end in index_of]
+    spans = [(index_of[m.start], index_of[m.end], m.time) for m in words]
+    ends_ms = [nxt[2] for nxt in spans[1:]] + [duration_ms] if spans else []
+    covered = 0
+    previous_end = 0.0
+    for (first, last, time_ms), next_ms in zip(spans, ends_ms, strict=True):
+        if first < covered:
+            continue
+        for i in range(covered, first):  # between words: the gap before this one
+            starts[i], ends[i] = previous_end, time_ms / 1000.0
+        # A word lasts until the next starts (its own end is not a mark of Polly's).
+        length = max(1, last - first)
+        step = (next_ms - time_ms) / 1000.0 / length
+        for k in range(first, last):
+            starts[k] = time_ms / 1000.0 + step * (k - first)
+            ends[k] = starts[k] + step
+        covered = last
+        previous_end = ends[last - 1] if last > first else time_ms / 1000.0
+    for i in range(covered, n):
+        starts[i], ends[i] = previous_end, duration_ms / 1000.0
+    return {
+        "characters": list(text),
+        "character_start_times_seconds": [round(s, 3) for s in starts],
+        "character_end_times_seconds": [round(e, 3) for e in ends],
+    }
+
+
+# ---- offsets into what the client sent ----------------------------------------------------------
+
+
+def _same(given: str, spoken: str) -> bool:
+    # Normalizing makes any run of whitespace one space.
+    return given == spoken or (spoken == " " and given.isspace())
+
+
+class SourceMap:
+    """Moves byte offsets into the rendition's text onto the request's input, where the input
+    says the same words: plain text differs from its normalized form only in whitespace (runs
+    collapsed, ends trimmed) and Unicode composition (NFC). A text a front end rewrote (numbers,
+    Markdown) or an SSML document keeps offsets into the spoken text (``exact`` is False)."""
+
+    def __init__(self, spoken: str, given: str) -> None:
+        self.spoken = spoken
+        self.given = given
+        self.exact = False
+        self._to_given: list[int] | None = None
+        if unicodedata.normalize("NFC", given) != given:
+            return  # composition changed lengths: character positions do not carry over
+        spoken_bytes = _byte_offsets(spoken)
+        given_bytes = _byte_offsets(given)
+        mapping: dict[int, int] = {}
+        j = 0
+        for i, ch in enumerate(spoken):
+            while j < len(given) and not _same(given[j], ch) and given[j].isspace():
+                j += 1
+            if j >= len(given) or not _same(given[j], ch):
+                return
+            mapping[spoken_bytes[i]] = given_bytes[j]
+            j += 1
+            mapping[spoken_bytes[i + 1]] = given_bytes[j]
+        mapping.setdefault(0, 0)
+        self._to_given = [mapping.get(b, -1) for b in range(len(spoken.encode()) + 1)]
+        self.exact = True
+
+    def mark(self, mark: Mark) -> Mark:
+        """``mark`` with offsets into the input (as it is when not ``exact``)."""
+        table = self._to_given
+        if table is None or mark.type == "viseme":
+            return mark
+        start, end = table[mark.start], table[mark.end]
+        if start < 0 or end < 0:
+            return mark
+        return Mark(mark.time, mark.type, start, end, mark.value)
+
+    @property
+    def text(self) -> str:
+        """The text the offsets index."""
+        return self.given if self.exact else self.spoken

@@ -1,0 +1,579 @@
+"""Speech marks (docs/speech-marks.md): word timings computed beside synthesis from Piper's phoneme
+durations, stored with the audio, served as Polly's NDJSON, captions and ElevenLabs' character
+alignment.
+
+Deterministic: every synthesis here runs with Piper's noise scales at 0 (the same audio every
+run), so the accuracy figures do not move between runs; where two answers are compared they are
+encodings of one synthesis (the synthesis count says so)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import io
+import itertools
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import soundfile as sf
+from aiohttp.test_utils import TestClient
+from openai import AsyncOpenAI
+
+from gateway.api.ssml import expand, plain_text
+from gateway.speech import marks as speech_marks
+from synth import sentences
+from synth.alignment import align_words, word_spans
+from synth.engine import Audio, SynthesisItem
+from synth.piper_engine import PiperEngine
+from tests.conftest import GatewayFactory
+from tests.served import DefaultServer
+from tests.support import CountingEngine
+
+NOISE_FREE = {"noise_scale": 0.0, "noise_w_scale": 0.0}
+TEN_WORDS = [
+    "Please",
+    "listen",
+    "carefully",
+    "because",
+    "our",
+    "menu",
+    "options",
+    "have",
+    "recently",
+    "changed",
+]
+
+
+def body(text: str, **kw: Any) -> dict[str, Any]:
+    return {
+        "model": "tts-1",
+        "input": text,
+        "voice": "alloy",
+        "response_format": "wav",
+        **NOISE_FREE,
+        **kw,
+    }
+
+
+def ndjson(data: bytes) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in data.decode().splitlines()]
+
+
+async def speak(client: TestClient[Any, Any], text: str, **kw: Any) -> tuple[str, bytes]:
+    resp = await client.post("/v1/audio/speech", json=body(text, **kw))
+    assert resp.status == 200, await resp.text()
+    return resp.headers["X-Audio-Key"], await resp.read()
+
+
+async def marks_of(client: TestClient[Any, Any], key: str, query: str = "") -> list[dict[str, Any]]:
+    resp = await client.get(f"/v1/audio/{key}.marks{query}")
+    assert resp.status == 200, await resp.text()
+    assert resp.headers["Content-Type"].startswith("application/x-ndjson")
+    return ndjson(await resp.read())
+
+
+# ---- word alignment ----------------------------------------------------------------------------
+
+
+def test_words_espeak_joins_or_expands_map_back_to_the_text() -> None:
+    """espeak says "of the" as one phoneme word and "42" as two; each text word still gets its
+    own phonemes and time."""
+    text = "Out of the 42 cats."
+    said = "aʊt ʌvðə fɔːɹti tuː kæts."
+    stream = [(ph, i * 100, 100) for i, ph in enumerate(said)]
+    alone = {"Out": "aʊt", "of": "ʌv", "the": "ðə", "42": "fɔːɹti tuː", "cats": "kæts"}
+    words = align_words(text, stream, lambda w: list(alone[w]))
+    assert [text[w.start : w.end] for w in words] == ["Out", "of", "the", "42", "cats"]
+    assert [w.t0 // 100 for w in words] == [0, 4, 6, 9, 20]
+    assert words[3].t1 == 19 * 100  # "fɔːɹti tuː" ends before the space
+    assert all(a.t1 <= b.t0 for a, b in itertools.pairwise(words))
+
+
+def test_word_spans_leave_out_the_punctuation_around_words() -> None:
+    text = '"Hello," she said -- (it\'s 3.5%).'
+    assert [text[a:b] for a, b in word_spans(text)] == ["Hello", "she", "said", "it's", "3.5%"]
+
+
+def test_marks_follow_the_join_of_sentences_and_breaks() -> None:
+    """A part's word times move by where the join puts it: after the pause, less the head
+    trimmed at a break."""
+    rate = 1000
+    loud = np.ones(100, dtype=np.float32)
+    quiet = np.zeros(20, dtype=np.float32)
+    part = np.concatenate([quiet, loud, quiet])  # 140 samples, sound at 20-120
+    words = align_words("Hi", [("h", 20, 50), ("aɪ", 70, 50)], lambda w: ["h", "aɪ"])
+    masters = [Audio(part, rate, words), Audio(part, rate, words)]
+    joined = sentences.join_gaps([part, part], rate, [0.0, 0.5, 0.0], [False, True, False])
+    placements = sentences.part_offsets([part, part], rate, [0.0, 0.5, 0.0], [False, True, False])
+    found = speech_marks.compose("Hi. Hi.", ["Hi.", "Hi."], masters, placements)
+    assert found is not None
+    times = [m.time for m in found if m.type == "word"]
+    # First at 20 ms; the second part lost its 20-sample tail, the break is 500, the second
+    # part's head (20 samples) is trimmed: its word starts right after the break.
+    assert times == [20, 120 + 500]
+    assert joined[620] == 1.0 and joined[619] == 0.0
+    assert [(m.start, m.end) for m in found if m.type == "word"] == [(0, 2), (4, 6)]
+
+
+# ---- through the gateway -----------------------------------------------------------------------
+
+
+async def test_marks_of_a_text_index_its_bytes_and_fit_its_audio(gateway: GatewayFactory) -> None:
+    client = await gateway()
+    text = "Café au lait costs 3 dollars. Thank you for calling!"
+    key, wav = await speak(client, text)
+    duration_ms = len(sf.read(io.BytesIO(wav))[0]) * 1000 / 22050
+    found = await marks_of(client, key)
+    raw = text.encode()
+    words = [m for m in found if m["type"] == "word"]
+    assert [m["value"] for m in words] == [
+        "Café",
+        "au",
+        "lait",
+        "costs",
+        "3",
+        "dollars",
+        "Thank",
+        "you",
+        "for",
+        "calling",
+    ]
+    for m in found:
+        if m["type"] != "viseme":
+            assert raw[m["start"] : m["end"]].decode() == m["value"]
+        assert 0 <= m["time"] <= duration_ms
+    assert [m["time"] for m in found] == sorted(m["time"] for m in found)
+    sentences_ = [m for m in found if m["type"] == "sentence"]
+    assert [m["value"] for m in sentences_] == [
+        "Café au lait costs 3 dollars.",
+        "Thank you for calling!",
+    ]
+    # A sentence starts with its first word; the second after the pause between sentences.
+    assert sentences_[0]["time"] == words[0]["time"]
+    assert sentences_[1]["time"] == words[6]["time"] > words[5]["time"] + 250
+    visemes = {m["value"] for m in found if m["type"] == "viseme"}
+    assert visemes <= {
+        "p",
+        "t",
+        "S",
+        "T",
+        "f",
+        "k",
+        "i",
+        "r",
+        "s",
+        "u",
+        "@",
+        "a",
+        "e",
+        "E",
+        "o",
+        "O",
+        "sil",
+    }
+    assert {"k", "f", "sil"} <= visemes
+    only = await marks_of(client, key, "?types=word,ssml")
+    assert only == words
+    resp = await client.get(f"/v1/audio/{key}.marks?types=word,bogus")
+    assert resp.status == 400
+    assert (await resp.json())["error"]["param"] == "types"
+
+
+async def test_a_hit_and_a_transcode_answer_the_misses_marks(
+    gateway: GatewayFactory, counting_engine: CountingEngine
+) -> None:
+    client = await gateway()
+    text = "Your call is important to us. Please hold."
+    key, _ = await speak(client, text)
+    first = await marks_of(client, key)
+    synthesized = counting_engine.items
+    again, _ = await speak(client, text)
+    assert again == key
+    mp3_key, _ = await speak(client, text, response_format="mp3")
+    assert mp3_key != key
+    resp = await client.get(f"/v1/audio/{key}.ulaw")
+    assert resp.status == 200
+    ulaw_key = resp.headers["X-Audio-Key"]
+    assert counting_engine.items == synthesized  # all of it from the stored masters
+    assert await marks_of(client, key) == first
+    assert await marks_of(client, mp3_key) == first
+    assert await marks_of(client, ulaw_key) == first
+
+
+async def test_captions_cut_phrases_at_words(gateway: GatewayFactory) -> None:
+    client = await gateway()
+    text = (
+        "Thank you for calling the city library information line. Our opening hours have "
+        "changed for the holidays."
+    )
+    key, _ = await speak(client, text)
+    resp = await client.get(f"/v1/audio/{key}.vtt")
+    assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/vtt")
+    vtt = (await resp.text()).split("\n\n")
+    assert vtt[0] == "WEBVTT"
+    cues = [block.split("\n") for block in vtt[1:] if block.strip()]
+    phrases = [lines[1] for lines in cues]
+    assert " ".join(phrases) == text.replace(".", "")
+    assert all(len(p) <= 42 for p in phrases) and len(phrases) >= 3
+    # No cue joins the end of one sentence to the next.
+    assert any(p.endswith("line") for p in phrases)
+    resp = await client.get(f"/v1/audio/{key}.srt")
+    srt = await resp.text()
+    assert resp.headers["Content-Type"].startswith("application/x-subrip")
+    blocks = [b.split("\n") for b in srt.split("\n\n") if b.strip()]
+    assert [b[0] for b in blocks] == [str(i) for i in range(1, len(cues) + 1)]
+    assert [b[1].replace(",", ".") for b in blocks] == [c[0] for c in cues]
+
+
+async def test_with_timestamps_answers_elevenlabs_alignment_of_the_input(
+    gateway: GatewayFactory,
+) -> None:
+    client = await gateway()
+    text = "  Hello   there,\nfriend. "
+    resp = await client.post("/v1/audio/speech/with-timestamps", json=body(text))
+    assert resp.status == 200, await resp.text()
+    got = await resp.json()
+    wav = __import__("base64").b64decode(got["audio_base64"])
+    audio, rate = sf.read(io.BytesIO(wav))
+    assert rate == 22050
+    alignment = got["alignment"]
+    assert "".join(alignment["characters"]) == text
+    starts, ends = (
+        alignment["character_start_times_seconds"],
+        alignment["character_end_times_seconds"],
+    )
+    assert len(starts) == len(ends) == len(text)
+    assert starts == sorted(starts) and all(s <= e for s, e in zip(starts, ends, strict=True))
+    assert ends[-1] <= len(audio) / rate + 0.001
+    assert got["normalized_text"] == "Hello there, friend."
+    words = [m for m in got["marks"] if m["type"] == "word"]
+    raw = text.encode()
+    assert [raw[m["start"] : m["end"]].decode() for m in words] == ["Hello", "there", "friend"]
+    # The character alignment puts each word's first letter at its mark.
+    for m in words:
+        assert starts[len(raw[: m["start"]].decode())] == round(m["time"] / 1000, 3)
+    # The same key's marks, by key, index the normalized text.
+    by_key = await marks_of(client, got["key"])
+    assert [m["time"] for m in by_key] == [m["time"] for m in got["marks"]]
+    assert resp.headers["X-Cache"] == "MISS"
+    again = await client.post("/v1/audio/speech/with-timestamps", json=body(text))
+    assert again.headers["X-Cache"] == "HIT"
+    assert (await again.json())["marks"] == got["marks"]
+
+
+async def test_voices_say_which_have_marks_and_others_are_refused_by_name(
+    gateway: GatewayFactory, counting_engine: CountingEngine
+) -> None:
+    unmarked = CountingEngine(counting_engine.inner)
+    unmarked.capabilities = dataclasses.replace(unmarked.capabilities, speech_marks=False)
+    unmarked.name = "plain"
+    client = await gateway(engines={"piper": counting_engine, "plain": unmarked})
+    resp = await client.get("/v1/voices")
+    listing = {m["id"]: m["voices"][0]["speech_marks"] for m in (await resp.json())["models"]}
+    assert listing == {"piper": True, "plain": False}
+    resp = await client.post(
+        "/v1/audio/speech/with-timestamps", json=body("Hello.", model="plain", voice="joe")
+    )
+    assert resp.status == 400
+    error = (await resp.json())["error"]
+    assert "voice 'joe' of model 'plain'" in error["message"]
+    assert error["code"] == "marks_unsupported"
+
+
+# ---- accuracy ----------------------------------------------------------------------------------
+
+# Where a word's sound begins after a break: the first sample above the level the gateway takes
+# for an engine's near-silence when it trims at a break (synth.sentences.SILENCE_LEVEL).
+ONSET_LEVEL = sentences.SILENCE_LEVEL
+TOLERANCE_MS = 30.0
+
+
+def break_onsets(pcm: np.ndarray[Any, Any], rate: int, break_ms: int) -> list[float]:
+    """The end of each run of exact zeros at least ``break_ms`` long (a break the gateway
+    inserted), and the first sample above the silence floor after it, both in ms."""
+    zero = pcm == 0.0
+    min_run = round(break_ms * rate / 1000) - 2
+    onsets = []
+    i = 0
+    while i < len(pcm):
+        if zero[i]:
+            j = i
+            while j < len(pcm) and zero[j]:
+                j += 1
+            if j - i >= min_run and j < len(pcm):
+                loud = np.flatnonzero(np.abs(pcm[j:]) > ONSET_LEVEL)
+                onsets.append((j * 1000 / rate, (j + int(loud[0])) * 1000 / rate))
+            i = j
+        else:
+            i += 1
+    return onsets  # type: ignore[return-value]
+
+
+def break_errors(pcm: np.ndarray[Any, Any], rate: int, words: list[dict[str, Any]]) -> list[float]:
+    """For each word after an 800 ms break: its mark minus the onset of its sound (ms); asserts
+    the mark is not before the break's end."""
+    onsets = break_onsets(pcm, rate, 800)
+    assert len(onsets) == len(words) - 1
+    errors = []
+    for (silence_end, onset), word in zip(onsets, words[1:], strict=True):
+        assert word["time"] >= silence_end - 1, (word, silence_end)  # ms marks round
+        errors.append(word["time"] - onset)
+    return errors
+
+
+async def test_each_word_after_a_break_is_marked_at_its_onset(gateway: GatewayFactory) -> None:
+    """Ten words, each after an 800 ms break: each word's mark falls after the break and within
+    30 ms of where its samples rise above the silence floor (docs/speech-marks.md gives the
+    figures)."""
+    client = await gateway()
+    ssml = "<speak>" + '<break time="800ms"/>'.join(TEN_WORDS) + "</speak>"
+    key, wav = await speak(client, ssml)
+    pcm, rate = sf.read(io.BytesIO(wav), dtype="float32")
+    found = await marks_of(client, key)
+    words = [m for m in found if m["type"] == "word"]
+    assert [m["value"] for m in words] == TEN_WORDS
+    errors = break_errors(pcm, rate, words)
+    print("break errors ms", [round(e, 1) for e in errors])
+    assert max(abs(e) for e in errors) <= TOLERANCE_MS, errors
+    assert all(m["time"] <= len(pcm) * 1000 / rate for m in found)
+
+
+def test_a_words_mark_is_its_sounds_onset_in_the_engines_own_audio(
+    piper_engine: PiperEngine,
+) -> None:
+    """The same measure without the gateway's trim at breaks (which puts a mark that falls in
+    the trimmed near-silence on the break's end): each of the ten words synthesized alone, its
+    mark against the first sample above the silence floor of the engine's own audio."""
+    params = {"noise_scale": 0.0, "noise_w": 0.0}
+    items = [SynthesisItem(word, "joe", params=params) for word in TEN_WORDS]
+    errors = []
+    for got in piper_engine.synthesize_batch(items):
+        assert got.words is not None and len(got.words) == 1
+        onset = int(np.flatnonzero(np.abs(got.pcm) > ONSET_LEVEL)[0])
+        errors.append((got.words[0].t0 - onset) * 1000 / got.sample_rate)
+    print("engine onset errors ms", [round(e, 1) for e in errors])
+    assert max(abs(e) for e in errors) <= TOLERANCE_MS, errors
+
+
+# ---- as users run it ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DefaultServer]:
+    """``voxgate serve`` with no topology flags: gateway processes and the host's pool process,
+    so the timings cross the worker's and the pool's sockets before they are stored."""
+    srv = DefaultServer(tmp_path_factory.mktemp("marks") / "srv")
+    try:
+        srv.wait_ready()
+        yield srv
+        assert asyncio.run(srv.conformance_failures()) == []
+    finally:
+        srv.close()
+
+
+async def test_served_marks_cross_the_processes_and_every_route_agrees(
+    server: DefaultServer,
+) -> None:
+    text = "Thank you for calling. Please hold while we connect you."
+    speech = {"model": "piper", "voice": "joe", "input": text, "response_format": "wav"}
+    status, headers, wav = await server.request(
+        "POST", "/v1/audio/speech", json={**speech, **NOISE_FREE}
+    )
+    assert status == 200
+    key = headers["X-Audio-Key"]
+    duration_ms = len(sf.read(io.BytesIO(wav))[0]) * 1000 / 22050
+    status, headers, data = await server.request("GET", f"/v1/audio/{key}.marks")
+    assert status == 200 and headers["Content-Type"].startswith("application/x-ndjson")
+    found = ndjson(data)
+    words = [m for m in found if m["type"] == "word"]
+    assert " ".join(m["value"] for m in words) == text.replace(".", "")
+    assert all(0 <= m["time"] <= duration_ms for m in found)
+    # Every gateway process answers the same marks (new connections: the kernel picks one).
+    for _ in range(4):
+        assert ndjson((await server.request("GET", f"/v1/audio/{key}.marks"))[2]) == found
+    status, _, data = await server.request(
+        "POST", "/v1/audio/speech/with-timestamps", json={**speech, **NOISE_FREE}
+    )
+    assert status == 200
+    timed = json.loads(data)
+    assert timed["key"] == key and timed["marks"] == found
+    status, headers, _ = await server.request("GET", f"/v1/audio/{key}.ulaw")
+    assert status == 200
+    ulaw_marks = ndjson(
+        (await server.request("GET", f"/v1/audio/{headers['X-Audio-Key']}.marks"))[2]
+    )
+    assert ulaw_marks == found
+    status, _, data = await server.request("GET", f"/v1/audio/{key}.srt")
+    assert status == 200 and data.decode().startswith("1\n00:00:00,")
+    status, _, data = await server.request("GET", "/v1/voices")
+    voices = json.loads(data)["models"][0]["voices"]
+    assert voices[0]["speech_marks"] is True
+
+
+# ---- SSML <mark> -------------------------------------------------------------------------------
+
+
+def test_ssml_marks_ride_the_expansion_with_their_offsets() -> None:
+    doc = (
+        '<speak><mark name="start"/>Hello <mark name="mid"/>world.<break time="500ms"/>'
+        '<mark name="after"/><prosody rate="slow">Bye</prosody><mark name="end"/></speak>'
+    )
+    segments = expand(doc, language="en_US")
+    assert [(s.words, s.marks) for s in segments] == [
+        ("Hello world.", (("start", 0), ("mid", 6), ("after", 12))),
+        ("Bye", (("end", 3),)),
+    ]
+    assert speech_marks.ssml_positions(segments) == [
+        ("start", 0),
+        ("mid", 6),
+        ("after", 12),
+        ("end", 16),
+    ]
+    # A document without marks expands as before (its address does not move).
+    plain = expand("<speak>Hello world.</speak>", language="en_US")
+    assert plain_text(plain) == "Hello world."
+    assert (
+        plain_text(expand('<speak>Hello <mark name="m"/>world.</speak>', language="en_US")) is None
+    )
+
+
+async def test_an_ssml_mark_is_heard_with_the_word_after_it(gateway: GatewayFactory) -> None:
+    client = await gateway()
+    ssml = (
+        '<speak>Welcome.<break time="800ms"/><mark name="menu"/>Press one for sales.'
+        '<mark name="end"/></speak>'
+    )
+    key, wav = await speak(client, ssml)
+    pcm, rate = sf.read(io.BytesIO(wav), dtype="float32")
+    found = await marks_of(client, key)
+    text = "Welcome. Press one for sales."
+    ssml_marks = {m["value"]: m for m in found if m["type"] == "ssml"}
+    words = {m["value"]: m for m in found if m["type"] == "word"}
+    assert ssml_marks["menu"]["time"] == words["Press"]["time"]
+    assert ssml_marks["menu"]["start"] == ssml_marks["menu"]["end"] == text.index("Press")
+    ((silence_end, _),) = break_onsets(pcm, rate, 800)
+    assert ssml_marks["menu"]["time"] >= silence_end - 1
+    assert ssml_marks["end"]["time"] == round(len(pcm) * 1000 / rate)
+    assert await marks_of(client, key, "?types=ssml") == sorted(
+        ssml_marks.values(), key=lambda m: m["time"]
+    )
+
+
+# ---- server-sent events ------------------------------------------------------------------------
+
+
+async def sse_events(
+    http: TestClient[Any, Any], text: str, *, marks: bool = True
+) -> tuple[str, list[dict[str, Any]]]:
+    """``stream_format: "sse"`` through the official openai client (``speech_marks`` asked)."""
+    async with (
+        AsyncOpenAI(base_url=str(http.make_url("/v1")), api_key="test", max_retries=0) as oa,
+        oa.audio.speech.with_streaming_response.create(
+            model="tts-1",
+            voice="alloy",
+            input=text,
+            response_format="pcm",
+            stream_format="sse",
+            extra_body={**NOISE_FREE, "speech_marks": marks},
+        ) as resp,
+    ):
+        key = resp.headers["x-audio-key"]
+        lines = [line async for line in resp.iter_lines()]
+    return key, [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+
+
+async def test_sse_sends_each_sentences_marks_before_its_audio(gateway: GatewayFactory) -> None:
+    http = await gateway()
+    text = "Thank you for calling. Your order has shipped. Goodbye."
+    key, events = await sse_events(http, text)
+    sent_ms = 0.0
+    streamed: list[dict[str, Any]] = []
+    for e in events:
+        if e["type"] == "speech.audio.delta":
+            sent_ms += len(base64.b64decode(e["audio"])) / 2 / 24
+        elif e["type"] == "speech.marks.delta":
+            # Marks come before the audio they cover: none is of audio already sent.
+            assert all(m["time"] >= sent_ms - 1 for m in e["marks"]), (sent_ms, e["marks"])
+            streamed += e["marks"]
+    assert events[-1]["type"] == "speech.audio.done"
+    assert sum(e["type"] == "speech.marks.delta" for e in events) == 3  # one per sentence
+    stored = await marks_of(http, key)
+    assert streamed == stored
+    # Stored audio: all its marks in one event, first.
+    again_key, again = await sse_events(http, text)
+    assert again_key == key
+    assert again[0] == {"type": "speech.marks.delta", "marks": stored}
+    # Not asked for: OpenAI's two event types only.
+    _, plain = await sse_events(http, text, marks=False)
+    assert {e["type"] for e in plain} == {"speech.audio.delta", "speech.audio.done"}
+    resp = await http.post("/v1/audio/speech", json=body(text, speech_marks=True))
+    assert resp.status == 400
+    assert (await resp.json())["error"]["param"] == "speech_marks"
+
+
+# ---- Pipecat -----------------------------------------------------------------------------------
+
+
+def pipecat_recipe() -> dict[str, Any]:
+    """The Pipecat service of docs/speech-marks.md, run as the page shows it."""
+    page = (Path(__file__).parents[1] / "docs" / "speech-marks.md").read_text()
+    section = page.split("## Pipecat", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "docs/speech-marks.md", "exec"), namespace)
+    return namespace
+
+
+async def test_the_pipecat_recipe_times_pipecats_words_by_the_marks(
+    gateway: GatewayFactory,
+) -> None:
+    """The documented service in a real Pipecat pipeline (``pipecat.tests.utils.run_test``):
+    its audio frames and the word frames Pipecat makes from the word timestamps."""
+    import aiohttp
+    from pipecat.frames.frames import TTSAudioRawFrame, TTSSpeakFrame, TTSTextFrame
+    from pipecat.pipeline.task import PipelineParams
+    from pipecat.tests.utils import run_test
+
+    http = await gateway()
+    recipe = pipecat_recipe()
+    text = "Thank you for calling. Goodbye."
+    async with aiohttp.ClientSession() as session:
+        service = recipe["VoxgateTTSService"](
+            session=session, base_url=str(http.make_url("")), model="piper", voice="joe"
+        )
+        down, _ = await run_test(
+            service,
+            frames_to_send=[TTSSpeakFrame(text)],
+            pipeline_params=PipelineParams(audio_out_sample_rate=24000),
+        )
+    audio = b"".join(f.audio for f in down if isinstance(f, TTSAudioRawFrame))
+    assert len(audio) > 0 and all(
+        f.sample_rate == 24000 for f in down if isinstance(f, TTSAudioRawFrame)
+    )
+    # Pipecat's word frames, made from the word timestamps (the sentence's own frame aside).
+    spoken = [f for f in down if isinstance(f, TTSTextFrame) and f.text_type == "word"]
+    assert [f.text.strip() for f in spoken] == ["Thank", "you", "for", "calling", "Goodbye"]
+    stamps = [f.pts for f in spoken]
+    assert all(isinstance(p, int) for p in stamps) and stamps == sorted(stamps)
+
+
+def test_character_alignment_of_a_text_without_words() -> None:
+    """Punctuation alone has no word marks: every character spans the audio."""
+    got = speech_marks.character_alignment("!", [], 500)
+    assert got == {
+        "characters": ["!"],
+        "character_start_times_seconds": [0.0],
+        "character_end_times_seconds": [0.5],
+    }
+    assert speech_marks.parse_types(" word , ssml ") == {"word", "ssml"}
+    for bad in ("word,,ssml", "bogus"):
+        try:
+            speech_marks.parse_types(bad)
+        except ValueError:
+            continue
+        raise AssertionError(bad)
