@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.harness import ROOT, serve_command
+from bench.harness import ROOT, TREE, serve_command
 
 RESULTS = ROOT / "docs" / "bench"
 
@@ -48,7 +48,7 @@ def start_gateway(
         # Every request of a bench comes from one loopback address, which stands for many
         # clients: the per-client queue share (429 beyond it) would refuse a pre-warm.
         serve_command(port, cache_dir, "--queue-per-client", "100000", *extra),
-        cwd=ROOT,
+        cwd=TREE,
         stdout=log,
         stderr=subprocess.STDOUT,
     )

@@ -203,9 +203,8 @@ async def bench_pools(model: Path, config: Path, coqui: bool, rounds: int) -> li
     """Throughput of pools with workers x threads, rounds interleaved.
 
     Each pool is started just before its measurement and closed after it: with every pool alive
-    at once (an earlier version), the idle pools' processes and ONNX Runtime thread pools on the
-    same 2 cores cut the 2-worker figure to 1.38x one worker; measured alone it is about 2x, as a
-    plain multiprocessing script also shows."""
+    at once, the idle pools' processes and ONNX Runtime thread pools would share the same cores
+    and hold the 2-worker figure well below twice one worker's."""
     voices = [PiperVoiceFiles.bundled_joe()]
     setups: list[tuple[str, str, EngineSpec, int, int, int]] = []
     for workers, threads in ((1, 1), (1, 2), (2, 1)):

@@ -24,6 +24,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# The tree whose gateway a bench starts: this one, or another checkout named by
+# VOXGATE_BENCH_TREE (bench.vs_commit runs an older commit's gateway under this tree's bench, so
+# the load generator, the bare servers and the figures are the same code on both sides).
+TREE = Path(os.environ.get("VOXGATE_BENCH_TREE") or ROOT)
 
 # The cache secret every gateway started here with Redis gets (redis_url requires one), and that
 # tests configuring Redis pass.
@@ -71,7 +75,7 @@ def free_port() -> int:
 
 def serve_command(port: int, cache_dir: Path, *args: str) -> list[str]:
     """``python -m gateway serve`` on 127.0.0.1:``port`` with its own cache dir (run it with
-    ``cwd`` = the repo root, so the tree under test is the one imported)."""
+    ``cwd`` = :data:`TREE`, so the tree under test is the one imported)."""
     return [
         sys.executable,
         "-m",
@@ -169,7 +173,7 @@ class GatewayProcess:
         cache_dir.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT
+            cmd, cwd=TREE, env=env, stdout=self._log, stderr=subprocess.STDOUT
         )
 
     @property

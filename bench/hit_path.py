@@ -25,7 +25,7 @@ Target: gateway >= 0.8 x bare for each workload. Writes docs/bench/hit_path.json
 hit_path.png (with ``--say-url``: hit_path_say_url.json and .png, so a say-URL run does not
 replace the one-body and Zipf results; with ``--keys N``: ``_keys`` added to the name).
 
-``--keys N`` runs the gateway with API keys on (issue 12): a keys file of N keys (speak and read
+``--keys N`` runs the gateway with API keys on: a keys file of N keys (speak and read
 scopes, no limits: the hit path's cost is the key lookup), and every request of the load
 generator, to both servers, carries one of them as ``Authorization: Bearer``.
 
@@ -418,6 +418,11 @@ def main() -> int:
         help="with --keys: each key's requests_per_minute (a budget check on every request; "
         "make it larger than the run sends, e.g. 1000000000, so none is refused)",
     )
+    ap.add_argument(
+        "--json-out",
+        type=Path,
+        help="also write the workloads' figures to this file (bench.vs_commit reads it)",
+    )
     args = ap.parse_args()
     provenance()  # the commit and date as the run starts
 
@@ -606,6 +611,8 @@ def main() -> int:
         if counters_after[k] != counters_before.get(k, 0.0)
     }
     print(f"store counters during the measured rounds: {store_during_rounds}")
+    if args.json_out is not None:
+        args.json_out.write_text(json.dumps(results, indent=2) + "\n")
     if not args.no_write and not args.disk_only:
         out = "hit_path_say_url" if args.say_url else "hit_path"
         if args.keys:

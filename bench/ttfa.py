@@ -12,7 +12,7 @@ The order of the three requests rotates every round so drift in the machine's lo
 
 With ``--sse`` the streamed request is OpenAI's ``stream_format: "sse"`` for the first three
 sentences (raw ``pcm``), timed until its first ``speech.audio.delta`` event has arrived whole
-(issue 15's acceptance: within 1.1x the first sentence alone); the others are timed as above, in
+(to compare with the first sentence alone: SSE framing should add little); the others are timed as above, in
 ``pcm``, on the same three sentences.
 
     python -m bench.ttfa [--rounds 7] [--sse]

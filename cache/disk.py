@@ -5,7 +5,7 @@ the event loop only awaits it.
 
 What is on disk is data, never code: diskcache's own ``Disk`` unpickles any row whose mode says
 pickle, before voxgate could check that the value is bytes, so whoever could write one row to the
-cache directory ran code as the gateway (issue 12). :class:`RawBytesDisk` stores and reads raw
+cache directory ran code as the gateway. :class:`RawBytesDisk` stores and reads raw
 bytes only and refuses every other row. The directories are created 0700, and each value is framed
 with a CRC-32C over the whole blob, so a flipped bit in the metadata (its content type, its
 format) is caught like one in the audio.
@@ -107,9 +107,9 @@ class RawBytesDisk(diskcache.Disk):  # type: ignore[misc]  # diskcache ships no 
         if len(value) < self.min_file_size:
             return super().store(value, read, key=key)
         # A value of its own file, written in one piece: diskcache's Disk.store hands _write a
-        # BytesIO, whose iteration yields *lines*, so audio (a 0x0A byte every ~256) went out as
-        # ~550 writes per 130 KB value, 0.40 ms of CPU per put idle and several times that
-        # beside busy synthesis workers. Same file, same row (tests/test_store.py reads it back).
+        # BytesIO, whose iteration yields *lines*, so audio (a 0x0A byte every ~256) would go out
+        # as hundreds of writes per value, a system call each, costing the most beside busy
+        # synthesis workers. Same file, same row (tests/test_store.py reads it back).
         filename, full_path = self.filename(key, value)
         self._write(full_path, iter((value,)), "xb")
         return len(value), diskcache.core.MODE_BINARY, filename, None

@@ -24,9 +24,9 @@ def checksum(data: bytes | memoryview) -> str:
     """The integrity check stored with each entry and verified on read: CRC-32C of ``data``.
 
     It guards against corruption (a flipped bit, a truncated file), not against an attacker, so
-    it needs a checksum, not a cryptographic hash: CRC-32C runs in hardware (SSE 4.2 / ARMv8 CRC)
-    at about 10 us per 250 KB here, where blake2b-128 (used before) took 280 us, longer than the
-    rest of a disk hit. Entries written with the old blake2b checksum still verify.
+    it needs a checksum, not a cryptographic hash: CRC-32C runs in hardware (SSE 4.2 / ARMv8 CRC),
+    where the blake2b-128 used before cost more than the rest of a disk hit. Entries written with
+    the old blake2b checksum still verify.
     """
     return f"{_CRC32C}{crc32c(data):08x}"
 
@@ -43,9 +43,8 @@ def body_digest(data: bytes | memoryview) -> str:
 
     The ETag is derived from it, not from the content address: two replicas without a shared
     store synthesize different bytes for one address (Piper samples noise), and one ETag must
-    never name two bodies. Computed once when an entry is made (about 145 us per 250 KB with
-    SHA-NI, beside a synthesis of 100 ms or more) and kept in its metadata, so a hit does not
-    hash.
+    never name two bodies. Computed once when an entry is made (little beside the synthesis that
+    made the bytes) and kept in its metadata, so a hit does not hash.
     """
     return hashlib.sha256(data).hexdigest()[:32]
 
@@ -236,7 +235,7 @@ class Entry:
     def blob_head(self) -> bytes:
         """The blob's bytes before the audio: the metadata's length and the metadata."""
         # A shallow dict, in field order (what asdict gives, without its deep copy of every
-        # tuple: 0.07 ms of a 0.4 ms disk put).
+        # tuple, a visible share of a disk put).
         meta_ = self.meta
         fields = {name: getattr(meta_, name) for name in _META_NAMES}
         for name in ("gaps_ms", "trims"):

@@ -55,10 +55,11 @@ SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 # A Redis value is a frame: magic, an HMAC-SHA256 tag, then the blob (Entry.to_blob). The tag is
 # over the Redis key and the whole blob (metadata and audio) under the cache secret, so whoever can
 # write to Redis but has not the secret cannot plant a value, nor move one to another key, and a
-# flipped bit anywhere is caught too: either way a miss plus a delete, never served. About 145 us
-# per 250 KB with SHA-NI, where the CRC-32C it replaces took 10 us; a replica reads a key from
-# Redis once and then serves it from its memory tier. VXR1/VXR2 frames (CRC only, written before
-# the tag) are refused like a forgery: anyone could have written them.
+# flipped bit anywhere is caught too: either way a miss plus a delete, never served. It costs
+# more CPU than the CRC-32C it replaces, but a replica reads a key from Redis once and then serves
+# it from its memory tier (a Redis-tier hit, HMAC included: docs/bench/handmade_resp.json).
+# VXR1/VXR2 frames (CRC only, written before the tag) are refused like a forgery: anyone could
+# have written them.
 _MAGIC = b"VXR3"
 _TAG = 32
 _HEAD = len(_MAGIC) + _TAG

@@ -236,7 +236,7 @@ class Metrics:
             registry=r,
         )
 
-        # --- operations (issue 6) ---
+        # --- operations ---
         # Gauges say how several gateway processes combine (prometheus-client multiprocess mode):
         # queue depths add up, readiness is the least ready, cache sizes stay per process (pid
         # label) because the memory tier is per process while disk and Redis are shared.
@@ -294,7 +294,7 @@ class Metrics:
             registry=r,
         )
 
-        # --- sentences and streaming (issue 5) ---------------------------------------------------
+        # --- sentences and streaming -------------------------------------------------------------
         self.sentences_abandoned = Counter(
             "voxgate_sentences_abandoned_total",
             "Sentences never synthesized because every client waiting for their text was gone.",
@@ -315,7 +315,7 @@ class Metrics:
             registry=r,
         )
 
-        # --- Wyoming protocol (Home Assistant; issue 15) ---------------------------------------
+        # --- Wyoming protocol (Home Assistant) -------------------------------------------------
         self.wyoming_connections = Gauge(
             "voxgate_wyoming_connections",
             "Wyoming connections open now.",
@@ -340,7 +340,7 @@ class Metrics:
             registry=r,
         )
 
-        # --- Redis tier and cross-replica single flight (issue 4) ------------------------------
+        # --- Redis tier and cross-replica single flight ----------------------------------------
         self.redis_errors = Counter(
             "voxgate_redis_errors_total",
             "Redis commands that failed or timed out, by operation; each is a miss (or a skipped "
@@ -386,7 +386,7 @@ class Metrics:
             registry=r,
         )
 
-        # --- API keys and their limits (issue 12) -------------------------------------------------
+        # --- API keys and their limits -------------------------------------------------------------
         # Key names come from the operator's keys file: a bounded set.
         self.api_key_requests = Counter(
             "voxgate_api_key_requests_total",

@@ -197,8 +197,8 @@ def master_of(pcm: FloatPCM, sample_rate: int) -> tuple[FloatPCM, bytes]:
 def _flac16(samples: npt.NDArray[np.int16], sample_rate: int) -> bytes:
     """FLAC of 16-bit ``samples``, written into an anonymous in-memory file (Linux memfd), where
     it can: libsndfile then writes with plain syscalls. Into a BytesIO it calls back into Python
-    for every block, and each callback waits for the GIL: beside a thread busy in Python, a 3 s
-    master cost 2.3 ms of CPU (and 100 ms of waiting) against 1.3 ms through a memfd."""
+    for every block, and each callback waits for the GIL: beside a thread busy in Python, a
+    master takes more CPU, and far longer, than through a memfd."""
     try:
         fd = os.memfd_create("voxgate-master", os.MFD_CLOEXEC)
     except (AttributeError, OSError):  # not Linux, or a sandbox that refuses the syscall

@@ -4,8 +4,8 @@
 weight) as the same convolution in 2-D over a height of 1, between an ``Unsqueeze`` and a
 ``Squeeze``. The result is the same up to float rounding, but ONNX Runtime's CPU provider only
 lays 2-D convolutions out in its blocked NCHWc format, whose direct kernels beat the
-im2col + GEMM path it takes for 1-D ones. On Coqui's LJSpeech-size VITS (91% of whose time is
-the HiFi-GAN decoder's convolutions) that made synthesis 1.12x faster on one thread here.
+im2col + GEMM path it takes for 1-D ones. Coqui's LJSpeech-size VITS spends most of its time in
+the HiFi-GAN decoder's convolutions, so they decide its synthesis speed on CPU.
 """
 
 from __future__ import annotations

@@ -1,19 +1,20 @@
 """Giving memory back after a large synthesis.
 
-ONNX Runtime's CPU arena keeps every block it ever grew to: one 300-character sentence at speed
-0.25 (64 s of audio) raised a Piper process by 1.29 GB and it stayed there (issue 12). Two
-levers, measured on the joe voice (2-core VM; CPU time of 12 ordinary sentences / RSS above the
-resting value after that large run):
+ONNX Runtime's CPU arena keeps every block it ever grew to: one long sentence at a slow speed
+(a minute of audio) grows a Piper process by as much as the run needed, and it stays there. Two
+levers, compared on the joe voice by the CPU time of ordinary sentences and the RSS above the
+resting value after such a run:
 
-- arena kept (ONNX Runtime's default): 4.7 s / +1,290 MB;
-- arena off (``enable_cpu_mem_arena = False``): 5.1-5.7 s / +240-350 MB (glibc keeps the
-  freed heap) and -5 MB with ``malloc_trim``;
+- arena kept (ONNX Runtime's default): the least CPU, and the whole peak kept;
+- arena off (``enable_cpu_mem_arena = False``): more CPU, and glibc still keeps much of the
+  freed heap unless ``malloc_trim`` gives it back;
 - arena kept, shrunk after each run (run option ``memory.enable_memory_arena_shrinkage``) plus
-  ``malloc_trim``: 5.2-5.5 s / +8 MB.
+  ``malloc_trim``: about as much CPU as the arena off, and memory back near its resting value.
 
 voxgate shrinks the arena after every run and trims the C heap after a run that made long audio:
-about a tenth more CPU per sentence, and a worker's memory is back near its resting value once a
-large request is done.
+a little more CPU per sentence, and a worker's memory is back near its resting value once a
+large request is done (``python -m bench.soak`` records the RSS around two long requests in
+docs/bench/soak.json).
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ from synth.onnx_memory import TRIM_AFTER_AUDIO_S, ShrinkingSession, release_free
 
 # Longest phoneme sequence one ONNX run is given at speed 1 (about 16 s of audio: the joe voice
 # speaks about 22 phonemes a second). Peak memory grows with the audio of one run, about 20 MB a
-# second, so a run is held to about 330 MB at any speed: slower speech gets shorter runs.
+# second, so a run is held to about 330 MB at any speed: slower speech gets shorter runs
+# (docs/synthesis.md, "Memory per run").
 MAX_RUN_PHONEMES = 350
 MIN_RUN_PHONEMES = 40
 

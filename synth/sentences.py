@@ -2,14 +2,15 @@
 
 Templated prompts ("Your balance is 42 dollars. Press 1 to repeat.") share most sentences, so each
 sentence is cached and synthesized on its own. pysbd is rule-based (abbreviations, decimals,
-initials: "Dr. Smith paid $4.50." stays one sentence) and costs about 0.2-1 ms per text, so callers
-run it off the event loop and only on a miss; a text that is one sentence on its face
+initials: "Dr. Smith paid $4.50." stays one sentence) and too slow per text for the event loop, so
+callers run it off the loop and only on a miss; a text that is one sentence on its face
 (:meth:`SentenceSplitter.whole`) skips it, and is cheap enough to split on the loop.
 
 A sentence longer than ``max_chars`` is cut further, at clause boundaries first (after ``,;:``
-and dashes), then between words, so no one engine run is asked for minutes of audio: an
-unpunctuated 900-character sentence at speed 0.25 cost 2.76 GB in one run (issue 12). Engines
-bound their runs too (Piper by phonemes), since characters are a loose measure of speech.
+and dashes), then between words, so no one engine run is asked for minutes of audio: an engine's
+peak memory grows with the audio of one run, so an unpunctuated paragraph at a slow speed would
+cost gigabytes in one run. Engines bound their runs too (Piper by phonemes), since characters are
+a loose measure of speech.
 
 :func:`speech_weight` is the character count the request budget is estimated from: symbols and
 emoji are read out as names ("grinning face with big eyes", about 20 phonemes each) and long digit
@@ -31,7 +32,7 @@ from synth.audio import FloatPCM
 
 # A text no segmenter splits: ASCII letters, digits, commas, apostrophes and single spaces, with
 # at most one ``.``, ``!`` or ``?``, at the end. pysbd returns such a text whole (checked against
-# it in tests/test_sentences.py), after 0.15 ms of rules idle and 0.5 ms on a loaded host.
+# it in tests/test_sentences.py), but only after running all its rules.
 _ONE_SENTENCE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9,']| (?=[A-Za-z0-9,']))*[.!?]?")
 
 

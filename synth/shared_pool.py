@@ -15,7 +15,7 @@ every process serves the same engines, so this is the master's content address l
 fingerprint, which is fixed here. Each request holds an interest in its items; a request that is
 cancelled (its gateway's client gone, see :class:`~synth.scheduler.Scheduler`) drops its interest,
 and an item nobody is interested in any more is cancelled too, which drops it from the pool's
-queue if it has not started (issue 12's rule: no synthesis for no one).
+queue if it has not started: no synthesis for no one.
 
 Wire format (asyncio streams, both ways): frames of a 4-byte big-endian length then the payload,
 bounded on read (``max_request_bytes`` at the pool, ``max_reply_bytes`` at the gateway) before

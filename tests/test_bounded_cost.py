@@ -1,4 +1,4 @@
-"""Bounded cost per request (issue 12, points 3 and 6): long sentences are cut before synthesis,
+"""Bounded cost per request: long sentences are cut before synthesis,
 a request's audio is budgeted up front, work nobody waits for stops, each client gets a bounded
 share of the synthesis queue, and a poisoned worker reply never wedges the pool."""
 
@@ -150,7 +150,7 @@ async def test_900_chars_at_quarter_speed_costs_under_1_gb_while_hits_are_served
     piper_engine: PiperEngine,
     rss_peak: Callable[[], int],
 ) -> None:
-    """Acceptance 2: before, this request raised the server by 2.76 GB and kept it."""
+    """Without the bounds this request would raise the server by gigabytes and keep them."""
     held = FinishHeld(piper_engine)
     held.finish.set()  # the warm-up and the prompt go through at once
     # The batch is held on purpose, and on a core shared with another test the synthesis alone

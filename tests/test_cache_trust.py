@@ -1,4 +1,4 @@
-"""Issue 12, point 4 and acceptance 3: nothing in a cache tier decides what is served unless
+"""Nothing in a cache tier decides what is served unless
 voxgate wrote it. Planted and replayed Redis values, hostile metadata, oversized replies, pinned
 flags from below, masters that do not decode and squatted locks, against a real redis-server and
 a real gateway on loopback."""
@@ -458,7 +458,7 @@ def speech(text: str, fmt: str = "wav") -> dict[str, Any]:
 async def test_a_planted_value_under_a_served_key_is_never_sent(
     gateway: GatewayFactory, settings: Settings, redis: RedisServer
 ) -> None:
-    """Acceptance 3: replica A synthesizes a text; a value planted under its key (a script, as
+    """Replica A synthesizes a text; a value planted under its key (a script, as
     HTML) is served by replica B (no local tiers: everything from Redis) neither by
     ``GET /v1/audio/{key}`` nor by the speech endpoint."""
     shared = settings.replace(redis_url=redis.url, cache_secret=CACHE_SECRET)
@@ -544,7 +544,7 @@ async def test_a_master_that_does_not_decode_is_synthesized_again(
 async def test_two_replicas_without_a_shared_store_never_send_one_etag_for_two_bodies(
     gateway: GatewayFactory, settings: Settings, tmp_path: Any
 ) -> None:
-    """Acceptance 5: Piper samples noise, so two replicas without a shared store make different
+    """Piper samples noise, so two replicas without a shared store make different
     bytes for one content address; they once sent the same strong ETag (the key) with
     ``immutable`` for both. The ETag now names the bytes: one ETag, one body."""
     replicas = [

@@ -1,4 +1,4 @@
-"""Connection hygiene and browser rules (issue 12, point 7): header/idle, body and write timeouts,
+"""Connection hygiene and browser rules: header/idle, body and write timeouts,
 the connection cap, 415 for non-JSON bodies on JSON routes, the Host allow-list and CORS."""
 
 from __future__ import annotations

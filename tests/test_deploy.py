@@ -175,7 +175,7 @@ def test_compose_services_ports_and_settings() -> None:
     assert redis_url.startswith(f"redis://:{SECRETS['REDIS_PASSWORD']}@redis:6379")
     assert settings.cache_secret.get_secret_value() == SECRETS["VOXGATE_CACHE_SECRET"]
     assert "redis" in vox["depends_on"]
-    # Issue 12: Redis has a password and no published port; both secrets are required.
+    # Redis has a password and no published port; both secrets are required.
     redis = services["redis"]
     assert "ports" not in redis
     assert "requirepass" in " ".join(redis["command"])
@@ -349,7 +349,7 @@ def test_k8s_redis_matches_the_url_voxgate_uses() -> None:
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
     redis_ports = {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
     assert redis_ports[service["spec"]["ports"][0]["targetPort"]] == int(port)
-    # Issue 12: Redis asks for the password voxgate's URL carries, and only voxgate reaches it.
+    # Redis asks for the password voxgate's URL carries, and only voxgate reaches it.
     redis_container = pod["spec"]["containers"][0]
     assert container_env(redis_container, K8S_SECRETS)["REDIS_PASSWORD"] == password
     assert "requirepass" in " ".join(redis_container["args"])

@@ -1,4 +1,4 @@
-"""API keys (issue 12, acceptance 1): 401 without or with a wrong key, 403 outside a key's scopes,
+"""API keys: 401 without or with a wrong key, 403 outside a key's scopes,
 200 with Bearer and with X-API-Key; URLs that authorize themselves; reload; `voxgate keys add`;
 no secret in any log line at any level."""
 
@@ -292,7 +292,7 @@ async def test_no_secret_in_any_log_line(
         assert secret[:12] not in logged and secret[-12:] not in logged
 
 
-# ---- limits per key (issue 12, point 2) ------------------------------------------------------
+# ---- limits per key ---------------------------------------------------------------------------
 
 
 async def test_requests_per_minute_3_gives_200_200_200_then_429(

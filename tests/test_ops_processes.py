@@ -56,7 +56,7 @@ async def test_sigterm_finishes_twenty_in_flight_requests(tmp_path: Path) -> Non
     )
     try:
         server.wait_ready()
-        # The start log says what the `auto` defaults became (issue 13).
+        # The start log says what the `auto` defaults became.
         topology = [line["msg"] for line in server.json_lines() if "topology:" in line["msg"]]
         assert len(topology) == 1, server.logs()
         assert "synthesis processes per model" in topology[0]

@@ -81,7 +81,7 @@ async def test_bad_piper_bodies(gateway: GatewayFactory) -> None:
         err = (await r.json())["error"]
         assert err["param"] == param, payload
         assert words in err["message"], err
-    # GET / is not Piper's web page but voxgate's prompt studio (issue 16); other methods are
+    # GET / is not Piper's web page but voxgate's prompt studio; other methods are
     # 405, naming both.
     r = await client.get("/")
     assert r.status == 200 and r.headers["Content-Type"].startswith("text/html")

@@ -298,9 +298,8 @@ async def test_close_during_a_batch_leaves_no_worker_processes(metrics: Metrics)
 async def test_poisoned_reply_replaces_the_worker_and_later_batches_succeed(
     metrics: Metrics, text: str, reason: str
 ) -> None:
-    """Issue 12, point 6: a reply that cannot be trusted replaced its worker (before, any
-    exception but four kinds left the worker neither idle nor replaced, and every later batch
-    waited out the batch timeout)."""
+    """A reply that cannot be trusted replaces its worker: a worker left neither idle nor
+    replaced would make every later batch wait out the batch timeout."""
     pool = tone_pool(metrics, workers=1, max_reply_bytes=1024 * 1024)
     await pool.start()
     try:

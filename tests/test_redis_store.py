@@ -1,4 +1,4 @@
-"""Acceptance 5: purge by voice across every tier; pinned entries survive TTL and eviction."""
+"""Purge by voice across every tier; pinned entries survive TTL and eviction."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The Redis tier, its breaker and the cross-replica lock, against a real single redis-server and a
-real 3-master Redis Cluster on loopback (acceptance 1 and 4)."""
+real 3-master Redis Cluster on loopback."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The in-process runner gets the batch timeout too (issue 12, point 3): a stuck engine thread is
+"""The in-process runner gets the batch timeout too: a stuck engine thread is
 abandoned, later batches run on fresh threads, and stuck threads never pile up."""
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ def test_redis_url_is_a_secret_everywhere(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_a_redis_url_needs_a_cache_secret() -> None:
-    """Issue 12, point 4: without a secret, whoever can write to Redis decides what every
+    """Without a secret, whoever can write to Redis decides what every
     replica serves; so no Redis tier starts without one, and the error says how to give it."""
     url = "redis://127.0.0.1:6379/0"
     with pytest.raises(SettingsError, match=r"'cache_secret'.*required when redis_url is set"):

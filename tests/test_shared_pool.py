@@ -1,4 +1,4 @@
-"""One synthesis pool per host (issue 13, point 2): gateway processes submit over a Unix socket,
+"""One synthesis pool per host: gateway processes submit over a Unix socket,
 identical items are synthesized once, and a request nobody waits for any more is dropped at the
 pool. The pool server runs in the test's loop; each RemotePool stands for one gateway process."""
 

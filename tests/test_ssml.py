@@ -1,4 +1,4 @@
-"""The SSML front end and number normalization against the corpus (issue 16, acceptance 1)."""
+"""The SSML front end and number normalization against the corpus."""
 
 from __future__ import annotations
 

@@ -170,7 +170,7 @@ class _Plant:
 async def test_a_planted_pickle_row_is_never_unpickled(
     tmp_path: Path, side: str, min_file_size: int
 ) -> None:
-    """Issue 12, point 5: a pickle-mode row (value, and key) planted in the cache directory is a
+    """A pickle-mode row (value, and key) planted in the cache directory is a
     counted miss and is deleted; reading, listing and purging never run it."""
     import diskcache
 

@@ -1,4 +1,4 @@
-"""The prompt studio (issue 16, acceptance 4) in a real headless Chromium: Debian's chromium and
+"""The prompt studio in a real headless Chromium: Debian's chromium and
 chromium-driver driven by Selenium (installed by .ci/install; nothing is downloaded at run
 time). The browser runs in a thread, so the gateway's event loop keeps serving it."""
 

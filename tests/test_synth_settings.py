@@ -1,4 +1,4 @@
-"""Settings and wiring of the synthesis backend (issue 3): env/flags, validation, batch sizes."""
+"""Settings and wiring of the synthesis backend: env/flags, validation, batch sizes."""
 
 from __future__ import annotations
 

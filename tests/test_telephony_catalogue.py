@@ -447,7 +447,7 @@ async def test_the_api_key_seam_knows_which_urls_authorize_themselves(
     gateway: GatewayFactory, settings: Settings
 ) -> None:
     """Players that cannot send headers: a signed say URL authorizes itself, and content-address
-    URLs do while ``public_audio_urls`` is on (issue 12's key check asks
+    URLs do while ``public_audio_urls`` is on (the key check asks
     :func:`self_authorized`)."""
 
     async def why(app: Any, path: str) -> str | None:

@@ -125,7 +125,7 @@ async def test_unknown_voice_is_the_default_or_a_400_by_setting(
 async def test_ssml_type_goes_to_the_ssml_front_end(
     gateway: GatewayFactory, counting_engine: CountingEngine
 ) -> None:
-    """jambonz sends type "ssml" for a <speak> text (issue 14, point 7): it is expanded, so a
+    """jambonz sends type "ssml" for a <speak> text: it is expanded, so a
     document that is just words shares plain text's audio, and a break makes other audio."""
     client = await gateway()
     plain = await client.post("/v1/jambonz/tts", json=jambonz_body("Hello."))

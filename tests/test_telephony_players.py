@@ -79,7 +79,7 @@ def max_age(headers: dict[str, str] | object) -> int:
     return int(found.group(1))
 
 
-# ---- acceptance 2: every extension decodes, lasts as long as its master, costs no synthesis ----
+# ---- every extension decodes, lasts as long as its master, costs no synthesis -----------------
 
 
 async def test_every_extension_decodes_with_the_masters_duration_and_no_synthesis(
@@ -123,7 +123,7 @@ async def test_the_content_address_and_the_say_url_share_one_entry(
     assert pcmu.headers["Content-Type"] == "audio/PCMU"
 
 
-# ---- acceptance 1: Asterisk ----------------------------------------------------------------------
+# ---- Asterisk ------------------------------------------------------------------------------------
 
 # format modules that declare MIME types (only format_wav does: "audio/wav|audio/x-wav"); every
 # other format is found by its extension.
@@ -215,7 +215,7 @@ async def test_asterisk_playback_plays_each_url(
             assert fmt == ASTERISK_EXTENSIONS[name], (name, r.headers["Content-Type"])
             if name.startswith("wav"):
                 assert asterisk_wav_ok(data, name), name
-    # What the issue measured on main: a `wav` at the voice's 22,050 Hz fails format_wav.
+    # A `wav` at the voice's 22,050 Hz fails format_wav.
     r = await client.post(
         "/v1/audio/speech",
         json={"model": "tts-1", "input": "Hello.", "voice": "alloy", "response_format": "wav"},
@@ -248,7 +248,7 @@ async def test_asterisk_revalidates_with_head_and_if_none_match(gateway: Gateway
         assert stale.status == 200
 
 
-# ---- acceptance 1: FreeSWITCH --------------------------------------------------------------------
+# ---- FreeSWITCH ----------------------------------------------------------------------------------
 
 # conf/vanilla/mime.types: the audio types FreeSWITCH maps to extensions (no audio/wav).
 FREESWITCH_MIME = {
@@ -309,7 +309,7 @@ async def test_freeswitch_takes_the_extension_from_the_path_and_caches_by_max_ag
     assert FREESWITCH_MIME.get(r.headers["Content-Type"]) == "wav"
 
 
-# ---- acceptance 1: Twilio --------------------------------------------------------------------------
+# ---- Twilio --------------------------------------------------------------------------------------
 
 # twilio.com/docs/api/2008-08-01/twiml/play: the MIME types <Play> accepts (else error 13420).
 TWILIO_TYPES = {

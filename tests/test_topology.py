@@ -1,4 +1,4 @@
-"""``auto`` process and thread counts (issue 13): resolved from the cores and devices, explained."""
+"""``auto`` process and thread counts: resolved from the cores and devices, explained."""
 
 from __future__ import annotations
 

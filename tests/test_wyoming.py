@@ -220,7 +220,7 @@ async def test_bad_events_get_an_error_and_the_connection_keeps_serving(
         # Declared data that is not JSON, and a payload a TTS server does not want: both read
         # and dropped, so the framing holds.
         b'{"type": "synthesize", "data_length": 5, "payload_length": 3}\nnope!xyz',
-        # Hostile (issue 12): nesting past the stack, a number past int()'s limit, control
+        # Hostile: nesting past the stack, a number past int()'s limit, control
         # characters in the text; each an error event, not a dropped connection.
         b'{"a":' * 5000 + b"1" + b"}" * 5000 + b"\n",
         b'{"type": "synthesize", "data": {"text": "Hi."}, "x": ' + b"9" * 5000 + b"}\n",
@@ -293,7 +293,7 @@ async def test_connections_over_the_bound_are_refused(
 async def test_ssml_over_wyoming_shares_the_http_audio(
     gateway: GatewayFactory, settings: Settings, metrics: Metrics
 ) -> None:
-    """Home Assistant may send SSML like any client (issue 16): the same front end, the same
+    """Home Assistant may send SSML like any client: the same front end, the same
     content address, so a document that is just words costs no second synthesis."""
     _, port = await start(gateway, settings)
     plain = await say(port, "Press one.")

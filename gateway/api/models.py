@@ -5,13 +5,10 @@ are generated from them (:mod:`gateway.http.openapi`), so the two cannot disagre
 running service (aliases, served models and voices, a voice's language, streamable formats) is
 checked after, in :mod:`gateway.api.parsing` and :mod:`gateway.api.compat`.
 
-Why pydantic v2 and not msgspec, measured here (100,000 validations of
-``{"model":"tts-1","input":"Thank you for calling.","voice":"alloy","response_format":"wav"}``,
-best of 3): pydantic ``model_validate_json`` 1.31 us, ``model_validate`` of a parsed dict 1.28 us;
-msgspec ``Decoder.decode`` 0.20 us, ``convert`` of a dict 0.23 us; ``json.loads`` alone, which
-the hand-written validation paid before any check, 1.84 us. msgspec saves about 1.1 us per body,
-and only for bodies the request memo has not seen; pydantic's errors carry the field, the failed
-constraint and its bound, which the messages below are built from, and it is already installed.
+Why pydantic v2 and not msgspec: msgspec validates a speech body faster, but a body costs
+microseconds either way, and only a body the request memo has not seen is validated at all;
+pydantic's errors carry the field, the failed constraint and its bound, which the messages below
+are built from, and it is already installed.
 
 Models depend on a few settings (the longest input, the most prompts one catalogue may carry, the
 defaults named in descriptions): :func:`request_models` builds them once per distinct value.
@@ -585,7 +582,7 @@ class JambonzBody(RequestModel):
 
     language: str = Field("", description="jambonz language, e.g. en-US; may name a voice alias.")
     voice: str = Field("", description="jambonz voice name: a voice or voice alias.")
-    # jambonz sends "ssml" for a text that starts with <speak>: the SSML front end (issue 16).
+    # jambonz sends "ssml" for a text that starts with <speak>: the SSML front end.
     type: Literal["text", "ssml"] = Field(
         "text",
         description="'text', or 'ssml' (jambonz sends it for a text starting with <speak>; "

@@ -37,8 +37,8 @@ async def read_body(request: web.Request, max_bytes: int, timeout_s: float | Non
     try:
         if request.content.is_eof():
             # The whole body has arrived (a small body comes with its headers): reading it
-            # cannot wait, and a timeout (a loop timer armed and cancelled) was ~4% of a cache
-            # hit's CPU time.
+            # cannot wait, and a timeout (a loop timer armed and cancelled) would be a visible
+            # share of a cache hit's CPU time.
             raw = await request.read()
         else:
             async with asyncio.timeout(timeout_s):
@@ -140,8 +140,9 @@ class RequestMemo(BoundedMemo[bytes, SpeechCall]):
     body and on settings and models fixed at start, so the same bytes always give the same
     request. Only valid requests are kept, and only small bodies.
 
-    Sized for a catalogue of several thousand prompts (at 4,096 entries a Zipf mix over 5,000
-    prompts re-validated 4% of its hits; at 16,384 none), and bounded by the bodies' total size
+    Sized for a catalogue of several thousand prompts (a Zipf mix over 5,000 prompts re-validates
+    a few percent of its hits at 4,096 entries, almost none at 8,192: docs/bench/hit_path.json,
+    ``memo_miss_rate_over_sequence``), and bounded by the bodies' total size
     too, so hostile clients filling it with large bodies hold at most ``max_bytes``.
     """
 

@@ -1,4 +1,4 @@
-"""Connection hygiene (issue 12, point 7): slow or idle clients are dropped and connections are
+"""Connection hygiene: slow or idle clients are dropped and connections are
 capped, so a few sockets cannot hold the gateway.
 
 - Idle and header time: aiohttp's keep-alive timer, armed when a connection opens and after each

@@ -116,7 +116,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
         else:
             call = parse_speech_body(raw, settings, service)
         memo.put(raw, call)
-    # ETag / If-None-Match, Content-Length, and streaming: gateway.delivery.
+    # ETag / If-None-Match, Content-Length, and streaming: gateway.http.delivery.
     return await serve_speech(
         request, call.req, stream=call.stream, sse=call.sse, ignored=call.ignored
     )

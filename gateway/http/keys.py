@@ -35,7 +35,7 @@ OBSERVER = web.AppKey("observer", RequestObserver)
 # Set when the Wyoming server runs (wyoming_port).
 WYOMING = web.AppKey("wyoming", WyomingServer)
 
-# Per-request values the handlers leave for the edge wrapper (gateway.app.edge) to record.
+# Per-request values the handlers leave for the edge wrapper (gateway.http.edge) to record.
 CACHE_RESULT = web.RequestKey("cache_result", str)
 AUDIO_KEY = web.RequestKey("audio_key", str)
 

@@ -98,7 +98,7 @@ class AccessLog:
     def _timestamp(self, now: float) -> str:
         """ISO 8601 UTC with milliseconds, as gateway.runtime.logs writes it. The part up to the
         second is formatted once a second, and the whole stamp once a millisecond (a busy server
-        logs several lines per millisecond; datetime formatting per request was most of a
+        logs several lines per millisecond; datetime formatting per request would be most of a
         line's cost)."""
         milli = int(now * 1000)
         if milli == self._milli:
@@ -158,7 +158,7 @@ class AccessLog:
 
     def _format(self, observations: list[Observation]) -> list[str]:
         """The lines of ``observations``, formatted together: one call for a batch rather than
-        one per request (a call per line was a third of a line's cost)."""
+        one per request (a call per line would be a large share of a line's cost)."""
         lines: list[str] = []
         add = lines.append
         if self.fmt != "json":

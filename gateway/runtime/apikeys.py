@@ -1,4 +1,4 @@
-"""API keys (issue 12): the keys file, read into a :class:`KeyRing` that finds a key by its secret.
+"""API keys: the keys file, read into a :class:`KeyRing` that finds a key by its secret.
 
 The file holds SHA-256 hashes, never secrets::
 

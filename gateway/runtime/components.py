@@ -65,7 +65,7 @@ def build_tiers(settings: Settings, metrics: Metrics) -> list[Tier]:
     if settings.disk_cache_mb > 0:
         tiers.append(DiskTier(settings.cache_dir, settings.disk_cache_mb * MIB))
     redis_url = settings.redis_url.get_secret_value()
-    if redis_url:  # issue 4: the shared tier, last; closed with the store
+    if redis_url:  # the shared tier, last; closed with the store
         tiers.append(
             RedisTier.from_url(
                 redis_url,
@@ -284,9 +284,8 @@ def _runner_for(
     if settings.pool_workers() < 1:
         return in_process(engine)
     # Piper and other one-item engines get a second batch waiting in each worker's pipe: the
-    # worker need not wait for the event loop between batches (idle 4.8-5.2% of the time under
-    # 16 clients of misses before, 0.9-1.9% after; docs/synthesis.md). An engine that batches
-    # does not: a batch formed while the worker is still busy would be a smaller one.
+    # worker need not wait for the event loop between batches (docs/synthesis.md). An engine that
+    # batches does not: a batch formed while the worker is still busy would be a smaller one.
     pipeline = 2 if _max_batch(settings, engine) == 1 else 1
     if shared_pool is not None:
         remote = RemotePool(
@@ -414,7 +413,7 @@ async def open_speech(
             max_sentence_chars=settings.max_sentence_chars,
             max_audio_s=settings.max_audio_s,
         )
-        service.cross_replica = CrossReplicaFlight.for_tiers(  # issue 4; None without Redis
+        service.cross_replica = CrossReplicaFlight.for_tiers(  # None without Redis
             store.tiers,
             lock_ttl_s=settings.redis_lock_ttl_ms / 1000,
             max_wait_s=settings.redis_lock_wait_s,

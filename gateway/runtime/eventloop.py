@@ -1,11 +1,11 @@
 """Which event loop the server runs on: uvloop when it is there, else asyncio's own.
 
 Why uvloop: a gateway's time goes into the loop itself (selecting, reading into and writing out of
-sockets, waking tasks), and uvloop runs all of that in C on libuv. Measured here
-(``bench/scaleout.py``, both servers on the same loop): a Redis hit cost 345 us of gateway CPU on
-asyncio's loop and 225 us on uvloop, while a bare aiohttp handler went from 108 to 102 us. The
-gateway does several loop round trips per request (the client, Redis, the response) where the
-bare handler does one, so it gains the most.
+sockets, waking tasks), and uvloop runs all of that in C on libuv. The gateway does several loop
+round trips per request (the client, Redis, the response) where a bare aiohttp handler does one,
+so it gains more from uvloop than a bare server does: compare
+``python -m bench.scaleout --event-loop asyncio`` with ``--event-loop uvloop`` (both servers on
+the same loop).
 
 A process serving HTTP on uvloop also lifts aiohttp's ``writelines`` skip, where that is safe
 (:func:`gateway.http.hits.lift_writelines_skip`, with the other aiohttp internals).

@@ -5,12 +5,11 @@ encoded body). glibc's malloc hands out blocks that large with mmap (given back 
 until the first one is freed: then its mmap threshold rises past them (up to 32 MiB) and they
 come from its arenas, which keep freed memory for reuse, and every thread that allocates (the
 disk and Redis executors too) may open an arena of its own. Blocks of varying size then leave
-holes a later block does not fit, and the heap grows while the memory in use does not. Measured in
-8-minute soaks (``bench/soak.py``, 2 gateway processes): one gateway's malloc arenas went from 36
-to 81 MB while the bytes in use stayed at 37-39 MB; a periodic ``malloc_trim`` did not stop it
-(the arenas kept growing, 134 -> 173 MB in 3 minutes with Python's traced memory flat at
-68 MB). With the threshold fixed at glibc's default of 128 KiB and two arenas, the free memory
-malloc held stayed at 1-3 MB and the gateway's RSS levelled off within two minutes.
+holes a later block does not fit, and the heap grows while the memory in use does not: in soaks
+(``python -m bench.soak``) a gateway's malloc arenas kept growing while the bytes in use stayed
+flat, and a periodic ``malloc_trim`` did not stop it. With the threshold fixed at glibc's default
+of 128 KiB and two arenas, the free memory malloc holds stays small and the gateway's RSS levels
+off (the 30-minute soak's RSS by role: docs/bench/soak.json, ``steady_state``).
 
 The settings are glibc's own (``mallopt``), applied when a gateway or pool-host process starts,
 before its threads; an operator's ``MALLOC_MMAP_THRESHOLD_`` or ``MALLOC_ARENA_MAX`` in the

@@ -1,4 +1,4 @@
-"""The host's one synthesis pool process of ``serve --workers N`` (issue 13, point 2).
+"""The host's one synthesis pool process of ``serve --workers N``.
 
 The supervisor starts it before the gateway processes (``python -m gateway serve ... --serve-pool
 PATH``): it opens the models exactly as a single gateway would (worker processes per model, one

@@ -1,4 +1,4 @@
-"""Per-key limits (issue 12): ``requests_per_minute`` on every request of a key and
+"""Per-key limits: ``requests_per_minute`` on every request of a key and
 ``chars_per_minute`` on the characters its misses send to synthesis.
 
 Counting is the ``limits`` library's sliding-window counter (two counters per key and window,

@@ -604,7 +604,7 @@ class Settings(BaseSettings):
         "voice, or reject it with 400.",
     )
 
-    # --- security (issue 12; docs/security.md) ---
+    # --- security (docs/security.md) ---
     api_keys_file: str = _opt(
         "security",
         "",

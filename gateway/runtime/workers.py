@@ -90,7 +90,7 @@ class Supervisor:
         self.argv = list(argv)
         self.port = port
         self.metrics_dir = metrics_dir
-        # With a synthesis pool, the last process is the host's one pool process (issue 13):
+        # With a synthesis pool, the last process is the host's one pool process:
         # started first, stopped last, restarted like the others.
         self.pool_socket = pool_socket
         # The table the gateways share key budgets and queue shares in (gateway.runtime.hostshare).

@@ -9,7 +9,7 @@ production sentence by sentence, so a stream and a plain request for the same re
 work. A reader that goes away (client disconnect) cancels nothing while anyone else still waits
 for the production, and the rendition is stored at the end for them. When the last one goes, the
 sentences not yet queued for synthesis are cancelled (a 60-sentence text abandoned after its first
-sentence kept synthesizing for 30 s before, holding queue slots: issue 12); sentences already
+sentence kept synthesizing for 30 s before, holding queue slots); sentences already
 queued or running finish and are stored, for the retry.
 """
 

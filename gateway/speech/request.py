@@ -25,7 +25,7 @@ def segment_speed(speed: float, rate: float) -> float:
 
 @dataclass(frozen=True)
 class Segment:
-    """One piece of an SSML expansion (issue 16): words said at one ``rate``, then a pause.
+    """One piece of an SSML expansion: words said at one ``rate``, then a pause.
 
     ``words`` is normalized text (or IPA phonemes when ``phonemes``); ``pause_ms`` is the exact
     silence after it, ``None`` for the gateway's sentence pause (nothing after the last segment).

@@ -121,9 +121,9 @@ class SpeechService:
         )
         # A master and whether this replica made it (False: adopted from another's synthesis).
         self._masters: SingleFlight[tuple[Audio, bool]] = SingleFlight()
-        # Set when Redis is configured (issue 4): one replica of many synthesizes each master.
+        # Set when Redis is configured: one replica of many synthesizes each master.
         self.cross_replica: CrossReplicaFlight | None = None
-        # Set with API keys on (issue 12): called with a sentence's length before this process
+        # Set with API keys on: called with a sentence's length before this process
         # starts synthesizing it (misses only; joining one in flight is free); raises to refuse
         # it (a key over its chars_per_minute).
         self.admit_synthesis: Callable[[int], Awaitable[None]] | None = None
@@ -381,7 +381,7 @@ class SpeechService:
         self, req: SpeechRequest, mk: str, on_queued: Callable[[], None] | None = None
     ) -> tuple[Audio, bool]:
         """Master ``mk`` as stored, synthesized once; once across all replicas when Redis is
-        configured (issue 4): another replica's master is adopted from Redis, decoded exactly as
+        configured: another replica's master is adopted from Redis, decoded exactly as
         :func:`audio.master_of` renders a fresh one, so every replica sends the same bytes.
         The flag is True when this replica synthesized it, False when it was adopted."""
 

@@ -1,0 +1,141 @@
+"""The hit path of this tree against an older commit's, side by side in one run.
+
+An older commit's gateway (checked out beside this tree as a detached git worktree) and this
+tree's gateway are each measured by this tree's ``bench.hit_path`` (same load generator, same bare
+aiohttp server, same figures), in pairs run in alternating order (old, new, then new, old, ...), so
+machine drift hits both sides alike. Each hit_path run compares its gateway with the bare server
+it runs beside, so what is compared across the commits are two ratios that neighbours move least:
+
+- ``ratio``: gateway requests/s over the bare server's (median of its rounds);
+- ``cpu_ratio_bare_over_gateway``: the bare server's CPU time per request over the gateway's.
+
+The figure of merit is new/old of each (>= 0.95: this tree's hit path costs at most 5% more).
+Arguments after ``--`` go to every hit_path run (``--no-write`` and ``--json-out`` are added).
+
+    python -m bench.vs_commit --commit d2ff336 --pairs 2 -- --keys 100 --key-rpm 1000000000 --no-zipf
+
+Writes ``docs/bench/hit_path_vs_<commit>[_keys].json`` and ``.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.common import bar_plot, provenance, write_results
+from bench.harness import ROOT
+
+FIGURES = ("ratio", "cpu_ratio_bare_over_gateway")
+
+
+def git(*args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def run_side(tree: Path | None, bench_args: list[str], out: Path) -> dict[str, Any]:
+    """One hit_path run of ``tree``'s gateway (None: this tree's); its workloads' figures."""
+    env = dict(os.environ)
+    env.pop("VOXGATE_BENCH_TREE", None)
+    if tree is not None:
+        env["VOXGATE_BENCH_TREE"] = str(tree)
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.hit_path",
+        *bench_args,
+        "--no-write",
+        "--json-out",
+        str(out),
+    ]
+    subprocess.run(cmd, cwd=ROOT, env=env, check=True)
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    bench_args: list[str] = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, bench_args = argv[:at], argv[at + 1 :]
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--commit", required=True, help="the older commit to compare with")
+    ap.add_argument("--pairs", type=int, default=2, help="old/new pairs, order alternating")
+    ap.add_argument("--no-write", action="store_true", help="do not write docs/bench results")
+    args = ap.parse_args(argv)
+    base = git("rev-parse", "--short", args.commit)
+    provenance()  # this tree's commit and the date, as the run starts
+
+    runs: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "tree"
+        git("worktree", "add", "--detach", str(tree), base)
+        try:
+            for pair in range(args.pairs):
+                order = ("old", "new") if pair % 2 == 0 else ("new", "old")
+                for side in order:
+                    print(f"== pair {pair + 1}/{args.pairs}: {side}", flush=True)
+                    out = Path(tmp) / f"{side}-{pair}.json"
+                    runs[side].append(run_side(tree if side == "old" else None, bench_args, out))
+        finally:
+            git("worktree", "remove", "--force", str(tree))
+
+    workloads = sorted(runs["new"][0])
+    summary: dict[str, dict[str, Any]] = {}
+    print(f"\nhit path, {base} (old) vs this tree (new), {args.pairs} pairs; args: {bench_args}")
+    print(f"{'workload':<10}{'figure':<30}{'old':>8}{'new':>8}{'new/old':>9}")
+    for w in workloads:
+        summary[w] = {}
+        for fig in FIGURES:
+            old = statistics.mean(r[w][fig] for r in runs["old"])
+            new = statistics.mean(r[w][fig] for r in runs["new"])
+            summary[w][fig] = {
+                "old_per_run": [r[w][fig] for r in runs["old"]],
+                "new_per_run": [r[w][fig] for r in runs["new"]],
+                "old_mean": old,
+                "new_mean": new,
+                "new_over_old": new / old,
+            }
+            print(f"{w:<10}{fig:<30}{old:>8.3f}{new:>8.3f}{new / old:>9.3f}")
+    if not args.no_write:
+        name = f"hit_path_vs_{base}" + ("_keys" if "--keys" in bench_args else "")
+        write_results(
+            name,
+            {
+                "benchmark": "vs_commit",
+                "old_commit": base,
+                "pairs": args.pairs,
+                "hit_path_args": bench_args,
+                "load_generator": "wrk, as bench.hit_path runs it",
+                "summary": summary,
+                "runs": runs,
+            },
+        )
+        labels, values = [], []
+        for w in workloads:
+            for fig in FIGURES:
+                labels.append(f"{w}\n{fig.split('_')[0]} new/old")
+                values.append(summary[w][fig]["new_over_old"])
+        bar_plot(
+            name,
+            f"Hit path, this tree over {base} (>= 0.95 wanted)",
+            labels,
+            values,
+            "x",
+            target=0.95,
+        )
+        print(f"wrote docs/bench/{name}.json and .png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
