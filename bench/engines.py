@@ -18,7 +18,17 @@ Engines: the bundled Piper voice (joe) and a Coqui VITS with the full LJSpeech-s
 Everything runs in one process run, side by side, so the ratios survive a noisy shared machine.
 Writes ``docs/bench/engines.json`` and ``docs/bench/engines.png``.
 
+``--int8`` runs only fp32 against int8 (``synthesis_precision``): the Piper voice and Coqui's VITS
+export (``--no-coqui``: Piper only), each at both precisions on one intra-op thread, the voice's
+noise off, in interleaved rounds. Speed is CPU seconds (``getrusage``: user + system of this
+process, which busy neighbours on the same cores move least) per synthesized second, and its
+inverse, audio seconds per core second; the int8 speedup is the median of the per-round ratios.
+Distance from fp32: mel-cepstral distortion (``bench.harness.mel_cepstral_distortion``) and
+duration, beside two yardsticks: voxgate's MP3 of the same fp32 audio (the bound) and the voice's
+own noise. Writes ``docs/bench/engines_int8.json`` and ``docs/bench/engines_int8.png``.
+
     .venv/bin/python -m bench.engines            # ~3 minutes on 2 idle cores (much longer on a loaded machine)
+    .venv/bin/python -m bench.engines --int8     # the first run derives the int8 graphs (minutes)
 """
 
 from __future__ import annotations
@@ -359,11 +369,260 @@ def plot(rtf: list[dict[str, Any]], pools: list[dict[str, Any]], path: Path) -> 
     fig.savefig(path, dpi=110)
 
 
+# ---- precision: fp32 against int8 (``--int8``) -----------------------------------------------
+
+NOISE_OFF = {
+    "piper": {"noise_scale": 0.0, "noise_w": 0.0},
+    "coqui-vits": {"noise_scale": 0.0, "noise_scale_dp": 0.0},
+}
+# The bound an int8 mode's distance from fp32 must stay within to be a default, per engine: the
+# distance voxgate's own MP3 rendition (at its default bit rate) puts between a listener and the
+# same fp32 audio, measured in the same run (docs/synthesis.md, "int8").
+DEFAULT_SPEEDUP = 1.3
+DURATION_TOLERANCE = 0.01
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process (``getrusage``): what a busy neighbour on the
+    same cores moves least, unlike the wall clock."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def mp3_round_trip(pcm: np.ndarray[Any, Any], rate: int) -> np.ndarray[Any, Any]:
+    """``pcm`` encoded as voxgate serves MP3 (synth.audio) and decoded again."""
+    import io
+
+    import soundfile
+
+    from synth.audio import FORMATS, encode
+
+    data, _ = soundfile.read(io.BytesIO(encode(pcm, rate, FORMATS["mp3"])), dtype="float32")
+    return np.asarray(data, dtype=np.float32).reshape(-1)
+
+
+def precision_engines(coqui: bool) -> list[tuple[str, str, Engine, str]]:
+    """``(engine, precision, engine object, voice)``, loaded and warmed, fp32 before int8."""
+    out: list[tuple[str, str, Engine, str]] = []
+    for precision in ("fp32", "int8"):
+        started = time.perf_counter()
+        piper = PiperEngine(
+            [PiperVoiceFiles.bundled_joe()],
+            intra_op_threads=1,
+            precision=precision,
+            derived_dir=cache_dir() / "piper-int8",
+        )
+        piper.load()
+        piper.warm_up()
+        print(f"  piper {precision}: ready in {time.perf_counter() - started:.1f}s", flush=True)
+        out.append(("piper", precision, piper, "joe"))
+    if coqui:
+        model, config = ljspeech_vits()
+        for precision in ("fp32", "int8"):
+            started = time.perf_counter()
+            engine = CoquiEngine(
+                model,
+                config,
+                mode="onnx",
+                intra_op_threads=1,
+                onnx_dir=cache_dir() / "onnx",
+                precision=precision,
+            )
+            engine.load()
+            engine.warm_up()
+            print(f"  coqui {precision}: ready in {time.perf_counter() - started:.1f}s", flush=True)
+            out.append(("coqui-vits", precision, engine, "default"))
+    return out
+
+
+def bench_precision(rounds: int, coqui: bool) -> dict[str, Any]:
+    """fp32 against int8 per engine, noise off: CPU and wall time per synthesized second in
+    interleaved rounds (each round runs every configuration once, in turn), then the int8 audio's
+    distance from fp32 (MCD, duration) with two yardsticks beside it: the voice's own noise
+    (default noise scales against noise off) and voxgate's MP3 rendition of the fp32 audio."""
+    from bench.harness import mel_cepstral_distortion
+
+    engines = precision_engines(coqui)
+    items = {
+        name: [SynthesisItem(t, voice, params=NOISE_OFF[name]) for t in TEXTS]
+        for name, _, _, voice in engines
+    }
+    times: dict[tuple[str, str], list[dict[str, float]]] = {}
+    for r in range(rounds):
+        for name, precision, engine, _ in engines:
+            wall, cpu = time.perf_counter(), cpu_seconds()
+            audio = sum(a.duration_s for a in engine.synthesize_batch(items[name]))
+            wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
+            times.setdefault((name, precision), []).append(
+                {"wall_s": wall, "cpu_s": cpu, "audio_s": audio}
+            )
+            print(
+                f"  round {r + 1}: {name} {precision}: cpu {cpu:.2f}s wall {wall:.2f}s "
+                f"audio {audio:.2f}s",
+                flush=True,
+            )
+    rows: list[dict[str, Any]] = []
+    quality: list[dict[str, Any]] = []
+    decisions: dict[str, dict[str, Any]] = {}
+    for name in items:
+        fp32 = next(e for n, p, e, _ in engines if n == name and p == "fp32")
+        int8 = next(e for n, p, e, _ in engines if n == name and p == "int8")
+        for precision in ("fp32", "int8"):
+            runs = times[(name, precision)]
+            cpu_rtf = [t["cpu_s"] / t["audio_s"] for t in runs]
+            wall_rtf = [t["wall_s"] / t["audio_s"] for t in runs]
+            rows.append(
+                {
+                    "engine": name,
+                    "precision": precision,
+                    "cpu_s_per_audio_s_rounds": [round(x, 4) for x in cpu_rtf],
+                    "cpu_s_per_audio_s": round(statistics.median(cpu_rtf), 4),
+                    "wall_s_per_audio_s": round(statistics.median(wall_rtf), 4),
+                    # one intra-op thread: CPU seconds are core seconds
+                    "audio_s_per_core_s": round(1.0 / statistics.median(cpu_rtf), 3),
+                    "syntheses_per_core_s": round(
+                        statistics.median(len(TEXTS) / t["cpu_s"] for t in runs), 3
+                    ),
+                }
+            )
+        speedups = [
+            a["cpu_s"] / a["audio_s"] / (b["cpu_s"] / b["audio_s"])
+            for a, b in zip(times[(name, "fp32")], times[(name, "int8")], strict=True)
+        ]
+        wall_speedups = [
+            a["wall_s"] / a["audio_s"] / (b["wall_s"] / b["audio_s"])
+            for a, b in zip(times[(name, "fp32")], times[(name, "int8")], strict=True)
+        ]
+        ref = fp32.synthesize_batch(items[name])
+        out = int8.synthesize_batch(items[name])
+        noisy = fp32.synthesize_batch([SynthesisItem(t, items[name][0].voice) for t in TEXTS])
+        rate = fp32.sample_rate
+        for text, a, b, c in zip(TEXTS, ref, out, noisy, strict=True):
+            quality.append(
+                {
+                    "engine": name,
+                    "text": text,
+                    "int8_mcd_db": round(mel_cepstral_distortion(a.pcm, b.pcm, rate), 3),
+                    "int8_duration_ratio": round(b.duration_s / a.duration_s, 4),
+                    "voice_noise_mcd_db": round(mel_cepstral_distortion(a.pcm, c.pcm, rate), 3),
+                    "mp3_mcd_db": round(
+                        mel_cepstral_distortion(a.pcm, mp3_round_trip(a.pcm, rate), rate), 3
+                    ),
+                }
+            )
+        mine = [q for q in quality if q["engine"] == name]
+        mcd = statistics.mean(q["int8_mcd_db"] for q in mine)
+        bound = statistics.mean(q["mp3_mcd_db"] for q in mine)
+        duration = sum(o.duration_s for o in out) / sum(a.duration_s for a in ref)
+        speedup = statistics.median(speedups)
+        # The Coqui model here has random weights: its "speech" is noise, which MP3 renders
+        # badly and int8 barely changes, so its distances say nothing about a trained voice's.
+        judged = name == "piper"
+        decisions[name] = {
+            "weights": "trained (joe)" if judged else "random (LJSpeech-size architecture)",
+            "int8_cpu_speedup_median": round(speedup, 3),
+            "int8_cpu_speedup_rounds": [round(x, 3) for x in speedups],
+            "int8_wall_speedup_median": round(statistics.median(wall_speedups), 3),
+            "int8_mcd_db_mean": round(mcd, 3),
+            "mcd_bound_db (mp3 of fp32, mean)": round(bound, 3),
+            "voice_noise_mcd_db_mean": round(
+                statistics.mean(q["voice_noise_mcd_db"] for q in mine), 3
+            ),
+            "int8_duration_ratio": round(duration, 4),
+            "int8_as_default": (
+                bool(
+                    speedup >= DEFAULT_SPEEDUP
+                    and mcd <= bound
+                    and abs(duration - 1.0) <= DURATION_TOLERANCE
+                )
+                if judged
+                else None
+            ),
+            "why": (
+                "speedup >= 1.3, MCD <= the MP3 bound and duration within 1% all needed"
+                if judged
+                else "random weights: the speed holds, the audio distances mean nothing"
+            ),
+            "int8_describe": dict(int8.describe()),
+        }
+    return {"rows": rows, "quality": quality, "decision": decisions}
+
+
+def plot_precision(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    rows = report["rows"]
+    labels = [f"{r['engine']}\n{r['precision']}" for r in rows]
+    colors = ["tab:blue" if r["precision"] == "fp32" else "tab:orange" for r in rows]
+    ax1.bar(range(len(rows)), [r["cpu_s_per_audio_s"] for r in rows], color=colors)
+    ax1.set_xticks(range(len(rows)), labels)
+    ax1.set_ylabel("CPU s per synthesized s (1 thread, median of rounds; lower is faster)")
+    ax1.set_title("fp32 vs int8, noise off, interleaved rounds")
+    q = report["quality"]
+    width = 0.27
+    xs = np.arange(len(q))
+    for j, (key, label) in enumerate(
+        (
+            ("int8_mcd_db", "int8 vs fp32"),
+            ("mp3_mcd_db", "MP3 of fp32 (the bound)"),
+            ("voice_noise_mcd_db", "voice noise on vs off"),
+        )
+    ):
+        ax2.bar(xs + (j - 1) * width, [r[key] for r in q], width, label=label)
+    ax2.set_xticks(xs, [f"{r['engine'][:5]}\n{TEXTS.index(r['text']) + 1}" for r in q])
+    ax2.set_xlabel("engine, text number (coqui: random weights, its distances mean nothing)")
+    ax2.set_ylabel("mel-cepstral distortion from fp32, dB")
+    ax2.set_title("Distance from fp32 audio (noise off)")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main_int8(rounds: int, coqui: bool) -> None:
+    provenance()
+    started = time.perf_counter()
+    report = bench_precision(rounds, coqui)
+    for r in report["rows"]:
+        print(
+            f"{r['engine']:<11} {r['precision']:<5} cpu s/audio s {r['cpu_s_per_audio_s']:.4f} "
+            f"audio s per core s {r['audio_s_per_core_s']:.2f}"
+        )
+    for name, d in report["decision"].items():
+        print(name, {k: v for k, v in d.items() if k != "int8_describe"})
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    result = {
+        "machine": {"cores": CORES, "platform": platform.platform(), "gpu": None},
+        "texts": TEXTS,
+        "rounds": rounds,
+        "threads_per_engine": 1,
+        **report,
+        "runtime_s": round(time.perf_counter() - started, 1),
+    }
+    write_results("engines_int8", result)
+    plot_precision(report, RESULTS / "engines_int8.png")
+    print(f"\nwrote {RESULTS / 'engines_int8.json'} and engines_int8.png")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--no-coqui-pool", action="store_true", help="skip the Coqui pool runs")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    parser.add_argument(
+        "--int8",
+        action="store_true",
+        help="only fp32 against int8 (speed, MCD, duration): docs/bench/engines_int8.json",
+    )
+    parser.add_argument("--no-coqui", action="store_true", help="with --int8: Piper only")
     args = parser.parse_args()
+    if args.int8:
+        main_int8(args.rounds, coqui=not args.no_coqui)
+        return
     provenance()  # the commit and date as the run starts
     started = time.perf_counter()
     print("building / loading the LJSpeech-size random VITS ...", flush=True)

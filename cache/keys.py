@@ -89,3 +89,10 @@ def is_key(value: str) -> bool:
     ``fullmatch``: ``$`` in a ``match`` also accepts a trailing newline, which a percent-encoded
     ``%0A`` in a URL puts there."""
     return _KEY_RE.fullmatch(value) is not None
+
+
+def revision_fingerprint(fingerprint: str, revision: str) -> str:
+    """The fingerprint a model's content addresses carry once a rollout switched it to
+    ``revision`` (``voxgate rollout``): a new address for every text, beside the old ones."""
+    material = f"{fingerprint}\0revision\0{revision}".encode()
+    return hashlib.blake2b(material, digest_size=32).hexdigest()

@@ -229,6 +229,14 @@ class PinRegistry(Protocol):
         """Drop the records (and labels) of pins ``match`` purges; how many."""
         ...
 
+    async def revisions(self) -> dict[tuple[str, str], str]:
+        """The address revision of each (model, engine fingerprint) a rollout switched."""
+        ...
+
+    async def set_revision(self, model: str, fingerprint: str, revision: str) -> None:
+        """Switch ``model`` served by an engine of ``fingerprint`` to ``revision``."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -247,7 +255,22 @@ CREATE TABLE IF NOT EXISTS pins (
 CREATE TABLE IF NOT EXISTS owners (owner TEXT PRIMARY KEY, bytes INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS labels (key TEXT PRIMARY KEY, at REAL NOT NULL, label BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS labels_by_time ON labels (at);
+CREATE TABLE IF NOT EXISTS revisions (
+    model TEXT NOT NULL, fingerprint TEXT NOT NULL, revision TEXT NOT NULL, at REAL NOT NULL,
+    PRIMARY KEY (model, fingerprint)
+) WITHOUT ROWID;
 """
+# The longest model name, fingerprint and revision a revision record holds.
+_REVISION_FIELD_MAX = 128
+
+
+def check_revision(model: str, fingerprint: str, revision: str) -> None:
+    """ValueError for a revision record that cannot be one (empty, too long, a newline)."""
+    for value in (model, fingerprint, revision):
+        if not value or len(value) > _REVISION_FIELD_MAX or "\n" in value:
+            raise ValueError("a revision names a model, a fingerprint and a revision")
+
+
 _CRC = struct.Struct(">I")
 
 
@@ -425,6 +448,31 @@ class HostPinRegistry:
     async def forget(self, match: PurgeFilter) -> int:
         return await self._run(self._forget_sync, match)
 
+    def _revisions_sync(self) -> dict[tuple[str, str], str]:
+        out: dict[tuple[str, str], str] = {}
+        for model, fingerprint, revision in (
+            self._conn().execute("SELECT model, fingerprint, revision FROM revisions").fetchall()
+        ):
+            if all(isinstance(v, str) for v in (model, fingerprint, revision)):
+                out[(model, fingerprint)] = revision
+        return out
+
+    async def revisions(self) -> dict[tuple[str, str], str]:
+        return await self._run(self._revisions_sync)
+
+    def _set_revision_sync(self, model: str, fingerprint: str, revision: str) -> None:
+        self._write(
+            lambda db: db.execute(
+                "INSERT OR REPLACE INTO revisions (model, fingerprint, revision, at) "
+                "VALUES (?, ?, ?, ?)",
+                (model, fingerprint, revision, time.time()),
+            )
+        )
+
+    async def set_revision(self, model: str, fingerprint: str, revision: str) -> None:
+        check_revision(model, fingerprint, revision)
+        await self._run(self._set_revision_sync, model, fingerprint, revision)
+
     def _close_sync(self) -> None:
         if self._db is not None:
             self._db.close()
@@ -511,6 +559,7 @@ class RedisPinRegistry:
         self.records, self.sums = f"{base}rec", f"{base}sum"
         self.labels, self.order = f"{base}label", f"{base}order"
         self._keys = [self.records, self.sums, self.labels, self.order]
+        self.revision_hash = f"{base}rev"
         self._reserve = tier.client.register_script(_RESERVE)
         self._forget = tier.client.register_script(_FORGET)
 
@@ -636,6 +685,27 @@ class RedisPinRegistry:
                 await self._call("pins", lambda b=batch: self._forget(keys=self._keys, args=b))  # type: ignore[misc]
             )
         return dropped
+
+    async def revisions(self) -> dict[tuple[str, str], str]:
+        async def read() -> dict[Any, Any]:
+            return dict(await self.tier.client.hgetall(self.revision_hash))
+
+        out: dict[tuple[str, str], str] = {}
+        for raw, value in (await self._call("pins", read)).items():
+            field = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+            try:
+                revision = self._open(self.revision_hash, field, value).decode()
+            except (ValueError, UnicodeDecodeError):
+                continue  # planted or altered: never applied
+            model, _, fingerprint = field.partition("\n")
+            out[(model, fingerprint)] = revision
+        return out
+
+    async def set_revision(self, model: str, fingerprint: str, revision: str) -> None:
+        check_revision(model, fingerprint, revision)
+        field = f"{model}\n{fingerprint}"
+        value = self._seal(self.revision_hash, field, revision.encode())
+        await self._call("pins", lambda: self.tier.client.hset(self.revision_hash, field, value))
 
     async def close(self) -> None:
         """Nothing of its own: the client is the Redis tier's (closed with the store)."""

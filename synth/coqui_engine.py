@@ -18,6 +18,10 @@ Execution modes (``mode``):
   model has such layers; VITS has none, so for VITS it is logged as a no-op and runs as ``torch``.
 - ``fp16`` / ``bf16``: eager under ``torch.autocast`` on the engine's device (fp16 needs CUDA).
 
+``precision="int8"`` (with ``mode="onnx"`` only) runs the export's int8 QDQ graph
+(:mod:`synth.onnx_quant`), derived once from the export and cached beside it; it has its own
+fingerprint. Other modes ignore ``precision``.
+
 Voices: a single-speaker model serves one voice, ``default``; a multi-speaker model serves its
 speakers; a multilingual one serves ``speaker@language`` pairs.
 """
@@ -31,16 +35,30 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from synth.engine import Audio, ParamValue, SynthesisItem, VoiceInfo, fingerprint_files
+from synth.engine import (
+    Audio,
+    EngineCapabilities,
+    ParamValue,
+    SynthesisItem,
+    VoiceInfo,
+    fingerprint_files,
+)
 from synth.errors import EngineError, UnspeakableInput
 from synth.onnx_layout import rewrite_file
 from synth.onnx_memory import ShrinkingSession
+from synth.onnx_quant import (
+    CALIBRATION_TEXTS,
+    PRECISIONS,
+    derived_int8,
+    file_lock,
+    int8_fingerprint,
+)
 
 log = logging.getLogger("voxgate.synth.coqui")
 
@@ -101,6 +119,7 @@ class CoquiEngine:
         device: str = "cpu",
         intra_op_threads: int = 1,
         onnx_dir: str | Path | None = None,
+        precision: str = "fp32",
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"coqui mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -113,7 +132,11 @@ class CoquiEngine:
         self.model_path, self.config_path = resolve_model_files(
             str(model_path), str(config_path) if config_path else None
         )
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         self.mode = mode
+        # Only ONNX Runtime graphs have an int8 precision (torch's own int8 is mode "int8").
+        self.precision = precision if mode == "onnx" else "fp32"
         self.device = device
         self.intra_op_threads = intra_op_threads
         self.onnx_dir = Path(onnx_dir) if onnx_dir else self.model_path.parent / "onnx"
@@ -121,7 +144,12 @@ class CoquiEngine:
             self._config: dict[str, Any] = json.load(f)
         audio_cfg = self._config.get("audio", {})
         self.sample_rate = int(audio_cfg.get("output_sample_rate") or audio_cfg["sample_rate"])
-        self.fingerprint = fingerprint_files([self.model_path, self.config_path])
+        self.source_fingerprint = fingerprint_files([self.model_path, self.config_path])
+        self.fingerprint = (
+            int8_fingerprint(f"{self.source_fingerprint}.conv2d")
+            if self.precision == "int8"
+            else self.source_fingerprint
+        )
         self.model_type = str(self._config.get("model", "")).lower()
         self._voices = self._voices_from_config()
         self._synth: Any = None
@@ -195,11 +223,17 @@ class CoquiEngine:
         exact = self.model_type == "vits" and self.mode != "onnx"
         return 64 if exact else 1
 
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        """Plain text; exact batches of up to :attr:`max_exact_batch` (VITS in torch)."""
+        return EngineCapabilities(max_exact_batch=self.max_exact_batch)
+
     def describe(self) -> Mapping[str, object]:
         out: dict[str, object] = {
             "engine": "coqui",
             "model_type": self.model_type,
             "mode": self.mode,
+            "precision": self.precision,
             "runtime": "onnxruntime" if self.mode == "onnx" else "torch",
             "device": self.device,
             "intra_op_threads": self.intra_op_threads,
@@ -271,10 +305,10 @@ class CoquiEngine:
         import onnxruntime
 
         # ".conv2d": the export after synth.onnx_layout's rewrite (files from before it differ).
-        path = self.onnx_dir / f"{self.fingerprint}.conv2d.onnx"
+        path = self.onnx_dir / f"{self.source_fingerprint}.conv2d.onnx"
         if not path.is_file():
             self.onnx_dir.mkdir(parents=True, exist_ok=True)
-            with _file_lock(self.onnx_dir / f"{self.fingerprint}.lock"):
+            with file_lock(self.onnx_dir / f"{self.source_fingerprint}.lock"):
                 if not path.is_file():  # another worker may have exported while we waited
                     tmp = path.with_suffix(f".{os.getpid()}.tmp")
                     log.info("exporting coqui model to ONNX (once per fingerprint): %s", path)
@@ -282,6 +316,14 @@ class CoquiEngine:
                     changed = rewrite_file(str(tmp), str(tmp))
                     log.info("coqui onnx: %d 1-D convolutions recast as 2-D", changed)
                     tmp.replace(path)
+        if self.precision == "int8":
+            export = path
+            path = derived_int8(
+                export,
+                f"{self.source_fingerprint}.conv2d",
+                self.onnx_dir,
+                lambda: self._calibration_feeds(export),
+            )
         opts = onnxruntime.SessionOptions()
         # Coqui's load_onnx() leaves ONNX Runtime's threads at "all cores"; workers x threads must
         # fit the cores, so the session is built here with the same providers and our thread count.
@@ -292,6 +334,20 @@ class CoquiEngine:
             index = int(self.device.partition(":")[2] or 0)
             providers = [("CUDAExecutionProvider", {"device_id": index})]
         return onnxruntime.InferenceSession(str(path), sess_options=opts, providers=providers)
+
+    def _calibration_feeds(self, export: Path) -> list[dict[str, np.ndarray[Any, Any]]]:
+        """The export's inputs for :data:`CALIBRATION_TEXTS`, noise off, first voice."""
+        import onnx
+
+        names = {i.name for i in onnx.load(str(export), load_external_data=False).graph.input}
+        voice = next(iter(self._voices))
+        out = []
+        for text in CALIBRATION_TEXTS:
+            item = SynthesisItem(text, voice, params={"noise_scale": 0.0})
+            feeds = self._onnx_feeds(item, names)
+            feeds["scales"][2] = 0.0  # noise_scale_dp
+            out.append(feeds)
+        return out
 
     def warm_up(self) -> None:
         voice = next(iter(self._voices))
@@ -396,6 +452,11 @@ class CoquiEngine:
         ]
 
     def _synthesize_onnx(self, item: SynthesisItem) -> Audio:
+        names = {i.name for i in self._onnx.get_inputs()}
+        wav = self._onnx.run(["output"], self._onnx_feeds(item, names))[0]
+        return Audio(np.ascontiguousarray(wav.reshape(-1), dtype=np.float32), self.sample_rate)
+
+    def _onnx_feeds(self, item: SynthesisItem, names: set[str]) -> dict[str, np.ndarray[Any, Any]]:
         ids, sid, lid = self._ids(item)
         noise, length, noise_dp = self._scales(item)
         feeds: dict[str, Any] = {
@@ -403,13 +464,11 @@ class CoquiEngine:
             "input_lengths": np.asarray([len(ids)], dtype=np.int64),
             "scales": np.asarray([noise, length, noise_dp], dtype=np.float32),
         }
-        names = {i.name for i in self._onnx.get_inputs()}
         if "sid" in names:
             feeds["sid"] = np.asarray([sid or 0], dtype=np.int64)
         if "langid" in names:
             feeds["langid"] = np.asarray([lid or 0], dtype=np.int64)
-        wav = self._onnx.run(["output"], feeds)[0]
-        return Audio(np.ascontiguousarray(wav.reshape(-1), dtype=np.float32), self.sample_rate)
+        return feeds
 
     def _synthesize_generic(self, item: SynthesisItem) -> Audio:
         import torch
@@ -425,16 +484,3 @@ class CoquiEngine:
                 "the model produced no audio for this input: it has nothing to speak"
             )
         return Audio(pcm, self.sample_rate)
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock on ``path`` (workers export the ONNX file once between them)."""
-    import fcntl
-
-    with path.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)

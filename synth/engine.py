@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -21,8 +21,14 @@ class SynthesisItem:
     voice: str
     speed: float = 1.0
     params: Mapping[str, ParamValue] = field(default_factory=dict)
-    # ``text`` is IPA phonemes (SSML ``<phoneme>``), for engines whose ``takes_phonemes`` is true.
+    # ``text`` is IPA phonemes (SSML ``<phoneme>``), for engines whose capabilities take them.
     phonemes: bool = False
+    # Where a runner that receives the audio in pieces (an upstream whose ``passes_pcm``) hands
+    # each piece of raw 16-bit pcm as it arrives, before the whole: a stream passes them on. Not
+    # part of the item's identity; never sent to another process.
+    sink: Callable[[bytes], None] | None = field(
+        default=None, compare=False, repr=False, hash=False
+    )
 
     def batch_group(self) -> tuple[object, ...]:
         """Items with the same group can share one engine batch."""
@@ -51,6 +57,32 @@ class VoiceInfo:
     description: str = ""
 
 
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """What an engine can do beyond saying plain text, read by whoever must know before a
+    request reaches it (parsing, the assembler, the scheduler's batching, the tallies).
+
+    ``takes_phonemes``: it says IPA (SSML ``<phoneme>``); ``takes_instructions``: it follows
+    OpenAI's ``instructions`` (they enter the content address); ``remote``: a provider that says
+    what it is asked (a voice it does not list is never swapped for another); ``any_voice``: any
+    voice id goes to it as asked; ``splits_sentences``: its texts are said sentence by sentence
+    (False: whole, one call per text); ``max_exact_batch``: the largest batch it splits back
+    exactly; ``price_per_million_chars``: what a provider bills (None: not billed per character).
+    """
+
+    takes_phonemes: bool = False
+    takes_instructions: bool = False
+    remote: bool = False
+    any_voice: bool = False
+    splits_sentences: bool = True
+    max_exact_batch: int = 1
+    price_per_million_chars: float | None = None
+
+
+# A local engine that says plain text only, one item at a time.
+PLAIN = EngineCapabilities()
+
+
 @runtime_checkable
 class Engine(Protocol):
     """A speech synthesizer. All methods are synchronous: callers run them off the event loop.
@@ -62,6 +94,11 @@ class Engine(Protocol):
     name: str
     fingerprint: str
     sample_rate: int
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        """What it can do (may change when an upstream's file is reloaded: read it per use)."""
+        ...
 
     def voices(self) -> Sequence[VoiceInfo]: ...
 

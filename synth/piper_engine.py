@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,9 +13,17 @@ from typing import Any
 
 import numpy as np
 
-from synth.engine import Audio, ParamValue, SynthesisItem, VoiceInfo, fingerprint_files
+from synth.engine import (
+    Audio,
+    EngineCapabilities,
+    ParamValue,
+    SynthesisItem,
+    VoiceInfo,
+    fingerprint_files,
+)
 from synth.errors import EngineError, UnspeakableInput
 from synth.onnx_memory import TRIM_AFTER_AUDIO_S, ShrinkingSession, release_freed_memory
+from synth.onnx_quant import CALIBRATION_TEXTS, PRECISIONS, derived_int8, int8_fingerprint
 
 # Longest phoneme sequence one ONNX run is given at speed 1 (about 16 s of audio: the joe voice
 # speaks about 22 phonemes a second). Peak memory grows with the audio of one run, about 20 MB a
@@ -24,6 +33,12 @@ MAX_RUN_PHONEMES = 350
 MIN_RUN_PHONEMES = 40
 
 log = logging.getLogger("voxgate.synth.piper")
+
+
+def default_derived_dir() -> Path:
+    """Where derived (int8) graphs go when no directory is given: the user's cache."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "voxgate" / "piper-int8"
 
 
 @dataclass(frozen=True)
@@ -62,7 +77,7 @@ class PiperEngine:
 
     name = "piper"
     # Piper's ONNX graph takes phoneme ids: IPA (SSML <phoneme>) skips espeak-ng's phonemizer.
-    takes_phonemes = True
+    capabilities = EngineCapabilities(takes_phonemes=True)
 
     def __init__(
         self,
@@ -70,9 +85,15 @@ class PiperEngine:
         *,
         intra_op_threads: int = 1,
         use_cuda: bool = False,
+        precision: str = "fp32",
+        derived_dir: str | Path | None = None,
     ) -> None:
         if not voices:
             raise ValueError("the piper engine needs at least one voice")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        self.precision = precision
+        self.derived_dir = Path(derived_dir) if derived_dir else default_derived_dir()
         self._files = {v.name: v for v in voices}
         self.intra_op_threads = intra_op_threads
         self.use_cuda = use_cuda
@@ -89,7 +110,14 @@ class PiperEngine:
             raise ValueError(f"piper voices in one engine must share a sample rate, got {rates}")
         self.sample_rate = rates.pop()
         files = [p for v in voices for p in (v.model_path, v.config_path)]
-        self.fingerprint = fingerprint_files(files)
+        # int8 audio is not fp32 audio: the int8 graph has its own fingerprint, hence its own
+        # content addresses (the fp32 one is unchanged from before precisions existed).
+        self.source_fingerprint = fingerprint_files(files)
+        self.fingerprint = (
+            int8_fingerprint(self.source_fingerprint)
+            if precision == "int8"
+            else self.source_fingerprint
+        )
 
     def voices(self) -> Sequence[VoiceInfo]:
         out = []
@@ -119,13 +147,39 @@ class PiperEngine:
             opts.intra_op_num_threads = self.intra_op_threads
             opts.inter_op_num_threads = 1
             providers = ["CUDAExecutionProvider"] if self.use_cuda else ["CPUExecutionProvider"]
+            config = PiperConfig.from_dict(self._configs[name])
+            model_path = files.model_path
+            if self.precision == "int8":
+                model_path = self._int8_model(files, PiperVoice(session=None, config=config))
             session = onnxruntime.InferenceSession(
-                str(files.model_path), sess_options=opts, providers=providers
+                str(model_path), sess_options=opts, providers=providers
             )
-            self._voices[name] = PiperVoice(
-                session=ShrinkingSession(session), config=PiperConfig.from_dict(self._configs[name])
-            )
+            self._voices[name] = PiperVoice(session=ShrinkingSession(session), config=config)
         log.info("piper voices loaded: %s", ", ".join(self._files))
+
+    def _int8_model(self, files: PiperVoiceFiles, phonemizer: Any) -> Path:
+        """The voice's int8 graph, derived once into ``derived_dir`` (keyed by its files)."""
+        inference = self._configs[files.name].get("inference", {})
+        scales = np.asarray([0.0, float(inference.get("length_scale", 1.0)), 0.0], dtype=np.float32)
+        speakers = int(self._configs[files.name].get("num_speakers", 1))
+
+        def feeds() -> list[dict[str, np.ndarray[Any, Any]]]:
+            out = []
+            for text in CALIBRATION_TEXTS:
+                for sentence in phonemizer.phonemize(text):
+                    ids = phonemizer.phonemes_to_ids(sentence)
+                    feed: dict[str, np.ndarray[Any, Any]] = {
+                        "input": np.asarray([ids], dtype=np.int64),
+                        "input_lengths": np.asarray([len(ids)], dtype=np.int64),
+                        "scales": scales,
+                    }
+                    if speakers > 1:
+                        feed["sid"] = np.asarray([0], dtype=np.int64)
+                    out.append(feed)
+            return out
+
+        source = fingerprint_files([files.model_path, files.config_path])
+        return derived_int8(files.model_path, source, self.derived_dir, feeds)
 
     def warm_up(self) -> None:
         for name in self._files:
@@ -197,6 +251,7 @@ class PiperEngine:
             "runtime": "onnxruntime",
             "device": "cuda" if self.use_cuda else "cpu",
             "intra_op_threads": self.intra_op_threads,
+            "precision": self.precision,
             "batching": "none (graph gives no per-item lengths)",
             "sample_rate": self.sample_rate,
             "fingerprint": self.fingerprint,

@@ -500,7 +500,9 @@ class WorkerPool:
 
     # The scheduler leaves the busy-workers gauge and the batch timings to the pool: a batch
     # waiting in a worker's pipe is in flight but not running.
+    counts_syntheses = True
     times_batches = True
+    cancel_when_abandoned = False
 
     def _offer(self, worker: _Worker, slots: int = 1) -> None:
         """Make ``slots`` of ``worker``'s pipeline free for batches."""

@@ -31,6 +31,11 @@ class ThreadRunner:
     ``synth_workers >= 1``, kills and replaces a stuck worker instead).
     """
 
+    # Counted and timed by the scheduler; a batch on an engine thread finishes once started.
+    counts_syntheses = True
+    times_batches = False
+    cancel_when_abandoned = False
+
     def __init__(
         self,
         engine: Engine,

@@ -4,11 +4,10 @@ Contract (after Ray Serve's ``@serve.batch``): one future per item; cancelled it
 before a batch runs; the runner must return exactly one output per input; on any error every future
 of the batch fails, none is left hanging; queue wait and batch size are histogrammed.
 
-Each client gets a bounded share of the queue: the caller names it in the :data:`CLIENT` context
-variable (the gateway sets it per request: an API key's name, else the client's address), and a
-client with ``max_per_client`` items waiting gets :class:`ClientQueueFull` (HTTP 429) for the next
-one, while other clients' misses still find room. Tasks inherit the variable, so every sentence
-of a text counts against the client whose request started its synthesis. The counts live in a
+Each client gets a bounded share of the queue: the caller names it in :meth:`Scheduler.submit`
+(the gateway names the client its request is for: an API key's name, else the client's
+address), and a client with ``max_per_client`` items waiting gets :class:`ClientQueueFull`
+(HTTP 429) for the next one, while other clients' misses still find room. The counts live in a
 :class:`ClientShares`: this process's by default; the gateway gives one that every gateway
 process of the host shares, so a client's share is the host's, not one per process.
 """
@@ -17,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import logging
 import sys
 import time
@@ -38,9 +36,6 @@ from synth.errors import (
 )
 
 log = logging.getLogger("voxgate.synth")
-
-# Who a synthesis is for; "" (not set: the CLI, catalogue warm-up) is bound by the queue only.
-CLIENT: contextvars.ContextVar[str] = contextvars.ContextVar("voxgate_client", default="")
 
 
 class ClientShares(Protocol):
@@ -84,7 +79,19 @@ class LocalShares:
 
 
 class BatchRunner(Protocol):
-    """Runs one batch somewhere other than the event loop (a thread, a worker process)."""
+    """Runs one batch somewhere other than the event loop (a thread, a worker process).
+
+    What the scheduler must know of it: ``counts_syntheses`` (False: it runs in another process
+    that counts its own syntheses, :mod:`synth.shared_pool`; counted here too, the host's figures
+    would double), ``times_batches`` (True: it pipelines batches and times each from when it
+    runs, :mod:`synth.pool`) and ``cancel_when_abandoned`` (True: a call nobody waits for any
+    more may be cancelled, and the runner drops the work; others must finish a batch: a
+    worker's pipe or an engine thread cannot be left half-way).
+    """
+
+    counts_syntheses: bool
+    times_batches: bool
+    cancel_when_abandoned: bool
 
     async def run_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]: ...
 
@@ -180,8 +187,10 @@ class Scheduler:
     def _set_depth(self) -> None:
         self.metrics.queue_depth.labels(self.model).set(len(self._queue))
 
-    async def submit(self, item: SynthesisItem) -> Audio:
-        """Queue ``item`` and wait for its audio. Raises ``Overloaded`` when the queue is full."""
+    async def submit(self, item: SynthesisItem, client: str = "") -> Audio:
+        """Queue ``item`` for ``client`` and wait for its audio. Raises ``Overloaded`` when the
+        queue is full, :class:`ClientQueueFull` when ``client`` has its share waiting ("": no
+        client, the CLI or a catalogue warm-up, bound by the queue only)."""
         if self._closed:
             raise Overloaded("server is shutting down", self.retry_after_s)
         if len(self._queue) >= self.max_queue:
@@ -190,7 +199,6 @@ class Scheduler:
                 f"synthesis queue for model {self.model!r} is full ({self.max_queue} waiting)",
                 self.retry_after_s,
             )
-        client = CLIENT.get()
         limit = self.max_per_client if self.max_per_client is not None else sys.maxsize
         if client and not self.shares.take(client, limit):
             self.metrics.client_rejected.labels(self.model).inc()
@@ -262,31 +270,17 @@ class Scheduler:
         if not batch:
             return
         batch.sort(key=lambda p: len(p.item.text))
-        now = time.perf_counter()
+        self._observe_wait(batch)
+        runner = self.runner
+        counts = runner.counts_syntheses
+        timed = counts and not runner.times_batches
         m = self.metrics
-        for p in batch:
-            m.queue_wait_seconds.labels(self.model).observe(now - p.enqueued)
-        m.batch_size.labels(self.model).observe(len(batch))
-        # A runner in another process that counts its own syntheses (synth.shared_pool) is not
-        # counted here too: the host's figures would double.
-        counts = bool(getattr(self.runner, "counts_syntheses", True))
-        # A runner that pipelines batches (synth.pool) times them itself, from when each runs.
-        timed = counts and not getattr(self.runner, "times_batches", False)
         if timed:
             m.busy_workers.labels(self.model).inc()
         started = time.perf_counter()
-        split = False
-        call = asyncio.ensure_future(self.runner.run_batch([p.item for p in batch]))
-        if getattr(self.runner, "cancel_when_abandoned", False):
-            # Every waiter gone: stop the call, so a runner that can (the host's shared pool)
-            # drops the work nobody waits for. Other runners finish the batch (a worker's pipe
-            # or an engine thread cannot be left half-way).
-            def abandoned(_: object) -> None:
-                if not call.done() and all(p.future.cancelled() for p in batch):
-                    call.cancel()
-
-            for p in batch:
-                p.future.add_done_callback(abandoned)
+        call = asyncio.ensure_future(runner.run_batch([p.item for p in batch]))
+        if runner.cancel_when_abandoned:
+            _cancel_when_abandoned(call, batch)
         try:
             outputs = await call
             if len(outputs) != len(batch):
@@ -296,45 +290,56 @@ class Scheduler:
         except asyncio.CancelledError:
             me = asyncio.current_task()
             if call.cancelled() and (me is None or not me.cancelling()):
-                return  # abandoned by every waiter (above), not a shutdown of this loop
-            for p in batch:
-                if not p.future.done():
-                    p.future.set_exception(Overloaded("server is shutting down"))
+                return  # abandoned by every waiter, not a shutdown of this loop
+            _fail(batch, Overloaded("server is shutting down"))
             raise
         except UnspeakableInput as exc:
-            # One item with nothing to speak must not fail the others batched with it: run each
-            # alone, so only that one gets its 400.
-            split = len(batch) > 1
-            if not split:
-                if counts:
-                    m.syntheses.labels(self.model, "error").inc()
-                if not batch[0].future.done():
-                    batch[0].future.set_exception(exc)
+            if len(batch) == 1:
+                self._failed(batch, exc, counts)
                 return
+            # One item with nothing to speak must not fail the others batched with it: run
+            # each alone, so only that one gets its 400.
+            outputs = None
         except SynthesisError as exc:
-            if counts:
-                m.syntheses.labels(self.model, "error").inc(len(batch))
-            for p in batch:
-                if not p.future.done():
-                    p.future.set_exception(exc)
+            self._failed(batch, exc, counts)
             return
         except Exception as exc:  # an engine bug must fail its futures, never hang them
             log.exception("synthesis batch failed model=%s size=%d", self.model, len(batch))
-            if counts:
-                m.syntheses.labels(self.model, "error").inc(len(batch))
-            err = EngineError(f"synthesis failed: {type(exc).__name__}")
-            for p in batch:
-                if not p.future.done():
-                    p.future.set_exception(err)
+            self._failed(batch, EngineError(f"synthesis failed: {type(exc).__name__}"), counts)
             return
         finally:
             if timed:
                 m.busy_workers.labels(self.model).dec()
-        if split:
+        if outputs is None:
             for p in batch:
                 await self._run([p])
             return
-        elapsed = time.perf_counter() - started
+        self._succeeded(batch, outputs, time.perf_counter() - started, counts, timed)
+
+    def _observe_wait(self, batch: list[_Pending]) -> None:
+        now = time.perf_counter()
+        m = self.metrics
+        for p in batch:
+            m.queue_wait_seconds.labels(self.model).observe(now - p.enqueued)
+        m.batch_size.labels(self.model).observe(len(batch))
+
+    def _failed(self, batch: list[_Pending], exc: Exception, counts: bool) -> None:
+        """Every item of ``batch`` fails with ``exc`` (counted as errors when ``counts``)."""
+        if counts:
+            self.metrics.syntheses.labels(self.model, "error").inc(len(batch))
+        _fail(batch, exc)
+
+    def _succeeded(
+        self,
+        batch: list[_Pending],
+        outputs: list[Audio],
+        elapsed: float,
+        counts: bool,
+        timed: bool,
+    ) -> None:
+        """Every item of ``batch`` gets its audio; the batch counted and timed as its runner
+        leaves to this process."""
+        m = self.metrics
         if timed:
             m.synthesis_seconds.labels(self.model).observe(elapsed)
             m.synthesis_busy_seconds.labels(self.model).inc(elapsed)
@@ -345,3 +350,22 @@ class Scheduler:
                 m.audio_seconds.labels(self.model).inc(audio.duration_s)
             if not p.future.done():
                 p.future.set_result(audio)
+
+
+def _fail(batch: list[_Pending], exc: BaseException) -> None:
+    """Fail the futures of ``batch`` not yet done with ``exc``."""
+    for p in batch:
+        if not p.future.done():
+            p.future.set_exception(exc)
+
+
+def _cancel_when_abandoned(call: asyncio.Future[list[Audio]], batch: list[_Pending]) -> None:
+    """Cancel ``call`` once every waiter of ``batch`` is gone, so a runner that can (the host's
+    shared pool, an upstream) drops the work nobody waits for."""
+
+    def abandoned(_: object) -> None:
+        if not call.done() and all(p.future.cancelled() for p in batch):
+            call.cancel()
+
+    for p in batch:
+        p.future.add_done_callback(abandoned)

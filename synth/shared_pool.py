@@ -315,6 +315,7 @@ class RemotePool:
     # The scheduler cancels a batch every waiter left: here that is cheap (a cancel frame), and
     # it is what lets the pool drop the item (unlike a worker's pipe, nothing is left half-read).
     cancel_when_abandoned = True
+    times_batches = False
     # The pool process counts syntheses; this process counting them too would double them.
     counts_syntheses = False
 

@@ -24,9 +24,11 @@ made from it, so every other format is a transcode, never a second call.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
+import os
 import random
 import re
 import time
@@ -53,20 +55,40 @@ from pydantic import (
 from redis.exceptions import RedisError
 
 from metrics import Metrics
-from synth.engine import Audio, ParamValue, SynthesisItem, VoiceInfo
+from synth.engine import Audio, EngineCapabilities, ParamValue, SynthesisItem, VoiceInfo
 from synth.errors import EngineError, UpstreamError
 
 log = logging.getLogger("voxgate.upstream")
 
-UpstreamKind = Literal["openai", "elevenlabs", "azure", "google", "deepgram", "wyoming"]
-KINDS: tuple[str, ...] = ("openai", "elevenlabs", "azure", "google", "deepgram", "wyoming")
+UpstreamKind = Literal[
+    "openai", "elevenlabs", "azure", "google", "polly", "cartesia", "deepgram", "wyoming"
+]
+KINDS: tuple[str, ...] = (
+    "openai",
+    "elevenlabs",
+    "azure",
+    "google",
+    "polly",
+    "cartesia",
+    "deepgram",
+    "wyoming",
+)
+# The kinds spoken to over HTTP(S) with a pcm answer at one of the provider's rates.
+HTTP_PCM_KINDS = ("elevenlabs", "azure", "google", "polly", "cartesia", "deepgram")
 # The pcm rates each provider offers (ElevenLabs' output_format pcm_<rate>, Azure's
-# raw-<rate>-16bit-mono-pcm, Deepgram's linear16 sample_rate); Google takes any.
+# raw-<rate>-16bit-mono-pcm, Polly's pcm SampleRate, Cartesia's raw pcm_s16le sample_rate,
+# Deepgram's linear16 sample_rate); Google takes any.
 PCM_RATES: dict[str, tuple[int, ...]] = {
     "elevenlabs": (8000, 16000, 22050, 24000, 44100, 48000),
     "azure": (8000, 16000, 22050, 24000, 44100, 48000),
+    "polly": (8000, 16000),
+    "cartesia": (8000, 16000, 22050, 24000, 44100, 48000),
     "deepgram": (8000, 16000, 24000, 32000, 48000),
 }
+# Amazon Polly's engines (SynthesizeSpeech's Engine; the entry's `model`).
+POLLY_ENGINES = ("standard", "neural", "long-form", "generative")
+# Kinds whose request carries the entry's `language` (so it is in their content address).
+LANGUAGE_KINDS = ("polly", "cartesia")
 
 # A voice name the provider is sent when the entry's voices include "*" (any voice): a
 # provider's voice ids are short identifiers; anything else is refused before it costs a call.
@@ -105,7 +127,28 @@ class UpstreamConfig(BaseModel):
         description='The provider voice ids served; "*" also lets any other id through.',
         min_length=1,
     )
-    language: str = Field("", description="The voices' language (en_US): for number reading.")
+    language: str = Field(
+        "",
+        pattern=r"^([A-Za-z]{2,3}([_-][A-Za-z0-9]{2,8})*)?$",
+        description="The voices' language (en_US): for number reading; polly and cartesia "
+        "also send it (LanguageCode, language).",
+    )
+    region: str = Field(
+        "",
+        pattern=r"^([a-z]{2}(-[a-z]+)+-\d)?$",
+        description="polly: the AWS region (us-east-1); empty: taken from base_url's host.",
+    )
+    key_id_env: str = Field(
+        "AWS_ACCESS_KEY_ID",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="polly: the variable holding the access key id (api_key_env holds the "
+        "secret access key).",
+    )
+    session_token_env: str = Field(
+        "",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$|^$",
+        description="polly: the variable holding a session token (temporary credentials).",
+    )
     max_concurrency: int = Field(8, ge=1, le=1024, description="Calls in flight to it.")
     requests_per_minute: int = Field(
         0, ge=0, description="Calls started per minute, across replicas with Redis; 0: no limit."
@@ -166,7 +209,7 @@ class UpstreamConfig(BaseModel):
                 raise ValueError(f"base_url of kind {self.kind} must be an http(s):// URL")
             if not self.model:
                 raise ValueError(f"kind {self.kind} needs the provider's model id (model)")
-        if self.kind in ("elevenlabs", "azure", "google", "deepgram"):
+        if self.kind in HTTP_PCM_KINDS:
             if scheme not in ("http", "https"):
                 raise ValueError(f"base_url of kind {self.kind} must be an http(s):// URL")
             rates = PCM_RATES.get(self.kind)
@@ -178,6 +221,23 @@ class UpstreamConfig(BaseModel):
                 )
         if self.kind != "elevenlabs" and self.voice_settings:
             raise ValueError("voice_settings are for kind elevenlabs")
+        if self.kind == "cartesia" and not self.model:
+            raise ValueError("kind cartesia needs the provider's model id (model: sonic-2)")
+        if self.kind == "polly":
+            if self.model not in ("", *POLLY_ENGINES):
+                raise ValueError(
+                    "the model of kind polly is its Engine: " + ", ".join(POLLY_ENGINES)
+                )
+            if not self.api_key_env:
+                raise ValueError(
+                    "kind polly needs api_key_env (the secret access key) and key_id_env"
+                )
+            if not self.aws_region:
+                raise ValueError(
+                    "kind polly needs region, or a base_url host polly.<region>.amazonaws.com"
+                )
+        elif self.region or self.session_token_env:
+            raise ValueError("region and session_token_env are for kind polly")
         if self.kind == "wyoming":
             if scheme != "tcp" or urlsplit(self.base_url).port is None:
                 raise ValueError("base_url of kind wyoming must be tcp://host:port")
@@ -199,6 +259,17 @@ class UpstreamConfig(BaseModel):
         return "*" in self.voices
 
     @property
+    def aws_region(self) -> str:
+        """polly: ``region``, else the region in a ``polly.<region>.amazonaws.com`` host."""
+        if self.region:
+            return self.region
+        found = re.fullmatch(
+            r"polly(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?",
+            urlsplit(self.base_url).hostname or "",
+        )
+        return found.group(1) if found else ""
+
+    @property
     def public_base_url(self) -> str:
         """``base_url`` without credentials (user:password@) or a fragment: what may be shown,
         and what the audio depends on."""
@@ -218,6 +289,8 @@ class UpstreamConfig(BaseModel):
             "revision": self.revision,
             "split": self.split,
             **({"voice_settings": self.voice_settings} if self.voice_settings else {}),
+            # The language these kinds send changes the audio (a bilingual voice's language).
+            **({"language": self.language} if self.kind in LANGUAGE_KINDS else {}),
         }
 
 
@@ -261,19 +334,12 @@ class UpstreamEngine:
     sample rate and the fingerprint every content address of it carries. It synthesizes
     nothing itself: its runner calls the provider."""
 
-    max_exact_batch = 1
-    takes_phonemes = False
-
     def __init__(self, config: UpstreamConfig) -> None:
         self.config = config
         self.name = f"upstream-{config.kind}"
         material = json.dumps(config.address_material(), sort_keys=True, separators=(",", ":"))
         self.fingerprint = hashlib.blake2b(material.encode(), digest_size=32).hexdigest()
         self.sample_rate = config.sample_rate
-        self.any_voice = config.any_voice
-        self.takes_instructions = config.instructions
-        self.splits_sentences = config.split == "sentence"
-        self.price_per_million_chars = config.price_per_million_chars
         self._voices = [
             VoiceInfo(v, config.language, f"{config.kind} voice of {config.model}")
             for v in config.voices
@@ -293,9 +359,28 @@ class UpstreamEngine:
             return "a change of the voices"
         if config.instructions != old.instructions or config.api_key_env != old.api_key_env:
             return "a change of instructions or api_key_env"
+        if (config.region, config.key_id_env, config.session_token_env) != (
+            old.region,
+            old.key_id_env,
+            old.session_token_env,
+        ):
+            return "a change of region, key_id_env or session_token_env"
         self.config = config
-        self.price_per_million_chars = config.price_per_million_chars
         return ""
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        """A provider's: it says what it is asked (the listed voices, or any with ``*``),
+        whole texts with ``split = "whole"``, instructions where configured, at its price
+        (the current config's: a reload may change it)."""
+        config = self.config
+        return EngineCapabilities(
+            takes_instructions=config.instructions,
+            remote=True,
+            any_voice=config.any_voice,
+            splits_sentences=config.split == "sentence",
+            price_per_million_chars=config.price_per_million_chars,
+        )
 
     def default_params(self, voice: str) -> Mapping[str, ParamValue]:
         return {}
@@ -354,7 +439,11 @@ class ProviderError(Exception):
 
 
 class Provider(Protocol):
-    """A client of one provider's API, made from an :class:`UpstreamConfig`."""
+    """A client of one provider's API, made from an :class:`UpstreamConfig`. One whose
+    ``passes_pcm`` is true hands each piece of its raw 16-bit pcm answer to ``item.sink`` (when
+    set) as it arrives."""
+
+    passes_pcm: bool
 
     async def synthesize(self, item: SynthesisItem, timeout_s: float) -> Audio:
         """The audio of ``item`` (one call, no retry); :class:`ProviderError` when there is none."""
@@ -562,6 +651,8 @@ class UpstreamRunner:
 
     # Every waiter gone: cancel the call (it frees a slot; the provider's work is lost either way).
     cancel_when_abandoned = True
+    counts_syntheses = True
+    times_batches = False
 
     def __init__(
         self,
@@ -593,6 +684,11 @@ class UpstreamRunner:
     def name(self) -> str:
         """The upstream's model name."""
         return self.config.name
+
+    @property
+    def passes_pcm(self) -> bool:
+        """Whether an item's ``sink`` receives the provider's raw pcm as it arrives."""
+        return bool(getattr(self.provider, "passes_pcm", False))
 
     def reconfigure(self, config: UpstreamConfig) -> str:
         """Take ``config``'s tunables for the calls that start from now on (concurrency,
@@ -643,7 +739,7 @@ class UpstreamRunner:
         deadline = loop.time() + self.config.timeout_s
         name = self.name
         if item.voice not in self._listed and not (
-            self.engine.any_voice and VOICE_ID.fullmatch(item.voice)
+            self.engine.config.any_voice and VOICE_ID.fullmatch(item.voice)
         ):
             raise self._fail("refused", f"upstream {name!r} does not serve voice {item.voice!r}")
         # This semaphore, not the attribute: a reload may replace it while the call runs.
@@ -687,9 +783,23 @@ class UpstreamRunner:
                 )
             left = deadline - loop.time()
             started = self._clock()
+            passed = [False]
+            call_item = item
+            if item.sink is not None:
+                sink = item.sink
+
+                def passing(
+                    data: bytes,
+                    sink: Callable[[bytes], None] = sink,
+                    passed: list[bool] = passed,
+                ) -> None:
+                    passed[0] = True
+                    sink(data)
+
+                call_item = dataclasses.replace(item, sink=passing)
             try:
                 async with asyncio.timeout_at(deadline):
-                    audio = await self.provider.synthesize(item, left)
+                    audio = await self.provider.synthesize(call_item, left)
             except TimeoutError:
                 self._count_call("timeout", started)
                 self._breaker_failed()
@@ -701,7 +811,8 @@ class UpstreamRunner:
             except ProviderError as exc:
                 if exc.sent:
                     self._count_call(exc.kind, started)
-                delay = self._retry_delay(exc, attempt)
+                # Pieces of this answer went to a stream already: a retry would say it twice.
+                delay = None if passed[0] else self._retry_delay(exc, attempt)
                 if delay is not None and loop.time() + delay < deadline:
                     attempt += 1
                     earlier = exc
@@ -776,8 +887,11 @@ class UpstreamRunner:
         )
 
 
-def build_provider(config: UpstreamConfig, api_key: str) -> Provider:
-    """The client of ``config``'s provider kind (its SDK imported only here)."""
+def build_provider(
+    config: UpstreamConfig, api_key: str, environ: Mapping[str, str] | None = None
+) -> Provider:
+    """The client of ``config``'s provider kind (its SDK imported only here); ``environ``
+    (default: the process's) holds polly's access key id and session token."""
     if config.kind == "openai":
         from synth.providers.openai_api import OpenAIProvider
 
@@ -798,6 +912,20 @@ def build_provider(config: UpstreamConfig, api_key: str) -> Provider:
         from synth.providers.deepgram_api import DeepgramProvider
 
         return DeepgramProvider(config, api_key)
+    if config.kind == "polly":
+        from synth.providers.polly_api import PollyProvider
+
+        env = os.environ if environ is None else environ
+        return PollyProvider(
+            config,
+            api_key,
+            key_id=env.get(config.key_id_env, ""),
+            session_token=env.get(config.session_token_env, "") if config.session_token_env else "",
+        )
+    if config.kind == "cartesia":
+        from synth.providers.cartesia_api import CartesiaProvider
+
+        return CartesiaProvider(config, api_key)
     if config.kind == "wyoming":
         from synth.providers.wyoming_tcp import WyomingProvider
 
@@ -806,7 +934,7 @@ def build_provider(config: UpstreamConfig, api_key: str) -> Provider:
 
 
 # The package each kind's client imports (its extra is named like the kind).
-SDK_MODULES = {"openai": "openai"}
+SDK_MODULES = {"openai": "openai", "polly": "botocore"}
 
 
 def missing_sdk(config: UpstreamConfig) -> str:
@@ -822,6 +950,11 @@ def check_config(config: UpstreamConfig, environ: Mapping[str, str]) -> str:
     naming the variable when it is named but unset."""
     if not config.api_key_env:
         return ""
+    if config.kind == "polly" and not environ.get(config.key_id_env, ""):
+        raise ValueError(
+            f"upstream {config.name!r}: the environment variable {config.key_id_env} "
+            "(key_id_env: the access key id) is not set"
+        )
     key = environ.get(config.api_key_env, "")
     if not key:
         raise ValueError(

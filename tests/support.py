@@ -17,7 +17,15 @@ from aiohttp import web
 from bench.harness import CACHE_SECRET
 from gateway.http.app import create_app
 from gateway.runtime.settings import Settings
-from synth.engine import Audio, Engine, ParamValue, SynthesisItem, VoiceInfo
+from synth.engine import (
+    PLAIN,
+    Audio,
+    Engine,
+    EngineCapabilities,
+    ParamValue,
+    SynthesisItem,
+    VoiceInfo,
+)
 
 T = TypeVar("T")
 
@@ -36,7 +44,7 @@ class CountingEngine:
         self.fingerprint = inner.fingerprint
         self.sample_rate = inner.sample_rate
         # Piper takes phonemes (SSML <phoneme>); the wrapper passes that on.
-        self.takes_phonemes = bool(getattr(inner, "takes_phonemes", False))
+        self.capabilities = inner.capabilities
         self.items = 0
         self.batches = 0
         self.texts: list[str] = []
@@ -126,6 +134,7 @@ class ToneEngine:
 
     name = "tone"
     sample_rate = 16000
+    capabilities = PLAIN
 
     def __init__(self, delay_s: float = 0.0, fingerprint: str = "tone-v1") -> None:
         self.delay_s = delay_s
@@ -172,7 +181,7 @@ class ToneEngine:
 class BatchingToneEngine(ToneEngine):
     """:class:`ToneEngine` declaring that it batches exactly (as Coqui's torch engine does)."""
 
-    max_exact_batch = 8
+    capabilities = EngineCapabilities(max_exact_batch=8)
 
 
 class ServerThread:

@@ -18,7 +18,7 @@ from gateway.runtime.topology import usable_cores
 from metrics import Metrics
 from synth.engine import Audio, SynthesisItem
 from synth.errors import ClientQueueFull
-from synth.scheduler import CLIENT, Scheduler
+from synth.scheduler import Scheduler
 from tests.served import DefaultServer
 from tests.support import clear_of_a_minute_edge, until
 
@@ -110,6 +110,10 @@ async def test_key_limits_fall_back_to_the_process_when_the_table_is_full(
 class Held:
     """A runner whose batches wait for ``release``: items stay queued behind it."""
 
+    counts_syntheses = True
+    times_batches = False
+    cancel_when_abandoned = False
+
     def __init__(self) -> None:
         self.release = asyncio.Event()
         self.running = 0
@@ -150,10 +154,9 @@ async def test_two_gateway_processes_give_a_client_one_queue_share(
     ]
     for s in schedulers:
         s.start()
-    CLIENT.set("ivr")
 
     def submit(i: int) -> asyncio.Future[Audio]:
-        return asyncio.ensure_future(schedulers[i % 2].submit(SynthesisItem(f"t{i}", "v")))
+        return asyncio.ensure_future(schedulers[i % 2].submit(SynthesisItem(f"t{i}", "v"), "ivr"))
 
     tasks = [submit(0), submit(1)]
     try:
@@ -163,9 +166,8 @@ async def test_two_gateway_processes_give_a_client_one_queue_share(
         await until(lambda: schedulers[0].waiting_for("ivr") == 3)
         for s in schedulers:
             with pytest.raises(ClientQueueFull):
-                await s.submit(SynthesisItem("one more", "v"))
-        CLIENT.set("other")
-        other = asyncio.ensure_future(schedulers[1].submit(SynthesisItem("x", "v")))
+                await s.submit(SynthesisItem("one more", "v"), "ivr")
+        other = asyncio.ensure_future(schedulers[1].submit(SynthesisItem("x", "v"), "other"))
         for r in runners:
             r.release.set()
         await asyncio.gather(*tasks, other)

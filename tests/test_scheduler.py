@@ -17,6 +17,10 @@ from synth.scheduler import Scheduler
 class ScriptedRunner:
     """Fails any batch holding a text of only punctuation, as a real voice does."""
 
+    counts_syntheses = True
+    times_batches = False
+    cancel_when_abandoned = False
+
     def __init__(self) -> None:
         self.batches: list[list[str]] = []
 

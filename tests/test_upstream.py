@@ -23,17 +23,19 @@ from bench.harness import CACHE_SECRET, RedisServer, free_port
 from gateway.http import keys
 from gateway.runtime.settings import Settings
 from metrics import Metrics
-from synth.upstream import UpstreamConfig, load_upstreams, retry_after_of
+from synth.upstream import UpstreamConfig, UpstreamEngine, load_upstreams, retry_after_of
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine, until
 from tests.upstream_support import (
     RATE,
     AzureServer,
+    CartesiaServer,
     ContractServer,
     DeepgramServer,
     ElevenLabsServer,
     GoogleServer,
     OpenAISpeechServer,
+    PollyServer,
     Scripted,
     tone,
 )
@@ -591,12 +593,20 @@ async def test_elevenlabs_through_its_published_api(
         await server.stop()
 
 
+# What polly and cartesia entries need beyond the others: polly's key id variable, region and
+# engine (its `model`); cartesia's model id.
+POLLY_EXTRA = {"key_id_env": "VOXGATE_TEST_AWS_KEY_ID", "region": "us-east-1", "model": "neural"}
+CARTESIA_EXTRA = {"model": "sonic-2"}
+
+
 @pytest.mark.parametrize(
-    ("kind", "server_type", "rate"),
+    ("kind", "server_type", "rate", "extra"),
     [
-        ("azure", AzureServer, 24000),
-        ("google", GoogleServer, 22050),
-        ("deepgram", DeepgramServer, 16000),
+        ("azure", AzureServer, 24000, {}),
+        ("google", GoogleServer, 22050, {}),
+        ("deepgram", DeepgramServer, 16000, {}),
+        ("polly", PollyServer, 16000, POLLY_EXTRA),
+        ("cartesia", CartesiaServer, 22050, CARTESIA_EXTRA),
     ],
 )
 async def test_providers_through_their_published_apis(
@@ -607,12 +617,14 @@ async def test_providers_through_their_published_apis(
     kind: str,
     server_type: type[ContractServer],
     rate: int,
+    extra: dict[str, str],
 ) -> None:
     """Each of these kinds against a local server that follows that provider's published
     request and response shape (tests/upstream_support.py cites each): once per text, its
     lossless audio the master, its refusal the caller's 400, its 429 retried, a wrong key 502."""
     server = await server_type().start()  # type: ignore[call-arg]
     monkeypatch.setenv("VOXGATE_TEST_PROVIDER_KEY", server.api_key)
+    monkeypatch.setenv("VOXGATE_TEST_AWS_KEY_ID", getattr(server, "key_id", ""))
     voice = server.voices[0]
     try:
         config = UpstreamConfig(
@@ -623,6 +635,7 @@ async def test_providers_through_their_published_apis(
             voices=(voice, "*"),
             sample_rate=rate,
             max_retries=2,
+            **extra,  # type: ignore[arg-type]
         )
         client = await start(gateway, counting_engine, config, metrics=metrics)
         body = {"model": kind, "input": GREETING, "voice": voice, "response_format": "wav"}
@@ -662,6 +675,7 @@ async def test_providers_through_their_published_apis(
             api_key_env="VOXGATE_TEST_PROVIDER_KEY",
             voices=(voice,),
             sample_rate=rate,
+            **extra,  # type: ignore[arg-type]
         )
         client = await start(gateway, counting_engine, config, metrics=Metrics())
         r = await client.post("/v1/audio/speech", json=body)
@@ -669,3 +683,256 @@ async def test_providers_through_their_published_apis(
         assert (await r.json())["error"]["code"] == "upstream_auth"
     finally:
         await server.stop()
+
+
+async def test_polly_signs_its_calls_and_sends_rates_as_ssml(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    monkeypatch: pytest.MonkeyPatch,
+    metrics: Metrics,
+) -> None:
+    """kind = "polly" against a local SynthesizeSpeech following Polly's published service
+    model (botocore's ``botocore/data/polly/2016-06-10/service-2.json``; the server verifies the
+    AWS Signature Version 4 itself, tests/upstream_support.py cites both): the body as the model
+    has it, pcm at 8 kHz the master, the Engine and LanguageCode sent and in the address, a rate
+    sent as SSML with TextType ssml, a ValidationException the caller's 400 with Polly's words, a
+    ThrottlingException retried."""
+    server = await PollyServer(region="eu-west-1").start()
+    monkeypatch.setenv("VOXGATE_TEST_AWS_SECRET", server.api_key)
+    monkeypatch.setenv("VOXGATE_TEST_AWS_KEY_ID", server.key_id)
+    try:
+        common: dict[str, Any] = {
+            "kind": "polly",
+            "base_url": server.url,
+            "api_key_env": "VOXGATE_TEST_AWS_SECRET",
+            "key_id_env": "VOXGATE_TEST_AWS_KEY_ID",
+            "region": "eu-west-1",
+            "voices": ["Joanna", "*"],
+            "sample_rate": 8000,
+            "max_retries": 1,
+        }
+        neural = UpstreamConfig.model_validate(
+            {**common, "name": "polly", "model": "neural", "language": "en_US"}
+        )
+        standard = UpstreamConfig.model_validate({**common, "name": "polly-std"})
+        client = await start(gateway, counting_engine, neural, standard, metrics=metrics)
+        body = {"model": "polly", "input": GREETING, "voice": "Joanna", "response_format": "wav"}
+        for fmt in ("wav", "mp3", "pcm"):
+            r = await client.post("/v1/audio/speech", json={**body, "response_format": fmt})
+            assert r.status == 200, await r.text()
+        assert server.calls == 1
+        assert server.bodies[0] == {
+            "OutputFormat": "pcm",
+            "SampleRate": "8000",
+            "VoiceId": "Joanna",
+            "Text": GREETING,
+            "TextType": "text",
+            "Engine": "neural",
+            "LanguageCode": "en-US",
+        }
+        auth = server.requests[0][2]["Authorization"]
+        assert auth.startswith("AWS4-HMAC-SHA256 Credential=AKIDPOLLYTEST/")
+        assert "/eu-west-1/polly/aws4_request" in auth
+        # The other engine is another address: a call of its own, without Engine.
+        r = await client.post("/v1/audio/speech", json={**body, "model": "polly-std"})
+        assert r.status == 200 and server.calls == 2
+        assert "Engine" not in server.bodies[1] and "LanguageCode" not in server.bodies[1]
+        # A rate (here the request's speed) goes as Polly SSML.
+        r = await client.post("/v1/audio/speech", json={**body, "speed": 1.25})
+        assert r.status == 200, await r.text()
+        assert server.bodies[2]["TextType"] == "ssml"
+        assert server.bodies[2]["Text"] == (
+            f'<speak><prosody rate="125%">{GREETING}</prosody></speak>'
+        )
+        # SSML from the client: expanded by voxgate, its rate sent as Polly SSML too.
+        ssml = '<speak><prosody rate="slow">Please hold &amp; wait.</prosody></speak>'
+        r = await client.post("/v1/audio/speech", json={**body, "input": ssml})
+        assert r.status == 200, await r.text()
+        assert server.bodies[3]["TextType"] == "ssml"
+        assert "Please hold &amp; wait." in server.bodies[3]["Text"]
+        # A voice Polly does not have: the caller's 400 with Polly's own message, not retried.
+        r = await client.post("/v1/audio/speech", json={**body, "voice": "Nobody"})
+        assert r.status == 400
+        err = (await r.json())["error"]
+        assert err["code"] == "upstream_refused"
+        assert "ValidationException" in err["message"]
+        assert "Value 'Nobody' at 'voiceId' failed to satisfy constraint" in err["message"]
+        assert server.calls == 5
+        # Throttling is a 400 with a throttling code in AWS's APIs: retried like a 429.
+        throttled = {
+            "x-amzn-ErrorType": "ThrottlingException:http://internal.amazon.com/",
+            "Retry-After": "0",
+        }
+        server.script.append((400, throttled, b'{"message": "Rate exceeded"}'))
+        r = await client.post("/v1/audio/speech", json={**body, "input": "Another text."})
+        assert r.status == 200, await r.text()
+        assert server.calls == 7
+        assert (
+            value(metrics, "voxgate_upstream_retries_total", upstream="polly", kind="rate_limited")
+            == 1
+        )
+    finally:
+        await server.stop()
+
+
+async def test_cartesia_through_its_published_api(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    monkeypatch: pytest.MonkeyPatch,
+    metrics: Metrics,
+) -> None:
+    """kind = "cartesia" against a local ``/tts/bytes`` following Cartesia's API reference
+    (docs.cartesia.ai, "Text to Speech (Bytes)" for API version 2025-04-16, and "API Errors";
+    tests/upstream_support.py cites it): X-API-Key and Cartesia-Version, the body as published,
+    raw pcm_s16le the master, language and speed sent, an unknown voice the caller's 400 with
+    Cartesia's message."""
+    server = await CartesiaServer().start()
+    monkeypatch.setenv("VOXGATE_TEST_CARTESIA_KEY", server.api_key)
+    voice = server.voices[0]
+    try:
+        config = UpstreamConfig(
+            name="cartesia",
+            kind="cartesia",
+            base_url=server.url,
+            api_key_env="VOXGATE_TEST_CARTESIA_KEY",
+            model="sonic-2",
+            voices=(voice, "*"),
+            language="en_US",
+            sample_rate=24000,
+            price_per_million_chars=65.0,
+        )
+        client = await start(gateway, counting_engine, config, metrics=metrics)
+        body = {"model": "cartesia", "input": GREETING, "voice": voice, "response_format": "wav"}
+        for fmt in ("wav", "wav", "flac", "pcm"):
+            r = await client.post("/v1/audio/speech", json={**body, "response_format": fmt})
+            assert r.status == 200, await r.text()
+        assert server.calls == 1
+        headers = server.requests[0][2]
+        assert headers["X-API-Key"] == server.api_key
+        assert headers["Cartesia-Version"] == "2025-04-16"
+        assert server.bodies[0] == {
+            "model_id": "sonic-2",
+            "transcript": GREETING,
+            "voice": {"mode": "id", "id": voice},
+            "output_format": {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 24000},
+            "language": "en",
+        }
+        r = await client.post("/v1/audio/speech", json={**body, "speed": 1.2})
+        assert r.status == 200 and server.bodies[1]["generation_config"] == {"speed": 1.2}
+        # Outside Cartesia's speeds: refused before a call.
+        r = await client.post("/v1/audio/speech", json={**body, "speed": 2.0})
+        assert r.status == 400 and server.calls == 2
+        r = await client.post("/v1/audio/speech", json={**body, "voice": "no-such-voice"})
+        assert r.status == 400
+        err = (await r.json())["error"]
+        assert err["code"] == "upstream_refused"
+        assert "Not Found: Voice no-such-voice not found" in err["message"]
+        saved = value(metrics, "voxgate_upstream_saved_total", upstream="cartesia")
+        assert saved == pytest.approx(3 * len(GREETING) * 65.0 / 1e6)
+    finally:
+        await server.stop()
+
+
+def test_polly_and_cartesia_entries_must_fit_their_kind() -> None:
+    polly = {
+        "name": "p",
+        "kind": "polly",
+        "base_url": "https://polly.eu-central-1.amazonaws.com",
+        "api_key_env": "AWS_SECRET_ACCESS_KEY",
+        "sample_rate": 16000,
+    }
+    assert UpstreamConfig.model_validate(polly).aws_region == "eu-central-1"
+    cartesia = {"name": "c", "kind": "cartesia", "base_url": "https://api.cartesia.ai"}
+    for bad, named in (
+        ({**polly, "sample_rate": 24000}, "8000, 16000"),
+        ({**polly, "model": "turbo"}, "Engine"),
+        ({**polly, "base_url": "http://127.0.0.1:9"}, "region"),
+        ({**polly, "api_key_env": ""}, "api_key_env"),
+        (cartesia, "model"),
+        ({**cartesia, "model": "sonic-2", "region": "us-east-1"}, "polly"),
+    ):
+        with pytest.raises(ValueError, match=named):
+            UpstreamConfig.model_validate(bad)
+    # Where polly's calls are signed, and with which credentials, takes a restart.
+    engine = UpstreamEngine(UpstreamConfig.model_validate(polly))
+    moved = UpstreamConfig.model_validate({**polly, "region": "us-west-2"})
+    assert "region" in engine.reconfigure(moved)
+    assert engine.reconfigure(UpstreamConfig.model_validate({**polly, "timeout_s": 9})) == ""
+    # The language these kinds send is in their address; other kinds' is not.
+    a = UpstreamConfig.model_validate({**polly, "language": "en_US"})
+    b = UpstreamConfig.model_validate({**polly, "language": "en_GB"})
+    assert a.address_material() != b.address_material()
+    assert (
+        "language"
+        not in UpstreamConfig.model_validate(
+            {
+                "name": "o",
+                "kind": "openai",
+                "base_url": "http://h",
+                "model": "m",
+                "language": "en_US",
+            }
+        ).address_material()
+    )
+
+
+async def test_a_streamed_miss_passes_the_providers_pcm_on_as_it_arrives(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    provider: OpenAISpeechServer,
+) -> None:
+    """Streaming pass-through: pcm asked with ``stream`` from an upstream that sends pcm at
+    that rate reaches the client piece by piece as the provider sends it, before the provider
+    has finished (it holds its second half until the client has the first), while the whole is
+    stored: the next request is a hit with the same audio."""
+    client = await start(gateway, counting_engine, entry(provider))
+    provider.parted = True
+    text = "Your call is important to us."
+    body = speech(text, response_format="pcm", stream=True)
+    r = await client.post("/v1/audio/speech", json=body)
+    assert r.status == 200, await r.text()
+    assert r.headers["X-Cache"] == "MISS"
+    first = await r.content.readany()
+    # The first piece is here, and the provider cannot have sent the rest: it waits for `rest`,
+    # set only now.
+    assert provider.half_sent.is_set() and not provider.rest.is_set()
+    expected = tone(text).tobytes()
+    assert first and expected.startswith(first)
+    provider.rest.set()
+    streamed = first + await r.read()
+    assert streamed == expected  # the provider's bytes as it sent them
+    again = await client.post("/v1/audio/speech", json=speech(text, response_format="pcm"))
+    assert again.headers["X-Cache"] == "HIT"
+    stored = np.frombuffer(await again.read(), dtype="<i2").astype(np.int32)
+    assert stored.shape == tone(text).shape
+    assert np.max(np.abs(stored - tone(text))) <= 2  # the master's 16-bit round trip
+    assert provider.calls == 1
+
+
+async def test_pass_through_follows_each_sentence_and_a_stored_one_comes_whole(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    provider: OpenAISpeechServer,
+) -> None:
+    """Two sentences, the first stored: the stream sends the stored one, the pause, then the
+    new sentence's pieces as they arrive; another rate than the provider's is not passed."""
+    client = await start(gateway, counting_engine, entry(provider))
+    a, b = "Thank you for calling.", "Please hold the line."
+    r = await client.post("/v1/audio/speech", json=speech(a, response_format="pcm"))
+    assert r.status == 200
+    provider.parted = True
+    r = await client.post(
+        "/v1/audio/speech", json=speech(f"{a} {b}", response_format="pcm", stream=True)
+    )
+    assert r.status == 200, await r.text()
+    got = b""
+    pause = bytes(2 * round(0.25 * RATE))  # sentence_pause_ms 250 at 24 kHz
+    # The stored sentence and the pause come first, then the first half of the new one.
+    while len(got) < 2 * len(tone(a)) + len(pause) + 2:
+        got += await r.content.readany()
+    assert not provider.rest.is_set()
+    provider.rest.set()
+    got += await r.read()
+    assert len(got) == 2 * len(tone(a)) + len(pause) + 2 * len(tone(b))
+    assert got.endswith(tone(b).tobytes())
+    assert provider.calls == 2

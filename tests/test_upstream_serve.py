@@ -28,6 +28,7 @@ import soundfile as sf
 
 from bench.harness import CACHE_SECRET, RedisServer, free_port, metric_sum
 from synth.piper_engine import PiperVoiceFiles
+from tests.ops_support import ROOT, clean_env
 from tests.served import DefaultServer
 from tests.support import eventually
 from tests.upstream_support import OpenAISpeechServer
@@ -345,6 +346,79 @@ async def test_sighup_reloads_the_upstreams_tunables_in_every_process(tmp_path: 
         status, _, _ = await server.request("POST", "/v1/audio/speech", json=speech("Three."))
         assert status == 200
         assert provider.calls == 3
+    finally:
+        server.terminate()
+        await provider.stop()
+
+
+async def test_a_rollout_switches_every_gateway_process_and_survives_a_restart(
+    tmp_path: Path,
+) -> None:
+    """``voxgate rollout`` as an operator runs it, beside ``voxgate serve`` (default topology)
+    on one cache directory: the pinned prompts are asked again at the new revision, every
+    gateway process serves the new addresses once it reads the switch, and a restarted server
+    starts at it (the revision lives in the host's pin registry, beside the pins)."""
+    provider = await OpenAISpeechServer().start()
+    upstreams = write_upstreams(
+        tmp_path / "upstreams.toml",
+        {
+            "name": "openai",
+            "kind": "openai",
+            "base_url": provider.url,
+            "api_key_env": KEY_ENV,
+            "model": "gpt-4o-mini-tts",
+            "voices": ["alloy"],
+        },
+    )
+    env = {KEY_ENV: provider.api_key}
+    flags = ("--upstreams-file", str(upstreams), "--revision-refresh-s", "0.2")
+    texts = ["Thank you for calling.", "Please hold.", "Goodbye now."]
+    server = DefaultServer(tmp_path / "a", *flags, env=env)
+    try:
+        await started(server)
+        prompts = [
+            {"input": t, "model": "openai", "voice": "alloy", "response_format": "wav"}
+            for t in texts
+        ]
+        status, _, body = await server.request("POST", "/v1/prompts", json={"prompts": prompts})
+        assert status == 200, body
+        old = {texts[p["index"]]: p["key"] for p in json.loads(body)["prompts"]}
+        assert provider.calls == 3
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "gateway", "rollout", "openai", "--revision", "2", "--json"],
+            cwd=ROOT,
+            env=clean_env(
+                **env,
+                VOXGATE_UPSTREAMS_FILE=str(upstreams),
+                VOXGATE_CACHE_DIR=str(tmp_path / "a" / "cache"),
+            ),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        assert report["switched"] and report["rendered"] == 3
+        assert provider.calls == 6
+        new = {c["text"]: c["new_key"] for c in report["changes"]}
+        assert all(new[t] != old[t] for t in texts)
+
+        async def keys_served() -> set[str]:
+            seen = set()
+            for _ in range(4):  # new connections: the kernel spreads them over the processes
+                for t in texts:
+                    _, headers, _ = await server.request("POST", "/v1/audio/speech", json=speech(t))
+                    seen.add(headers["X-Audio-Key"])
+            return seen
+
+        await eventually(keys_served, lambda s: s == set(new.values()), 30, "the switch read")
+        assert provider.calls == 6
+        assert server.terminate() == 0
+        server = DefaultServer(tmp_path / "a", *flags, env=env)
+        await started(server)
+        assert await keys_served() == set(new.values())
+        assert provider.calls == 6
     finally:
         server.terminate()
         await provider.stop()

@@ -111,6 +111,11 @@ class OpenAISpeechServer:
         self.script: deque[Scripted] = deque()
         self.hold = asyncio.Event()
         self.hold.set()
+        # In two parts: with ``parted`` set, each audio answer sets ``half_sent``, sends its
+        # first half, and sends the rest once ``rest`` is set (a provider that streams).
+        self.parted = False
+        self.half_sent = asyncio.Event()
+        self.rest = asyncio.Event()
         self._stopping = asyncio.Event()
         self._runner: web.AppRunner | None = None
 
@@ -160,7 +165,17 @@ class OpenAISpeechServer:
             out = io.BytesIO()
             soundfile.write(out, samples, RATE, format="WAV", subtype="PCM_16")
             data = out.getvalue()
-        return web.Response(body=data, content_type="application/octet-stream")
+        if not self.parted:
+            return web.Response(body=data, content_type="application/octet-stream")
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        await resp.prepare(request)
+        half = len(data) // 4 * 2
+        self.half_sent.set()
+        await resp.write(data[:half])
+        await self.rest.wait()
+        await resp.write(data[half:])
+        await resp.write_eof()
+        return resp
 
     def _invalid(self, body: Any) -> web.Response | None:
         """The document's CreateSpeechRequest checks; the 400 of the first that fails."""
@@ -443,3 +458,256 @@ class DeepgramServer(ContractServer):
         samples = tone(value["text"])
         samples = np.resize(samples, int(len(samples) * rate / RATE)).astype("<i2")
         return web.Response(body=samples.tobytes(), content_type="audio/l16")
+
+
+def sigv4_signature(
+    secret: str,
+    method: str,
+    path: str,
+    headers: dict[str, str],
+    signed: list[str],
+    body: bytes,
+    amz_date: str,
+    scope: str,
+) -> str:
+    """AWS Signature Version 4 of a request without a query, computed here from the published
+    algorithm (AWS General Reference, "Create a signed AWS API request": canonical request,
+    string to sign, the derived signing key), not by botocore: the check of voxgate's signing."""
+    import hashlib
+    import hmac
+
+    lower = {k.lower(): v for k, v in headers.items()}
+    canonical_headers = "".join(f"{h}:{' '.join(lower[h].split())}\n" for h in signed)
+    canonical = "\n".join(
+        [method, path, "", canonical_headers, ";".join(signed), hashlib.sha256(body).hexdigest()]
+    )
+    to_sign = "\n".join(
+        ["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()]
+    )
+    key = ("AWS4" + secret).encode()
+    for part in scope.split("/"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    return hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+
+
+class PollyServer(ContractServer):
+    """Amazon Polly's SynthesizeSpeech as its service model publishes it (botocore's
+    ``botocore/data/polly/2016-06-10/service-2.json``: protocol rest-json, signature v4, the
+    ``SynthesizeSpeech`` operation, ``SynthesizeSpeechInput`` and its errors; the Amazon Polly API
+    Reference, "SynthesizeSpeech"): ``POST /v1/speech``, signed with AWS Signature Version 4
+    for service ``polly`` in the region (checked here by recomputing it: 403
+    ``InvalidSignatureException`` otherwise, ``UnrecognizedClientException`` for an unknown key
+    id); a JSON body of ``Text``, ``VoiceId``, ``OutputFormat`` (required), ``TextType``
+    (``text``/``ssml``), ``SampleRate`` (a string: ``8000``/``16000`` for pcm), ``Engine``,
+    ``LanguageCode``, ``LexiconNames``, ``SpeechMarkTypes``; errors as the status with
+    ``x-amzn-ErrorType`` and ``{"message"}`` (``ValidationException`` for a voice outside the
+    enum, ``InvalidSsmlException``, ``InvalidSampleRateException``); the audio ``audio/pcm`` with
+    ``x-amzn-RequestCharacters``."""
+
+    path = "/v1/speech"
+    MEMBERS = frozenset(
+        {
+            "Engine",
+            "LanguageCode",
+            "LexiconNames",
+            "OutputFormat",
+            "SampleRate",
+            "SpeechMarkTypes",
+            "Text",
+            "TextType",
+            "VoiceId",
+        }
+    )
+    ENGINES = ("standard", "neural", "long-form", "generative")
+
+    def __init__(self, *, region: str = "us-east-1") -> None:
+        super().__init__(api_key="polly-test-secret", voices=("Joanna", "Matthew"))
+        self.key_id = "AKIDPOLLYTEST"
+        self.region = region
+        self.bodies: list[dict[str, Any]] = []
+
+    @staticmethod
+    def _error(status: int, code: str, message: str) -> web.Response:
+        headers = {
+            "x-amzn-ErrorType": f"{code}:http://internal.amazon.com/coral/com.amazonaws.polly/"
+        }
+        return web.json_response({"message": message}, status=status, headers=headers)
+
+    def _signature_problem(self, request: web.Request, body: bytes) -> web.Response | None:
+        auth = request.headers.get("Authorization", "")
+        if not auth.startswith("AWS4-HMAC-SHA256 "):
+            return self._error(
+                403, "MissingAuthenticationTokenException", "Missing Authentication Token"
+            )
+        fields = dict(p.strip().split("=", 1) for p in auth[len("AWS4-HMAC-SHA256 ") :].split(","))
+        key_id, _, scope = fields["Credential"].partition("/")
+        if key_id != self.key_id:
+            return self._error(
+                403,
+                "UnrecognizedClientException",
+                "The security token included in the request is invalid.",
+            )
+        amz_date = request.headers.get("X-Amz-Date", "")
+        signed = fields["SignedHeaders"].split(";")
+        parts = scope.split("/")
+        if (
+            len(parts) != 4
+            or parts[1:] != [self.region, "polly", "aws4_request"]
+            or parts[0] != amz_date[:8]
+            or not {"host", "x-amz-date"} <= set(signed)
+        ):
+            return self._error(
+                403, "InvalidSignatureException", "Credential should be scoped correctly."
+            )
+        expected = sigv4_signature(
+            self.api_key,
+            request.method,
+            request.path,
+            dict(request.headers),
+            signed,
+            body,
+            amz_date,
+            scope,
+        )
+        if fields["Signature"] != expected:
+            return self._error(
+                403,
+                "InvalidSignatureException",
+                "The request signature we calculated does not match the signature you provided.",
+            )
+        return None
+
+    def answer(self, request: web.Request, body: bytes) -> web.Response:
+        import xml.etree.ElementTree as ET
+
+        problem = self._signature_problem(request, body)
+        if problem is not None:
+            return problem
+        try:
+            value = json.loads(body)
+        except ValueError:
+            return self._error(400, "SerializationException", "Malformed JSON")
+        self.bodies.append(value)
+        extra = sorted(set(value) - self.MEMBERS)
+        if extra:
+            return self._error(400, "SerializationException", f"Unknown member {extra[0]}")
+        for name in ("OutputFormat", "Text", "VoiceId"):
+            if name not in value:
+                return self._error(
+                    400,
+                    "ValidationException",
+                    f"1 validation error detected: Value null at '{name[0].lower() + name[1:]}' "
+                    "failed to satisfy constraint: Member must not be null",
+                )
+        if value["VoiceId"] not in self.voices:
+            return self._error(
+                400,
+                "ValidationException",
+                f"1 validation error detected: Value '{value['VoiceId']}' at 'voiceId' failed to "
+                "satisfy constraint: Member must satisfy enum value set: ["
+                + ", ".join(self.voices)
+                + "]",
+            )
+        if value.get("Engine", "standard") not in self.ENGINES:
+            return self._error(
+                400, "ValidationException", "Value at 'engine' failed to satisfy constraint"
+            )
+        if value["OutputFormat"] != "pcm":
+            return self._error(400, "ValidationException", "this test server makes pcm only")
+        rate_text = value.get("SampleRate", "16000")
+        if rate_text not in ("8000", "16000"):
+            return self._error(
+                400, "InvalidSampleRateException", f"Invalid sample rate: {rate_text}"
+            )
+        text, speed = value["Text"], 1.0
+        if value.get("TextType", "text") == "ssml":
+            try:
+                speak = ET.fromstring(text)
+            except ET.ParseError:
+                return self._error(400, "InvalidSsmlException", "Invalid SSML request")
+            if speak.tag != "speak":
+                return self._error(400, "InvalidSsmlException", "Invalid SSML request")
+            prosody = speak.find("prosody")
+            if prosody is not None:
+                speed = float(prosody.get("rate", "100%").rstrip("%")) / 100
+            text = "".join(speak.itertext())
+        elif value.get("TextType", "text") != "text":
+            return self._error(
+                400, "ValidationException", "Value at 'textType' failed to satisfy constraint"
+            )
+        rate = int(rate_text)
+        samples = tone(text, speed)
+        samples = np.resize(samples, int(len(samples) * rate / RATE)).astype("<i2")
+        return web.Response(
+            body=samples.tobytes(),
+            content_type="audio/pcm",
+            headers={"x-amzn-RequestCharacters": str(len(value["Text"]))},
+        )
+
+
+class CartesiaServer(ContractServer):
+    """Cartesia's Text to Speech (Bytes) as its API reference publishes it (docs.cartesia.ai:
+    "Text to Speech (Bytes)" for API version 2025-04-16, its OpenAPI ``TTSRequest``, and
+    "API Errors"): ``POST /tts/bytes``; the key in ``X-API-Key``; ``Cartesia-Version`` one of
+    ``2024-06-10``, ``2024-11-13``, ``2025-04-16`` (required); JSON ``model_id``, ``transcript``,
+    ``voice`` (``{"mode": "id", "id"}``), ``output_format`` (``container`` ``raw``, ``encoding``
+    ``pcm_s16le``/``pcm_f32le``/``pcm_mulaw``/``pcm_alaw``, ``sample_rate``) required;
+    ``language``, ``generation_config`` (``speed``, ``volume``, ``emotion``), ``speed``,
+    ``duration``, ``save``, ``pronunciation_dict_id`` optional; errors before version 2026-03-01
+    as plain text ``Title: Message``."""
+
+    path = "/tts/bytes"
+    VERSIONS = ("2024-06-10", "2024-11-13", "2025-04-16")
+    FIELDS = frozenset(
+        {
+            "model_id",
+            "transcript",
+            "voice",
+            "output_format",
+            "language",
+            "generation_config",
+            "speed",
+            "duration",
+            "save",
+            "pronunciation_dict_id",
+        }
+    )
+    RATES = (8000, 16000, 22050, 24000, 44100, 48000)
+
+    def __init__(self) -> None:
+        super().__init__(
+            api_key="cartesia-test-key", voices=("694f9389-aac1-45b6-b726-9d9369183238",)
+        )
+        self.bodies: list[dict[str, Any]] = []
+
+    @staticmethod
+    def _error(status: int, title: str, message: str) -> web.Response:
+        return web.Response(status=status, text=f"{title}: {message}")
+
+    def answer(self, request: web.Request, body: bytes) -> web.Response:
+        if request.headers.get("X-API-Key") != self.api_key:
+            return self._error(401, "Unauthorized", "Invalid API key")
+        if request.headers.get("Cartesia-Version") not in self.VERSIONS:
+            return self._error(400, "Bad Request", "Invalid or missing Cartesia-Version header")
+        value = json.loads(body)
+        self.bodies.append(value)
+        extra = sorted(set(value) - self.FIELDS)
+        missing = [
+            f for f in ("model_id", "transcript", "voice", "output_format") if f not in value
+        ]
+        if extra or missing:
+            return self._error(400, "Bad Request", f"invalid fields: {extra or missing}")
+        voice, fmt = value["voice"], value["output_format"]
+        if not isinstance(voice, dict) or voice.get("mode") != "id":
+            return self._error(400, "Bad Request", "voice must be {mode: id, id}")
+        if fmt.get("container") != "raw" or fmt.get("encoding") != "pcm_s16le":
+            return self._error(400, "Bad Request", "this test server makes raw pcm_s16le only")
+        if fmt.get("sample_rate") not in self.RATES:
+            return self._error(400, "Bad Request", f"Invalid sample rate {fmt.get('sample_rate')}")
+        if voice.get("id") not in self.voices:
+            return self._error(404, "Not Found", f"Voice {voice.get('id')} not found")
+        speed = float(value.get("generation_config", {}).get("speed", 1.0))
+        samples = tone(value["transcript"], speed)
+        rate = fmt["sample_rate"]
+        samples = np.resize(samples, int(len(samples) * rate / RATE)).astype("<i2")
+        return web.Response(body=samples.tobytes(), content_type="audio/pcm")

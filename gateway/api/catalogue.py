@@ -26,7 +26,7 @@ from gateway.api.parsing import parse_openai_speech
 from gateway.errors import BadRequest
 from gateway.runtime.settings import Settings
 from gateway.speech.request import SpeechRequest
-from gateway.speech.service import SpeechService
+from gateway.speech.vocabulary import Vocabulary
 
 # Short column names accepted in files, mapped to the OpenAI field names.
 ALIASES = {"text": "input", "format": "response_format", "rate": "sample_rate"}
@@ -187,7 +187,7 @@ def to_requests(
     prompts: Sequence[Prompt],
     defaults: Mapping[str, Any],
     settings: Settings,
-    service: SpeechService,
+    words: Vocabulary,
     *,
     param_prefix: str = "prompts",
 ) -> list[SpeechRequest]:
@@ -196,11 +196,11 @@ def to_requests(
     ``defaults`` fill fields a prompt leaves out. A bad prompt raises :class:`BadRequest` whose
     ``param`` is ``prompts[i].field`` and whose message says where the prompt came from.
     """
-    base = {"model": settings.default_model, "voice": settings.default_voice, **defaults}
+    base = {"model": words.default_model, "voice": words.default_voice, **defaults}
     out: list[SpeechRequest] = []
     for i, prompt in enumerate(prompts):
         try:
-            req = parse_openai_speech({**base, **prompt.body}, settings, service)
+            req = parse_openai_speech({**base, **prompt.body}, settings, words)
         except BadRequest as exc:
             raise BadRequest(
                 f"{prompt.where}: {exc.message}",

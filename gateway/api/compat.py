@@ -10,11 +10,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.api.models import MAX_SPEED, MIN_SPEED, models_for
-from gateway.api.parsing import resolve_format, resolve_model, resolve_voice, speech_text
+from gateway.api.parsing import (
+    ExpansionMemo,
+    build_request,
+    resolve_format,
+    resolve_model,
+    resolve_voice,
+    speech_text,
+)
 from gateway.errors import BadRequest, clip
 from gateway.runtime.settings import Settings
 from gateway.speech.request import SpeechRequest
-from gateway.speech.service import SpeechService
+from gateway.speech.vocabulary import Vocabulary
 from synth import audio
 from synth.engine import ParamValue
 
@@ -29,17 +36,17 @@ COQUI_HEADERS = {
 }
 
 
-def default_voice(model: str, settings: Settings, speech: SpeechService) -> str:
+def default_voice(model: str, settings: Settings, words: Vocabulary) -> str:
     """The voice used when a compatible request names none."""
-    voices = speech.models[model].voice_names()
-    return settings.default_voice if settings.default_voice in voices else voices[0]
+    voices = words.models[model].voice_names()
+    return words.default_voice if words.default_voice in voices else voices[0]
 
 
-def _voice(name: str, model: str, param: str, settings: Settings, speech: SpeechService) -> str:
+def _voice(name: str, model: str, param: str, settings: Settings, words: Vocabulary) -> str:
     if not name:
-        return default_voice(model, settings, speech)
+        return default_voice(model, settings, words)
     try:
-        return resolve_voice(name, model, settings, speech)
+        return resolve_voice(name, model, settings, words)
     except BadRequest as exc:
         raise BadRequest(exc.message, param=param, code=exc.code) from exc
 
@@ -48,12 +55,12 @@ def _norm_language(tag: str) -> str:
     return tag.strip().lower().replace("-", "_")
 
 
-def check_language(language: str, model: str, voice: str, speech: SpeechService) -> None:
+def check_language(language: str, model: str, voice: str, words: Vocabulary) -> None:
     """Accept ``language`` when it is the voice's language or its primary subtag (``en`` for
     ``en_US``); the voices served here speak one language each."""
     if not language:
         return
-    spoken = next((v.language for v in speech.models[model].engine.voices() if v.name == voice), "")
+    spoken = next((v.language for v in words.models[model].voices() if v.name == voice), "")
     asked = _norm_language(language)
     have = _norm_language(spoken)
     if have and (asked == have or have.split("_")[0] == asked):
@@ -67,7 +74,10 @@ def check_language(language: str, model: str, voice: str, speech: SpeechService)
 
 
 def parse_coqui(
-    values: Mapping[str, Any], settings: Settings, speech: SpeechService
+    values: Mapping[str, Any],
+    settings: Settings,
+    words: Vocabulary,
+    expansions: ExpansionMemo | None = None,
 ) -> SpeechRequest:
     """A :class:`SpeechRequest` for Coqui's ``/api/tts``: default model, WAV at the voice's rate.
 
@@ -75,52 +85,56 @@ def parse_coqui(
     JSON body, where a non-string such as ``null`` is a 400, never spoken as "None").
     """
     fields = models_for(settings).coqui.check(values)
-    model = resolve_model(settings.default_model, settings, speech)
-    voice = _voice(fields.speaker_id.strip(), model, "speaker_id", settings, speech)
-    check_language(fields.language_id, model, voice, speech)
-    text, segments = speech_text(fields.text, settings, speech, model, voice, param="text")
-    return SpeechRequest(
-        text=text, model=model, voice=voice, fmt=audio.FORMATS["wav"], segments=segments
+    model = resolve_model(words.default_model, settings, words)
+    voice = _voice(fields.speaker_id.strip(), model, "speaker_id", settings, words)
+    check_language(fields.language_id, model, voice, words)
+    spoken = speech_text(
+        fields.text, settings, words, model, voice, param="text", expansions=expansions
     )
+    return build_request(spoken, model=model, voice=voice, fmt=audio.FORMATS["wav"])
 
 
 def parse_synthesize(
-    query: Mapping[str, str], settings: Settings, speech: SpeechService
+    query: Mapping[str, str],
+    settings: Settings,
+    words: Vocabulary,
+    expansions: ExpansionMemo | None = None,
 ) -> SpeechRequest:
     """A :class:`SpeechRequest` for ``GET /synthesize?text=...&speaker=...&model=...&format=...``."""
     fields = models_for(settings).synthesize.check(query)
-    model = resolve_model(fields.model or settings.default_model, settings, speech)
-    voice = _voice(fields.speaker, model, "speaker", settings, speech)
-    text, segments = speech_text(fields.text, settings, speech, model, voice, param="text")
+    model = resolve_model(fields.model or words.default_model, settings, words)
+    voice = _voice(fields.speaker, model, "speaker", settings, words)
+    spoken = speech_text(
+        fields.text, settings, words, model, voice, param="text", expansions=expansions
+    )
     try:
         fmt = resolve_format(fields.format)
     except BadRequest as exc:
         raise BadRequest(exc.message, param="format", code=exc.code) from exc
-    return SpeechRequest(
-        text=text,
+    return build_request(
+        spoken,
         model=model,
         voice=voice,
         fmt=fmt,
         speed=fields.speed,
         sample_rate=fields.sample_rate,
-        segments=segments,
     )
 
 
-def find_voice(name: str | None, settings: Settings, speech: SpeechService) -> tuple[str, str]:
+def find_voice(name: str | None, settings: Settings, words: Vocabulary) -> tuple[str, str]:
     """``(model, voice)`` for a voice named by a client that names no model (Piper's HTTP API,
     Wyoming): the default model's voice or alias first, then any served model's voice; no
     name is the default model's default voice."""
-    default = resolve_model(settings.default_model, settings, speech)
+    default = resolve_model(words.default_model, settings, words)
     if not name:
-        return default, default_voice(default, settings, speech)
-    for model in [default, *(m for m in speech.models if m != default)]:
-        if name in speech.models[model].voice_names():
+        return default, default_voice(default, settings, words)
+    for model in [default, *(m for m in words.models if m != default)]:
+        if name in words.models[model].voice_names():
             return model, name
-    alias = settings.voice_aliases.get(name)
-    if alias is not None and alias in speech.models[default].voice_names():
+    alias = words.voice_aliases.get(name)
+    if alias is not None and alias in words.models[default].voice_names():
         return default, alias
-    known = sorted({v for h in speech.models.values() for v in h.voice_names()})
+    known = sorted({v for h in words.models.values() for v in h.voice_names()})
     raise BadRequest(
         f"unknown voice {clip(name)}; available: {', '.join(known)}",
         param="voice",
@@ -150,7 +164,10 @@ PIPER_NOISE = {"noise_scale": "noise_scale", "noise_w_scale": "noise_w"}
 
 
 def parse_piper(
-    values: Mapping[str, Any], settings: Settings, speech: SpeechService
+    values: Mapping[str, Any],
+    settings: Settings,
+    words: Vocabulary,
+    expansions: ExpansionMemo | None = None,
 ) -> SpeechRequest:
     """A :class:`SpeechRequest` for Piper's ``POST /``: WAV at the voice's rate.
 
@@ -159,9 +176,11 @@ def parse_piper(
     content address, on voices whose engine has them, and are refused on others.
     """
     fields = models_for(settings).piper.check(values)
-    model, voice = find_voice(fields.voice, settings, speech)
-    text, segments = speech_text(fields.text, settings, speech, model, voice, param="text")
-    defaults = speech.models[model].engine.default_params(voice)
+    model, voice = find_voice(fields.voice, settings, words)
+    spoken = speech_text(
+        fields.text, settings, words, model, voice, param="text", expansions=expansions
+    )
+    defaults = words.models[model].default_params(voice)
     speed = 1.0
     if fields.length_scale is not None:
         own = defaults.get("length_scale")
@@ -187,12 +206,6 @@ def parse_piper(
             )
         if value != defaults[param]:  # the voice's own value: the same audio, the same key
             params[param] = float(value)
-    return SpeechRequest(
-        text=text,
-        model=model,
-        voice=voice,
-        fmt=audio.FORMATS["wav"],
-        speed=speed,
-        params=tuple(sorted(params.items())),
-        segments=segments,
+    return build_request(
+        spoken, model=model, voice=voice, fmt=audio.FORMATS["wav"], speed=speed, params=params
     )

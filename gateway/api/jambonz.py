@@ -14,11 +14,17 @@ from typing import Any
 
 from gateway.api.compat import default_voice
 from gateway.api.models import models_for
-from gateway.api.parsing import resolve_model, resolve_voice, speech_text
+from gateway.api.parsing import (
+    ExpansionMemo,
+    build_request,
+    resolve_model,
+    resolve_voice,
+    speech_text,
+)
 from gateway.errors import BadRequest
 from gateway.runtime.settings import Settings
 from gateway.speech.request import SpeechRequest
-from gateway.speech.service import SpeechService
+from gateway.speech.vocabulary import Vocabulary
 from synth import audio
 
 # jambonz_content_type -> (our format, rate). jambonz reads a WAV as 8 kHz whatever its header
@@ -33,7 +39,7 @@ STREAM_RATES = (8000, 16000, 24000, 32000, 48000)
 
 
 def jambonz_voice(
-    voice: str, language: str, model: str, settings: Settings, speech: SpeechService
+    voice: str, language: str, model: str, settings: Settings, words: Vocabulary
 ) -> str:
     """Our voice for a jambonz voice and language: the voice (or its alias), else the language
     as an alias (``en-US=joe``), else the default voice or a 400 (``jambonz_unknown_voice``)."""
@@ -41,12 +47,12 @@ def jambonz_voice(
         if not name:
             continue
         try:
-            return resolve_voice(name, model, settings, speech)
+            return resolve_voice(name, model, settings, words)
         except BadRequest:
             continue
     if settings.jambonz_unknown_voice == "default" or not (voice or language):
-        return default_voice(model, settings, speech)
-    known = sorted(set(speech.models[model].voice_names()) | set(settings.voice_aliases))
+        return default_voice(model, settings, words)
+    known = sorted(set(words.models[model].voice_names()) | set(words.voice_aliases))
     raise BadRequest(
         f"unknown jambonz voice {voice[:64]!r} (language {language[:16]!r}); voices and "
         f"aliases: {', '.join(known)}",
@@ -55,36 +61,39 @@ def jambonz_voice(
     )
 
 
-def parse_jambonz(body: dict[str, Any], settings: Settings, speech: SpeechService) -> SpeechRequest:
+def parse_jambonz(
+    body: dict[str, Any],
+    settings: Settings,
+    words: Vocabulary,
+    expansions: ExpansionMemo | None = None,
+) -> SpeechRequest:
     """The request for a jambonz custom-vendor body, in the encoding ``jambonz_content_type``
     names."""
     fields = models_for(settings).jambonz.check(body)
-    model = resolve_model(settings.default_model, settings, speech)
-    voice = jambonz_voice(fields.voice, fields.language, model, settings, speech)
+    model = resolve_model(words.default_model, settings, words)
+    voice = jambonz_voice(fields.voice, fields.language, model, settings, words)
     # type "ssml" (jambonz sends it for a text starting with <speak>) goes to the SSML front end.
-    text, segments = speech_text(
-        fields.text, settings, speech, model, voice, param="text", ssml=fields.type == "ssml"
+    spoken = speech_text(
+        fields.text,
+        settings,
+        words,
+        model,
+        voice,
+        param="text",
+        ssml=fields.type == "ssml",
+        expansions=expansions,
     )
     fmt, rate = ENCODINGS[settings.jambonz_content_type]
-    return SpeechRequest(
-        text=text,
-        model=model,
-        voice=voice,
-        fmt=audio.FORMATS[fmt],
-        sample_rate=rate,
-        segments=segments,
-    )
+    return build_request(spoken, model=model, voice=voice, fmt=audio.FORMATS[fmt], sample_rate=rate)
 
 
 def parse_stream_query(
-    query: dict[str, str], settings: Settings, speech: SpeechService
+    query: dict[str, str], settings: Settings, words: Vocabulary
 ) -> tuple[str, str, int]:
     """``(model, voice, rate)`` of a streaming connection's query (``voice``, ``language``,
     ``sampleRate``: what jambonz puts on the custom vendor's WebSocket URL)."""
-    model = resolve_model(settings.default_model, settings, speech)
-    voice = jambonz_voice(
-        query.get("voice", ""), query.get("language", ""), model, settings, speech
-    )
+    model = resolve_model(words.default_model, settings, words)
+    voice = jambonz_voice(query.get("voice", ""), query.get("language", ""), model, settings, words)
     raw = query.get("sampleRate", "8000")
     # (isascii and a length bound: isdigit alone takes "²", and int() refuses 4,300 digits)
     if not (raw.isascii() and raw.isdigit()) or len(raw) > 6 or int(raw) not in STREAM_RATES:

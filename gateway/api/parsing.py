@@ -8,7 +8,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiohttp import web
 from pydantic import ValidationError
@@ -22,7 +22,7 @@ from gateway.errors import BadRequest, PayloadTooLarge, RequestTimeout, clip
 from gateway.memo import BoundedMemo
 from gateway.runtime.settings import Settings
 from gateway.speech.request import Segment, SpeechRequest
-from gateway.speech.service import SpeechService
+from gateway.speech.vocabulary import Vocabulary
 from synth import audio
 from synth.engine import ParamValue
 from synth.upstream import VOICE_ID
@@ -226,6 +226,15 @@ def validate_text(
     return text
 
 
+class ExpansionMemo(BoundedMemo[tuple[object, ...], tuple[Segment, ...]]):
+    """SSML expansions by (raw text, model, voice, front end, limits): a repeated document is
+    not parsed again on paths the request memo does not cover (say URLs, jambonz, the Coqui and
+    Piper routes, Wyoming). Parsing's own: kept on the app beside the request memo."""
+
+    def __init__(self, size: int = 8192) -> None:
+        super().__init__(size)
+
+
 # Documents memoized by their raw text only up to this length: the memo holds each text as its
 # key, so its worst case stays a few tens of MB whatever max_input_chars is set to.
 EXPANSION_MEMO_MAX_CHARS = 4096
@@ -241,27 +250,36 @@ def ssml_limits(settings: Settings) -> SsmlLimits:
     )
 
 
+class Spoken(NamedTuple):
+    """What a request's text says, validated: its normalized ``text`` and, for an SSML
+    expansion plain text cannot stand for, its ``segments`` (else empty)."""
+
+    text: str
+    segments: tuple[Segment, ...] = ()
+
+
 def speech_text(
     raw: str,
     settings: Settings,
-    speech: SpeechService,
+    words: Vocabulary,
     model: str,
     voice: str,
     *,
     param: str = "input",
     normalize: str | None = None,
     ssml: bool | None = None,
-) -> tuple[str, tuple[Segment, ...]]:
-    """What ``raw`` says with ``voice`` of ``model``: ``(text, segments)`` for a
-    :class:`SpeechRequest`.
+    expansions: ExpansionMemo | None = None,
+) -> Spoken:
+    """What ``raw`` says with ``voice`` of ``model``, for :func:`build_request`.
 
-    SSML when ``ssml`` says so, or (``ssml`` None) when the text starts with ``<speak`` (a
+    ``expansions`` remembers SSML documents already expanded (by text, model, voice, front end
+    and limits). SSML when ``ssml`` says so, or (``ssml`` None) when the text starts with ``<speak`` (a
     startswith on the stripped text is all plain text pays); SSML content said to be SSML
     without its ``<speak>`` root is put in one. An expansion that is just words comes back as
     plain text with no segments, so it shares plain text's content address.
     """
     try:
-        return _speech_text(raw, settings, speech, model, voice, param, normalize, ssml)
+        return _speech_text(raw, settings, words, model, voice, param, normalize, ssml, expansions)
     except BadRequest as exc:
         if exc.param != "input" or param == "input":
             raise
@@ -272,30 +290,30 @@ def speech_text(
 def _speech_text(
     raw: str,
     settings: Settings,
-    speech: SpeechService,
+    words: Vocabulary,
     model: str,
     voice: str,
     param: str,
     normalize: str | None,
     ssml: bool | None,
-) -> tuple[str, tuple[Segment, ...]]:
-    handle = speech.models[model]
+    expansions: ExpansionMemo | None,
+) -> Spoken:
+    handle = words.models[model]
     language = handle.voice_language(voice)
     if not (ssml if ssml is not None else is_ssml(raw)):
-        return validate_text(raw, settings, param, normalize, language), ()
+        return Spoken(validate_text(raw, settings, param, normalize, language))
     _check_raw(raw, settings, param)
     document = raw if is_ssml(raw) else f"<speak>{raw}</speak>"
     mode = normalize or settings.normalize
     limits = ssml_limits(settings)
     memo_key = (raw, model, voice, mode, limits)
-    segments = speech.expansions.get(memo_key)
+    segments = expansions.get(memo_key) if expansions is not None else None
     if segments is None:
-        engine = handle.engine
         segments = expand(
             document,
             language=language,
-            engine=engine.name,
-            takes_phonemes=bool(getattr(engine, "takes_phonemes", False)),
+            engine=handle.engine_name,
+            takes_phonemes=handle.capabilities.takes_phonemes,
             limits=limits,
         )
         if mode == "numbers":
@@ -306,19 +324,19 @@ def _speech_text(
                 else dataclasses.replace(s, words=normalize_text(normalize_numbers(s.words, lang)))
                 for s in segments
             )
-        if len(raw) <= EXPANSION_MEMO_MAX_CHARS:
-            speech.expansions.put(memo_key, segments)
+        if expansions is not None and len(raw) <= EXPANSION_MEMO_MAX_CHARS:
+            expansions.put(memo_key, segments)
     plain = plain_text(segments)
     if plain is not None:
-        return plain, ()
-    return joined_words(segments), segments
+        return Spoken(plain)
+    return Spoken(joined_words(segments), segments)
 
 
-def resolve_model(name: str, settings: Settings, speech: SpeechService) -> str:
+def resolve_model(name: str, settings: Settings, words: Vocabulary) -> str:
     """Our model name for ``name`` (an alias such as ``tts-1`` or a model name)."""
-    resolved = settings.model_aliases.get(name, name)
-    if resolved not in speech.models:
-        known = sorted(set(speech.models) | set(settings.model_aliases))
+    resolved = words.model_aliases.get(name, name)
+    if resolved not in words.models:
+        known = sorted(set(words.models) | set(words.model_aliases))
         raise BadRequest(
             f"unknown model {clip(name)}; available: {', '.join(known)}",
             param="model",
@@ -327,19 +345,19 @@ def resolve_model(name: str, settings: Settings, speech: SpeechService) -> str:
     return resolved
 
 
-def resolve_voice(name: str, model: str, settings: Settings, speech: SpeechService) -> str:
+def resolve_voice(name: str, model: str, settings: Settings, words: Vocabulary) -> str:
     """Our voice name for ``name`` on ``model`` (an alias such as ``alloy`` or a voice name)."""
-    handle = speech.models[model]
+    handle = words.models[model]
     voices = handle.voice_names()
     if name in voices:
         return name
-    alias = settings.voice_aliases.get(name)
+    alias = words.voice_aliases.get(name)
     if alias is not None and alias in voices:
         return alias
     # An upstream (a paid provider) says what it was asked to: a name it does not list is
     # never swapped for another voice of it.
-    upstream = hasattr(handle.engine, "any_voice")
-    if getattr(handle.engine, "any_voice", False):
+    can = handle.capabilities
+    if can.any_voice:
         # voices = ["*"]: any voice id goes to the provider, which says whether it has it (its
         # refusal is a 400 with its message), once the id has a voice id's form.
         if not VOICE_ID.fullmatch(name):
@@ -350,10 +368,10 @@ def resolve_voice(name: str, model: str, settings: Settings, speech: SpeechServi
                 code="voice_not_found",
             )
         return name
-    if alias is not None and model != settings.default_model and voices and not upstream:
+    if alias is not None and model != words.default_model and voices and not can.remote:
         # OpenAI voice names on a model that lacks the aliased voice: use its first voice.
         return voices[0]
-    known = sorted(set(voices) | set(settings.voice_aliases))
+    known = sorted(set(voices) | set(words.voice_aliases))
     raise BadRequest(
         f"unknown voice {clip(name)} for model '{model}'; available: {', '.join(known)}",
         param="voice",
@@ -373,14 +391,46 @@ def resolve_format(name: str) -> audio.AudioFormat:
     return fmt
 
 
+def build_request(
+    spoken: Spoken,
+    *,
+    model: str,
+    voice: str,
+    fmt: audio.AudioFormat,
+    speed: float = 1.0,
+    sample_rate: int | None = None,
+    params: Mapping[str, ParamValue] | None = None,
+) -> SpeechRequest:
+    """The one constructor of a client's :class:`SpeechRequest`, from validated fields: the
+    text as :func:`speech_text` made it, ``model`` and ``voice`` resolved, ``fmt``, ``speed``
+    and ``sample_rate`` checked, and engine ``params`` beyond the voice's defaults (sorted here:
+    they enter the content address in one order)."""
+    return SpeechRequest(
+        text=spoken.text,
+        model=model,
+        voice=voice,
+        fmt=fmt,
+        speed=speed,
+        sample_rate=sample_rate,
+        params=tuple(sorted((params or {}).items())),
+        segments=spoken.segments,
+    )
+
+
 def parse_openai_speech(
-    body: Mapping[str, Any], settings: Settings, speech: SpeechService
+    body: Mapping[str, Any],
+    settings: Settings,
+    words: Vocabulary,
+    expansions: ExpansionMemo | None = None,
 ) -> SpeechRequest:
     """Validate an OpenAI ``/v1/audio/speech`` body (a parsed JSON object)."""
-    return speech_request(models_for(settings).speech.check(body), settings, speech).req
+    checked = models_for(settings).speech.check(body)
+    return speech_request(checked, settings, words, expansions).req
 
 
-def parse_speech_body(raw: bytes, settings: Settings, speech: SpeechService) -> SpeechCall:
+def parse_speech_body(
+    raw: bytes, settings: Settings, words: Vocabulary, expansions: ExpansionMemo | None = None
+) -> SpeechCall:
     """Validate the raw bytes of a ``/v1/audio/speech`` body.
 
     A valid body is parsed and validated in one pass (pydantic's JSON parser, faster than
@@ -396,22 +446,27 @@ def parse_speech_body(raw: bytes, settings: Settings, speech: SpeechService) -> 
         # Fields it does not know are kept as sent: held to the same depth as any body.
         if body.model_extra and json_depth_exceeds(body.model_extra, MAX_JSON_DEPTH - 1):
             raise too_deep()
-    return speech_request(body, settings, speech)
+    return speech_request(body, settings, words, expansions)
 
 
-def speech_request(body: SpeechBody, settings: Settings, speech: SpeechService) -> SpeechCall:
+def speech_request(
+    body: SpeechBody,
+    settings: Settings,
+    words: Vocabulary,
+    expansions: ExpansionMemo | None = None,
+) -> SpeechCall:
     """The checks a model cannot make alone (served models, voices and aliases, the configured
     limit's normalized text, streamable formats, fields to ignore), and the :class:`SpeechCall`."""
     unknown = sorted(body.model_extra or {})
     if unknown and settings.strict_fields:
         raise type(body).unknown_fields(unknown)
-    model = resolve_model(body.model, settings, speech)
+    model = resolve_model(body.model, settings, words)
     ignored: list[str] = []
-    params: tuple[tuple[str, ParamValue], ...] = ()
-    if body.instructions and getattr(speech.models[model].engine, "takes_instructions", False):
+    params: dict[str, ParamValue] = {}
+    if body.instructions and words.models[model].capabilities.takes_instructions:
         # An upstream that follows them (OpenAI's gpt-4o-mini-tts): they change the audio, so
         # they are part of the content address, and go to the provider with the text.
-        params = (("instructions", body.instructions),)
+        params["instructions"] = body.instructions
     elif body.instructions:
         # No local engine takes instructions (OpenAI's own tts-1 does not either). Ignored,
         # they stay out of the request and so out of the content address.
@@ -422,22 +477,28 @@ def speech_request(body: SpeechBody, settings: Settings, speech: SpeechService) 
                 code="unsupported_parameter",
             )
         ignored.append("instructions")
-    voice = resolve_voice(body.voice, model, settings, speech)
+    voice = resolve_voice(body.voice, model, settings, words)
     ssml = None if body.input_type is None else body.input_type == "ssml"
-    text, segments = speech_text(
-        body.input, settings, speech, model, voice, normalize=body.normalize, ssml=ssml
+    spoken = speech_text(
+        body.input,
+        settings,
+        words,
+        model,
+        voice,
+        normalize=body.normalize,
+        ssml=ssml,
+        expansions=expansions,
     )
     fmt = resolve_format(body.response_format or settings.default_format)
     stream, sse = streams(body, fmt)
-    req = SpeechRequest(
-        text=text,
+    req = build_request(
+        spoken,
         model=model,
         voice=voice,
         fmt=fmt,
         speed=body.speed,
         sample_rate=body.sample_rate,
         params=params,
-        segments=segments,
     )
     return SpeechCall(req, stream, sse, tuple(ignored) + header_names(unknown))
 

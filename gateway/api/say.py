@@ -24,13 +24,19 @@ import time
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from gateway.api.parsing import resolve_model, resolve_voice, speech_text
+from gateway.api.parsing import (
+    ExpansionMemo,
+    build_request,
+    resolve_model,
+    resolve_voice,
+    speech_text,
+)
 from gateway.errors import Forbidden
 from gateway.memo import BoundedMemo
 from gateway.runtime.settings import Settings
 from gateway.speech.request import SpeechRequest
-from gateway.speech.service import SpeechService
 from gateway.speech.telephony import Extension, extension
+from gateway.speech.vocabulary import Vocabulary
 
 SIGNED = "s"  # /v1/say/s/{token}/...: "s" is never a voice's URL segment there
 
@@ -60,23 +66,21 @@ def say_path(voice: str, text: str, ext: str, token: str | None = None) -> str:
 
 
 def parse_say(
-    voice: str, text: str, ext_name: str, settings: Settings, speech: SpeechService
+    voice: str,
+    text: str,
+    ext_name: str,
+    settings: Settings,
+    words: Vocabulary,
+    expansions: ExpansionMemo | None = None,
 ) -> SayParsed:
     """The request a say URL asks for, from its decoded path segments (the last one split at
     its last ``.``). The default model speaks; the voice may be an alias."""
     ext = extension(ext_name)
-    model = resolve_model(settings.default_model, settings, speech)
-    voice = resolve_voice(voice, model, settings, speech)
+    model = resolve_model(words.default_model, settings, words)
+    voice = resolve_voice(voice, model, settings, words)
     # A say URL may carry an SSML document (percent-encoded) like any text.
-    text, segments = speech_text(text, settings, speech, model, voice, param="text")
-    req = SpeechRequest(
-        text=text,
-        model=model,
-        voice=voice,
-        fmt=ext.fmt,
-        sample_rate=ext.rate,
-        segments=segments,
-    )
+    spoken = speech_text(text, settings, words, model, voice, param="text", expansions=expansions)
+    req = build_request(spoken, model=model, voice=voice, fmt=ext.fmt, sample_rate=ext.rate)
     return req, ext
 
 

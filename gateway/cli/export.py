@@ -39,7 +39,7 @@ async def run_export(
             defaults[name] = value
     metrics = Metrics()
     async with open_speech(settings, metrics, engines, wait_ready=True) as service:
-        requests = to_requests(prompts, defaults, settings, service)
+        requests = to_requests(prompts, defaults, settings, service.vocabulary)
         items = [
             ExportItem(str(p.id), req, p.where) for p, req in zip(prompts, requests, strict=True)
         ]

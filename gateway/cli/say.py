@@ -37,7 +37,7 @@ async def _say(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
             body["input_type"] = "ssml"
         if args.normalize:
             body["normalize"] = args.normalize
-        req = parse_openai_speech(body, settings, service)
+        req = parse_openai_speech(body, settings, service.vocabulary)
         if args.explain:
             return await service.explain(req)
         result = await service.speak(req)

@@ -41,7 +41,7 @@ async def _warm(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
         open_speech(settings, metrics, wait_ready=True) as service,
         open_pins(settings, service.store) as registry,
     ):
-        requests = to_requests(prompts, defaults, settings, service)
+        requests = to_requests(prompts, defaults, settings, service.vocabulary)
         with tqdm(
             total=len(requests), desc="warming", unit="prompt", file=sys.stderr, mininterval=0.2
         ) as bar:

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 
 from aiohttp import web
 
-from gateway.api.parsing import RequestMemo
+from gateway.api.parsing import ExpansionMemo, RequestMemo
 from gateway.api.say import SayMemo
 from gateway.http import keys
 from gateway.http.edge import add_routes
@@ -33,8 +33,10 @@ from gateway.runtime.ratelimit import KeyLimits
 from gateway.runtime.settings import Settings
 from gateway.runtime.workers import WORKER_INDEX_ENV
 from gateway.speech.assembly import RenderShare
+from gateway.speech.rollout import keep_following_revisions
 from gateway.wyoming.server import WyomingServer
 from metrics import Metrics
+from synth.cancellation import cancel_and_wait
 
 log = logging.getLogger("voxgate")
 
@@ -65,6 +67,7 @@ def create_app(
     app[keys.SETTINGS] = settings
     app[keys.METRICS] = metrics if metrics is not None else Metrics()
     app[keys.REQUEST_MEMO] = RequestMemo()
+    app[keys.EXPANSIONS] = ExpansionMemo()
     app[keys.SAY_MEMO] = SayMemo()
     app[keys.PRESENTATIONS] = Presentations.from_settings(settings)
     app[keys.ACCESS_LOG] = AccessLog.from_settings(settings)
@@ -141,13 +144,25 @@ def create_app(
             open_pins(settings, service.store) as pins,
         ):
             app[keys.SPEECH] = service
+            app[keys.VOCABULARY] = service.vocabulary
             app[keys.PINS] = pins
             share = RenderShare(shares, settings.renders_per_client, metrics.renders_refused)
             service.assembler.render_share = service.transcoder.render_share = share
             if settings.api_keys_file:
-                service.admit_synthesis = app[keys.LIMITS].admit_synthesis
+                service.masters.admit_synthesis = app[keys.LIMITS].admit_synthesis
             app[keys.STORE] = service.store
-            yield
+            # open_speech applied the revisions at start; this follows later switches.
+            refresh = settings.revision_refresh_s
+            follower = (
+                asyncio.ensure_future(keep_following_revisions(service, pins, refresh))
+                if refresh > 0
+                else None
+            )
+            try:
+                yield
+            finally:
+                if follower is not None:
+                    await cancel_and_wait(follower)
 
     async def wyoming_ctx(app: web.Application) -> AsyncIterator[None]:
         # Home Assistant's protocol, off unless a port is set; the same service.

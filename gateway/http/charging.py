@@ -3,7 +3,7 @@ which key asked (the route guard, a signed say URL's signer, a WebSocket's messa
 
 The key's ``requests_per_minute`` is checked (429 beyond), the request counted by key, the key
 named as the client whose queue share its misses take, and the key made the caller whose
-``chars_per_minute`` its misses spend (:data:`gateway.runtime.ratelimit.CALLER`).
+``chars_per_minute`` its misses spend (:mod:`gateway.speech.caller`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from aiohttp import web
 from gateway.http import keys
 from gateway.http.errors import Handler
 from gateway.runtime.apikeys import APIKey
-from gateway.runtime.ratelimit import CALLER
+from gateway.speech.caller import charged_to
 
 
 async def admit(request: web.Request, key: APIKey) -> None:
@@ -28,8 +28,5 @@ async def charged(request: web.Request, key: APIKey, handler: Handler) -> web.St
     """Run ``handler`` on ``key``'s account (see the module)."""
     request[keys.CLIENT_NAME] = key.name
     await admit(request, key)
-    token = CALLER.set(key)
-    try:
+    with charged_to(key):
         return await handler(request)
-    finally:
-        CALLER.reset(token)

@@ -16,13 +16,13 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from gateway.api.compat import COQUI_HEADERS, parse_coqui, parse_piper, parse_synthesize
-from gateway.api.parsing import front_end_may_run, read_json_object
+from gateway.api.parsing import ExpansionMemo, front_end_may_run, read_json_object
 from gateway.errors import BadRequest, RequestTimeout
 from gateway.http import keys
 from gateway.http.delivery import serve_speech
 from gateway.runtime.settings import Settings
 from gateway.speech.request import SpeechRequest
-from gateway.speech.service import SpeechService
+from gateway.speech.vocabulary import Vocabulary
 
 
 async def coqui_fields(request: web.Request) -> dict[str, Any]:
@@ -62,15 +62,16 @@ async def coqui_fields(request: web.Request) -> dict[str, Any]:
     return values
 
 
-Parser = Callable[[Any, Settings, SpeechService], SpeechRequest]
+Parser = Callable[[Any, Settings, Vocabulary, ExpansionMemo], SpeechRequest]
 
 
 async def _parse(request: web.Request, parse: Parser, values: Mapping[str, Any]) -> SpeechRequest:
     """``parse(values)``, off the event loop when a text front end may run."""
-    settings, service = request.app[keys.SETTINGS], request.app[keys.SPEECH]
+    app = request.app
+    settings, words, expansions = app[keys.SETTINGS], app[keys.VOCABULARY], app[keys.EXPANSIONS]
     if front_end_may_run(settings):
-        return await asyncio.to_thread(parse, values, settings, service)
-    return parse(values, settings, service)
+        return await asyncio.to_thread(parse, values, settings, words, expansions)
+    return parse(values, settings, words, expansions)
 
 
 async def api_tts(request: web.Request) -> web.StreamResponse:

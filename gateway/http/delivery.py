@@ -23,9 +23,9 @@ from gateway.http.hits import PreparedHit, hit_response
 from gateway.http.presentation import Presentation, audio_headers
 from gateway.memo import BoundedMemo
 from gateway.speech.assembly import SpeechStream
+from gateway.speech.caller import ask_as
 from gateway.speech.request import SpeechRequest
 from synth import audio
-from synth.scheduler import CLIENT
 
 log = logging.getLogger("voxgate.gateway")
 
@@ -111,7 +111,7 @@ async def serve_speech(
     # If-None-Match is answered against the entry held now (audio_response below): the key alone
     # does not say which bytes a client holds (other replicas, a synthesis after an eviction).
     # The synthesis queue's share is per client; this handler's tasks inherit the name.
-    CLIENT.set(client_of(request))
+    ask_as(client_of(request))
     answer = await service.answer(req, stream=stream)
     if isinstance(answer, SpeechStream):
         return await _stream(request, req, answer, extra)

@@ -110,11 +110,11 @@ async def speech(request: web.Request) -> web.StreamResponse:
     memo = app[keys.REQUEST_MEMO]
     call = memo.get(raw)
     if call is None:
-        service = app[keys.SPEECH]
+        words, expansions = app[keys.VOCABULARY], app[keys.EXPANSIONS]
         if front_end_may_run(settings, raw):
-            call = await asyncio.to_thread(parse_speech_body, raw, settings, service)
+            call = await asyncio.to_thread(parse_speech_body, raw, settings, words, expansions)
         else:
-            call = parse_speech_body(raw, settings, service)
+            call = parse_speech_body(raw, settings, words, expansions)
         memo.put(raw, call)
     # ETag / If-None-Match, Content-Length, and streaming: gateway.http.delivery.
     return await serve_speech(
@@ -154,7 +154,8 @@ async def ssml_explain(request: web.Request) -> web.Response:
     app = request.app
     settings, service = app[keys.SETTINGS], app[keys.SPEECH]
     raw = await read_body(request, settings.max_body_kb * 1024, settings.body_timeout_s)
-    call = await asyncio.to_thread(parse_speech_body, raw, settings, service)
+    words, expansions = app[keys.VOCABULARY], app[keys.EXPANSIONS]
+    call = await asyncio.to_thread(parse_speech_body, raw, settings, words, expansions)
     body = cast(Explanation, await service.explain(call.req))
     return web.json_response(body)
 

@@ -15,27 +15,27 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import json
 import logging
-from collections.abc import Awaitable
+from typing import NamedTuple
 
 from aiohttp import WSMsgType, web
 
 from gateway.api.jambonz import parse_jambonz, parse_stream_query
-from gateway.api.parsing import read_json_object, validate_text
+from gateway.api.parsing import Spoken, build_request, read_json_object, validate_text
 from gateway.errors import BadRequest, VoxgateError
 from gateway.http import keys
 from gateway.http.charging import admit
 from gateway.http.delivery import client_of, serve_speech
-from gateway.runtime.ratelimit import CALLER
 from gateway.runtime.settings import Settings
-from gateway.speech.request import SpeechRequest, SpeechResult
+from gateway.speech.caller import ask_as, caller
+from gateway.speech.request import SpeechResult
 from gateway.speech.service import SpeechService
+from gateway.speech.vocabulary import Vocabulary
 from synth import audio
 from synth.cancellation import cancel_and_wait
 from synth.errors import SynthesisError
-from synth.scheduler import CLIENT
+from synth.sentences import SentenceSplitter
 
 log = logging.getLogger("voxgate.gateway")
 
@@ -53,7 +53,7 @@ async def jambonz_tts(request: web.Request) -> web.StreamResponse:
     app = request.app
     settings = app[keys.SETTINGS]
     body = await read_json_object(request, app[keys.MAX_BODY_BYTES], settings.body_timeout_s)
-    req = parse_jambonz(body, settings, app[keys.SPEECH])
+    req = parse_jambonz(body, settings, app[keys.VOCABULARY], app[keys.EXPANSIONS])
     return await serve_speech(request, req, present=app[keys.PRESENTATIONS].jambonz)
 
 
@@ -71,23 +71,21 @@ async def jambonz_stream(request: web.Request) -> web.StreamResponse:
     settings = app[keys.SETTINGS]
     service = app[keys.SPEECH]
     # A bad query is a 400 before the upgrade, while a status can still say so.
-    model, voice, rate = parse_stream_query(dict(request.query), settings, service)
+    words = app[keys.VOCABULARY]
+    model, voice, rate = parse_stream_query(dict(request.query), settings, words)
     ws = web.WebSocketResponse(max_msg_size=app[keys.MAX_BODY_BYTES], heartbeat=30.0)
     await ws.prepare(request)
     request[keys.CACHE_RESULT] = "stream"
     # Whose queue share the sentences take (the key's name, else the address); tasks made
     # below inherit it, and the caller whose characters they spend (set by the route guard).
-    CLIENT.set(client_of(request))
+    ask_as(client_of(request))
     sockets = app[keys.KEYED_SOCKETS]
-    opened_by = CALLER.get()
+    opened_by = caller().key
     if opened_by is not None:
         sockets.add(ws, opened_by)
     await ws.send_json({"type": "connect", "data": {"sample_rate": rate, "base64_encoding": False}})
-    base = SpeechRequest(
-        text="", model=model, voice=voice, fmt=audio.FORMATS["pcm"], sample_rate=rate
-    )
-    stream = _Stream(request, ws, service, base, settings)
-    text = TextBuffer(service, settings.max_input_chars)
+    stream = _Stream(request, ws, service, Voice(model, voice, rate), settings)
+    text = TextBuffer(SentenceSplitter(), settings.max_input_chars)
     try:
         async for msg in ws:
             if msg.type != WSMsgType.TEXT:
@@ -141,11 +139,12 @@ class _Stream:
         request: web.Request,
         ws: web.WebSocketResponse,
         service: SpeechService,
-        base: SpeechRequest,
+        voice: Voice,
         settings: Settings,
     ) -> None:
         self.service = service
-        self.base = base
+        self.words = request.app[keys.VOCABULARY]
+        self.voice = voice
         self.settings = settings
         self.ws = ws
         self.backlog: collections.deque[str] = collections.deque()
@@ -176,7 +175,7 @@ class _Stream:
             self.backlog_chars -= len(sentence)
             self.changed.set()
             try:
-                task = _speak(self.service, self.base, sentence, self.settings)
+                task = _speak(self.service, self.words, self.voice, sentence, self.settings)
             except VoxgateError as exc:
                 with contextlib.suppress(ConnectionError):
                     await self.ws.send_json({"error": exc.message})
@@ -192,13 +191,28 @@ class _Stream:
             self.pending.get_nowait().cancel()
 
 
+class Voice(NamedTuple):
+    """What a streaming socket speaks in: its model, voice and sample rate (from its query)."""
+
+    model: str
+    voice: str
+    rate: int
+
+
 def _speak(
-    service: SpeechService, base: SpeechRequest, sentence: str, settings: Settings
+    service: SpeechService, words: Vocabulary, voice: Voice, sentence: str, settings: Settings
 ) -> asyncio.Task[SpeechResult]:
-    # Each sentence is its own request (and cache entry): a repeated sentence is a hit.
-    language = service.models[base.model].voice_language(base.voice)
+    # Each sentence is its own request (and cache entry): a repeated sentence is a hit. It is
+    # plain text (a stream carries no SSML).
+    language = words.models[voice.model].voice_language(voice.voice)
     text = validate_text(sentence, settings, param="text", language=language)
-    req = dataclasses.replace(base, text=text)
+    req = build_request(
+        Spoken(text),
+        model=voice.model,
+        voice=voice.voice,
+        fmt=audio.FORMATS["pcm"],
+        sample_rate=voice.rate,
+    )
     return asyncio.create_task(service.speak(req))
 
 
@@ -242,9 +256,8 @@ class TextBuffer:
     """Streamed text cut into sentences: complete ones go out as soon as the next begins, the
     rest on ``flush``. Bounded: a buffer that reaches the input limit is spoken as it is."""
 
-    def __init__(self, service: SpeechService, max_chars: int) -> None:
-        self._splitter = service.assembler.splitter
-        self._pool = service.assembler.encode_pool
+    def __init__(self, splitter: SentenceSplitter, max_chars: int) -> None:
+        self._splitter = splitter
         self._max = max_chars
         self._text = ""
 
@@ -271,8 +284,5 @@ class TextBuffer:
     async def _split(self) -> list[str]:
         if not self._text.strip():
             return []
-        loop = asyncio.get_running_loop()
-        split: Awaitable[list[str]] = loop.run_in_executor(
-            self._pool, self._splitter.split, self._text
-        )
-        return [p.strip() for p in await split if p.strip()]
+        split = await asyncio.to_thread(self._splitter.split, self._text)
+        return [p.strip() for p in split if p.strip()]

@@ -8,7 +8,7 @@ from aiohttp import web
 
 from cache.pins import PinRegistry
 from cache.store import TieredStore
-from gateway.api.parsing import RequestMemo
+from gateway.api.parsing import ExpansionMemo, RequestMemo
 from gateway.api.say import SayMemo
 from gateway.http.hits import FAST_HITS as FAST_HITS
 from gateway.http.observe import RequestObserver
@@ -21,6 +21,7 @@ from gateway.runtime.hostshare import HostTable
 from gateway.runtime.ratelimit import KeyLimits
 from gateway.runtime.settings import Settings
 from gateway.speech.service import SpeechService
+from gateway.speech.vocabulary import Vocabulary
 from gateway.wyoming.server import WyomingServer
 from metrics import Metrics
 
@@ -31,6 +32,9 @@ SPEECH = web.AppKey("speech", SpeechService)
 MAX_BODY_BYTES = web.AppKey("max_body_bytes", int)
 ACCESS_LOG = web.AppKey("access_log", AccessLog)
 REQUEST_MEMO = web.AppKey("request_memo", RequestMemo)
+# What requests may name (set with SPEECH), and parsing's memo of SSML documents expanded.
+VOCABULARY = web.AppKey("vocabulary", Vocabulary)
+EXPANSIONS = web.AppKey("expansions", ExpansionMemo)
 OBSERVER = web.AppKey("observer", RequestObserver)
 # Set when the Wyoming server runs (wyoming_port).
 WYOMING = web.AppKey("wyoming", WyomingServer)

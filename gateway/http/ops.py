@@ -27,8 +27,8 @@ from gateway.api.models import models_for
 from gateway.api.parsing import read_json_object
 from gateway.errors import BadRequest, PayloadTooLarge, Unavailable
 from gateway.http import keys
-from gateway.runtime.ratelimit import CALLER
 from gateway.runtime.settings import Settings
+from gateway.speech.caller import caller
 from gateway.speech.catalogue import pin, quota_message, render
 from gateway.speech.telephony import EXTENSIONS
 
@@ -70,6 +70,11 @@ class PinnedPrompt(TypedDict, total=False):
     voice: str
     format: str
     sample_rate: int | None
+    # Recorded from the rollout on (what re-renders a prompt): the speed when not 1, whether
+    # the text was cut to its first 1,000 characters, whether it was SSML (only its words kept).
+    speed: float
+    cut: bool
+    ssml: bool
 
 
 class PinnedPrompts(TypedDict):
@@ -113,10 +118,10 @@ def pin_owner(settings: Settings) -> tuple[str, PinQuota]:
     """Who the request's pins are charged to and their quota: the calling API key (its own
     quota within the total), or, without one, the one anonymous owner (the total alone)."""
     total = settings.pin_quota_mb * MIB
-    caller = CALLER.get()
-    if caller is None:
+    key = caller().key
+    if key is None:
         return ANONYMOUS, PinQuota(total)
-    return caller.name, PinQuota(total, settings.pin_quota_mb_per_key * MIB)
+    return key.name, PinQuota(total, settings.pin_quota_mb_per_key * MIB)
 
 
 def quota_error(exc: PinQuotaExceeded) -> PayloadTooLarge:
@@ -168,7 +173,7 @@ async def prompts(request: web.Request) -> web.Response:
     except CatalogueError as exc:
         # (Each id's form is the model's to check: what is left is an id used twice.)
         raise BadRequest(str(exc), param="prompts", code="duplicate_id") from exc
-    requests = to_requests(parsed, base, settings, service)
+    requests = to_requests(parsed, base, settings, app[keys.VOCABULARY])
     owner, quota = pin_owner(settings)
     metrics = app[keys.METRICS]
     try:

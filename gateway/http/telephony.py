@@ -26,9 +26,8 @@ from gateway.http.charging import charged
 from gateway.http.conditional import audio_response
 from gateway.http.delivery import client_of, serve_speech
 from gateway.http.hits import hit_response
-from gateway.runtime.ratelimit import CALLER
+from gateway.speech.caller import ask_as, caller
 from gateway.speech.telephony import extension
-from synth.scheduler import CLIENT
 
 AUDIO_EXT_ROUTE = "/v1/audio/{key}.{ext}"
 SAY_ROUTE = "/v1/say/{voice}/{text}.{ext}"
@@ -52,7 +51,7 @@ async def audio_by_key_ext(request: web.Request) -> web.StreamResponse:
     if not is_key(key):
         raise BadRequest("malformed audio key: expected 64 lowercase hex digits", param="key")
     app = request.app
-    CLIENT.set(client_of(request))  # a transcode made for it takes this client's share
+    ask_as(client_of(request))  # a transcode made for it takes this client's share
     present = app[keys.PRESENTATIONS].by_key[ext.name]
     transcoder = app[keys.SPEECH].transcoder
     known = transcoder.known_key(key, ext)
@@ -155,11 +154,11 @@ async def sign_say_url(request: web.Request) -> web.Response:
             param="expires_in",
         )
     # Signed only if it would play: an unknown voice or unspeakable text is refused now.
-    parse_say(body.voice, body.text, body.ext, settings, app[keys.SPEECH])
+    parse_say(body.voice, body.text, body.ext, settings, app[keys.VOCABULARY], app[keys.EXPANSIONS])
     expires = int(time.time()) + min(ttl, settings.signed_url_max_s)
     # The URL is charged to the key that signs it (none without a keys file).
-    caller = CALLER.get()
-    signer = caller.name if caller is not None else ""
+    key = caller().key
+    signer = key.name if key is not None else ""
     path = signed_say_path(secret, body.voice, body.text, body.ext, expires, signer)
     answer: SignedUrl = {
         "url": settings.public_url + path,
@@ -176,7 +175,8 @@ def _secret(request: web.Request) -> str:
 
 def _parse(request: web.Request, voice: str, text: str, ext: str) -> SayParsed:
     app = request.app
-    return parse_say(voice, text, ext, app[keys.SETTINGS], app[keys.SPEECH])
+    settings, words, expansions = app[keys.SETTINGS], app[keys.VOCABULARY], app[keys.EXPANSIONS]
+    return parse_say(voice, text, ext, settings, words, expansions)
 
 
 def self_authorized(request: web.Request) -> str | None:

@@ -29,7 +29,10 @@ from gateway.runtime.ratelimit import limits_storage_uri
 from gateway.runtime.settings import Settings
 from gateway.runtime.upstreams import upstream_configs
 from gateway.runtime.workers import POOL_SOCKET_ENV
-from gateway.speech.service import ModelHandle, SpeechService
+from gateway.speech.masters import ModelHandle
+from gateway.speech.rollout import follow_revisions
+from gateway.speech.service import SpeechService
+from gateway.speech.vocabulary import Vocabulary
 from metrics import Metrics
 from synth.cancellation import cancel_and_wait
 from synth.engine import Engine
@@ -123,7 +126,13 @@ def default_engine_specs(settings: Settings) -> dict[str, list[EngineSpec]]:
         "piper": [
             EngineSpec(
                 "synth.piper_engine:PiperEngine",
-                {"voices": voices, "intra_op_threads": threads, "use_cuda": d.startswith("cuda")},
+                {
+                    "voices": voices,
+                    "intra_op_threads": threads,
+                    "use_cuda": d.startswith("cuda"),
+                    "precision": settings.synthesis_precision,
+                    "derived_dir": settings.cache_dir / "piper-int8",
+                },
             )
             for d in devices
         ]
@@ -147,6 +156,7 @@ def default_engine_specs(settings: Settings) -> dict[str, list[EngineSpec]]:
                     "device": d,
                     "intra_op_threads": threads,
                     "onnx_dir": settings.cache_dir / "coqui-onnx",
+                    "precision": settings.synthesis_precision,
                 },
             )
             for d in devices
@@ -386,7 +396,7 @@ def _rate_storage(settings: Settings) -> Storage | None:
 
 def _max_batch(settings: Settings, engine: Engine) -> int:
     """Items per batch for ``engine``: the setting, bounded by what the engine batches exactly."""
-    return min(settings.effective_max_batch(), int(getattr(engine, "max_exact_batch", 1)))
+    return min(settings.effective_max_batch(), engine.capabilities.max_exact_batch)
 
 
 @contextlib.asynccontextmanager
@@ -412,13 +422,24 @@ async def open_speech(
             max_parallel_sentences=settings.max_parallel_sentences,
             max_sentence_chars=settings.max_sentence_chars,
             max_audio_s=settings.max_audio_s,
+            vocabulary=Vocabulary(
+                {name: handle.engine for name, handle in models.items()},
+                default_model=settings.default_model,
+                default_voice=settings.default_voice,
+                model_aliases=settings.model_aliases,
+                voice_aliases=settings.voice_aliases,
+            ),
         )
-        service.cross_replica = CrossReplicaFlight.for_tiers(  # None without Redis
+        service.masters.cross_replica = CrossReplicaFlight.for_tiers(  # None without Redis
             store.tiers,
             lock_ttl_s=settings.redis_lock_ttl_ms / 1000,
             max_wait_s=settings.redis_lock_wait_s,
             metrics=metrics,
         )
+        # The address revisions `voxgate rollout` switched, before anything is looked up (the
+        # server, warm, export, say: every user of the store addresses as the gateways do).
+        async with open_pins(settings, store) as registry:
+            await follow_revisions(service, registry)
         try:
             yield service
         finally:

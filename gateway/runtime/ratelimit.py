@@ -24,7 +24,6 @@ inflate the counters in use, or delete them).
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import hashlib
 import hmac
 import logging
@@ -44,19 +43,13 @@ from redis.exceptions import RedisError
 from gateway.errors import TooManyRequests
 from gateway.runtime.apikeys import APIKey
 from gateway.runtime.hostshare import HostTable
+from gateway.speech.caller import caller
 from metrics import Metrics, add_counts
 
 log = logging.getLogger("voxgate.auth")
 
 # Counter identities kept (key names of the keys file, over its reloads).
 _MAX_IDENTITIES = 4096
-
-# The key of the request being served: set by the route guard (gateway.http.auth), read where a
-# miss is sent to synthesis (tasks the request starts inherit it, so every sentence of its text
-# counts against it).
-CALLER: contextvars.ContextVar[APIKey | None] = contextvars.ContextVar(
-    "voxgate_caller", default=None
-)
 
 
 def limits_storage_uri(redis_url: str) -> tuple[type[LimitsRedisStorage], str, dict[str, Any]]:
@@ -268,7 +261,7 @@ class KeyLimits:
     async def admit_synthesis(self, chars: int) -> None:
         """Count ``chars`` characters sent to synthesis against the calling key's
         ``chars_per_minute`` (429 beyond); no key (keys off, a signed URL, the CLI): nothing."""
-        key = CALLER.get()
+        key = caller().key
         if key is None:
             return
         self.metrics.api_key_chars.labels(key.name).inc(chars)

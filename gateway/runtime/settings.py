@@ -367,6 +367,14 @@ class Settings(BaseSettings):
         "Runtime), int8 (dynamic quantization of Linear/LSTM layers; a no-op for VITS), "
         "fp16 or bf16 (autocast; fp16 needs CUDA).",
     )
+    synthesis_precision: Literal["fp32", "int8"] = _opt(
+        "synthesis",
+        "fp32",
+        "Precision of the ONNX Runtime graphs (Piper voices; Coqui in coqui_mode onnx): fp32, or "
+        "int8 (static QDQ quantization of the convolutions, derived once per model into "
+        "cache_dir; its own content addresses). docs/synthesis.md has the measured speed and "
+        "distance from fp32.",
+    )
     upstreams_file: str = _opt(
         "synthesis",
         "",
@@ -499,6 +507,15 @@ class Settings(BaseSettings):
         "for every replica with Redis: each pinned entry's size plus its record. A catalogue "
         "past it is refused (413) and pins nothing. Keep it below Redis's maxmemory.",
         ge=0,
+    )
+    revision_refresh_s: float = _opt(
+        "catalogue",
+        10.0,
+        "Seconds between two reads of the models' address revisions in the pin registry (what "
+        "voxgate rollout switches): how soon a running gateway serves a rolled-out revision. "
+        "0: read at start only.",
+        ge=0,
+        le=3600,
     )
     pin_quota_mb_per_key: int = _opt(
         "catalogue",

@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from gateway.runtime.settings import Settings
-from gateway.speech.service import ModelHandle
+from gateway.speech.masters import ModelHandle
 from synth.upstream import (
     UpstreamConfig,
     UpstreamEngine,

@@ -20,30 +20,50 @@ import concurrent.futures
 import dataclasses
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
 
 import numpy as np
 from prometheus_client import Counter
 
 from cache.entry import Entry
 from gateway.errors import TooManyRequests
+from gateway.speech.caller import caller
 from gateway.speech.request import CacheResult, SpeechRequest, segment_speed
 from metrics import Metrics
 from synth import audio, sentences
-from synth.engine import Audio
-from synth.scheduler import CLIENT, ClientShares
+from synth.engine import Audio, ParamValue
+from synth.scheduler import ClientShares
 
 log = logging.getLogger("voxgate.speech")
 
-# A sentence's master audio and how it was obtained: "hit" (stored), "miss" (synthesized by this
-# call) or "coalesced" (joined a synthesis already in flight).
-# fetch_master(request, on_queued): ``on_queued`` is called once the sentence is answered from
-# the store or handed to synthesis, so the next sentence may start its own lookup.
-MasterFetch = Callable[[SpeechRequest, Callable[[], None]], Awaitable[tuple[Audio, CacheResult]]]
 Store = Callable[[str, Entry], Awaitable[None]]
-# master_key(request, **extra): the format-free key of the request's text (extra parameters join).
-MasterKey = Callable[..., str]
+
+
+class MasterSource(Protocol):
+    """Where the assembler has each sentence's master (:class:`gateway.speech.masters.Masters`:
+    the store, else one synthesis), and what it must know of a model to plan a text."""
+
+    async def master(
+        self, req: SpeechRequest, on_queued: Callable[[], None] | None = None
+    ) -> tuple[Audio, CacheResult]:
+        """Sentence ``req``'s master audio and how it was had: "hit" (stored), "miss"
+        (synthesized by this call) or "coalesced" (joined a synthesis in flight).
+        ``on_queued`` is called once the sentence is answered from the store or handed to
+        synthesis, so the next sentence may start its own lookup."""
+        ...
+
+    def passes_through(self, model: str, rate: int) -> bool:
+        """Whether ``model``'s pcm may go to a stream as it arrives, at output ``rate``."""
+        ...
+
+    def master_key(self, req: SpeechRequest, **extra: ParamValue) -> str:
+        """The format-free key of ``req``'s text (``extra`` parameters join)."""
+        ...
+
+    def says_whole(self, model: str) -> bool:
+        """Whether ``model``'s texts are said whole, not sentence by sentence."""
+        ...
 
 
 @dataclasses.dataclass
@@ -62,8 +82,9 @@ class Production:
     # One event per sentence, set once it is answered from the store or queued for synthesis.
     queued: list[asyncio.Event] = dataclasses.field(default_factory=list)
     abandoned: bool = False
-    # How the sentences are joined (set with ``parts``).
+    # How the sentences are joined, and the one-sentence requests (set with ``parts``).
     layout: Layout | None = None
+    sentences: list[SpeechRequest] = dataclasses.field(default_factory=list)
     # How each sentence was had ("hit", "miss", "coalesced"), by index, once it has been.
     outcomes: dict[int, CacheResult] = dataclasses.field(default_factory=dict)
 
@@ -75,6 +96,86 @@ class Production:
         """Wait for the finished, stored rendition (a cancelled waiter does not cancel it)."""
         assert self.result is not None
         return await asyncio.shield(self.result)
+
+
+class PartialSentence:
+    """The raw 16-bit pcm of one sentence's synthesis in flight, piece by piece as the provider
+    sends it (an upstream whose runner ``passes_pcm``)."""
+
+    def __init__(self) -> None:
+        self.pieces: list[bytes] = []
+        self.finished = False
+        # Replaced at every change: each follower waits on the one it saw last.
+        self._changed = asyncio.Event()
+
+    def add(self, data: bytes) -> None:
+        """A piece arrived."""
+        self.pieces.append(data)
+        self._wake()
+
+    def finish(self) -> None:
+        """The call is over (its audio whole, or failed)."""
+        self.finished = True
+        self._wake()
+
+    def _wake(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def follow(self) -> AsyncGenerator[bytes]:
+        """Every piece, those already arrived first, until the call is over."""
+        i = 0
+        while True:
+            while i < len(self.pieces):
+                yield self.pieces[i]
+                i += 1
+            if self.finished:
+                return
+            await self._changed.wait()
+
+
+class PartialFeed:
+    """The sentences being synthesized whose pcm arrives in pieces, by master key: a stream
+    passes the pieces on as they come (streaming pass-through), while the whole is stored."""
+
+    def __init__(self) -> None:
+        self._calls: dict[str, PartialSentence] = {}
+        self._waiters: dict[str, list[asyncio.Future[PartialSentence]]] = {}
+
+    def open(self, mk: str) -> PartialSentence:
+        """A synthesis of master ``mk`` starts; its pieces go to the returned sentence."""
+        call = self._calls[mk] = PartialSentence()
+        for waiter in self._waiters.pop(mk, []):
+            if not waiter.done():
+                waiter.set_result(call)
+        return call
+
+    def close(self, mk: str, call: PartialSentence) -> None:
+        """The synthesis of ``mk`` is over."""
+        if self._calls.get(mk) is call:
+            del self._calls[mk]
+        call.finish()
+
+    async def sentence(self, mk: str, part: asyncio.Future[Audio]) -> PartialSentence | None:
+        """The synthesis of ``mk`` in flight, waiting for it to start; None once ``part`` (the
+        sentence's master, from the store or a synthesis) is had without one."""
+        call = self._calls.get(mk)
+        if call is not None or part.done():
+            return call
+        waiter: asyncio.Future[PartialSentence] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(mk, []).append(waiter)
+        try:
+            waits: set[asyncio.Future[Any]] = {waiter, part}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting = self._waiters.get(mk, [])
+            if waiter in waiting:
+                waiting.remove(waiter)
+                if not waiting:
+                    del self._waiters[mk]
+            if not waiter.done():
+                waiter.cancel()
+        return None if waiter.cancelled() else waiter.result()
 
 
 @dataclasses.dataclass
@@ -97,6 +198,13 @@ class SpeechStream:
     # Seconds of audio in the bytes made so far (``first`` and the chunks read).
     audio_s: float = 0.0
     _release: Callable[[], None] | None = None
+    # Streaming pass-through (raw pcm at the provider's rate): the feed of sentences in flight,
+    # each sentence's master key (None where a sentence cannot pass: its edges trimmed), and
+    # the rest of the first sentence's pieces when it passed.
+    _feed: PartialFeed | None = None
+    _keys: list[str | None] = dataclasses.field(default_factory=list)
+    _first_rest: AsyncIterator[bytes] | None = None
+    _first_part: asyncio.Future[Audio] | None = None
 
     def close(self) -> None:
         """Stop following the production (idempotent): the reader is gone or done."""
@@ -105,10 +213,32 @@ class SpeechStream:
             release()
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The encoded bytes after ``first``: one chunk per sentence, then the encoder's tail."""
+        """The encoded bytes after ``first``: one chunk per sentence (or, passing through, each
+        piece as the provider sends it), then the encoder's tail."""
         loop = asyncio.get_running_loop()
         rate = self._source_rate
+        if self._first_rest is not None:
+            async for piece in self._first_rest:
+                self.audio_s += len(piece) / 2 / rate
+                yield piece
+            assert self._first_part is not None
+            await asyncio.shield(self._first_part)  # a failure after the pieces ends the stream
         for i, part in enumerate(self._rest, start=1):
+            passing = (
+                await self._feed.sentence(mk, part)
+                if self._feed is not None and (mk := self._keys[i]) is not None
+                else None
+            )
+            if passing is not None:
+                gap = round(self._layout.gaps_ms[i] / 1000.0 * rate)
+                if gap:
+                    self.audio_s += gap / rate
+                    yield bytes(2 * gap)
+                async for piece in passing.follow():
+                    self.audio_s += len(piece) / 2 / rate
+                    yield piece
+                await asyncio.shield(part)
+                continue
             sentence = await asyncio.shield(part)
             rate = sentence.sample_rate
             pcm = self._layout.piece(i, sentence.pcm, rate)
@@ -210,8 +340,8 @@ class RenderShare:
     """Each client's share of the renditions being made at once: a rendition of stored masters
     (a new format or sample rate of audio said before) is a transcode, CPU that no synthesis
     queue bounds, so a client asking for many formats of one text could take every encoder.
-    The client is the calling context's (:data:`synth.scheduler.CLIENT`: the API key's name, else
-    the address); counts live in ``shares`` (the host's, in the gateway)."""
+    The client is the caller's (:mod:`gateway.speech.caller`: the API key's name, else the
+    address); counts live in ``shares`` (the host's, in the gateway)."""
 
     def __init__(self, shares: ClientShares, limit: int, refused: Counter) -> None:
         self.shares = shares
@@ -221,7 +351,7 @@ class RenderShare:
     def take(self) -> Callable[[], None] | None:
         """Count one rendition for the calling client (429 ``render_share`` past its limit); the
         call that gives it back, or None for no client (the CLI, a catalogue warm-up)."""
-        client = CLIENT.get()
+        client = caller().client
         if not client:
             return None
         name = "render:" + client
@@ -242,24 +372,23 @@ class Assembler:
     def __init__(
         self,
         *,
-        fetch_master: MasterFetch,
+        masters: MasterSource,
         store_put: Store,
         encode_pool: concurrent.futures.Executor,
         metrics: Metrics,
-        master_key: MasterKey | None = None,
         pause_ms: int = 250,
         max_parallel: int = 8,
         max_sentence_chars: int | None = None,
         splitter: sentences.SentenceSplitter | None = None,
-        unsplit: Callable[[str], bool] | None = None,
+        partials: PartialFeed | None = None,
     ) -> None:
-        self._fetch_master = fetch_master
-        # Models whose texts are not split into sentences (None: every model's are).
-        self._unsplit = unsplit
+        self._masters = masters
+        # Streaming pass-through: the sentences in flight whose pcm arrives in pieces (the
+        # masters open them), for streams to pass on.
+        self.partials = partials
         self._store_put = store_put
         self.encode_pool = encode_pool
         self.metrics = metrics
-        self._master_key = master_key
         self.pause_ms = pause_ms
         self.pause_s = pause_ms / 1000.0
         self.max_parallel = max(1, max_parallel)
@@ -357,8 +486,13 @@ class Assembler:
         self._join(prod)
         try:
             parts = await prod.sentence_parts()
-            first = await asyncio.shield(parts[0])
             assert prod.layout is not None  # set before the parts
+            keys = self._passing_keys(req, rate, prod)
+            if keys is not None:
+                passing = await self._pass_through(req, rate, prod, parts, leader, keys)
+                if passing is not None:
+                    return passing
+            first = await asyncio.shield(parts[0])
             pcm = prod.layout.piece(0, first.pcm, first.sample_rate)
             # One encoder for the whole stream (continuous MP3/AAC: no encoder delay at joins).
             encoder, data = await asyncio.get_running_loop().run_in_executor(
@@ -381,13 +515,77 @@ class Assembler:
             _source_rate=first.sample_rate,
             audio_s=len(pcm) / first.sample_rate,
             _release=functools.partial(self._leave, prod),
+            # The sentences after a stored first one may still pass through.
+            _feed=self.partials if keys is not None else None,
+            _keys=keys or [],
+        )
+
+    def _passing_keys(
+        self, req: SpeechRequest, rate: int, prod: Production
+    ) -> list[str | None] | None:
+        """Per sentence of ``prod``, the master key a stream follows the pieces of (None for a
+        sentence made whole: its edges trimmed beside an SSML break); None when nothing may
+        pass (another format than raw pcm, another rate than the provider's, a model whose
+        calls do not come in pieces here)."""
+        layout = prod.layout
+        if (
+            self.partials is None
+            or layout is None
+            or req.fmt.name != "pcm"
+            or not self._masters.passes_through(req.model, rate)
+        ):
+            return None
+        return [
+            None if layout.trims[i] or layout.trims[i + 1] else self._masters.master_key(sentence)
+            for i, sentence in enumerate(prod.sentences)
+        ]
+
+    async def _pass_through(
+        self,
+        req: SpeechRequest,
+        rate: int,
+        prod: Production,
+        parts: list[asyncio.Future[Audio]],
+        leader: bool,
+        keys: list[str | None],
+    ) -> SpeechStream | None:
+        """``prod`` as a stream whose first sentence passes the provider's pcm on as it
+        arrives; None when that sentence comes whole (stored, or its call sent no piece)."""
+        feed, layout, mk = self.partials, prod.layout, keys[0]
+        if feed is None or layout is None or mk is None:
+            return None
+        call = await feed.sentence(mk, parts[0])
+        if call is None:
+            return None
+        pieces = call.follow()
+        head = await anext(pieces, None)
+        if head is None:  # the call ended without a piece: the whole (or its failure) decides
+            await pieces.aclose()
+            return None
+        gap = bytes(2 * round(layout.gaps_ms[0] / 1000.0 * rate))
+        return SpeechStream(
+            key=prod.key,
+            rate=rate,
+            cache="miss" if leader and prod.outcomes.get(0) != "coalesced" else "coalesced",
+            first=gap + head,
+            _rest=parts[1:],
+            _encoder=audio.StreamEncoder(req.fmt, rate),
+            _pool=self.encode_pool,
+            _layout=layout,
+            _source_rate=rate,
+            audio_s=(len(gap) + len(head)) / 2 / rate,
+            _release=functools.partial(self._leave, prod),
+            _feed=feed,
+            _keys=keys,
+            _first_rest=pieces,
+            _first_part=parts[0],
         )
 
     async def _run(self, prod: Production) -> tuple[Entry, CacheResult]:
         req = prod.req
         loop = asyncio.get_running_loop()
         try:
-            whole = self._unsplit is not None and self._unsplit(req.model)
+            whole = self._masters.says_whole(req.model)
             args = (req, self.splitter, self.max_sentence_chars, self.pause_ms, whole)
             if not req.segments and (
                 whole or self.splitter.whole(req.text, self.max_sentence_chars)
@@ -400,6 +598,7 @@ class Assembler:
             prod.parts.set_exception(exc)
             raise
         prod.layout = layout
+        prod.sentences = texts
         gate = asyncio.Semaphore(self.max_parallel)
         outcomes: list[CacheResult] = []
 
@@ -415,7 +614,7 @@ class Assembler:
                 if i:
                     await turns[i - 1].wait()
                 try:
-                    master, outcome = await self._fetch_master(sentence, turns[i].set)
+                    master, outcome = await self._masters.master(sentence, turns[i].set)
                 finally:
                     turns[i].set()
             outcomes.append(outcome)
@@ -440,15 +639,13 @@ class Assembler:
             self.metrics.transcodes.labels(req.fmt.name).inc()
         # The rendition names its masters, so another encoding of it is a transcode of them
         # (gateway.speech.telephony), whoever asks and by whichever address.
-        recipe: dict[str, Any] = {}
-        if self._master_key is not None:
-            recipe = {
-                "master": self._master_key(req, sentence_pause_ms=self.pause_ms),
-                "parts": tuple(self._master_key(t) for t in texts),
-                "pause_ms": self.pause_ms,
-                "gaps_ms": layout.gaps_ms if layout.exact else (),
-                "trims": layout.trims if layout.exact else (),
-            }
+        recipe: dict[str, Any] = {
+            "master": self._masters.master_key(req, sentence_pause_ms=self.pause_ms),
+            "parts": tuple(self._masters.master_key(t) for t in texts),
+            "pause_ms": self.pause_ms,
+            "gaps_ms": layout.gaps_ms if layout.exact else (),
+            "trims": layout.trims if layout.exact else (),
+        }
         entry = await loop.run_in_executor(
             self.encode_pool,
             _rendition_entry,

@@ -171,8 +171,9 @@ async def render(
 
 def prompt_label(req: SpeechRequest, result: PromptResult, ident: str | None) -> dict[str, Any]:
     """What ``GET /v1/prompts`` lists for a pinned prompt (the entry holds no text): its words
-    (cut to LABEL_TEXT_CHARS), id, model, voice, format and sample rate."""
-    return {
+    (cut to LABEL_TEXT_CHARS), id, model, voice, format and sample rate, and the speed when
+    not 1."""
+    label: dict[str, Any] = {
         "id": ident,
         "text": req.text[:LABEL_TEXT_CHARS],
         "model": req.model,
@@ -180,6 +181,14 @@ def prompt_label(req: SpeechRequest, result: PromptResult, ident: str | None) ->
         "format": req.fmt.name,
         "sample_rate": result.sample_rate,
     }
+    # What `voxgate rollout` needs to say the prompt again (gateway/speech/rollout.py).
+    if req.speed != 1.0:
+        label["speed"] = req.speed
+    if len(req.text) > LABEL_TEXT_CHARS:
+        label["cut"] = True
+    if req.segments:
+        label["ssml"] = True  # the words are kept, not the pauses and rates around them
+    return label
 
 
 async def _stored(service: SpeechService, key: str) -> Entry | None:

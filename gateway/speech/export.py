@@ -205,7 +205,9 @@ async def export(
 
     for item in items:
         manifest[item.ident] = {
-            "key": service.master_key_for(item.req, sentence_pause_ms=service.sentence_pause_ms),
+            "key": service.masters.master_key(
+                item.req, sentence_pause_ms=service.sentence_pause_ms
+            ),
             "text": item.req.text,
             "voice": item.req.voice,
             "model": item.req.model,

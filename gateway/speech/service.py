@@ -12,17 +12,16 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 
-from cache.distributed import CrossReplicaFlight
 from cache.entry import Entry
-from cache.keys import master_key, rendition_key
+from cache.keys import rendition_key
 from cache.singleflight import SingleFlight
 from cache.store import TieredStore
 from gateway.errors import BadRequest
 from gateway.memo import BoundedMemo
-from gateway.speech.assembly import Assembler, SpeechStream, plan
+from gateway.speech.assembly import Assembler, PartialFeed, SpeechStream, plan
+from gateway.speech.masters import FreeTally, Masters, ModelHandle
 from gateway.speech.request import (
     CacheResult,
     Segment,
@@ -31,11 +30,10 @@ from gateway.speech.request import (
     segment_speed,
 )
 from gateway.speech.telephony import Transcoder
+from gateway.speech.vocabulary import Vocabulary
 from metrics import Metrics
 from synth import audio, sentences
-from synth.engine import Audio, Engine, ParamValue, SynthesisItem
-from synth.errors import Overloaded
-from synth.scheduler import Scheduler
+from synth.engine import Engine
 
 log = logging.getLogger("voxgate.speech")
 
@@ -64,38 +62,6 @@ def estimated_request_s(req: SpeechRequest) -> float:
     return total
 
 
-@dataclass
-class ModelHandle:
-    """A served model: its engine (for metadata) and the scheduler that runs it."""
-
-    name: str
-    engine: Engine
-    scheduler: Scheduler
-    ready: asyncio.Event
-    _voice_names: list[str] | None = None
-    _languages: dict[str, str] | None = None
-
-    def voice_language(self, voice: str) -> str:
-        """The language code of ``voice`` ("en_US"), "" when the engine names none."""
-        if self._languages is None:
-            self._languages = {v.name: v.language for v in self.engine.voices()}
-        return self._languages.get(voice, "")
-
-    def voice_names(self) -> list[str]:
-        """Names of the voices this model serves (an engine's voices do not change once built)."""
-        if self._voice_names is None:
-            self._voice_names = [v.name for v in self.engine.voices()]
-        return self._voice_names
-
-
-def _master_entry(req: SpeechRequest, result: Audio) -> tuple[Audio, Entry]:
-    """Freshly synthesized audio as stored, and the master entry that stores it (runs off the
-    loop)."""
-    stored, master = audio.master_of(result.pcm, result.sample_rate)
-    entry = req.entry(master, audio.MASTER_FORMAT, result.sample_rate, result.duration_s)
-    return Audio(stored, result.sample_rate), entry
-
-
 class SpeechService:
     """Answers speech requests from the store, synthesizing each distinct master once."""
 
@@ -110,6 +76,7 @@ class SpeechService:
         max_parallel_sentences: int = 8,
         max_sentence_chars: int | None = None,
         max_audio_s: float | None = None,
+        vocabulary: Vocabulary | None = None,
     ) -> None:
         self.store = store
         self.max_audio_s = max_audio_s
@@ -119,49 +86,41 @@ class SpeechService:
         self._renditions: SingleFlight[tuple[Entry, CacheResult]] = SingleFlight(
             cancel_abandoned=True
         )
-        # A master and whether this replica made it (False: adopted from another's synthesis).
-        self._masters: SingleFlight[tuple[Audio, bool]] = SingleFlight()
-        # Set when Redis is configured: one replica of many synthesizes each master.
-        self.cross_replica: CrossReplicaFlight | None = None
-        # Set with API keys on: called with a sentence's length before this process
-        # starts synthesizing it (misses only; joining one in flight is free); raises to refuse
-        # it (a key over its chars_per_minute).
-        self.admit_synthesis: Callable[[int], Awaitable[None]] | None = None
         # Content addresses of recent requests: hashing the canonical JSON is most of a hit's CPU
         # cost, and the same few thousand prompts repeat. Bounded; evicts oldest first.
         self._key_memo: BoundedMemo[tuple[object, ...], tuple[str, str, int]] = BoundedMemo(
             KEY_MEMO_SIZE
         )
-        # SSML expansions by (raw text, voice language, engine, front end, limits): a repeated
-        # document is not parsed again on paths the request memo does not cover (say URLs,
-        # jambonz, the Coqui and Piper routes). Filled by gateway.api.parsing.
-        self.expansions: BoundedMemo[tuple[object, ...], tuple[Segment, ...]] = BoundedMemo(
-            KEY_MEMO_SIZE
+        # What requests may name, for parsing (gateway.api), which never sees this service.
+        self.vocabulary = vocabulary or Vocabulary(
+            {name: handle.engine for name, handle in self.models.items()}
         )
         self._encode_pool = concurrent.futures.ThreadPoolExecutor(
             encode_threads, thread_name_prefix="encode"
         )
         self.sentence_pause_ms = sentence_pause_ms
-        # Upstream models (remote providers billed per character) by their price per million
-        # characters, and the characters of theirs served without a call since the last flush:
-        # tallied here (the hit path), added to the metrics in bulk before every collection.
-        self._prices: dict[str, float] = {
-            name: float(getattr(handle.engine, "price_per_million_chars", 0.0))
-            for name, handle in self.models.items()
-            if hasattr(handle.engine, "price_per_million_chars")
-        }
-        self._served_free: dict[str, int] = {}
-        metrics.before_collect(self.flush_upstream_tally)
+        # Characters of upstream models served without a call to them (hits, stored sentences,
+        # joined calls), added to the metrics in bulk before every collection.
+        self.tally = FreeTally(self.models, metrics)
+        metrics.before_collect(self.tally.flush)
+        # Below the assembler, beside the store: each sentence's master, stored or synthesized
+        # once. The assembler asks it, never this service (the speech path flows one way).
+        self.masters = Masters(store, self.models, metrics, self._encode_pool, self.tally)
+        # Streaming pass-through: the masters open a sentence per synthesis whose pcm comes in
+        # pieces; the assembler's streams follow them.
+        self.masters.partials = PartialFeed()
+        # ``_addressing`` is replaced at every switch of an address revision (voxgate rollout),
+        # so a request carrying keys computed before it computes them again.
+        self._addressing = object()
         self.assembler = Assembler(
-            fetch_master=self.master_audio,
+            masters=self.masters,
+            partials=self.masters.partials,
             store_put=self.store.put,
             encode_pool=self._encode_pool,
             metrics=metrics,
-            master_key=self.master_key_for,
             pause_ms=sentence_pause_ms,
             max_parallel=max_parallel_sentences,
             max_sentence_chars=max_sentence_chars,
-            unsplit=self._unsplit,
         )
         # Other encodings of stored audio by content address (GET /v1/audio/{key}.{ext}).
         self.transcoder = Transcoder(
@@ -171,28 +130,6 @@ class SpeechService:
             self._encode_pool,
         )
 
-    def _unsplit(self, model: str) -> bool:
-        """Whether ``model`` says each text whole (an upstream with ``split = "whole"``)."""
-        return not getattr(self.models[model].engine, "splits_sentences", True)
-
-    def served_free(self, req: SpeechRequest) -> None:
-        """``req``'s characters were served without a call to its model: counted for upstream
-        models (the characters a provider did not bill), nothing for local ones."""
-        if req.model in self._prices:
-            tally = self._served_free
-            tally[req.model] = tally.get(req.model, 0) + len(req.text)
-
-    def flush_upstream_tally(self) -> None:
-        """Add the characters served without a call since the last flush to the metrics."""
-        tally, self._served_free = self._served_free, {}
-        m = self.metrics
-        for model, chars in tally.items():
-            m.upstream_chars_cached.labels(model).inc(chars)
-            # Read now: a reload of the upstreams file may have changed it.
-            price = float(getattr(self.models[model].engine, "price_per_million_chars", 0.0))
-            if price:
-                m.upstream_saved.labels(model).inc(chars * price / 1e6)
-
     async def close(self) -> None:
         """Stop productions in flight and release the encoder threads (joining threads blocks:
         done off the loop)."""
@@ -201,26 +138,17 @@ class SpeechService:
 
     # ---- addressing -------------------------------------------------------------------------
 
-    def params_for(self, req: SpeechRequest) -> dict[str, ParamValue]:
-        """Everything that shapes the sound, for the master key."""
-        engine = self.models[req.model].engine
-        params = {**engine.default_params(req.voice), **dict(req.params), "speed": req.speed}
-        if req.phonemes:
-            params["phonemes"] = True  # the same characters read as IPA are other speech
-        return params
+    def revision_of(self, model: str) -> str:
+        """The address revision ``model`` is served at ("" before any rollout)."""
+        return self.masters.revision_of(model)
 
-    def master_key_for(self, req: SpeechRequest, **extra: ParamValue) -> str:
-        """The format-free key of ``req``'s text, or of its SSML expansion (``extra`` joins the
-        parameters)."""
-        engine = self.models[req.model].engine
-        return master_key(
-            text=req.text,
-            engine=engine.name,
-            voice=req.voice,
-            fingerprint=engine.fingerprint,
-            params={**self.params_for(req), **extra},
-            expansion=[seg.key_material() for seg in req.segments],
-        )
+    def apply_revisions(self, table: Mapping[tuple[str, str], str]) -> list[str]:
+        """Serve each model at the revision ``table`` (the pin registry's) holds for its
+        engine's fingerprint (:meth:`Masters.apply_revisions`); the models that changed."""
+        changed = self.masters.apply_revisions(table)
+        if changed:
+            self._addressing = object()
+        return changed
 
     def keys_for(self, req: SpeechRequest) -> tuple[str, str, int]:
         """``(master_key, rendition_key, output_rate)`` of ``req`` (memoized).
@@ -233,7 +161,7 @@ class SpeechService:
         # this service: a request object is only ever validated against one), so a hit skips
         # building and hashing the memo tuple below.
         cached = req.keys_cache
-        if cached is not None and cached[0] is self:
+        if cached is not None and cached[0] is self._addressing:
             return cached[1]
         engine = self.models[req.model].engine
         memo_key = (
@@ -244,7 +172,7 @@ class SpeechService:
             req.speed,
             req.sample_rate,
             req.params,
-            engine.fingerprint,
+            self.masters.fingerprint_of(req.model),
             req.segments,
             req.phonemes,
         )
@@ -252,12 +180,12 @@ class SpeechService:
         if keys is None:
             keys = self._compute_keys(req, engine)
             self._key_memo.put(memo_key, keys)
-        object.__setattr__(req, "keys_cache", (self, keys))
+        object.__setattr__(req, "keys_cache", (self._addressing, keys))
         return keys
 
     def _compute_keys(self, req: SpeechRequest, engine: Engine) -> tuple[str, str, int]:
-        mk = self.master_key_for(req)
-        assembled = self.master_key_for(req, sentence_pause_ms=self.sentence_pause_ms)
+        mk = self.masters.master_key(req)
+        assembled = self.masters.master_key(req, sentence_pause_ms=self.sentence_pause_ms)
         rate = audio.output_rate(req.fmt, engine.sample_rate, req.sample_rate)
         return mk, rendition_key(assembled, fmt=req.fmt.name, sample_rate=rate), rate
 
@@ -269,8 +197,8 @@ class SpeechService:
         entry = self.store.get_memory(key)
         if entry is None:
             return None
-        if self._prices:
-            self.served_free(req)
+        if self.tally.priced:
+            self.tally.add(req)
         return key, entry
 
     async def answer(
@@ -284,11 +212,11 @@ class SpeechService:
         self.check_budget(req)
         key, rate, entry = await self.lookup(req)
         if entry is not None:
-            self.served_free(req)
+            self.tally.add(req)
             return SpeechResult(entry, key, "hit")
         stream_ = await self.assembler.stream(req, key, rate)
         if stream_.cache == "coalesced":
-            self.served_free(req)  # joined a production another request started
+            self.tally.add(req)  # joined a production another request started
         return stream_
 
     def check_budget(self, req: SpeechRequest) -> None:
@@ -315,14 +243,14 @@ class SpeechService:
             found = await self.store.get(rk)
             entry = found.entry if found is not None else None
         if entry is not None:
-            self.served_free(req)
+            self.tally.add(req)
             return SpeechResult(entry, rk, "hit")
         (entry, outcome), leader = await self._renditions.do(
             rk, lambda: self._produce(req, mk, rk, rate)
         )
         if not leader:
-            # (A leader's sentences were counted one by one, in master_audio.)
-            self.served_free(req)
+            # (A leader's sentences were counted one by one, by its masters.)
+            self.tally.add(req)
         if not leader or outcome == "coalesced":
             # Waited for a synthesis another request (here) or another replica (through Redis)
             # ran: not a synthesis for this response, and only one response says MISS.
@@ -346,103 +274,6 @@ class SpeechService:
             entry = found.entry if found is not None else None
         return rk, rate, entry
 
-    async def master_audio(
-        self, req: SpeechRequest, on_queued: Callable[[], None] | None = None
-    ) -> tuple[Audio, CacheResult]:
-        """The master audio of ``req`` (one sentence) and how it was had: ``"hit"`` (stored),
-        ``"miss"`` (synthesized for this call) or ``"coalesced"`` (joined one in flight).
-
-        ``on_queued`` is called as soon as the store has answered or the synthesis is queued
-        (the assembler uses it to queue a text's sentences in order)."""
-        mk = self.master_key_for(req)
-        found = await self.store.get(mk)
-        decoded = None if found is None else await self._decode_stored(mk, found.entry, found.tier)
-        if found is not None and decoded is not None:
-            if on_queued is not None:
-                on_queued()
-            self.served_free(req)
-            return decoded, "hit"
-        if self._masters.running(mk):
-            if on_queued is not None:
-                on_queued()  # joining a synthesis already queued
-        elif self.admit_synthesis is not None:
-            # Charged before the master's shared production starts, not inside it: a refusal
-            # (429) then fails this caller's text only, never others that join the master.
-            await self.admit_synthesis(len(req.text))
-        (stored, made_here), leader = await self._masters.do(
-            mk, lambda: self._synthesize_once(req, mk, on_queued)
-        )
-        if leader and made_here:
-            return stored, "miss"
-        self.served_free(req)
-        return stored, "coalesced"
-
-    async def _synthesize_once(
-        self, req: SpeechRequest, mk: str, on_queued: Callable[[], None] | None = None
-    ) -> tuple[Audio, bool]:
-        """Master ``mk`` as stored, synthesized once; once across all replicas when Redis is
-        configured: another replica's master is adopted from Redis, decoded exactly as
-        :func:`audio.master_of` renders a fresh one, so every replica sends the same bytes.
-        The flag is True when this replica synthesized it, False when it was adopted."""
-
-        async def produce() -> tuple[Audio, bool]:
-            return await self._synthesize(req, mk, on_queued), True
-
-        if self.cross_replica is None:
-            return await produce()
-        if on_queued is not None:
-            on_queued()  # across replicas the order is not ours to keep: do not hold the rest
-
-        async def adopt(entry: Entry) -> tuple[Audio, bool]:
-            decoded = await self._decode_stored(mk, entry, "redis")  # adopted from Redis
-            return (decoded, False) if decoded is not None else await produce()
-
-        return await self.cross_replica.run(mk, produce, adopt)
-
-    async def _decode_stored(self, mk: str, entry: Entry, tier: str) -> Audio | None:
-        """The PCM of stored master ``mk``, or None when it does not decode: then it is
-        deleted from every tier (counted as corrupt) so that it is synthesized anew, where it
-        once made every new format of its sentence a 500, even after Redis was flushed."""
-        loop = asyncio.get_running_loop()
-        try:
-            pcm, rate = await loop.run_in_executor(
-                self._encode_pool, audio.decode_master, entry.audio
-            )
-        except audio.UndecodableAudio as exc:
-            self.metrics.cache_lookups.labels(tier, "corrupt").inc()
-            log.warning("stored master deleted key=%s: %s", mk, exc)
-            await self.store.delete(mk)
-            return None
-        return Audio(pcm, rate)
-
-    async def _synthesize(
-        self, req: SpeechRequest, mk: str, on_queued: Callable[[], None] | None = None
-    ) -> Audio:
-        """Synthesize ``req`` (one sentence), store its master under ``mk`` and return the
-        audio as stored (:func:`audio.master_of`)."""
-        handle = self.models[req.model]
-        if not handle.ready.is_set():
-            raise Overloaded(f"model '{req.model}' is still loading", retry_after_s=2.0)
-        item = SynthesisItem(req.text, req.voice, req.speed, dict(req.params), req.phonemes)
-        if on_queued is not None:
-            # submit() queues the item before its first suspension; this runs right after.
-            asyncio.get_running_loop().call_soon(on_queued)
-        result = await handle.scheduler.submit(item)
-        # One job off the loop: the 16-bit samples once, the FLAC master from them, its checksum
-        # and digest (a miss's CPU here is taken from the synthesis workers on the same cores).
-        stored, entry = await asyncio.get_running_loop().run_in_executor(
-            self._encode_pool, _master_entry, req, result
-        )
-        await self.store.put(mk, entry)
-        log.info(
-            "synthesized key=%s model=%s voice=%s audio_s=%.2f",
-            mk,
-            req.model,
-            req.voice,
-            result.duration_s,
-        )
-        return stored
-
     async def explain(self, req: SpeechRequest) -> dict[str, object]:
         """What ``req`` would say and where its audio lives, without synthesizing: its
         expansion (segments), the sentences it is made of (each a cached master) and how they
@@ -456,7 +287,7 @@ class SpeechService:
             self.assembler.splitter,
             self.assembler.max_sentence_chars,
             self.sentence_pause_ms,
-            self._unsplit(req.model),
+            self.masters.says_whole(req.model),
         )
         segments = req.segments or (Segment(req.text),)
         return {
@@ -474,7 +305,7 @@ class SpeechService:
                     "speed": part.speed,
                     "phonemes": part.phonemes,
                     "pause_before_ms": layout.gaps_ms[i],
-                    "master": self.master_key_for(part),
+                    "master": self.masters.master_key(part),
                 }
                 for i, part in enumerate(parts)
             ],

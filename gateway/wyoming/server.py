@@ -59,18 +59,19 @@ from wyoming.tts import (
 
 from cache.keys import normalize_text
 from gateway.api.compat import check_language, check_speaker, find_voice
-from gateway.api.parsing import front_end_may_run, speech_text
+from gateway.api.parsing import ExpansionMemo, build_request, front_end_may_run, speech_text
 from gateway.errors import BadRequest, VoxgateError
 from gateway.runtime.buildinfo import version
 from gateway.runtime.settings import Settings
 from gateway.speech.assembly import SpeechStream
+from gateway.speech.caller import ask_as
 from gateway.speech.request import SpeechRequest
 from gateway.speech.service import SpeechService
 from metrics import Metrics
 from synth import audio
 from synth.cancellation import cancel_and_wait
 from synth.errors import ClientQueueFull, SynthesisError
-from synth.scheduler import CLIENT
+from synth.sentences import SentenceSplitter
 
 log = logging.getLogger("voxgate.wyoming")
 
@@ -201,6 +202,7 @@ class SpeechEventHandler(AsyncEventHandler):
         super().__init__(reader, writer)
         self.server = server
         self.service = server.service
+        self.words = server.words
         self.settings = server.settings
         self.metrics = server.metrics
         # A text stream (synthesize-start ... synthesize-stop): its voice and unspoken text.
@@ -230,7 +232,7 @@ class SpeechEventHandler(AsyncEventHandler):
         self.server.tasks.add(task)
         # The protocol carries no key: each connection is a client with its own share of the
         # synthesis queue (queue_per_client) and of the renditions being made.
-        CLIENT.set(client_name(self.writer))
+        ask_as(client_name(self.writer))
         try:
             while True:
                 try:
@@ -320,7 +322,7 @@ class SpeechEventHandler(AsyncEventHandler):
         pending = normalize_text(self._pending)
         if not pending:
             return
-        splitter = self.service.assembler.splitter
+        splitter = self.server.splitter
         sentences = await asyncio.to_thread(splitter.split, pending)
         if len(sentences) < 2:
             return
@@ -347,32 +349,39 @@ class SpeechEventHandler(AsyncEventHandler):
             if value is not None and not isinstance(value, str):
                 raise BadRequest(f"voice {field} must be a string", param=f"voice.{field}")
         model, chosen = (
-            find_voice(name, self.settings, self.service)
+            find_voice(name, self.settings, self.words)
             if name or not language
             else self._voice_for_language(language)
         )
         if name and language:
-            check_language(language, model, chosen, self.service)
+            check_language(language, model, chosen, self.words)
         check_speaker(speaker, None, chosen)
-        engine = self.service.models[model].engine
         # Home Assistant's TTS may send SSML (<speak>...) like any HTTP client.
-        text, segments = speech_text(text, self.settings, self.service, model, chosen, param="text")
-        return SpeechRequest(
-            text=text,
+        spoken = speech_text(
+            text,
+            self.settings,
+            self.words,
+            model,
+            chosen,
+            param="text",
+            expansions=self.server.expansions,
+        )
+        return build_request(
+            spoken,
             model=model,
             voice=chosen,
             fmt=audio.FORMATS["pcm"],
-            sample_rate=engine.sample_rate,
-            segments=segments,
+            sample_rate=self.words.models[model].sample_rate,
         )
 
     def _voice_for_language(self, language: str) -> tuple[str, str]:
         """The first served voice (default model first) that speaks ``language``."""
-        models = [self.settings.default_model, *self.service.models]
-        for model in dict.fromkeys(m for m in models if m in self.service.models):
-            for voice in self.service.models[model].engine.voices():
+        words = self.words
+        models = [words.default_model, *words.models]
+        for model in dict.fromkeys(m for m in models if m in words.models):
+            for voice in words.models[model].voices():
                 try:
-                    check_language(language, model, voice.name, self.service)
+                    check_language(language, model, voice.name, words)
                 except BadRequest:
                     continue
                 return model, voice.name
@@ -480,6 +489,11 @@ class WyomingServer:
         reuse_port: bool = False,
     ) -> None:
         self.service = service
+        # Requests are validated against what the service serves, with parsing's own memo of
+        # SSML documents and a sentence splitter for streamed text.
+        self.words = service.vocabulary
+        self.expansions = ExpansionMemo()
+        self.splitter = SentenceSplitter()
         self.settings = settings
         self.metrics = metrics
         self._tcp = _TcpServer(

@@ -24,6 +24,8 @@ from synth.upstream import ProviderError, wav_audio
 class GoogleProvider(HttpProvider):
     """The provider of Google Cloud Text-to-Speech's ``text:synthesize``."""
 
+    passes_pcm = False  # the audio comes base64 in a JSON body
+
     def request(self, item: SynthesisItem) -> HttpCall:
         if not 0.25 <= item.speed <= 4.0:
             raise ProviderError(

@@ -63,6 +63,8 @@ class HttpProvider:
     # Statuses that mean the caller's request was wrong for this provider (its 400) beyond the
     # ones every provider shares (400, 413, 422): a provider's "no such voice" status.
     refusal_statuses: frozenset[int] = frozenset()
+    # The answer's body is the raw 16-bit pcm itself (not JSON): its pieces can go to a stream.
+    passes_pcm = True
 
     def __init__(self, config: UpstreamConfig, api_key: str) -> None:
         self.config = config
@@ -78,6 +80,14 @@ class HttpProvider:
     def error_message(self, body: bytes) -> str:
         """The provider's message in an error answer's body."""
         return body[:300].decode("utf-8", "replace")
+
+    def error_of(self, status: int, headers: dict[str, str], body: bytes) -> ProviderError:
+        """The :class:`ProviderError` of an answer ``status`` (not 200) with ``headers``
+        (lower-cased names) and the start of its ``body``."""
+        message = provider_message(self.error_message(body))
+        if status in self.refusal_statuses:
+            return ProviderError("refused", message, status=status)
+        return error_for_status(status, message, retry_after_of(headers))
 
     def audio(self, data: bytes) -> Audio:
         """The audio of a successful answer's body (16-bit pcm at ``sample_rate`` here)."""
@@ -101,15 +111,12 @@ class HttpProvider:
                 timeout=aiohttp.ClientTimeout(total=timeout_s),
             ) as resp:
                 if resp.status != 200:
-                    message = provider_message(
-                        self.error_message(await resp.content.read(ERROR_BODY_BYTES))
-                    )
-                    retry = retry_after_of({k.lower(): v for k, v in resp.headers.items()})
-                    if resp.status in self.refusal_statuses:
-                        raise ProviderError("refused", message, status=resp.status)
-                    raise error_for_status(resp.status, message, retry)
+                    body = await resp.content.read(ERROR_BODY_BYTES)
+                    headers = {k.lower(): v for k, v in resp.headers.items()}
+                    raise self.error_of(resp.status, headers, body)
                 chunks: list[bytes] = []
                 size = 0
+                sink = item.sink if self.passes_pcm else None
                 async for chunk in resp.content.iter_chunked(64 * 1024):
                     size += len(chunk)
                     if size > self.max_bytes:
@@ -117,6 +124,8 @@ class HttpProvider:
                             "bad_reply", f"the answer is larger than {self.config.max_audio_mb} MiB"
                         )
                     chunks.append(chunk)
+                    if sink is not None:
+                        sink(chunk)
         except TimeoutError:
             raise ProviderError("timeout", "no answer in time") from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:

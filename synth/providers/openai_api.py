@@ -36,6 +36,8 @@ class OpenAIProvider:
 
     def __init__(self, config: UpstreamConfig, api_key: str) -> None:
         self.config = config
+        # pcm comes as headerless 16-bit samples: each piece can go to a stream as it arrives.
+        self.passes_pcm = config.format == "pcm"
         self.max_bytes = config.max_audio_mb * MIB
         # The SDK logs each request's options, text included, at DEBUG: never, whatever the
         # gateway's log level (request text is never logged).
@@ -68,6 +70,7 @@ class OpenAIProvider:
             ) as response:
                 chunks: list[bytes] = []
                 size = 0
+                sink = item.sink if self.passes_pcm else None
                 async for chunk in response.iter_bytes():
                     size += len(chunk)
                     if size > self.max_bytes:
@@ -75,6 +78,8 @@ class OpenAIProvider:
                             "bad_reply", f"the answer is larger than {c.max_audio_mb} MiB"
                         )
                     chunks.append(chunk)
+                    if sink is not None and chunk:
+                        sink(chunk)
         except openai.APIStatusError as exc:
             headers = {k.lower(): v for k, v in exc.response.headers.items()}
             raise error_for_status(exc.status_code, exc.message, retry_after_of(headers)) from None

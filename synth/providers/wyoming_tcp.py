@@ -27,6 +27,8 @@ MIB = 1024 * 1024
 class WyomingProvider:
     """The :class:`~synth.upstream.Provider` of a Wyoming TTS server."""
 
+    passes_pcm = False
+
     def __init__(self, config: UpstreamConfig) -> None:
         self.config = config
         parts = urlsplit(config.base_url)

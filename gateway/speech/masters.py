@@ -1,0 +1,314 @@
+"""Sentence masters: the format-free audio of one sentence (its text, engine, voice, fingerprint
+and parameters), from the store, else synthesized once: single flight in this process, and across
+replicas with Redis (:mod:`cache.distributed`).
+
+:class:`Masters` is the :class:`~gateway.speech.assembly.MasterSource` the assembler asks for each
+sentence of a text; it sits below the assembler, beside the store, and never calls back up into
+the :class:`~gateway.speech.service.SpeechService` that owns both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+from cache.distributed import CrossReplicaFlight
+from cache.entry import Entry
+from cache.keys import master_key, revision_fingerprint
+from cache.singleflight import SingleFlight
+from cache.store import TieredStore
+from gateway.speech.assembly import PartialFeed
+from gateway.speech.caller import caller
+from gateway.speech.request import CacheResult, SpeechRequest
+from metrics import Metrics
+from synth import audio
+from synth.engine import Audio, Engine, ParamValue, SynthesisItem
+from synth.errors import Overloaded
+from synth.scheduler import Scheduler
+
+log = logging.getLogger("voxgate.speech")
+
+
+# Voices whose engine defaults are remembered (more only with an upstream taking any voice id).
+MAX_VOICES_REMEMBERED = 4096
+
+
+@dataclass
+class ModelHandle:
+    """A served model: its engine (for metadata) and the scheduler that runs it."""
+
+    name: str
+    engine: Engine
+    scheduler: Scheduler
+    ready: asyncio.Event
+
+
+class FreeTally:
+    """The characters of upstream models (remote providers billed per character) served without
+    a call: hits, stored sentences, joined calls. Tallied on the hit path, added to the metrics
+    in bulk before every collection (:meth:`flush`)."""
+
+    def __init__(self, models: Mapping[str, ModelHandle], metrics: Metrics) -> None:
+        self._models = models
+        self.metrics = metrics
+        # Upstream models by name (local ones are not billed: nothing to tally).
+        self.priced = frozenset(
+            name
+            for name, handle in models.items()
+            if handle.engine.capabilities.price_per_million_chars is not None
+        )
+        self._served: dict[str, int] = {}
+
+    def add(self, req: SpeechRequest) -> None:
+        """``req``'s characters were served without a call to its model (counted for upstream
+        models, nothing for local ones)."""
+        if req.model in self.priced:
+            tally = self._served
+            tally[req.model] = tally.get(req.model, 0) + len(req.text)
+
+    def flush(self) -> None:
+        """Add the characters served without a call since the last flush to the metrics."""
+        tally, self._served = self._served, {}
+        m = self.metrics
+        for model, chars in tally.items():
+            m.upstream_chars_cached.labels(model).inc(chars)
+            # Read now: a reload of the upstreams file may have changed it.
+            caps = self._models[model].engine.capabilities
+            price = caps.price_per_million_chars or 0.0
+            if price:
+                m.upstream_saved.labels(model).inc(chars * price / 1e6)
+
+
+def _master_entry(req: SpeechRequest, result: Audio) -> tuple[Audio, Entry]:
+    """Freshly synthesized audio as stored, and the master entry that stores it (runs off the
+    loop)."""
+    stored, master = audio.master_of(result.pcm, result.sample_rate)
+    entry = req.entry(master, audio.MASTER_FORMAT, result.sample_rate, result.duration_s)
+    return Audio(stored, result.sample_rate), entry
+
+
+class Masters:
+    """Sentence masters by content address: stored, or synthesized once."""
+
+    def __init__(
+        self,
+        store: TieredStore,
+        models: Mapping[str, ModelHandle],
+        metrics: Metrics,
+        encode_pool: concurrent.futures.Executor,
+        tally: FreeTally,
+    ) -> None:
+        self.store = store
+        self.models = models
+        self.metrics = metrics
+        self.encode_pool = encode_pool
+        self.tally = tally
+        # A master and whether this replica made it (False: adopted from another's synthesis).
+        self._flight: SingleFlight[tuple[Audio, bool]] = SingleFlight()
+        # Set when Redis is configured: one replica of many synthesizes each master.
+        self.cross_replica: CrossReplicaFlight | None = None
+        # Set with API keys on: called with a sentence's length before this process starts
+        # synthesizing it (misses only; joining one in flight is free); raises to refuse it (a
+        # key over its chars_per_minute).
+        self.admit_synthesis: Callable[[int], Awaitable[None]] | None = None
+        # Each voice's engine defaults (fixed once an engine is built), read for every key.
+        self._defaults: dict[tuple[str, str], Mapping[str, ParamValue]] = {}
+        # Address revisions a rollout switched models to (voxgate rollout), and the
+        # fingerprints they make.
+        self._revisions: dict[str, str] = {}
+        self._address_fingerprints: dict[str, str] = {}
+        # Set by the service: the sentences in flight whose pcm comes in pieces (streaming
+        # pass-through).
+        self.partials: PartialFeed | None = None
+
+    # ---- revisions (voxgate rollout) --------------------------------------------------------
+
+    def fingerprint_of(self, model: str) -> str:
+        """The fingerprint ``model``'s content addresses carry: its engine's, joined with the
+        address revision a rollout switched it to (none: the engine's own, as before any
+        rollout)."""
+        found = self._address_fingerprints.get(model)
+        if found is not None:
+            return found
+        return self.models[model].engine.fingerprint
+
+    def revision_of(self, model: str) -> str:
+        """The address revision ``model`` is served at ("" before any rollout)."""
+        return self._revisions.get(model, "")
+
+    def apply_revisions(self, table: Mapping[tuple[str, str], str]) -> list[str]:
+        """Serve each model at the revision ``table`` (the pin registry's: (model, engine
+        fingerprint) -> revision) holds for its engine's fingerprint; the models that changed.
+        A model whose engine has another fingerprint (a new voice file not deployed here yet)
+        keeps its addresses."""
+        changed = []
+        for name, handle in self.models.items():
+            revision = table.get((name, handle.engine.fingerprint), "")
+            if revision == self._revisions.get(name, ""):
+                continue
+            changed.append(name)
+            if revision:
+                self._revisions[name] = revision
+                self._address_fingerprints[name] = revision_fingerprint(
+                    handle.engine.fingerprint, revision
+                )
+            else:
+                self._revisions.pop(name, None)
+                self._address_fingerprints.pop(name, None)
+        return changed
+
+    def passes_through(self, model: str, rate: int) -> bool:
+        """Whether ``model``'s pcm may go to a stream as it arrives at output ``rate``: its
+        runner (here, in this process) receives it in pieces, at that rate."""
+        handle = self.models[model]
+        runner = handle.scheduler.runner
+        return bool(getattr(runner, "passes_pcm", False)) and handle.engine.sample_rate == rate
+
+    # ---- addressing -------------------------------------------------------------------------
+
+    def params_for(self, req: SpeechRequest) -> dict[str, ParamValue]:
+        """Everything that shapes the sound, for the master key."""
+        defaults = self._defaults.get((req.model, req.voice))
+        if defaults is None:
+            defaults = self.models[req.model].engine.default_params(req.voice)
+            if len(self._defaults) < MAX_VOICES_REMEMBERED:  # (an upstream takes any voice id)
+                self._defaults[req.model, req.voice] = defaults
+        params = {**defaults, **dict(req.params), "speed": req.speed}
+        if req.phonemes:
+            params["phonemes"] = True  # the same characters read as IPA are other speech
+        return params
+
+    def master_key(self, req: SpeechRequest, **extra: ParamValue) -> str:
+        """The format-free key of ``req``'s text, or of its SSML expansion (``extra`` joins the
+        parameters)."""
+        engine = self.models[req.model].engine
+        return master_key(
+            text=req.text,
+            engine=engine.name,
+            voice=req.voice,
+            fingerprint=self.fingerprint_of(req.model),
+            params={**self.params_for(req), **extra},
+            expansion=[seg.key_material() for seg in req.segments],
+        )
+
+    def says_whole(self, model: str) -> bool:
+        """Whether ``model`` says each text whole (an upstream with ``split = "whole"``)."""
+        return not self.models[model].engine.capabilities.splits_sentences
+
+    # ---- audio ------------------------------------------------------------------------------
+
+    async def master(
+        self, req: SpeechRequest, on_queued: Callable[[], None] | None = None
+    ) -> tuple[Audio, CacheResult]:
+        """The master audio of ``req`` (one sentence) and how it was had: ``"hit"`` (stored),
+        ``"miss"`` (synthesized for this call) or ``"coalesced"`` (joined one in flight).
+
+        ``on_queued`` is called as soon as the store has answered or the synthesis is queued
+        (the assembler uses it to queue a text's sentences in order)."""
+        mk = self.master_key(req)
+        found = await self.store.get(mk)
+        decoded = None if found is None else await self._decode_stored(mk, found.entry, found.tier)
+        if found is not None and decoded is not None:
+            if on_queued is not None:
+                on_queued()
+            self.tally.add(req)
+            return decoded, "hit"
+        if self._flight.running(mk):
+            if on_queued is not None:
+                on_queued()  # joining a synthesis already queued
+        elif self.admit_synthesis is not None:
+            # Charged before the master's shared production starts, not inside it: a refusal
+            # (429) then fails this caller's text only, never others that join the master.
+            await self.admit_synthesis(len(req.text))
+        (stored, made_here), leader = await self._flight.do(
+            mk, lambda: self._synthesize_once(req, mk, on_queued)
+        )
+        if leader and made_here:
+            return stored, "miss"
+        self.tally.add(req)
+        return stored, "coalesced"
+
+    async def _synthesize_once(
+        self, req: SpeechRequest, mk: str, on_queued: Callable[[], None] | None = None
+    ) -> tuple[Audio, bool]:
+        """Master ``mk`` as stored, synthesized once; once across all replicas when Redis is
+        configured: another replica's master is adopted from Redis, decoded exactly as
+        :func:`audio.master_of` renders a fresh one, so every replica sends the same bytes.
+        The flag is True when this replica synthesized it, False when it was adopted."""
+
+        async def produce() -> tuple[Audio, bool]:
+            return await self._synthesize(req, mk, on_queued), True
+
+        if self.cross_replica is None:
+            return await produce()
+        if on_queued is not None:
+            on_queued()  # across replicas the order is not ours to keep: do not hold the rest
+
+        async def adopt(entry: Entry) -> tuple[Audio, bool]:
+            decoded = await self._decode_stored(mk, entry, "redis")  # adopted from Redis
+            return (decoded, False) if decoded is not None else await produce()
+
+        return await self.cross_replica.run(mk, produce, adopt)
+
+    async def _decode_stored(self, mk: str, entry: Entry, tier: str) -> Audio | None:
+        """The PCM of stored master ``mk``, or None when it does not decode: then it is
+        deleted from every tier (counted as corrupt) so that it is synthesized anew, where it
+        once made every new format of its sentence a 500, even after Redis was flushed."""
+        loop = asyncio.get_running_loop()
+        try:
+            pcm, rate = await loop.run_in_executor(
+                self.encode_pool, audio.decode_master, entry.audio
+            )
+        except audio.UndecodableAudio as exc:
+            self.metrics.cache_lookups.labels(tier, "corrupt").inc()
+            log.warning("stored master deleted key=%s: %s", mk, exc)
+            await self.store.delete(mk)
+            return None
+        return Audio(pcm, rate)
+
+    async def _synthesize(
+        self, req: SpeechRequest, mk: str, on_queued: Callable[[], None] | None = None
+    ) -> Audio:
+        """Synthesize ``req`` (one sentence), store its master under ``mk`` and return the
+        audio as stored (:func:`audio.master_of`)."""
+        handle = self.models[req.model]
+        if not handle.ready.is_set():
+            raise Overloaded(f"model '{req.model}' is still loading", retry_after_s=2.0)
+        feed = self.partials
+        partial = None
+        if feed is not None and getattr(handle.scheduler.runner, "passes_pcm", False):
+            # The provider's pcm, piece by piece, for streams that pass it on.
+            partial = feed.open(mk)
+        item = SynthesisItem(
+            req.text,
+            req.voice,
+            req.speed,
+            dict(req.params),
+            req.phonemes,
+            sink=partial.add if partial is not None else None,
+        )
+        if on_queued is not None:
+            # submit() queues the item before its first suspension; this runs right after.
+            asyncio.get_running_loop().call_soon(on_queued)
+        try:
+            result = await handle.scheduler.submit(item, caller().client)
+        finally:
+            if partial is not None and feed is not None:
+                feed.close(mk, partial)
+        # One job off the loop: the 16-bit samples once, the FLAC master from them, its checksum
+        # and digest (a miss's CPU here is taken from the synthesis workers on the same cores).
+        stored, entry = await asyncio.get_running_loop().run_in_executor(
+            self.encode_pool, _master_entry, req, result
+        )
+        await self.store.put(mk, entry)
+        log.info(
+            "synthesized key=%s model=%s voice=%s audio_s=%.2f",
+            mk,
+            req.model,
+            req.voice,
+            result.duration_s,
+        )
+        return stored

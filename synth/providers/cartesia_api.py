@@ -1,0 +1,61 @@
+"""kind = "cartesia": Cartesia's Text to Speech (Bytes) REST API over aiohttp.
+
+As Cartesia's API reference publishes it (docs.cartesia.ai, "Text to Speech (Bytes)", API
+version 2025-04-16, and "Make an API request"): ``POST {base_url}/tts/bytes``
+(``https://api.cartesia.ai``) with the key in ``X-API-Key``, ``Cartesia-Version: 2025-04-16``
+and JSON ``model_id`` (the entry's ``model``: ``sonic-2``), ``transcript``, ``voice``
+(``{"mode": "id", "id": <voice>}``), ``output_format`` (``{"container": "raw", "encoding":
+"pcm_s16le", "sample_rate"}``: 16-bit little-endian mono, lossless, kept as the master),
+``language`` (the entry's, ``en_US`` sent as ``en``) and, at another speed than 1,
+``generation_config.speed`` (0.6-1.5). Errors before version 2026-03-01 are plain text
+(``Title: Message``), from it JSON ``{"error_code", "title", "message", "request_id"}``: both are
+read.
+
+aiohttp rather than the ``cartesia`` SDK: its 4.x speaks API version 2026-08-14 with bearer
+tokens through a second HTTP client (httpx) and its own retries, for one POST that the aiohttp
+session every HTTP kind shares makes with the runner's retries.
+"""
+
+from __future__ import annotations
+
+from synth.engine import SynthesisItem
+from synth.providers.http_api import HttpCall, HttpProvider, json_error_message
+from synth.upstream import ProviderError
+
+API_VERSION = "2025-04-16"
+
+
+class CartesiaProvider(HttpProvider):
+    """The provider of Cartesia's ``/tts/bytes``."""
+
+    # An unknown voice id: 404 on a well-formed request, the caller's to fix.
+    refusal_statuses = frozenset({404})
+
+    def request(self, item: SynthesisItem) -> HttpCall:
+        c = self.config
+        if not 0.6 <= item.speed <= 1.5:
+            raise ProviderError(
+                "refused", "Cartesia speaks at 0.6 to 1.5 times the normal rate", sent=False
+            )
+        body: dict[str, object] = {
+            "model_id": c.model,
+            "transcript": item.text,
+            "voice": {"mode": "id", "id": item.voice},
+            "output_format": {
+                "container": "raw",
+                "encoding": "pcm_s16le",
+                "sample_rate": c.sample_rate,
+            },
+        }
+        if c.language:
+            body["language"] = c.language.replace("-", "_").split("_")[0].lower()
+        if item.speed != 1.0:
+            body["generation_config"] = {"speed": item.speed}
+        return HttpCall(
+            url=f"{c.base_url}/tts/bytes",
+            headers={"X-API-Key": self.api_key, "Cartesia-Version": API_VERSION},
+            json=body,
+        )
+
+    def error_message(self, body: bytes) -> str:
+        return json_error_message(body, ("message",), ("title",), ("error",))

@@ -1,0 +1,130 @@
+"""kind = "polly": Amazon Polly's SynthesizeSpeech over aiohttp, signed with botocore's SigV4
+signer (the ``voxgate[polly]`` extra: botocore alone).
+
+The request is the one Polly's service model publishes (``botocore/data/polly/2016-06-10/
+service-2.json``, protocol rest-json; the Amazon Polly API Reference, "SynthesizeSpeech"):
+``POST {base_url}/v1/speech`` (``https://polly.<region>.amazonaws.com``), a JSON body of
+``Text``, ``TextType``, ``VoiceId``, ``OutputFormat: "pcm"`` (signed 16-bit little-endian mono:
+lossless, kept as the master), ``SampleRate`` (``"8000"`` or ``"16000"``, a string), ``Engine``
+(the entry's ``model``) and ``LanguageCode`` (the entry's ``language``), signed with AWS
+Signature Version 4 (service ``polly``). Errors come as the status with ``x-amzn-ErrorType`` and
+a body ``{"message"}`` (or ``__type``/``Message``); a throttling code is retried like a 429.
+
+Why not aiobotocore: it installs cleanly (3.10 with its botocore against voxgate's aiohttp), but
+making its client reads the service model, endpoint rules and partitions from disk on the
+event loop (the suite's blockbuster stops it at ``os.stat``), pins botocore to a range of three
+patch releases, and brings its own retries and HTTP session; one signed POST through the
+aiohttp session every HTTP kind shares needs only botocore's signer.
+
+voxgate expands SSML itself (breaks, say-as, rates), so what reaches Polly is words; a rate (the
+request's speed or an SSML ``prosody rate``) goes as Polly SSML, ``<prosody rate="N%">``, with
+``TextType: "ssml"`` (20% to 200%); otherwise ``TextType: "text"``.
+"""
+
+from __future__ import annotations
+
+import json
+from xml.sax.saxutils import escape, quoteattr
+
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+
+from synth.engine import SynthesisItem
+from synth.providers.http_api import HttpCall, HttpProvider, json_error_message
+from synth.upstream import (
+    ProviderError,
+    UpstreamConfig,
+    error_for_status,
+    provider_message,
+    retry_after_of,
+)
+
+# Error codes AWS uses for throttling (botocore's retry handler treats them as such).
+THROTTLING = frozenset(
+    {
+        "ThrottlingException",
+        "Throttling",
+        "TooManyRequestsException",
+        "RequestLimitExceeded",
+        "ProvisionedThroughputExceededException",
+    }
+)
+
+
+def error_code(headers: dict[str, str], body: bytes) -> str:
+    """The AWS error code of a rest-json error answer: ``x-amzn-ErrorType`` (``Code:uri``),
+    else the body's ``__type`` (``namespace#Code``) or ``code``."""
+    code = headers.get("x-amzn-errortype", "").split(":", 1)[0]
+    if not code:
+        code = json_error_message(body, ("__type",), ("code",), ("Code",))
+        if code.startswith(("{", "[")) or " " in code:
+            code = ""
+    return code.rsplit("#", 1)[-1]
+
+
+def language_code(language: str) -> str:
+    """A voxgate language (``en_US``) as Polly's LanguageCode (``en-US``)."""
+    return language.replace("_", "-")
+
+
+class PollyProvider(HttpProvider):
+    """The provider of Polly's SynthesizeSpeech."""
+
+    def __init__(
+        self, config: UpstreamConfig, api_key: str, *, key_id: str, session_token: str = ""
+    ) -> None:
+        super().__init__(config, api_key)
+        self._credentials = Credentials(key_id, api_key, session_token or None)
+        self._region = config.aws_region
+
+    def request(self, item: SynthesisItem) -> HttpCall:
+        c = self.config
+        if not 0.2 <= item.speed <= 2.0:
+            raise ProviderError(
+                "refused", "Polly speaks at 0.2 to 2 times the normal rate", sent=False
+            )
+        body: dict[str, object] = {
+            "OutputFormat": "pcm",
+            "SampleRate": str(c.sample_rate),
+            "VoiceId": item.voice,
+        }
+        if item.speed != 1.0:
+            rate = quoteattr(f"{round(item.speed * 100)}%")
+            body["Text"] = f"<speak><prosody rate={rate}>{escape(item.text)}</prosody></speak>"
+            body["TextType"] = "ssml"
+        else:
+            body["Text"] = item.text
+            body["TextType"] = "text"
+        if c.model:
+            body["Engine"] = c.model
+        if c.language:
+            body["LanguageCode"] = language_code(c.language)
+        data = json.dumps(body, separators=(",", ":")).encode()
+        url = f"{c.base_url}/v1/speech"
+        signed = AWSRequest(
+            method="POST", url=url, data=data, headers={"Content-Type": "application/json"}
+        )
+        SigV4Auth(self._credentials, "polly", self._region).add_auth(signed)
+        return HttpCall(url=url, headers=dict(signed.headers.items()), data=data)
+
+    def error_message(self, body: bytes) -> str:
+        return json_error_message(body, ("message",), ("Message",))
+
+    def error_of(self, status: int, headers: dict[str, str], body: bytes) -> ProviderError:
+        code = error_code(headers, body)
+        message = provider_message(self.error_message(body))
+        if code:
+            message = provider_message(f"{code}: {message}")
+        if code in THROTTLING:
+            return ProviderError(
+                "rate_limited",
+                message,
+                status=status,
+                retryable=True,
+                retry_after_s=retry_after_of(headers),
+            )
+        if status == 404:
+            # LexiconNotFoundException: the request named what the account does not have.
+            return ProviderError("refused", message, status=status)
+        return error_for_status(status, message, retry_after_of(headers))
