@@ -10,7 +10,9 @@ Everything here starts real processes on free loopback ports and stops them on e
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
+import random
 import re
 import shutil
 import socket
@@ -33,11 +35,43 @@ TREE = Path(os.environ.get("VOXGATE_BENCH_TREE") or ROOT)
 CACHE_SECRET = "voxgate-test-cache-secret-0123456789"
 
 
+# Ports handed out by free_port: below the kernel's ephemeral range (32768-60999 by default), so
+# neither a bind to port 0 nor an outgoing connection takes one, and with their cluster bus ports
+# (+10000) still below it.
+_PORTS = range(10000, 20000)
+_walk: Iterator[int] | None = None
+
+
+def _ports() -> Iterator[int]:
+    """The ports this process walks: its pytest-xdist worker's own slice of ``_PORTS`` (all of
+    it outside xdist), round from a random start, so that a subprocess of the worker (a bench,
+    which inherits the worker's slice) or another test run on the machine starts elsewhere."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker.removeprefix("gw"))
+    count = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), index + 1)
+    size = len(_PORTS) // count
+    first = _PORTS.start + index * size
+    offset = random.randrange(size)
+    return itertools.cycle([first + (offset + i) % size for i in range(size)])
+
+
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port free on 127.0.0.1 right now, and not handed out recently by this process.
+
+    Not a bind to port 0: the kernel may give the port it gave last, once closed, to the next
+    asker, and between this check and the server's own bind another asker can take it. Ports
+    come instead from a walk over a range no other xdist worker uses (``_ports``): two servers
+    a test starts, or two tests running side by side, never get one port (``voxgate serve``
+    binds with SO_REUSEPORT: the second would not even fail, and requests would go to either).
+    """
+    global _walk
+    if _walk is None:
+        _walk = _ports()
+    for port in itertools.islice(_walk, len(_PORTS)):
+        with contextlib.suppress(OSError), socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+            return port
+    raise RuntimeError(f"no free loopback port in {_PORTS}")
 
 
 def serve_command(port: int, cache_dir: Path, *args: str) -> list[str]:

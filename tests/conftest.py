@@ -5,6 +5,8 @@ redis-server on a free port."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -97,13 +99,13 @@ async def gateway(
         await client.start_server()
         clients.append(client)
         if wait_ready:
-            for _ in range(600):
-                resp = await client.get("/readyz")
-                if resp.status == 200:
-                    break
+            # As long as voxgate serve is given (tests.served): loading engines in worker
+            # processes (torch for Coqui) takes a while on cores shared with another test.
+            deadline = asyncio.get_running_loop().time() + 180
+            while (await client.get("/readyz")).status != 200:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise TimeoutError("gateway did not become ready")
                 await asyncio.sleep(0.05)
-            else:
-                raise TimeoutError("gateway did not become ready")
         return client
 
     yield start
@@ -127,7 +129,20 @@ def redis(tmp_path: Path) -> Iterator[RedisServer]:
 
 @pytest.fixture(scope="session")
 def coqui_model_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A small random-weight Coqui VITS saved as ``model.pth`` + ``config.json`` (built once)."""
+    """A small random-weight Coqui VITS saved as ``model.pth`` + ``config.json``, built once a
+    run: pytest-xdist workers share the run's temp root, and the first to take the lock builds
+    it there for all."""
     from bench.harness import build_vits
 
-    return build_vits(tmp_path_factory.mktemp("coqui-vits"))
+    root = tmp_path_factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        root = root.parent  # the workers' basetemps are siblings in the run's own directory
+    directory = root / "coqui-vits"
+    with (root / "coqui-vits.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        built = directory / "built"
+        if not built.exists():
+            files = build_vits(directory)
+            built.write_text("\n".join(str(f) for f in files))
+        model, config = built.read_text().splitlines()
+    return Path(model), Path(config)

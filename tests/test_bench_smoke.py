@@ -211,3 +211,20 @@ async def test_upstream_bench_runs_and_voxgate_bills_only_new_sentences(tmp_path
     # Through voxgate: 8 prompts of 2 x 2 x 2 sentences, each sentence billed once at most.
     assert voxgate["requests"] > voxgate["provider_calls"]
     assert voxgate["provider_calls"] <= 6
+
+
+def test_free_ports_of_two_xdist_workers_never_meet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each worker walks its own slice, below the kernel's ephemeral range, and does not hand
+    out a port twice in a row: no two servers of a run can be given one port."""
+    from bench import harness
+
+    taken: dict[str, list[int]] = {}
+    for worker in ("gw0", "gw1"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+        monkeypatch.setattr(harness, "_walk", None)
+        taken[worker] = [harness.free_port() for _ in range(200)]
+    assert all(len(set(ports)) == 200 for ports in taken.values())
+    assert not set(taken["gw0"]) & set(taken["gw1"])
+    assert all(10000 <= p < 15000 for p in taken["gw0"])
+    assert all(15000 <= p < 20000 for p in taken["gw1"])

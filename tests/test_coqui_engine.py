@@ -22,6 +22,9 @@ from synth.coqui_engine import CoquiEngine
 from synth.engine import Engine, SynthesisItem
 from tests.conftest import GatewayFactory
 
+# One pytest-xdist worker runs the whole module: the Coqui model and its torch engine are loaded on one worker only.
+pytestmark = pytest.mark.xdist_group("coqui")
+
 QUIET = {"noise_scale": 0.0, "noise_scale_dp": 0.0}
 TEXTS = [
     "Hello world.",

@@ -23,6 +23,9 @@ from gateway.runtime.topology import usable_cores
 from tests.served import DefaultServer
 from tests.support import eventually
 
+# One pytest-xdist worker runs the whole module: its tests share one module-scoped `voxgate serve`.
+pytestmark = pytest.mark.xdist_group("default_topology")
+
 SECRET = "default-topology-secret-0123456789-abcdef"
 AUTH = {"Authorization": f"Bearer {SECRET}"}
 SIGNING = "default-topology-signing-secret-0123456789"

@@ -32,6 +32,9 @@ from gateway.runtime.settings import Settings
 from synth.piper_engine import PiperEngine
 from tests.support import CountingEngine, ServerThread
 
+# One pytest-xdist worker runs the whole module: its tests share the module-scoped gateways.
+pytestmark = pytest.mark.xdist_group("hostile")
+
 SECRET = "hostile-suite-signing-secret"
 GOOD = {"model": "tts-1", "input": "Hi.", "voice": "alloy", "response_format": "wav"}
 KEY = "0" * 64

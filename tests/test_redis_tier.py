@@ -21,6 +21,9 @@ from metrics import Metrics
 from tests.redis_support import SentinelServer, redis_cluster
 from tests.support import SECRET
 
+# One pytest-xdist worker runs the whole module: its tests share the module-scoped Redis topologies.
+pytestmark = pytest.mark.xdist_group("redis_tier")
+
 KEY = "ab" * 32
 
 

@@ -28,6 +28,9 @@ from cache.tier import TierError
 from metrics import Metrics
 from tests.support import SECRET, until
 
+# One pytest-xdist worker runs the whole module: its tests share one module-scoped redis-server.
+pytestmark = pytest.mark.xdist_group("resp")
+
 BIG = os.urandom(300_000)  # larger than the scratch buffer: received into a buffer of its own
 
 

@@ -55,6 +55,9 @@ from gateway.runtime.settings import Settings
 from synth.piper_engine import PiperEngine
 from tests.support import CountingEngine, ServerThread
 
+# One pytest-xdist worker runs the whole module: its tests share one module-scoped gateway.
+pytestmark = pytest.mark.xdist_group("schemathesis")
+
 # The live server's settings (but its cache directory): fuzzed text is really synthesized, so
 # the longest input is short, and a catalogue small.
 SERVER_SETTINGS = Settings.load(

@@ -13,6 +13,9 @@ from gateway.runtime.settings import Settings, SettingsError
 from metrics import Metrics
 from tests.conftest import GatewayFactory
 
+# One pytest-xdist worker runs the whole module: the Coqui model and its torch engine are loaded on one worker only.
+pytestmark = pytest.mark.xdist_group("coqui")
+
 
 def test_env_and_validation(tmp_path: Path) -> None:
     s = Settings.load(

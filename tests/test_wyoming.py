@@ -47,6 +47,9 @@ from tests.ops_support import ServerProcess
 from tests.served import DefaultServer
 from tests.support import CountingEngine, eventually, shortest_audio_s, until
 
+# One pytest-xdist worker runs the whole module: its tests share the module-scoped servers.
+pytestmark = pytest.mark.xdist_group("wyoming")
+
 TEXT = "Turning on the kitchen lights. They will dim at ten."
 
 
