@@ -24,6 +24,9 @@ from synth.piper_engine import PiperEngine, PiperVoiceFiles
 from tests.conftest import GatewayFactory
 from tests.served import DefaultServer
 
+# Module-scoped engines and servers: one xdist worker builds them.
+pytestmark = pytest.mark.xdist_group("precision")
+
 QUIET = {"noise_scale": 0.0, "noise_w": 0.0}
 TEXTS = ("Thank you for calling.", "Please say your account number, then press the pound key.")
 # Bounds of the int8 audio's distance from fp32, with margin over what was measured for these

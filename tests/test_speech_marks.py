@@ -34,6 +34,9 @@ from tests.conftest import GatewayFactory
 from tests.served import DefaultServer
 from tests.support import CountingEngine
 
+# Module-scoped engines and servers: one xdist worker builds them.
+pytestmark = pytest.mark.xdist_group("speech_marks")
+
 NOISE_FREE = {"noise_scale": 0.0, "noise_w_scale": 0.0}
 TEN_WORDS = [
     "Please",

@@ -25,6 +25,9 @@ from synth.piper_engine import PiperEngine, PiperVoiceFiles
 from tests.conftest import GatewayFactory
 from tests.served import DefaultServer
 
+# Module-scoped engines and servers: one xdist worker builds them.
+pytestmark = pytest.mark.xdist_group("speed")
+
 # OpenAI's range of speeds, its ends and a few between.
 SPEEDS = (0.25, 0.5, 0.8, 1.5, 2.0, 3.0, 4.0)
 TOLERANCE = 0.05  # the contract: within 5% of 1/s

@@ -23,6 +23,9 @@ from tests.support import eventually
 from tests.test_upstream_serve import KEY_ENV, write_upstreams
 from tests.upstream_support import OpenAISpeechServer
 
+# Module-scoped engines and servers: one xdist worker builds them.
+pytestmark = pytest.mark.xdist_group("stream_default")
+
 SENTENCES = [
     "Thank you for calling the billing line.",
     "Your last payment was received on Monday.",
