@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import statistics
 import subprocess
@@ -48,7 +49,7 @@ from bench.common import (
     provenance,
     write_results,
 )
-from bench.harness import ROOT, free_port
+from bench.harness import ROOT, TREE, free_port
 
 SENTENCES = [
     "Your call is important to us",
@@ -74,10 +75,12 @@ def texts_for(round_index: int, count: int) -> list[str]:
     ]
 
 
-def start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def start(
+    cmd: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path = ROOT
+) -> subprocess.Popen[bytes]:
     with log.open("wb") as f:
         return subprocess.Popen(
-            cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+            cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
         )
 
 
@@ -191,6 +194,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "100000",
         ],
         tmp / "gateway.log",
+        cwd=TREE,  # the gateway under test (bench.vs_commit: an older commit's)
     )
     uvicorn = [sys.executable, "-m", "uvicorn", "bench.seed_service:app", "--log-level", "warning"]
     seed = start([*uvicorn, "--port", str(seed_port)], tmp / "seed.log")
@@ -370,6 +374,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     parser.add_argument("--workers", type=int, default=2, help="gateway synthesis worker processes")
     parser.add_argument("--no-write", action="store_true", help="do not write docs/bench results")
+    parser.add_argument(
+        "--json-out", type=Path, help="also write the ratios to this file (bench.vs_commit)"
+    )
     args = parser.parse_args()
     provenance()  # the commit and date as the run starts
     result = run(args)
@@ -387,6 +394,8 @@ def main() -> None:
             f"(median of rounds {r['throughput_ratio_median_of_rounds']:.3f}x), "
             f"p99 {r['p99_ratio']:.3f}x"
         )
+    if args.json_out is not None:
+        args.json_out.write_text(json.dumps(summary, indent=2) + "\n")
     if args.no_write:
         return
     write_results("miss_path", result)

@@ -1,20 +1,27 @@
-"""The hit path of this tree against an older commit's, side by side in one run.
+"""The hit or miss path of this tree against an older commit's, side by side in one run.
 
 An older commit's gateway (checked out beside this tree as a detached git worktree) and this
-tree's gateway are each measured by this tree's ``bench.hit_path`` (same load generator, same bare
-aiohttp server, same figures), in pairs run in alternating order (old, new, then new, old, ...), so
-machine drift hits both sides alike. Each hit_path run compares its gateway with the bare server
-it runs beside, so what is compared across the commits are two ratios that neighbours move least:
+tree's gateway are each measured by this tree's ``bench.hit_path`` or ``bench.miss_path`` (same
+load generator, same baselines, same figures), in pairs run in alternating order (old, new, then
+new, old, ...), so
+machine drift hits both sides alike. Each run compares its gateway with baselines it runs beside
+(the same code on both sides), so what is compared across the commits are ratios that neighbours
+move least:
 
-- ``ratio``: gateway requests/s over the bare server's (median of its rounds);
-- ``cpu_ratio_bare_over_gateway``: the bare server's CPU time per request over the gateway's.
+- ``--bench hit_path``: ``ratio`` (gateway requests/s over the bare aiohttp server's, median of
+  its rounds) and ``cpu_ratio_bare_over_gateway`` (the bare server's CPU time per request over
+  the gateway's), per workload;
+- ``--bench miss_path``: the gateway's throughput over the seed service tuned like it
+  (``vs_seed_tuned``) and over this tree's engine pool driven without HTTP (``vs_pool_direct``),
+  each as the median of per-round ratios.
 
-The figure of merit is new/old of each (>= 0.95: this tree's hit path costs at most 5% more).
-Arguments after ``--`` go to every hit_path run (``--no-write`` and ``--json-out`` are added).
+The figure of merit is new/old of each (>= 0.95: this tree costs at most 5% more). Arguments
+after ``--`` go to every run of the bench (``--no-write`` and ``--json-out`` are added).
 
     python -m bench.vs_commit --commit d2ff336 --pairs 2 -- --keys 100 --key-rpm 1000000000 --no-zipf
+    python -m bench.vs_commit --commit d2ff336 --bench miss_path --pairs 2 -- --rounds 2
 
-Writes ``docs/bench/hit_path_vs_<commit>[_keys].json`` and ``.png``.
+Writes ``docs/bench/<bench>_vs_<commit>[_keys].json`` and ``.png``.
 """
 
 from __future__ import annotations
@@ -32,7 +39,11 @@ from typing import Any
 from bench.common import bar_plot, provenance, write_results
 from bench.harness import ROOT
 
-FIGURES = ("ratio", "cpu_ratio_bare_over_gateway")
+# Per bench: the figures compared, read from each group of its --json-out (a workload, a baseline).
+FIGURES = {
+    "hit_path": ("ratio", "cpu_ratio_bare_over_gateway"),
+    "miss_path": ("throughput_ratio_median_of_rounds",),
+}
 
 
 def git(*args: str) -> str:
@@ -41,8 +52,8 @@ def git(*args: str) -> str:
     ).stdout.strip()
 
 
-def run_side(tree: Path | None, bench_args: list[str], out: Path) -> dict[str, Any]:
-    """One hit_path run of ``tree``'s gateway (None: this tree's); its workloads' figures."""
+def run_side(bench: str, tree: Path | None, bench_args: list[str], out: Path) -> dict[str, Any]:
+    """One run of ``bench`` with ``tree``'s gateway (None: this tree's); its figures."""
     env = dict(os.environ)
     env.pop("VOXGATE_BENCH_TREE", None)
     if tree is not None:
@@ -69,6 +80,7 @@ def main() -> int:
         argv, bench_args = argv[:at], argv[at + 1 :]
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--commit", required=True, help="the older commit to compare with")
+    ap.add_argument("--bench", choices=sorted(FIGURES), default="hit_path")
     ap.add_argument("--pairs", type=int, default=2, help="old/new pairs, order alternating")
     ap.add_argument("--no-write", action="store_true", help="do not write docs/bench results")
     args = ap.parse_args(argv)
@@ -89,13 +101,16 @@ def main() -> int:
         finally:
             git("worktree", "remove", "--force", str(tree))
 
-    workloads = sorted(runs["new"][0])
+    workloads = [w for w in sorted(runs["new"][0]) if w != "vs_seed_fastapi"]
+    figures = FIGURES[args.bench]
     summary: dict[str, dict[str, Any]] = {}
-    print(f"\nhit path, {base} (old) vs this tree (new), {args.pairs} pairs; args: {bench_args}")
+    print(
+        f"\n{args.bench}, {base} (old) vs this tree (new), {args.pairs} pairs; args: {bench_args}"
+    )
     print(f"{'workload':<10}{'figure':<30}{'old':>8}{'new':>8}{'new/old':>9}")
     for w in workloads:
         summary[w] = {}
-        for fig in FIGURES:
+        for fig in figures:
             old = statistics.mean(r[w][fig] for r in runs["old"])
             new = statistics.mean(r[w][fig] for r in runs["new"])
             summary[w][fig] = {
@@ -107,27 +122,28 @@ def main() -> int:
             }
             print(f"{w:<10}{fig:<30}{old:>8.3f}{new:>8.3f}{new / old:>9.3f}")
     if not args.no_write:
-        name = f"hit_path_vs_{base}" + ("_keys" if "--keys" in bench_args else "")
+        name = f"{args.bench}_vs_{base}" + ("_keys" if "--keys" in bench_args else "")
         write_results(
             name,
             {
                 "benchmark": "vs_commit",
+                "bench": args.bench,
                 "old_commit": base,
                 "pairs": args.pairs,
-                "hit_path_args": bench_args,
-                "load_generator": "wrk, as bench.hit_path runs it",
+                "bench_args": bench_args,
+                "load_generator": f"as bench.{args.bench} runs it (its docstring)",
                 "summary": summary,
                 "runs": runs,
             },
         )
         labels, values = [], []
         for w in workloads:
-            for fig in FIGURES:
+            for fig in figures:
                 labels.append(f"{w}\n{fig.split('_')[0]} new/old")
                 values.append(summary[w][fig]["new_over_old"])
         bar_plot(
             name,
-            f"Hit path, this tree over {base} (>= 0.95 wanted)",
+            f"{args.bench}, this tree over {base} (>= 0.95 wanted)",
             labels,
             values,
             "x",
