@@ -149,7 +149,13 @@ def resp(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         try:
             for gw in gws.values():
                 gw.wait_ready()
-            payload = {"model": "tts-1", "input": TEXT, "voice": "alloy", "response_format": "wav"}
+            payload = {
+                "model": "tts-1",
+                "input": TEXT,
+                "voice": "alloy",
+                "response_format": "wav",
+                "stream": False,
+            }
             bodies = []
             for name, gw in gws.items():
                 speech = gw.url + "/v1/audio/speech"

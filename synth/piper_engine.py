@@ -329,8 +329,15 @@ def _with_durations(model_path: Path) -> tuple[str | bytes, bool]:
     (``piper.patch_voice_with_alignment``); the path itself when the graph has no single such
     node or already outputs it. The durations cost nothing at run time: the graph computes them
     to make the audio."""
-    import onnx
-    from piper.patch_voice_with_alignment import add_alignment_output
+    try:
+        import onnx
+        from piper.patch_voice_with_alignment import add_alignment_output
+    except ImportError:  # onnx comes with the coqui extra; without it, no marks (said by name)
+        log.warning(
+            "piper voice %s gives no speech marks: the onnx package is not installed",
+            model_path.name,
+        )
+        return str(model_path), False
 
     model = onnx.load(str(model_path))
     if len(model.graph.output) > 1:

@@ -96,7 +96,7 @@ def test_onnx_mode_exports_once_and_matches_torch(
 ) -> None:
     engine = CoquiEngine(*coqui_model_files, mode="onnx", onnx_dir=tmp_path)
     engine.load()
-    exported = tmp_path / f"{engine.fingerprint}.conv2d.onnx"
+    exported = tmp_path / f"{engine.fingerprint}.conv2d.speed.onnx"
     assert exported.is_file()
     import onnx
 

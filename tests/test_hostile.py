@@ -1289,6 +1289,40 @@ CASES: list[Any] = [
     ),
     pytest.param(Case("PUT", "/", status=405), id="studio-put"),
     pytest.param(Case("GET", "/?%00=%ff", status=200, json_error=False), id="studio-junk-query"),
+    # ---- GET /v1/audio/{key}.marks, .vtt, .srt (a stored file's speech marks and captions) ----
+    *(
+        pytest.param(
+            Case("GET", "/v1/audio/" + bad + ext, status=400, param="key"), id=f"{ext}-{name}"
+        )
+        for ext in (".marks", ".vtt", ".srt")
+        for name, bad in (("not-hex", "g" * 64), ("uppercase", "A" * 64))
+    ),
+    *(
+        pytest.param(Case("GET", "/v1/audio/" + KEY + ext, status=404), id=f"{ext}-absent")
+        for ext in (".marks", ".vtt", ".srt")
+    ),
+    pytest.param(
+        Case("GET", "/v1/audio/" + KEY + ".marks?types=word,nonsense", status=400, param="types"),
+        id="marks-unknown-type",
+    ),
+    # ---- POST /v1/audio/speech/with-timestamps (a speech body; audio and marks in JSON) ----
+    pytest.param(
+        post_json("/v1/audio/speech/with-timestamps", {**GOOD, "input": "Hi\x00."}, param="input"),
+        id="timestamps-nul",
+    ),
+    pytest.param(post_json("/v1/audio/speech/with-timestamps", DEEP), id="timestamps-json-deep"),
+    pytest.param(
+        post_json(
+            "/v1/audio/speech/with-timestamps",
+            b'{"model":"tts-1","input":"Hi.","voice":"alloy","speed":' + HUGE_INT + b"}",
+            param="speed",
+        ),
+        id="timestamps-speed-10e400",
+    ),
+    pytest.param(
+        post_json("/v1/audio/speech/with-timestamps", {**GOOD, "voice": "nobody"}, param="voice"),
+        id="timestamps-unknown-voice",
+    ),
     # ---- POST /v1/ssml/explain (a speech body, nothing synthesized) ----
     pytest.param(
         post_json("/v1/ssml/explain", {**GOOD, "input": "Hi\x00."}, param="input"),
@@ -1442,6 +1476,10 @@ HEAD_TARGETS = [
     "/v1/say/sign",
     "/v1/jambonz/tts",
     "/v1/ssml/explain",
+    "/v1/audio/speech/with-timestamps",
+    "/v1/audio/" + KEY + ".marks",
+    "/v1/audio/" + KEY + ".vtt",
+    "/v1/audio/" + KEY + ".srt",
 ]
 CASES += [
     pytest.param(Case("HEAD", target, status=None, json_error=False), id=f"head-{target}")

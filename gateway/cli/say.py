@@ -47,7 +47,7 @@ async def _say(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
         "output": args.output,
         "key": result.key,
         "cache": result.cache,
-        "bytes": result.entry.size,
+        "bytes": len(result.entry.audio),
         "format": result.entry.meta.format,
         "sample_rate": result.entry.meta.sample_rate,
         "duration_s": round(result.entry.meta.duration_s, 3),

@@ -201,6 +201,9 @@ class SpeechStream:
     # Seconds of audio in the bytes made so far (``first`` and the chunks read).
     audio_s: float = 0.0
     _release: Callable[[], None] | None = None
+    # The production's stored rendition: awaited before the last chunk, so a client that reads
+    # X-Audio-Key when the stream ends finds the file (GET /v1/audio/{key}, another format).
+    _stored: asyncio.Future[tuple[Entry, CacheResult]] | None = None
     # Streaming pass-through (raw pcm at the provider's rate): the feed of sentences in flight,
     # each sentence's master key (None where a sentence cannot pass: its edges trimmed), and
     # the rest of the first sentence's pieces when it passed.
@@ -292,6 +295,11 @@ class SpeechStream:
             self.audio_s += len(tail) / rate
             self.piece_marks = []
             yield await loop.run_in_executor(self._pool, self._encoder.encode, tail, rate)
+        if self._stored is not None:
+            try:
+                await asyncio.shield(self._stored)
+            except Exception as exc:  # the audio went out whole: only its storing failed
+                log.warning("streamed key=%s was not stored: %s", self.key, type(exc).__name__)
         yield await loop.run_in_executor(self._pool, self._encoder.finish)
 
 
@@ -587,6 +595,7 @@ class Assembler:
             _source_rate=first.sample_rate,
             audio_s=len(pcm) / first.sample_rate,
             _release=functools.partial(self._leave, prod),
+            _stored=prod.result,
             # The sentences after a stored first one may still pass through.
             _feed=self.partials if keys is not None else None,
             _keys=keys or [],
@@ -651,6 +660,7 @@ class Assembler:
             _source_rate=rate,
             audio_s=(len(gap) + len(head)) / 2 / rate,
             _release=functools.partial(self._leave, prod),
+            _stored=prod.result,
             _feed=feed,
             _keys=keys,
             _first_rest=pieces,

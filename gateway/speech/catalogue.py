@@ -139,7 +139,7 @@ async def render(
                     index,
                     res.key,
                     res.cache,
-                    res.entry.size,
+                    len(res.entry.audio),
                     meta.format,
                     meta.sample_rate,
                     entry=res.entry,

@@ -230,7 +230,7 @@ async def export(
         manifest[item.ident]["files"][ext.name] = {
             "path": rel,
             "key": result.key,
-            "bytes": result.entry.size,
+            "bytes": len(result.entry.audio),
             "digest": file_digest(result.entry.audio),
             "content_type": ext.content_type,
             "sample_rate": result.entry.meta.sample_rate,

@@ -26,10 +26,6 @@ from __future__ import annotations
 import json
 from xml.sax.saxutils import escape, quoteattr
 
-from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
-from botocore.credentials import Credentials
-
 from synth.engine import SynthesisItem
 from synth.providers.http_api import HttpCall, HttpProvider, json_error_message
 from synth.upstream import (
@@ -74,6 +70,9 @@ class PollyProvider(HttpProvider):
     def __init__(
         self, config: UpstreamConfig, api_key: str, *, key_id: str, session_token: str = ""
     ) -> None:
+        # botocore comes with the polly extra: imported once an upstream of kind polly is made.
+        from botocore.credentials import Credentials
+
         super().__init__(config, api_key)
         self._credentials = Credentials(key_id, api_key, session_token or None)
         self._region = config.aws_region
@@ -100,6 +99,9 @@ class PollyProvider(HttpProvider):
             body["Engine"] = c.model
         if c.language:
             body["LanguageCode"] = language_code(c.language)
+        from botocore.auth import SigV4Auth
+        from botocore.awsrequest import AWSRequest
+
         data = json.dumps(body, separators=(",", ":")).encode()
         url = f"{c.base_url}/v1/speech"
         signed = AWSRequest(
