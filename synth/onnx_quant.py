@@ -27,6 +27,8 @@ import hashlib
 import importlib.metadata
 import logging
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -111,6 +113,26 @@ def quantize_file(
 ) -> int:
     """Write the int8 QDQ graph of ``source`` to ``target``; returns the convolutions quantized."""
     import onnx
+
+    model = onnx.load(str(source), load_external_data=False)
+    nodes = [n.name for n in model.graph.node if n.op_type in QUANTIZED_OPS]
+    del model
+    # onnxruntime's quantizer writes "<input>-inferred.onnx" beside its input and deletes it:
+    # beside a private copy, never in the installed voice package (read-only where installed
+    # system-wide, and shared by processes that may quantize it at the same time).
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".quantize-") as tmp:
+        private = Path(tmp) / "source.onnx"
+        shutil.copyfile(source, private)
+        _quantize(private, target, feeds, nodes)
+    return len(nodes)
+
+
+def _quantize(
+    source: Path,
+    target: Path,
+    feeds: Iterable[Mapping[str, np.ndarray[Any, Any]]],
+    nodes: list[str],
+) -> None:
     from onnxruntime.quantization import (
         CalibrationMethod,
         QuantFormat,
@@ -118,9 +140,6 @@ def quantize_file(
         quantize_static,
     )
 
-    model = onnx.load(str(source), load_external_data=False)
-    nodes = [n.name for n in model.graph.node if n.op_type in QUANTIZED_OPS]
-    del model
     quantize_static(
         str(source),
         str(target),
@@ -133,7 +152,6 @@ def quantize_file(
         op_types_to_quantize=list(QUANTIZED_OPS),
         nodes_to_quantize=nodes,
     )
-    return len(nodes)
 
 
 def derived_int8(
