@@ -25,9 +25,12 @@ from aiohttp.test_utils import TestClient
 from openai import AsyncOpenAI
 
 from gateway.api.ssml import expand, plain_text
+from gateway.runtime.components import default_engine_specs
+from gateway.runtime.settings import Settings
 from gateway.speech import marks as speech_marks
 from synth import sentences
 from synth.alignment import align_words, word_spans
+from synth.coqui_engine import CoquiEngine
 from synth.engine import Audio, SynthesisItem
 from synth.piper_engine import PiperEngine
 from tests.conftest import GatewayFactory
@@ -361,6 +364,103 @@ def test_a_words_mark_is_its_sounds_onset_in_the_engines_own_audio(
         errors.append((got.words[0].t0 - onset) * 1000 / got.sample_rate)
     print("engine onset errors ms", [round(e, 1) for e in errors])
     assert max(abs(e) for e in errors) <= TOLERANCE_MS, errors
+
+
+# ---- the Coqui test model ------------------------------------------------------------------------
+
+# The Coqui test model has random weights: what it says is no speech, and its sound starts at the
+# first sample. The truth is the break: the gateway inserts exact zeros, so where the model's
+# samples start again after it is measurable whatever the model says.
+COQUI_QUIET = {"noise_scale": 0.0, "noise_scale_dp": 0.0}
+
+
+async def test_each_word_after_a_break_is_marked_at_its_onset_on_coqui(
+    gateway: GatewayFactory, settings: Settings, coqui_model_files: tuple[Path, Path]
+) -> None:
+    """The ten words with 800 ms breaks on the Coqui test model (VITS, torch): its duration
+    predictor's frames give the marks; /v1/voices says its voice has them."""
+    model, config = coqui_model_files
+    settings = settings.replace(coqui_model=str(model), coqui_config=str(config), synth_workers=0)
+    client = await gateway(
+        settings=settings, engines=await asyncio.to_thread(default_engine_specs, settings)
+    )
+    listing = await (await client.get("/v1/voices")).json()
+    marked = {m["id"]: [v["speech_marks"] for v in m["voices"]] for m in listing["models"]}
+    assert marked == {"piper": [True], "coqui": [True]}
+    ssml = "<speak>" + '<break time="800ms"/>'.join(TEN_WORDS) + "</speak>"
+    resp = await client.post(
+        "/v1/audio/speech",
+        json={
+            "model": "coqui",
+            "voice": "default",
+            "input": ssml,
+            "response_format": "wav",
+            "noise_scale": 0.0,
+        },
+    )
+    assert resp.status == 200, await resp.text()
+    pcm, rate = sf.read(io.BytesIO(await resp.read()), dtype="float32")
+    found = await marks_of(client, resp.headers["X-Audio-Key"])
+    words = [m for m in found if m["type"] == "word"]
+    assert [m["value"] for m in words] == TEN_WORDS
+    errors = break_errors(pcm, rate, words)
+    print("coqui break errors ms", [round(e, 1) for e in errors])
+    assert max(abs(e) for e in errors) <= TOLERANCE_MS, errors
+    assert all(m["time"] <= len(pcm) * 1000 / rate for m in found)
+
+
+@pytest.fixture(scope="module")
+def coqui_engines(
+    coqui_model_files: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[CoquiEngine, CoquiEngine]:
+    """The Coqui test model in torch and in ONNX Runtime (its export), loaded once."""
+    torch_engine = CoquiEngine(*coqui_model_files, mode="torch")
+    onnx_engine = CoquiEngine(
+        *coqui_model_files, mode="onnx", onnx_dir=tmp_path_factory.mktemp("coqui-onnx")
+    )
+    torch_engine.load()
+    onnx_engine.load()
+    return torch_engine, onnx_engine
+
+
+def test_coqui_words_are_its_duration_predictors_frames_in_torch_and_onnx(
+    coqui_engines: tuple[CoquiEngine, CoquiEngine],
+) -> None:
+    """Each word of a Coqui VITS item runs from the blank before its first character to the end
+    of its last character's frames; its export in ONNX Runtime gives the same frames as torch
+    (durations are whole frames, so the two agree exactly), batched or alone, at any speed."""
+    torch_engine, onnx_engine = coqui_engines
+    text = "Please hold, your call matters."
+    items = [
+        SynthesisItem(text, "default", speed=speed, params=COQUI_QUIET) for speed in (1.0, 1.5)
+    ]
+    for engine in (torch_engine, onnx_engine):
+        for got in engine.synthesize_batch(items):
+            assert got.words is not None
+            assert [text[w.start : w.end] for w in got.words] == [
+                "Please",
+                "hold",
+                "your",
+                "call",
+                "matters",
+            ]
+            # Each character a phoneme: the model's front end is its characters.
+            assert ["".join(p for p, _ in w.phonemes) for w in got.words] == [
+                "please",
+                "hold",
+                "your",
+                "call",
+                "matters",
+            ]
+            assert got.words[0].t0 == 0
+            assert all(a.t1 <= b.t0 for a, b in itertools.pairwise(got.words))
+            assert got.words[-1].t1 <= len(got.pcm)
+    alone = torch_engine.synthesize_batch(items[:1])[0]
+    batched = torch_engine.synthesize_batch(
+        [items[0], SynthesisItem("Hi.", "default", params=COQUI_QUIET)]
+    )[0]
+    exported = onnx_engine.synthesize_batch(items[:1])[0]
+    assert alone.words == batched.words == exported.words
 
 
 # ---- as users run it ---------------------------------------------------------------------------
