@@ -24,7 +24,8 @@ import soundfile as sf
 from aiohttp.test_utils import TestClient
 from openai import AsyncOpenAI
 
-from gateway.api.ssml import expand, plain_text
+from gateway.api.normalize import say_as as normalize_say_as
+from gateway.api.ssml import expand, plain_text, source_of
 from gateway.runtime.components import default_engine_specs
 from gateway.runtime.settings import Settings
 from gateway.speech import marks as speech_marks
@@ -680,3 +681,86 @@ def test_character_alignment_of_a_text_without_words() -> None:
         except ValueError:
             continue
         raise AssertionError(bad)
+
+
+# ---- offsets into an SSML input ----------------------------------------------------------------
+
+
+async def test_ssml_words_map_to_the_source_they_came_from(gateway: GatewayFactory) -> None:
+    """With-timestamps of an SSML input: each word mark spans the document's bytes it came
+    from; a word a ``say-as`` or ``sub`` made spans that element's content, so two marks may
+    share one span; an ``ssml`` mark spans its ``<mark/>``."""
+    client = await gateway()
+    doc = (
+        '<speak>Room <say-as interpret-as="cardinal">123</say-as> &amp; the '
+        '<sub alias="World Wide Web">WWW</sub>.<break time="500ms"/>'
+        '<mark name="next"/>Café au lait.</speak>'
+    )
+    resp = await client.post("/v1/audio/speech/with-timestamps", json=body(doc))
+    assert resp.status == 200, await resp.text()
+    got = await resp.json()
+    raw = doc.encode()
+    said = [
+        (m["value"], raw[m["start"] : m["end"]].decode())
+        for m in got["marks"]
+        if m["type"] == "word"
+    ]
+    assert said == [
+        ("Room", "Room"),
+        ("one", "123"),
+        ("hundred", "123"),
+        ("and", "123"),
+        ("twenty-three", "123"),
+        ("&", "&amp;"),
+        ("the", "the"),
+        ("World", "WWW"),
+        ("Wide", "WWW"),
+        ("Web", "WWW"),
+        ("Café", "Café"),
+        ("au", "au"),
+        ("lait", "lait"),
+    ]
+    (mark,) = [m for m in got["marks"] if m["type"] == "ssml"]
+    assert raw[mark["start"] : mark["end"]] == b'<mark name="next"/>'
+    sentences_ = [
+        raw[m["start"] : m["end"]].decode() for m in got["marks"] if m["type"] == "sentence"
+    ]
+    assert sentences_[-1] == "Café au lait."
+    # The characters' alignment covers the words said (markup has no time).
+    assert "".join(got["alignment"]["characters"]) == got["normalized_text"]
+    # SSML content sent as SSML without its root: offsets into what was sent.
+    inner = doc.removeprefix("<speak>").removesuffix("</speak>")
+    resp = await client.post(
+        "/v1/audio/speech/with-timestamps", json=body(inner, input_type="ssml")
+    )
+    assert resp.status == 200, await resp.text()
+    inner_raw = inner.encode()
+    words = [m for m in (await resp.json())["marks"] if m["type"] == "word"]
+    assert [inner_raw[m["start"] : m["end"]].decode() for m in words][:3] == ["Room", "123", "123"]
+    # The stored marks, by key, index the spoken text.
+    by_key = await marks_of(client, got["key"])
+    spoken = got["normalized_text"].encode()
+    assert [spoken[m["start"] : m["end"]].decode() for m in by_key if m["type"] == "word"] == [
+        value for value, _ in said
+    ]
+
+
+def test_ssml_source_of_entities_and_a_text_only_say_as() -> None:
+    """Where each character of an expansion came from: an entity stands for its reference, a
+    plain say-as expansion (no segments) keeps its source too."""
+    doc = '<speak>A &lt; B, <say-as interpret-as="characters">ab</say-as>.</speak>'
+    source = source_of(doc, language="en_US")
+    raw = doc.encode()
+    assert [(ch, raw[a:b].decode()) for ch, (a, b) in source.chars if not ch.isspace()] == [
+        ("A", "A"),
+        ("<", "&lt;"),
+        ("B", "B"),
+        (",", ","),
+        *[(ch, "ab") for ch in normalize_say_as("characters", "ab", "en", "") if not ch.isspace()],
+        (".", "."),
+    ]
+    assert source.marks == ()
+    spoken = plain_text(expand(doc, language="en_US"))
+    assert spoken is not None
+    mapped = speech_marks.SsmlSourceMap(spoken, doc, source.chars, source.marks)
+    assert mapped.exact
