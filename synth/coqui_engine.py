@@ -130,6 +130,7 @@ class CoquiEngine:
         intra_op_threads: int = 1,
         onnx_dir: str | Path | None = None,
         precision: str = "fp32",
+        speech_marks: bool = True,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"coqui mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -148,6 +149,7 @@ class CoquiEngine:
         # Only ONNX Runtime graphs have an int8 precision (torch's own int8 is mode "int8").
         self.precision = precision if mode == "onnx" else "fp32"
         self.device = device
+        self.speech_marks = speech_marks
         self.intra_op_threads = intra_op_threads
         self.onnx_dir = Path(onnx_dir) if onnx_dir else self.model_path.parent / "onnx"
         with self.config_path.open(encoding="utf-8") as f:
@@ -241,7 +243,8 @@ class CoquiEngine:
         """Plain text; exact batches of up to :attr:`max_exact_batch` (VITS in torch); speech
         marks from a VITS model's duration predictor (docs/speech-marks.md)."""
         return EngineCapabilities(
-            max_exact_batch=self.max_exact_batch, speech_marks=self.model_type == "vits"
+            max_exact_batch=self.max_exact_batch,
+            speech_marks=self.speech_marks and self.model_type == "vits",
         )
 
     def describe(self) -> Mapping[str, object]:
@@ -345,7 +348,9 @@ class CoquiEngine:
                 self.onnx_dir,
                 lambda: self._calibration_feeds(export),
             )
-        graph, self._onnx_durations = _with_durations(path)
+        graph, self._onnx_durations = (
+            _with_durations(path) if self.speech_marks else (path.read_bytes(), None)
+        )
         opts = onnxruntime.SessionOptions()
         # Coqui's load_onnx() leaves ONNX Runtime's threads at "all cores"; workers x threads must
         # fit the cores, so the session is built here with the same providers and our thread count.
@@ -502,6 +507,8 @@ class CoquiEngine:
     ) -> tuple[WordTiming, ...] | None:
         """Where each word of ``item``'s text is heard, from the samples of each input id
         (:mod:`synth.alignment`, as for Piper); None where they do not add up to the audio."""
+        if not self.speech_marks:
+            return None
         counts = np.rint(id_samples).astype(np.int64)
         if int(counts.sum()) != samples:
             return None  # not this audio's frames: no timings rather than wrong ones

@@ -78,10 +78,6 @@ class PiperEngine:
     """
 
     name = "piper"
-    # Piper's ONNX graph takes phoneme ids: IPA (SSML <phoneme>) skips espeak-ng's phonemizer.
-    # Each voice's graph is given its phoneme durations as an output at load (below), so every
-    # item comes back with where its words are heard (docs/speech-marks.md).
-    capabilities = EngineCapabilities(takes_phonemes=True, speech_marks=True)
 
     def __init__(
         self,
@@ -91,12 +87,19 @@ class PiperEngine:
         use_cuda: bool = False,
         precision: str = "fp32",
         derived_dir: str | Path | None = None,
+        speech_marks: bool = True,
     ) -> None:
         if not voices:
             raise ValueError("the piper engine needs at least one voice")
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         self.precision = precision
+        # Piper's ONNX graph takes phoneme ids: IPA (SSML <phoneme>) skips espeak-ng's
+        # phonemizer. With ``speech_marks`` each voice's graph is given its phoneme durations as
+        # an output at load (below), so every item comes back with where its words are heard
+        # (docs/speech-marks.md).
+        self.speech_marks = speech_marks
+        self.capabilities = EngineCapabilities(takes_phonemes=True, speech_marks=speech_marks)
         self.derived_dir = Path(derived_dir) if derived_dir else default_derived_dir()
         self._files = {v.name: v for v in voices}
         self.intra_op_threads = intra_op_threads
@@ -157,7 +160,11 @@ class PiperEngine:
             model_path = files.model_path
             if self.precision == "int8":
                 model_path = self._int8_model(files, PiperVoice(session=None, config=config))
-            model, aligned = _with_durations(Path(model_path))
+            model, aligned = (
+                _with_durations(Path(model_path))
+                if self.speech_marks
+                else (str(model_path), False)
+            )
             raw = Path(model).read_bytes() if isinstance(model, str) else model
             # The graph with its durations divided by the speed asked (synth/exact_speed.py);
             # the durations output (speech marks) is then the frames at that speed.

@@ -764,3 +764,20 @@ def test_ssml_source_of_entities_and_a_text_only_say_as() -> None:
     assert spoken is not None
     mapped = speech_marks.SsmlSourceMap(spoken, doc, source.chars, source.marks)
     assert mapped.exact
+
+
+async def test_marks_turned_off_leave_every_voice_without_them(
+    gateway: GatewayFactory, settings: Settings
+) -> None:
+    """``speech_marks = false``: the engines skip the durations output and the alignment (the
+    bench's "off" row), /v1/voices says so and the marks routes refuse by name."""
+    settings = settings.replace(speech_marks=False, synth_workers=0)
+    client = await gateway(
+        settings=settings, engines=await asyncio.to_thread(default_engine_specs, settings)
+    )
+    listing = await (await client.get("/v1/voices")).json()
+    assert [v["speech_marks"] for m in listing["models"] for v in m["voices"]] == [False]
+    key, _ = await speak(client, "Hello there.")
+    resp = await client.get(f"/v1/audio/{key}.marks")
+    assert resp.status == 400
+    assert (await resp.json())["error"]["code"] == "marks_unsupported"
