@@ -666,6 +666,72 @@ async def test_the_pipecat_recipe_times_pipecats_words_by_the_marks(
     assert all(isinstance(p, int) for p in stamps) and stamps == sorted(stamps)
 
 
+# ---- LiveKit Agents ----------------------------------------------------------------------------
+
+
+def livekit_recipe() -> dict[str, Any]:
+    """The LiveKit TTS of docs/speech-marks.md, run as the page shows it."""
+    page = (Path(__file__).parents[1] / "docs" / "speech-marks.md").read_text()
+    section = page.split("## LiveKit Agents", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "docs/speech-marks.md", "exec"), namespace)
+    return namespace
+
+
+async def test_the_livekit_recipe_times_livekits_words_by_the_marks(
+    gateway: GatewayFactory,
+) -> None:
+    """The documented TTS with the real ``livekit-agents``: the words it pushes ride the audio
+    frames (``lk.timed_transcripts``, what the voice pipeline hands its transcript
+    synchronizer), each timed from the start of the stream's audio, across sentences."""
+    from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT, TimedString
+
+    http = await gateway()
+    recipe = livekit_recipe()
+    tts = recipe["VoxgateTTS"](base_url=str(http.make_url("")), model="piper", voice="joe")
+    first, second = "Thank you for calling our support line.", "Please hold while we connect you."
+    try:
+        stream = tts.stream()
+        for token in (first[:12], first[12:] + " ", second):  # as an LLM's tokens come
+            stream.push_text(token)
+        stream.end_input()
+        async with stream:
+            events = [event async for event in stream]
+        async with tts.synthesize("Goodbye for now.") as chunked:
+            alone = [event async for event in chunked]
+    finally:
+        await tts.aclose()
+    frames = [event.frame for event in events]
+    assert {f.sample_rate for f in frames} == {24000}
+    seconds = sum(f.samples_per_channel / f.sample_rate for f in frames)
+    words = [w for f in frames for w in f.userdata.get(USERDATA_TIMED_TRANSCRIPT, [])]
+    assert all(isinstance(w, TimedString) for w in words)
+    assert "".join(words).split() == (first + " " + second).replace(".", "").split()
+    starts = [w.start_time for w in words]
+    assert starts == sorted(starts) and starts[0] >= 0 and starts[-1] < seconds
+    assert all(w.start_time <= w.end_time for w in words)
+    # The second sentence's words count from the start of the stream: after the first's audio.
+    assert words[7].start_time >= words[6].end_time > words[6].start_time
+    # Each sentence is one with-timestamps request: its marks are the stored audio's.
+    again = await http.post(
+        "/v1/audio/speech/with-timestamps",
+        json={
+            "model": "piper",
+            "voice": "joe",
+            "input": second,
+            "response_format": "pcm",
+            "sample_rate": 24000,
+        },
+    )
+    assert again.headers["X-Cache"] == "HIT"
+    stored = (await again.json())["marks"]
+    first_word = next(m for m in stored if m["type"] == "word")["time"] / 1000
+    assert abs(words[7].start_time - words[6].end_time - first_word) < 0.002
+    said = [w for e in alone for w in e.frame.userdata.get(USERDATA_TIMED_TRANSCRIPT, [])]
+    assert "".join(said).split() == ["Goodbye", "for", "now"]
+
+
 def test_character_alignment_of_a_text_without_words() -> None:
     """Punctuation alone has no word marks: every character spans the audio."""
     got = speech_marks.character_alignment("!", [], 500)
