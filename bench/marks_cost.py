@@ -12,6 +12,10 @@ machine noise hits both alike; each gateway has its own cache, so both synthesiz
 - ``marks-on`` / ``marks-off``: 16 clients each send unique texts: every request a synthesis;
 - ``marks-on-hit`` / ``marks-off-hit``: the same texts again: every request a hit.
 
+Besides requests/s, the CPU seconds each gateway's process tree (the gateway and its synthesis
+workers) spent per request: the cost itself, which other load on the machine moves far less than
+the throughput of a few rounds (on a shared 2-core machine, rounds of one row differ by 20%).
+
 Target: marks-on over marks-off >= 0.95 on the miss path (the marks are computed beside the
 synthesis, not by a second one), and the hit path unchanged. Writes
 ``docs/bench/marks_cost.json`` and ``.png``.
@@ -32,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import psutil
 
 from bench.common import RESULTS, provenance, write_results
 from bench.harness import TREE, free_port
@@ -39,6 +44,19 @@ from bench.miss_path import Speak, http_speaker, load, start, summarize, texts_f
 
 ROWS = ("marks-on", "marks-off")
 TARGET = 0.95
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and every process under it (its workers)."""
+    root = psutil.Process(pid)
+    total = 0.0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def _gateway(port: int, cache: Path, marks: bool, workers: int, log: Path) -> Any:
@@ -110,7 +128,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, dict[str, list[dict[
                 texts = texts_for(i, per_round)
                 for name in order:
                     for kind in ("miss", "hit"):
+                        before = tree_cpu_seconds(procs[name].pid)
                         run = await load(speakers[name], texts, args.clients)
+                        run["cpu_s"] = tree_cpu_seconds(procs[name].pid) - before
                         runs[name][kind].append(run)
                         print(
                             f"  round {i + 1} {name:<10} {kind:<4} "
@@ -149,6 +169,10 @@ def ratios(rows: dict[str, dict[str, Any]], kind: str) -> dict[str, Any]:
     on, off = rows["marks-on"][kind], rows["marks-off"][kind]
     per_round = [a / b for a, b in zip(on["round_rps"], off["round_rps"], strict=True)]
     return {
+        # (None where a run was too short for the clock's 10 ms ticks)
+        "cpu_per_request_ratio": round(on["cpu_ms_per_request"] / off["cpu_ms_per_request"], 3)
+        if off["cpu_ms_per_request"] > 0
+        else None,
         "throughput_ratio": round(on["throughput_rps"] / off["throughput_rps"], 3),
         "throughput_ratio_median_of_rounds": round(statistics.median(per_round), 3),
         "round_ratios": [round(r, 3) for r in per_round],
@@ -186,7 +210,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Measure both gateways; the result as written to the JSON (without the provenance)."""
     started = time.perf_counter()
     runs = asyncio.run(main_async(args))
-    rows = {name: {kind: summarize(r) for kind, r in kinds.items()} for name, kinds in runs.items()}
+    rows = {
+        name: {
+            kind: {
+                **summarize(r),
+                "cpu_ms_per_request": round(
+                    1000 * sum(x["cpu_s"] for x in r) / sum(x["requests"] for x in r), 3
+                ),
+            }
+            for kind, r in kinds.items()
+        }
+        for name, kinds in runs.items()
+    }
     summary = {kind: ratios(rows, kind) for kind in ("miss", "hit")}
     return {
         "setup": {
@@ -219,16 +254,17 @@ def main() -> None:
     provenance()  # the commit and date as the run starts
     result = run(args)
     rows, summary = result["servers"], result["summary"]
-    print(f"\n{'row':<10} {'kind':<5} {'req/s':>8} {'p50 s':>7} {'p99 s':>7}")
+    print(f"\n{'row':<10} {'kind':<5} {'req/s':>8} {'p50 s':>7} {'p99 s':>7} {'cpu ms/req':>10}")
     for name, kinds in rows.items():
         for kind, s in kinds.items():
             print(
                 f"{name:<10} {kind:<5} {s['throughput_rps']:>8.2f} {s['p50_s']:>7.3f} "
-                f"{s['p99_s']:>7.3f}"
+                f"{s['p99_s']:>7.3f} {s['cpu_ms_per_request']:>10.2f}"
             )
     for kind, r in summary.items():
         print(
-            f"{kind}: marks on/off throughput {r['throughput_ratio']:.3f}x (median of rounds "
+            f"{kind}: marks on/off CPU per request {r['cpu_per_request_ratio']}x, throughput "
+            f"{r['throughput_ratio']:.3f}x (median of rounds "
             f"{r['throughput_ratio_median_of_rounds']:.3f}x), p50 {r['p50_ratio']:.3f}x"
         )
     if args.no_write:
