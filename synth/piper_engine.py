@@ -33,6 +33,9 @@ from synth.onnx_quant import CALIBRATION_TEXTS, PRECISIONS, derived_int8, int8_f
 # (docs/synthesis.md, "Memory per run").
 MAX_RUN_PHONEMES = 350
 MIN_RUN_PHONEMES = 40
+# Words whose phonemes (said alone, for the speech marks) a voice remembers: prompts repeat
+# their words, and espeak-ng costs about 0.1 ms a word.
+WORD_PHONEMES_MEMO = 4096
 
 log = logging.getLogger("voxgate.synth.piper")
 
@@ -108,6 +111,7 @@ class PiperEngine:
         # Voices whose graph gives phoneme durations (a graph without the Ceil node gives none).
         self._aligned: set[str] = set()
         self._configs: dict[str, dict[str, Any]] = {}
+        self._word_phonemes: dict[tuple[str, str], list[str]] = {}
         for v in voices:
             for p in (v.model_path, v.config_path):
                 if not p.is_file():
@@ -246,7 +250,13 @@ class PiperEngine:
             def phonemes_of(word: str) -> list[str]:
                 if ipa:
                     return list(word)
-                return [p for sentence in voice.phonemize(word) for p in sentence]
+                known = self._word_phonemes.get((item.voice, word))
+                if known is None:
+                    known = [p for sentence in voice.phonemize(word) for p in sentence]
+                    if len(self._word_phonemes) >= WORD_PHONEMES_MEMO:
+                        self._word_phonemes.clear()
+                    self._word_phonemes[(item.voice, word)] = known
+                return known
 
             words = align_words(item.text, stream, phonemes_of)
         return Audio(pcm, self.sample_rate, words)
