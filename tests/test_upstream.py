@@ -23,6 +23,7 @@ from bench.harness import CACHE_SECRET, RedisServer, free_port
 from gateway.http import keys
 from gateway.runtime.settings import Settings
 from metrics import Metrics
+from synth.engine import SynthesisItem
 from synth.upstream import UpstreamConfig, UpstreamEngine, load_upstreams, retry_after_of
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine, until
@@ -34,6 +35,7 @@ from tests.upstream_support import (
     DeepgramServer,
     ElevenLabsServer,
     GoogleServer,
+    HeldWyomingServer,
     OpenAISpeechServer,
     PollyServer,
     Scripted,
@@ -936,3 +938,44 @@ async def test_pass_through_follows_each_sentence_and_a_stored_one_comes_whole(
     assert len(got) == 2 * len(tone(a)) + len(pause) + 2 * len(tone(b))
     assert got.endswith(tone(b).tobytes())
     assert provider.calls == 2
+
+
+async def test_a_wyoming_upstream_passes_its_chunks_on_at_its_own_rate_only() -> None:
+    """Wyoming's audio-chunk events go to the item's sink as they arrive (before the server's
+    last chunk, which it holds), when they are at the entry's rate: chunks at another rate
+    pass nothing (the stream resamples the whole). Google's JSON answer never passes."""
+    from synth.providers.wyoming_tcp import WyomingProvider
+
+    server = await HeldWyomingServer(parts=3).start()
+    text = "Please hold."
+    try:
+        for rate, passes in ((RATE, True), (16000, False)):
+            server.rest.clear()
+            server.half_sent.clear()
+            config = UpstreamConfig(
+                name="w", kind="wyoming", base_url=server.url, sample_rate=rate, voices=("alloy",)
+            )
+            provider = WyomingProvider(config)
+            got: list[bytes] = []
+            arrived = asyncio.Event()
+
+            def sink(data: bytes, got: list[bytes] = got, arrived: asyncio.Event = arrived) -> None:
+                got.append(data)
+                arrived.set()
+
+            item = SynthesisItem(text, "alloy", sink=sink)
+            call = asyncio.ensure_future(provider.synthesize(item, 10))
+            if passes:
+                async with asyncio.timeout(10):
+                    await arrived.wait()  # a piece before the server sent its last one
+                assert not server.rest.is_set() and not call.done()
+            else:
+                await until(server.half_sent.is_set, 10, "the server sent its first chunks")
+            server.rest.set()
+            audio = await call
+            assert audio.sample_rate == RATE
+            assert b"".join(got) == (tone(text).tobytes() if passes else b"")
+    finally:
+        await server.stop()
+    google = UpstreamConfig(name="g", kind="google", base_url="https://h", sample_rate=RATE)
+    assert not google.streams_pcm
