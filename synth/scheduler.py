@@ -95,7 +95,9 @@ class BatchRunner(Protocol):
     counts_syntheses: bool
     times_batches: bool
     cancel_when_abandoned: bool
-    passes_pcm: bool
+
+    @property
+    def passes_pcm(self) -> bool: ...
 
     async def run_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]: ...
 
