@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import shutil
 import struct
 import tempfile
@@ -267,3 +268,19 @@ async def test_an_upstreams_pieces_cross_the_socket_to_every_process_that_wants_
         await server.close()
         await listener.wait_closed()
         await scheduler.close()
+
+
+async def test_a_request_naming_pieces_it_does_not_have_closes_the_connection(host: Host) -> None:
+    """``pieces`` must name items of the request: anything else means the stream is out of
+    step, as any unreadable frame."""
+    reader, writer = await asyncio.open_unix_connection(str(host.path))
+    item = item_to_json(SynthesisItem("Hello.", "beep"))
+    for pieces in ([1], ["0"], 0):
+        frame = json.dumps({"id": 1, "model": "tone", "items": [item], "pieces": pieces}).encode()
+        writer.write(struct.pack(">I", len(frame)) + frame)
+        await writer.drain()
+        async with asyncio.timeout(10):
+            assert await reader.read() == b""  # closed by the pool, nothing answered
+        writer.close()
+        reader, writer = await asyncio.open_unix_connection(str(host.path))
+    writer.close()
