@@ -26,6 +26,34 @@ from tests.conformance import RecordingClient
 from tests.support import CountingEngine
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one and a half workers per core (3 on the 2-core CI machine). Most of a test's
+    time here is processes it started (servers, CLIs, engine workers) loading and answering while
+    the test waits on them; a worker per core left a core idle through those waits (the whole
+    suite on 2 cores: 733 s with 2 workers; docs/testing.md has the figures)."""
+    cores = len(os.sched_getaffinity(0))
+    return max(1, cores + cores // 2)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, slow tests that share no fixture with others go first.
+
+    ``--dist loadgroup`` hands each ``xdist_group`` to one worker whole (the largest first), then
+    every other test alone, in collection order. The slow ones (each starts servers, CLIs or a
+    benchmark) then start early, while the many short tests remain to fill in around them,
+    instead of one of them running alone at the end. Grouped tests keep their order (their
+    module-scoped fixtures are set up once)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+
+    def first(item: pytest.Item) -> bool:
+        return item.get_closest_marker("slow") is not None and (
+            item.get_closest_marker("xdist_group") is None
+        )
+
+    items.sort(key=lambda item: not first(item))
+
+
 @pytest.fixture(autouse=True)
 def no_blocking_on_the_loop() -> Iterator[None]:
     """Fail any test in which voxgate code does blocking I/O on the event loop thread."""

@@ -236,6 +236,7 @@ async def _settles(metrics: Metrics) -> float:
     return ok_syntheses(metrics)
 
 
+@pytest.mark.slow
 async def test_a_stream_dropped_after_its_first_bytes_stops_synthesizing(
     gateway: GatewayFactory, held: HeldEngine, metrics: Metrics
 ) -> None:
@@ -341,6 +342,7 @@ async def test_one_client_cannot_fill_the_queue(
 # ---- the pool never wedges ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_a_poisoned_reply_through_the_gateway_then_requests_succeed(
     gateway: GatewayFactory, settings: Settings, metrics: Metrics
 ) -> None:

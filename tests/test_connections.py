@@ -290,6 +290,7 @@ async def test_a_full_gateway_still_answers_health_probes(tiny_server: Any) -> N
         w.close()
 
 
+@pytest.mark.slow
 async def test_probes_answer_while_the_default_topology_is_full(tmp_path: Path) -> None:
     """`voxgate serve` with no flags and its connection cap reached in every gateway process by
     idle clients: /healthz and /readyz answer 200, other requests 503."""

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import soundfile as sf
 
 from gateway.runtime.settings import OPENAI_VOICES, Settings, SettingsError, settings_table
@@ -74,6 +75,7 @@ def run_cli(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_say_goes_through_the_store_and_stats_counts(tmp_path: Path) -> None:
     cache, out = tmp_path / "cache", tmp_path / "out.wav"
     text = "Your call is important to us."

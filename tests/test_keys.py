@@ -295,6 +295,7 @@ async def test_no_secret_in_any_log_line(
 # ---- limits per key ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_requests_per_minute_3_gives_200_200_200_then_429(
     gateway: GatewayFactory, settings: Settings, tmp_path: Path, metrics: Metrics
 ) -> None:

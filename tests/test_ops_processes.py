@@ -290,6 +290,7 @@ async def test_two_workers_share_one_synthesis_pool(tmp_path: Path) -> None:
         server.close()
 
 
+@pytest.mark.slow
 async def test_logs_hold_no_request_text_or_api_key(tmp_path: Path) -> None:
     secret_text = "Zanzibar platypus codeword 7731 must never reach a log."
     api_key = "sk-test-4f9a1c0ffee1234567890abcdef"
@@ -363,6 +364,7 @@ def test_warm_two_hundred_prompts_then_nothing_to_synthesize(tmp_path: Path) -> 
     assert json.loads(purge.stdout) == {"removed": {"disk": 0}}
 
 
+@pytest.mark.slow
 def test_warm_csv_and_yaml_catalogues_then_purge(tmp_path: Path) -> None:
     cache = str(tmp_path / "cache")
     csv_file = tmp_path / "p.csv"

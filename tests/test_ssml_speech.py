@@ -330,6 +330,7 @@ async def test_catalogue_rows_take_ssml(
     assert counting_engine.items == rendered
 
 
+@pytest.mark.slow
 def test_cli_say_explains_without_synthesizing(tmp_path: Path) -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -10,6 +10,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from gateway.cli.tune import Measurement, best_for, splits, table, write_config
 from tests.ops_support import ROOT, clean_env, run_cli
 
@@ -59,6 +61,7 @@ def test_write_config_keeps_the_rest_of_the_file(tmp_path: Path) -> None:
     }
 
 
+@pytest.mark.slow
 def test_tune_writes_what_config_show_then_reports(tmp_path: Path) -> None:
     toml = tmp_path / "voxgate.toml"
     toml.write_text('[voxgate]\nlog_format = "text"\n')
@@ -91,6 +94,7 @@ def test_tune_writes_what_config_show_then_reports(tmp_path: Path) -> None:
     assert settings["log_format"] == "text"  # what the file held before stays
 
 
+@pytest.mark.slow
 def test_tune_creates_the_config_file_the_readme_names(tmp_path: Path) -> None:
     """``voxgate tune --config voxgate.toml`` as README.md writes it, on a machine where the file
     does not exist yet: it is created (not refused as a missing config file)."""
