@@ -572,8 +572,13 @@ class Assembler:
             if whole_if_one:
                 # Every sentence answered from the store or queued (lookups, no synthesis): a
                 # stored one has resolved by then, so "all done" means nothing is synthesized.
-                for turn in prod.queued:
+                # The first one queued and not resolved settles it (a stream): the later
+                # lookups are not waited for (a stream's later sentences are queued only once
+                # its first is made, and the first chunk must not wait for their turns).
+                for turn, part in zip(prod.queued, parts, strict=True):
                     await turn.wait()
+                    if not part.done():
+                        break
                 if len(parts) == 1 or all(part.done() for part in parts):
                     entry, outcome = await prod.entry()
                     self._leave(prod)
