@@ -215,6 +215,20 @@ def _flac16(samples: npt.NDArray[np.int16], sample_rate: int) -> bytes:
         os.close(fd)
 
 
+def as_rendered_pcm16(data: bytes) -> bytes:
+    """A provider's raw 16-bit pcm (whole samples) as a rendition at its rate holds it: its
+    samples over 32768 (the provider's audio) through the master's quantization
+    (:func:`master_of`), then, over 32768 again (the master decoded), through the rendition's
+    (:func:`to_int16`). The two are not exact inverses (32767 out, truncated; 32768 in): a
+    sample may move by up to 2 steps, and a stream that passes a provider's pieces on applies
+    this to each, so its bytes are the stored rendition's, as every other stream's are."""
+    samples = np.frombuffer(data, dtype="<i2").astype(np.float32)
+    samples /= np.float32(32768.0)
+    master = to_int16(samples).astype(np.float32)
+    master /= np.float32(32768.0)
+    return to_int16(master).astype("<i2", copy=False).tobytes()
+
+
 class UndecodableAudio(ValueError):
     """Stored audio that does not decode to mono PCM: a corrupt entry, to delete and make anew."""
 

@@ -26,7 +26,8 @@ class SynthesisItem:
     phonemes: bool = False
     # Where a runner that receives the audio in pieces (an upstream whose ``passes_pcm``) hands
     # each piece of raw 16-bit pcm as it arrives, before the whole: a stream passes them on. Not
-    # part of the item's identity; never sent to another process.
+    # part of the item's identity; never sent to another process (the host's pool process sends
+    # the pieces back instead, :mod:`synth.shared_pool`).
     sink: Callable[[bytes], None] | None = field(
         default=None, compare=False, repr=False, hash=False
     )

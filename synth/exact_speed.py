@@ -31,7 +31,7 @@ _PREFIX = "voxgate_speed/"
 
 # Protobuf field numbers of the ONNX messages used (onnx/onnx.proto).
 _MODEL_GRAPH = 7
-_GRAPH_NODE, _GRAPH_INPUT = 1, 11
+_GRAPH_NODE, _GRAPH_INPUT, _GRAPH_OUTPUT = 1, 11, 12
 _NODE_INPUT, _NODE_OUTPUT, _NODE_NAME, _NODE_OP_TYPE, _NODE_ATTRIBUTE = 1, 2, 3, 4, 5
 _FLOAT, _INT64 = 1, 7  # TensorProto.DataType
 _ATTRIBUTE_TENSOR = 4  # AttributeProto.AttributeType.TENSOR
@@ -155,8 +155,13 @@ def _rescale_nodes(w: str, out: str) -> bytes:
     )
 
 
-def rescaled_graph(model: bytes) -> bytes:
+def rescaled_graph(model: bytes, durations_output: bool = False) -> bytes:
     """``model`` (a serialized VITS ``ModelProto``) with durations divided by a ``speed`` input.
+
+    With ``durations_output``, the ``Ceil``'s output (each input id's whole frames at the asked
+    speed) is also a graph output, after the audio, unless it is one already: what Piper's
+    ``patch_voice_with_alignment.add_alignment_output`` adds (a ``ValueInfoProto`` with only its
+    name), done here on the wire, so neither the ``onnx`` package nor a second parse is needed.
 
     The graph's ``Ceil`` then reads the rescaled frames (already whole, so it leaves them); the
     new nodes go just before it, keeping the node list in topological order. Raises
@@ -191,6 +196,11 @@ def rescaled_graph(model: bytes) -> bytes:
         else:
             out += raw
     out += _speed_input()
+    if durations_output:
+        (frames,) = _strings(ceil, _NODE_OUTPUT)
+        outputs = [_strings(_payload(raw), 1) for n, w, raw in fields if n == _GRAPH_OUTPUT]
+        if [frames] not in outputs:
+            out += _ld(_GRAPH_OUTPUT, _ld(1, frames.encode()))  # ValueInfoProto { name }
     rest = b"".join(raw for n, w, raw in _fields(model) if not (n == _MODEL_GRAPH and w == 2))
     return rest + _ld(_MODEL_GRAPH, bytes(out))
 

@@ -157,15 +157,14 @@ class PiperEngine:
             model_path = files.model_path
             if self.precision == "int8":
                 model_path = self._int8_model(files, PiperVoice(session=None, config=config))
-            model, aligned = _with_durations(Path(model_path))
-            raw = Path(model).read_bytes() if isinstance(model, str) else model
-            # The graph with its durations divided by the speed asked (synth/exact_speed.py);
-            # the durations output (speech marks) is then the frames at that speed.
+            # The graph with its durations divided by the speed asked (synth/exact_speed.py),
+            # and those durations (frames at that speed) as a second output, for speech marks:
+            # the graph computes them to make the audio, so they cost nothing at run time.
+            raw = Path(model_path).read_bytes()
             session = onnxruntime.InferenceSession(
-                rescaled_graph(raw), sess_options=opts, providers=providers
+                rescaled_graph(raw, durations_output=True), sess_options=opts, providers=providers
             )
-            if aligned:
-                self._aligned.add(name)
+            self._aligned.add(name)
             self._voices[name] = PiperVoice(session=ShrinkingSession(session), config=config)
         log.info("piper voices loaded: %s", ", ".join(self._files))
 
@@ -321,33 +320,6 @@ def _run_graph(
         return audio, None
     samples = (np.asarray(result[1]).squeeze() * voice.config.hop_length).astype(np.int64)
     return audio, samples
-
-
-def _with_durations(model_path: Path) -> tuple[str | bytes, bool]:
-    """The voice's graph with its phoneme durations (the ``Ceil`` of the duration predictor,
-    in frames) as a second output, patched in memory as Piper's ``include_alignments`` does
-    (``piper.patch_voice_with_alignment``); the path itself when the graph has no single such
-    node or already outputs it. The durations cost nothing at run time: the graph computes them
-    to make the audio."""
-    try:
-        import onnx
-        from piper.patch_voice_with_alignment import add_alignment_output
-    except ImportError:  # onnx comes with the coqui extra; without it, no marks (said by name)
-        log.warning(
-            "piper voice %s gives no speech marks: the onnx package is not installed",
-            model_path.name,
-        )
-        return str(model_path), False
-
-    model = onnx.load(str(model_path))
-    if len(model.graph.output) > 1:
-        return str(model_path), True  # patched on disk already
-    try:
-        add_alignment_output(model)
-    except ValueError as exc:
-        log.warning("piper voice %s gives no phoneme durations: %s", model_path.name, exc)
-        return str(model_path), False
-    return model.SerializeToString(), True
 
 
 def _phoneme_stream(

@@ -86,12 +86,18 @@ class BatchRunner(Protocol):
     would double), ``times_batches`` (True: it pipelines batches and times each from when it
     runs, :mod:`synth.pool`) and ``cancel_when_abandoned`` (True: a call nobody waits for any
     more may be cancelled, and the runner drops the work; others must finish a batch: a
-    worker's pipe or an engine thread cannot be left half-way).
+    worker's pipe or an engine thread cannot be left half-way). ``passes_pcm`` (True: it hands
+    each piece of an item's raw 16-bit pcm, at the engine's rate, to the item's ``sink`` as it
+    arrives, before the whole: an upstream that streams, or the host's pool process running one)
+    is read by the speech path, not by the scheduler.
     """
 
     counts_syntheses: bool
     times_batches: bool
     cancel_when_abandoned: bool
+
+    @property
+    def passes_pcm(self) -> bool: ...
 
     async def run_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]: ...
 

@@ -17,18 +17,29 @@ cancelled (its gateway's client gone, see :class:`~synth.scheduler.Scheduler`) d
 and an item nobody is interested in any more is cancelled too, which drops it from the pool's
 queue if it has not started: no synthesis for no one.
 
+Streaming pass-through: a model whose runner ``passes_pcm`` (an upstream that streams) hands each
+piece of an item's raw pcm to a :class:`_Pieces` of that item as the provider sends it. A request
+that names the item in its ``pieces`` gets every piece, those sent before it joined first, in
+frames of their own before its reply, so a gateway process streams them on before the call has
+ended, whichever process's request started it. The pieces are the provider's answer itself
+(the same bytes objects the provider keeps to make the whole), held only until the call ends;
+each request's follower writes them as fast as its connection drains, joining what arrived
+meanwhile into one frame, so a slow reader holds nothing more.
+
 Wire format (asyncio streams, both ways): frames of a 4-byte big-endian length then the payload,
 bounded on read (``max_request_bytes`` at the pool, ``max_reply_bytes`` at the gateway) before
 anything is allocated. A request is JSON ``{"id", "model", "items": [{"text", "voice", "speed",
-"params"}]}``, a cancellation ``{"cancel": id}``. A reply is ``{"id": n}``, a newline, then a
+"params"}], "pieces": [index, ...]}`` (``pieces``: the items whose pcm is wanted as it comes;
+optional), a cancellation ``{"cancel": id}``. A reply is ``{"id": n}``, a newline, then a
 worker's reply message (:func:`synth.pool.encode_reply`: JSON header plus float32 samples, parsed,
-never unpickled).
+never unpickled). A piece is ``{"id": n, "piece": index}``, a newline, then raw 16-bit pcm.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import itertools
 import json
@@ -36,7 +47,7 @@ import logging
 import struct
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +151,13 @@ async def _all_or_none(calls: Sequence[Any]) -> list[Audio]:
         raise
 
 
+def _wanted_pieces(value: Any, count: int) -> set[int]:
+    """The item indices a request wants the pieces of; ``ValueError`` for anything else."""
+    if not isinstance(value, list) or any(type(i) is not int or not 0 <= i < count for i in value):
+        raise ValueError("pieces is not a list of item indices")
+    return set(value)
+
+
 def _drop(running: dict[int, asyncio.Task[None]], rid: int, _: object) -> None:
     running.pop(rid, None)
 
@@ -153,12 +171,55 @@ async def _stop_all(tasks: Any) -> None:
     await asyncio.gather(*pending, return_exceptions=True)
 
 
-class _Shared:
-    """One distinct item in flight at the pool: its synthesis and who still wants it."""
+class _Pieces:
+    """The raw pcm of one item in flight, piece by piece as its provider sends it."""
 
-    def __init__(self, task: asyncio.Task[Audio]) -> None:
+    def __init__(self) -> None:
+        self.pieces: list[bytes] = []
+        self.finished = False
+        # Replaced at every change: each follower waits on the one it saw last.
+        self._changed = asyncio.Event()
+
+    def add(self, data: bytes) -> None:
+        """A piece arrived (the item's ``sink``)."""
+        self.pieces.append(data)
+        self._wake()
+
+    def finish(self) -> None:
+        """The call is over: no piece comes after this."""
+        self.finished = True
+        self._wake()
+
+    def _wake(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def follow(self) -> AsyncIterator[bytes]:
+        """Every piece until the call is over, those arrived before first; what arrived while
+        the follower was busy comes joined as one."""
+        i = 0
+        while True:
+            if i < len(self.pieces):
+                ready, i = self.pieces[i:], len(self.pieces)
+                yield ready[0] if len(ready) == 1 else b"".join(ready)
+                continue
+            if self.finished:
+                return
+            await self._changed.wait()
+
+
+class _Shared:
+    """One distinct item in flight at the pool: its synthesis, its pcm as it arrives (a model
+    that passes pcm) and who still wants it."""
+
+    def __init__(self, task: asyncio.Task[Audio], pieces: _Pieces | None) -> None:
         self.task = task
+        self.pieces = pieces
         self.interest = 0
+
+
+# Where a request's pieces of one item go: awaited, so a slow connection slows its follower only.
+PieceWriter = Callable[[bytes], Awaitable[None]]
 
 
 class PoolServer:
@@ -187,7 +248,9 @@ class PoolServer:
         shared = self._shared.get(identity(model, item))
         return shared.interest if shared is not None else 0
 
-    async def _one(self, model: str, item: SynthesisItem) -> Audio:
+    async def _one(
+        self, model: str, item: SynthesisItem, write_piece: PieceWriter | None = None
+    ) -> Audio:
         key = identity(model, item)
         recent = self._recent.get(key)
         if recent is not None and time.monotonic() - recent[0] < self.recent_s:
@@ -195,11 +258,19 @@ class PoolServer:
         shared = self._shared.get(key)
         if shared is None:
             self.syntheses_started += 1
-            task = asyncio.ensure_future(self.schedulers[model].submit(item))
-            shared = self._shared[key] = _Shared(task)
+            scheduler = self.schedulers[model]
+            # Kept whoever asks first: a process joining later may want the pieces.
+            pieces = _Pieces() if scheduler.runner.passes_pcm else None
+            if pieces is not None:
+                item = dataclasses.replace(item, sink=pieces.add)
+            task = asyncio.ensure_future(scheduler.submit(item))
+            shared = self._shared[key] = _Shared(task, pieces)
             task.add_done_callback(lambda _: self._forget(key, shared))
         shared.interest += 1
         try:
+            if write_piece is not None and shared.pieces is not None:
+                async for piece in shared.pieces.follow():
+                    await write_piece(piece)
             # Shielded: one requester leaving must not cancel what others wait for.
             return await asyncio.shield(shared.task)
         finally:
@@ -210,6 +281,8 @@ class PoolServer:
     def _forget(self, key: str, shared: _Shared) -> None:
         if self._shared.get(key) is shared:
             del self._shared[key]
+        if shared.pieces is not None:
+            shared.pieces.finish()
         if shared.task.cancelled() or shared.task.exception() is not None:
             return  # retrieved: a failure nobody awaited any more is not logged
         self._remember(key, shared.task.result())
@@ -230,9 +303,19 @@ class PoolServer:
             _, (_, dropped) = self._recent.popitem(last=False)
             self._recent_size -= dropped.pcm.nbytes
 
-    async def _answer(self, model: str, items: Sequence[SynthesisItem]) -> bytes:
+    async def _answer(
+        self,
+        model: str,
+        items: Sequence[SynthesisItem],
+        writers: Mapping[int, PieceWriter] | None = None,
+    ) -> bytes:
+        """The reply to a request for ``items``; ``writers`` (by index) send the pieces of the
+        items whose pcm is wanted as it comes."""
+        writers = writers or {}
         try:
-            audios = await _all_or_none([self._one(model, item) for item in items])
+            audios = await _all_or_none(
+                [self._one(model, item, writers.get(i)) for i, item in enumerate(items)]
+            )
         except UpstreamError as exc:
             return encode_reply("error", exc.to_wire())
         except SynthesisError as exc:
@@ -257,8 +340,17 @@ class PoolServer:
             self._connections.add(me)
         running: dict[int, asyncio.Task[None]] = {}
 
-        async def serve(rid: int, model: str, items: list[SynthesisItem]) -> None:
-            reply = await self._answer(model, items)
+        async def write_piece(rid: int, index: int, data: bytes) -> None:
+            if writer.is_closing():
+                return  # the gateway process went away: its stream reads nothing more
+            head = json.dumps({"id": rid, "piece": index}).encode()
+            write_frame(writer, head + b"\n" + data)
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+
+        async def serve(rid: int, model: str, items: list[SynthesisItem], wanted: set[int]) -> None:
+            writers = {i: functools.partial(write_piece, rid, i) for i in wanted}
+            reply = await self._answer(model, items, writers)
             write_frame(writer, json.dumps({"id": rid}).encode() + b"\n" + reply)
             with contextlib.suppress(ConnectionError):
                 await writer.drain()  # a gateway process that went away reads no reply
@@ -282,11 +374,12 @@ class PoolServer:
                     if type(rid) is not int or model not in self.schedulers:
                         raise ValueError("request without an id or for an unknown model")
                     items = [item_from_json(v) for v in message["items"]]
+                    wanted = _wanted_pieces(message.get("pieces", []), len(items))
                 except (ValueError, KeyError, TypeError) as exc:
                     # Our own gateway sent something we cannot read: the stream is out of step.
                     log.error("shared pool: bad request frame (%s); closing the connection", exc)
                     return
-                task = asyncio.ensure_future(serve(rid, model, items))
+                task = asyncio.ensure_future(serve(rid, model, items, wanted))
                 running[rid] = task
                 task.add_done_callback(functools.partial(_drop, running, rid))
         except FrameTooLarge as exc:
@@ -304,12 +397,29 @@ class PoolServer:
         await _stop_all(self._connections)
 
 
+@dataclasses.dataclass
+class _Request:
+    """A request in flight from a gateway process: its reply to come, and where each item's
+    pieces go (None: not wanted)."""
+
+    future: asyncio.Future[bytes]
+    sinks: list[Callable[[bytes], None] | None]
+
+    def sink(self, index: object) -> Callable[[bytes], None] | None:
+        """Item ``index``'s sink; None for an index it does not have."""
+        if type(index) is not int or not 0 <= index < len(self.sinks):
+            return None
+        return self.sinks[index]
+
+
 class RemotePool:
     """A :class:`~synth.scheduler.BatchRunner` that runs batches in the host's pool process.
 
     ``engine`` is an unloaded instance for metadata, as with :class:`synth.pool.WorkerPool`;
     ``size`` is the pool's worker count (this process keeps that many batches in flight).
-    One connection, many requests in flight on it, each answered by id.
+    One connection, many requests in flight on it, each answered by id. With ``passes_pcm``
+    (the model is an upstream that streams, run by the pool process), an item's ``sink`` gets
+    the pieces of its pcm as the pool process receives them.
     """
 
     # The scheduler cancels a batch every waiter left: here that is cheap (a cancel frame), and
@@ -328,6 +438,7 @@ class RemotePool:
         *,
         start_timeout_s: float = 600.0,
         max_reply_bytes: int = 64 * 1024 * 1024,
+        passes_pcm: bool = False,
     ) -> None:
         self.path = str(path)
         self.model = model
@@ -335,8 +446,9 @@ class RemotePool:
         self.size = size
         self.start_timeout_s = start_timeout_s
         self.max_reply_bytes = max_reply_bytes
+        self.passes_pcm = passes_pcm
         self._ids = itertools.count(1)
-        self._pending: dict[int, tuple[asyncio.Future[bytes], int]] = {}
+        self._pending: dict[int, _Request] = {}
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self._connecting = asyncio.Lock()
@@ -373,10 +485,19 @@ class RemotePool:
             while True:
                 frame = await read_frame(reader, self.max_reply_bytes + 4096)
                 head, sep, reply = frame.partition(b"\n")
-                rid = json.loads(head).get("id") if sep else None
-                pending = self._pending.pop(rid, None) if type(rid) is int else None
-                if pending is not None and not pending[0].done():
-                    pending[0].set_result(reply)
+                found = json.loads(head) if sep else {}
+                rid, index = found.get("id"), found.get("piece")
+                if type(rid) is not int:
+                    continue
+                if index is not None:
+                    request = self._pending.get(rid)
+                    sink = request.sink(index) if request is not None else None
+                    if sink is not None:
+                        sink(reply)
+                    continue
+                pending = self._pending.pop(rid, None)
+                if pending is not None and not pending.future.done():
+                    pending.future.set_result(reply)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except (FrameTooLarge, ValueError, AttributeError) as exc:
@@ -386,9 +507,9 @@ class RemotePool:
             if self._writer is writer:
                 self._writer = None
             writer.close()
-            for future, _ in self._pending.values():
-                if not future.done():
-                    future.set_exception(EngineDead(reason))
+            for pending in self._pending.values():
+                if not pending.future.done():
+                    pending.future.set_exception(EngineDead(reason))
             self._pending.clear()
 
     async def run_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]:
@@ -401,8 +522,16 @@ class RemotePool:
             raise EngineDead("the synthesis pool process is not reachable") from None
         rid = next(self._ids)
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self._pending[rid] = (future, len(items))
-        request = {"id": rid, "model": self.model, "items": [item_to_json(i) for i in items]}
+        sinks = [item.sink if self.passes_pcm else None for item in items]
+        self._pending[rid] = _Request(future, sinks)
+        request: dict[str, Any] = {
+            "id": rid,
+            "model": self.model,
+            "items": [item_to_json(i) for i in items],
+        }
+        wanted = [i for i, sink in enumerate(sinks) if sink is not None]
+        if wanted:
+            request["pieces"] = wanted
         try:
             write_frame(writer, json.dumps(request).encode())
             await writer.drain()

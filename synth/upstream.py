@@ -87,6 +87,9 @@ PCM_RATES: dict[str, tuple[int, ...]] = {
 }
 # Amazon Polly's engines (SynthesizeSpeech's Engine; the entry's `model`).
 POLLY_ENGINES = ("standard", "neural", "long-form", "generative")
+# Kinds whose answer cannot come in pieces: Google's text:synthesize answers one JSON body whose
+# audio is base64 (docs/upstreams.md, "Streaming pass-through").
+WHOLE_ANSWER_KINDS = ("google",)
 # Kinds whose request carries the entry's `language` (so it is in their content address).
 LANGUAGE_KINDS = ("polly", "cartesia")
 
@@ -257,6 +260,13 @@ class UpstreamConfig(BaseModel):
     def any_voice(self) -> bool:
         """Whether voices beyond the listed ones go to the provider as asked."""
         return "*" in self.voices
+
+    @property
+    def streams_pcm(self) -> bool:
+        """Whether the provider's answer is raw 16-bit pcm that arrives in pieces (an HTTP
+        body read as it comes, Wyoming's audio-chunk events): each piece may go on to a stream
+        before the whole (streaming pass-through)."""
+        return self.format == "pcm" and self.kind not in WHOLE_ANSWER_KINDS
 
     @property
     def aws_region(self) -> str:
@@ -688,7 +698,7 @@ class UpstreamRunner:
     @property
     def passes_pcm(self) -> bool:
         """Whether an item's ``sink`` receives the provider's raw pcm as it arrives."""
-        return bool(getattr(self.provider, "passes_pcm", False))
+        return self.provider.passes_pcm
 
     def reconfigure(self, config: UpstreamConfig) -> str:
         """Take ``config``'s tunables for the calls that start from now on (concurrency,

@@ -5,16 +5,19 @@ pool. The pool server runs in the test's loop; each RemotePool stands for one ga
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import shutil
 import struct
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from metrics import Metrics
-from synth.engine import SynthesisItem
+from synth.engine import Audio, SynthesisItem
 from synth.errors import EngineDead, UnspeakableInput
 from synth.runner import ThreadRunner
 from synth.scheduler import Scheduler
@@ -172,3 +175,112 @@ def test_items_keep_their_phoneme_flag_across_the_socket() -> None:
     assert identity("piper", ipa) != identity("piper", text)
     with pytest.raises(ValueError):
         item_from_json({**item_to_json(ipa), "phonemes": "yes"})
+
+
+class PiecedRunner:
+    """An upstream's runner stand-in: each call hands its first piece of pcm to the item's sink,
+    then the rest once ``rest`` is set (a provider that streams)."""
+
+    counts_syntheses = True
+    times_batches = False
+    cancel_when_abandoned = True
+    passes_pcm = True
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = pieces
+        self.rest = asyncio.Event()
+        self.calls = 0
+
+    async def run_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]:
+        out = []
+        for item in items:
+            self.calls += 1
+            assert item.sink is not None  # the pool keeps every call's pieces
+            item.sink(self.pieces[0])
+            await self.rest.wait()
+            for piece in self.pieces[1:]:
+                item.sink(piece)
+            samples = np.frombuffer(b"".join(self.pieces), dtype="<i2")
+            out.append(Audio(samples.astype(np.float32) / np.float32(32768.0), 24000))
+        return out
+
+
+class Pieces:
+    """An item's sink in a gateway process: what reached it, awaitable by count."""
+
+    def __init__(self) -> None:
+        self.got: list[bytes] = []
+        self._changed = asyncio.Event()  # replaced at every piece
+
+    def __call__(self, data: bytes) -> None:
+        self.got.append(data)
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def at_least(self, size: int) -> None:
+        async with asyncio.timeout(10):
+            while len(b"".join(self.got)) < size:
+                await self._changed.wait()
+
+
+async def test_an_upstreams_pieces_cross_the_socket_to_every_process_that_wants_them(
+    socket_dir: Path,
+) -> None:
+    """Streaming pass-through with the host's pool process: the pcm of an upstream call in
+    flight reaches the gateway process that asked for it before the call ends; a process that
+    joins the same call later gets the pieces sent before it came, then the rest; one that wants
+    no pieces gets the whole only; and the provider is called once."""
+    pieces = [b"\x01\x00\x02\x00", b"\x03\x00", b"\x04\x00\x05\x00\x06\x00"]
+    runner = PiecedRunner(pieces)
+    metrics = Metrics()
+    scheduler = Scheduler("up", runner, metrics, max_queue=16, concurrency=4)
+    scheduler.start()
+    server = PoolServer({"up": scheduler})
+    path = socket_dir / "up.sock"
+    listener = await asyncio.start_unix_server(server.handle, str(path))
+    engine = ToneEngine()
+    a, b, c = (
+        RemotePool(path, "up", engine, 4, start_timeout_s=10, passes_pcm=True)  # type: ignore[arg-type]
+        for _ in range(3)
+    )
+    try:
+        for client in (a, b, c):
+            await client.start()
+        into_a, into_b = Pieces(), Pieces()
+        item = SynthesisItem("Your call is important to us.", "alloy")
+        first = asyncio.ensure_future(a.run_batch([dataclasses.replace(item, sink=into_a)]))
+        await into_a.at_least(len(pieces[0]))
+        assert not first.done() and into_a.got == [pieces[0]]  # the call is still running
+        joined = asyncio.ensure_future(b.run_batch([dataclasses.replace(item, sink=into_b)]))
+        await into_b.at_least(len(pieces[0]))  # what was sent before it joined
+        whole_only = asyncio.ensure_future(c.run_batch([item]))
+        await until(lambda: server.interest("up", item) == 3, 10, "three requests for the item")
+        runner.rest.set()
+        results = [await first, await joined, await whole_only]
+        # Every piece arrived before the reply, in order (a late joiner's first ones joined).
+        assert b"".join(into_a.got) == b"".join(into_b.got) == b"".join(pieces)
+        assert all(np.array_equal(r[0].pcm, results[0][0].pcm) for r in results)
+        assert runner.calls == 1 and server.syntheses_started == 1
+    finally:
+        for client in (a, b, c):
+            await client.close()
+        listener.close()
+        await server.close()
+        await listener.wait_closed()
+        await scheduler.close()
+
+
+async def test_a_request_naming_pieces_it_does_not_have_closes_the_connection(host: Host) -> None:
+    """``pieces`` must name items of the request: anything else means the stream is out of
+    step, as any unreadable frame."""
+    reader, writer = await asyncio.open_unix_connection(str(host.path))
+    item = item_to_json(SynthesisItem("Hello.", "beep"))
+    for pieces in ([1], ["0"], 0):
+        frame = json.dumps({"id": 1, "model": "tone", "items": [item], "pieces": pieces}).encode()
+        writer.write(struct.pack(">I", len(frame)) + frame)
+        await writer.drain()
+        async with asyncio.timeout(10):
+            assert await reader.read() == b""  # closed by the pool, nothing answered
+        writer.close()
+        reader, writer = await asyncio.open_unix_connection(str(host.path))
+    writer.close()

@@ -11,6 +11,7 @@ cites the document).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import io
 import json
@@ -23,15 +24,17 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import soundfile as sf
+from openai import AsyncOpenAI
 
 from bench.harness import CACHE_SECRET, RedisServer, free_port, metric_sum
 from synth.piper_engine import PiperVoiceFiles
 from tests.ops_support import ROOT, clean_env
 from tests.served import DefaultServer
 from tests.support import eventually
-from tests.upstream_support import OpenAISpeechServer
+from tests.upstream_support import RATE, HeldWyomingServer, OpenAISpeechServer, tone
 
 pytestmark = pytest.mark.slow
 
@@ -420,5 +423,88 @@ async def test_a_rollout_switches_every_gateway_process_and_survives_a_restart(
         assert await keys_served() == set(new.values())
         assert provider.calls == 6
     finally:
+        server.terminate()
+        await provider.stop()
+
+
+def assert_same_audio(heard: bytes, sent: bytes) -> None:
+    """``heard`` is the provider's ``sent`` audio: as many samples, each within the master's
+    16-bit round trip (over 32768 in, times 32767 out: at most 2 steps apart,
+    docs/upstreams.md)."""
+    a = np.frombuffer(heard, dtype="<i2").astype(np.int32)
+    b = np.frombuffer(sent, dtype="<i2").astype(np.int32)
+    assert a.shape == b.shape and int(np.max(np.abs(a - b))) <= 2
+
+
+@pytest.mark.parametrize("kind", ["openai", "wyoming"])
+async def test_a_streamed_miss_passes_the_providers_pcm_on_through_the_pool_process(
+    tmp_path: Path, kind: str
+) -> None:
+    """Streaming pass-through where users run it: the host's pool process makes the upstream
+    calls and sends each piece of the provider's pcm over its socket as it arrives, so the openai
+    SDK's plain streamed `pcm` of one sentence (at the provider's rate; no voxgate field: a miss
+    that passes through streams by default) has audio while the provider still holds its last piece (it waits for this test: the order is asserted, not a
+    time). What was streamed is what was stored: the stream's X-Audio-Key serves the same bytes,
+    and the next request is a hit that costs the provider nothing. For an OpenAI-compatible
+    provider (chunked HTTP body) and a Wyoming server (audio-chunk events)."""
+    provider: OpenAISpeechServer | HeldWyomingServer
+    if kind == "openai":
+        provider = await OpenAISpeechServer().start()
+        provider.parted = True
+        provider.parts = 4
+        entry: dict[str, object] = {
+            "kind": "openai",
+            "base_url": provider.url,
+            "api_key_env": KEY_ENV,
+            "model": "gpt-4o-mini-tts",
+        }
+    else:
+        provider = await HeldWyomingServer(parts=4).start()
+        entry = {"kind": "wyoming", "base_url": provider.url}
+    entry.update(name="held", voices=["alloy"], sample_rate=RATE, timeout_s=60)
+    path = write_upstreams(tmp_path / "upstreams.toml", entry)
+    server = DefaultServer(
+        tmp_path / "s", "--upstreams-file", str(path), env={KEY_ENV: "sk-test-key"}
+    )
+    text = "Your call is important to us."
+    expected = tone(text).tobytes()
+    oa = AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    try:
+        await started(server)
+        async with contextlib.AsyncExitStack() as stack:
+            # A bound, not a pause: without pass-through nothing comes until the provider has
+            # sent its last piece, which it holds until the first audio is here.
+            async with asyncio.timeout(30):
+                resp = await stack.enter_async_context(
+                    oa.audio.speech.with_streaming_response.create(
+                        model="held",
+                        voice="alloy",
+                        input=text,
+                        response_format="pcm",
+                    )
+                )
+                chunks = resp.iter_bytes()
+                first = await anext(chunks)
+            assert resp.headers["x-cache"] == "MISS"
+            assert resp.headers["transfer-encoding"] == "chunked"
+            assert "content-length" not in resp.headers
+            # Audio is here and the provider has not sent its last piece: it is still held.
+            assert provider.half_sent.is_set() and not provider.rest.is_set()
+            assert first and len(first) < len(expected)
+            provider.rest.set()
+            streamed = first + b"".join([c async for c in chunks])
+            key = resp.headers["x-audio-key"]
+        # The provider's samples, as the stored rendition holds them: byte for byte what the
+        # stream's X-Audio-Key serves, and what the next request, a hit, answers.
+        assert_same_audio(streamed, expected)
+        status, _, stored = await server.request("GET", f"/v1/audio/{key}")
+        assert status == 200 and stored == streamed
+        again = await oa.audio.speech.with_raw_response.create(
+            model="held", voice="alloy", input=text, response_format="pcm"
+        )
+        assert again.headers["x-cache"] == "HIT" and again.content == streamed
+        assert provider.calls == 1
+    finally:
+        await oa.close()
         server.terminate()
         await provider.stop()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import itertools
 import json
 import zlib
 from collections import deque
@@ -34,6 +35,10 @@ from typing import Any, ClassVar
 import numpy as np
 import soundfile
 from aiohttp import web
+from wyoming.audio import AudioChunk, AudioStart, AudioStop
+from wyoming.error import Error
+from wyoming.event import async_read_event, async_write_event
+from wyoming.tts import Synthesize
 
 from bench.harness import free_port
 
@@ -58,6 +63,13 @@ def tone(text: str, speed: float = 1.0) -> np.ndarray[Any, np.dtype[np.int16]]:
     pitch = 200 + zlib.crc32(text.encode()) % 600
     t = np.arange(n, dtype=np.float64) / RATE
     return (np.sin(2 * np.pi * pitch * t) * 12000).astype("<i2")
+
+
+def split_samples(data: bytes, parts: int) -> list[bytes]:
+    """16-bit ``data`` cut into ``parts`` pieces of whole samples."""
+    n = len(data) // 2
+    bounds = [k * n // parts * 2 for k in range(parts + 1)]
+    return [data[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 def error(
@@ -117,9 +129,11 @@ class OpenAISpeechServer:
         self.hold.set()
         self.held_inputs: set[str] = set()
         self.release = asyncio.Event()
-        # In two parts: with ``parted`` set, each audio answer sets ``half_sent``, sends its
-        # first half, and sends the rest once ``rest`` is set (a provider that streams).
+        # In ``parts`` pieces: with ``parted`` set, each audio answer sets ``half_sent``, sends
+        # every piece but the last, each in its own write, and the last once ``rest`` is set (a
+        # provider that streams).
         self.parted = False
+        self.parts = 2
         self.half_sent = asyncio.Event()
         self.rest = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -179,11 +193,12 @@ class OpenAISpeechServer:
             return web.Response(body=data, content_type="application/octet-stream")
         resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
         await resp.prepare(request)
-        half = len(data) // 4 * 2
+        pieces = split_samples(data, self.parts)
         self.half_sent.set()
-        await resp.write(data[:half])
+        for piece in pieces[:-1]:
+            await resp.write(piece)
         await self.rest.wait()
-        await resp.write(data[half:])
+        await resp.write(pieces[-1])
         await resp.write_eof()
         return resp
 
@@ -222,6 +237,65 @@ class OpenAISpeechServer:
                 "voice",
             )
         return None
+
+
+class HeldWyomingServer:
+    """A Wyoming TTS server on loopback (the protocol as the ``wyoming`` package defines its
+    events: a ``synthesize`` event is answered ``audio-start``, ``audio-chunk``s, ``audio-stop``;
+    an unknown voice an ``error`` event) that says :func:`tone` of the text at :data:`RATE` in
+    ``parts`` chunks: it sets ``half_sent``, sends every chunk but the last, and the last once
+    ``rest`` is set. ``calls`` counts the synthesize events; ``url`` is its ``tcp://`` address."""
+
+    def __init__(self, *, voices: tuple[str, ...] = ("alloy",), parts: int = 4) -> None:
+        self.voices = voices
+        self.parts = parts
+        self.port = free_port()
+        self.url = f"tcp://127.0.0.1:{self.port}"
+        self.calls = 0
+        self.half_sent = asyncio.Event()
+        self.rest = asyncio.Event()
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> HeldWyomingServer:
+        self._server = await asyncio.start_server(self._connection, "127.0.0.1", self.port)
+        return self
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for task in list(self._connections):
+                task.cancel()
+            await asyncio.gather(*self._connections, return_exceptions=True)
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        me = asyncio.current_task()
+        assert me is not None
+        self._connections.add(me)
+        try:
+            event = await async_read_event(reader)
+            if event is None or not Synthesize.is_type(event.type):
+                return
+            self.calls += 1
+            ask = Synthesize.from_event(event)
+            voice = ask.voice.name if ask.voice is not None else None
+            if voice not in self.voices:
+                await async_write_event(Error(text=f"no voice {voice}").event(), writer)
+                return
+            form = {"rate": RATE, "width": 2, "channels": 1}
+            await async_write_event(AudioStart(**form).event(), writer)
+            pieces = split_samples(tone(ask.text).tobytes(), self.parts)
+            self.half_sent.set()
+            for piece in pieces[:-1]:
+                await async_write_event(AudioChunk(audio=piece, **form).event(), writer)
+            await self.rest.wait()
+            await async_write_event(AudioChunk(audio=pieces[-1], **form).event(), writer)
+            await async_write_event(AudioStop().event(), writer)
+        finally:
+            self._connections.discard(me)
+            writer.close()
 
 
 class ElevenLabsServer:

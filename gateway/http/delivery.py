@@ -117,7 +117,9 @@ async def serve_speech(
     # does not say which bytes a client holds (other replicas, a synthesis after an eviction).
     # The synthesis queue's share is per client; this handler's tasks inherit the name.
     ask_as(client_of(request))
-    if stream is None and not (req.fmt.streamable and service.several_sentences(req)):
+    if stream is None and not (
+        req.fmt.streamable and (service.several_sentences(req) or service.passes_through(req))
+    ):
         stream = False  # one sentence on its face: whole, with no trip through the assembler
     answer = await service.answer(req, stream=stream)
     if isinstance(answer, SpeechStream):

@@ -352,6 +352,8 @@ def _upstream_runner(
             engine,
             concurrency,
             max_reply_bytes=settings.synth_max_reply_mb * MIB,
+            # The pool process passes the provider's pieces on (streaming pass-through).
+            passes_pcm=config.streams_pcm,
         )
         return remote, engine, concurrency
     gauge = metrics.upstream_breaker_state.labels(name)

@@ -110,18 +110,27 @@ class Production:
 
 class PartialSentence:
     """The raw 16-bit pcm of one sentence's synthesis in flight, piece by piece as the provider
-    sends it (an upstream whose runner ``passes_pcm``)."""
+    sends it (an upstream whose runner ``passes_pcm``), each piece as the stored rendition will
+    hold its samples (:func:`synth.audio.as_rendered_pcm16`): a stream that passes them on sends
+    the bytes a later hit of the same text answers."""
 
     def __init__(self) -> None:
         self.pieces: list[bytes] = []
         self.finished = False
+        # A piece may end inside a sample (an HTTP chunk's edge): its first byte waits here.
+        self._odd = b""
         # Replaced at every change: each follower waits on the one it saw last.
         self._changed = asyncio.Event()
 
     def add(self, data: bytes) -> None:
         """A piece arrived."""
-        self.pieces.append(data)
-        self._wake()
+        if self._odd:
+            data = self._odd + data
+        whole = len(data) - len(data) % 2
+        self._odd = data[whole:]
+        if whole:
+            self.pieces.append(audio.as_rendered_pcm16(data[:whole]))
+            self._wake()
 
     def finish(self) -> None:
         """The call is over (its audio whole, or failed)."""
@@ -564,11 +573,14 @@ class Assembler:
         while the caller can still answer it with an error status. With ``whole_if_one`` (a
         stream only where it helps), a rendition of one sentence, or one whose sentences were
         all stored, is awaited whole instead: ``(entry, outcome, whether this call started the
-        production)``."""
+        production)``; unless that one sentence's pcm passes through as the provider sends it
+        (there the stream is what helps)."""
         prod, leader = self.production(req, key, rate, first_alone=True)
         self._join(prod)
         try:
             parts = await prod.sentence_parts()
+            assert prod.layout is not None  # set before the parts
+            keys = self._passing_keys(req, rate, prod)
             if whole_if_one:
                 # Every sentence answered from the store or queued (lookups, no synthesis): a
                 # stored one has resolved by then, so "all done" means nothing is synthesized.
@@ -580,11 +592,14 @@ class Assembler:
                     if not part.done():
                         break
                 if len(parts) == 1 or all(part.done() for part in parts):
+                    passing = None
+                    if keys is not None and not parts[0].done():
+                        passing = await self._pass_through(req, rate, prod, parts, leader, keys)
+                    if passing is not None:
+                        return passing
                     entry, outcome = await prod.entry()
                     self._leave(prod)
                     return entry, outcome, leader
-            assert prod.layout is not None  # set before the parts
-            keys = self._passing_keys(req, rate, prod)
             if keys is not None:
                 passing = await self._pass_through(req, rate, prod, parts, leader, keys)
                 if passing is not None:

@@ -169,10 +169,9 @@ class Masters:
 
     def passes_through(self, model: str, rate: int) -> bool:
         """Whether ``model``'s pcm may go to a stream as it arrives at output ``rate``: its
-        runner (here, in this process) receives it in pieces, at that rate."""
+        runner (here, or the host's pool process for it) hands it on in pieces, at that rate."""
         handle = self.models[model]
-        runner = handle.scheduler.runner
-        return bool(getattr(runner, "passes_pcm", False)) and handle.engine.sample_rate == rate
+        return handle.scheduler.runner.passes_pcm and handle.engine.sample_rate == rate
 
     # ---- addressing -------------------------------------------------------------------------
 
@@ -299,7 +298,7 @@ class Masters:
             raise Overloaded(f"model '{req.model}' is still loading", retry_after_s=2.0)
         feed = self.partials
         partial = None
-        if feed is not None and getattr(handle.scheduler.runner, "passes_pcm", False):
+        if feed is not None and handle.scheduler.runner.passes_pcm:
             # The provider's pcm, piece by piece, for streams that pass it on.
             partial = feed.open(mk)
         item = SynthesisItem(

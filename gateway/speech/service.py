@@ -236,6 +236,15 @@ class SpeechService:
             self.tally.add(req)  # joined a production another request started
         return stream_
 
+    def passes_through(self, req: SpeechRequest) -> bool:
+        """Whether a miss of ``req`` may pass its provider's pcm on as it arrives (raw ``pcm``
+        at the rate of an upstream that streams): then streaming helps even one sentence, whose
+        first bytes go out before the provider's last. Cheap, on the loop."""
+        if req.fmt.name != "pcm":
+            return False
+        _, _, rate = self.keys_for(req)
+        return self.masters.passes_through(req.model, rate)
+
     def several_sentences(self, req: SpeechRequest) -> bool:
         """Whether ``req`` may be made of more than one sentence master (what streaming by
         default needs to help): cheap, on the loop. A text that is not one sentence on its face

@@ -24,7 +24,7 @@ from synth.upstream import ProviderError, wav_audio
 class GoogleProvider(HttpProvider):
     """The provider of Google Cloud Text-to-Speech's ``text:synthesize``."""
 
-    passes_pcm = False  # the audio comes base64 in a JSON body
+    # passes_pcm is False (UpstreamConfig.streams_pcm): the audio comes base64 in a JSON body.
 
     def request(self, item: SynthesisItem) -> HttpCall:
         if not 0.25 <= item.speed <= 4.0:

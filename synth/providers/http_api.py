@@ -63,11 +63,12 @@ class HttpProvider:
     # Statuses that mean the caller's request was wrong for this provider (its 400) beyond the
     # ones every provider shares (400, 413, 422): a provider's "no such voice" status.
     refusal_statuses: frozenset[int] = frozenset()
-    # The answer's body is the raw 16-bit pcm itself (not JSON): its pieces can go to a stream.
-    passes_pcm = True
 
     def __init__(self, config: UpstreamConfig, api_key: str) -> None:
         self.config = config
+        # The answer's body is the raw 16-bit pcm itself (not JSON, as Google's is): its pieces
+        # can go to a stream.
+        self.passes_pcm = config.streams_pcm
         self.api_key = api_key
         self.max_bytes = config.max_audio_mb * MIB
         self._session: aiohttp.ClientSession | None = None

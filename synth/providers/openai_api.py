@@ -37,7 +37,7 @@ class OpenAIProvider:
     def __init__(self, config: UpstreamConfig, api_key: str) -> None:
         self.config = config
         # pcm comes as headerless 16-bit samples: each piece can go to a stream as it arrives.
-        self.passes_pcm = config.format == "pcm"
+        self.passes_pcm = config.streams_pcm
         self.max_bytes = config.max_audio_mb * MIB
         # The SDK logs each request's options, text included, at DEBUG: never, whatever the
         # gateway's log level (request text is never logged).

@@ -5,7 +5,10 @@ One call is one connection: a ``synthesize`` event with the text and ``voice.nam
 server's ``audio-start``, ``audio-chunk``s and ``audio-stop`` (or an ``error`` event). The chunks'
 PCM (16-bit, the first channel) at the rate they name is the master. Wyoming has no speed: a
 request at another speed than 1 (or an SSML rate) is refused before the call. The audio read is
-bounded by ``max_audio_mb``.
+bounded by ``max_audio_mb``. Each chunk at the entry's ``sample_rate`` goes to the item's
+``sink`` as it arrives (streaming pass-through); a server speaking at another rate passes
+nothing (its audio is resampled from the whole), and one that changes rate within an answer
+sent no usable audio.
 """
 
 from __future__ import annotations
@@ -27,10 +30,10 @@ MIB = 1024 * 1024
 class WyomingProvider:
     """The :class:`~synth.upstream.Provider` of a Wyoming TTS server."""
 
-    passes_pcm = False
-
     def __init__(self, config: UpstreamConfig) -> None:
         self.config = config
+        # Audio-chunk events carry raw pcm: each can go to a stream as it comes.
+        self.passes_pcm = config.streams_pcm
         parts = urlsplit(config.base_url)
         self.host = parts.hostname or ""
         self.port = parts.port or 0
@@ -46,6 +49,7 @@ class WyomingProvider:
         chunks: list[bytes] = []
         size = 0
         rate = 0
+        sink = item.sink if self.passes_pcm else None
         try:
             async with AsyncTcpClient(self.host, self.port) as client:
                 voice = SynthesizeVoice(name=item.voice)
@@ -71,8 +75,15 @@ class WyomingProvider:
                             raise ProviderError(
                                 "bad_reply", f"more than {self.config.max_audio_mb} MiB of audio"
                             )
+                        if rate and chunk.rate != rate:
+                            raise ProviderError(
+                                "bad_reply", f"the audio's rate changed from {rate} to {chunk.rate}"
+                            )
                         rate = chunk.rate
                         chunks.append(data)
+                        # Pieces at the rate a stream expects only (the entry's).
+                        if sink is not None and rate == self.config.sample_rate and data:
+                            sink(data)
                     elif AudioStop.is_type(event.type):
                         break
                     elif Error.is_type(event.type):
