@@ -185,6 +185,7 @@ async def test_a_streams_first_sentence_is_made_before_the_others_start(
     answer)."""
     provider = await OpenAISpeechServer(port=provider_port).start()
     provider.held_inputs = {FRESH[0]}
+    listener: asyncio.Future[tuple[bytes, bytes]] | None = None
     try:
         async with openai_client(server) as oa:
 
@@ -215,6 +216,9 @@ async def test_a_streams_first_sentence_is_made_before_the_others_start(
         assert sorted(t for kind, t in events if kind == "received") == sorted(FRESH)
         assert await server.conformance_failures() == []
     finally:
+        provider.release.set()  # a failed assertion leaves no call held
+        if listener is not None and not listener.done():
+            listener.cancel()
         await provider.stop()
 
 
