@@ -92,6 +92,30 @@ def timings_from_json(raw: object, samples: int, chars: int) -> tuple[WordTiming
     return words
 
 
+def token_stream(
+    symbols: Sequence[str | None], samples: Sequence[int], at: int = 0
+) -> list[tuple[str, int, int]]:
+    """``(symbol, first sample, samples)`` of each symbol of a VITS input whose ids lasted
+    ``samples`` each, the audio starting at sample ``at``. ``symbols`` has one entry per input
+    id: its symbol; ``None`` for an interspersed blank, which is heard as the start of the symbol
+    after it (VITS makes the transition into a sound in the blank before it: the rule Piper's
+    pads follow, measured there); ``""`` for an id that is no sound (BOS, EOS), left out."""
+    out: list[tuple[str, int, int]] = []
+    cursor = at
+    pending: int | None = None  # first sample of the blank just before, if any
+    for symbol, n in zip(symbols, samples, strict=True):
+        first = cursor
+        cursor += int(n)
+        if symbol is None:
+            pending = first if pending is None else pending
+            continue
+        if symbol:
+            start = first if pending is None else pending
+            out.append((symbol, start, cursor - start))
+        pending = None
+    return out
+
+
 def sounding(phoneme: str) -> bool:
     """Whether ``phoneme`` is a sound (not a stress mark, space or punctuation)."""
     return bool(phoneme) and not all(ch in _SILENT for ch in phoneme)

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from synth.alignment import WordTiming, align_words, token_stream
 from synth.engine import (
     Audio,
     EngineCapabilities,
@@ -50,7 +51,12 @@ from synth.engine import (
     fingerprint_files,
 )
 from synth.errors import EngineError, UnspeakableInput
-from synth.exact_speed import SPEED_INPUT, rescaled_durations, rescaled_graph
+from synth.exact_speed import (
+    RESCALED_DURATIONS,
+    SPEED_INPUT,
+    rescaled_durations,
+    rescaled_graph,
+)
 from synth.onnx_layout import rewrite_file
 from synth.onnx_memory import ShrinkingSession
 from synth.onnx_quant import (
@@ -65,6 +71,9 @@ log = logging.getLogger("voxgate.synth.coqui")
 
 MODES = ("torch", "onnx", "int8", "fp16", "bf16")
 DEFAULT_VOICE = "default"
+# Words whose tokens an engine remembers for the speech marks (a phonemizing model runs espeak
+# once per word otherwise; prompts repeat their words).
+WORD_TOKENS_MEMO = 4096
 
 # What this engine imports beyond a base install (the `coqui` extra in pyproject.toml): coqui-tts,
 # torch and the packages they import, and onnx for the ``onnx`` mode's export.
@@ -121,6 +130,7 @@ class CoquiEngine:
         intra_op_threads: int = 1,
         onnx_dir: str | Path | None = None,
         precision: str = "fp32",
+        speech_marks: bool = True,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"coqui mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -139,6 +149,7 @@ class CoquiEngine:
         # Only ONNX Runtime graphs have an int8 precision (torch's own int8 is mode "int8").
         self.precision = precision if mode == "onnx" else "fp32"
         self.device = device
+        self.speech_marks = speech_marks
         self.intra_op_threads = intra_op_threads
         self.onnx_dir = Path(onnx_dir) if onnx_dir else self.model_path.parent / "onnx"
         with self.config_path.open(encoding="utf-8") as f:
@@ -157,6 +168,9 @@ class CoquiEngine:
         self._onnx: Any = None
         self._quantized_layers = 0
         self._exact_batches = False
+        # The ONNX graph's output holding each id's frames (its durations' Ceil), when found.
+        self._onnx_durations: str | None = None
+        self._word_tokens: dict[str, list[str]] = {}
         # The model's noise/length scales are attributes set per batch: one batch at a time.
         self._lock = threading.Lock()
 
@@ -226,8 +240,12 @@ class CoquiEngine:
 
     @property
     def capabilities(self) -> EngineCapabilities:
-        """Plain text; exact batches of up to :attr:`max_exact_batch` (VITS in torch)."""
-        return EngineCapabilities(max_exact_batch=self.max_exact_batch)
+        """Plain text; exact batches of up to :attr:`max_exact_batch` (VITS in torch); speech
+        marks from a VITS model's duration predictor (docs/speech-marks.md)."""
+        return EngineCapabilities(
+            max_exact_batch=self.max_exact_batch,
+            speech_marks=self.speech_marks and self.model_type == "vits",
+        )
 
     def describe(self) -> Mapping[str, object]:
         out: dict[str, object] = {
@@ -259,6 +277,9 @@ class CoquiEngine:
         from TTS.utils.synthesizer import Synthesizer
 
         torch.set_num_threads(max(1, self.intra_op_threads))
+        # Coqui's tokenizer logs the whole text it was given (a warning) when a character is
+        # not in the model's vocabulary: request text never goes to a log.
+        logging.getLogger("TTS.tts.utils.text.tokenizer").setLevel(logging.ERROR)
         started = time.perf_counter()
         use_cuda = self.device.startswith("cuda")
         if use_cuda:
@@ -327,6 +348,9 @@ class CoquiEngine:
                 self.onnx_dir,
                 lambda: self._calibration_feeds(export),
             )
+        graph, self._onnx_durations = (
+            _with_durations(path) if self.speech_marks else (path.read_bytes(), None)
+        )
         opts = onnxruntime.SessionOptions()
         # Coqui's load_onnx() leaves ONNX Runtime's threads at "all cores"; workers x threads must
         # fit the cores, so the session is built here with the same providers and our thread count.
@@ -336,7 +360,7 @@ class CoquiEngine:
         if self.device.startswith("cuda"):
             index = int(self.device.partition(":")[2] or 0)
             providers = [("CUDAExecutionProvider", {"device_id": index})]
-        return onnxruntime.InferenceSession(str(path), sess_options=opts, providers=providers)
+        return onnxruntime.InferenceSession(graph, sess_options=opts, providers=providers)
 
     def _calibration_feeds(self, export: Path) -> list[dict[str, np.ndarray[Any, Any]]]:
         """The export's inputs for :data:`CALIBRATION_TEXTS`, noise off, first voice."""
@@ -448,18 +472,77 @@ class CoquiEngine:
         wav = out["model_outputs"].float().cpu().numpy()[:, 0, :]
         frames = out["y_mask"].sum(dim=(1, 2)).long().cpu().numpy()
         hop = wav.shape[1] // out["y_mask"].shape[-1]
-        return [
-            Audio(
-                np.ascontiguousarray(wav[row, : int(frames[row]) * hop], dtype=np.float32),
-                self.sample_rate,
-            )
-            for row in range(len(items))
-        ]
+        # Each id's whole frames, as the alignment that made the audio used them.
+        durations = out["durations"].float().cpu().numpy()[:, 0, :]
+        results = []
+        for row, (item, (ids, _, _)) in enumerate(zip(items, encoded, strict=True)):
+            pcm = np.ascontiguousarray(wav[row, : int(frames[row]) * hop], dtype=np.float32)
+            id_frames = durations[row, : len(ids)]
+            words = self._words(item, ids, id_frames * hop, len(pcm))
+            results.append(Audio(pcm, self.sample_rate, words))
+        return results
 
     def _synthesize_onnx(self, item: SynthesisItem) -> Audio:
         names = {i.name for i in self._onnx.get_inputs()}
-        wav = self._onnx.run(["output"], self._onnx_feeds(item, names))[0]
-        return Audio(np.ascontiguousarray(wav.reshape(-1), dtype=np.float32), self.sample_rate)
+        feeds = self._onnx_feeds(item, names)
+        outputs = ["output"] if self._onnx_durations is None else ["output", self._onnx_durations]
+        result = self._onnx.run(outputs, feeds)
+        pcm = np.ascontiguousarray(result[0].reshape(-1), dtype=np.float32)
+        words = None
+        if len(result) > 1:
+            id_frames = np.asarray(result[1], dtype=np.float64).reshape(-1)
+            total = round(float(id_frames.sum()))
+            # The decoder's samples per frame (the graph returns no hop of its own).
+            if total > 0 and len(pcm) % total == 0:
+                ids = [int(i) for i in feeds["input"][0]]
+                words = self._words(item, ids, id_frames * (len(pcm) // total), len(pcm))
+        return Audio(pcm, self.sample_rate, words)
+
+    def _words(
+        self,
+        item: SynthesisItem,
+        ids: Sequence[int],
+        id_samples: np.ndarray[Any, Any],
+        samples: int,
+    ) -> tuple[WordTiming, ...] | None:
+        """Where each word of ``item``'s text is heard, from the samples of each input id
+        (:mod:`synth.alignment`, as for Piper); None where they do not add up to the audio."""
+        if not self.speech_marks:
+            return None
+        counts = np.rint(id_samples).astype(np.int64)
+        if int(counts.sum()) != samples:
+            return None  # not this audio's frames: no timings rather than wrong ones
+        stream = token_stream(self._symbols(ids), [int(n) for n in counts])
+        return align_words(item.text, stream, self._tokens_of)
+
+    def _symbols(self, ids: Sequence[int]) -> list[str | None]:
+        """Each id's symbol: None for the interspersed blank, "" for BOS/EOS/pad."""
+        characters = self._synth.tts_model.tokenizer.characters
+        blank = characters.blank_id if characters.blank else None
+        silent = {getattr(characters, name, None) for name in ("bos_id", "eos_id", "pad_id")} - {
+            None,
+            blank,
+        }
+        out: list[str | None] = []
+        for i in ids:
+            if i == blank:
+                out.append(None)
+            elif i in silent:
+                out.append("")
+            else:
+                out.append(str(characters.id_to_char(i)))
+        return out
+
+    def _tokens_of(self, word: str) -> list[str]:
+        """The model's symbols for ``word`` said alone (its cleaner and phonemizer run)."""
+        known = self._word_tokens.get(word)
+        if known is None:
+            ids = self._synth.tts_model.tokenizer.text_to_ids(word)
+            known = [s for s in self._symbols(ids) if s]
+            if len(self._word_tokens) >= WORD_TOKENS_MEMO:
+                self._word_tokens.clear()
+            self._word_tokens[word] = known
+        return known
 
     def _onnx_feeds(self, item: SynthesisItem, names: set[str]) -> dict[str, np.ndarray[Any, Any]]:
         ids, sid, lid = self._ids(item)
@@ -508,3 +591,23 @@ class _LengthAtSpeed:
 
         frames = torch.ceil(w.float() * self.length_scale)
         return rescaled_durations(frames, self.speed).to(w.dtype)
+
+
+def _with_durations(path: Path) -> tuple[bytes, str | None]:
+    """The graph at ``path`` with each input id's frames (the output of its durations' ``Ceil``,
+    which reads :mod:`synth.exact_speed`'s rescaled frames) as a second output, and that
+    output's name; the graph as it is and None where it has no single such node. The frames
+    cost nothing at run time: the graph computes them to make the audio."""
+    import onnx
+
+    model = onnx.load(str(path))
+    ceils = [
+        n for n in model.graph.node if n.op_type == "Ceil" and list(n.input) == [RESCALED_DURATIONS]
+    ]
+    if len(ceils) != 1 or len(ceils[0].output) != 1:
+        log.warning("coqui onnx graph %s gives no durations: no single Ceil", path.name)
+        return path.read_bytes(), None
+    name = str(ceils[0].output[0])
+    if all(output.name != name for output in model.graph.output):
+        model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+    return model.SerializeToString(), name

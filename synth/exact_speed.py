@@ -28,6 +28,8 @@ from typing import Any
 
 SPEED_INPUT = "speed"
 _PREFIX = "voxgate_speed/"
+# What the graph's own ``Ceil`` reads once rewritten: each id's whole frames at the asked speed.
+RESCALED_DURATIONS = _PREFIX + "durations"
 
 # Protobuf field numbers of the ONNX messages used (onnx/onnx.proto).
 _MODEL_GRAPH = 7
@@ -183,7 +185,7 @@ def rescaled_graph(model: bytes, durations_output: bool = False) -> bytes:
         raise NotAVitsGraph(f"expected one Ceil (the durations' rounding), found {len(ceils)}")
     at, ceil = ceils[0]
     (w,) = _strings(ceil, _NODE_INPUT)
-    rescaled = _PREFIX + "durations"
+    rescaled = RESCALED_DURATIONS
     new_ceil = b"".join(
         _ld(_NODE_INPUT, rescaled.encode()) if n == _NODE_INPUT else raw
         for n, _, raw in _fields(ceil)

@@ -33,6 +33,9 @@ from synth.onnx_quant import CALIBRATION_TEXTS, PRECISIONS, derived_int8, int8_f
 # (docs/synthesis.md, "Memory per run").
 MAX_RUN_PHONEMES = 350
 MIN_RUN_PHONEMES = 40
+# Words whose phonemes (said alone, for the speech marks) a voice remembers: prompts repeat
+# their words, and espeak-ng costs about 0.1 ms a word.
+WORD_PHONEMES_MEMO = 4096
 
 log = logging.getLogger("voxgate.synth.piper")
 
@@ -78,10 +81,6 @@ class PiperEngine:
     """
 
     name = "piper"
-    # Piper's ONNX graph takes phoneme ids: IPA (SSML <phoneme>) skips espeak-ng's phonemizer.
-    # Each voice's graph is given its phoneme durations as an output at load (below), so every
-    # item comes back with where its words are heard (docs/speech-marks.md).
-    capabilities = EngineCapabilities(takes_phonemes=True, speech_marks=True)
 
     def __init__(
         self,
@@ -91,12 +90,19 @@ class PiperEngine:
         use_cuda: bool = False,
         precision: str = "fp32",
         derived_dir: str | Path | None = None,
+        speech_marks: bool = True,
     ) -> None:
         if not voices:
             raise ValueError("the piper engine needs at least one voice")
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         self.precision = precision
+        # Piper's ONNX graph takes phoneme ids: IPA (SSML <phoneme>) skips espeak-ng's
+        # phonemizer. With ``speech_marks`` each voice's graph is given its phoneme durations as
+        # an output at load (below), so every item comes back with where its words are heard
+        # (docs/speech-marks.md).
+        self.speech_marks = speech_marks
+        self.capabilities = EngineCapabilities(takes_phonemes=True, speech_marks=speech_marks)
         self.derived_dir = Path(derived_dir) if derived_dir else default_derived_dir()
         self._files = {v.name: v for v in voices}
         self.intra_op_threads = intra_op_threads
@@ -105,6 +111,7 @@ class PiperEngine:
         # Voices whose graph gives phoneme durations (a graph without the Ceil node gives none).
         self._aligned: set[str] = set()
         self._configs: dict[str, dict[str, Any]] = {}
+        self._word_phonemes: dict[tuple[str, str], list[str]] = {}
         for v in voices:
             for p in (v.model_path, v.config_path):
                 if not p.is_file():
@@ -158,13 +165,16 @@ class PiperEngine:
             if self.precision == "int8":
                 model_path = self._int8_model(files, PiperVoice(session=None, config=config))
             # The graph with its durations divided by the speed asked (synth/exact_speed.py),
-            # and those durations (frames at that speed) as a second output, for speech marks:
+            # and, with speech marks, those durations (frames at that speed) as a second output:
             # the graph computes them to make the audio, so they cost nothing at run time.
             raw = Path(model_path).read_bytes()
             session = onnxruntime.InferenceSession(
-                rescaled_graph(raw, durations_output=True), sess_options=opts, providers=providers
+                rescaled_graph(raw, durations_output=self.speech_marks),
+                sess_options=opts,
+                providers=providers,
             )
-            self._aligned.add(name)
+            if self.speech_marks:
+                self._aligned.add(name)
             self._voices[name] = PiperVoice(session=ShrinkingSession(session), config=config)
         log.info("piper voices loaded: %s", ", ".join(self._files))
 
@@ -238,7 +248,13 @@ class PiperEngine:
             def phonemes_of(word: str) -> list[str]:
                 if ipa:
                     return list(word)
-                return [p for sentence in voice.phonemize(word) for p in sentence]
+                known = self._word_phonemes.get((item.voice, word))
+                if known is None:
+                    known = [p for sentence in voice.phonemize(word) for p in sentence]
+                    if len(self._word_phonemes) >= WORD_PHONEMES_MEMO:
+                        self._word_phonemes.clear()
+                    self._word_phonemes[(item.voice, word)] = known
+                return known
 
             words = align_words(item.text, stream, phonemes_of)
         return Audio(pcm, self.sample_rate, words)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from bench import common, hit_path, miss_path, ttfa
+from bench import common, hit_path, marks_cost, miss_path, ttfa
 from tests.support import shortest_audio_s
 
 
@@ -116,6 +116,21 @@ def test_miss_path_bench_every_row_tiny() -> None:
     gw, pd = rows["voxgate"]["throughput_rps"], rows["pool-direct"]["throughput_rps"]
     assert ratio == round(gw / pd, 3)
     assert rows["voxgate"]["gateway_process_cpu_ms_per_request"] > 0
+
+
+@pytest.mark.slow
+def test_marks_cost_bench_tiny() -> None:
+    """Both gateways (marks on and off) answer the same texts as misses, then as hits; the
+    ratios are the rows' (the bench itself checks that only the "on" gateway stored marks)."""
+    args = argparse.Namespace(clients=2, per_client=1, rounds=2, workers=1)
+    result = marks_cost.run(args)
+    rows = result["servers"]
+    assert set(rows) == set(marks_cost.ROWS)
+    for kinds in rows.values():
+        assert all(k["requests"] == 4 and k["throughput_rps"] > 0 for k in kinds.values())
+    on, off = rows["marks-on"]["miss"], rows["marks-off"]["miss"]
+    ratio = result["summary"]["miss"]["throughput_ratio"]
+    assert ratio == round(on["throughput_rps"] / off["throughput_rps"], 3)
 
 
 @pytest.mark.slow

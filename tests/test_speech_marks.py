@@ -24,10 +24,14 @@ import soundfile as sf
 from aiohttp.test_utils import TestClient
 from openai import AsyncOpenAI
 
-from gateway.api.ssml import expand, plain_text
+from gateway.api.normalize import say_as as normalize_say_as
+from gateway.api.ssml import expand, plain_text, source_of
+from gateway.runtime.components import default_engine_specs
+from gateway.runtime.settings import Settings
 from gateway.speech import marks as speech_marks
 from synth import sentences
 from synth.alignment import align_words, word_spans
+from synth.coqui_engine import CoquiEngine
 from synth.engine import Audio, SynthesisItem
 from synth.piper_engine import PiperEngine
 from tests.conftest import GatewayFactory
@@ -363,6 +367,103 @@ def test_a_words_mark_is_its_sounds_onset_in_the_engines_own_audio(
     assert max(abs(e) for e in errors) <= TOLERANCE_MS, errors
 
 
+# ---- the Coqui test model ------------------------------------------------------------------------
+
+# The Coqui test model has random weights: what it says is no speech, and its sound starts at the
+# first sample. The truth is the break: the gateway inserts exact zeros, so where the model's
+# samples start again after it is measurable whatever the model says.
+COQUI_QUIET = {"noise_scale": 0.0, "noise_scale_dp": 0.0}
+
+
+async def test_each_word_after_a_break_is_marked_at_its_onset_on_coqui(
+    gateway: GatewayFactory, settings: Settings, coqui_model_files: tuple[Path, Path]
+) -> None:
+    """The ten words with 800 ms breaks on the Coqui test model (VITS, torch): its duration
+    predictor's frames give the marks; /v1/voices says its voice has them."""
+    model, config = coqui_model_files
+    settings = settings.replace(coqui_model=str(model), coqui_config=str(config), synth_workers=0)
+    client = await gateway(
+        settings=settings, engines=await asyncio.to_thread(default_engine_specs, settings)
+    )
+    listing = await (await client.get("/v1/voices")).json()
+    marked = {m["id"]: [v["speech_marks"] for v in m["voices"]] for m in listing["models"]}
+    assert marked == {"piper": [True], "coqui": [True]}
+    ssml = "<speak>" + '<break time="800ms"/>'.join(TEN_WORDS) + "</speak>"
+    resp = await client.post(
+        "/v1/audio/speech",
+        json={
+            "model": "coqui",
+            "voice": "default",
+            "input": ssml,
+            "response_format": "wav",
+            "noise_scale": 0.0,
+        },
+    )
+    assert resp.status == 200, await resp.text()
+    pcm, rate = sf.read(io.BytesIO(await resp.read()), dtype="float32")
+    found = await marks_of(client, resp.headers["X-Audio-Key"])
+    words = [m for m in found if m["type"] == "word"]
+    assert [m["value"] for m in words] == TEN_WORDS
+    errors = break_errors(pcm, rate, words)
+    print("coqui break errors ms", [round(e, 1) for e in errors])
+    assert max(abs(e) for e in errors) <= TOLERANCE_MS, errors
+    assert all(m["time"] <= len(pcm) * 1000 / rate for m in found)
+
+
+@pytest.fixture(scope="module")
+def coqui_engines(
+    coqui_model_files: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[CoquiEngine, CoquiEngine]:
+    """The Coqui test model in torch and in ONNX Runtime (its export), loaded once."""
+    torch_engine = CoquiEngine(*coqui_model_files, mode="torch")
+    onnx_engine = CoquiEngine(
+        *coqui_model_files, mode="onnx", onnx_dir=tmp_path_factory.mktemp("coqui-onnx")
+    )
+    torch_engine.load()
+    onnx_engine.load()
+    return torch_engine, onnx_engine
+
+
+def test_coqui_words_are_its_duration_predictors_frames_in_torch_and_onnx(
+    coqui_engines: tuple[CoquiEngine, CoquiEngine],
+) -> None:
+    """Each word of a Coqui VITS item runs from the blank before its first character to the end
+    of its last character's frames; its export in ONNX Runtime gives the same frames as torch
+    (durations are whole frames, so the two agree exactly), batched or alone, at any speed."""
+    torch_engine, onnx_engine = coqui_engines
+    text = "Please hold, your call matters."
+    items = [
+        SynthesisItem(text, "default", speed=speed, params=COQUI_QUIET) for speed in (1.0, 1.5)
+    ]
+    for engine in (torch_engine, onnx_engine):
+        for got in engine.synthesize_batch(items):
+            assert got.words is not None
+            assert [text[w.start : w.end] for w in got.words] == [
+                "Please",
+                "hold",
+                "your",
+                "call",
+                "matters",
+            ]
+            # Each character a phoneme: the model's front end is its characters.
+            assert ["".join(p for p, _ in w.phonemes) for w in got.words] == [
+                "please",
+                "hold",
+                "your",
+                "call",
+                "matters",
+            ]
+            assert got.words[0].t0 == 0
+            assert all(a.t1 <= b.t0 for a, b in itertools.pairwise(got.words))
+            assert got.words[-1].t1 <= len(got.pcm)
+    alone = torch_engine.synthesize_batch(items[:1])[0]
+    batched = torch_engine.synthesize_batch(
+        [items[0], SynthesisItem("Hi.", "default", params=COQUI_QUIET)]
+    )[0]
+    exported = onnx_engine.synthesize_batch(items[:1])[0]
+    assert alone.words == batched.words == exported.words
+
+
 # ---- as users run it ---------------------------------------------------------------------------
 
 
@@ -565,6 +666,72 @@ async def test_the_pipecat_recipe_times_pipecats_words_by_the_marks(
     assert all(isinstance(p, int) for p in stamps) and stamps == sorted(stamps)
 
 
+# ---- LiveKit Agents ----------------------------------------------------------------------------
+
+
+def livekit_recipe() -> dict[str, Any]:
+    """The LiveKit TTS of docs/speech-marks.md, run as the page shows it."""
+    page = (Path(__file__).parents[1] / "docs" / "speech-marks.md").read_text()
+    section = page.split("## LiveKit Agents", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "docs/speech-marks.md", "exec"), namespace)
+    return namespace
+
+
+async def test_the_livekit_recipe_times_livekits_words_by_the_marks(
+    gateway: GatewayFactory,
+) -> None:
+    """The documented TTS with the real ``livekit-agents``: the words it pushes ride the audio
+    frames (``lk.timed_transcripts``, what the voice pipeline hands its transcript
+    synchronizer), each timed from the start of the stream's audio, across sentences."""
+    from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT, TimedString
+
+    http = await gateway()
+    recipe = livekit_recipe()
+    tts = recipe["VoxgateTTS"](base_url=str(http.make_url("")), model="piper", voice="joe")
+    first, second = "Thank you for calling our support line.", "Please hold while we connect you."
+    try:
+        stream = tts.stream()
+        for token in (first[:12], first[12:] + " ", second):  # as an LLM's tokens come
+            stream.push_text(token)
+        stream.end_input()
+        async with stream:
+            events = [event async for event in stream]
+        async with tts.synthesize("Goodbye for now.") as chunked:
+            alone = [event async for event in chunked]
+    finally:
+        await tts.aclose()
+    frames = [event.frame for event in events]
+    assert {f.sample_rate for f in frames} == {24000}
+    seconds = sum(f.samples_per_channel / f.sample_rate for f in frames)
+    words = [w for f in frames for w in f.userdata.get(USERDATA_TIMED_TRANSCRIPT, [])]
+    assert all(isinstance(w, TimedString) for w in words)
+    assert "".join(words).split() == (first + " " + second).replace(".", "").split()
+    starts = [w.start_time for w in words]
+    assert starts == sorted(starts) and starts[0] >= 0 and starts[-1] < seconds
+    assert all(w.start_time <= w.end_time for w in words)
+    # The second sentence's words count from the start of the stream: after the first's audio.
+    assert words[7].start_time >= words[6].end_time > words[6].start_time
+    # Each sentence is one with-timestamps request: its marks are the stored audio's.
+    again = await http.post(
+        "/v1/audio/speech/with-timestamps",
+        json={
+            "model": "piper",
+            "voice": "joe",
+            "input": second,
+            "response_format": "pcm",
+            "sample_rate": 24000,
+        },
+    )
+    assert again.headers["X-Cache"] == "HIT"
+    stored = (await again.json())["marks"]
+    first_word = next(m for m in stored if m["type"] == "word")["time"] / 1000
+    assert abs(words[7].start_time - words[6].end_time - first_word) < 0.002
+    said = [w for e in alone for w in e.frame.userdata.get(USERDATA_TIMED_TRANSCRIPT, [])]
+    assert "".join(said).split() == ["Goodbye", "for", "now"]
+
+
 def test_character_alignment_of_a_text_without_words() -> None:
     """Punctuation alone has no word marks: every character spans the audio."""
     got = speech_marks.character_alignment("!", [], 500)
@@ -580,3 +747,103 @@ def test_character_alignment_of_a_text_without_words() -> None:
         except ValueError:
             continue
         raise AssertionError(bad)
+
+
+# ---- offsets into an SSML input ----------------------------------------------------------------
+
+
+async def test_ssml_words_map_to_the_source_they_came_from(gateway: GatewayFactory) -> None:
+    """With-timestamps of an SSML input: each word mark spans the document's bytes it came
+    from; a word a ``say-as`` or ``sub`` made spans that element's content, so two marks may
+    share one span; an ``ssml`` mark spans its ``<mark/>``."""
+    client = await gateway()
+    doc = (
+        '<speak>Room <say-as interpret-as="cardinal">123</say-as> &amp; the '
+        '<sub alias="World Wide Web">WWW</sub>.<break time="500ms"/>'
+        '<mark name="next"/>Café au lait.</speak>'
+    )
+    resp = await client.post("/v1/audio/speech/with-timestamps", json=body(doc))
+    assert resp.status == 200, await resp.text()
+    got = await resp.json()
+    raw = doc.encode()
+    said = [
+        (m["value"], raw[m["start"] : m["end"]].decode())
+        for m in got["marks"]
+        if m["type"] == "word"
+    ]
+    assert said == [
+        ("Room", "Room"),
+        ("one", "123"),
+        ("hundred", "123"),
+        ("and", "123"),
+        ("twenty-three", "123"),
+        ("&", "&amp;"),
+        ("the", "the"),
+        ("World", "WWW"),
+        ("Wide", "WWW"),
+        ("Web", "WWW"),
+        ("Café", "Café"),
+        ("au", "au"),
+        ("lait", "lait"),
+    ]
+    (mark,) = [m for m in got["marks"] if m["type"] == "ssml"]
+    assert raw[mark["start"] : mark["end"]] == b'<mark name="next"/>'
+    sentences_ = [
+        raw[m["start"] : m["end"]].decode() for m in got["marks"] if m["type"] == "sentence"
+    ]
+    assert sentences_[-1] == "Café au lait."
+    # The characters' alignment covers the words said (markup has no time).
+    assert "".join(got["alignment"]["characters"]) == got["normalized_text"]
+    # SSML content sent as SSML without its root: offsets into what was sent.
+    inner = doc.removeprefix("<speak>").removesuffix("</speak>")
+    resp = await client.post(
+        "/v1/audio/speech/with-timestamps", json=body(inner, input_type="ssml")
+    )
+    assert resp.status == 200, await resp.text()
+    inner_raw = inner.encode()
+    words = [m for m in (await resp.json())["marks"] if m["type"] == "word"]
+    assert [inner_raw[m["start"] : m["end"]].decode() for m in words][:3] == ["Room", "123", "123"]
+    # The stored marks, by key, index the spoken text.
+    by_key = await marks_of(client, got["key"])
+    spoken = got["normalized_text"].encode()
+    assert [spoken[m["start"] : m["end"]].decode() for m in by_key if m["type"] == "word"] == [
+        value for value, _ in said
+    ]
+
+
+def test_ssml_source_of_entities_and_a_text_only_say_as() -> None:
+    """Where each character of an expansion came from: an entity stands for its reference, a
+    plain say-as expansion (no segments) keeps its source too."""
+    doc = '<speak>A &lt; B, <say-as interpret-as="characters">ab</say-as>.</speak>'
+    source = source_of(doc, language="en_US")
+    raw = doc.encode()
+    assert [(ch, raw[a:b].decode()) for ch, (a, b) in source.chars if not ch.isspace()] == [
+        ("A", "A"),
+        ("<", "&lt;"),
+        ("B", "B"),
+        (",", ","),
+        *[(ch, "ab") for ch in normalize_say_as("characters", "ab", "en", "") if not ch.isspace()],
+        (".", "."),
+    ]
+    assert source.marks == ()
+    spoken = plain_text(expand(doc, language="en_US"))
+    assert spoken is not None
+    mapped = speech_marks.SsmlSourceMap(spoken, doc, source.chars, source.marks)
+    assert mapped.exact
+
+
+async def test_marks_turned_off_leave_every_voice_without_them(
+    gateway: GatewayFactory, settings: Settings
+) -> None:
+    """``speech_marks = false``: the engines skip the durations output and the alignment (the
+    bench's "off" row), /v1/voices says so and the marks routes refuse by name."""
+    settings = settings.replace(speech_marks=False, synth_workers=0)
+    client = await gateway(
+        settings=settings, engines=await asyncio.to_thread(default_engine_specs, settings)
+    )
+    listing = await (await client.get("/v1/voices")).json()
+    assert [v["speech_marks"] for m in listing["models"] for v in m["voices"]] == [False]
+    key, _ = await speak(client, "Hello there.")
+    resp = await client.get(f"/v1/audio/{key}.marks")
+    assert resp.status == 400
+    assert (await resp.json())["error"]["code"] == "marks_unsupported"

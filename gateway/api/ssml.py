@@ -23,8 +23,9 @@ from __future__ import annotations
 import re
 import unicodedata
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
-from dataclasses import dataclass
+import xml.parsers.expat
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import defusedxml
 from defusedxml.ElementTree import fromstring
@@ -130,8 +131,92 @@ class _Piece:
     after_marks: str = ""
 
 
+Span = tuple[int, int]
+
+
+@dataclass
+class _Positions:
+    """Where each element and each run of text of a document is, in UTF-8 bytes (expat's
+    events, in document order: the order :class:`_Expander` walks the elements in)."""
+
+    # Per element (preorder): the element's own span (start tag to end tag), its content's.
+    element: list[Span] = field(default_factory=list)
+    content: list[Span] = field(default_factory=list)
+    # Per element: each character of its text (before its first child) and of its tail (after
+    # its end tag, before the next sibling), with the bytes it was written as.
+    text: list[list[Span]] = field(default_factory=list)
+    tail: list[list[Span]] = field(default_factory=list)
+
+
+def _positions(document: str) -> _Positions:
+    """The byte positions of ``document``'s elements and characters. Called only on a document
+    :func:`expand` accepted (defusedxml refused declarations and entities already)."""
+    raw = document.encode()
+    found = _Positions()
+    events: list[tuple[str, int, str]] = []  # (kind, byte index, character data)
+    parser = xml.parsers.expat.ParserCreate()
+    parser.StartElementHandler = lambda name, attrs: events.append(
+        ("start", parser.CurrentByteIndex, "")
+    )
+    parser.EndElementHandler = lambda name: events.append(("end", parser.CurrentByteIndex, ""))
+    parser.CharacterDataHandler = lambda data: events.append(
+        ("data", parser.CurrentByteIndex, data)
+    )
+    parser.Parse(document, True)
+    stack: list[int] = []
+    slot: list[Span] | None = None
+    for n, (kind, at, data) in enumerate(events):
+        following = events[n + 1][1] if n + 1 < len(events) else len(raw)
+        if kind == "start":
+            index = len(found.element)
+            found.element.append((at, at))
+            found.content.append((following, following))
+            found.text.append([])
+            found.tail.append([])
+            stack.append(index)
+            slot = found.text[index]
+        elif kind == "end":
+            index = stack.pop()
+            # A self-closed element's end event is where it ends; an end tag's, where it starts.
+            end = at if raw[at - 2 : at] == b"/>" and at == following else raw.find(b">", at) + 1
+            end = at if end <= at else end
+            found.element[index] = (found.element[index][0], end)
+            found.content[index] = (found.content[index][0], max(found.content[index][0], at))
+            slot = found.tail[index]
+        elif slot is not None:
+            written = data.encode()
+            # ("&" is never itself in text outside CDATA: there it is an entity's start.)
+            if raw[at : at + len(written)] == written and raw[at : at + 1] != b"&":
+                cursor = at
+                for ch in data:
+                    size = len(ch.encode())
+                    slot.append((cursor, cursor + size))
+                    cursor += size
+            else:  # an entity, a character reference or a line end XML normalized
+                slot.extend([(at, following)] * len(data))
+    return found
+
+
+@dataclass(frozen=True)
+class SsmlSource:
+    """Where an expansion's characters came from in its document: ``chars``, each character the
+    expander emitted (before normalizing) with the bytes of the document it stands for (a
+    ``say-as``, ``sub`` or ``phoneme`` expansion: the element's content, for each of its
+    characters); ``marks``, each ``<mark>`` element's bytes, in document order."""
+
+    chars: tuple[tuple[str, Span], ...]
+    marks: tuple[Span, ...]
+
+
 class _Expander:
-    def __init__(self, lang: str, engine: str, takes_phonemes: bool, limits: SsmlLimits) -> None:
+    def __init__(
+        self,
+        lang: str,
+        engine: str,
+        takes_phonemes: bool,
+        limits: SsmlLimits,
+        positions: _Positions | None = None,
+    ) -> None:
         self.lang = lang
         self.engine = engine
         self.takes_phonemes = takes_phonemes
@@ -141,16 +226,29 @@ class _Expander:
         self.buffer_rate = 1.0
         self.leading: Boundary = _TIGHT
         self.mark_names: list[str] = []
+        # With positions (speech marks' source offsets): what it emitted, whence.
+        self.positions = positions
+        self.visited = 0
+        self.trace: list[tuple[str, Span]] = []
+        self.mark_spans: list[Span] = []
 
     # ---- building -------------------------------------------------------------------------
 
-    def text(self, value: str | None, rate: float) -> None:
+    def text(self, value: str | None, rate: float, spans: Sequence[Span] = ()) -> None:
         if not value:
             return
+        if self.positions is not None and len(spans) == len(value):
+            self.trace.extend(zip(value, spans, strict=True))
         if rate != self.buffer_rate and "".join(self.buffer).strip():
             self.boundary(_TIGHT)
         self.buffer_rate = rate
         self.buffer.append(value)
+
+    def _content(self, index: int, value: str) -> list[Span]:
+        """Each character of ``value`` (what element ``index`` expands to) as its content."""
+        if self.positions is None:
+            return []
+        return [self.positions.content[index]] * len(value)
 
     def boundary(self, pause: Boundary) -> None:
         words = normalize_text("".join(self.buffer))
@@ -162,8 +260,10 @@ class _Expander:
         else:
             self.leading = _combine(self.leading, pause)
 
-    def phoneme_piece(self, ph: str, rate: float) -> None:
+    def phoneme_piece(self, ph: str, rate: float, spans: Sequence[Span] = ()) -> None:
         self.boundary(_TIGHT)
+        if self.positions is not None and len(spans) == len(ph):
+            self.trace.extend(zip(ph, spans, strict=True))
         self.pieces.append(_Piece(normalize_text(ph), _TIGHT, rate, phonemes=True))
 
     # ---- walking --------------------------------------------------------------------------
@@ -174,13 +274,15 @@ class _Expander:
                 f"elements nested deeper than {self.limits.max_depth} (ssml_max_depth)",
                 code="ssml_too_deep",
             )
+        index = self.visited
+        self.visited += 1
         tag = _local(element.tag)
         if tag in FETCHING_TAGS:
             raise _bad(f"<{tag}> would fetch a URL; it is not supported", code="ssml_fetch")
         if tag in CONTAINER_TAGS:
             if tag != "speak":
                 self.boundary(None)
-            self.children(element, depth, rate)
+            self.children(element, depth, rate, index)
             if tag != "speak":
                 self.boundary(None)
         elif tag == "break":
@@ -190,15 +292,15 @@ class _Expander:
             said = normalize.say_as(
                 kind, _only_text(element, tag), self.lang, element.get("format", "")
             )
-            self.text(said, rate)
+            self.text(said, rate, self._content(index, said))
         elif tag == "sub":
             alias = element.get("alias")
             if alias is None:
                 raise _bad("<sub> needs an alias attribute")
             _only_text(element, tag)
-            self.text(alias, rate)
+            self.text(alias, rate, self._content(index, alias))
         elif tag == "prosody":
-            self.children(element, depth, _prosody_rate(element, rate))
+            self.children(element, depth, _prosody_rate(element, rate), index)
         elif tag == "mark":
             name = element.get("name", "")
             if not name or len(name) > MAX_MARK_NAME:
@@ -206,23 +308,27 @@ class _Expander:
             _only_text(element, tag)
             self.buffer.append(chr(_MARK_BASE + len(self.mark_names)))
             self.mark_names.append(name)
+            if self.positions is not None:
+                self.mark_spans.append(self.positions.element[index])
         elif tag == "phoneme":
-            self.phoneme(element, rate)
+            self.phoneme(element, rate, index)
         elif tag in IGNORED_TAGS or self.limits.unknown_tags == "strip":
-            self.children(element, depth, rate)
+            self.children(element, depth, rate, index)
         else:
             raise _bad(
                 f"unsupported tag <{tag[:40]}> (ssml_unknown_tags=strip speaks its text instead)",
                 code="ssml_unsupported_tag",
             )
 
-    def children(self, element: ET.Element, depth: int, rate: float) -> None:
-        self.text(element.text, rate)
+    def children(self, element: ET.Element, depth: int, rate: float, index: int) -> None:
+        positions = self.positions
+        self.text(element.text, rate, positions.text[index] if positions else ())
         for child in element:
+            child_index = self.visited
             self.walk(child, depth + 1, rate)
-            self.text(child.tail, rate)
+            self.text(child.tail, rate, positions.tail[child_index] if positions else ())
 
-    def phoneme(self, element: ET.Element, rate: float) -> None:
+    def phoneme(self, element: ET.Element, rate: float, index: int) -> None:
         alphabet = element.get("alphabet", "ipa")
         if alphabet != "ipa":
             raise _bad(
@@ -238,7 +344,7 @@ class _Expander:
         if not ph or not ph.strip():
             raise _bad("<phoneme> needs a ph attribute")
         _only_text(element, "phoneme")
-        self.phoneme_piece(ph, rate)
+        self.phoneme_piece(ph, rate, self._content(index, ph))
 
     # ---- result ---------------------------------------------------------------------------
 
@@ -402,6 +508,36 @@ def expand(
     same joined are joined, so equal speech has one expansion. ``language`` is the voice's
     language code (numbers are said in it); ``engine`` and ``takes_phonemes`` decide whether
     ``<phoneme>`` is possible. Raises :class:`BadRequest` for anything refused."""
+    return _expander(text, language, engine, takes_phonemes, limits, None)[0]
+
+
+def source_of(
+    text: str,
+    *,
+    language: str,
+    engine: str = "",
+    takes_phonemes: bool = False,
+    limits: SsmlLimits | None = None,
+) -> SsmlSource:
+    """Where each character :func:`expand` makes of ``text`` came from in it (speech marks'
+    offsets into an SSML input). Raises as :func:`expand` does."""
+    try:
+        _, expander = _expander(text, language, engine, takes_phonemes, limits, _positions)
+    except (xml.parsers.expat.ExpatError, IndexError):
+        # (expat and defusedxml's parser read the one document alike; if they ever did not,
+        # the marks keep offsets into the spoken text rather than fail the request.)
+        return SsmlSource((), ())
+    return SsmlSource(tuple(expander.trace), tuple(expander.mark_spans))
+
+
+def _expander(
+    text: str,
+    language: str,
+    engine: str,
+    takes_phonemes: bool,
+    limits: SsmlLimits | None,
+    positions: Callable[[str], _Positions] | None,
+) -> tuple[tuple[Segment, ...], _Expander]:
     limits = limits or SsmlLimits()
     if any(_is_mark(ch) for ch in text):
         # (These stand for <mark>s inside the expansion.)
@@ -432,7 +568,11 @@ def expand(
             code="ssml_too_many_elements",
         )
     expander = _Expander(
-        normalize.language_of(language), engine or "this engine", takes_phonemes, limits
+        normalize.language_of(language),
+        engine or "this engine",
+        takes_phonemes,
+        limits,
+        positions(text) if positions is not None else None,
     )
     expander.walk(root, 1, 1.0)
     segments = expander.segments()
@@ -449,7 +589,7 @@ def expand(
             param="input",
             code="nothing_to_speak",
         )
-    return segments
+    return segments, expander
 
 
 def plain_text(segments: Sequence[Segment]) -> str | None:

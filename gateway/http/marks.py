@@ -17,11 +17,14 @@ from typing_extensions import TypedDict
 
 from cache.entry import Entry
 from cache.keys import is_key
-from gateway.api.parsing import parse_speech_body, read_body
+from gateway.api import ssml
+from gateway.api.parsing import parse_speech_body, read_body, ssml_limits
 from gateway.errors import BadRequest, NotFound
 from gateway.http import keys
+from gateway.runtime.settings import Settings
 from gateway.speech import marks as speech_marks
 from gateway.speech.request import SpeechRequest
+from gateway.speech.vocabulary import Vocabulary
 
 
 class CharacterAlignment(TypedDict):
@@ -56,7 +59,11 @@ class TimedSpeech(TypedDict):
     normalized_text: str
     marks: Annotated[
         list[SpeechMark],
-        Field(description="Offsets into the text `alignment` covers."),
+        Field(
+            description="Offsets into `input` as sent where it is plain text (as `alignment`) "
+            "or an SSML document (a `say-as`, `sub` or `phoneme` word spans the element's "
+            "content); else into `normalized_text`."
+        ),
     ]
     key: Annotated[str, Field(description="The audio's content key (`GET /v1/audio/{key}`).")]
     content_type: str
@@ -138,10 +145,39 @@ async def srt_by_key(request: web.Request) -> web.Response:
     return await _captions(request, "srt")
 
 
-def _input_of(raw: bytes) -> str:
-    # (The body validated already: this reads its one field again for the offsets.)
-    value = json.loads(raw).get("input", "")
-    return value if isinstance(value, str) else ""
+def _fields_of(raw: bytes) -> tuple[str, str | None, str | None]:
+    # (The body validated already: this reads its fields again for the offsets.)
+    body = json.loads(raw)
+    value, input_type, normalize = (body.get(k) for k in ("input", "input_type", "normalize"))
+    return (
+        value if isinstance(value, str) else "",
+        input_type if isinstance(input_type, str) else None,
+        normalize if isinstance(normalize, str) else None,
+    )
+
+
+def _ssml_map(
+    req: SpeechRequest, raw: bytes, settings: Settings, words: Vocabulary
+) -> speech_marks.SsmlSourceMap | None:
+    """Where the spoken words came from in the request's SSML input (None: plain text)."""
+    given, input_type, normalize = _fields_of(raw)
+    if not (input_type == "ssml" if input_type is not None else ssml.is_ssml(given)):
+        return None
+    wrapped = not ssml.is_ssml(given)
+    document = f"<speak>{given}</speak>" if wrapped else given
+    handle = words.models[req.model]
+    source = ssml.source_of(
+        document,
+        language=handle.voice_language(req.voice),
+        engine=handle.engine_name,
+        takes_phonemes=handle.capabilities.takes_phonemes,
+        limits=ssml_limits(settings),
+    )
+    if (normalize or settings.normalize) == "numbers":
+        return None  # the words are the number front end's, not the document's
+    return speech_marks.SsmlSourceMap(
+        req.text, given, source.chars, source.marks, len("<speak>") if wrapped else 0
+    )
 
 
 async def speech_with_timestamps(request: web.Request) -> web.Response:
@@ -162,27 +198,36 @@ async def speech_with_timestamps(request: web.Request) -> web.Response:
     request[keys.AUDIO_KEY] = result.key
     if not entry.meta.marks:
         raise _no_marks(req.model, req.voice, " for this audio (stored before marks were)")
-    body = await asyncio.to_thread(_timed_body, req, raw, entry, result.key)
+    body = await asyncio.to_thread(
+        _timed_body, req, raw, entry, result.key, settings, app[keys.VOCABULARY]
+    )
     response = web.json_response(body)
     response.headers["X-Audio-Key"] = result.key
     response.headers["X-Cache"] = result.cache.upper()
     return response
 
 
-def _timed_body(req: SpeechRequest, raw: bytes, entry: Entry, key: str) -> TimedSpeech:
-    """The with-timestamps body (off the loop: base64 and the alignment of every character)."""
+def _timed_body(
+    req: SpeechRequest, raw: bytes, entry: Entry, key: str, settings: Settings, words: Vocabulary
+) -> TimedSpeech:
+    """The with-timestamps body (off the loop: base64, the alignment of every character, the
+    SSML source map)."""
     found = speech_marks.from_ndjson(entry.meta.marks)
     duration_ms = round(entry.meta.duration_s * 1000)
-    given = _input_of(raw) if not req.segments else ""
-    source = speech_marks.SourceMap(req.text, given)
-    moved = [source.mark(m) for m in found]
+    in_ssml = _ssml_map(req, raw, settings, words)
+    if in_ssml is not None:
+        # The characters are aligned over the spoken text (markup has no time); the marks
+        # index the document, as Polly's do for SSML input.
+        moved = in_ssml.marks(found)
+        alignment = speech_marks.character_alignment(req.text, found, duration_ms)
+    else:
+        source = speech_marks.SourceMap(req.text, _fields_of(raw)[0])
+        moved = [source.mark(m) for m in found]
+        alignment = speech_marks.character_alignment(source.text, moved, duration_ms)
     marks_json: list[Any] = [m.as_json() for m in moved]
     return {
         "audio_base64": base64.b64encode(entry.audio).decode("ascii"),
-        "alignment": cast(
-            CharacterAlignment,
-            speech_marks.character_alignment(source.text, moved, duration_ms),
-        ),
+        "alignment": cast(CharacterAlignment, alignment),
         "normalized_alignment": cast(
             CharacterAlignment, speech_marks.character_alignment(req.text, found, duration_ms)
         ),

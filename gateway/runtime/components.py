@@ -132,6 +132,7 @@ def default_engine_specs(settings: Settings) -> dict[str, list[EngineSpec]]:
                     "use_cuda": d.startswith("cuda"),
                     "precision": settings.synthesis_precision,
                     "derived_dir": settings.cache_dir / "piper-int8",
+                    "speech_marks": settings.speech_marks,
                 },
             )
             for d in devices
@@ -157,6 +158,7 @@ def default_engine_specs(settings: Settings) -> dict[str, list[EngineSpec]]:
                     "intra_op_threads": threads,
                     "onnx_dir": settings.cache_dir / "coqui-onnx",
                     "precision": settings.synthesis_precision,
+                    "speech_marks": settings.speech_marks,
                 },
             )
             for d in devices

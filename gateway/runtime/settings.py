@@ -367,6 +367,13 @@ class Settings(BaseSettings):
         "Runtime), int8 (dynamic quantization of Linear/LSTM layers; a no-op for VITS), "
         "fp16 or bf16 (autocast; fp16 needs CUDA).",
     )
+    speech_marks: bool = _opt(
+        "synthesis",
+        True,
+        "Compute speech marks (each word's time, from the engine's phoneme durations) beside "
+        "synthesis for voices whose engine gives them (Piper; Coqui VITS): docs/speech-marks.md. "
+        "false: no voice has marks, and audio made then has none after it is turned back on.",
+    )
     synthesis_precision: Literal["fp32", "int8"] = _opt(
         "synthesis",
         "fp32",

@@ -388,3 +388,77 @@ class SourceMap:
     def text(self) -> str:
         """The text the offsets index."""
         return self.given if self.exact else self.spoken
+
+
+class SsmlSourceMap:
+    """Moves offsets into an SSML expansion's words (the rendition's text) onto the document the
+    request sent, as Polly's marks of SSML input index the SSML: a word the document wrote
+    spans its own bytes; a word a ``say-as``, ``sub`` or ``phoneme`` made spans that element's
+    content (``<say-as interpret-as="cardinal">42</say-as>`` is said "forty two": two word
+    marks, "forty" and "two", each spanning the bytes of "42"); an ``ssml`` mark spans its
+    ``<mark/>`` element. ``shift`` is the bytes of a ``<speak>`` wrapper the document was given
+    around the input (SSML sent without its root). Where the expansion's words are not the
+    document's characters in order (a front end rewrote them: ``normalize: "numbers"``), the
+    offsets stay in the spoken text (``exact`` False)."""
+
+    def __init__(
+        self,
+        spoken: str,
+        given: str,
+        chars: Sequence[tuple[str, tuple[int, int]]],
+        mark_spans: Sequence[tuple[int, int]],
+        shift: int = 0,
+    ) -> None:
+        self.spoken = spoken
+        self.given = given
+        self.exact = False
+        self._mark_spans = list(mark_spans)
+        self._shift = shift
+        self._size = len(given.encode())
+        self._char_at = {b: i for i, b in enumerate(_byte_offsets(spoken))}
+        spans: list[tuple[int, int] | None] = []
+        j = 0
+        for ch in spoken:
+            if ch.isspace():
+                spans.append(None)
+                continue
+            # The expansion drops what is not said (punctuation alone before the first words)
+            # and joins pieces with spaces: its characters are the document's, in order, with
+            # some left out.
+            while j < len(chars) and chars[j][0] != ch:
+                j += 1
+            if j >= len(chars):
+                return
+            spans.append(chars[j][1])
+            j += 1
+        self._spans = spans
+        self.exact = True
+
+    def _moved(self, start: int, end: int) -> tuple[int, int]:
+        lo = max(0, min(start - self._shift, self._size))
+        hi = max(lo, min(end - self._shift, self._size))
+        return lo, hi
+
+    def marks(self, found: Sequence[Mark]) -> list[Mark]:
+        """``found`` with offsets into the document (as they are when not ``exact``)."""
+        if not self.exact:
+            return list(found)
+        out = []
+        ssml_seen = 0
+        # The k-th ssml mark is the k-th <mark/> (both in document order) when all are there.
+        ssml_known = sum(m.type == "ssml" for m in found) == len(self._mark_spans)
+        for mark in found:
+            if mark.type == "ssml":
+                if ssml_known:
+                    span = self._moved(*self._mark_spans[ssml_seen])
+                    mark = Mark(mark.time, mark.type, span[0], span[1], mark.value)
+                ssml_seen += 1
+            elif mark.type != "viseme":
+                first, last = self._char_at.get(mark.start), self._char_at.get(mark.end)
+                if first is not None and last is not None:
+                    covered = [s for s in self._spans[first:last] if s is not None]
+                    if covered:
+                        span = self._moved(min(s[0] for s in covered), max(s[1] for s in covered))
+                        mark = Mark(mark.time, mark.type, span[0], span[1], mark.value)
+            out.append(mark)
+        return out
