@@ -35,7 +35,7 @@ variant. ``--workers-runs`` adds ``voxgate serve --workers 1`` against ``--worke
                                        [--workers-runs] [--no-write]
 
 Writes docs/bench/vs_nginx.json (with the command, date and git commit) and vs_nginx.png, and
-prints the table. Takes about 15 minutes on a 2-core machine with the defaults. Run it on a
+prints the table. Takes about 20 minutes on a 2-core machine with the defaults. Run it on a
 quiet machine: the servers and wrk share the cores (as they would on one host), so other load
 moves the figures.
 """
