@@ -46,8 +46,17 @@ def start_gateway(
     log = open(log_path or os.devnull, "wb")  # noqa: SIM115 - handed to the child process
     proc = subprocess.Popen(
         # Every request of a bench comes from one loopback address, which stands for many
-        # clients: the per-client queue share (429 beyond it) would refuse a pre-warm.
-        serve_command(port, cache_dir, "--queue-per-client", "100000", *extra),
+        # clients: the per-client shares of the queue and of renditions in the making (429
+        # beyond them) would refuse a pre-warm.
+        serve_command(
+            port,
+            cache_dir,
+            "--queue-per-client",
+            "100000",
+            "--renders-per-client",
+            "100000",
+            *extra,
+        ),
         cwd=TREE,
         stdout=log,
         stderr=subprocess.STDOUT,

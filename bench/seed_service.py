@@ -84,6 +84,15 @@ async def tts(req: TTSRequest) -> Response:
     return Response(content=data, media_type="audio/wav")
 
 
+@app.get("/synthesize")
+async def synthesize(text: str) -> Response:
+    """The same synthesis as ``POST /tts``, the text in the query string: the form an HTTP
+    cache in front keys on its URL alone (``bench/vs_nginx.py``'s GET-keyed set-up)."""
+    loop = asyncio.get_running_loop()
+    data = await loop.run_in_executor(executor, synthesize_to_file, text)
+    return Response(content=data, media_type="audio/wav")
+
+
 @app.get("/health")
 async def health() -> dict[str, str]:
     return {"status": "ok"}

@@ -2,37 +2,49 @@
 
 The baseline is ``bench/seed_service.py`` (FastAPI, one Piper model, ``ThreadPoolExecutor(4)``)
 run by uvicorn, with nginx in front (Debian's nginx-light, ``/usr/sbin/nginx``, started here on
-loopback with a temporary config): ``proxy_cache`` keyed on the request body, ``proxy_cache_lock
-on`` so concurrent misses of one prompt reach the service once, one nginx worker per core, its
-access log on (nginx's default, as voxgate's is). Against
-it, ``voxgate serve`` with no flags (only its port, a fresh cache directory, and the per-client
-queue share lifted: every request here comes from one loopback address standing for many
-clients).
+loopback with a temporary config): ``proxy_cache_lock on`` so concurrent misses of one prompt
+reach the service once, one nginx worker per core, its access log on (nginx's default, as
+voxgate's is). Against it, ``voxgate serve`` with no flags (only its port, a fresh cache
+directory, and the per-client queue share lifted: every request here comes from one loopback
+address standing for many clients).
 
-Workload, in one run for each server: ``--prompts`` (default 343) distinct one-sentence IVR-style
-prompts, requested with Zipf popularity (exponent 1.0) by ``--clients`` (16) connections of wrk:
+Two ways to key nginx's cache, both measured (``--keys``):
+
+- **get**: ``GET /synthesize?text=...`` to both servers; nginx keys on the URL
+  (``$request_uri``), voxgate answers its plain query-string route;
+- **post**: a JSON body; nginx's ``POST /tts`` keyed on ``$request_uri|$request_body``,
+  voxgate's ``POST /v1/audio/speech`` (OpenAI's body).
+
+Each with wrk at one and at two threads (``--threads``): four variants in one run, side by side.
+Workload, in each variant for each server, both from an empty cache: ``--prompts`` (default 343)
+distinct one-sentence IVR-style prompts, requested with Zipf popularity (exponent 1.0) by wrk
+with ``--clients`` (16) connections, a Lua script walking one fixed Zipf sequence:
 
 - **cold**: ``--cold-s`` seconds from an empty cache (misses synthesize, repeats hit);
 - then every prompt fetched once (so the whole set is stored), and the syntheses counted: the
-  seed's ``POST /tts`` lines in uvicorn's access log, voxgate's ``voxgate_syntheses_total``;
+  seed's synthesis lines in uvicorn's access log, voxgate's ``voxgate_syntheses_total``;
 - **warm**: ``--warm-s`` seconds of the same Zipf load, every answer a stored one.
 
-Then ``voxgate serve --workers 1`` and ``--workers 2``, cold only, with their syntheses per
-distinct prompt (one synthesis pool per host: a master is never synthesized twice); the one that
-is the default topology here (``--workers 2`` on 2 cores) is the no-flags run, not run again.
+Which server goes first alternates from variant to variant. The targets (``TARGETS``): voxgate
+>= 1.0x nginx's warm QPS and >= 1.1x its cold QPS, with p99 <= nginx's in both phases, in every
+variant. ``--workers-runs`` adds ``voxgate serve --workers 1`` against ``--workers 2``, cold
+(syntheses per distinct prompt: one synthesis pool per host).
 
-    .venv/bin/python -m bench.vs_nginx [--prompts 343] [--cold-s 45] [--warm-s 20]
-                                       [--clients 16] [--no-write] [--skip-workers]
+    .venv/bin/python -m bench.vs_nginx [--prompts 343] [--cold-s 60] [--warm-s 20]
+                                       [--clients 16] [--keys get,post] [--threads 1,2]
+                                       [--workers-runs] [--no-write]
 
-Writes docs/bench/vs_nginx.json (with the command, date and git commit) and vs_nginx.png. Takes
-about 6 minutes on a 2-core machine with the defaults. Run it on a quiet machine: the servers and
-wrk share the cores (as they would on one host), so other load moves the figures.
+Writes docs/bench/vs_nginx.json (with the command, date and git commit) and vs_nginx.png, and
+prints the table. Takes about 20 minutes on a 2-core machine with the defaults. Run it on a
+quiet machine: the servers and wrk share the cores (as they would on one host), so other load
+moves the figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import itertools
 import json
 import os
@@ -44,6 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
@@ -60,7 +73,6 @@ from bench.common import (
 )
 from bench.harness import ROOT, free_port
 from bench.hit_path import CITIES, COMPANIES, THINGS, write_wrk_script, zipf_sequence
-from gateway.runtime.settings import Settings
 
 NGINX = "/usr/sbin/nginx"
 # Long enough for a miss queued behind 16 others on a cold cache; wrk's default is 2 s.
@@ -87,12 +99,22 @@ def ivr_prompts(count: int, seed: int = 13) -> list[str]:
 
 
 def nginx_config(directory: Path, port: int, upstream_port: int, workers: int) -> Path:
-    """A self-contained nginx config under ``directory``: proxy_cache with the lock on."""
+    """A self-contained nginx config under ``directory``: proxy_cache with the lock on, keyed on
+    the body for ``POST /tts`` and on the URL for ``GET /synthesize``."""
     for sub in ("cache", "body", "proxy", "fastcgi", "uwsgi", "scgi"):
         (directory / sub).mkdir(parents=True, exist_ok=True)
     # As root, nginx's workers switch to `nobody`, who cannot write a private temp directory.
     user = "user root;\n" if os.geteuid() == 0 else ""
     conf = directory / "nginx.conf"
+    cache = f"""proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_read_timeout 120s;
+            proxy_cache tts;
+            proxy_cache_valid 200 1d;
+            proxy_cache_lock on;
+            proxy_cache_lock_timeout {int(REQUEST_TIMEOUT_S)}s;
+            proxy_cache_lock_age {int(REQUEST_TIMEOUT_S)}s;
+            add_header X-Cache $upstream_cache_status;"""
     conf.write_text(
         f"""{user}worker_processes {workers};
 pid {directory}/nginx.pid;
@@ -116,17 +138,15 @@ http {{
         client_max_body_size 64k;
         location /tts {{
             proxy_pass http://seed;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_read_timeout 120s;
-            proxy_cache tts;
             proxy_cache_methods POST;
             proxy_cache_key "$request_uri|$request_body";
-            proxy_cache_valid 200 1d;
-            proxy_cache_lock on;
-            proxy_cache_lock_timeout {int(REQUEST_TIMEOUT_S)}s;
-            proxy_cache_lock_age {int(REQUEST_TIMEOUT_S)}s;
-            add_header X-Cache $upstream_cache_status;
+            {cache}
+        }}
+        # The text in the URL: the URL is the key (GET is cached by default).
+        location /synthesize {{
+            proxy_pass http://seed;
+            proxy_cache_key "$request_uri";
+            {cache}
         }}
         location /health {{ proxy_pass http://seed; }}
     }}
@@ -168,9 +188,11 @@ def start_seed(port: int, log_path: Path) -> subprocess.Popen[bytes]:
 
 
 def seed_syntheses(log_path: Path) -> int:
-    """``POST /tts`` requests the seed answered through nginx (each one a synthesis: it has no
-    cache), less the warm-up request."""
-    answered = re.findall(r'"POST /tts HTTP/1\.1" 200', log_path.read_text(errors="replace"))
+    """Synthesis requests (``POST /tts``, ``GET /synthesize``) the seed answered through nginx
+    (each one a synthesis: it has no cache), less the warm-up request."""
+    answered = re.findall(
+        r'"(?:POST /tts|GET /synthesize\?\S*) HTTP/1\.1" 200', log_path.read_text(errors="replace")
+    )
     return len(answered) - 1
 
 
@@ -185,33 +207,86 @@ def gateway_syntheses(port: int) -> int:
     return int(total)
 
 
-async def fetch_all(url: str, bodies: Sequence[str], clients: int) -> int:
-    """POST every body once with ``clients`` connections; the count of 200 answers."""
-    import aiohttp
+@dataclasses.dataclass(frozen=True)
+class Requests:
+    """One server's requests for the prompts: POST bodies to ``path``, or (``bodies`` None)
+    GET ``paths`` (the text in the query string)."""
 
-    todo = iter(bodies)
-    ok = 0
+    base: str
+    path: str
+    bodies: Sequence[str] | None = None
+    paths: Sequence[str] | None = None
+
+    @property
+    def url(self) -> str:
+        return self.base + self.path
+
+    def script(self, directory: Path, sequence: Sequence[int]) -> Path:
+        directory.mkdir(parents=True, exist_ok=True)
+        if self.bodies is not None:
+            return write_wrk_script(directory, self.bodies, sequence)
+        return write_get_script(directory, self.paths or (), sequence)
+
+    def count(self) -> int:
+        return len(self.bodies if self.bodies is not None else self.paths or ())
+
+
+def write_get_script(directory: Path, paths: Sequence[str], sequence: Sequence[int]) -> Path:
+    """A wrk Lua script that GETs ``paths[i]`` for each ``i`` of ``sequence`` in turn."""
+    (directory / "paths.txt").write_text("".join(p + "\n" for p in paths))
+    (directory / "sequence.txt").write_text("".join(f"{i + 1}\n" for i in sequence))
+    script = directory / "zipf.lua"
+    script.write_text(
+        f"""
+local paths = {{}}
+for line in io.lines("{directory / "paths.txt"}") do paths[#paths + 1] = line end
+local sequence = {{}}
+for line in io.lines("{directory / "sequence.txt"}") do sequence[#sequence + 1] = tonumber(line) end
+local n = 0
+request = function()
+  n = n % #sequence + 1
+  return wrk.format("GET", paths[sequence[n]])
+end
+"""
+    )
+    return script
+
+
+async def fetch_all(reqs: Requests, clients: int) -> tuple[int, int]:
+    """Request every prompt once with ``clients`` connections; the counts of 200 answers and
+    of those answered from the cache (``X-Cache: HIT``, from either server)."""
+    import aiohttp
+    import yarl
+
+    # The URL exactly as wrk sends it (yarl would re-quote it otherwise, and a URL-keyed cache
+    # would store another key than the load then asks for).
+    if reqs.bodies is not None:
+        todo = iter([("POST", yarl.URL(reqs.url), b) for b in reqs.bodies])
+    else:
+        todo = iter(
+            [("GET", yarl.URL(reqs.base + p, encoded=True), None) for p in reqs.paths or ()]
+        )
+    ok = hits = 0
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S * 4)
     async with aiohttp.ClientSession(timeout=timeout) as session:
 
         async def client() -> None:
-            nonlocal ok
-            for body in todo:
-                async with session.post(
-                    url, data=body, headers={"Content-Type": "application/json"}
-                ) as r:
+            nonlocal ok, hits
+            for method, url, body in todo:
+                headers = {"Content-Type": "application/json"} if body else None
+                async with session.request(method, url, data=body, headers=headers) as r:
                     await r.read()
                     if r.status != 200:
                         raise RuntimeError(f"{url} answered {r.status} while filling the cache")
                     ok += 1
+                    hits += r.headers.get("X-Cache") == "HIT"
 
         await asyncio.gather(*(client() for _ in range(clients)))
-    return ok
+    return ok, hits
 
 
-def load(url: str, lua: Path, seconds: float, clients: int) -> dict[str, float]:
+def load(url: str, lua: Path, seconds: float, clients: int, threads: int) -> dict[str, float]:
     """wrk's figures for ``seconds`` of the scripted Zipf load."""
-    threads = min(clients, max(1, (os.cpu_count() or 1)))
     r = wrk_rate(
         url,
         body=None,
@@ -225,120 +300,167 @@ def load(url: str, lua: Path, seconds: float, clients: int) -> dict[str, float]:
 
 
 def run_phases(
-    url: str,
+    reqs: Requests,
     lua: Path,
-    bodies: Sequence[str],
     args: argparse.Namespace,
+    threads: int,
     syntheses: Any,
     *,
     warm: bool,
 ) -> dict[str, Any]:
     """Cold load, fill, count syntheses, then (``warm``) warm load."""
-    out: dict[str, Any] = {"cold": load(url, lua, args.cold_s, args.clients)}
+    out: dict[str, Any] = {"cold": load(reqs.url, lua, args.cold_s, args.clients, threads)}
     started = time.perf_counter()
-    asyncio.run(fetch_all(url, bodies, args.clients))
+    asyncio.run(fetch_all(reqs, args.clients))
     out["fill_s"] = round(time.perf_counter() - started, 2)
     count = int(syntheses())
     out["syntheses"] = count
-    out["syntheses_per_prompt"] = round(count / len(bodies), 3)
+    out["syntheses_per_prompt"] = round(count / reqs.count(), 3)
+    # Every prompt again, as the load asks for it: answered from the cache (X-Cache: HIT)?
+    out["hits_after_fill"] = asyncio.run(fetch_all(reqs, args.clients))[1]
     if warm:
-        out["warm"] = load(url, lua, args.warm_s, args.clients)
+        out["warm"] = load(reqs.url, lua, args.warm_s, args.clients, threads)
     return out
 
 
-def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    """Every server of the comparison, one after another; the result document."""
-    prompts = ivr_prompts(args.prompts)
-    sequence = zipf_sequence(len(prompts), 1.0, 200_000)
-    seed_bodies = [_json({"text": p}) for p in prompts]
-    vox_bodies = [
-        _json({"model": "tts-1", "voice": "alloy", "input": p, "response_format": "wav"})
-        for p in prompts
-    ]
-    (tmp / "seed").mkdir()
-    (tmp / "vox").mkdir()
-    seed_lua = write_wrk_script(tmp / "seed", seed_bodies, sequence)
-    vox_lua = write_wrk_script(tmp / "vox", vox_bodies, sequence)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    results: dict[str, Any] = {}
-    # Other work on the machine moves every figure here: say how loaded it was.
-    load_before = os.getloadavg()
+def query(text: str) -> str:
+    return "/synthesize?" + urllib.parse.urlencode({"text": text})
 
-    # --- nginx proxy_cache + the seed service ---
+
+def run_nginx(
+    tmp: Path, key: str, threads: int, prompts: Sequence[str], sequence: Sequence[int], args: Any
+) -> dict[str, Any]:
+    """nginx proxy_cache + the seed service, from empty: cold, fill, warm."""
+    tmp.mkdir(parents=True)
     seed_port, nginx_port = free_port(), free_port()
     seed_log = tmp / "seed.log"
     seed = start_seed(seed_port, seed_log)
-    conf = nginx_config(tmp / "nginx", nginx_port, seed_port, int(cores or 1))
+    conf = nginx_config(tmp / "nginx", nginx_port, seed_port, _cores())
     nginx = subprocess.Popen(
         [NGINX, "-p", str(tmp / "nginx"), "-c", str(conf), "-g", "daemon off;"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.STDOUT,
     )
+    base = f"http://127.0.0.1:{nginx_port}"
+    if key == "post":
+        reqs = Requests(base, "/tts", bodies=[_json({"text": p}) for p in prompts])
+    else:
+        reqs = Requests(base, "/synthesize", paths=[query(p) for p in prompts])
     try:
-        wait_http(f"http://127.0.0.1:{nginx_port}/health")
-        print("nginx + seed: cold, fill, warm ...", flush=True)
-        results["nginx_seed"] = run_phases(
-            f"http://127.0.0.1:{nginx_port}/tts",
-            seed_lua,
-            seed_bodies,
-            args,
-            lambda: seed_syntheses(seed_log),
-            warm=True,
-        )
+        wait_http(f"{base}/health")
+        lua = reqs.script(tmp / "wrk", sequence)
+        return run_phases(reqs, lua, args, threads, lambda: seed_syntheses(seed_log), warm=True)
     finally:
         stop(nginx)
         stop(seed)
 
-    # --- voxgate: no flags, then --workers 1 and 2 cold ---
-    configs: list[tuple[str, list[str], bool]] = [("voxgate", [], True)]
-    if not args.skip_workers:
-        configs += [
-            ("voxgate_workers_1", ["--workers", "1"], False),
-            ("voxgate_workers_2", ["--workers", "2"], False),
-        ]
-    # With no flags voxgate runs one gateway process per core: on a 2-core machine that is
-    # `--workers 2` already, and its cold run is not repeated (the run stays within 8 minutes).
-    default_gateways = Settings.load(env={}).topology().gateway_processes
-    for name, flags, warm in configs:
-        if flags == ["--workers", str(default_gateways)] and "voxgate" in results:
-            results[name] = {
-                k: v for k, v in results["voxgate"].items() if k not in ("warm", "flags")
-            }
-            results[name]["flags"] = flags
-            results[name]["same_run_as"] = "voxgate"
-            continue
-        port = free_port()
-        log_path = tmp / f"{name}.log"
-        gw = start_gateway(port, tmp / f"{name}-cache", *flags, log_path=log_path)
-        try:
-            topology = re.search(r'topology: ([^"\n]*)', log_path.read_text(errors="replace"))
-            print(f"{name}: cold, fill{', warm' if warm else ''} ...", flush=True)
-            results[name] = run_phases(
-                f"http://127.0.0.1:{port}/v1/audio/speech",
-                vox_lua,
-                vox_bodies,
-                args,
-                lambda port=port: gateway_syntheses(port),  # type: ignore[misc]
-                warm=warm,
-            )
-            results[name]["flags"] = flags
-            results[name]["topology"] = topology.group(1) if topology else None
-        finally:
-            stop(gw)
 
-    nx, vx = results["nginx_seed"], results["voxgate"]
-    summary: dict[str, Any] = {
+def run_voxgate(
+    tmp: Path,
+    key: str,
+    threads: int,
+    prompts: Sequence[str],
+    sequence: Sequence[int],
+    args: Any,
+    flags: Sequence[str] = (),
+    *,
+    warm: bool = True,
+) -> dict[str, Any]:
+    """``voxgate serve`` (no flags unless given), from empty: cold, fill, warm."""
+    tmp.mkdir(parents=True)
+    port = free_port()
+    log_path = tmp / "voxgate.log"
+    gw = start_gateway(port, tmp / "cache", *flags, log_path=log_path)
+    base = f"http://127.0.0.1:{port}"
+    if key == "post":
+        body = {"model": "tts-1", "voice": "alloy", "response_format": "wav"}
+        bodies = [_json({**body, "input": p}) for p in prompts]
+        reqs = Requests(base, "/v1/audio/speech", bodies=bodies)
+    else:
+        reqs = Requests(base, "/synthesize", paths=[query(p) for p in prompts])
+    try:
+        topology = re.search(r'topology: ([^"\n]*)', log_path.read_text(errors="replace"))
+        lua = reqs.script(tmp / "wrk", sequence)
+        out = run_phases(reqs, lua, args, threads, lambda: gateway_syntheses(port), warm=warm)
+        out["flags"] = list(flags)
+        out["topology"] = topology.group(1) if topology else None
+        return out
+    finally:
+        stop(gw)
+
+
+# What the comparison asks of voxgate with no flags, in every variant.
+TARGETS = {"warm_qps_ratio": 1.0, "cold_qps_ratio": 1.1}
+
+
+def compare(nx: dict[str, Any], vx: dict[str, Any]) -> dict[str, Any]:
+    """voxgate over nginx + seed in one variant, and whether it met each target."""
+    out: dict[str, Any] = {
         "cold_qps_ratio": _ratio(vx["cold"]["rps"], nx["cold"]["rps"]),
         "warm_qps_ratio": _ratio(vx["warm"]["rps"], nx["warm"]["rps"]),
+        "cold_p99_ms": {"voxgate": vx["cold"].get("p99_ms"), "nginx": nx["cold"].get("p99_ms")},
         "warm_p99_ms": {"voxgate": vx["warm"].get("p99_ms"), "nginx": nx["warm"].get("p99_ms")},
     }
-    if not args.skip_workers:
-        w1, w2 = results["voxgate_workers_1"], results["voxgate_workers_2"]
-        summary["workers_2_over_1_cold"] = _ratio(w2["cold"]["rps"], w1["cold"]["rps"])
-        summary["syntheses_per_prompt"] = {
-            "workers_1": w1["syntheses_per_prompt"],
-            "workers_2": w2["syntheses_per_prompt"],
+    met = {name: out[name] is not None and out[name] >= target for name, target in TARGETS.items()}
+    for phase in ("cold", "warm"):
+        p99 = out[f"{phase}_p99_ms"]
+        met[f"{phase}_p99"] = (
+            p99["voxgate"] is not None
+            and p99["nginx"] is not None
+            and p99["voxgate"] <= p99["nginx"]
+        )
+    out["met"] = met
+    return out
+
+
+def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """Every variant (cache key x wrk threads), each server from empty; the result document."""
+    keys: list[str] = list(getattr(args, "keys", ["get", "post"]))
+    thread_counts: list[int] = list(getattr(args, "threads", [1, 2]))
+    prompts = ivr_prompts(args.prompts)
+    sequence = zipf_sequence(len(prompts), 1.0, 200_000)
+    cores = _cores()
+    # Other work on the machine moves every figure here: say how loaded it was.
+    load_before = os.getloadavg()
+    variants: dict[str, Any] = {}
+    for n, (key, threads) in enumerate(itertools.product(keys, thread_counts)):
+        name = f"{key}_{threads}t"
+        print(f"{name}: nginx + seed, voxgate (each cold, fill, warm) ...", flush=True)
+        here = tmp / name
+        # Alternate which server goes first, so drift in the machine's load spreads evenly.
+        order = ("nginx_seed", "voxgate") if n % 2 == 0 else ("voxgate", "nginx_seed")
+        results: dict[str, Any] = {}
+        for server in order:
+            if server == "nginx_seed":
+                results[server] = run_nginx(here / server, key, threads, prompts, sequence, args)
+            else:
+                results[server] = run_voxgate(here / server, key, threads, prompts, sequence, args)
+        variants[name] = {
+            "key": key,
+            "wrk_threads": threads,
+            "results": {s: results[s] for s in ("nginx_seed", "voxgate")},
+            "summary": compare(results["nginx_seed"], results["voxgate"]),
         }
+
+    extra: dict[str, Any] = {}
+    if getattr(args, "workers_runs", False):
+        # `--workers 1` against `--workers 2`, cold only, POST-keyed, the last thread count.
+        threads = thread_counts[-1]
+        for workers in ("1", "2"):
+            print(f"voxgate --workers {workers}: cold, fill ...", flush=True)
+            extra[f"voxgate_workers_{workers}"] = run_voxgate(
+                tmp / f"workers-{workers}",
+                "post",
+                threads,
+                prompts,
+                sequence,
+                args,
+                ["--workers", workers],
+                warm=False,
+            )
+        w1, w2 = extra["voxgate_workers_1"], extra["voxgate_workers_2"]
+        extra["workers_2_over_1_cold"] = _ratio(w2["cold"]["rps"], w1["cold"]["rps"])
+
     return {
         "benchmark": "vs_nginx",
         "machine": {
@@ -349,21 +471,49 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "workload": {
             "prompts": len(prompts),
             "zipf_s": 1.0,
-            "clients": args.clients,
+            "load_generator": "wrk (Lua script: the Zipf sequence in turn)",
+            "connections": args.clients,
+            "wrk_threads": thread_counts,
             "cold_s": args.cold_s,
             "warm_s": args.warm_s,
             "format": "wav",
             "example_prompt": prompts[0],
+            "keys": {
+                "get": "GET /synthesize?text=... to both: nginx keys on $request_uri; voxgate's "
+                "plain query-string route",
+                "post": "POST JSON: nginx's POST /tts keyed on $request_uri|$request_body; "
+                "voxgate's POST /v1/audio/speech",
+            },
         },
         "nginx": {
             "workers": cores,
             "proxy_cache_lock": "on",
             "access_log": "on (combined, to a file)",
-            "upstream": "bench/seed_service.py",
+            "upstream": "bench/seed_service.py (one uvicorn process, ThreadPoolExecutor(4))",
         },
-        "results": results,
-        "summary": summary,
+        "voxgate": {"flags": [], "topology": _first_topology(variants)},
+        "targets": {
+            **TARGETS,
+            "cold_p99": "voxgate <= nginx",
+            "warm_p99": "voxgate <= nginx",
+        },
+        "variants": variants,
+        "all_met": all(all(v["summary"]["met"].values()) for v in variants.values()),
+        **({"workers": extra} if extra else {}),
     }
+
+
+def _first_topology(variants: dict[str, Any]) -> str | None:
+    for v in variants.values():
+        topology: str | None = v["results"]["voxgate"].get("topology")
+        return topology
+    return None
+
+
+def _cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -376,33 +526,50 @@ def _json(value: Any) -> str:
 
 
 def plot(report: dict[str, Any]) -> Path:
-    """Cold and warm QPS of each server, grouped; saved as docs/bench/vs_nginx.png."""
+    """QPS and p99 of both servers in every variant, cold and warm: docs/bench/vs_nginx.png."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    res = report["results"]
-    # Cold and warm differ by three orders of magnitude on a small box: one panel each.
-    fig, (ax_cold, ax_warm) = plt.subplots(1, 2, figsize=(10, 4.2))
-    for ax, phase, color in ((ax_cold, "cold", "#3b7dd8"), (ax_warm, "warm", "#e07b39")):
-        names = [n for n in res if phase in res[n]]
-        values = [res[n][phase]["rps"] for n in names]
-        bars = ax.bar([n.replace("_", " ") for n in names], values, color=color)
-        for b, v in zip(bars, values, strict=True):
-            ax.annotate(
-                f"{v:,.1f}" if v < 100 else f"{v:,.0f}",
-                (b.get_x() + b.get_width() / 2, v),
-                ha="center",
-                va="bottom",
+    variants = report["variants"]
+    names = list(variants)
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    servers = (("nginx_seed", "nginx + seed", "#9aa5b1"), ("voxgate", "voxgate", "#3b7dd8"))
+    width = 0.38
+    for col, phase in enumerate(("cold", "warm")):
+        for row, (metric, label) in enumerate((("rps", "requests/s"), ("p99_ms", "p99 ms"))):
+            ax = axes[row][col]
+            for i, (server, legend, color) in enumerate(servers):
+                values = [variants[n]["results"][server][phase].get(metric) or 0 for n in names]
+                xs = [j + (i - 0.5) * width for j in range(len(names))]
+                bars = ax.bar(xs, values, width, label=legend, color=color)
+                for b, v in zip(bars, values, strict=True):
+                    ax.annotate(
+                        f"{v:,.1f}" if v < 100 else f"{v:,.0f}",
+                        (b.get_x() + b.get_width() / 2, v),
+                        ha="center",
+                        va="bottom",
+                        fontsize=7,
+                    )
+            ax.set_xticks(range(len(names)))
+            ax.set_xticklabels(
+                [
+                    f"{variants[n]['key'].upper()} key\n{variants[n]['wrk_threads']} wrk thread(s)"
+                    for n in names
+                ],
+                fontsize=8,
             )
-        ax.set_title(phase)
-        ax.set_ylabel("requests/s")
-        ax.tick_params(axis="x", labelrotation=15)
+            ax.set_title(f"{phase} {label}")
+            ax.set_ylabel(label)
+            if row == 0 and col == 0:
+                ax.legend(fontsize=8)
     w = report["workload"]
     fig.suptitle(
-        f"Zipf over {w['prompts']} prompts, {w['clients']} clients "
-        f"(cold {w['cold_s']:g} s from empty, warm {w['warm_s']:g} s)"
+        f"voxgate serve (no flags) vs nginx proxy_cache + seed: Zipf over {w['prompts']} prompts, "
+        f"wrk {w['connections']} connections (cold {w['cold_s']:g} s from empty, warm "
+        f"{w['warm_s']:g} s)",
+        fontsize=10,
     )
     fig.tight_layout()
     path = RESULTS / "vs_nginx.png"
@@ -411,32 +578,61 @@ def plot(report: dict[str, Any]) -> Path:
     return path
 
 
+def table(report: dict[str, Any]) -> str:
+    """The variants side by side, as a Markdown table."""
+    rows = [
+        "| variant | phase | nginx + seed QPS | voxgate QPS | ratio | nginx p99 ms | voxgate p99 ms "
+        "| met |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for v in report["variants"].values():
+        s, res = v["summary"], v["results"]
+        for phase in ("cold", "warm"):
+            nx, vx = res["nginx_seed"][phase], res["voxgate"][phase]
+            met = s["met"][f"{phase}_qps_ratio"] and s["met"][f"{phase}_p99"]
+            rows.append(
+                f"| {v['key'].upper()} key, {v['wrk_threads']} wrk thread(s) | {phase} "
+                f"| {nx['rps']:,.1f} | {vx['rps']:,.1f} | {s[f'{phase}_qps_ratio']}x "
+                f"| {nx.get('p99_ms')} | {vx.get('p99_ms')} | {'yes' if met else 'no'} |"
+            )
+    return "\n".join(rows)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--prompts", type=int, default=343, help="distinct prompts (>= 300 for docs)")
-    ap.add_argument("--cold-s", type=float, default=45.0, help="seconds of load from empty")
+    ap.add_argument("--cold-s", type=float, default=60.0, help="seconds of load from empty")
     ap.add_argument("--warm-s", type=float, default=20.0, help="seconds of load, all stored")
-    ap.add_argument("--clients", type=int, default=16, help="concurrent connections")
-    ap.add_argument("--skip-workers", action="store_true", help="no --workers 1 vs 2 runs")
+    ap.add_argument("--clients", type=int, default=16, help="wrk connections")
+    ap.add_argument(
+        "--keys",
+        type=lambda v: v.split(","),
+        default=["get", "post"],
+        help="nginx cache keys to run: get (the URL), post (the body); comma-separated",
+    )
+    ap.add_argument(
+        "--threads",
+        type=lambda v: [int(t) for t in v.split(",")],
+        default=[1, 2],
+        help="wrk thread counts to run, comma-separated",
+    )
+    ap.add_argument(
+        "--workers-runs", action="store_true", help="also voxgate --workers 1 vs 2, cold"
+    )
     ap.add_argument("--no-write", action="store_true", help="do not write docs/bench results")
     args = ap.parse_args(argv)
+    if not set(args.keys) <= {"get", "post"} or not args.keys:
+        ap.error("--keys takes get, post or both")
     provenance()  # taken as the run starts
     if not Path(NGINX).is_file() or shutil.which("wrk") is None:
         print("vs_nginx needs nginx-light and wrk: bash .ci/install installs them", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="vs-nginx-") as tmp:
         report = run(args, Path(tmp))
-    for name, r in report["results"].items():
-        warm = r.get("warm")
-        print(
-            f"{name:>18}: cold {r['cold']['rps']:8.1f} req/s (p99 {r['cold'].get('p99_ms')} ms)"
-            + (f", warm {warm['rps']:8.1f} req/s (p99 {warm.get('p99_ms')} ms)" if warm else "")
-            + f", syntheses per prompt {r['syntheses_per_prompt']}"
-        )
-    s = report["summary"]
-    print(f"voxgate / nginx: cold {s['cold_qps_ratio']}x, warm {s['warm_qps_ratio']}x")
-    if "workers_2_over_1_cold" in s:
-        print(f"workers 2 / 1 cold: {s['workers_2_over_1_cold']}x")
+    print(table(report))
+    print("every target met" if report["all_met"] else "some targets not met")
+    if "workers" in report:
+        print(f"workers 2 / 1 cold: {report['workers']['workers_2_over_1_cold']}x")
     if not args.no_write:
         print(write_results("vs_nginx", report))
         print(plot(report))

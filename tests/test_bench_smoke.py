@@ -166,28 +166,41 @@ def test_soak_bench_runs_every_kind_of_load_for_a_few_seconds(tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_vs_nginx_bench_tiny(tmp_path: Path) -> None:
-    """bench/vs_nginx.py end to end at tiny sizes: nginx + the seed service and voxgate each
-    answer a cold then warm Zipf load, and voxgate synthesizes each one-sentence prompt once."""
+    """bench/vs_nginx.py end to end at tiny sizes, both cache keys (one wrk thread count):
+    nginx + the seed service and voxgate each answer a cold then warm Zipf load from empty, and
+    voxgate synthesizes each one-sentence prompt once."""
     from bench import vs_nginx
 
     assert Path(vs_nginx.NGINX).is_file(), "nginx missing: bash .ci/install installs nginx-light"
     assert shutil.which("wrk") is not None, "wrk missing: bash .ci/install installs it"
     prompts = vs_nginx.ivr_prompts(12)
     assert len(set(prompts)) == 12 and all(p.count(".") == 1 for p in prompts)
-    args = argparse.Namespace(prompts=12, cold_s=2.0, warm_s=1.0, clients=4, skip_workers=True)
-    report = vs_nginx.run(args, tmp_path)
-    res = report["results"]
-    assert set(res) == {"nginx_seed", "voxgate"}
-    for r in res.values():
-        assert r["warm"]["rps"] > 0 and r["warm"]["p99_ms"] > 0
-        # Every prompt was fetched once after the cold phase: each was synthesized at least once.
-        assert r["syntheses"] >= 12
-    assert res["voxgate"]["syntheses"] == 12  # one master per prompt, never twice
-    assert "synthesis processes per model" in res["voxgate"]["topology"]
-    s = report["summary"]
-    assert s["warm_qps_ratio"] == round(
-        res["voxgate"]["warm"]["rps"] / res["nginx_seed"]["warm"]["rps"], 3
+    args = argparse.Namespace(
+        prompts=12, cold_s=2.0, warm_s=1.0, clients=4, keys=["get", "post"], threads=[2]
     )
+    report = vs_nginx.run(args, tmp_path)
+    assert set(report["variants"]) == {"get_2t", "post_2t"}
+    for variant in report["variants"].values():
+        res = variant["results"]
+        assert set(res) == {"nginx_seed", "voxgate"}
+        for r in res.values():
+            assert r["warm"]["rps"] > 0 and r["warm"]["p99_ms"] > 0
+            # Every prompt was fetched once after the cold phase: each synthesized at least once.
+            assert r["syntheses"] >= 12
+            # The fill stored every prompt under the key the load asks for (a GET URL quoted
+            # otherwise would have missed nginx's cache in the warm phase).
+            assert r["hits_after_fill"] == 12
+        assert res["voxgate"]["syntheses"] == 12  # one master per prompt, never twice
+        assert "synthesis processes per model" in res["voxgate"]["topology"]
+        s = variant["summary"]
+        assert s["warm_qps_ratio"] == round(
+            res["voxgate"]["warm"]["rps"] / res["nginx_seed"]["warm"]["rps"], 3
+        )
+        assert set(s["met"]) == {"warm_qps_ratio", "cold_qps_ratio", "cold_p99", "warm_p99"}
+    assert report["all_met"] == all(
+        all(v["summary"]["met"].values()) for v in report["variants"].values()
+    )
+    assert "GET key, 2 wrk thread(s)" in vs_nginx.table(report)
 
 
 @pytest.mark.slow

@@ -177,12 +177,19 @@ async def test_each_connection_is_a_client_with_its_own_queue_share(
     the synthesis queue (queue_per_client), so one connection cannot fill it for the others."""
     http, port = await start(gateway, settings, max_parallel_sentences=4, queue_per_client=4)
     scheduler = http.server.app[keys.SPEECH].models["piper"].scheduler
-    counting_engine.release.clear()  # every batch waits: sentences stay queued
     text = "One. Two. Three. Four. Five. Six."
+    other = "Seven. Eight. Nine. Ten."  # (its sentences to queue outnumber the batches run)
+    # Each text's first sentence stored first: a stream's later sentences are queued only once
+    # its first is made, and here nothing is made while the engine waits.
+    async with AsyncTcpClient("127.0.0.1", port) as warm:
+        for first in ("One.", "Seven."):
+            await warm.write_event(Synthesize(text=first).event())
+            assert (await utterance(warm)).seconds > 0
+    counting_engine.release.clear()  # every batch waits: sentences stay queued
     try:
         async with AsyncTcpClient("127.0.0.1", port) as a, AsyncTcpClient("127.0.0.1", port) as b:
             await a.write_event(Synthesize(text=text).event())
-            await b.write_event(Synthesize(text="Seven. Eight.").event())
+            await b.write_event(Synthesize(text=other).event())
             # The server names a connection by its peer: this client's own address.
             names = []
             for c in (a, b):
@@ -197,7 +204,7 @@ async def test_each_connection_is_a_client_with_its_own_queue_share(
             assert scheduler.waiting_for(names[0]) <= 4
             counting_engine.release.set()
             assert (await utterance(a)).seconds >= shortest_audio_s(text)
-            assert (await utterance(b)).seconds >= shortest_audio_s("Seven. Eight.")
+            assert (await utterance(b)).seconds >= shortest_audio_s(other)
     finally:
         counting_engine.release.set()
 

@@ -98,7 +98,8 @@ class OpenAISpeechServer:
     """The provider on a free loopback port; ``url`` is its base URL (``.../v1``).
 
     ``calls`` counts the requests that reached the speech route (each attempt, failures
-    included); ``texts`` holds the ``input`` of each call answered with audio; ``script`` holds
+    included); ``texts`` holds the ``input`` of each call answered with audio (``events``: each
+    call's arrival and answer, in order); ``script`` holds
     answers to give (in order) before audio; ``delay_s`` is the provider's latency;
     ``hold`` (when cleared) keeps every call waiting until it is set; a call whose ``input`` is
     in ``held_inputs`` waits until ``release`` is set.
@@ -120,6 +121,8 @@ class OpenAISpeechServer:
         self.calls = 0
         self.texts: list[str] = []
         self.bodies: list[dict[str, Any]] = []
+        # ("received", input) and ("answered", input) of each call, in the order they happened.
+        self.events: list[tuple[str, str]] = []
         self.headers: list[dict[str, str]] = []
         self.script: deque[Scripted] = deque()
         self.hold = asyncio.Event()
@@ -165,6 +168,7 @@ class OpenAISpeechServer:
         if problem is not None:
             return problem
         self.bodies.append(body)
+        self.events.append(("received", body["input"]))
         await self.hold.wait()
         if body["input"] in self.held_inputs:
             await self.release.wait()
@@ -176,6 +180,7 @@ class OpenAISpeechServer:
                 await self._stopping.wait()
             return error(s.status, s.message, **s.headers)
         self.texts.append(body["input"])
+        self.events.append(("answered", body["input"]))
         samples = tone(body["input"], float(body.get("speed", 1)))
         fmt = body.get("response_format", "mp3")
         if fmt == "pcm":

@@ -212,13 +212,18 @@ class Masters:
     # ---- audio ------------------------------------------------------------------------------
 
     async def master(
-        self, req: SpeechRequest, on_queued: Callable[[], None] | None = None
+        self,
+        req: SpeechRequest,
+        on_queued: Callable[[], None] | None = None,
+        hold: Callable[[], Awaitable[object]] | None = None,
     ) -> tuple[Audio, CacheResult]:
         """The master audio of ``req`` (one sentence) and how it was had: ``"hit"`` (stored),
         ``"miss"`` (synthesized for this call) or ``"coalesced"`` (joined one in flight).
 
         ``on_queued`` is called as soon as the store has answered or the synthesis is queued
-        (the assembler uses it to queue a text's sentences in order)."""
+        (the assembler uses it to queue a text's sentences in order). ``hold`` is awaited
+        after a store miss, before a synthesis not already in flight is started (a stream's
+        later sentences wait for its first)."""
         mk = self.master_key(req)
         found = await self.store.get(mk)
         decoded = None if found is None else await self._decode_stored(mk, found.entry, found.tier)
@@ -227,6 +232,8 @@ class Masters:
                 on_queued()
             self.tally.add(req)
             return decoded, "hit"
+        if hold is not None and not self._flight.running(mk):
+            await hold()
         if self._flight.running(mk):
             if on_queued is not None:
                 on_queued()  # joining a synthesis already queued
