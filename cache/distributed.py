@@ -38,6 +38,7 @@ command is valid in Cluster mode.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -130,13 +131,19 @@ class CrossReplicaFlight:
         # The keeper lives exactly as long as the work: a TaskGroup cancels it and waits for it
         # on every way out, and lets the caller's own cancellation through (where
         # suppress(CancelledError) around awaiting the cancelled keeper swallowed it).
+        # The keeper is also told by an event: a cancellation is delivered once, and a library
+        # below it that turned that one into an error or a result would leave the keeper renewing
+        # forever and this TaskGroup waiting on it (a holder's test hung so once in a suite run);
+        # the event ends it at its next tick, whatever became of the cancellation.
         failure: BaseException | None = None
+        done = asyncio.Event()
         try:
             async with asyncio.TaskGroup() as scope:
-                keeper = scope.create_task(self._keep(lock), name="redis-lock-keeper")
+                keeper = scope.create_task(self._keep(lock, done), name="redis-lock-keeper")
                 try:
                     return await produce()
                 finally:
+                    done.set()
                     keeper.cancel()
         except BaseExceptionGroup as group:
             # The keeper never raises, so the group holds produce's one error: raised as itself
@@ -146,12 +153,16 @@ class CrossReplicaFlight:
             await self._release(lock)
         raise failure
 
-    async def _keep(self, lock: _Lock) -> None:
-        """Renew the lock every third of its TTL while the work runs, with a fresh value (a new
-        expiry under the tag); never raises (a keeper failure must not fail or cancel the work:
-        the lock then just expires)."""
+    async def _keep(self, lock: _Lock, done: asyncio.Event) -> None:
+        """Renew the lock every third of its TTL until ``done`` is set, with a fresh value (a
+        new expiry under the tag); never raises (a keeper failure must not fail or cancel the
+        work: the lock then just expires)."""
         while True:
-            await asyncio.sleep(self.lock_ttl_s / 3)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.lock_ttl_s / 3):
+                    await done.wait()
+            if done.is_set():
+                return
             token = self._token(lock)
             try:
                 renewed = await self.tier.guarded(
