@@ -39,6 +39,16 @@ def wait_http(url: str, timeout_s: float = 120.0) -> None:
     raise TimeoutError(f"{url} did not answer 200 within {timeout_s} s")
 
 
+def _unshared() -> list[str]:
+    """Flags lifting the per-client shares, those the tree under test has: an older commit's
+    gateway (bench.vs_commit) refuses a flag it does not know."""
+    settings = (TREE / "gateway" / "runtime" / "settings.py").read_text(encoding="utf-8")
+    flags = ["--queue-per-client", "100000"]
+    if "renders_per_client" in settings:
+        flags += ["--renders-per-client", "100000"]
+    return flags
+
+
 def start_gateway(
     port: int, cache_dir: Path, *extra: str, log_path: Path | None = None
 ) -> subprocess.Popen[bytes]:
@@ -48,15 +58,7 @@ def start_gateway(
         # Every request of a bench comes from one loopback address, which stands for many
         # clients: the per-client shares of the queue and of renditions in the making (429
         # beyond them) would refuse a pre-warm.
-        serve_command(
-            port,
-            cache_dir,
-            "--queue-per-client",
-            "100000",
-            "--renders-per-client",
-            "100000",
-            *extra,
-        ),
+        serve_command(port, cache_dir, *_unshared(), *extra),
         cwd=TREE,
         stdout=log,
         stderr=subprocess.STDOUT,

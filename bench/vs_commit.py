@@ -61,7 +61,7 @@ def run_side(bench: str, tree: Path | None, bench_args: list[str], out: Path) ->
     cmd = [
         sys.executable,
         "-m",
-        "bench.hit_path",
+        f"bench.{bench}",
         *bench_args,
         "--no-write",
         "--json-out",
@@ -97,7 +97,8 @@ def main() -> int:
                 for side in order:
                     print(f"== pair {pair + 1}/{args.pairs}: {side}", flush=True)
                     out = Path(tmp) / f"{side}-{pair}.json"
-                    runs[side].append(run_side(tree if side == "old" else None, bench_args, out))
+                    old_tree = tree if side == "old" else None
+                    runs[side].append(run_side(args.bench, old_tree, bench_args, out))
         finally:
             git("worktree", "remove", "--force", str(tree))
 
