@@ -26,6 +26,9 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
+# What the wire-format readers take: bytes, or views of a model's bytes.
+Buffer = bytes | memoryview
+
 SPEED_INPUT = "speed"
 _PREFIX = "voxgate_speed/"
 # What the graph's own ``Ceil`` reads once rewritten: each id's whole frames at the asked speed.
@@ -58,7 +61,7 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
-def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+def _read_varint(data: Buffer, pos: int) -> tuple[int, int]:
     value = shift = 0
     while True:
         byte = data[pos]
@@ -69,8 +72,9 @@ def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fields(data: bytes) -> Iterator[tuple[int, int, bytes]]:
-    """``(field number, wire type, raw bytes of the whole field, tag included)`` in order."""
+def _fields(data: Buffer) -> Iterator[tuple[int, int, Buffer]]:
+    """``(field number, wire type, raw bytes of the whole field, tag included)`` in order: slices
+    of ``data`` (views, where ``data`` is a memoryview: a graph's weights are not copied)."""
     pos = 0
     while pos < len(data):
         start = pos
@@ -92,24 +96,24 @@ def _fields(data: bytes) -> Iterator[tuple[int, int, bytes]]:
         yield number, wire, data[start:pos]
 
 
-def _payload(raw: bytes) -> bytes:
+def _payload(raw: Buffer) -> Buffer:
     """The value of a length-delimited field (``raw`` includes its tag)."""
     _, pos = _read_varint(raw, 0)
     _, pos = _read_varint(raw, pos)
     return raw[pos:]
 
 
-def _ld(number: int, payload: bytes) -> bytes:
+def _ld(number: int, payload: Buffer) -> bytes:
     """A length-delimited field."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+    return _varint(number << 3 | 2) + _varint(len(payload)) + bytes(payload)
 
 
 def _int(number: int, value: int) -> bytes:
     return _varint(number << 3) + _varint(value)
 
 
-def _strings(node: bytes, number: int) -> list[str]:
-    return [_payload(raw).decode() for n, w, raw in _fields(node) if n == number and w == 2]
+def _strings(node: Buffer, number: int) -> list[str]:
+    return [bytes(_payload(raw)).decode() for n, w, raw in _fields(node) if n == number and w == 2]
 
 
 def _node(op: str, inputs: list[str], outputs: list[str]) -> bytes:
@@ -171,40 +175,49 @@ def rescaled_graph(model: bytes, durations_output: bool = False) -> bytes:
     VITS exports have one, the durations'), and ``ValueError`` where it already has a ``speed``
     input.
     """
-    graph_raw = [raw for n, w, raw in _fields(model) if n == _MODEL_GRAPH and w == 2]
+    view = memoryview(model)
+    graph_raw = [raw for n, w, raw in _fields(view) if n == _MODEL_GRAPH and w == 2]
     if len(graph_raw) != 1:
         raise NotAVitsGraph("the model has no graph")
     graph = _payload(graph_raw[0])
     fields = list(_fields(graph))
-    nodes = [(i, _payload(raw)) for i, (n, w, raw) in enumerate(fields) if n == _GRAPH_NODE]
-    for n, _, raw in fields:
-        if n == _GRAPH_INPUT and _strings(_payload(raw), 1) == [SPEED_INPUT]:
+    # Only a node whose bytes hold the op type field ``Ceil`` is parsed (the rest are thousands).
+    ceil_field = _ld(_NODE_OP_TYPE, b"Ceil")
+    ceils = []
+    for i, (n, _wire, raw) in enumerate(fields):
+        if n == _GRAPH_NODE:
+            node = _payload(raw)
+            if ceil_field in bytes(node) and _strings(node, _NODE_OP_TYPE) == ["Ceil"]:
+                ceils.append((i, node))
+        elif n == _GRAPH_INPUT and _strings(_payload(raw), 1) == [SPEED_INPUT]:
             raise ValueError("the graph already has a speed input")
-    ceils = [(i, node) for i, node in nodes if _strings(node, _NODE_OP_TYPE) == ["Ceil"]]
     if len(ceils) != 1:
         raise NotAVitsGraph(f"expected one Ceil (the durations' rounding), found {len(ceils)}")
     at, ceil = ceils[0]
     (w,) = _strings(ceil, _NODE_INPUT)
     rescaled = RESCALED_DURATIONS
     new_ceil = b"".join(
-        _ld(_NODE_INPUT, rescaled.encode()) if n == _NODE_INPUT else raw
+        _ld(_NODE_INPUT, rescaled.encode()) if n == _NODE_INPUT else bytes(raw)
         for n, _, raw in _fields(ceil)
     )
-    out = bytearray()
-    for i, (_, _, raw) in enumerate(fields):
-        if i == at:
-            out += _rescale_nodes(w, rescaled)
-            out += _ld(_GRAPH_NODE, new_ceil)
-        else:
-            out += raw
-    out += _speed_input()
+    added = _rescale_nodes(w, rescaled) + _ld(_GRAPH_NODE, new_ceil)
+    tail = _speed_input()
     if durations_output:
         (frames,) = _strings(ceil, _NODE_OUTPUT)
         outputs = [_strings(_payload(raw), 1) for n, w, raw in fields if n == _GRAPH_OUTPUT]
         if [frames] not in outputs:
-            out += _ld(_GRAPH_OUTPUT, _ld(1, frames.encode()))  # ValueInfoProto { name }
-    rest = b"".join(raw for n, w, raw in _fields(model) if not (n == _MODEL_GRAPH and w == 2))
-    return rest + _ld(_MODEL_GRAPH, bytes(out))
+            tail += _ld(_GRAPH_OUTPUT, _ld(1, frames.encode()))  # ValueInfoProto { name }
+    # The model is written once, into one buffer: its weights are copied once (tens of MB).
+    size = sum(len(raw) for _, _, raw in fields) - len(fields[at][2]) + len(added) + len(tail)
+    out = bytearray()
+    for n, wire, raw in _fields(view):
+        if not (n == _MODEL_GRAPH and wire == 2):
+            out += raw
+    out += _varint(_MODEL_GRAPH << 3 | 2) + _varint(size)
+    for i, (_, _, raw) in enumerate(fields):
+        out += added if i == at else raw
+    out += tail
+    return bytes(out)
 
 
 def rescaled_durations(frames: Any, speed: float) -> Any:

@@ -111,12 +111,27 @@ async def test_sigterm_finishes_twenty_in_flight_requests(tmp_path: Path) -> Non
         server.close()
 
 
+def command_lines(pid: int) -> tuple[list[str], list[list[str]]]:
+    """The command line of process ``pid`` and those of its children (Linux's /proc)."""
+
+    def line(p: str) -> list[str]:
+        return Path(f"/proc/{p}/cmdline").read_bytes().decode().split("\0")
+
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return line(str(pid)), [line(child) for child in children]
+
+
 @pytest.mark.slow
 async def test_two_workers_share_port_disk_and_metrics(tmp_path: Path) -> None:
     server = DefaultServer(tmp_path, "--log-format", "json")
     try:
         server.wait_ready()
         assert server.gateways == 2, "this test needs 2 cores (CI has 2)"
+        # The gateway processes are forks of the supervisor (its command line, no interpreter
+        # of their own); the pool process is a new interpreter.
+        own, children = command_lines(server.proc.pid)
+        assert sorted(line == own for line in children) == [False, True, True]
+        assert ["--serve-pool" in line for line in children].count(True) == 1
         n_health = 40
         async with aiohttp.ClientSession() as session:
             for _ in range(n_health):  # a new connection each: the kernel spreads them

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
@@ -183,9 +184,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if topology.gateway_processes > 1 and args.worker_of is None:
         from gateway.runtime.workers import run_workers
 
-        return run_workers(settings, args.argv)
+        return run_workers(settings, args.argv, gateway_process)
     eventloop.run(_serve(settings, args.worker_of), settings.event_loop)
     return 0
+
+
+def gateway_process(argv: Sequence[str]) -> int:
+    """A gateway process of ``serve --workers N``, forked from the supervisor: ``voxgate ARGV``
+    (``serve`` and the flags the supervisor gives it)."""
+    parser = argparse.ArgumentParser(prog="voxgate")
+    add_command(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    args.argv = list(argv)
+    return cmd_serve(args)
 
 
 def add_command(sub: Any) -> None:

@@ -11,11 +11,19 @@ host's: the workers count them in one table in shared memory
 The supervisor restarts a worker that dies, forwards SIGTERM/SIGINT to every worker (each drains
 its in-flight requests) and SIGHUP (each reloads its API keys), and exits 0 when all of them
 exited 0.
+
+The gateway processes are forked from the supervisor once it has imported the gateway (the
+supervisor is single-threaded and has no event loop, sockets or engines open, so a fork holds
+nothing a child must not share): each starts in a few milliseconds instead of importing the whole
+gateway again, about a CPU-second apiece. The synthesis pool process is a new interpreter
+(``python -m gateway serve --serve-pool``): it starts ONNX Runtime and torch, which must not
+inherit anything from a parent, and its own workers are spawned from it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import shutil
@@ -25,11 +33,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn, Protocol
 
-from prometheus_client import multiprocess
+from prometheus_client import multiprocess, values
 
 from gateway.runtime.hostshare import HOST_TABLE_ENV, HostTable
 from gateway.runtime.settings import Settings
@@ -43,6 +52,13 @@ WORKER_INDEX_ENV = "VOXGATE_WORKER_INDEX"
 POOL_SOCKET_ENV = "VOXGATE_POOL_SOCKET"
 
 log = logging.getLogger("voxgate.workers")
+# The modules a gateway process imports to serve (gateway.cli.serve._serve), beyond the command's.
+GATEWAY_MODULES = (
+    "gateway.http.app",
+    "gateway.http.connections",
+    "gateway.http.hits",
+    "gateway.runtime.components",
+)
 # A worker that dies this soon after starting, this many times in a row, is not restarted again.
 FAST_FAILURE_S = 10.0
 MAX_FAST_FAILURES = 3
@@ -74,6 +90,99 @@ def prepare_metrics_dir() -> tuple[str, bool]:
     return str(path), False
 
 
+class Child(Protocol):
+    """A process the supervisor runs: the part of :class:`subprocess.Popen` it uses."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+class ForkedChild:
+    """A gateway process forked from the supervisor, watched as :class:`subprocess.Popen` would."""
+
+    def __init__(self, pid: int) -> None:
+        self._pid = pid
+        self.returncode: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self._pid, os.WNOHANG)
+            if pid == self._pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if timeout is None:
+            _, status = os.waitpid(self._pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+        deadline = time.monotonic() + timeout
+        # Popen.wait(timeout) polls the same way: waitpid has no timeout of its own.
+        while (rc := self.poll()) is None:
+            if time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"pid {self._pid}", timeout)
+            time.sleep(0.02)
+        return rc
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self._pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+# A gateway process's entry point: ``voxgate ARGV`` (``serve`` and its flags); the exit status.
+Entry = Callable[[Sequence[str]], int]
+
+
+def fork_gateway(entry: Entry, argv: Sequence[str], env: dict[str, str]) -> ForkedChild:
+    """Fork a gateway process that runs ``entry(argv)`` with ``env`` as its environment."""
+    # Buffered output would be written twice, once by each process.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        _forked_main(entry, argv, env)
+    return ForkedChild(pid)
+
+
+def _forked_main(entry: Entry, argv: Sequence[str], env: dict[str, str]) -> NoReturn:
+    """The forked child: the environment and signal handlers a new interpreter would have, then
+    the command; it never returns into the supervisor's code (whose cleanup is the parent's)."""
+    code = 1
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        # prometheus-client picks its value class from the environment when it is imported,
+        # which the supervisor did without the multiprocess directory set.
+        values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
+        code = entry(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        log.exception("gateway process failed")
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 class Supervisor:
     """Starts, watches and stops the worker processes."""
 
@@ -81,6 +190,7 @@ class Supervisor:
         self,
         settings: Settings,
         argv: Sequence[str],
+        entry: Entry,
         port: int,
         metrics_dir: str,
         pool_socket: str | None = None,
@@ -88,6 +198,7 @@ class Supervisor:
     ):
         self.settings = settings
         self.argv = list(argv)
+        self.entry = entry
         self.port = port
         self.metrics_dir = metrics_dir
         # With a synthesis pool, the last process is the host's one pool process:
@@ -96,21 +207,18 @@ class Supervisor:
         # The table the gateways share key budgets and queue shares in (gateway.runtime.hostshare).
         self.host_table = host_table
         self.gateways = settings.topology().gateway_processes
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.procs: list[Child] = []
         self.started: list[float] = []
         self.fast_failures: list[int] = []
         self.stopping = False
         self.failed = False
 
-    def spawn(self, index: int) -> subprocess.Popen[bytes]:
+    def spawn(self, index: int) -> Child:
         # The last flags win in argparse: the worker is a single-process server on our port, with
         # the counts resolved here (a worker resolving `auto` alone would take every core for its
         # own synthesis pool).
         topology = self.settings.topology()
-        cmd = [
-            sys.executable,
-            "-m",
-            "gateway",
+        args = [
             *self.argv,
             "--workers",
             "1",
@@ -130,8 +238,8 @@ class Supervisor:
             # Every gateway process queues up to queue_size items of its own and keeps up to the
             # pool's size in flight at the pool: its queue must hold theirs together.
             queue = self.settings.queue_size * self.gateways
-            cmd += ["--serve-pool", self.pool_socket, "--queue-size", str(queue)]
-            proc = subprocess.Popen(cmd, env=env)
+            args += ["--serve-pool", self.pool_socket, "--queue-size", str(queue)]
+            proc = subprocess.Popen([sys.executable, "-m", "gateway", *args], env=env)
             log.info("synthesis pool process started (pid %d)", proc.pid)
             return proc
         env[WORKER_INDEX_ENV] = str(index)
@@ -139,9 +247,9 @@ class Supervisor:
             env[HOST_TABLE_ENV] = self.host_table
         if self.pool_socket is not None:
             env[POOL_SOCKET_ENV] = self.pool_socket
-        proc = subprocess.Popen(cmd, env=env)
-        log.info("worker %d started (pid %d)", index, proc.pid)
-        return proc
+        child = fork_gateway(self.entry, args, env)
+        log.info("worker %d started (pid %d)", index, child.pid)
+        return child
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = True
@@ -205,7 +313,7 @@ class Supervisor:
         deadline = time.monotonic() + EXIT_GRACE_S
         return 0 if self._terminate(self.procs[self.gateways :], deadline) and ok else 1
 
-    def _terminate(self, procs: Sequence[subprocess.Popen[bytes]], deadline: float) -> bool:
+    def _terminate(self, procs: Sequence[Child], deadline: float) -> bool:
         """SIGTERM ``procs`` and wait for them (killed past ``deadline``); all exited 0?"""
         for proc in procs:
             if proc.poll() is None:
@@ -222,8 +330,13 @@ class Supervisor:
         return ok
 
 
-def run_workers(settings: Settings, argv: Sequence[str]) -> int:
-    """Serve with ``settings.topology().gateway_processes`` processes; the exit status."""
+def run_workers(settings: Settings, argv: Sequence[str], entry: Entry) -> int:
+    """Serve with ``settings.topology().gateway_processes`` processes, each a fork running
+    ``entry`` on the worker's flags; the exit status."""
+    # What every forked gateway process imports to serve, imported once here (no threads, loops
+    # or engines come with these imports).
+    for module in GATEWAY_MODULES:
+        importlib.import_module(module)
     metrics_dir, own_dir = prepare_metrics_dir()
     holder = reserve_port(settings.host) if settings.port == 0 else None
     port = holder.getsockname()[1] if holder is not None else settings.port
@@ -233,7 +346,7 @@ def run_workers(settings: Settings, argv: Sequence[str]) -> int:
     pool_socket = os.path.join(pool_dir, "pool.sock") if pool_dir is not None else None
     host_table = HostTable.create(settings.topology().gateway_processes)
     try:
-        return Supervisor(settings, argv, port, metrics_dir, pool_socket, host_table).run()
+        return Supervisor(settings, argv, entry, port, metrics_dir, pool_socket, host_table).run()
     finally:
         Path(host_table).unlink(missing_ok=True)
         if holder is not None:
