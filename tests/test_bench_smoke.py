@@ -140,8 +140,8 @@ def test_soak_bench_runs_every_kind_of_load_for_a_few_seconds(tmp_path: Path) ->
     from bench import soak
 
     args = argparse.Namespace(
-        minutes=0.25,
-        warmup_min=0.05,
+        minutes=0.15,
+        warmup_min=0.03,
         sample_s=1.0,
         workers=1,
         memory_mb=16,
@@ -176,7 +176,7 @@ def test_vs_nginx_bench_tiny(tmp_path: Path) -> None:
     prompts = vs_nginx.ivr_prompts(12)
     assert len(set(prompts)) == 12 and all(p.count(".") == 1 for p in prompts)
     args = argparse.Namespace(
-        prompts=12, cold_s=2.0, warm_s=1.0, clients=4, keys=["get", "post"], threads=[2]
+        prompts=12, cold_s=1.0, warm_s=0.5, clients=4, keys=["get", "post"], threads=[2]
     )
     report = vs_nginx.run(args, tmp_path)
     assert set(report["variants"]) == {"get_2t", "post_2t"}
