@@ -11,10 +11,14 @@ resting value after such a run:
 - arena kept, shrunk after each run (run option ``memory.enable_memory_arena_shrinkage``) plus
   ``malloc_trim``: about as much CPU as the arena off, and memory back near its resting value.
 
-voxgate shrinks the arena after every run and trims the C heap after a run that made long audio:
-a little more CPU per sentence, and a worker's memory is back near its resting value once a
-large request is done (``python -m bench.soak`` records the RSS around two long requests in
-docs/bench/soak.json).
+voxgate keeps the arena for ordinary runs and shrinks it after a large one: a run whose input
+ids, stretched by the length scale and divided by the speed, exceed :data:`KEEP_ARENA_IDS` (about
+6 s of audio on the bundled voice) returns the arena's free blocks at its end, and glibc's heap
+is trimmed after a run that made long audio. Shrinking after every run cost 1.22x the CPU of an
+ordinary IVR sentence (``python -m bench.arena``, docs/bench/arena.json); keeping the arena for
+runs up to the bound holds at most that bound's peak per process (about 140 MB; the JSON has the
+figures), and a worker's memory is back near that once a large request is done (``python -m
+bench.soak`` records the RSS around two long requests in docs/bench/soak.json).
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ from typing import Any
 # A run that made more audio than this (seconds) is followed by malloc_trim: the call walks the
 # heap (about a millisecond), so ordinary sentences skip it.
 TRIM_AFTER_AUDIO_S = 10.0
+# A run of more input ids than this (times the length scale, over the speed) shrinks the arena
+# at its end; smaller runs keep it. The bundled voice makes about 43 ids a second of audio
+# (a 3.8 s sentence is 165 ids), so this is about 6 s of speech.
+KEEP_ARENA_IDS = 256
 
 
 def shrinking_run_options() -> Any:
@@ -39,18 +47,38 @@ def shrinking_run_options() -> Any:
 
 
 class ShrinkingSession:
-    """An ``InferenceSession`` whose ``run`` shrinks the CPU arena afterwards.
+    """An ``InferenceSession`` whose ``run`` shrinks the CPU arena after a large run.
 
     For callers that call ``session.run(outputs, feeds)`` themselves (Piper's ``PiperVoice``) and
-    so cannot be handed run options.
+    so cannot be handed run options. The size of a run is read from the VITS graph's own inputs:
+    ``input`` (the ids), ``scales`` (its second value the length scale) and ``speed`` (the
+    rewritten graph's, :mod:`synth.exact_speed`); a feed without ``input`` always shrinks.
     """
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Any, keep_ids: int = KEEP_ARENA_IDS) -> None:
+        import onnxruntime
+
         self.session = session
+        self.keep_ids = keep_ids
         self.run_options = shrinking_run_options()
+        self.keep_options = onnxruntime.RunOptions()
+
+    def options_for(self, input_feed: Mapping[str, Any]) -> Any:
+        """The run options for this feed: shrinking ones for a run larger than ``keep_ids``."""
+        ids = input_feed.get("input")
+        if ids is None:
+            return self.run_options
+        stretch = 1.0
+        scales = input_feed.get("scales")
+        if scales is not None and scales.size > 1:
+            stretch *= float(scales.reshape(-1)[1])
+        speed = input_feed.get("speed")
+        if speed is not None and speed.size:
+            stretch /= max(float(speed.reshape(-1)[0]), 1e-3)
+        return self.run_options if ids.size * stretch > self.keep_ids else self.keep_options
 
     def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any]) -> Any:
-        return self.session.run(output_names, input_feed, self.run_options)
+        return self.session.run(output_names, input_feed, self.options_for(input_feed))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.session, name)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from bench import common, hit_path, marks_cost, miss_path, ttfa
+from bench import arena, common, hit_path, marks_cost, miss_path, ttfa
 from tests.support import shortest_audio_s
 
 
@@ -131,6 +131,16 @@ def test_marks_cost_bench_tiny() -> None:
     on, off = rows["marks-on"]["miss"], rows["marks-off"]["miss"]
     ratio = result["summary"]["miss"]["throughput_ratio"]
     assert ratio == round(on["throughput_rps"] / off["throughput_rps"], 3)
+
+
+def test_arena_bench_one_round_of_one_sentence() -> None:
+    """Every policy measured on the same texts; the ratios are the medians'."""
+    result = arena.run(rounds=1, sentences=1)
+    med = result["median_cpu_ms_per_sentence"]
+    assert set(med) == set(arena.POLICIES) and all(v > 0 for v in med.values())
+    ratio = result["shrink_every_run_over_keep_below_bound_cpu"]
+    assert ratio == round(med["shrink_every_run"] / med["keep_below_bound"], 3)
+    assert all(len(v) == 1 for v in result["rss_above_rest_mb_after_long_run"].values())
 
 
 @pytest.mark.slow
