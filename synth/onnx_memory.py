@@ -14,7 +14,7 @@ resting value after such a run:
 voxgate keeps the arena for ordinary runs and shrinks it after a large one: a run whose input
 ids, stretched by the length scale and divided by the speed, exceed :data:`KEEP_ARENA_IDS` (about
 6 s of audio on the bundled voice) returns the arena's free blocks at its end, and glibc's heap
-is trimmed after a run that made long audio. Shrinking after every run cost 1.22x the CPU of an
+is trimmed after a run that made long audio. Shrinking after every run cost 1.19x the CPU of an
 ordinary IVR sentence (``python -m bench.arena``, docs/bench/arena.json); keeping the arena for
 runs up to the bound holds at most that bound's peak per process (about 140 MB; the JSON has the
 figures), and a worker's memory is back near that once a large request is done (``python -m
