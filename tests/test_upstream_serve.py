@@ -191,13 +191,20 @@ async def test_voxgate_is_another_voxgates_upstream(tmp_path: Path) -> None:
             ulaw = f"/v1/audio/{headers['X-Audio-Key']}.ulaw"
             status, _, _ = await front.request("GET", ulaw)
             assert status == 200
-            # The back host synthesized the sentence once and was asked once.
+            # The back host synthesized the sentence once and was asked once. Each of its
+            # gateway processes flushes its request tallies within 0.1 s (gateway.http.observe),
+            # so the count is awaited; it must then be exactly one.
+
+            async def asked() -> float:
+                return metric_sum(
+                    await asyncio.to_thread(back.metrics),
+                    "voxgate_http_requests_total",
+                    route="/v1/audio/speech",
+                )
+
+            assert await eventually(asked, lambda n: n >= 1, 30, "the back host's request") == 1
             back_metrics = back.metrics()
             assert metric_sum(back_metrics, "voxgate_syntheses_total", outcome="ok") == 1
-            speech_route = metric_sum(
-                back_metrics, "voxgate_http_requests_total", route="/v1/audio/speech"
-            )
-            assert speech_route == 1
             listed = await front.request("GET", "/v1/models")
             assert b'"fleet"' in listed[2]
             assert await front.conformance_failures() == []
