@@ -92,6 +92,12 @@ class Metrics:
             ["model", "voice", "format", "cache"],
             registry=r,
         )
+        self.fast_hits = Counter(
+            "voxgate_fast_hits_total",
+            "Memory hits answered from the bytes of a request answered before, ahead of HTTP "
+            "parsing (also counted in voxgate_http_requests_total and the hit metrics).",
+            registry=r,
+        )
         self.bad_requests = Counter(
             "voxgate_bad_requests_total",
             "Requests answered 4xx because of their input, by endpoint (route template) and reason "

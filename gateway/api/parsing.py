@@ -19,7 +19,7 @@ from gateway.api.models import CONTROL_CHARACTER, SpeechBody, control_character,
 from gateway.api.normalize import language_of, normalize_numbers
 from gateway.api.ssml import SsmlLimits, expand, is_ssml, joined_words, plain_text
 from gateway.errors import BadRequest, PayloadTooLarge, RequestTimeout, clip
-from gateway.memo import BoundedMemo
+from gateway.memo import BoundedMemo, BytesMemo
 from gateway.runtime.settings import Settings
 from gateway.speech.request import Segment, SpeechRequest
 from gateway.speech.vocabulary import Vocabulary
@@ -135,7 +135,7 @@ class SpeechCall:
     marks: bool = False
 
 
-class RequestMemo(BoundedMemo[bytes, SpeechCall]):
+class RequestMemo(BytesMemo[SpeechCall]):
     """Validated requests by their exact body bytes (bounded by count and by bytes, oldest first
     out).
 
@@ -153,24 +153,7 @@ class RequestMemo(BoundedMemo[bytes, SpeechCall]):
     def __init__(
         self, size: int = 16384, max_body: int = 8192, max_bytes: int = 16 * 1024 * 1024
     ) -> None:
-        super().__init__(size)
-        self.max_body = max_body
-        self.max_bytes = max_bytes
-        self.nbytes = 0
-
-    def put(self, raw: bytes, req: SpeechCall) -> None:
-        """Remember ``req`` for ``raw`` (small bodies only)."""
-        if len(raw) > self.max_body:
-            return
-        items = self._items
-        old = items.pop(raw, None)
-        if old is not None:
-            self.nbytes -= len(raw)
-        items[raw] = req
-        self.nbytes += len(raw)
-        while len(items) > self.size or self.nbytes > self.max_bytes:
-            dropped, _ = items.popitem(last=False)
-            self.nbytes -= len(dropped)
+        super().__init__(size, max_body, max_bytes)
 
 
 def front_end_may_run(settings: Settings, raw: bytes = b"") -> bool:

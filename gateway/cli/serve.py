@@ -22,7 +22,7 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
     from gateway.http import keys
     from gateway.http.app import create_app, is_loopback, wait_ready
     from gateway.http.connections import cap_connections, runner_options
-    from gateway.http.hits import lift_writelines_skip
+    from gateway.http.hits import answer_repeats, lift_writelines_skip
 
     # Headers and body in one writev on uvloop, where that is safe for the whole process.
     lift_writelines_skip(asyncio.get_running_loop())
@@ -43,6 +43,8 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
     await runner.setup()
     assert runner.server is not None  # (set by setup())
     cap_connections(runner.server, settings.max_connections, app[keys.METRICS])
+    if app[keys.FAST_HITS]:
+        answer_repeats(runner.server, app[keys.FAST_PATH])
     # A worker of `serve --workers N` shares the port with its siblings (SO_REUSEPORT).
     site = web.TCPSite(runner, settings.host, settings.port, reuse_port=worker_of is not None)
     stop = asyncio.Event()

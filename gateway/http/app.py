@@ -17,6 +17,7 @@ from gateway.api.say import SayMemo
 from gateway.http import keys
 from gateway.http.edge import add_routes
 from gateway.http.handlers import studio_ctx
+from gateway.http.hits import FastPath
 from gateway.http.observe import RequestObserver
 from gateway.http.openapi import render
 from gateway.http.origins import add_cors
@@ -85,6 +86,15 @@ def create_app(
     add_request_ids(app, request_ids)
     # The memory hit's own writer writes the request id and nothing else a receiver would add.
     app[keys.FAST_HITS] = len(app.on_response_prepare) == 1
+    # Repeated requests answered from their bytes (`voxgate serve` installs it on its server).
+    fast = FastPath(
+        app[keys.OBSERVER].observe,
+        request_ids,
+        lambda: app[keys.AUTH].ring is None,
+        counter=app[keys.METRICS].fast_hits,
+    )
+    app[keys.METRICS].before_collect(fast.flush)
+    app[keys.FAST_PATH] = fast
     # With keys on and Redis configured, one budget per key across replicas (a lazy client:
     # nothing connects until a limited key is used).
     app[keys.LIMITS] = KeyLimits(

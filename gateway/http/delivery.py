@@ -19,12 +19,14 @@ from cache.entry import Entry
 from gateway.http import keys, sse
 from gateway.http.conditional import audio_response, http_date
 from gateway.http.connections import write_within
-from gateway.http.hits import PreparedHit, hit_response
+from gateway.http.hits import Again, PreparedHit, hit_response
+from gateway.http.observe import RequestObserver
 from gateway.http.presentation import Presentation, audio_headers
 from gateway.memo import BoundedMemo
 from gateway.speech.assembly import SpeechStream
 from gateway.speech.caller import ask_as
 from gateway.speech.request import SpeechRequest
+from gateway.speech.service import SpeechService
 from synth import audio
 
 log = logging.getLogger("voxgate.gateway")
@@ -45,6 +47,30 @@ def _hit_headers_for(key: str, fmt: audio.AudioFormat, entry: Entry) -> Prepared
         found = PreparedHit(digest, made, len(entry.audio))
         _hit_headers.put(key, found)
     return found
+
+
+def _again(
+    service: SpeechService,
+    observer: RequestObserver,
+    req: SpeechRequest,
+    present: Presentation | None,
+) -> Again:
+    """How the fast path answers ``req`` again (gateway.http.hits.FastPath): as the memory hit
+    of :func:`serve_speech` does, counted the same way."""
+    count = observer.count_speech
+    model, voice, fmt = req.model, req.voice, req.fmt
+
+    def again() -> tuple[str, PreparedHit, bytes] | None:
+        hit = service.memory_hit(req)
+        if hit is None:
+            return None
+        key, entry = hit
+        count(model, voice, fmt.name, "hit")
+        if present is not None:
+            return key, present.hit_headers(key, fmt, entry), entry.audio
+        return key, _hit_headers_for(key, fmt, entry), entry.audio
+
+    return again
 
 
 def client_of(request: web.Request) -> str:
@@ -109,7 +135,11 @@ async def serve_speech(
                 headers = CIMultiDict(prepared.headers)
                 headers[IGNORED_FIELDS] = ", ".join(ignored)
                 return web.Response(body=entry.audio, headers=headers)
-            return hit_response(request, entry.audio, prepared)
+            response = hit_response(request, entry.audio, prepared)
+            fast = app[keys.FAST_PATH]
+            if fast.wants(request, response):
+                fast.remember(request, _again(service, app[keys.OBSERVER], req, present))
+            return response
     extra = {IGNORED_FIELDS: ", ".join(ignored)} if ignored else {}
     if sse:
         return await _events(request, req, extra, marks)

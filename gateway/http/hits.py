@@ -40,16 +40,19 @@ import email.utils
 import re
 import sys
 import time
-from collections.abc import Mapping
-from typing import Literal
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Literal
 
 import aiohttp
 from aiohttp import HttpVersion11, http_writer, web
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http import SERVER_SOFTWARE
+from aiohttp.web_protocol import RequestHandler
 from multidict import CIMultiDict
+from prometheus_client import Counter
 
-from gateway.http.requestid import REQUEST_ID
+from gateway.http.requestid import REQUEST_ID, RequestIds
+from gateway.memo import BytesMemo
 
 # True when the app's only response-prepare receiver is the request-id stamp (module doc).
 FAST_HITS = web.AppKey("fast_hits", bool)
@@ -77,10 +80,34 @@ def written_for(version: str) -> bool:
     return found is not None and (int(found[1]), int(found[2])) == WRITTEN_FOR
 
 
+# The private RequestHandler members FastHandler reads or sets (its connection state, the
+# keep-alive timer it moves on as aiohttp would after a response); checked at import too.
+_HANDLER_FIELDS = (
+    "_force_close",
+    "_close",
+    "_messages",
+    "_handle_request",
+    "_payload_parser",
+    "_upgraded",
+    "_request_handler",
+    "_request_count",
+    "_keepalive",
+    "_keepalive_timeout",
+    "_next_keepalive_close_time",
+    "_keepalive_handle",
+    "_process_keepalive",
+    "_loop",
+    "_manager",
+)
+
+
 def _fields_there() -> bool:
     probe = web.StreamResponse()
-    return all(hasattr(probe, name) for name in _RESPONSE_FIELDS) and hasattr(
-        http_writer, "SKIP_WRITELINES"
+    return (
+        all(hasattr(probe, name) for name in _RESPONSE_FIELDS)
+        and all(hasattr(RequestHandler, name) for name in _HANDLER_FIELDS)
+        and hasattr(http_writer, "SKIP_WRITELINES")
+        and hasattr(web.BaseRequest, "message")
     )
 
 
@@ -207,6 +234,36 @@ def date_line() -> bytes:
     return _date[1]
 
 
+def _head(hit: PreparedHit, v11: bool, keep_alive: bool, rid: str | None) -> bytes:
+    """A hit's status line and headers, as aiohttp would write them."""
+    return b"".join(
+        (
+            _STATUS[v11],
+            hit.head,
+            date_line(),
+            b"" if rid is None else b"X-Request-Id: %s\r\n" % rid.encode(),
+            _CONNECTION[v11, keep_alive],
+            b"\r\n",
+        )
+    )
+
+
+def _send(transport: asyncio.Transport, head: bytes, body: bytes) -> None:
+    """``head`` then ``body`` to ``transport``, in one call where it gathers without a copy."""
+    gathers = _GATHERS.get(type(transport))
+    if gathers is None:
+        gathers = _gathers(type(transport))
+    if not body:
+        transport.write(head)
+    elif gathers:
+        transport.writelines((head, body))  # one writev, no copy
+    elif len(body) < SEPARATE_HEADERS_FROM:
+        transport.write(head + body)
+    else:  # (asyncio's transport before 3.12: join() would copy a large body)
+        transport.write(head)
+        transport.write(body)
+
+
 class HitResponse(web.StreamResponse):
     """A 200 with stored ``audio`` and a :class:`PreparedHit`'s headers, written by
     :meth:`prepare` in one transport call (module doc). It is a complete ``StreamResponse`` to
@@ -239,33 +296,12 @@ class HitResponse(web.StreamResponse):
         self._keep_alive = keep_alive
         v11 = request.version == HttpVersion11
         # (The id is safe ASCII: gateway.http.requestid checked or made it.)
-        rid = request.get(REQUEST_ID)
-        head = b"".join(
-            (
-                _STATUS[v11],
-                self._hit.head,
-                date_line(),
-                b"" if rid is None else b"X-Request-Id: %s\r\n" % rid.encode(),
-                _CONNECTION[v11, keep_alive],
-                b"\r\n",
-            )
-        )
+        head = _head(self._hit, v11, keep_alive, request.get(REQUEST_ID))
         transport = request.transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError("the client went away")
         body = b"" if request.method == "HEAD" else self._audio
-        gathers = _GATHERS.get(type(transport))
-        if gathers is None:
-            gathers = _gathers(type(transport))
-        if not body:
-            transport.write(head)
-        elif gathers:
-            transport.writelines((head, body))  # one writev, no copy
-        elif len(body) < SEPARATE_HEADERS_FROM:
-            transport.write(head + body)
-        else:  # (asyncio's transport before 3.12: join() would copy a large body)
-            transport.write(head)
-            transport.write(body)
+        _send(transport, head, body)
         self._eof_sent = True
         self._body_length = len(head) + len(body)
         await writer.drain()  # (waits only while the transport is over its high-water mark)
@@ -281,3 +317,255 @@ def hit_response(request: web.Request, audio: bytes, hit: PreparedHit) -> web.St
     if FITS and request.app.get(FAST_HITS, False):
         return HitResponse(audio, hit)
     return web.Response(body=audio, headers=hit.headers)
+
+
+# --- Repeats answered from their bytes -------------------------------------------------------
+
+# Request headers after which the answer is not the plain 200 of the stored bytes (conditional and
+# range requests, an expectation, a protocol switch, a chunked body) or would echo the client's
+# own value (its request id): a request with one is never answered from its bytes.
+_NOT_REPLAYED = (
+    "If-None-Match",
+    "If-Modified-Since",
+    "If-Range",
+    "Range",
+    "Expect",
+    "Upgrade",
+    "Transfer-Encoding",
+    "X-Request-Id",
+)
+
+# How a repeat is answered again, now: ``(rendition key, prepared headers, audio)`` while its
+# audio is in the memory tier (counted as a speech hit), else None (the ordinary path answers).
+Again = Callable[[], "tuple[str, PreparedHit, bytes] | None"]
+
+
+class Repeat:
+    """A request's exact bytes were answered with a memory hit: how to answer them again."""
+
+    __slots__ = ("again", "method", "route", "v11")
+
+    def __init__(self, route: str, method: str, v11: bool, again: Again) -> None:
+        self.route = route
+        self.method = method
+        self.v11 = v11
+        self.again = again
+
+
+class FastPath:
+    """Memory hits answered from the bytes of a request already answered once.
+
+    A bot or an IVR player sends the very same request bytes for the same prompt on its
+    keep-alive connection, again and again (same request line, same headers, same body). When
+    aiohttp has parsed such bytes as exactly one whole request and the gateway has answered it
+    with a plain memory hit (:class:`HitResponse`: no conditional or range headers, no CORS
+    receivers, no API keys on), the bytes are remembered here with how they were answered. The
+    next time a connection's next bytes are exactly those, :class:`FastHandler` answers them
+    before aiohttp parses them: the entry is looked up in the memory tier again (evicted: the
+    ordinary path answers), counted, logged and timed as the edge counts, logs and times a hit,
+    under a fresh request id. What it skips is what the same bytes always give: aiohttp's request
+    object and routing, and the gateway's parsing, validation and content addressing of the
+    request (the route's answer to given bytes depends only on them and on settings fixed at
+    start, as :class:`gateway.api.parsing.RequestMemo` notes). That was two thirds of a warm
+    hit's CPU time beside the write itself (docs/architecture.md, "Hit path cost").
+
+    Bounded: at most ``size`` requests of at most ``max_request`` bytes, ``max_bytes`` in all.
+    ``allowed`` says whether answering from bytes is allowed now (checked on every answer: API
+    keys switched on by a reload need every request checked).
+    """
+
+    def __init__(
+        self,
+        observe: Callable[..., None],
+        ids: RequestIds,
+        allowed: Callable[[], bool],
+        *,
+        counter: Counter | None = None,
+        size: int = 4096,
+        max_request: int = 8192,
+        max_bytes: int = 16 * 1024 * 1024,
+    ) -> None:
+        self.memo: BytesMemo[Repeat] = BytesMemo(size, max_request, max_bytes)
+        self.observe = observe
+        self.ids = ids
+        self.allowed = allowed
+        self.counter = counter
+        # Requests answered here, and how many of them ``counter`` holds.
+        self.answered = 0
+        self._counted = 0
+
+    def wants(self, request: web.Request, response: web.StreamResponse) -> bool:
+        """Whether ``request``, answered with ``response``, may be remembered (cheap: asked on
+        every memory hit of the ordinary path)."""
+        handler = request.protocol
+        return (
+            isinstance(response, HitResponse)
+            and isinstance(handler, FastHandler)
+            and handler._seen is not None
+            and handler._seen[0] is request.message
+        )
+
+    def remember(self, request: web.Request, again: Again) -> None:
+        """Remember the bytes of ``request`` (it :meth:`wants` it) with ``again``, when they
+        were exactly this one whole request and nothing in it asks for more than the plain
+        stored bytes."""
+        handler = request.protocol
+        assert isinstance(handler, FastHandler) and handler._seen is not None
+        data = handler._seen[1]
+        headers = request.headers
+        if (
+            not _one_request(data, request)
+            or request.method not in ("GET", "POST")
+            or not request.keep_alive
+            or any(name in headers for name in _NOT_REPLAYED)
+            or not self.allowed()
+        ):
+            return
+        resource = request.match_info.route.resource
+        if resource is None:
+            return
+        v11 = request.version == HttpVersion11
+        self.memo.put(data, Repeat(resource.canonical, request.method, v11, again))
+
+    def answer(self, handler: FastHandler, data: bytes) -> bool:
+        """Answer ``data``, a connection's next bytes, if they are a remembered request whose
+        audio is still in memory; True when answered (module doc: written as
+        :class:`HitResponse` writes)."""
+        repeat = self.memo.get(data)
+        if repeat is None or not self.allowed():
+            return False
+        transport = handler.transport
+        # A response still queued on the transport: the ordinary path waits for it to drain.
+        if transport is None or transport.is_closing() or transport.get_write_buffer_size():
+            return False
+        started = time.perf_counter()
+        found = repeat.again()
+        if found is None:
+            return False
+        key, hit, body = found
+        rid = self.ids.new()
+        head = _head(hit, repeat.v11, True, rid)
+        _send(transport, head, body)
+        elapsed = time.perf_counter() - started
+        sent = len(head) + len(body)
+        self.observe(
+            repeat.route, repeat.method, 200, "hit", key, elapsed, sent, elapsed, None, rid
+        )
+        self.answered += 1
+        return True
+
+    def flush(self) -> None:
+        """Add the requests answered since the last flush to ``counter`` (run before every
+        collection of the metrics, as the observer's tallies are)."""
+        if self.counter is not None and self.answered > self._counted:
+            self.counter.inc(self.answered - self._counted)
+            self._counted = self.answered
+
+
+def _one_request(data: bytes, request: web.BaseRequest) -> bool:
+    """Whether ``data``, from which aiohttp's parser (at a message boundary) made ``request``,
+    held exactly that request: its head, then a body of its Content-Length, nothing more."""
+    end = data.find(b"\r\n\r\n")
+    return end >= 0 and len(data) - end - 4 == (request.content_length or 0)
+
+
+class FastHandler(RequestHandler):
+    """aiohttp's connection protocol, with a connection's next bytes offered to the server's
+    :class:`FastPath` first where aiohttp would parse them as a new request and nothing is in
+    progress on the connection (else aiohttp's own ``data_received``)."""
+
+    __slots__ = ("_clean", "_fast", "_finished", "_plain", "_seen")
+
+    def __init__(self, manager: FastServer, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._fast = manager.fast_path
+        # A connection past the connection cap gets another handler (gateway.http.connections):
+        # its requests are not answered here.
+        self._plain = self._request_handler
+        # Whether aiohttp's parser sits at a message boundary (known at the start, and once the
+        # request made of the last bytes is answered, if they were exactly that request), so
+        # that the next bytes start a request.
+        self._clean = True
+        # The last bytes handed to aiohttp while clean, with the message they made.
+        self._seen: tuple[object, bytes] | None = None
+        # Requests aiohttp has answered (or given up on), of the ``_request_count`` it parsed:
+        # while one is outstanding, an answer written here would overtake its response.
+        self._finished = 0
+
+    def data_received(self, data: bytes) -> None:
+        if self._force_close or self._close:
+            return
+        if not data:  # (aiohttp's own call, to parse what its parser held back while paused)
+            count = self._request_count
+            super().data_received(data)
+            if self._request_count != count:
+                self._clean, self._seen = False, None
+            return
+        if not self._clean:
+            self._seen = None
+            super().data_received(data)
+            return
+        if (
+            self._finished == self._request_count
+            and not self._messages
+            and self._payload_parser is None
+            and not self._upgraded
+            and self._request_handler is self._plain
+            and self._fast.answer(self, data)
+        ):
+            self._answered()
+            return
+        count = self._request_count
+        super().data_received(data)
+        self._clean = False
+        messages = self._messages
+        one = self._request_count == count + 1 and messages
+        self._seen = (messages[-1][0], data) if one else None
+
+    async def _handle_request(
+        self,
+        request: web.BaseRequest,
+        start_time: float | None,
+        request_handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
+    ) -> tuple[web.StreamResponse, bool]:
+        try:
+            return await super()._handle_request(request, start_time, request_handler)
+        finally:
+            self._finished += 1
+            seen = self._seen
+            if seen is not None and seen[0] is request.message:
+                # Bytes that were exactly this request leave the parser at a message boundary:
+                # the connection's next bytes start a request, and may be looked up whole.
+                self._seen = None
+                self._clean = _one_request(seen[1], request)
+
+    def _answered(self) -> None:
+        # What aiohttp's RequestHandler.start does after a response on a kept connection: the
+        # idle timer starts again.
+        if self._keepalive:
+            close_time = self._loop.time() + self._keepalive_timeout
+            self._next_keepalive_close_time = close_time
+            if self._keepalive_handle is None:
+                self._keepalive_handle = self._loop.call_at(close_time, self._process_keepalive)
+
+
+class FastServer(web.Server):
+    """aiohttp's ``Server`` making :class:`FastHandler` connections for ``fast_path``."""
+
+    fast_path: FastPath
+
+    def __call__(self) -> RequestHandler:
+        return FastHandler(self, loop=self._loop, **self._kwargs)
+
+
+def answer_repeats(server: web.Server, fast: FastPath) -> bool:
+    """Make ``server`` (an ``AppRunner``'s, set up, not yet serving) answer repeated requests
+    from their bytes (:class:`FastPath`); True when it does. Only where this aiohttp is the one
+    the internals here were written for (:data:`FITS`); elsewhere aiohttp's own protocol serves
+    every request."""
+    if not FITS or type(server) is not web.Server or not hasattr(server, "_kwargs"):
+        return False
+    server.__class__ = FastServer
+    assert isinstance(server, FastServer)
+    server.fast_path = fast
+    return True

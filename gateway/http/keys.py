@@ -11,6 +11,7 @@ from cache.store import TieredStore
 from gateway.api.parsing import ExpansionMemo, RequestMemo
 from gateway.api.say import SayMemo
 from gateway.http.hits import FAST_HITS as FAST_HITS
+from gateway.http.hits import FastPath
 from gateway.http.observe import RequestObserver
 from gateway.http.presentation import Presentations
 from gateway.http.requestid import REQUEST_ID as REQUEST_ID
@@ -32,6 +33,8 @@ SPEECH = web.AppKey("speech", SpeechService)
 MAX_BODY_BYTES = web.AppKey("max_body_bytes", int)
 ACCESS_LOG = web.AppKey("access_log", AccessLog)
 REQUEST_MEMO = web.AppKey("request_memo", RequestMemo)
+# Repeated requests answered from their bytes (gateway.http.hits.FastPath).
+FAST_PATH = web.AppKey("fast_path", FastPath)
 # What requests may name (set with SPEECH), and parsing's memo of SSML documents expanded.
 VOCABULARY = web.AppKey("vocabulary", Vocabulary)
 EXPANSIONS = web.AppKey("expansions", ExpansionMemo)

@@ -1,0 +1,187 @@
+"""Repeated requests answered from their bytes (gateway.http.hits.FastPath, FastHandler): a
+connection's next bytes that are exactly a request answered before with a memory hit are
+answered again before aiohttp parses them, with what the ordinary path sends (the same audio and
+headers, a fresh request id, a fresh Date), counted and logged the same way; anything else, or
+anything that may answer differently, takes aiohttp's path.
+
+These tests need the gateway's app in the test's process (its state, the engine's count); the
+same path under ``voxgate serve`` as users start it is in tests/test_default_topology.py."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from urllib.parse import quote
+
+from aiohttp.test_utils import TestClient
+
+from gateway.http import keys
+from gateway.http.hits import FastHandler, FastServer, answer_repeats
+from tests.conftest import GatewayFactory
+from tests.test_hits import BODY, post_bytes, read_response
+
+TEXT = "Your call is important to us."
+GET = (
+    "GET /synthesize?text=" + quote(TEXT) + "&speaker=joe HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+).encode()
+
+
+async def fast_gateway(gateway: GatewayFactory, **kw: Any) -> TestClient[Any, Any]:
+    """A gateway whose server answers repeats, as ``voxgate serve`` sets its own up."""
+    client = await gateway(**kw)
+    server = client.server.runner.server
+    assert server is not None
+    assert answer_repeats(server, client.app[keys.FAST_PATH])
+    assert isinstance(server, FastServer)
+    return client
+
+
+def answered(client: TestClient[Any, Any]) -> int:
+    return client.app[keys.FAST_PATH].answered
+
+
+async def ask(
+    writer: asyncio.StreamWriter, reader: asyncio.StreamReader, data: bytes, count: int = 1
+) -> list[tuple[str, dict[str, str], bytes]]:
+    writer.write(data)
+    await writer.drain()
+    return [await read_response(reader) for _ in range(count)]
+
+
+async def test_a_repeat_is_answered_from_its_bytes_as_the_ordinary_path_answers(
+    gateway: GatewayFactory,
+) -> None:
+    client = await fast_gateway(gateway)
+    reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
+    try:
+        (miss,) = await ask(writer, reader, GET)
+        assert miss[1]["x-cache"] == "MISS" and answered(client) == 0
+        (hit,) = await ask(writer, reader, GET)  # a memory hit, aiohttp's path: remembered
+        assert hit[1]["x-cache"] == "HIT" and answered(client) == 0
+        repeats = [(await ask(writer, reader, GET))[0] for _ in range(3)]
+        assert answered(client) == 3
+    finally:
+        writer.close()
+    for status, headers, body in repeats:
+        assert status == "HTTP/1.1 200 OK" and body == hit[2] == miss[2]
+        want = {k: v for k, v in hit[1].items() if k not in ("date", "x-request-id")}
+        assert {k: v for k, v in headers.items() if k not in ("date", "x-request-id")} == want
+        assert headers["date"].endswith(" GMT")
+    ids = {hit[1]["x-request-id"], *(h["x-request-id"] for _, h, _ in repeats)}
+    assert len(ids) == 4  # each answer its own id
+
+
+async def test_repeats_are_counted_timed_and_logged_as_hits(gateway: GatewayFactory) -> None:
+    client = await fast_gateway(gateway)
+    metrics = client.app[keys.METRICS]
+    reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
+    try:
+        for _ in range(5):
+            await ask(writer, reader, GET)
+    finally:
+        writer.close()
+    assert answered(client) == 3
+    client.app[keys.OBSERVER].flush()
+    get = metrics.registry.get_sample_value
+    route = {"route": "/synthesize", "method": "GET", "status": "200"}
+    assert get("voxgate_http_requests_total", route) == 5
+    assert (
+        get("voxgate_http_request_duration_seconds_count", {"route": "/synthesize", "cache": "hit"})
+        == 4
+    )
+    speech = {"model": "piper", "voice": "joe", "format": "wav", "cache": "hit"}
+    assert get("voxgate_speech_requests_total", speech) == 4
+    assert get("voxgate_fast_hits_total") == 3
+
+
+async def test_a_post_repeat_and_pipelined_requests_keep_their_order(
+    gateway: GatewayFactory,
+) -> None:
+    client = await fast_gateway(gateway)
+    other = {**BODY, "input": "Goodbye now."}
+    reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
+    try:
+        await ask(writer, reader, post_bytes(BODY))
+        await ask(writer, reader, post_bytes(other))
+        await ask(writer, reader, post_bytes(BODY))  # remembered
+        (first,) = await ask(writer, reader, post_bytes(BODY))
+        assert answered(client) == 1
+        # Two requests in one write are not a remembered request's bytes: aiohttp answers both,
+        # in order; so does a request split over two writes.
+        both = await ask(writer, reader, post_bytes(other) + post_bytes(BODY), count=2)
+        assert [b for _, _, b in both] != [first[2], first[2]] and both[1][2] == first[2]
+        data = post_bytes(BODY)
+        writer.write(data[:20])
+        await writer.drain()
+        (split,) = await ask(writer, reader, data[20:])
+        assert split[2] == first[2] and answered(client) == 1
+    finally:
+        writer.close()
+
+
+async def test_what_is_not_remembered(gateway: GatewayFactory) -> None:
+    """Conditional and range requests, a client's request id: aiohttp's path every time (their
+    answers may differ from the plain stored bytes, or echo the client), answered as it answers
+    them."""
+    client = await fast_gateway(gateway)
+    await client.get("/synthesize", params={"text": TEXT, "speaker": "joe"})
+    etag = (await client.get("/synthesize", params={"text": TEXT, "speaker": "joe"})).headers[
+        "ETag"
+    ]
+    head = GET[: -len(b"\r\n")]
+    for extra in (f"If-None-Match: {etag}\r\n", "Range: bytes=0-99\r\n", "X-Request-Id: leg-1\r\n"):
+        reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
+        try:
+            statuses = set()
+            for _ in range(3):
+                writer.write(head + extra.encode() + b"\r\n")
+                await writer.drain()
+                statuses.add(await asyncio.wait_for(reader.readline(), 10))
+                await _skip_rest(reader)
+            assert len(statuses) == 1, statuses
+        finally:
+            writer.close()
+    assert answered(client) == 0
+
+
+async def _skip_rest(reader: asyncio.StreamReader) -> None:
+    length = 0
+    while (line := await asyncio.wait_for(reader.readline(), 10)) != b"\r\n":
+        name, _, value = line.decode().partition(":")
+        if name.lower() == "content-length":
+            length = int(value)
+    await reader.readexactly(length)
+
+
+async def test_an_evicted_entry_is_answered_by_the_ordinary_path(gateway: GatewayFactory) -> None:
+    client = await fast_gateway(gateway)
+    reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
+    try:
+        await ask(writer, reader, GET)
+        (hit,) = await ask(writer, reader, GET)
+        await ask(writer, reader, GET)
+        assert answered(client) == 1
+        memory = client.app[keys.SPEECH].store.tiers[0]
+        assert memory.name == "memory"
+        memory._forget(hit[1]["x-audio-key"])  # (as an eviction does)
+        (again,) = await ask(writer, reader, GET)
+        assert answered(client) == 1 and again[1]["x-cache"] == "HIT" and again[2] == hit[2]
+    finally:
+        writer.close()
+
+
+async def test_connections_are_fast_handlers_and_keep_alive_moves_on(
+    gateway: GatewayFactory,
+) -> None:
+    client = await fast_gateway(gateway)
+    server = client.server.runner.server
+    reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
+    try:
+        for _ in range(2):
+            await ask(writer, reader, GET)
+        (handler,) = [h for h in server.connections if isinstance(h, FastHandler)]
+        before = handler._next_keepalive_close_time
+        await ask(writer, reader, GET)
+        assert answered(client) == 1 and handler._next_keepalive_close_time > before
+    finally:
+        writer.close()
