@@ -18,6 +18,7 @@ from urllib.parse import quote
 import aiohttp
 import pytest
 
+from bench.harness import metric_sum
 from gateway.runtime.apikeys import key_table
 from gateway.runtime.topology import usable_cores
 from tests.served import DefaultServer
@@ -203,3 +204,18 @@ def syntheses(text: str) -> float:
 def requests_to(text: str, route: str) -> float:
     pattern = rf'^voxgate_http_requests_total\{{[^}}]*route="{re.escape(route)}"[^}}]*\}} (\S+)$'
     return sum(float(m.group(1)) for m in re.finditer(pattern, text, re.M))
+
+
+async def test_with_keys_on_every_repeat_is_checked(server: DefaultServer) -> None:
+    """A kept connection repeating a keyed request: each one goes through the key check (none is
+    answered from its bytes while keys are on), and a repeat without the key is refused."""
+    body = speech("Thank you for holding.")
+    connector = aiohttp.TCPConnector(limit=1)
+    async with aiohttp.ClientSession(server.url, connector=connector) as session:
+        for _ in range(4):
+            async with session.post("/v1/audio/speech", headers=AUTH, json=body) as r:
+                assert r.status == 200
+                await r.read()
+        async with session.post("/v1/audio/speech", json=body) as r:
+            assert r.status == 401
+    assert metric_sum(await scrape(server), "voxgate_fast_hits_total") == 0

@@ -10,14 +10,21 @@ same path under ``voxgate serve`` as users start it is in tests/test_default_top
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import aiohttp
+import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from gateway.http import keys
+from bench.harness import metric_sum
+from gateway.http import hits, keys
 from gateway.http.hits import FastHandler, FastServer, answer_repeats
 from tests.conftest import GatewayFactory
+from tests.served import DefaultServer
+from tests.support import eventually
 from tests.test_hits import BODY, post_bytes, read_response
 
 TEXT = "Your call is important to us."
@@ -185,3 +192,70 @@ async def test_connections_are_fast_handlers_and_keep_alive_moves_on(
         assert answered(client) == 1 and handler._next_keepalive_close_time > before
     finally:
         writer.close()
+
+
+@pytest.mark.slow
+async def test_voxgate_serve_answers_repeats_on_kept_connections(tmp_path: Path) -> None:
+    """``voxgate serve`` with no flags (a gateway process per core, uvloop): bots that keep
+    their connections, each sending the same prompts again, get the same audio, every request
+    counted once; the repeats were answered from their bytes in whichever process holds the
+    connection. No API keys here: with keys on every request is checked (the default topology
+    module shows none answered so)."""
+    server = DefaultServer(tmp_path / "srv")
+    try:
+        await asyncio.to_thread(server.wait_ready)
+        prompts = ["Press one for sales.", "Press two for support."]
+        rounds, bots = 4, 3
+
+        async def bot() -> list[bytes]:
+            # One kept connection per bot: aiohttp sends the same bytes for the same request.
+            connector = aiohttp.TCPConnector(limit=1)
+            async with aiohttp.ClientSession(server.url, connector=connector) as session:
+                got = []
+                for _ in range(rounds):
+                    for text in prompts:
+                        body = {**BODY, "input": text}
+                        async with session.post("/v1/audio/speech", json=body) as r:
+                            assert r.status == 200
+                            got.append(await r.read())
+                return got
+
+        answers = await asyncio.gather(*(bot() for _ in range(bots)))
+        assert all(a == answers[0] for a in answers)
+        assert len(set(answers[0])) == len(prompts)
+
+        total = bots * rounds * len(prompts)
+
+        async def counted() -> tuple[float, float]:
+            text = await asyncio.to_thread(server.metrics)
+            return (
+                metric_sum(text, "voxgate_http_requests_total", route="/v1/audio/speech"),
+                metric_sum(text, "voxgate_fast_hits_total"),
+            )
+
+        requests, fast = await eventually(counted, lambda c: c[0] == total, 30, "every request")
+        # Each bot's first round is a miss or an ordinary hit per prompt; later rounds are
+        # repeats on its connection, answered from their bytes.
+        assert fast >= bots * (rounds - 2) * len(prompts), (requests, fast)
+        assert server.terminate() == 0
+    finally:
+        server.close()
+
+
+async def test_on_another_aiohttp_the_server_stays_aiohttp_s_own(
+    gateway: GatewayFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the installed aiohttp is not the one the handler's internals were written for
+    (hits.FITS), nothing is swapped: aiohttp's own protocol answers every request."""
+    monkeypatch.setattr(hits, "FITS", False)
+    client = await gateway()
+    server = client.server.runner.server
+    assert server is not None
+    assert not answer_repeats(server, client.app[keys.FAST_PATH])
+    assert type(server) is web.Server
+    reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
+    try:
+        answers = [(await ask(writer, reader, GET))[0] for _ in range(4)]
+    finally:
+        writer.close()
+    assert answered(client) == 0 and len({body for _, _, body in answers}) == 1

@@ -20,17 +20,25 @@ receivers on the app but the request-id stamp, whose ``X-Request-Id`` line it wr
 receiver: with CORS on, hits go out as ordinary responses), and only for a plain 200
 (conditional and range requests take the ordinary path).
 
+A request whose exact bytes were answered so before is answered again from its bytes, ahead of
+aiohttp's parsing and routing (:class:`FastPath`, :class:`FastHandler`: the repeats of bots and
+IVR players on their kept connections).
+
 **Every aiohttp internal the hit path relies on is in this module**, written against aiohttp
 :data:`WRITTEN_FOR` (the minor version ``pyproject.toml`` pins; a test holds the two together):
 :class:`HitResponse` stands in for ``StreamResponse.__init__`` and ``prepare`` by setting seven
 of its private fields (``_state``, ``_headers``, ``_status``, ``_reason``, ``_keep_alive``,
 ``_eof_sent``, ``_body_length``), writes to the request's transport itself and waits on
 ``request._payload_writer``; :func:`lift_writelines_skip` clears
-``aiohttp.http_writer.SKIP_WRITELINES``. :data:`FITS` says, once at import, whether the
+``aiohttp.http_writer.SKIP_WRITELINES``; :class:`FastHandler` subclasses aiohttp's
+``RequestHandler`` (reading its connection state, wrapping ``_handle_request``, moving its
+keep-alive timer on: :data:`_HANDLER_FIELDS`) and :class:`FastServer` its ``Server`` (whose
+``_loop`` and ``_kwargs`` make a handler). :data:`FITS` says, once at import, whether the
 installed aiohttp is that minor version and still has those fields. Where it is not, nothing
 here touches aiohttp's internals: :func:`hit_response` answers with aiohttp's own
 ``web.Response`` (the same status, headers and body, for the CPU per hit the writer saves:
-docs/architecture.md, "Hit path cost"), and the skip stays as aiohttp sets it.
+docs/architecture.md, "Hit path cost"), the skip stays as aiohttp sets it, and
+:func:`answer_repeats` leaves aiohttp's server as it is.
 """
 
 from __future__ import annotations
