@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -105,6 +106,10 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
         )
     await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
     if ready.done():
+        # What start-up made (modules, models' tables, the app) lives as long as the process:
+        # out of the collector's sight, a full collection no longer walks it (about 25 ms for
+        # a gateway's 100,000 objects, a pause every request in flight would wait out).
+        gc.freeze()
         log.info(
             "voxgate ready on %s (cache: %s)", ", ".join(addresses) or site.name, settings.cache_dir
         )

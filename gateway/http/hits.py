@@ -374,8 +374,8 @@ class FastPath:
     under a fresh request id. What it skips is what the same bytes always give: aiohttp's request
     object and routing, and the gateway's parsing, validation and content addressing of the
     request (the route's answer to given bytes depends only on them and on settings fixed at
-    start, as :class:`gateway.api.parsing.RequestMemo` notes). That was two thirds of a warm
-    hit's CPU time beside the write itself (docs/architecture.md, "Hit path cost").
+    start, as :class:`gateway.api.parsing.RequestMemo` notes): most of a warm hit's CPU beside
+    the write itself (docs/architecture.md, "Hit path cost", has the figures).
 
     Bounded: at most ``size`` requests of at most ``max_request`` bytes, ``max_bytes`` in all.
     ``allowed`` says whether answering from bytes is allowed now (checked on every answer: API
