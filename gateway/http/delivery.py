@@ -49,6 +49,15 @@ def _hit_headers_for(key: str, fmt: audio.AudioFormat, entry: Entry) -> Prepared
     return found
 
 
+def _prepared_hit(
+    key: str, fmt: audio.AudioFormat, entry: Entry, present: Presentation | None
+) -> PreparedHit:
+    """A memory hit's headers: a GET route's presentation's, else the API's."""
+    if present is not None:
+        return present.hit_headers(key, fmt, entry)
+    return _hit_headers_for(key, fmt, entry)
+
+
 def _again(
     service: SpeechService,
     observer: RequestObserver,
@@ -66,9 +75,7 @@ def _again(
             return None
         key, entry = hit
         count(model, voice, fmt.name, "hit")
-        if present is not None:
-            return key, present.hit_headers(key, fmt, entry), entry.audio
-        return key, _hit_headers_for(key, fmt, entry), entry.audio
+        return key, _prepared_hit(key, fmt, entry, present), entry.audio
 
     return again
 
@@ -127,10 +134,7 @@ async def serve_speech(
         if hit is not None:
             key, entry = hit
             _record(request, req, key, "hit", app)
-            if present is not None:
-                prepared = present.hit_headers(key, req.fmt, entry)
-            else:
-                prepared = _hit_headers_for(key, req.fmt, entry)
+            prepared = _prepared_hit(key, req.fmt, entry, present)
             if ignored:
                 headers = CIMultiDict(prepared.headers)
                 headers[IGNORED_FIELDS] = ", ".join(ignored)
