@@ -259,3 +259,23 @@ async def test_on_another_aiohttp_the_server_stays_aiohttp_s_own(
     finally:
         writer.close()
     assert answered(client) == 0 and len({body for _, _, body in answers}) == 1
+
+
+async def test_requests_longer_than_the_memo_keeps_are_not_remembered(
+    gateway: GatewayFactory,
+) -> None:
+    """The memo keeps requests of at most 8 KB (bounded memory under hostile clients): a longer
+    one is answered by aiohttp's path every time, the same way."""
+    client = await fast_gateway(gateway)
+    assert client.app[keys.FAST_PATH].memo.max_key == 8192
+    pad = "".join(f"X-Pad-{i}: {'a' * 4000}\r\n" for i in range(3))
+    long_get = GET[: -len(b"\r\n")] + pad.encode() + b"\r\n"
+    assert len(long_get) > 8192
+    reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
+    try:
+        answers = [(await ask(writer, reader, long_get))[0] for _ in range(4)]
+    finally:
+        writer.close()
+    assert [a[1]["x-cache"] for a in answers] == ["MISS", "HIT", "HIT", "HIT"]
+    assert len({body for _, _, body in answers}) == 1 and answered(client) == 0
+    assert len(client.app[keys.FAST_PATH].memo) == 0

@@ -439,7 +439,8 @@ class FastPath:
         """Answer ``data``, a connection's next bytes, if they are a remembered request whose
         audio is still in memory; True when answered (module doc: written as
         :class:`HitResponse` writes)."""
-        repeat = self.memo.get(data)
+        # (Bytes longer than any remembered request are not hashed for the lookup: an upload.)
+        repeat = self.memo.get(data) if len(data) <= self.memo.max_key else None
         if repeat is None or not self.allowed():
             return False
         transport = handler.transport
