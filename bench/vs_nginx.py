@@ -23,7 +23,12 @@ with ``--clients`` (16) connections, a Lua script walking one fixed Zipf sequenc
 - **cold**: ``--cold-s`` seconds from an empty cache (misses synthesize, repeats hit);
 - then every prompt fetched once (so the whole set is stored), and the syntheses counted: the
   seed's synthesis lines in uvicorn's access log, voxgate's ``voxgate_syntheses_total``;
-- **warm**: ``--warm-s`` seconds of the same Zipf load, every answer a stored one.
+- **warm**: ``--warm-s`` seconds of the same Zipf load, every answer a stored one, on each
+  server, cut into ``--warm-rounds`` (4) rounds interleaved between the two (A B, B A, A B, B
+  A; both servers stay up, the idle one uses no CPU), so that a change in the machine's speed
+  during the variant (a shared VM's neighbours moved one 20 s warm figure by 2x here) falls on
+  both alike: requests/s is the mean of a server's rounds, p50 and p99 the median of its
+  rounds' (each round's figures are in the JSON).
 
 Which server goes first alternates from variant to variant. The targets (``TARGETS``): voxgate
 >= 1.0x nginx's warm QPS and >= 1.1x its cold QPS, with p99 <= nginx's in both phases, in every
@@ -32,6 +37,7 @@ variant. ``--workers-runs`` adds ``voxgate serve --workers 1`` against ``--worke
 
     .venv/bin/python -m bench.vs_nginx [--prompts 343] [--cold-s 60] [--warm-s 20]
                                        [--clients 16] [--keys get,post] [--threads 1,2]
+                                       [--warm-rounds 4]
                                        [--workers-runs] [--no-write]
 
 Writes docs/bench/vs_nginx.json (with the command, date and git commit) and vs_nginx.png, and
@@ -52,13 +58,14 @@ import platform
 import random
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -299,27 +306,47 @@ def load(url: str, lua: Path, seconds: float, clients: int, threads: int) -> dic
     return {k: round(v, 2) for k, v in r.items()}
 
 
-def run_phases(
-    reqs: Requests,
-    lua: Path,
-    args: argparse.Namespace,
-    threads: int,
-    syntheses: Any,
-    *,
-    warm: bool,
-) -> dict[str, Any]:
-    """Cold load, fill, count syntheses, then (``warm``) warm load."""
-    out: dict[str, Any] = {"cold": load(reqs.url, lua, args.cold_s, args.clients, threads)}
+def cold_and_fill(server: Running, args: argparse.Namespace, threads: int) -> dict[str, Any]:
+    """Cold load from empty, then every prompt fetched once, the syntheses counted."""
+    reqs = server.reqs
+    out: dict[str, Any] = {"cold": load(reqs.url, server.lua, args.cold_s, args.clients, threads)}
     started = time.perf_counter()
     asyncio.run(fetch_all(reqs, args.clients))
     out["fill_s"] = round(time.perf_counter() - started, 2)
-    count = int(syntheses())
+    count = int(server.syntheses())
     out["syntheses"] = count
     out["syntheses_per_prompt"] = round(count / reqs.count(), 3)
     # Every prompt again, as the load asks for it: answered from the cache (X-Cache: HIT)?
     out["hits_after_fill"] = asyncio.run(fetch_all(reqs, args.clients))[1]
-    if warm:
-        out["warm"] = load(reqs.url, lua, args.warm_s, args.clients, threads)
+    return out
+
+
+def warm_rounds(
+    servers: dict[str, Running], order: Sequence[str], args: argparse.Namespace, threads: int
+) -> dict[str, dict[str, Any]]:
+    """``warm_s`` seconds of the Zipf load on each server (every prompt stored), in
+    ``warm_rounds`` rounds interleaved ABBA (A B, B A, A B, ...), so that a change in the
+    machine's speed during the variant (a shared VM's neighbours) falls on both servers alike.
+    Per server: requests/s the mean of its rounds, p50 and p99 the median of its rounds'."""
+    rounds = max(1, int(getattr(args, "warm_rounds", 4)))
+    seconds = args.warm_s / rounds
+    figures: dict[str, list[dict[str, float]]] = {name: [] for name in order}
+    for r in range(rounds):
+        for name in order if r % 2 == 0 else tuple(reversed(order)):
+            s = servers[name]
+            figures[name].append(load(s.reqs.url, s.lua, seconds, args.clients, threads))
+    out: dict[str, dict[str, Any]] = {}
+    for name, runs in figures.items():
+        out[name] = {
+            "rps": round(statistics.fmean(f["rps"] for f in runs), 2),
+            **{
+                key: round(statistics.median(f[key] for f in runs), 2)
+                for key in ("p50_ms", "p99_ms")
+                if all(key in f for f in runs)
+            },
+            "requests": sum(f["requests"] for f in runs),
+            "rounds": [{k: f[k] for k in ("rps", "p99_ms") if k in f} for f in runs],
+        }
     return out
 
 
@@ -327,10 +354,23 @@ def query(text: str) -> str:
     return "/synthesize?" + urllib.parse.urlencode({"text": text})
 
 
-def run_nginx(
-    tmp: Path, key: str, threads: int, prompts: Sequence[str], sequence: Sequence[int], args: Any
-) -> dict[str, Any]:
-    """nginx proxy_cache + the seed service, from empty: cold, fill, warm."""
+@dataclasses.dataclass
+class Running:
+    """A server under test, started and ready: its requests, wrk script, synthesis count."""
+
+    reqs: Requests
+    lua: Path
+    syntheses: Callable[[], int]
+    procs: list[subprocess.Popen[bytes]]
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            stop(proc)
+
+
+def open_nginx(tmp: Path, key: str, prompts: Sequence[str], sequence: Sequence[int]) -> Running:
+    """nginx proxy_cache in front of the seed service, both started, caches empty."""
     tmp.mkdir(parents=True)
     seed_port, nginx_port = free_port(), free_port()
     seed_log = tmp / "seed.log"
@@ -346,27 +386,24 @@ def run_nginx(
         reqs = Requests(base, "/tts", bodies=[_json({"text": p}) for p in prompts])
     else:
         reqs = Requests(base, "/synthesize", paths=[query(p) for p in prompts])
+    running = Running(reqs, Path(), lambda: seed_syntheses(seed_log), [nginx, seed])
     try:
         wait_http(f"{base}/health")
-        lua = reqs.script(tmp / "wrk", sequence)
-        return run_phases(reqs, lua, args, threads, lambda: seed_syntheses(seed_log), warm=True)
-    finally:
-        stop(nginx)
-        stop(seed)
+        running.lua = reqs.script(tmp / "wrk", sequence)
+    except BaseException:
+        running.stop()
+        raise
+    return running
 
 
-def run_voxgate(
+def open_voxgate(
     tmp: Path,
     key: str,
-    threads: int,
     prompts: Sequence[str],
     sequence: Sequence[int],
-    args: Any,
     flags: Sequence[str] = (),
-    *,
-    warm: bool = True,
-) -> dict[str, Any]:
-    """``voxgate serve`` (no flags unless given), from empty: cold, fill, warm."""
+) -> Running:
+    """``voxgate serve`` (no flags unless given) started, its cache empty."""
     tmp.mkdir(parents=True)
     port = free_port()
     log_path = tmp / "voxgate.log"
@@ -378,15 +415,11 @@ def run_voxgate(
         reqs = Requests(base, "/v1/audio/speech", bodies=bodies)
     else:
         reqs = Requests(base, "/synthesize", paths=[query(p) for p in prompts])
-    try:
-        topology = re.search(r'topology: ([^"\n]*)', log_path.read_text(errors="replace"))
-        lua = reqs.script(tmp / "wrk", sequence)
-        out = run_phases(reqs, lua, args, threads, lambda: gateway_syntheses(port), warm=warm)
-        out["flags"] = list(flags)
-        out["topology"] = topology.group(1) if topology else None
-        return out
-    finally:
-        stop(gw)
+    topology = re.search(r'topology: ([^"\n]*)', log_path.read_text(errors="replace"))
+    info = {"flags": list(flags), "topology": topology.group(1) if topology else None}
+    return Running(
+        reqs, reqs.script(tmp / "wrk", sequence), lambda: gateway_syntheses(port), [gw], info
+    )
 
 
 # What the comparison asks of voxgate with no flags, in every variant.
@@ -430,11 +463,20 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         # Alternate which server goes first, so drift in the machine's load spreads evenly.
         order = ("nginx_seed", "voxgate") if n % 2 == 0 else ("voxgate", "nginx_seed")
         results: dict[str, Any] = {}
-        for server in order:
-            if server == "nginx_seed":
-                results[server] = run_nginx(here / server, key, threads, prompts, sequence, args)
-            else:
-                results[server] = run_voxgate(here / server, key, threads, prompts, sequence, args)
+        running: dict[str, Running] = {}
+        try:
+            for server in order:
+                if server == "nginx_seed":
+                    running[server] = open_nginx(here / server, key, prompts, sequence)
+                else:
+                    running[server] = open_voxgate(here / server, key, prompts, sequence)
+                results[server] = cold_and_fill(running[server], args, threads)
+            for server, warm in warm_rounds(running, order, args, threads).items():
+                results[server]["warm"] = warm
+        finally:
+            for r in running.values():
+                r.stop()
+        results["voxgate"].update(running["voxgate"].info)
         variants[name] = {
             "key": key,
             "wrk_threads": threads,
@@ -448,16 +490,15 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         threads = thread_counts[-1]
         for workers in ("1", "2"):
             print(f"voxgate --workers {workers}: cold, fill ...", flush=True)
-            extra[f"voxgate_workers_{workers}"] = run_voxgate(
-                tmp / f"workers-{workers}",
-                "post",
-                threads,
-                prompts,
-                sequence,
-                args,
-                ["--workers", workers],
-                warm=False,
-            )
+            flags = ["--workers", workers]
+            gw = open_voxgate(tmp / f"workers-{workers}", "post", prompts, sequence, flags)
+            try:
+                extra[f"voxgate_workers_{workers}"] = {
+                    **cold_and_fill(gw, args, threads),
+                    **gw.info,
+                }
+            finally:
+                gw.stop()
         w1, w2 = extra["voxgate_workers_1"], extra["voxgate_workers_2"]
         extra["workers_2_over_1_cold"] = _ratio(w2["cold"]["rps"], w1["cold"]["rps"])
 
@@ -476,6 +517,9 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "wrk_threads": thread_counts,
             "cold_s": args.cold_s,
             "warm_s": args.warm_s,
+            "warm_rounds": max(1, int(getattr(args, "warm_rounds", 4))),
+            "warm_figures": "both servers up; rounds of warm_s / warm_rounds seconds each, "
+            "interleaved ABBA; requests/s the mean of a server's rounds, p50 and p99 the median",
             "format": "wav",
             "example_prompt": prompts[0],
             "keys": {
@@ -603,6 +647,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=343, help="distinct prompts (>= 300 for docs)")
     ap.add_argument("--cold-s", type=float, default=60.0, help="seconds of load from empty")
     ap.add_argument("--warm-s", type=float, default=20.0, help="seconds of load, all stored")
+    ap.add_argument(
+        "--warm-rounds",
+        type=int,
+        default=4,
+        help="rounds the warm seconds are cut into, interleaved between the servers",
+    )
     ap.add_argument("--clients", type=int, default=16, help="wrk connections")
     ap.add_argument(
         "--keys",

@@ -177,8 +177,8 @@ def test_soak_bench_runs_every_kind_of_load_for_a_few_seconds(tmp_path: Path) ->
 @pytest.mark.slow
 def test_vs_nginx_bench_tiny(tmp_path: Path) -> None:
     """bench/vs_nginx.py end to end at tiny sizes, both cache keys (one wrk thread count):
-    nginx + the seed service and voxgate each answer a cold then warm Zipf load from empty, and
-    voxgate synthesizes each one-sentence prompt once."""
+    nginx + the seed service and voxgate each answer a cold Zipf load from empty, then warm
+    rounds interleaved between the two, and voxgate synthesizes each one-sentence prompt once."""
     from bench import vs_nginx
 
     assert Path(vs_nginx.NGINX).is_file(), "nginx missing: bash .ci/install installs nginx-light"
@@ -186,7 +186,13 @@ def test_vs_nginx_bench_tiny(tmp_path: Path) -> None:
     prompts = vs_nginx.ivr_prompts(12)
     assert len(set(prompts)) == 12 and all(p.count(".") == 1 for p in prompts)
     args = argparse.Namespace(
-        prompts=12, cold_s=1.0, warm_s=0.5, clients=4, keys=["get", "post"], threads=[2]
+        prompts=12,
+        cold_s=1.0,
+        warm_s=2.0,
+        warm_rounds=2,
+        clients=4,
+        keys=["get", "post"],
+        threads=[2],
     )
     report = vs_nginx.run(args, tmp_path)
     assert set(report["variants"]) == {"get_2t", "post_2t"}
@@ -195,6 +201,9 @@ def test_vs_nginx_bench_tiny(tmp_path: Path) -> None:
         assert set(res) == {"nginx_seed", "voxgate"}
         for r in res.values():
             assert r["warm"]["rps"] > 0 and r["warm"]["p99_ms"] > 0
+            rounds = r["warm"]["rounds"]
+            assert len(rounds) == 2 and all(x["rps"] > 0 for x in rounds)
+            assert r["warm"]["rps"] == round(sum(x["rps"] for x in rounds) / 2, 2)
             # Every prompt was fetched once after the cold phase: each synthesized at least once.
             assert r["syntheses"] >= 12
             # The fill stored every prompt under the key the load asks for (a GET URL quoted
