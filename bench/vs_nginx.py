@@ -30,14 +30,17 @@ with ``--clients`` (16) connections, a Lua script walking one fixed Zipf sequenc
   both alike: requests/s is the mean of a server's rounds, p50 and p99 the median of its
   rounds' (each round's figures are in the JSON).
 
-Which server goes first alternates from variant to variant. The targets (``TARGETS``): voxgate
+Which server goes first alternates from variant to variant. ``--cold-runs N`` repeats the cold
+minute N times per server (each from an empty cache, the order alternating run by run):
+requests/s the mean of the runs, p50 and p99 the median (each run's figures in the JSON); one
+server's cold p99 moved 1.4x between runs of the same build here. The targets (``TARGETS``): voxgate
 >= 1.0x nginx's warm QPS and >= 1.1x its cold QPS, with p99 <= nginx's in both phases, in every
 variant. ``--workers-runs`` adds ``voxgate serve --workers 1`` against ``--workers 2``, cold
 (syntheses per distinct prompt: one synthesis pool per host).
 
     .venv/bin/python -m bench.vs_nginx [--prompts 343] [--cold-s 60] [--warm-s 20]
                                        [--clients 16] [--keys get,post] [--threads 1,2]
-                                       [--warm-rounds 4]
+                                       [--cold-runs 1] [--warm-rounds 4]
                                        [--workers-runs] [--no-write]
 
 Writes docs/bench/vs_nginx.json (with the command, date and git commit) and vs_nginx.png, and
@@ -321,6 +324,29 @@ def cold_and_fill(server: Running, args: argparse.Namespace, threads: int) -> di
     return out
 
 
+def cold_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One server's cold runs as one: requests/s the mean of the runs, p50 and p99 the median
+    of the runs' (each run's figures kept under ``runs``); syntheses the most any run made,
+    stored answers after the fill the fewest any run had."""
+    colds = [r["cold"] for r in runs]
+    return {
+        "cold": {
+            "rps": round(statistics.fmean(c["rps"] for c in colds), 2),
+            **{
+                key: round(statistics.median(c[key] for c in colds), 2)
+                for key in ("p50_ms", "p99_ms")
+                if all(key in c for c in colds)
+            },
+            "requests": sum(c["requests"] for c in colds),
+            "runs": [{k: c[k] for k in ("rps", "p99_ms") if k in c} for c in colds],
+        },
+        "fill_s": max(r["fill_s"] for r in runs),
+        "syntheses": max(r["syntheses"] for r in runs),
+        "syntheses_per_prompt": max(r["syntheses_per_prompt"] for r in runs),
+        "hits_after_fill": min(r["hits_after_fill"] for r in runs),
+    }
+
+
 def warm_rounds(
     servers: dict[str, Running], order: Sequence[str], args: argparse.Namespace, threads: int
 ) -> dict[str, dict[str, Any]]:
@@ -464,13 +490,27 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         order = ("nginx_seed", "voxgate") if n % 2 == 0 else ("voxgate", "nginx_seed")
         results: dict[str, Any] = {}
         running: dict[str, Running] = {}
+        colds: dict[str, list[dict[str, Any]]] = {server: [] for server in order}
+        cold_runs = max(1, int(getattr(args, "cold_runs", 1)))
         try:
+            for i in range(cold_runs):
+                # Each cold run from empty, the servers' order alternating run by run too; the
+                # servers of the last run stay up for the warm rounds.
+                for server in order if i % 2 == 0 else tuple(reversed(order)):
+                    where = here / (server if cold_runs == 1 else f"{server}-{i}")
+                    if server == "nginx_seed":
+                        up = open_nginx(where, key, prompts, sequence)
+                    else:
+                        up = open_voxgate(where, key, prompts, sequence)
+                    try:
+                        colds[server].append(cold_and_fill(up, args, threads))
+                    finally:
+                        if i < cold_runs - 1:
+                            up.stop()
+                        else:
+                            running[server] = up
             for server in order:
-                if server == "nginx_seed":
-                    running[server] = open_nginx(here / server, key, prompts, sequence)
-                else:
-                    running[server] = open_voxgate(here / server, key, prompts, sequence)
-                results[server] = cold_and_fill(running[server], args, threads)
+                results[server] = cold_summary(colds[server])
             for server, warm in warm_rounds(running, order, args, threads).items():
                 results[server]["warm"] = warm
         finally:
@@ -517,7 +557,10 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "wrk_threads": thread_counts,
             "cold_s": args.cold_s,
             "warm_s": args.warm_s,
+            "cold_runs": max(1, int(getattr(args, "cold_runs", 1))),
             "warm_rounds": max(1, int(getattr(args, "warm_rounds", 4))),
+            "cold_figures": "cold_runs runs per server, each from an empty cache, the servers' "
+            "order alternating; requests/s the mean of a server's runs, p50 and p99 the median",
             "warm_figures": "both servers up; rounds of warm_s / warm_rounds seconds each, "
             "interleaved ABBA; requests/s the mean of a server's rounds, p50 and p99 the median",
             "format": "wav",
@@ -647,6 +690,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=343, help="distinct prompts (>= 300 for docs)")
     ap.add_argument("--cold-s", type=float, default=60.0, help="seconds of load from empty")
     ap.add_argument("--warm-s", type=float, default=20.0, help="seconds of load, all stored")
+    ap.add_argument(
+        "--cold-runs",
+        type=int,
+        default=1,
+        help="cold minutes per server and variant, each from empty (mean QPS, median p99)",
+    )
     ap.add_argument(
         "--warm-rounds",
         type=int,

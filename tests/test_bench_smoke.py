@@ -201,6 +201,7 @@ def test_vs_nginx_bench_tiny(tmp_path: Path) -> None:
         assert set(res) == {"nginx_seed", "voxgate"}
         for r in res.values():
             assert r["warm"]["rps"] > 0 and r["warm"]["p99_ms"] > 0
+            assert [x["rps"] for x in r["cold"]["runs"]] == [r["cold"]["rps"]]
             rounds = r["warm"]["rounds"]
             assert len(rounds) == 2 and all(x["rps"] > 0 for x in rounds)
             assert r["warm"]["rps"] == round(sum(x["rps"] for x in rounds) / 2, 2)
@@ -220,6 +221,32 @@ def test_vs_nginx_bench_tiny(tmp_path: Path) -> None:
         all(v["summary"]["met"].values()) for v in report["variants"].values()
     )
     assert "GET key, 2 wrk thread(s)" in vs_nginx.table(report)
+
+
+def test_vs_nginx_cold_runs_summary() -> None:
+    """Several cold minutes of one server make one figure: QPS the mean of the runs, p99 the
+    median, each run kept; the worst run's syntheses and stored answers, not the best's."""
+    from bench import vs_nginx
+
+    def run(rps: float, p99: float, syntheses: int, hits: int) -> dict[str, Any]:
+        cold = {"rps": rps, "p50_ms": 1.0, "p99_ms": p99, "requests": rps * 60}
+        per = syntheses / 343
+        return {
+            "cold": cold,
+            "fill_s": 0.1,
+            "syntheses": syntheses,
+            "syntheses_per_prompt": per,
+            "hits_after_fill": hits,
+        }
+
+    out = vs_nginx.cold_summary(
+        [run(100.0, 1900.0, 343, 343), run(400.0, 1400.0, 344, 342), run(130.0, 1500.0, 343, 343)]
+    )
+    assert out["cold"]["rps"] == 210.0
+    assert out["cold"]["p99_ms"] == 1500.0
+    assert [r["p99_ms"] for r in out["cold"]["runs"]] == [1900.0, 1400.0, 1500.0]
+    assert out["cold"]["requests"] == 630 * 60
+    assert out["syntheses"] == 344 and out["hits_after_fill"] == 342
 
 
 @pytest.mark.slow
