@@ -654,8 +654,9 @@ def plot(report: dict[str, Any]) -> Path:
     w = report["workload"]
     fig.suptitle(
         f"voxgate serve (no flags) vs nginx proxy_cache + seed: Zipf over {w['prompts']} prompts, "
-        f"wrk {w['connections']} connections (cold {w['cold_s']:g} s from empty, warm "
-        f"{w['warm_s']:g} s)",
+        f"wrk {w['connections']} connections\ncold {w['cold_s']:g} s from empty x "
+        f"{w.get('cold_runs', 1)} run(s) (mean QPS, median p99); warm {w['warm_s']:g} s in "
+        f"{w.get('warm_rounds', 1)} rounds interleaved (mean QPS, median p99)",
         fontsize=10,
     )
     fig.tight_layout()
