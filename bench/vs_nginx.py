@@ -324,22 +324,27 @@ def cold_and_fill(server: Running, args: argparse.Namespace, threads: int) -> di
     return out
 
 
+def combined(figures: Sequence[dict[str, float]], label: str) -> dict[str, Any]:
+    """wrk's figures of several loads of one server as one: requests/s the mean, p50 and p99
+    the median, requests the sum; each load's requests/s and p99 kept under ``label``."""
+    return {
+        "rps": round(statistics.fmean(f["rps"] for f in figures), 2),
+        **{
+            key: round(statistics.median(f[key] for f in figures), 2)
+            for key in ("p50_ms", "p99_ms")
+            if all(key in f for f in figures)
+        },
+        "requests": sum(f["requests"] for f in figures),
+        label: [{k: f[k] for k in ("rps", "p99_ms") if k in f} for f in figures],
+    }
+
+
 def cold_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One server's cold runs as one: requests/s the mean of the runs, p50 and p99 the median
     of the runs' (each run's figures kept under ``runs``); syntheses the most any run made,
     stored answers after the fill the fewest any run had."""
-    colds = [r["cold"] for r in runs]
     return {
-        "cold": {
-            "rps": round(statistics.fmean(c["rps"] for c in colds), 2),
-            **{
-                key: round(statistics.median(c[key] for c in colds), 2)
-                for key in ("p50_ms", "p99_ms")
-                if all(key in c for c in colds)
-            },
-            "requests": sum(c["requests"] for c in colds),
-            "runs": [{k: c[k] for k in ("rps", "p99_ms") if k in c} for c in colds],
-        },
+        "cold": combined([r["cold"] for r in runs], "runs"),
         "fill_s": max(r["fill_s"] for r in runs),
         "syntheses": max(r["syntheses"] for r in runs),
         "syntheses_per_prompt": max(r["syntheses_per_prompt"] for r in runs),
@@ -361,19 +366,7 @@ def warm_rounds(
         for name in order if r % 2 == 0 else tuple(reversed(order)):
             s = servers[name]
             figures[name].append(load(s.reqs.url, s.lua, seconds, args.clients, threads))
-    out: dict[str, dict[str, Any]] = {}
-    for name, runs in figures.items():
-        out[name] = {
-            "rps": round(statistics.fmean(f["rps"] for f in runs), 2),
-            **{
-                key: round(statistics.median(f[key] for f in runs), 2)
-                for key in ("p50_ms", "p99_ms")
-                if all(key in f for f in runs)
-            },
-            "requests": sum(f["requests"] for f in runs),
-            "rounds": [{k: f[k] for k in ("rps", "p99_ms") if k in f} for f in runs],
-        }
-    return out
+    return {name: combined(runs, "rounds") for name, runs in figures.items()}
 
 
 def query(text: str) -> str:
