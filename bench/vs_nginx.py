@@ -353,17 +353,20 @@ def cold_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def warm_rounds(
-    servers: dict[str, Running], order: Sequence[str], args: argparse.Namespace, threads: int
+    servers: dict[str, Running],
+    order: Sequence[str],
+    args: argparse.Namespace,
+    threads: int,
+    rounds: int,
 ) -> dict[str, dict[str, Any]]:
-    """``warm_s`` seconds of the Zipf load on each server (every prompt stored), in
-    ``warm_rounds`` rounds interleaved ABBA (A B, B A, A B, ...), so that a change in the
-    machine's speed during the variant (a shared VM's neighbours) falls on both servers alike.
-    Per server: requests/s the mean of its rounds, p50 and p99 the median of its rounds'."""
-    rounds = max(1, int(getattr(args, "warm_rounds", 4)))
+    """``warm_s`` seconds of the Zipf load on each server (every prompt stored), in ``rounds``
+    rounds interleaved (:func:`in_turn`), so that a change in the machine's speed during the
+    variant (a shared VM's neighbours) falls on both servers alike. Per server: requests/s the
+    mean of its rounds, p50 and p99 the median of its rounds'."""
     seconds = args.warm_s / rounds
     figures: dict[str, list[dict[str, float]]] = {name: [] for name in order}
     for r in range(rounds):
-        for name in order if r % 2 == 0 else tuple(reversed(order)):
+        for name in in_turn(order, r):
             s = servers[name]
             figures[name].append(load(s.reqs.url, s.lua, seconds, args.clients, threads))
     return {name: combined(runs, "rounds") for name, runs in figures.items()}
@@ -392,6 +395,12 @@ def open_nginx(tmp: Path, key: str, prompts: Sequence[str], sequence: Sequence[i
     """nginx proxy_cache in front of the seed service, both started, caches empty."""
     tmp.mkdir(parents=True)
     seed_port, nginx_port = free_port(), free_port()
+    base = f"http://127.0.0.1:{nginx_port}"
+    if key == "post":
+        reqs = Requests(base, "/tts", bodies=[_json({"text": p}) for p in prompts])
+    else:
+        reqs = Requests(base, "/synthesize", paths=[query(p) for p in prompts])
+    lua = reqs.script(tmp / "wrk", sequence)
     seed_log = tmp / "seed.log"
     seed = start_seed(seed_port, seed_log)
     conf = nginx_config(tmp / "nginx", nginx_port, seed_port, _cores())
@@ -400,19 +409,28 @@ def open_nginx(tmp: Path, key: str, prompts: Sequence[str], sequence: Sequence[i
         stdout=subprocess.DEVNULL,
         stderr=subprocess.STDOUT,
     )
-    base = f"http://127.0.0.1:{nginx_port}"
-    if key == "post":
-        reqs = Requests(base, "/tts", bodies=[_json({"text": p}) for p in prompts])
-    else:
-        reqs = Requests(base, "/synthesize", paths=[query(p) for p in prompts])
-    running = Running(reqs, Path(), lambda: seed_syntheses(seed_log), [nginx, seed])
+    running = Running(reqs, lua, lambda: seed_syntheses(seed_log), [nginx, seed])
     try:
         wait_http(f"{base}/health")
-        running.lua = reqs.script(tmp / "wrk", sequence)
     except BaseException:
         running.stop()
         raise
     return running
+
+
+def open_server(
+    server: str, tmp: Path, key: str, prompts: Sequence[str], sequence: Sequence[int]
+) -> Running:
+    """``server`` (nginx_seed or voxgate) started with an empty cache."""
+    if server == "nginx_seed":
+        return open_nginx(tmp, key, prompts, sequence)
+    return open_voxgate(tmp, key, prompts, sequence)
+
+
+def in_turn(order: Sequence[str], i: int) -> Sequence[str]:
+    """``order`` on even turns, reversed on odd ones (A B, B A, A B, ...): drift in the
+    machine's speed falls on every server alike."""
+    return order if i % 2 == 0 else tuple(reversed(order))
 
 
 def open_voxgate(
@@ -469,6 +487,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     """Every variant (cache key x wrk threads), each server from empty; the result document."""
     keys: list[str] = list(getattr(args, "keys", ["get", "post"]))
     thread_counts: list[int] = list(getattr(args, "threads", [1, 2]))
+    cold_runs = max(1, int(getattr(args, "cold_runs", 1)))
+    warm_count = max(1, int(getattr(args, "warm_rounds", 4)))
     prompts = ivr_prompts(args.prompts)
     sequence = zipf_sequence(len(prompts), 1.0, 200_000)
     cores = _cores()
@@ -484,17 +504,12 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         results: dict[str, Any] = {}
         running: dict[str, Running] = {}
         colds: dict[str, list[dict[str, Any]]] = {server: [] for server in order}
-        cold_runs = max(1, int(getattr(args, "cold_runs", 1)))
         try:
             for i in range(cold_runs):
                 # Each cold run from empty, the servers' order alternating run by run too; the
                 # servers of the last run stay up for the warm rounds.
-                for server in order if i % 2 == 0 else tuple(reversed(order)):
-                    where = here / (server if cold_runs == 1 else f"{server}-{i}")
-                    if server == "nginx_seed":
-                        up = open_nginx(where, key, prompts, sequence)
-                    else:
-                        up = open_voxgate(where, key, prompts, sequence)
+                for server in in_turn(order, i):
+                    up = open_server(server, here / f"{server}-{i}", key, prompts, sequence)
                     try:
                         colds[server].append(cold_and_fill(up, args, threads))
                     finally:
@@ -504,7 +519,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                             running[server] = up
             for server in order:
                 results[server] = cold_summary(colds[server])
-            for server, warm in warm_rounds(running, order, args, threads).items():
+            for server, warm in warm_rounds(running, order, args, threads, warm_count).items():
                 results[server]["warm"] = warm
         finally:
             for r in running.values():
@@ -550,8 +565,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "wrk_threads": thread_counts,
             "cold_s": args.cold_s,
             "warm_s": args.warm_s,
-            "cold_runs": max(1, int(getattr(args, "cold_runs", 1))),
-            "warm_rounds": max(1, int(getattr(args, "warm_rounds", 4))),
+            "cold_runs": cold_runs,
+            "warm_rounds": warm_count,
             "cold_figures": "cold_runs runs per server, each from an empty cache, the servers' "
             "order alternating; requests/s the mean of a server's runs, p50 and p99 the median",
             "warm_figures": "both servers up; rounds of warm_s / warm_rounds seconds each, "
