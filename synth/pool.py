@@ -522,6 +522,7 @@ class WorkerPool:
     counts_syntheses = True
     times_batches = True
     cancel_when_abandoned = False
+    queues_work = False
     passes_pcm = False  # a worker's reply is one message
 
     def _offer(self, worker: _Worker, slots: int = 1) -> None:

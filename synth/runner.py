@@ -35,6 +35,7 @@ class ThreadRunner:
     counts_syntheses = True
     times_batches = False
     cancel_when_abandoned = False
+    queues_work = False
     passes_pcm = False  # an engine's batch comes whole
 
     def __init__(

@@ -7,7 +7,9 @@ of the batch fails, none is left hanging; queue wait and batch size are histogra
 Each client gets a bounded share of the queue: the caller names it in :meth:`Scheduler.submit`
 (the gateway names the client its request is for: an API key's name, else the client's
 address), and a client with ``max_per_client`` items waiting gets :class:`ClientQueueFull`
-(HTTP 429) for the next one, while other clients' misses still find room. The counts live in a
+(HTTP 429) for the next one, while other clients' misses still find room. An item waits until
+its batch starts, or, with a runner that ``queues_work`` (the host's pool process), until its
+call ends: its place in that runner's queue is not known here. The counts live in a
 :class:`ClientShares`: this process's by default; the gateway gives one that every gateway
 process of the host shares, so a client's share is the host's, not one per process.
 """
@@ -89,12 +91,17 @@ class BatchRunner(Protocol):
     worker's pipe or an engine thread cannot be left half-way). ``passes_pcm`` (True: it hands
     each piece of an item's raw 16-bit pcm, at the engine's rate, to the item's ``sink`` as it
     arrives, before the whole: an upstream that streams, or the host's pool process running one)
-    is read by the speech path, not by the scheduler.
+    is read by the speech path, not by the scheduler. ``queues_work`` (True: it queues what it is
+    given itself, in order of arrival: the host's pool process, one queue for every gateway
+    process, or an upstream's slots) makes an item count in its client's share until its call
+    ends, not only until it is handed over (give such a runner a concurrency that hands it every
+    item at once: the order is then the runner's one queue's, not this process's turn).
     """
 
     counts_syntheses: bool
     times_batches: bool
     cancel_when_abandoned: bool
+    queues_work: bool
 
     @property
     def passes_pcm(self) -> bool: ...
@@ -190,6 +197,12 @@ class Scheduler:
         if p.client:
             self.shares.give(p.client)
 
+    def _handed_over(self, p: _Pending) -> None:
+        """``p`` is taken into a batch: it waits no more, unless the runner queues it (then its
+        future's end frees its share, see :meth:`submit`)."""
+        if not self.runner.queues_work or not p.client:
+            self._dequeued(p)
+
     def _set_depth(self) -> None:
         self.metrics.queue_depth.labels(self.model).set(len(self._queue))
 
@@ -229,7 +242,7 @@ class Scheduler:
                 self._wakeup.clear()
                 await self._wakeup.wait()
             first = self._queue.popleft()
-            self._dequeued(first)
+            self._handed_over(first)
             if first.future.cancelled():
                 continue
             batch = [first]
@@ -256,7 +269,7 @@ class Scheduler:
                 self._dequeued(p)
                 continue
             if p.item.batch_group() == group:
-                self._dequeued(p)
+                self._handed_over(p)
                 taken.append(p)
             else:
                 keep.append(p)

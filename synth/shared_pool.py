@@ -428,6 +428,9 @@ class RemotePool:
     times_batches = False
     # The pool process counts syntheses; this process counting them too would double them.
     counts_syntheses = False
+    # The pool process keeps one queue for every gateway process of the host, in order of
+    # arrival: this process hands it each item at once, counted in its client's share till done.
+    queues_work = True
 
     def __init__(
         self,

@@ -663,6 +663,7 @@ class UpstreamRunner:
     cancel_when_abandoned = True
     counts_syntheses = True
     times_batches = False
+    queues_work = True  # calls wait for a slot here: each counts in its client's share till done
 
     def __init__(
         self,

@@ -113,6 +113,7 @@ class Held:
     counts_syntheses = True
     times_batches = False
     cancel_when_abandoned = False
+    queues_work = False
     passes_pcm = False
 
     def __init__(self) -> None:

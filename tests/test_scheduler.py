@@ -20,6 +20,7 @@ class ScriptedRunner:
     counts_syntheses = True
     times_batches = False
     cancel_when_abandoned = False
+    queues_work = False
     passes_pcm = False
 
     def __init__(self) -> None:

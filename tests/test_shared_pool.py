@@ -16,9 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gateway.runtime.components import handover
+from gateway.runtime.settings import Settings
 from metrics import Metrics
 from synth.engine import Audio, SynthesisItem
-from synth.errors import EngineDead, UnspeakableInput
+from synth.errors import ClientQueueFull, EngineDead, UnspeakableInput
 from synth.runner import ThreadRunner
 from synth.scheduler import Scheduler
 from synth.shared_pool import PoolServer, RemotePool, identity, item_from_json, item_to_json
@@ -184,6 +186,7 @@ class PiecedRunner:
     counts_syntheses = True
     times_batches = False
     cancel_when_abandoned = True
+    queues_work = False
     passes_pcm = True
 
     def __init__(self, pieces: list[bytes]) -> None:
@@ -284,3 +287,48 @@ async def test_a_request_naming_pieces_it_does_not_have_closes_the_connection(ho
         writer.close()
         reader, writer = await asyncio.open_unix_connection(str(host.path))
     writer.close()
+
+
+async def test_two_processes_misses_are_served_in_order_of_arrival(host: Host) -> None:
+    """A gateway process hands the pool every miss at once (``handover``), so the pool's one
+    queue serves the host's processes in order of arrival: a process with five misses ahead
+    does not see a later one of another process's go before its own. Each item still counts in
+    its client's share while the pool holds it, so the share keeps bounding a client."""
+    settings = Settings()
+    schedulers = []
+    for _ in range(2):
+        remote = host.client()
+        await remote.start()
+        scheduler = Scheduler(
+            "tone",
+            remote,
+            Metrics(),
+            max_queue=settings.queue_size,
+            concurrency=handover(settings, remote.size * 2),
+            max_per_client=5,
+        )
+        scheduler.start()
+        schedulers.append(scheduler)
+    a, b = schedulers
+    first = [SynthesisItem(f"First process, miss {i}.", "beep") for i in range(5)]
+    later = SynthesisItem("Second process, one miss.", "beep")
+    calls = []
+    try:
+        for item in first:
+            calls.append(asyncio.ensure_future(a.submit(item, "ivr")))
+            await host.until(lambda item=item: host.server.interest("tone", item) == 1)
+        calls.append(asyncio.ensure_future(b.submit(later, "other")))
+        await host.until(lambda: host.server.interest("tone", later) == 1)
+        # All at the pool, none waiting in a process; the client's five still count.
+        assert a.depth == 0 and a.waiting_for("ivr") == 5
+        with pytest.raises(ClientQueueFull):
+            await a.submit(SynthesisItem("One more of the same client.", "beep"), "ivr")
+        host.engine.release.set()
+        await asyncio.gather(*calls)
+        assert host.engine.texts == [i.text for i in first] + [later.text]
+        assert a.waiting_for("ivr") == 0
+    finally:
+        host.engine.release.set()
+        for s in schedulers:
+            await s.close()
+            await s.runner.close()  # type: ignore[attr-defined]

@@ -235,8 +235,8 @@ class Supervisor:
         env.pop(POOL_SOCKET_ENV, None)
         env.pop(HOST_TABLE_ENV, None)
         if self.pool_socket is not None and index == self.gateways:
-            # Every gateway process queues up to queue_size items of its own and keeps up to the
-            # pool's size in flight at the pool: its queue must hold theirs together.
+            # Every gateway process hands the pool its misses at once (components.handover): the
+            # pool's one queue holds queue_size per gateway process, in order of arrival.
             queue = self.settings.queue_size * self.gateways
             args += ["--serve-pool", self.pool_socket, "--queue-size", str(queue)]
             proc = subprocess.Popen([sys.executable, "-m", "gateway", *args], env=env)
