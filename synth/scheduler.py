@@ -289,9 +289,12 @@ class Scheduler:
         if not batch:
             return
         batch.sort(key=lambda p: len(p.item.text))
-        self._observe_wait(batch)
         runner = self.runner
         counts = runner.counts_syntheses
+        if counts:
+            # Where the batch starts; a runner that counts nothing here (the host's pool
+            # process) observes its own waits, and this process's hand-over is not one.
+            self._observe_wait(batch)
         timed = counts and not runner.times_batches
         m = self.metrics
         if timed:

@@ -296,13 +296,14 @@ async def test_two_processes_misses_are_served_in_order_of_arrival(host: Host) -
     its client's share while the pool holds it, so the share keeps bounding a client."""
     settings = Settings()
     schedulers = []
+    gateway_metrics = Metrics()
     for _ in range(2):
         remote = host.client()
         await remote.start()
         scheduler = Scheduler(
             "tone",
             remote,
-            Metrics(),
+            gateway_metrics,
             max_queue=settings.queue_size,
             concurrency=handover(settings, remote.size * 2),
             max_per_client=5,
@@ -327,6 +328,11 @@ async def test_two_processes_misses_are_served_in_order_of_arrival(host: Host) -
         await asyncio.gather(*calls)
         assert host.engine.texts == [i.text for i in first] + [later.text]
         assert a.waiting_for("ivr") == 0
+        # The waits are the pool's to observe (where batches start): a hand-over is not one.
+        count = gateway_metrics.registry.get_sample_value(
+            "voxgate_synthesis_queue_wait_seconds_count", {"model": "tone"}
+        )
+        assert not count
     finally:
         host.engine.release.set()
         for s in schedulers:
