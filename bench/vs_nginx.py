@@ -35,7 +35,9 @@ minute N times per server (each from an empty cache, the order alternating run b
 requests/s the mean of the runs, p50 and p99 the median (each run's figures in the JSON); one
 server's cold p99 moved 1.4x between runs of the same build here. The targets (``TARGETS``): voxgate
 >= 1.0x nginx's warm QPS and >= 1.1x its cold QPS, with p99 <= nginx's in both phases, in every
-variant. ``--workers-runs`` adds ``voxgate serve --workers 1`` against ``--workers 2``, cold
+variant. wrk's p99 is corrected for coordinated omission (wg/wrk ``src/stats.c``,
+``stats_correct``): a miss weighs a sample per mean request interval it lasted, so the cold p99
+reads the longest misses (docs/operations.md). ``--workers-runs`` adds ``voxgate serve --workers 1`` against ``--workers 2``, cold
 (syntheses per distinct prompt: one synthesis pool per host).
 
     .venv/bin/python -m bench.vs_nginx [--prompts 343] [--cold-s 60] [--warm-s 20]
