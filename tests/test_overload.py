@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 from tests.conftest import GatewayFactory
+from tests.served import DefaultServer
 from tests.support import CountingEngine, until
 
 CACHED = {"model": "tts-1", "input": "Already cached.", "voice": "alloy", "response_format": "wav"}
@@ -84,3 +89,43 @@ async def test_readyz_503_until_warm(
             await asyncio.sleep(0.05)
     finally:
         counting_engine.release.set()
+
+
+@pytest.mark.slow
+async def test_serve_turns_misses_beyond_the_hosts_queue_away_with_503(tmp_path: Path) -> None:
+    """`voxgate serve` as users start it (no topology flags): every gateway process hands its
+    misses to the host's pool process at once, whose one queue holds `queue_size` per gateway
+    process; a miss beyond it gets the lone server's 503 + Retry-After (`queue_full`), the others
+    are answered, and the server keeps answering after. Sixteen long sentences (each seconds of
+    engine time) arrive together: far more than the pool's slots and queue can take before the
+    first is done."""
+    server = DefaultServer(
+        tmp_path / "srv",
+        "--queue-size",
+        "1",
+        "--queue-per-client",
+        "64",
+        "--renders-per-client",
+        "64",
+    )
+    try:
+        server.wait_ready()
+        clause = "please hold the line while we look up the details of your account"
+        texts = [f"Caller {i}, {clause}, {clause}, and {clause}." for i in range(16)]
+        answers = await asyncio.gather(
+            *(
+                server.request("POST", "/v1/audio/speech", json={**CACHED, "input": t})
+                for t in texts
+            )
+        )
+        statuses = [status for status, _, _ in answers]
+        assert set(statuses) <= {200, 503}, statuses
+        refused = [(headers, body) for status, headers, body in answers if status == 503]
+        assert refused and statuses.count(200) >= 1, statuses
+        for headers, body in refused:
+            assert headers["Retry-After"] == "1"
+            assert json.loads(body)["error"]["code"] == "queue_full"
+        status, headers, _ = await server.request("POST", "/v1/audio/speech", json=CACHED)
+        assert status == 200 and headers["X-Cache"] == "MISS"
+    finally:
+        server.close()
