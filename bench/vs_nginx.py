@@ -366,6 +366,11 @@ def warm_rounds(
     variant (a shared VM's neighbours) falls on both servers alike. Per server: requests/s the
     mean of its rounds, p50 and p99 the median of its rounds'."""
     seconds = args.warm_s / rounds
+    # One unmeasured second each first: a server's first moments under load after the fill
+    # (connections accepted, buffers grown, nginx's cache files opened) are no steady state.
+    for name in order:
+        s = servers[name]
+        load(s.reqs.url, s.lua, min(1.0, seconds), args.clients, threads)
     figures: dict[str, list[dict[str, float]]] = {name: [] for name in order}
     for r in range(rounds):
         for name in in_turn(order, r):
@@ -571,8 +576,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "warm_rounds": warm_count,
             "cold_figures": "cold_runs runs per server, each from an empty cache, the servers' "
             "order alternating; requests/s the mean of a server's runs, p50 and p99 the median",
-            "warm_figures": "both servers up; rounds of warm_s / warm_rounds seconds each, "
-            "interleaved ABBA; requests/s the mean of a server's rounds, p50 and p99 the median",
+            "warm_figures": "both servers up; one unmeasured second of load each, then "
+            "rounds of warm_s / warm_rounds seconds each, interleaved ABBA; requests/s the mean of a server's rounds, p50 and p99 the median",
             "format": "wav",
             "example_prompt": prompts[0],
             "keys": {
