@@ -577,7 +577,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "cold_figures": "cold_runs runs per server, each from an empty cache, the servers' "
             "order alternating; requests/s the mean of a server's runs, p50 and p99 the median",
             "warm_figures": "both servers up; one unmeasured second of load each, then "
-            "rounds of warm_s / warm_rounds seconds each, interleaved ABBA; requests/s the mean of a server's rounds, p50 and p99 the median",
+            "rounds of warm_s / warm_rounds seconds each, interleaved ABBA; requests/s the mean "
+            "of a server's rounds, p50 and p99 the median",
             "format": "wav",
             "example_prompt": prompts[0],
             "keys": {
