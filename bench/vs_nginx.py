@@ -23,8 +23,8 @@ with ``--clients`` (16) connections, a Lua script walking one fixed Zipf sequenc
 - **cold**: ``--cold-s`` seconds from an empty cache (misses synthesize, repeats hit);
 - then every prompt fetched once (so the whole set is stored), and the syntheses counted: the
   seed's synthesis lines in uvicorn's access log, voxgate's ``voxgate_syntheses_total``;
-- **warm**: ``--warm-s`` seconds of the same Zipf load, every answer a stored one, on each
-  server, cut into ``--warm-rounds`` (4) rounds interleaved between the two (A B, B A, A B, B
+- **warm**: after one unmeasured second of load on each server, ``--warm-s`` seconds of the
+  same Zipf load, every answer a stored one, on each server, cut into ``--warm-rounds`` (4) rounds interleaved between the two (A B, B A, A B, B
   A; both servers stay up, the idle one uses no CPU), so that a change in the machine's speed
   during the variant (a shared VM's neighbours moved one 20 s warm figure by 2x here) falls on
   both alike: requests/s is the mean of a server's rounds, p50 and p99 the median of its
@@ -37,8 +37,9 @@ server's cold p99 moved 1.4x between runs of the same build here. The targets (`
 >= 1.0x nginx's warm QPS and >= 1.1x its cold QPS, with p99 <= nginx's in both phases, in every
 variant. wrk's p99 is corrected for coordinated omission (wg/wrk ``src/stats.c``,
 ``stats_correct``): a miss weighs a sample per mean request interval it lasted, so the cold p99
-reads the longest misses (docs/operations.md). ``--workers-runs`` adds ``voxgate serve --workers 1`` against ``--workers 2``, cold
-(syntheses per distinct prompt: one synthesis pool per host).
+reads the longest misses (docs/operations.md). ``--workers-runs`` adds ``voxgate serve
+--workers 1`` against ``--workers 2``, cold (syntheses per distinct prompt: one synthesis pool
+per host).
 
     .venv/bin/python -m bench.vs_nginx [--prompts 343] [--cold-s 60] [--warm-s 20]
                                        [--clients 16] [--keys get,post] [--threads 1,2]
