@@ -23,12 +23,15 @@ with ``--clients`` (16) connections, a Lua script walking one fixed Zipf sequenc
 - **cold**: ``--cold-s`` seconds from an empty cache (misses synthesize, repeats hit);
 - then every prompt fetched once (so the whole set is stored), and the syntheses counted: the
   seed's synthesis lines in uvicorn's access log, voxgate's ``voxgate_syntheses_total``;
-- **warm**: after one unmeasured second of load on each server, ``--warm-s`` seconds of the
-  same Zipf load, every answer a stored one, on each server, cut into ``--warm-rounds`` (4) rounds interleaved between the two (A B, B A, A B, B
-  A; both servers stay up, the idle one uses no CPU), so that a change in the machine's speed
-  during the variant (a shared VM's neighbours moved one 20 s warm figure by 2x here) falls on
-  both alike: requests/s is the mean of a server's rounds, p50 and p99 the median of its
-  rounds' (each round's figures are in the JSON).
+- **warm**: after one unmeasured second of load on each server, ``--warm-s`` (40) seconds of
+  the same Zipf load, every answer a stored one, on each server, cut into ``--warm-rounds`` (8)
+  rounds interleaved between the two (A B, B A, A B, ...; both servers stay up, the idle one
+  uses no CPU), so that a change in the machine's speed during the variant (a shared VM's
+  neighbours moved one 20 s warm figure by 2x here) falls on both alike: requests/s is the mean
+  of a server's rounds, p50 and p99 the median of its rounds' (each round's figures are in the
+  JSON). Eight rounds, not four: with one wrk thread one server's round p99 spread 1.7-4.3 ms
+  within a variant here (the kernel's scheduling of three busy threads on two cores,
+  docs/operations.md), and the median of four such rounds moved by a millisecond between runs.
 
 Which server goes first alternates from variant to variant. ``--cold-runs N`` repeats the cold
 minute N times per server (each from an empty cache, the order alternating run by run):
@@ -41,13 +44,13 @@ reads the longest misses (docs/operations.md). ``--workers-runs`` adds ``voxgate
 --workers 1`` against ``--workers 2``, cold (syntheses per distinct prompt: one synthesis pool
 per host).
 
-    .venv/bin/python -m bench.vs_nginx [--prompts 343] [--cold-s 60] [--warm-s 20]
+    .venv/bin/python -m bench.vs_nginx [--prompts 343] [--cold-s 60] [--warm-s 40]
                                        [--clients 16] [--keys get,post] [--threads 1,2]
-                                       [--cold-runs 1] [--warm-rounds 4]
+                                       [--cold-runs 1] [--warm-rounds 8]
                                        [--workers-runs] [--no-write]
 
 Writes docs/bench/vs_nginx.json (with the command, date and git commit) and vs_nginx.png, and
-prints the table. Takes about 20 minutes on a 2-core machine with the defaults. Run it on a
+prints the table. Takes about 25 minutes on a 2-core machine with the defaults. Run it on a
 quiet machine: the servers and wrk share the cores (as they would on one host), so other load
 moves the figures.
 """
@@ -496,7 +499,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     keys: list[str] = list(getattr(args, "keys", ["get", "post"]))
     thread_counts: list[int] = list(getattr(args, "threads", [1, 2]))
     cold_runs = max(1, int(getattr(args, "cold_runs", 1)))
-    warm_count = max(1, int(getattr(args, "warm_rounds", 4)))
+    warm_count = max(1, int(getattr(args, "warm_rounds", 8)))
     prompts = ivr_prompts(args.prompts)
     sequence = zipf_sequence(len(prompts), 1.0, 200_000)
     cores = _cores()
@@ -707,7 +710,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--prompts", type=int, default=343, help="distinct prompts (>= 300 for docs)")
     ap.add_argument("--cold-s", type=float, default=60.0, help="seconds of load from empty")
-    ap.add_argument("--warm-s", type=float, default=20.0, help="seconds of load, all stored")
+    ap.add_argument("--warm-s", type=float, default=40.0, help="seconds of load, all stored")
     ap.add_argument(
         "--cold-runs",
         type=int,
@@ -717,7 +720,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--warm-rounds",
         type=int,
-        default=4,
+        default=8,
         help="rounds the warm seconds are cut into, interleaved between the servers",
     )
     ap.add_argument("--clients", type=int, default=16, help="wrk connections")
