@@ -171,7 +171,7 @@ def _sentinel_master(url: str, common: dict[str, Any]) -> Redis:
     if parsed.password:
         kwargs["password"] = unquote(parsed.password)
     ssl = parsed.scheme.lower().startswith("rediss")
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(
         sentinels,
         sentinel_kwargs={k: v for k, v in common.items() if k.startswith("socket_")},
         ssl=ssl,
