@@ -473,6 +473,10 @@ def open_voxgate(
 # What the comparison asks of voxgate with no flags, in every variant.
 TARGETS = {"warm_qps_ratio": 1.0, "cold_qps_ratio": 1.1}
 
+# The warm phase's defaults (module doc: why eight rounds), one source for the CLI and run().
+WARM_S = 40.0
+WARM_ROUNDS = 8
+
 
 def compare(nx: dict[str, Any], vx: dict[str, Any]) -> dict[str, Any]:
     """voxgate over nginx + seed in one variant, and whether it met each target."""
@@ -499,7 +503,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     keys: list[str] = list(getattr(args, "keys", ["get", "post"]))
     thread_counts: list[int] = list(getattr(args, "threads", [1, 2]))
     cold_runs = max(1, int(getattr(args, "cold_runs", 1)))
-    warm_count = max(1, int(getattr(args, "warm_rounds", 8)))
+    warm_count = max(1, int(getattr(args, "warm_rounds", WARM_ROUNDS)))
     prompts = ivr_prompts(args.prompts)
     sequence = zipf_sequence(len(prompts), 1.0, 200_000)
     cores = _cores()
@@ -710,7 +714,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--prompts", type=int, default=343, help="distinct prompts (>= 300 for docs)")
     ap.add_argument("--cold-s", type=float, default=60.0, help="seconds of load from empty")
-    ap.add_argument("--warm-s", type=float, default=40.0, help="seconds of load, all stored")
+    ap.add_argument("--warm-s", type=float, default=WARM_S, help="seconds of load, all stored")
     ap.add_argument(
         "--cold-runs",
         type=int,
@@ -720,7 +724,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--warm-rounds",
         type=int,
-        default=8,
+        default=WARM_ROUNDS,
         help="rounds the warm seconds are cut into, interleaved between the servers",
     )
     ap.add_argument("--clients", type=int, default=16, help="wrk connections")
