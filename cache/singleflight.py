@@ -14,15 +14,13 @@ class SingleFlight(Generic[T]):
     """One task per key in flight; every concurrent caller for that key awaits the same task.
 
     The shared work runs as its own task, and callers await it through ``asyncio.shield``: a caller
-    that is cancelled (its client went away) stops waiting, but the work others wait on goes on.
-    With ``cancel_abandoned``, the work is cancelled once the last of its callers is: nobody is
-    left to answer.
+    that is cancelled (its client went away) stops waiting, but the work others wait on goes on
+    (what is made is stored for the next request). Renditions being made have their own
+    registry, which abandons what nobody waits for (:class:`gateway.speech.assembly.Assembler`).
     """
 
-    def __init__(self, *, cancel_abandoned: bool = False) -> None:
+    def __init__(self) -> None:
         self._inflight: dict[str, asyncio.Task[T]] = {}
-        self.cancel_abandoned = cancel_abandoned
-        self._waiters: dict[asyncio.Task[T], int] = {}
 
     def __len__(self) -> int:
         return len(self._inflight)
@@ -51,20 +49,4 @@ class SingleFlight(Generic[T]):
             task = asyncio.ensure_future(work())
             self._inflight[key] = task
             task.add_done_callback(functools.partial(self._finished, key))
-        if not self.cancel_abandoned:
-            return await asyncio.shield(task), leader
-        self._waiters[task] = self._waiters.get(task, 0) + 1
-        try:
-            return await asyncio.shield(task), leader
-        finally:
-            left = self._waiters[task] - 1
-            if left:
-                self._waiters[task] = left
-            else:
-                del self._waiters[task]
-                if not task.done():
-                    # The last caller left before the work was done (it can only have been
-                    # cancelled): stop the work, and let a new caller start afresh.
-                    task.cancel()
-                    if self._inflight.get(key) is task:
-                        del self._inflight[key]
+        return await asyncio.shield(task), leader

@@ -45,6 +45,9 @@ class Audio:
     pcm: FloatPCM
     sample_rate: int
     words: tuple[WordTiming, ...] | None = None
+    # Made for another request: this one joined a synthesis in flight (the host's pool process
+    # runs each distinct item once for every gateway process), so it is not this one's MISS.
+    joined: bool = False
 
     @property
     def duration_s(self) -> float:

@@ -139,9 +139,13 @@ def decode_reply(data: bytes, expected_items: int) -> tuple[str, Any]:
         items = header.get("items")
         if not isinstance(items, list) or len(items) != expected_items:
             raise BadReply(f"reply has {_count(items)} items for a batch of {expected_items}")
+        # The items another request's synthesis made (the host's pool coalesced them).
+        joined = header.get("joined", [])
+        if not isinstance(joined, list):
+            raise BadReply("reply's joined items are not a list")
         out: list[Audio] = []
         offset = head_end + 1
-        for item in items:
+        for index, item in enumerate(items):
             if (
                 not isinstance(item, list)
                 or len(item) not in (2, 3)
@@ -168,7 +172,7 @@ def decode_reply(data: bytes, expected_items: int) -> tuple[str, Any]:
                 pcm = pcm.astype(np.float32)
             if not np.isfinite(pcm).all():
                 raise BadReply("reply holds samples that are not finite")
-            out.append(Audio(pcm, rate, words))
+            out.append(Audio(pcm, rate, words, joined=index in joined))
             offset = end
         if offset != len(data):
             raise BadReply("reply longer than its header says")

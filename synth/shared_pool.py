@@ -15,10 +15,14 @@ every process serves the same engines, so this is the master's content address l
 fingerprint, which is fixed here. Each request holds an interest in its items; a request that is
 cancelled (its gateway's client gone, see :class:`~synth.scheduler.Scheduler`) drops its interest,
 and an item nobody is interested in any more is cancelled too, which drops it from the pool's
-queue if it has not started: no synthesis for no one.
+queue if it has not started: no synthesis for no one. A reply names the items its request joined
+(``joined``: started by another request, or answered from a recent one), so only the gateway
+process whose request started a synthesis says MISS for it. This is the one layer that coalesces
+across the gateway processes of a host without Redis: each process's registry of productions
+(:class:`gateway.speech.assembly.Assembler`) sees its own requests only.
 
 Streaming pass-through: a model whose runner ``passes_pcm`` (an upstream that streams) hands each
-piece of an item's raw pcm to a :class:`_Pieces` of that item as the provider sends it. A request
+piece of an item's raw pcm to a :class:`~synth.pieces.Pieces` of that item as the provider sends it. A request
 that names the item in its ``pieces`` gets every piece, those sent before it joined first, in
 frames of their own before its reply, so a gateway process streams them on before the call has
 ended, whichever process's request started it. The pieces are the provider's answer itself
@@ -47,7 +51,7 @@ import logging
 import struct
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +66,7 @@ from synth.errors import (
     UnspeakableInput,
     UpstreamError,
 )
+from synth.pieces import Pieces
 from synth.pool import BadReply, decode_reply, encode_reply, reply_items
 from synth.scheduler import Scheduler
 
@@ -171,48 +176,11 @@ async def _stop_all(tasks: Any) -> None:
     await asyncio.gather(*pending, return_exceptions=True)
 
 
-class _Pieces:
-    """The raw pcm of one item in flight, piece by piece as its provider sends it."""
-
-    def __init__(self) -> None:
-        self.pieces: list[bytes] = []
-        self.finished = False
-        # Replaced at every change: each follower waits on the one it saw last.
-        self._changed = asyncio.Event()
-
-    def add(self, data: bytes) -> None:
-        """A piece arrived (the item's ``sink``)."""
-        self.pieces.append(data)
-        self._wake()
-
-    def finish(self) -> None:
-        """The call is over: no piece comes after this."""
-        self.finished = True
-        self._wake()
-
-    def _wake(self) -> None:
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
-
-    async def follow(self) -> AsyncIterator[bytes]:
-        """Every piece until the call is over, those arrived before first; what arrived while
-        the follower was busy comes joined as one."""
-        i = 0
-        while True:
-            if i < len(self.pieces):
-                ready, i = self.pieces[i:], len(self.pieces)
-                yield ready[0] if len(ready) == 1 else b"".join(ready)
-                continue
-            if self.finished:
-                return
-            await self._changed.wait()
-
-
 class _Shared:
     """One distinct item in flight at the pool: its synthesis, its pcm as it arrives (a model
     that passes pcm) and who still wants it."""
 
-    def __init__(self, task: asyncio.Task[Audio], pieces: _Pieces | None) -> None:
+    def __init__(self, task: asyncio.Task[Audio], pieces: Pieces | None) -> None:
         self.task = task
         self.pieces = pieces
         self.interest = 0
@@ -251,18 +219,20 @@ class PoolServer:
     async def _one(
         self, model: str, item: SynthesisItem, write_piece: PieceWriter | None = None
     ) -> Audio:
+        """``item``'s audio, marked ``joined`` unless this request started its synthesis."""
         key = identity(model, item)
         recent = self._recent.get(key)
         if recent is not None and time.monotonic() - recent[0] < self.recent_s:
-            return recent[1]
+            return dataclasses.replace(recent[1], joined=True)
         shared = self._shared.get(key)
+        joined = shared is not None
         if shared is None:
             self.syntheses_started += 1
             scheduler = self.schedulers[model]
             # Kept whoever asks first: a process joining later may want the pieces.
-            pieces = _Pieces() if scheduler.runner.passes_pcm else None
+            pieces = Pieces() if scheduler.runner.passes_pcm else None
             if pieces is not None:
-                item = dataclasses.replace(item, sink=pieces.add)
+                item = dataclasses.replace(item, sink=pieces)
             task = asyncio.ensure_future(scheduler.submit(item))
             shared = self._shared[key] = _Shared(task, pieces)
             task.add_done_callback(lambda _: self._forget(key, shared))
@@ -272,7 +242,8 @@ class PoolServer:
                 async for piece in shared.pieces.follow():
                     await write_piece(piece)
             # Shielded: one requester leaving must not cancel what others wait for.
-            return await asyncio.shield(shared.task)
+            made = await asyncio.shield(shared.task)
+            return dataclasses.replace(made, joined=True) if joined else made
         finally:
             shared.interest -= 1
             if shared.interest == 0 and not shared.task.done():
@@ -327,10 +298,9 @@ class PoolServer:
             log.exception("shared pool request failed model=%s", model)
             message = f"synthesis failed: {type(exc).__name__}"
             return encode_reply("error", {"kind": "EngineError", "message": message})
+        joined = [i for i, a in enumerate(audios) if a.joined]
         return encode_reply(
-            "ok",
-            {"items": reply_items(audios)},
-            [a.pcm for a in audios],
+            "ok", {"items": reply_items(audios), "joined": joined}, [a.pcm for a in audios]
         )
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -985,14 +985,14 @@ async def test_a_wyoming_upstream_passes_its_chunks_on_at_its_own_rate_only() ->
 async def test_pieces_cut_inside_a_sample_pass_as_the_rendition_holds_them() -> None:
     """A provider's chunk may end inside a sample (an HTTP body's edge, a pool frame's): the
     odd byte waits for the next piece, and what passes is the rendition's samples."""
-    from gateway.speech.assembly import PartialSentence
+    from synth.pieces import Pieces
 
     data = tone("Cut anywhere.").tobytes()
-    partial = PartialSentence()
+    partial = Pieces(convert=as_rendered_pcm16)
     for cut in (1, 2, 3, 4, 7, 8, 101):
-        partial.add(data[:cut])
+        partial(data[:cut])
         data = data[cut:]
-    partial.add(data)
+    partial(data)
     partial.finish()
     passed = b"".join([piece async for piece in partial.follow()])
     assert passed == as_rendered_pcm16(tone("Cut anywhere.").tobytes())

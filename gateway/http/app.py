@@ -33,7 +33,6 @@ from gateway.runtime.hostshare import HostShares, open_host_table
 from gateway.runtime.ratelimit import KeyLimits
 from gateway.runtime.settings import Settings
 from gateway.runtime.workers import WORKER_INDEX_ENV
-from gateway.speech.assembly import RenderShare
 from gateway.speech.rollout import keep_following_revisions
 from gateway.wyoming.server import WyomingServer
 from metrics import Metrics
@@ -150,16 +149,20 @@ def create_app(
         metrics = app[keys.METRICS]
         shares = HostShares(app[keys.HOST_TABLE], metrics.host_table_full.inc)
         async with (
-            open_speech(settings, metrics, engines, shares=shares) as service,
+            open_speech(
+                settings,
+                metrics,
+                engines,
+                shares=shares,
+                admit_synthesis=app[keys.LIMITS].admit_synthesis
+                if settings.api_keys_file
+                else None,
+            ) as service,
             open_pins(settings, service.store) as pins,
         ):
             app[keys.SPEECH] = service
             app[keys.VOCABULARY] = service.vocabulary
             app[keys.PINS] = pins
-            share = RenderShare(shares, settings.renders_per_client, metrics.renders_refused)
-            service.assembler.render_share = service.transcoder.render_share = share
-            if settings.api_keys_file:
-                service.masters.admit_synthesis = app[keys.LIMITS].admit_synthesis
             app[keys.STORE] = service.store
             # open_speech applied the revisions at start; this follows later switches.
             refresh = settings.revision_refresh_s

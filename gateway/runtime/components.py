@@ -7,10 +7,11 @@ command-line synthesis goes through the same store and single flight as the serv
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 import redis
 from limits.aio.storage import Storage
@@ -29,13 +30,18 @@ from gateway.runtime.ratelimit import limits_storage_uri
 from gateway.runtime.settings import Settings
 from gateway.runtime.upstreams import upstream_configs
 from gateway.runtime.workers import POOL_SOCKET_ENV
-from gateway.speech.masters import ModelHandle
+from gateway.speech.assembly import Assembler, RenderShare
+from gateway.speech.ledger import Ledger
+from gateway.speech.masters import Masters, ModelHandle
 from gateway.speech.rollout import follow_revisions
 from gateway.speech.service import SpeechService
+from gateway.speech.telephony import Transcoder
 from gateway.speech.vocabulary import Vocabulary
 from metrics import Metrics
+from synth.audio import as_rendered_pcm16
 from synth.cancellation import cancel_and_wait
 from synth.engine import Engine
+from synth.pieces import PiecesFeed
 from synth.piper_engine import PiperVoiceFiles
 from synth.pool import EngineSpec, LogSetup, WorkerPool
 from synth.runner import ThreadRunner
@@ -420,34 +426,66 @@ async def open_speech(
     *,
     wait_ready: bool = False,
     shares: ClientShares | None = None,
+    admit_synthesis: Callable[[int], Awaitable[None]] | None = None,
 ) -> AsyncIterator[SpeechService]:
     """Store + models + the speech service over them; ``shares`` counts each client's queue
-    share (this process's by default)."""
+    and rendition shares (this process's queue share by default; no rendition limit), and
+    ``admit_synthesis`` (with API keys on) charges a key for each sentence it synthesizes."""
     async with (
         open_store(settings, metrics) as store,
         open_models(settings, metrics, engines, wait_ready=wait_ready, shares=shares) as models,
     ):
-        service = SpeechService(
+        engine_of = {name: handle.engine for name, handle in models.items()}
+        ledger = Ledger(engine_of, metrics)
+        encode_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="encode")
+        # The sentences in flight whose pcm comes in pieces: each piece as the stored rendition
+        # will hold its samples, so a stream that passes them on sends a later hit's bytes.
+        partials = PiecesFeed(convert=as_rendered_pcm16)
+        masters = Masters(
             store,
             models,
             metrics,
-            sentence_pause_ms=settings.sentence_pause_ms,
-            max_parallel_sentences=settings.max_parallel_sentences,
-            max_sentence_chars=settings.max_sentence_chars,
+            encode_pool,
+            partials,
+            cross_replica=CrossReplicaFlight.for_tiers(  # None without Redis
+                store.tiers,
+                lock_ttl_s=settings.redis_lock_ttl_ms / 1000,
+                max_wait_s=settings.redis_lock_wait_s,
+                metrics=metrics,
+            ),
+            admit_synthesis=admit_synthesis,
+        )
+        render_share = (
+            RenderShare(shares, settings.renders_per_client, metrics.renders_refused)
+            if shares is not None
+            else None
+        )
+        service = SpeechService(
+            store,
+            models,
+            masters=masters,
+            assembler=Assembler(
+                masters=masters,
+                store=store,
+                encode_pool=encode_pool,
+                ledger=ledger,
+                partials=partials,
+                render_share=render_share,
+                pause_ms=settings.sentence_pause_ms,
+                max_parallel=settings.max_parallel_sentences,
+                max_sentence_chars=settings.max_sentence_chars,
+            ),
+            transcoder=Transcoder(store, engine_of, ledger, encode_pool, render_share),
+            ledger=ledger,
+            encode_pool=encode_pool,
             max_audio_s=settings.max_audio_s,
             vocabulary=Vocabulary(
-                {name: handle.engine for name, handle in models.items()},
+                engine_of,
                 default_model=settings.default_model,
                 default_voice=settings.default_voice,
                 model_aliases=settings.model_aliases,
                 voice_aliases=settings.voice_aliases,
             ),
-        )
-        service.masters.cross_replica = CrossReplicaFlight.for_tiers(  # None without Redis
-            store.tiers,
-            lock_ttl_s=settings.redis_lock_ttl_ms / 1000,
-            max_wait_s=settings.redis_lock_wait_s,
-            metrics=metrics,
         )
         # The address revisions `voxgate rollout` switched, before anything is looked up (the
         # server, warm, export, say: every user of the store addresses as the gateways do).

@@ -20,25 +20,26 @@ import concurrent.futures
 import dataclasses
 import functools
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 import numpy as np
 from prometheus_client import Counter
 
 from cache.entry import Entry
+from cache.store import TieredStore
 from gateway.errors import TooManyRequests
 from gateway.speech import marks
 from gateway.speech.caller import caller
+from gateway.speech.ledger import Ledger, Made
 from gateway.speech.request import CacheResult, SpeechRequest, segment_speed
-from metrics import Metrics
+from gateway.speech.takes import Take, accept_take
 from synth import audio, sentences
 from synth.engine import Audio, ParamValue
+from synth.pieces import PiecesFeed
 from synth.scheduler import ClientShares
 
 log = logging.getLogger("voxgate.speech")
-
-Store = Callable[[str, Entry], Awaitable[None]]
 
 
 class MasterSource(Protocol):
@@ -75,19 +76,18 @@ class MasterSource(Protocol):
 @dataclasses.dataclass
 class Production:
     """One rendition being made. ``parts`` resolves to one future per sentence (in order), each
-    giving that sentence's master audio; ``result`` to the stored entry and whether anything was
-    synthesized for it."""
+    giving that sentence's master audio; ``result`` to the stored rendition and how it was had
+    (:class:`~gateway.speech.ledger.Made`)."""
 
     key: str
     req: SpeechRequest
     rate: int
     parts: asyncio.Future[list[asyncio.Future[Audio]]]
-    result: asyncio.Task[tuple[Entry, CacheResult]] | None = None
+    result: asyncio.Task[Made] | None = None
     # Readers and whole-answer waiters following this production; at 0 it is abandoned.
     waiters: int = 0
     # One event per sentence, set once it is answered from the store or queued for synthesis.
     queued: list[asyncio.Event] = dataclasses.field(default_factory=list)
-    abandoned: bool = False
     # How the sentences are joined, and the one-sentence requests (set with ``parts``).
     layout: Layout | None = None
     sentences: list[SpeechRequest] = dataclasses.field(default_factory=list)
@@ -102,145 +102,65 @@ class Production:
         """The per-sentence futures (await each through :func:`asyncio.shield`)."""
         return await asyncio.shield(self.parts)
 
-    async def entry(self) -> tuple[Entry, CacheResult]:
+    async def made(self) -> Made:
         """Wait for the finished, stored rendition (a cancelled waiter does not cancel it)."""
         assert self.result is not None
         return await asyncio.shield(self.result)
 
 
-class PartialSentence:
-    """The raw 16-bit pcm of one sentence's synthesis in flight, piece by piece as the provider
-    sends it (an upstream whose runner ``passes_pcm``), each piece as the stored rendition will
-    hold its samples (:func:`synth.audio.as_rendered_pcm16`): a stream that passes them on sends
-    the bytes a later hit of the same text answers."""
+@dataclasses.dataclass(frozen=True)
+class Opening:
+    """How a stream starts: ``first`` (the format's header and the first sentence, or the
+    first pieces of its pcm passing through), the one encoder of the stream (continuous
+    MP3/AAC: no encoder delay at joins), the rate its sentences come at and the seconds of audio
+    in ``first``. Passing pcm through: each sentence's master key (None where one cannot pass:
+    its edges trimmed), and the rest of the first sentence's pieces when it passed."""
 
-    def __init__(self) -> None:
-        self.pieces: list[bytes] = []
-        self.finished = False
-        # A piece may end inside a sample (an HTTP chunk's edge): its first byte waits here.
-        self._odd = b""
-        # Replaced at every change: each follower waits on the one it saw last.
-        self._changed = asyncio.Event()
-
-    def add(self, data: bytes) -> None:
-        """A piece arrived."""
-        if self._odd:
-            data = self._odd + data
-        whole = len(data) - len(data) % 2
-        self._odd = data[whole:]
-        if whole:
-            self.pieces.append(audio.as_rendered_pcm16(data[:whole]))
-            self._wake()
-
-    def finish(self) -> None:
-        """The call is over (its audio whole, or failed)."""
-        self.finished = True
-        self._wake()
-
-    def _wake(self) -> None:
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
-
-    async def follow(self) -> AsyncGenerator[bytes]:
-        """Every piece, those already arrived first, until the call is over."""
-        i = 0
-        while True:
-            while i < len(self.pieces):
-                yield self.pieces[i]
-                i += 1
-            if self.finished:
-                return
-            await self._changed.wait()
-
-
-class PartialFeed:
-    """The sentences being synthesized whose pcm arrives in pieces, by master key: a stream
-    passes the pieces on as they come (streaming pass-through), while the whole is stored."""
-
-    def __init__(self) -> None:
-        self._calls: dict[str, PartialSentence] = {}
-        self._waiters: dict[str, list[asyncio.Future[PartialSentence]]] = {}
-
-    def open(self, mk: str) -> PartialSentence:
-        """A synthesis of master ``mk`` starts; its pieces go to the returned sentence."""
-        call = self._calls[mk] = PartialSentence()
-        for waiter in self._waiters.pop(mk, []):
-            if not waiter.done():
-                waiter.set_result(call)
-        return call
-
-    def close(self, mk: str, call: PartialSentence) -> None:
-        """The synthesis of ``mk`` is over."""
-        if self._calls.get(mk) is call:
-            del self._calls[mk]
-        call.finish()
-
-    async def sentence(self, mk: str, part: asyncio.Future[Audio]) -> PartialSentence | None:
-        """The synthesis of ``mk`` in flight, waiting for it to start; None once ``part`` (the
-        sentence's master, from the store or a synthesis) is had without one."""
-        call = self._calls.get(mk)
-        if call is not None or part.done():
-            return call
-        waiter: asyncio.Future[PartialSentence] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(mk, []).append(waiter)
-        try:
-            waits: set[asyncio.Future[Any]] = {waiter, part}
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiting = self._waiters.get(mk, [])
-            if waiter in waiting:
-                waiting.remove(waiter)
-                if not waiting:
-                    del self._waiters[mk]
-            if not waiter.done():
-                waiter.cancel()
-        return None if waiter.cancelled() else waiter.result()
-
-
-@dataclasses.dataclass
-class SpeechStream:
-    """A rendition sent as it is made: ``first`` (the format's header and the first sentence) is
-    ready, the rest follows sentence by sentence from :meth:`chunks`. It follows a
-    :class:`Production` without owning it: a reader that stops early cancels nothing."""
-
-    key: str
-    rate: int
-    cache: CacheResult  # "miss" (this call started the production) or "coalesced"
     first: bytes
-    _rest: list[asyncio.Future[Audio]]
-    _encoder: audio.StreamEncoder
-    _pool: concurrent.futures.Executor
-    # How the sentences join: the gaps and trims of :class:`Layout`, from the first sentence on.
-    _layout: Layout
-    # The sentences' own rate (the engine's), at which the silences are made.
-    _source_rate: int
-    # Seconds of audio in the bytes made so far (``first`` and the chunks read).
-    audio_s: float = 0.0
-    _release: Callable[[], None] | None = None
-    # The production's stored rendition: awaited before the last chunk, so a client that reads
-    # X-Audio-Key when the stream ends finds the file (GET /v1/audio/{key}, another format).
-    _stored: asyncio.Future[tuple[Entry, CacheResult]] | None = None
-    # Streaming pass-through (raw pcm at the provider's rate): the feed of sentences in flight,
-    # each sentence's master key (None where a sentence cannot pass: its edges trimmed), and
-    # the rest of the first sentence's pieces when it passed.
-    _feed: PartialFeed | None = None
-    _keys: list[str | None] = dataclasses.field(default_factory=list)
-    _first_rest: AsyncIterator[bytes] | None = None
-    _first_part: asyncio.Future[Audio] | None = None
+    encoder: audio.StreamEncoder
+    source_rate: int
+    audio_s: float
+    keys: list[str | None] | None = None
+    first_rest: AsyncIterator[bytes] | None = None
 
-    # Speech marks as the stream goes: the rendition's text, each sentence's, where the next
-    # sentence starts (in samples at the source rate), and the marks of the piece last made
-    # (``first``'s, then each chunk's, read before it is sent: SSE's speech.marks.delta).
-    _text: str = ""
-    _sentences: list[str] = dataclasses.field(default_factory=list)
-    _samples: int = 0
-    _cursor: int = 0
-    piece_marks: list[marks.Mark] = dataclasses.field(default_factory=list)
 
-    def _place(self, i: int, sentence: Audio, piece_samples: int) -> None:
+class SpeechStream:
+    """A rendition sent as it is made: ``first`` is ready, the rest follows sentence by
+    sentence from :meth:`chunks`. It follows a :class:`Production` without owning it: a reader
+    that stops early cancels nothing (the assembler's one abandonment rule decides)."""
+
+    def __init__(
+        self, production: Production, assembler: Assembler, opening: Opening, *, leader: bool
+    ) -> None:
+        self.key = production.key
+        self.rate = production.rate
+        self.leader = leader
+        # The header goes out with the first sentence: COALESCED when this request joined a
+        # production here, or that sentence came from another process's or replica's synthesis.
+        first_had = production.outcomes.get(0)
+        self.cache: CacheResult = "miss" if leader and first_had != "coalesced" else "coalesced"
+        self.first = opening.first
+        # Seconds of audio in the bytes made so far (``first`` and the chunks read).
+        self.audio_s = opening.audio_s
+        # The marks of the piece last made (``first``'s, then each chunk's, read before it is
+        # sent: SSE's speech.marks.delta).
+        self.piece_marks: list[marks.Mark] = []
+        self._production = production
+        self._opening = opening
+        self._pool = assembler.encode_pool
+        self._feed = assembler.partials if opening.keys is not None else None
+        self._release: Callable[[], None] | None = functools.partial(assembler.leave, production)
+        # Where the next sentence starts (in samples at the source rate), and where in the
+        # rendition's text the last one placed ended.
+        self._samples = 0
+        self._cursor = 0
+
+    def place(self, i: int, sentence: Audio, piece_samples: int) -> None:
         """The marks of sentence ``i`` (made into a piece of ``piece_samples``), placed after
         what was streamed before it; ``piece_marks`` holds them until the next piece."""
-        layout = self._layout
+        prod = self._production
+        layout = prod.layout
+        assert layout is not None  # set before the parts
         offsets = sentences.part_offsets(
             [sentence.pcm],
             sentence.sample_rate,
@@ -249,18 +169,14 @@ class SpeechStream:
         )
         at, head, kept = offsets[0]
         found = None
-        if self._sentences and i < len(self._sentences):
-            text = self._sentences[i]
-            start = self._text.find(text, self._cursor)
+        if i < len(prod.texts):
+            text, whole = prod.texts[i], prod.req.text
+            start = whole.find(text, self._cursor)
             if start >= 0:
                 self._cursor = start + len(text)
                 # The rendition's text up to this sentence, so offsets index the whole text.
                 found = marks.compose(
-                    self._text,
-                    [text],
-                    [sentence],
-                    [(self._samples + at, head, kept)],
-                    cursor=start,
+                    whole, [text], [sentence], [(self._samples + at, head, kept)], cursor=start
                 )
         self.piece_marks = found or []
         self._samples += piece_samples
@@ -275,21 +191,23 @@ class SpeechStream:
         """The encoded bytes after ``first``: one chunk per sentence (or, passing through, each
         piece as the provider sends it), then the encoder's tail."""
         loop = asyncio.get_running_loop()
-        rate = self._source_rate
-        if self._first_rest is not None:
-            async for piece in self._first_rest:
+        prod, opening = self._production, self._opening
+        layout, parts = prod.layout, prod.parts.result()
+        assert layout is not None
+        encoder, rate = opening.encoder, opening.source_rate
+        if opening.first_rest is not None:
+            async for piece in opening.first_rest:
                 self.audio_s += len(piece) / 2 / rate
                 yield piece
-            assert self._first_part is not None
-            await asyncio.shield(self._first_part)  # a failure after the pieces ends the stream
-        for i, part in enumerate(self._rest, start=1):
+            await asyncio.shield(parts[0])  # a failure after the pieces ends the stream
+        for i, part in enumerate(parts[1:], start=1):
             passing = (
                 await self._feed.sentence(mk, part)
-                if self._feed is not None and (mk := self._keys[i]) is not None
+                if self._feed is not None and opening.keys and (mk := opening.keys[i]) is not None
                 else None
             )
             if passing is not None:
-                gap = round(self._layout.gaps_ms[i] / 1000.0 * rate)
+                gap = round(layout.gaps_ms[i] / 1000.0 * rate)
                 if gap:
                     self.audio_s += gap / rate
                     yield bytes(2 * gap)
@@ -300,23 +218,24 @@ class SpeechStream:
                 continue
             sentence = await asyncio.shield(part)
             rate = sentence.sample_rate
-            pcm = self._layout.piece(i, sentence.pcm, rate)
-            self._place(i, sentence, len(pcm))
+            pcm = layout.piece(i, sentence.pcm, rate)
+            self.place(i, sentence, len(pcm))
             self.audio_s += len(pcm) / rate
-            yield await loop.run_in_executor(self._pool, self._encoder.encode, pcm, rate)
-        trailing_s = self._layout.gaps_ms[-1] / 1000.0
+            yield await loop.run_in_executor(self._pool, encoder.encode, pcm, rate)
+        trailing_s = layout.gaps_ms[-1] / 1000.0
         if trailing_s > 0:
             # An SSML break at the very end: its silence is part of the audio.
             tail = np.zeros(round(trailing_s * rate), dtype=np.float32)
             self.audio_s += len(tail) / rate
             self.piece_marks = []
-            yield await loop.run_in_executor(self._pool, self._encoder.encode, tail, rate)
-        if self._stored is not None:
-            try:
-                await asyncio.shield(self._stored)
-            except Exception as exc:  # the audio went out whole: only its storing failed
-                log.warning("streamed key=%s was not stored: %s", self.key, type(exc).__name__)
-        yield await loop.run_in_executor(self._pool, self._encoder.finish)
+            yield await loop.run_in_executor(self._pool, encoder.encode, tail, rate)
+        # The stored rendition, before the last chunk: a client that reads X-Audio-Key when the
+        # stream ends finds the file (GET /v1/audio/{key}, another format).
+        try:
+            await prod.made()
+        except Exception as exc:  # the audio went out whole: only its storing failed
+            log.warning("streamed key=%s was not stored: %s", self.key, type(exc).__name__)
+        yield await loop.run_in_executor(self._pool, encoder.finish)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -450,73 +369,71 @@ class RenderShare:
 
 
 class Assembler:
-    """Makes renditions from sentence masters; at most one :class:`Production` per rendition key."""
+    """Makes renditions from sentence masters: the one registry of productions, at most one per
+    rendition key, that whole answers and streams alike join, with one abandonment rule
+    (:meth:`leave`)."""
 
     def __init__(
         self,
         *,
         masters: MasterSource,
-        store_put: Store,
+        store: TieredStore,
         encode_pool: concurrent.futures.Executor,
-        metrics: Metrics,
+        ledger: Ledger,
+        partials: PiecesFeed,
+        render_share: RenderShare | None = None,
         pause_ms: int = 250,
         max_parallel: int = 8,
         max_sentence_chars: int | None = None,
-        splitter: sentences.SentenceSplitter | None = None,
-        partials: PartialFeed | None = None,
     ) -> None:
         self._masters = masters
+        self._store = store
+        self.encode_pool = encode_pool
+        self.ledger = ledger
         # Streaming pass-through: the sentences in flight whose pcm arrives in pieces (the
         # masters open them), for streams to pass on.
         self.partials = partials
-        self._store_put = store_put
-        self.encode_pool = encode_pool
-        self.metrics = metrics
+        # A client's share of the productions started at once (None: no limit).
+        self.render_share = render_share
         self.pause_ms = pause_ms
         self.max_parallel = max(1, max_parallel)
-        self.splitter = splitter or sentences.SentenceSplitter()
+        self.splitter = sentences.SentenceSplitter()
         self.max_sentence_chars = max_sentence_chars
         self._inflight: dict[str, Production] = {}
-        # Set by the gateway: a client's share of the productions started at once.
-        self.render_share: RenderShare | None = None
 
-    def production(
+    def join(
         self, req: SpeechRequest, key: str, rate: int, *, first_alone: bool = False
     ) -> tuple[Production, bool]:
-        """The production of rendition ``key`` and whether this call started it: the one in
-        flight, else a new one started now (``first_alone``: for a stream, whose first
-        sentence is synthesized before the others are)."""
+        """Follow the production of rendition ``key`` (until :meth:`leave`), and whether this
+        call started it: the one in flight, else a new one started now (``first_alone``: for a
+        stream, whose first sentence is synthesized before the others are)."""
         prod = self._inflight.get(key)
-        if prod is not None:
-            return prod, False
-        # The client that starts a production holds a share of them until it is done (a 429
-        # here starts nothing); joining one costs nothing.
-        release = self.render_share.take() if self.render_share is not None else None
-        loop = asyncio.get_running_loop()
-        prod = Production(
-            key=key, req=req, rate=rate, parts=loop.create_future(), first_alone=first_alone
-        )
-        prod.parts.add_done_callback(_consume)  # an abandoned split fails it unread
-        prod.result = asyncio.ensure_future(self._run(prod))
-        self._inflight[key] = prod
-        prod.result.add_done_callback(functools.partial(self._finished, key, prod))
-        if release is not None:
-            prod.result.add_done_callback(lambda _: release())
-        return prod, True
+        leader = prod is None
+        if prod is None:
+            # The client that starts a production holds a share of them until it is done (a
+            # 429 here starts nothing); joining one costs nothing.
+            release = self.render_share.take() if self.render_share is not None else None
+            loop = asyncio.get_running_loop()
+            prod = Production(
+                key=key, req=req, rate=rate, parts=loop.create_future(), first_alone=first_alone
+            )
+            prod.parts.add_done_callback(_consume)  # an abandoned split fails it unread
+            prod.result = asyncio.ensure_future(self._run(prod))
+            self._inflight[key] = prod
+            prod.result.add_done_callback(functools.partial(self._finished, key, prod))
+            if release is not None:
+                prod.result.add_done_callback(lambda _: release())
+        prod.waiters += 1
+        return prod, leader
 
-    def _finished(
-        self, key: str, prod: Production, task: asyncio.Task[tuple[Entry, CacheResult]]
-    ) -> None:
+    def _finished(self, key: str, prod: Production, task: asyncio.Task[Made]) -> None:
         if self._inflight.get(key) is prod:
             del self._inflight[key]
         # Consume outcomes nobody awaited (every reader gone) so asyncio does not warn about them.
         _consume(task)
 
-    def _join(self, prod: Production) -> None:
-        prod.waiters += 1
-
-    def _leave(self, prod: Production) -> None:
-        """One waiter fewer; the last one out abandons what is not yet queued."""
+    def leave(self, prod: Production) -> None:
+        """One follower fewer; the last one out abandons what is not yet queued."""
         prod.waiters -= 1
         if prod.waiters > 0 or prod.result is None or prod.result.done():
             return
@@ -530,7 +447,6 @@ class Assembler:
                 return  # every sentence is queued or done: let it finish and be stored
         else:
             pending = []  # still splitting: nothing is queued yet
-        prod.abandoned = True
         # A new request for this rendition starts afresh rather than join one being taken apart.
         if self._inflight.get(prod.key) is prod:
             del self._inflight[prod.key]
@@ -539,7 +455,7 @@ class Assembler:
             return
         for part in pending:
             part.cancel()
-        self.metrics.sentences_abandoned.inc(len(pending))
+        self.ledger.metrics.sentences_abandoned.inc(len(pending))
         log.info(
             "production abandoned key=%s: %d sentences not synthesized", prod.key, len(pending)
         )
@@ -550,33 +466,27 @@ class Assembler:
             if prod.result is not None:
                 prod.result.cancel()
 
-    async def produce(self, req: SpeechRequest, key: str, rate: int) -> tuple[Entry, CacheResult]:
-        """Make (or join the making of) rendition ``key`` and return ``(entry, outcome)``: the
-        outcome is ``"miss"`` when a sentence was synthesized for it here, ``"coalesced"`` when
-        one came from a synthesis another replica ran, else ``"hit"`` (stored masters); and
-        ``"coalesced"`` whenever this call joined a production another request started (a
-        stream of the same rendition): that request's response already told its outcome, and
-        only one response may say MISS for one synthesis."""
-        prod, leader = self.production(req, key, rate)
-        self._join(prod)
+    async def produce(self, req: SpeechRequest, key: str, rate: int) -> tuple[Made, bool]:
+        """Make (or join the making of) rendition ``key``: its :class:`Made` and whether this
+        call started the production (one that joined it says COALESCED: only one response may
+        say MISS for one synthesis)."""
+        prod, leader = self.join(req, key, rate)
         try:
-            entry, outcome = await prod.entry()
+            return await prod.made(), leader
         finally:
-            self._leave(prod)
-        return entry, outcome if leader else "coalesced"
+            self.leave(prod)
 
     async def stream(
         self, req: SpeechRequest, key: str, rate: int, *, whole_if_one: bool = False
-    ) -> SpeechStream | tuple[Entry, CacheResult, bool]:
+    ) -> SpeechStream | tuple[Made, bool]:
         """Start (or join) the production of ``key`` and return it as a stream once its first
         sentence is ready: a failure up to then (a full queue, an engine error) is raised here,
         while the caller can still answer it with an error status. With ``whole_if_one`` (a
         stream only where it helps), a rendition of one sentence, or one whose sentences were
-        all stored, is awaited whole instead: ``(entry, outcome, whether this call started the
-        production)``; unless that one sentence's pcm passes through as the provider sends it
-        (there the stream is what helps)."""
-        prod, leader = self.production(req, key, rate, first_alone=True)
-        self._join(prod)
+        all stored, is awaited whole instead, as :meth:`produce` answers; unless that one
+        sentence's pcm passes through as the provider sends it (there the stream is what
+        helps)."""
+        prod, leader = self.join(req, key, rate, first_alone=True)
         try:
             parts = await prod.sentence_parts()
             assert prod.layout is not None  # set before the parts
@@ -594,47 +504,28 @@ class Assembler:
                 if len(parts) == 1 or all(part.done() for part in parts):
                     passing = None
                     if keys is not None and not parts[0].done():
-                        passing = await self._pass_through(req, rate, prod, parts, leader, keys)
+                        passing = await self._pass_through(req, prod, keys, leader)
                     if passing is not None:
                         return passing
-                    entry, outcome = await prod.entry()
-                    self._leave(prod)
-                    return entry, outcome, leader
+                    made = await prod.made()
+                    self.leave(prod)
+                    return made, leader
             if keys is not None:
-                passing = await self._pass_through(req, rate, prod, parts, leader, keys)
+                passing = await self._pass_through(req, prod, keys, leader)
                 if passing is not None:
                     return passing
             first = await asyncio.shield(parts[0])
             pcm = prod.layout.piece(0, first.pcm, first.sample_rate)
-            # One encoder for the whole stream (continuous MP3/AAC: no encoder delay at joins).
             encoder, data = await asyncio.get_running_loop().run_in_executor(
                 self.encode_pool, _open_encoder, req.fmt, rate, pcm, first.sample_rate
             )
         except BaseException:
-            self._leave(prod)
+            self.leave(prod)
             raise
-        stream = SpeechStream(
-            key=key,
-            rate=rate,
-            # The header goes out with the first sentence: COALESCED when this request joined
-            # a production here, or that sentence came from another replica's synthesis.
-            cache="miss" if leader and prod.outcomes.get(0) != "coalesced" else "coalesced",
-            first=data,
-            _rest=parts[1:],
-            _encoder=encoder,
-            _pool=self.encode_pool,
-            _layout=prod.layout,
-            _source_rate=first.sample_rate,
-            audio_s=len(pcm) / first.sample_rate,
-            _release=functools.partial(self._leave, prod),
-            _stored=prod.result,
-            # The sentences after a stored first one may still pass through.
-            _feed=self.partials if keys is not None else None,
-            _keys=keys or [],
-            _text=req.text,
-            _sentences=prod.texts,
-        )
-        stream._place(0, first, len(pcm))
+        # The sentences after a stored first one may still pass through.
+        opening = Opening(data, encoder, first.sample_rate, len(pcm) / first.sample_rate, keys)
+        stream = SpeechStream(prod, self, opening, leader=leader)
+        stream.place(0, first, len(pcm))
         return stream
 
     def _passing_keys(
@@ -646,8 +537,7 @@ class Assembler:
         calls do not come in pieces here)."""
         layout = prod.layout
         if (
-            self.partials is None
-            or layout is None
+            layout is None
             or req.fmt.name != "pcm"
             or not self._masters.passes_through(req.model, rate)
         ):
@@ -658,20 +548,14 @@ class Assembler:
         ]
 
     async def _pass_through(
-        self,
-        req: SpeechRequest,
-        rate: int,
-        prod: Production,
-        parts: list[asyncio.Future[Audio]],
-        leader: bool,
-        keys: list[str | None],
+        self, req: SpeechRequest, prod: Production, keys: list[str | None], leader: bool
     ) -> SpeechStream | None:
         """``prod`` as a stream whose first sentence passes the provider's pcm on as it
         arrives; None when that sentence comes whole (stored, or its call sent no piece)."""
-        feed, layout, mk = self.partials, prod.layout, keys[0]
-        if feed is None or layout is None or mk is None:
+        layout, mk, rate = prod.layout, keys[0], prod.rate
+        if layout is None or mk is None:
             return None
-        call = await feed.sentence(mk, parts[0])
+        call = await self.partials.sentence(mk, prod.parts.result()[0])
         if call is None:
             return None
         pieces = call.follow()
@@ -679,29 +563,12 @@ class Assembler:
         if head is None:  # the call ended without a piece: the whole (or its failure) decides
             await pieces.aclose()
             return None
-        gap = bytes(2 * round(layout.gaps_ms[0] / 1000.0 * rate))
-        return SpeechStream(
-            key=prod.key,
-            rate=rate,
-            cache="miss" if leader and prod.outcomes.get(0) != "coalesced" else "coalesced",
-            first=gap + head,
-            _rest=parts[1:],
-            _encoder=audio.StreamEncoder(req.fmt, rate),
-            _pool=self.encode_pool,
-            _layout=layout,
-            _source_rate=rate,
-            audio_s=(len(gap) + len(head)) / 2 / rate,
-            _release=functools.partial(self._leave, prod),
-            _stored=prod.result,
-            _feed=feed,
-            _keys=keys,
-            _first_rest=pieces,
-            _first_part=parts[0],
-            _text=req.text,
-            _sentences=prod.texts,
-        )
+        first = bytes(2 * round(layout.gaps_ms[0] / 1000.0 * rate)) + head
+        encoder = audio.StreamEncoder(req.fmt, rate)
+        opening = Opening(first, encoder, rate, len(first) / 2 / rate, keys, pieces)
+        return SpeechStream(prod, self, opening, leader=leader)
 
-    async def _run(self, prod: Production) -> tuple[Entry, CacheResult]:
+    async def _run(self, prod: Production) -> Made:
         req = prod.req
         loop = asyncio.get_running_loop()
         try:
@@ -721,7 +588,6 @@ class Assembler:
         prod.sentences = texts
         prod.texts = [t.text for t in texts]
         gate = asyncio.Semaphore(self.max_parallel)
-        outcomes: list[CacheResult] = []
 
         # Sentences must reach the synthesis queue in text order, so the first sentence (what a
         # stream sends first) is synthesized first. A FIFO semaphore is not enough: each
@@ -748,9 +614,8 @@ class Assembler:
                     master, outcome = await self._masters.master(sentence, turns[i].set, hold)
                 finally:
                     turns[i].set()
-            outcomes.append(outcome)
             prod.outcomes[i] = outcome  # before the part resolves: a stream reads it then
-            self.metrics.sentences.labels(outcome).inc()
+            self.ledger.sentence(outcome)
             return master
 
         parts: list[asyncio.Future[Audio]] = [
@@ -762,12 +627,11 @@ class Assembler:
         # On a failure the other sentences are left to finish: their masters are stored for the
         # retry, and a stream reader following them never sees a part cancelled under it.
         masters = await asyncio.gather(*parts)
+        outcomes = [prod.outcomes[i] for i in range(len(texts))]
         synthesized = "miss" in outcomes
-        outcome: CacheResult = (
+        made_as: CacheResult = (
             "miss" if synthesized else "coalesced" if "coalesced" in outcomes else "hit"
         )
-        if not synthesized:
-            self.metrics.transcodes.labels(req.fmt.name).inc()
         # The rendition names its masters, so another encoding of it is a transcode of them
         # (gateway.speech.telephony), whoever asks and by whichever address.
         recipe: dict[str, Any] = {
@@ -778,22 +642,20 @@ class Assembler:
             "gaps_ms": layout.gaps_ms if layout.exact else (),
             "trims": layout.trims if layout.exact else (),
         }
-        entry = await loop.run_in_executor(
-            self.encode_pool,
-            _rendition_entry,
-            req,
-            masters,
-            layout,
-            prod.rate,
-            recipe,
-            [t.text for t in texts],
+        entry, pcm = await loop.run_in_executor(
+            self.encode_pool, _rendition_entry, req, masters, layout, prod.rate, recipe, prod.texts
         )
-        await self._store_put(prod.key, entry)
+        await accept_take(
+            self._store, prod.key, entry, Take(pcm, masters[0].sample_rate, req.text, req)
+        )
+        free = sum(len(t.text) for t, had in zip(texts, outcomes, strict=True) if had != "miss")
+        made = Made(entry, made_as, free)
+        self.ledger.produced(req, made)
         if len(texts) > 1:
             log.debug(
                 "assembled key=%s sentences=%d synthesized=%s", prod.key, len(texts), synthesized
             )
-        return entry, outcome
+        return made
 
 
 def _rendition_entry(
@@ -803,10 +665,10 @@ def _rendition_entry(
     rate: int,
     recipe: dict[str, Any],
     sentence_texts: list[str],
-) -> Entry:
+) -> tuple[Entry, audio.FloatPCM]:
     """The rendition of ``req`` made of ``masters`` (in order) and the entry that stores it: the
     join, the encoding, its checksum and digest, and its speech marks, in one job off the
-    loop."""
+    loop; with the joined samples."""
     rate_in = masters[0].sample_rate
     pcms = [m.pcm for m in masters]
     if layout.exact:
@@ -824,7 +686,7 @@ def _rendition_entry(
         marks.ssml_positions(req.segments),
         len(pcm),
     )
-    return req.entry(
+    entry = req.entry(
         data,
         req.fmt,
         rate,
@@ -832,6 +694,7 @@ def _rendition_entry(
         marks=marks.to_ndjson(found) if found is not None else "",
         **recipe,
     )
+    return entry, pcm
 
 
 def _consume(fut: asyncio.Future[Any]) -> None:

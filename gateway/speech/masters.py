@@ -21,13 +21,14 @@ from cache.keys import master_key, revision_fingerprint
 from cache.singleflight import SingleFlight
 from cache.store import TieredStore
 from gateway.speech import marks
-from gateway.speech.assembly import PartialFeed
 from gateway.speech.caller import caller
 from gateway.speech.request import CacheResult, SpeechRequest
+from gateway.speech.takes import Take, accept_take
 from metrics import Metrics
 from synth import audio
 from synth.engine import Audio, Engine, ParamValue, SynthesisItem
 from synth.errors import Overloaded
+from synth.pieces import PiecesFeed
 from synth.scheduler import Scheduler
 
 log = logging.getLogger("voxgate.speech")
@@ -47,42 +48,6 @@ class ModelHandle:
     ready: asyncio.Event
 
 
-class FreeTally:
-    """The characters of upstream models (remote providers billed per character) served without
-    a call: hits, stored sentences, joined calls. Tallied on the hit path, added to the metrics
-    in bulk before every collection (:meth:`flush`)."""
-
-    def __init__(self, models: Mapping[str, ModelHandle], metrics: Metrics) -> None:
-        self._models = models
-        self.metrics = metrics
-        # Upstream models by name (local ones are not billed: nothing to tally).
-        self.priced = frozenset(
-            name
-            for name, handle in models.items()
-            if handle.engine.capabilities.price_per_million_chars is not None
-        )
-        self._served: dict[str, int] = {}
-
-    def add(self, req: SpeechRequest) -> None:
-        """``req``'s characters were served without a call to its model (counted for upstream
-        models, nothing for local ones)."""
-        if req.model in self.priced:
-            tally = self._served
-            tally[req.model] = tally.get(req.model, 0) + len(req.text)
-
-    def flush(self) -> None:
-        """Add the characters served without a call since the last flush to the metrics."""
-        tally, self._served = self._served, {}
-        m = self.metrics
-        for model, chars in tally.items():
-            m.upstream_chars_cached.labels(model).inc(chars)
-            # Read now: a reload of the upstreams file may have changed it.
-            caps = self._models[model].engine.capabilities
-            price = caps.price_per_million_chars or 0.0
-            if price:
-                m.upstream_saved.labels(model).inc(chars * price / 1e6)
-
-
 def _master_entry(req: SpeechRequest, result: Audio) -> tuple[Audio, Entry]:
     """Freshly synthesized audio as stored, and the master entry that stores it (runs off the
     loop)."""
@@ -94,7 +59,7 @@ def _master_entry(req: SpeechRequest, result: Audio) -> tuple[Audio, Entry]:
     entry = req.entry(
         master, audio.MASTER_FORMAT, result.sample_rate, result.duration_s, alignment=alignment
     )
-    return Audio(stored, result.sample_rate, words), entry
+    return Audio(stored, result.sample_rate, words, result.joined), entry
 
 
 class Masters:
@@ -106,30 +71,33 @@ class Masters:
         models: Mapping[str, ModelHandle],
         metrics: Metrics,
         encode_pool: concurrent.futures.Executor,
-        tally: FreeTally,
+        partials: PiecesFeed,
+        *,
+        cross_replica: CrossReplicaFlight | None = None,
+        admit_synthesis: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
         self.models = models
         self.metrics = metrics
         self.encode_pool = encode_pool
-        self.tally = tally
-        # A master and whether this replica made it (False: adopted from another's synthesis).
-        self._flight: SingleFlight[tuple[Audio, bool]] = SingleFlight()
-        # Set when Redis is configured: one replica of many synthesizes each master.
-        self.cross_replica: CrossReplicaFlight | None = None
-        # Set with API keys on: called with a sentence's length before this process starts
+        # The sentences in flight whose pcm comes in pieces (streaming pass-through).
+        self.partials = partials
+        # With Redis: one replica of many synthesizes each master.
+        self.cross_replica = cross_replica
+        # With API keys on: called with a sentence's length before this process starts
         # synthesizing it (misses only; joining one in flight is free); raises to refuse it (a
         # key over its chars_per_minute).
-        self.admit_synthesis: Callable[[int], Awaitable[None]] | None = None
+        self.admit_synthesis = admit_synthesis
+        # Sentence masters are shared by every rendition that says them (two formats of one
+        # text, two texts with a sentence in common): one synthesis of each here, whichever
+        # renditions ask. A master and whether this process made it (False: joined another's).
+        self._flight: SingleFlight[tuple[Audio, bool]] = SingleFlight()
         # Each voice's engine defaults (fixed once an engine is built), read for every key.
         self._defaults: dict[tuple[str, str], Mapping[str, ParamValue]] = {}
         # Address revisions a rollout switched models to (voxgate rollout), and the
         # fingerprints they make.
         self._revisions: dict[str, str] = {}
         self._address_fingerprints: dict[str, str] = {}
-        # Set by the service: the sentences in flight whose pcm comes in pieces (streaming
-        # pass-through).
-        self.partials: PartialFeed | None = None
 
     # ---- revisions (voxgate rollout) --------------------------------------------------------
 
@@ -230,7 +198,6 @@ class Masters:
         if found is not None and decoded is not None:
             if on_queued is not None:
                 on_queued()
-            self.tally.add(req)
             return decoded, "hit"
         if hold is not None and not self._flight.running(mk):
             await hold()
@@ -244,10 +211,7 @@ class Masters:
         (stored, made_here), leader = await self._flight.do(
             mk, lambda: self._synthesize_once(req, mk, on_queued)
         )
-        if leader and made_here:
-            return stored, "miss"
-        self.tally.add(req)
-        return stored, "coalesced"
+        return stored, "miss" if leader and made_here else "coalesced"
 
     async def _synthesize_once(
         self, req: SpeechRequest, mk: str, on_queued: Callable[[], None] | None = None
@@ -255,10 +219,12 @@ class Masters:
         """Master ``mk`` as stored, synthesized once; once across all replicas when Redis is
         configured: another replica's master is adopted from Redis, decoded exactly as
         :func:`audio.master_of` renders a fresh one, so every replica sends the same bytes.
-        The flag is True when this replica synthesized it, False when it was adopted."""
+        The flag is True when this process synthesized it, False when it was adopted or the
+        host's pool process joined it to another process's synthesis."""
 
         async def produce() -> tuple[Audio, bool]:
-            return await self._synthesize(req, mk, on_queued), True
+            made = await self._synthesize(req, mk, on_queued)
+            return made, not made.joined
 
         if self.cross_replica is None:
             return await produce()
@@ -297,17 +263,10 @@ class Masters:
         if not handle.ready.is_set():
             raise Overloaded(f"model '{req.model}' is still loading", retry_after_s=2.0)
         feed = self.partials
-        partial = None
-        if feed is not None and handle.scheduler.runner.passes_pcm:
-            # The provider's pcm, piece by piece, for streams that pass it on.
-            partial = feed.open(mk)
+        # The provider's pcm, piece by piece, for streams that pass it on.
+        partial = feed.open(mk) if handle.scheduler.runner.passes_pcm else None
         item = SynthesisItem(
-            req.text,
-            req.voice,
-            req.speed,
-            dict(req.params),
-            req.phonemes,
-            sink=partial.add if partial is not None else None,
+            req.text, req.voice, req.speed, dict(req.params), req.phonemes, sink=partial
         )
         if on_queued is not None:
             # submit() queues the item before its first suspension; this runs right after.
@@ -315,14 +274,16 @@ class Masters:
         try:
             result = await handle.scheduler.submit(item, caller().client)
         finally:
-            if partial is not None and feed is not None:
+            if partial is not None:
                 feed.close(mk, partial)
         # One job off the loop: the 16-bit samples once, the FLAC master from them, its checksum
         # and digest (a miss's CPU here is taken from the synthesis workers on the same cores).
         stored, entry = await asyncio.get_running_loop().run_in_executor(
             self.encode_pool, _master_entry, req, result
         )
-        await self.store.put(mk, entry)
+        await accept_take(
+            self.store, mk, entry, Take(stored.pcm, stored.sample_rate, req.text, req)
+        )
         log.info(
             "synthesized key=%s model=%s voice=%s audio_s=%.2f",
             mk,

@@ -16,14 +16,13 @@ from collections.abc import Mapping, Sequence
 
 from cache.entry import Entry
 from cache.keys import rendition_key
-from cache.singleflight import SingleFlight
 from cache.store import TieredStore
 from gateway.errors import BadRequest
 from gateway.memo import BoundedMemo
-from gateway.speech.assembly import Assembler, PartialFeed, SpeechStream, plan
-from gateway.speech.masters import FreeTally, Masters, ModelHandle
+from gateway.speech.assembly import Assembler, SpeechStream, plan
+from gateway.speech.ledger import Ledger, Made
+from gateway.speech.masters import Masters, ModelHandle
 from gateway.speech.request import (
-    CacheResult,
     Segment,
     SpeechRequest,
     SpeechResult,
@@ -31,7 +30,6 @@ from gateway.speech.request import (
 )
 from gateway.speech.telephony import Transcoder
 from gateway.speech.vocabulary import Vocabulary
-from metrics import Metrics
 from synth import audio, sentences
 from synth.engine import Engine
 
@@ -77,23 +75,29 @@ class SpeechService:
         self,
         store: TieredStore,
         models: Mapping[str, ModelHandle],
-        metrics: Metrics,
         *,
-        encode_threads: int = 2,
-        sentence_pause_ms: int = 250,
-        max_parallel_sentences: int = 8,
-        max_sentence_chars: int | None = None,
-        max_audio_s: float | None = None,
+        masters: Masters,
+        assembler: Assembler,
+        transcoder: Transcoder,
+        ledger: Ledger,
+        encode_pool: concurrent.futures.ThreadPoolExecutor,
         vocabulary: Vocabulary | None = None,
+        max_audio_s: float | None = None,
     ) -> None:
         self.store = store
-        self.max_audio_s = max_audio_s
         self.models = dict(models)
-        self.metrics = metrics
-        # Cancelled once every waiter is gone, so the production below learns nobody waits.
-        self._renditions: SingleFlight[tuple[Entry, CacheResult]] = SingleFlight(
-            cancel_abandoned=True
-        )
+        # Each sentence's master, stored or synthesized once, below the assembler (the speech
+        # path flows one way: it never calls back up here).
+        self.masters = masters
+        # The one registry of productions: renditions being made, whole answers and streams.
+        self.assembler = assembler
+        # Other encodings of stored audio by content address (GET /v1/audio/{key}.{ext}).
+        self.transcoder = transcoder
+        self.ledger = ledger
+        # Owned here: shut down with the service (the parts above share it).
+        self._encode_pool = encode_pool
+        self.max_audio_s = max_audio_s
+        self.sentence_pause_ms = assembler.pause_ms
         # Content addresses of recent requests: hashing the canonical JSON is most of a hit's CPU
         # cost, and the same few thousand prompts repeat. Bounded; evicts oldest first.
         self._key_memo: BoundedMemo[tuple[object, ...], tuple[str, str, int]] = BoundedMemo(
@@ -103,40 +107,9 @@ class SpeechService:
         self.vocabulary = vocabulary or Vocabulary(
             {name: handle.engine for name, handle in self.models.items()}
         )
-        self._encode_pool = concurrent.futures.ThreadPoolExecutor(
-            encode_threads, thread_name_prefix="encode"
-        )
-        self.sentence_pause_ms = sentence_pause_ms
-        # Characters of upstream models served without a call to them (hits, stored sentences,
-        # joined calls), added to the metrics in bulk before every collection.
-        self.tally = FreeTally(self.models, metrics)
-        metrics.before_collect(self.tally.flush)
-        # Below the assembler, beside the store: each sentence's master, stored or synthesized
-        # once. The assembler asks it, never this service (the speech path flows one way).
-        self.masters = Masters(store, self.models, metrics, self._encode_pool, self.tally)
-        # Streaming pass-through: the masters open a sentence per synthesis whose pcm comes in
-        # pieces; the assembler's streams follow them.
-        self.masters.partials = PartialFeed()
         # ``_addressing`` is replaced at every switch of an address revision (voxgate rollout),
         # so a request carrying keys computed before it computes them again.
         self._addressing = object()
-        self.assembler = Assembler(
-            masters=self.masters,
-            partials=self.masters.partials,
-            store_put=self.store.put,
-            encode_pool=self._encode_pool,
-            metrics=metrics,
-            pause_ms=sentence_pause_ms,
-            max_parallel=max_parallel_sentences,
-            max_sentence_chars=max_sentence_chars,
-        )
-        # Other encodings of stored audio by content address (GET /v1/audio/{key}.{ext}).
-        self.transcoder = Transcoder(
-            store,
-            {name: handle.engine for name, handle in self.models.items()},
-            metrics,
-            self._encode_pool,
-        )
 
     async def close(self) -> None:
         """Stop productions in flight and release the encoder threads (joining threads blocks:
@@ -205,8 +178,7 @@ class SpeechService:
         entry = self.store.get_memory(key)
         if entry is None:
             return None
-        if self.tally.priced:
-            self.tally.add(req)
+        self.ledger.answered(req, "hit", produced_here=False)
         return key, entry
 
     async def answer(
@@ -215,26 +187,37 @@ class SpeechService:
         """The one call every endpoint makes: ``req``'s audio whole (:class:`SpeechResult`), or,
         with ``stream`` and nothing stored yet, a :class:`SpeechStream` that follows the
         synthesis sentence by sentence (stored audio always comes whole). ``stream=None``
-        streams only a rendition of more than one sentence (known once the text is split)."""
-        if stream is False:
-            return await self.speak(req)
+        streams only a rendition of more than one sentence (known once the text is split).
+        Every answer's outcome is counted here, once (:class:`Ledger`)."""
         self.check_budget(req)
-        key, rate, entry = await self.lookup(req)
+        _, key, rate = self.keys_for(req)
+        entry = self.store.get_memory(key)
+        if entry is None:
+            found = await self.store.get(key)
+            entry = found.entry if found is not None else None
         if entry is not None:
-            self.tally.add(req)
+            self.ledger.answered(req, "hit", produced_here=False)
             return SpeechResult(entry, key, "hit")
-        stream_ = await self.assembler.stream(req, key, rate, whole_if_one=stream is None)
-        if isinstance(stream_, tuple):
-            entry, outcome, leader = stream_
-            if not leader:
-                self.tally.add(req)
-            if not leader or outcome == "coalesced":
-                self.metrics.coalesced.inc()
-                return SpeechResult(entry, key, "coalesced")
-            return SpeechResult(entry, key, outcome)
-        if stream_.cache == "coalesced":
-            self.tally.add(req)  # joined a production another request started
-        return stream_
+        made: SpeechStream | tuple[Made, bool]
+        if stream is False:
+            made = await self.assembler.produce(req, key, rate)
+        else:
+            made = await self.assembler.stream(req, key, rate, whole_if_one=stream is None)
+            if isinstance(made, SpeechStream):
+                self.ledger.answered(req, made.cache, produced_here=made.leader)
+                return made
+        result, leader = made
+        # Waited for a production another request (here) started: not a synthesis for this
+        # response, and only one response says MISS for one synthesis.
+        cache = result.cache if leader else "coalesced"
+        self.ledger.answered(req, cache, produced_here=leader)
+        return SpeechResult(result.entry, key, cache)
+
+    async def speak(self, req: SpeechRequest) -> SpeechResult:
+        """The audio for ``req`` whole: from the store when it is there, else made once."""
+        answer = await self.answer(req)
+        assert isinstance(answer, SpeechResult)  # (whole unless a stream is asked for)
+        return answer
 
     def passes_through(self, req: SpeechRequest) -> bool:
         """Whether a miss of ``req`` may pass its provider's pcm on as it arrives (raw ``pcm``
@@ -274,46 +257,6 @@ class SpeechService:
                 param="input",
                 code="audio_too_long",
             )
-
-    async def speak(self, req: SpeechRequest) -> SpeechResult:
-        """The audio for ``req``: from the store when it is there, else synthesized once."""
-        self.check_budget(req)
-        mk, rk, rate = self.keys_for(req)
-        entry = self.store.get_memory(rk)
-        if entry is None:
-            found = await self.store.get(rk)
-            entry = found.entry if found is not None else None
-        if entry is not None:
-            self.tally.add(req)
-            return SpeechResult(entry, rk, "hit")
-        (entry, outcome), leader = await self._renditions.do(
-            rk, lambda: self._produce(req, mk, rk, rate)
-        )
-        if not leader:
-            # (A leader's sentences were counted one by one, by its masters.)
-            self.tally.add(req)
-        if not leader or outcome == "coalesced":
-            # Waited for a synthesis another request (here) or another replica (through Redis)
-            # ran: not a synthesis for this response, and only one response says MISS.
-            self.metrics.coalesced.inc()
-            return SpeechResult(entry, rk, "coalesced")
-        return SpeechResult(entry, rk, outcome)
-
-    async def _produce(
-        self, req: SpeechRequest, mk: str, rk: str, rate: int
-    ) -> tuple[Entry, CacheResult]:
-        """Make the rendition ``rk`` from its sentences' masters (stored ones are transcoded, the
-        others synthesized concurrently); see :mod:`gateway.speech.assembly`."""
-        return await self.assembler.produce(req, rk, rate)
-
-    async def lookup(self, req: SpeechRequest) -> tuple[str, int, Entry | None]:
-        """``(rendition_key, rate, stored entry or None)``: the cheap first step of a request."""
-        _, rk, rate = self.keys_for(req)
-        entry = self.store.get_memory(rk)
-        if entry is None:
-            found = await self.store.get(rk)
-            entry = found.entry if found is not None else None
-        return rk, rate, entry
 
     async def explain(self, req: SpeechRequest) -> dict[str, object]:
         """What ``req`` would say and where its audio lives, without synthesizing: its

@@ -31,8 +31,9 @@ from cache.store import TieredStore
 from gateway.errors import BadRequest, NotFound
 from gateway.memo import BoundedMemo
 from gateway.speech.assembly import RenderShare
+from gateway.speech.ledger import Ledger
 from gateway.speech.request import CacheResult
-from metrics import Metrics
+from gateway.speech.takes import Take, accept_take
 from synth import audio, sentences
 from synth.engine import Engine
 
@@ -124,19 +125,20 @@ class Transcoder:
         self,
         store: TieredStore,
         models: Mapping[str, Engine],
-        metrics: Metrics,
+        ledger: Ledger,
         encode_pool: concurrent.futures.Executor,
+        render_share: RenderShare | None = None,
     ) -> None:
         self.store = store
         self.engines = models
-        self.metrics = metrics
+        self.ledger = ledger
         self.encode_pool = encode_pool
         # (source key, extension) -> derived key: a repeated URL costs one dict lookup before
         # the store, and a conditional request (If-None-Match) none.
         self._derived: BoundedMemo[tuple[str, str], str] = BoundedMemo(4096)
         self._flight: SingleFlight[Entry] = SingleFlight()
-        # Set by the gateway: a client's share of the transcodes made at once (the service's).
-        self.render_share: RenderShare | None = None
+        # A client's share of the transcodes made at once (the service's; None: no limit).
+        self.render_share = render_share
 
     def known_key(self, key: str, ext: Extension) -> str | None:
         """The derived key of ``key`` in ``ext`` if it was computed before (no I/O)."""
@@ -212,8 +214,9 @@ class Transcoder:
             # Times do not depend on the encoding: the same audio has the same marks.
             marks=meta.marks,
         )
-        await self.store.put(key, entry)
-        self.metrics.transcodes.labels(ext.fmt.name).inc()
+        # (A transcode's text is its source's: the entry does not carry it.)
+        await accept_take(self.store, key, entry, Take(pcm, src_rate, "", None))
+        self.ledger.transcoded(ext.fmt.name)
         return entry
 
     async def _audio_of(self, source: Entry) -> tuple[audio.FloatPCM, int]:

@@ -1,0 +1,30 @@
+"""The one way a new take into the store: every master a synthesis made (any engine, any
+provider, whole or passed through in pieces) and every rendition or transcode made of masters
+passes :func:`accept_take` before it is stored or counted. Checks of the audio itself belong
+here, so that nothing unchecked is ever stored or served as a hit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cache.entry import Entry
+from cache.store import TieredStore
+from gateway.speech.request import SpeechRequest
+from synth.audio import FloatPCM
+
+
+@dataclass(frozen=True)
+class Take:
+    """Audio just made, before it is stored: the samples ``entry`` encodes (float, at
+    ``sample_rate``), the text they say, and the request they were made for (None for a
+    transcode: another encoding of stored audio, asked for by its address)."""
+
+    pcm: FloatPCM
+    sample_rate: int
+    text: str
+    req: SpeechRequest | None
+
+
+async def accept_take(store: TieredStore, key: str, entry: Entry, take: Take) -> None:
+    """Store ``entry`` under ``key``: the one call that writes a new master or rendition."""
+    await store.put(key, entry)
