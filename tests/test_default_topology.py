@@ -96,6 +96,31 @@ async def test_a_miss_is_made_once_for_the_host_and_every_process_hits_it(
     assert syntheses(await scrape(server)) - before == 2
 
 
+async def test_identical_concurrent_misses_say_miss_once_for_one_synthesis(
+    server: DefaultServer,
+) -> None:
+    """Eight identical misses at once, each on a new connection (so both gateway processes
+    lead a production of their own): the host's pool runs one synthesis, and only the response
+    whose request started it says MISS; the others joined it."""
+    # One long sentence: its synthesis lasts far longer than sending eight requests does.
+    text = (
+        "While every agent is busy helping other callers, please stay on the line, and the "
+        "first one free will answer your call in the order it was received, thank you."
+    )
+    before = syntheses(await scrape(server))
+    answers = await asyncio.gather(
+        *(
+            server.request("POST", "/v1/audio/speech", headers=AUTH, json=speech(text))
+            for _ in range(8)
+        )
+    )
+    assert all(status == 200 for status, _, _ in answers)
+    assert len({body for _, _, body in answers}) == 1
+    labels = sorted(headers["X-Cache"] for _, headers, _ in answers)
+    assert labels == ["COALESCED"] * 7 + ["MISS"]
+    assert syntheses(await scrape(server)) - before == 1
+
+
 async def test_metrics_count_every_process_s_requests(server: DefaultServer) -> None:
     before = requests_to(await scrape(server), "/v1/voices")
     for _ in range(NEW_CONNECTIONS):
