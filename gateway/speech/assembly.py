@@ -20,8 +20,8 @@ import concurrent.futures
 import dataclasses
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import numpy as np
 from prometheus_client import Counter
@@ -32,45 +32,15 @@ from gateway.errors import TooManyRequests
 from gateway.speech import marks
 from gateway.speech.caller import caller
 from gateway.speech.ledger import Ledger, Made
+from gateway.speech.masters import Masters
 from gateway.speech.request import CacheResult, SpeechRequest, segment_speed
 from gateway.speech.takes import Take, accept_take
 from synth import audio, sentences
-from synth.engine import Audio, ParamValue
+from synth.engine import Audio
 from synth.pieces import PiecesFeed
 from synth.scheduler import ClientShares
 
 log = logging.getLogger("voxgate.speech")
-
-
-class MasterSource(Protocol):
-    """Where the assembler has each sentence's master (:class:`gateway.speech.masters.Masters`:
-    the store, else one synthesis), and what it must know of a model to plan a text."""
-
-    async def master(
-        self,
-        req: SpeechRequest,
-        on_queued: Callable[[], None] | None = None,
-        hold: Callable[[], Awaitable[object]] | None = None,
-    ) -> tuple[Audio, CacheResult]:
-        """Sentence ``req``'s master audio and how it was had: "hit" (stored), "miss"
-        (synthesized by this call) or "coalesced" (joined a synthesis in flight).
-        ``on_queued`` is called once the sentence is answered from the store or handed to
-        synthesis, so the next sentence may start its own lookup. ``hold``, when given, is
-        awaited after a store miss before a new synthesis is started (not before joining one
-        in flight)."""
-        ...
-
-    def passes_through(self, model: str, rate: int) -> bool:
-        """Whether ``model``'s pcm may go to a stream as it arrives, at output ``rate``."""
-        ...
-
-    def master_key(self, req: SpeechRequest, **extra: ParamValue) -> str:
-        """The format-free key of ``req``'s text (``extra`` parameters join)."""
-        ...
-
-    def says_whole(self, model: str) -> bool:
-        """Whether ``model``'s texts are said whole, not sentence by sentence."""
-        ...
 
 
 @dataclasses.dataclass
@@ -91,8 +61,6 @@ class Production:
     # How the sentences are joined, and the one-sentence requests (set with ``parts``).
     layout: Layout | None = None
     sentences: list[SpeechRequest] = dataclasses.field(default_factory=list)
-    # Each sentence's text, in order (set with ``parts``): where a stream's marks point.
-    texts: list[str] = dataclasses.field(default_factory=list)
     # How each sentence was had ("hit", "miss", "coalesced"), by index, once it has been.
     outcomes: dict[int, CacheResult] = dataclasses.field(default_factory=dict)
     # Started by a stream: the first sentence is synthesized alone (see ``Assembler._run``).
@@ -169,8 +137,8 @@ class SpeechStream:
         )
         at, head, kept = offsets[0]
         found = None
-        if i < len(prod.texts):
-            text, whole = prod.texts[i], prod.req.text
+        if i < len(prod.sentences):
+            text, whole = prod.sentences[i].text, prod.req.text
             start = whole.find(text, self._cursor)
             if start >= 0:
                 self._cursor = start + len(text)
@@ -376,7 +344,7 @@ class Assembler:
     def __init__(
         self,
         *,
-        masters: MasterSource,
+        masters: Masters,
         store: TieredStore,
         encode_pool: concurrent.futures.Executor,
         ledger: Ledger,
@@ -586,7 +554,6 @@ class Assembler:
             raise
         prod.layout = layout
         prod.sentences = texts
-        prod.texts = [t.text for t in texts]
         gate = asyncio.Semaphore(self.max_parallel)
 
         # Sentences must reach the synthesis queue in text order, so the first sentence (what a
@@ -643,7 +610,14 @@ class Assembler:
             "trims": layout.trims if layout.exact else (),
         }
         entry, pcm = await loop.run_in_executor(
-            self.encode_pool, _rendition_entry, req, masters, layout, prod.rate, recipe, prod.texts
+            self.encode_pool,
+            _rendition_entry,
+            req,
+            masters,
+            layout,
+            prod.rate,
+            recipe,
+            [t.text for t in texts],
         )
         await accept_take(
             self._store, prod.key, entry, Take(pcm, masters[0].sample_rate, req.text, req)

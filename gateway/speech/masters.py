@@ -2,7 +2,7 @@
 and parameters), from the store, else synthesized once: single flight in this process, and across
 replicas with Redis (:mod:`cache.distributed`).
 
-:class:`Masters` is the :class:`~gateway.speech.assembly.MasterSource` the assembler asks for each
+:class:`Masters` is what the assembler (:mod:`gateway.speech.assembly`) asks for each
 sentence of a text; it sits below the assembler, beside the store, and never calls back up into
 the :class:`~gateway.speech.service.SpeechService` that owns both.
 """
