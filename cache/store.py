@@ -57,6 +57,15 @@ class TieredStore:
             self._memory_hits_pending += 1
         return entry
 
+    async def find(self, key: str) -> Entry | None:
+        """The entry under ``key``: from memory without an await when it is there, else looked
+        up top-down (:meth:`get`)."""
+        entry = self.get_memory(key)
+        if entry is None:
+            found = await self.get(key)
+            entry = found.entry if found is not None else None
+        return entry
+
     def flush_memory_hits(self) -> None:
         """Add the memory hits tallied since the last flush to the lookup counter."""
         pending, self._memory_hits_pending = self._memory_hits_pending, 0

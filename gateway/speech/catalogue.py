@@ -191,14 +191,6 @@ def prompt_label(req: SpeechRequest, result: PromptResult, ident: str | None) ->
     return label
 
 
-async def _stored(service: SpeechService, key: str) -> Entry | None:
-    entry = service.store.get_memory(key)
-    if entry is None:
-        found = await service.store.get(key)
-        entry = found.entry if found is not None else None
-    return entry
-
-
 async def pin(
     service: SpeechService,
     registry: PinRegistry,
@@ -227,7 +219,7 @@ async def pin(
         # The masters too: every other encoding of a pinned prompt is then a transcode.
         for part in result.entry.meta.parts:
             if part not in entries:
-                found = await _stored(service, part)
+                found = await service.store.find(part)
                 if found is not None:
                     entries[part] = found
         for ext in extensions:

@@ -175,10 +175,7 @@ def pinned_prompts(
 async def _duration_of(service: SpeechService, key: str | None) -> float | None:
     if key is None:
         return None
-    entry = service.store.get_memory(key)
-    if entry is None:
-        found = await service.store.get(key)
-        entry = found.entry if found is not None else None
+    entry = await service.store.find(key)
     return entry.meta.duration_s if entry is not None else None
 
 

@@ -191,10 +191,7 @@ class SpeechService:
         Every answer's outcome is counted here, once (:class:`Ledger`)."""
         self.check_budget(req)
         _, key, rate = self.keys_for(req)
-        entry = self.store.get_memory(key)
-        if entry is None:
-            found = await self.store.get(key)
-            entry = found.entry if found is not None else None
+        entry = await self.store.find(key)
         if entry is not None:
             self.ledger.answered(req, "hit", produced_here=False)
             return SpeechResult(entry, key, "hit")

@@ -144,13 +144,6 @@ class Transcoder:
         """The derived key of ``key`` in ``ext`` if it was computed before (no I/O)."""
         return self._derived.get((key, ext.name))
 
-    async def _lookup(self, key: str) -> Entry | None:
-        entry = self.store.get_memory(key)
-        if entry is None:
-            found = await self.store.get(key)
-            entry = found.entry if found is not None else None
-        return entry
-
     def derived_key(self, key: str, meta: EntryMeta, ext: Extension) -> tuple[str, int]:
         """``(key, rate)`` of ``ext``'s encoding of the audio stored under ``key``.
 
@@ -169,15 +162,15 @@ class Transcoder:
         without a synthesis."""
         known = self._derived.get((key, ext.name))
         if known is not None:
-            entry = await self._lookup(known)
+            entry = await self.store.find(known)
             if entry is not None:
                 return Transcoded(known, entry, "hit")
-        source = await self._lookup(key)
+        source = await self.store.find(key)
         if source is None:
             return None
         derived, rate = self.derived_key(key, source.meta, ext)
         self._derived.put((key, ext.name), derived)
-        entry = await self._lookup(derived)
+        entry = await self.store.find(derived)
         if entry is not None:
             return Transcoded(derived, entry, "hit")
         share = self.render_share
@@ -225,7 +218,7 @@ class Transcoder:
         meta = source.meta
         loop = asyncio.get_running_loop()
         if meta.parts:
-            parts = await asyncio.gather(*(self._lookup(k) for k in meta.parts))
+            parts = await asyncio.gather(*(self.store.find(k) for k in meta.parts))
             if all(p is not None for p in parts):
                 decoded = await asyncio.gather(
                     *(
