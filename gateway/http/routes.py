@@ -567,7 +567,7 @@ def route_table(settings: Settings) -> RouteTable:
             openapi_document,
             OPEN,
             tag="operations",
-            summary="This document",
+            summary="The OpenAPI document",
             answers={200: json_answer("OpenAPI 3.2.")},
         ),
         Route(
