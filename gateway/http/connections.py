@@ -10,8 +10,8 @@ capped, so a few sockets cannot hold the gateway.
   not take a piece within ``write_timeout_s`` is cut off (a 1 byte/s reader was kept forever).
 - A cap: :func:`cap_connections` answers a connection beyond ``max_connections`` with a 503 and
   closes it, except in a few slots kept for health probes: a full gateway still answers the
-  routes the route table marks as probes (``GET /healthz``, ``GET /readyz``; an orchestrator whose liveness probe got 503 would restart
-  a gateway that is only busy).
+  routes the route table marks as probes (``GET /healthz``, ``GET /readyz``; an orchestrator
+  whose liveness probe got 503 would restart a gateway that is only busy).
 - Requests aiohttp's parser refuses (a header with a control byte, an oversized line, a bad
   request line) are logged by :class:`RefusedRequests`: a warning naming the error's kind and
   the peer, at most one line per ``REFUSALS_LOGGED_EVERY_S``; never the raw line, which holds

@@ -122,6 +122,8 @@ RETRY_AFTER = Header("Retry-After", {"type": "integer"})
 BINARY, TEXT = Binary(), Text()
 AUDIO_TYPES = tuple(sorted({f.content_type for f in audio.FORMATS.values()}))
 PLAYER_TYPES = tuple(sorted({e.content_type for e in EXTENSIONS.values()}))
+# The captions' types: their handlers send what is declared here.
+VTT, SRT = "text/vtt", "application/x-subrip"
 
 
 def audio_answer(description: str, media: tuple[str, ...] = AUDIO_TYPES) -> Answer:
@@ -253,7 +255,6 @@ def common_answers(settings: Settings) -> dict[int, Common]:
 # ---- parameters -------------------------------------------------------------------------------
 
 KEY_PARAM = Param("key", "path", KEY)
-VTT, SRT = "text/vtt", "application/x-subrip"
 _MARK_TYPE = "(" + "|".join(MARK_TYPES) + ")"
 MARK_TYPES_PATTERN = rf"^\s*({_MARK_TYPE}\s*(,\s*{_MARK_TYPE}\s*)*)?$"
 EXT_PARAM = Param(
