@@ -21,6 +21,7 @@ from gateway.http.connections import (
     runner_options,
     write_within,
 )
+from gateway.http.routes import route_table
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 from tests.conftest import GatewayFactory
@@ -138,7 +139,8 @@ async def tiny_server() -> AsyncIterator[Any]:
         runner = web.AppRunner(app, access_log=None, **runner_options(settings))
         await runner.setup()
         assert runner.server is not None
-        cap_connections(runner.server, settings.max_connections, metrics)
+        probes = route_table(settings).probe_paths  # (what `voxgate serve` passes)
+        cap_connections(runner.server, settings.max_connections, metrics, probes)
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         runners.append(runner)

@@ -1,6 +1,8 @@
 """The route table is the one statement of the routes: the app registers exactly its routes, in
 its order; the access guards, the JSON-only rule, CORS and the OpenAPI document follow it (a route
-removed or changed in the table is removed or changed in all of them); and
+removed or changed in the table is removed or changed in all of them); every route answers a
+request without a key as its access says, on `voxgate serve` with keys on, public audio URLs on
+and off; docs/api.md's endpoint table and the request models' route names are the table's; and
 ``python -m gateway.http.openapi`` prints what a server serves."""
 
 from __future__ import annotations
@@ -9,17 +11,26 @@ import asyncio
 import json
 import re
 import sys
-from dataclasses import replace
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from gateway.api.models import RequestModel
 from gateway.http.app import create_app
 from gateway.http.auth import OPEN
-from gateway.http.routes import route_table
-from gateway.http.routing import JSON, Body, RouteTable
+from gateway.http.openapi import TAGS
+from gateway.http.routes import AUDIO, route_table
+from gateway.http.routing import JSON, Body, Route, RouteTable
 from gateway.runtime.apikeys import key_table
 from gateway.runtime.settings import Settings
 from tests.conftest import GatewayFactory
+from tests.served import DefaultServer
+
+# One pytest-xdist worker runs the whole module: its tests share module-scoped `voxgate serve`s.
+pytestmark = pytest.mark.xdist_group("routes")
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEAK_SECRET = "speak-secret-0123456789-abcdefghijklmnop"
@@ -170,3 +181,144 @@ def test_the_security_docs_name_the_json_only_routes_of_the_table() -> None:
     }
     table = route_table(Settings.load(env={}))
     assert named == {(r.method, r.path) for r in table.routes if r.json_only}
+
+
+# ---- access, as the table declares it, on `voxgate serve` ------------------------------------
+
+DEFAULT = route_table(Settings.load(env={}))
+KEY = {"X-API-Key": SPEAK_SECRET}
+
+
+@dataclass
+class Keyed:
+    """`voxgate serve` with a keys file, public audio URLs on or off, and audio stored under
+    ``key`` (with its speech marks)."""
+
+    server: DefaultServer
+    public: bool
+    key: str
+
+    async def status(self, method: str, path: str) -> int:
+        """The status of a request sent without a key."""
+        body = {} if method == "POST" else None
+        return (await self.server.request(method, path, json=body))[0]
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["public-audio-urls", "keys-only"])
+def keyed_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Keyed]:
+    public: bool = request.param
+    home = tmp_path_factory.mktemp("keyed")
+    keys_file = home / "keys.toml"
+    keys_file.write_text(key_table("ivr", SPEAK_SECRET, ["speak"]), encoding="utf-8")
+    flag = "true" if public else "false"
+    server = DefaultServer(
+        home / "srv", "--api-keys-file", str(keys_file), "--public-audio-urls", flag
+    )
+    try:
+        server.wait_ready()
+        body = {**BODY, "response_format": "wav"}
+        status, headers, _ = asyncio.run(
+            server.request("POST", "/v1/audio/speech", json=body, headers=KEY)
+        )
+        assert status == 200
+        yield Keyed(server, public, headers["X-Audio-Key"])
+        # Every answer the module's tests received, against the document the server serves.
+        assert asyncio.run(server.conformance_failures()) == []
+    finally:
+        server.close()
+
+
+def _filled(path: str, key: str) -> str:
+    values = {"key": key, "ext": "ulaw", "voice": "joe", "text": "Hi", "token": "1~ivr~x"}
+    return re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], path)
+
+
+@pytest.mark.parametrize("route", DEFAULT.routes, ids=lambda r: f"{r.method} {r.path}")
+async def test_each_route_answers_a_request_without_a_key_as_its_access_says(
+    keyed_server: Keyed, route: Route
+) -> None:
+    """Derived from the table, so a new route is covered: a keyed route answers 401 unless it
+    reads an audio address while public audio URLs are on; then it serves the stored audio."""
+    status = await keyed_server.status(route.method, _filled(route.path, keyed_server.key))
+    public = route.access.capability and keyed_server.public
+    if public:
+        assert status == 200
+    elif route.keyed:
+        assert status == 401
+    else:
+        assert status != 401
+
+
+@pytest.mark.parametrize("stored", [True, False], ids=["stored", "unknown"])
+async def test_the_audio_and_what_is_read_under_its_address_answer_alike(
+    keyed_server: Keyed, stored: bool
+) -> None:
+    key = keyed_server.key if stored else "0" * 64
+    suffixes = ("", ".ulaw", ".marks", ".vtt", ".srt")
+    statuses = [await keyed_server.status("GET", f"/v1/audio/{key}{s}") for s in suffixes]
+    alike = (200 if stored else 404) if keyed_server.public else 401
+    assert statuses == [alike] * len(suffixes)
+
+
+def test_the_capabilities_are_exactly_the_reads_of_an_audio_address() -> None:
+    capabilities = {r.path for r in DEFAULT.routes if r.access.capability}
+    under = {r.path for r in DEFAULT.routes if r.method == "GET" and r.path.startswith(AUDIO)}
+    assert capabilities == under
+    assert {p.removeprefix(AUDIO) for p in capabilities} == {"", ".{ext}", ".marks", ".vtt", ".srt"}
+
+
+def test_the_probes_are_open_gets() -> None:
+    probes = [r for r in DEFAULT.routes if r.probe]
+    assert probes and all(r.method == "GET" and not r.keyed for r in probes)
+    assert DEFAULT.probe_paths == {r.path for r in probes}
+
+
+def test_the_request_models_name_the_routes_that_read_them() -> None:
+    """A model's ``route`` (named in its "unsupported field" errors) is a route that reads it."""
+    reading: dict[type, set[str]] = {}
+    for r in DEFAULT.routes:
+        for model in (r.body.model if r.body else None, r.query):
+            if model is not None:
+                reading.setdefault(model, set()).update({r.path, f"{r.method} {r.path}"})
+    for model, names in reading.items():
+        assert model.route is None or model.route in names, (model, names)
+
+    def named(cls: type[RequestModel]) -> set[str]:
+        own = {cls.__name__} if vars(cls).get("route") is not None else set()
+        return own.union(*(named(sub) for sub in cls.__subclasses__()))
+
+    # (Each named model, or a model made from it for the settings, is read by a route.)
+    read = {c.__name__ for model in reading for c in model.__mro__}
+    assert named(RequestModel) <= read
+
+
+# ---- docs/api.md's endpoint table ----------------------------------------------------------
+
+
+def endpoint_table(table: RouteTable) -> str:
+    """docs/api.md's endpoint table, rendered from ``table``: by tag, then in table order; the
+    methods of one path with the same summary and access in one row."""
+    rows: dict[tuple[str, str, str], list[str]] = {}
+    for route in sorted(table.routes, key=lambda r: list(TAGS).index(r.tag)):
+        access = route.access.name
+        if route.access.capability:
+            access += " (none while `public_audio_urls` is on)"
+        rows.setdefault((route.path, route.summary, access), []).append(route.method)
+    lines = ["| method | path | what | access |", "|---|---|---|---|"]
+    lines += [
+        f"| {', '.join(methods)} | `{path}` | {summary} | {access} |"
+        for (path, summary, access), methods in rows.items()
+    ]
+    return "\n".join(lines)
+
+
+def test_the_api_docs_endpoint_table_is_the_route_tables() -> None:
+    lines = (ROOT / "docs" / "api.md").read_text().splitlines()
+    start = lines.index(next(line for line in lines if line.startswith("| method | path |")))
+    end = next(i for i in range(start, len(lines)) if not lines[i].startswith("|"))
+    expected = endpoint_table(DEFAULT)
+    assert "\n".join(lines[start:end]) == expected, (
+        "docs/api.md's endpoint table is not the route table's; replace it with:\n" + expected
+    )

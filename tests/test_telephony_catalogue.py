@@ -17,17 +17,14 @@ import time
 import wave
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import make_mocked_request
 
 from gateway.api.catalogue import CatalogueError, check_ids, parse_catalogue
 from gateway.api.say import signed_say_path
 from gateway.cli.export import run_export
 from gateway.http import keys
-from gateway.http.telephony import self_authorized
 from gateway.runtime.settings import Settings
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine
@@ -441,25 +438,3 @@ async def test_signing_off_refuses_signed_urls(gateway: GatewayFactory) -> None:
     assert (await r.json())["error"]["code"] == "signing_disabled"
     r = await client.post("/v1/say/sign", json={"voice": "joe", "text": "Hi.", "ext": "wav"})
     assert r.status == 403
-
-
-async def test_the_api_key_seam_knows_which_urls_authorize_themselves(
-    gateway: GatewayFactory, settings: Settings
-) -> None:
-    """Players that cannot send headers: a signed say URL authorizes itself, and content-address
-    URLs do while ``public_audio_urls`` is on (the key check asks
-    :func:`self_authorized`)."""
-
-    async def why(app: Any, path: str) -> str | None:
-        match = await app.router.resolve(make_mocked_request("GET", path, app=app))
-        return self_authorized(SimpleNamespace(app=app, match_info=match))  # type: ignore[arg-type]
-
-    key = "ab" * 32
-    on = (await gateway(settings=settings.replace(url_signing_secret=SECRET))).server.app
-    assert await why(on, signed_say_path(SECRET, "joe", "Hi.", "wav", LATER)) == "signature"
-    assert await why(on, signed_say_path("wrong", "joe", "Hi.", "wav", LATER)) is None
-    assert await why(on, f"/v1/audio/{key}.ulaw") == "capability"
-    assert await why(on, f"/v1/audio/{key}") == "capability"
-    assert await why(on, "/v1/say/joe/Hi..wav") is None
-    off = (await gateway(settings=settings.replace(public_audio_urls=False))).server.app
-    assert await why(off, f"/v1/audio/{key}.ulaw") is None

@@ -43,7 +43,8 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
     )
     await runner.setup()
     assert runner.server is not None  # (set by setup())
-    cap_connections(runner.server, settings.max_connections, app[keys.METRICS])
+    probes = app[keys.ROUTES].probe_paths
+    cap_connections(runner.server, settings.max_connections, app[keys.METRICS], probes)
     if app[keys.FAST_HITS]:
         answer_repeats(runner.server, app[keys.FAST_PATH])
     # A worker of `serve --workers N` shares the port with its siblings (SO_REUSEPORT).

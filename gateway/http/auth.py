@@ -20,7 +20,6 @@ from gateway.http.charging import charged
 from gateway.http.errors import Handler
 from gateway.http.origins import check_json_content_type
 from gateway.http.routing import Access
-from gateway.http.telephony import self_authorized
 from gateway.runtime.apikeys import SCOPES
 
 OPEN = Access("open", frozenset())
@@ -67,8 +66,12 @@ def guarded(access: Access, handler: Handler, *, json_body: bool = False) -> Han
                 check_json_content_type(request.headers)
             return await handler(request)
         secret = presented_secret(request.headers)
+        # A content address while public_audio_urls is on is a capability: a key is 256 bits
+        # only the gateway hands out. Players that cannot send headers (Asterisk, FreeSWITCH,
+        # Twilio) fetch these.
+        public = capability and request.app[keys.SETTINGS].public_audio_urls
         if secret is None:
-            if capability and self_authorized(request) is not None:
+            if public:
                 return await handler(request)
             raise Unauthorized(
                 "this route needs an API key: send 'Authorization: Bearer <key>' or "
@@ -80,9 +83,9 @@ def guarded(access: Access, handler: Handler, *, json_body: bool = False) -> Han
             raise Unauthorized("invalid API key", code="invalid_api_key")
         request[keys.CLIENT_NAME] = key.name
         limits = request.app[keys.LIMITS]
-        # A URL that authorizes itself (a public content address) is read with any valid key,
-        # as without one: a speak-only client may fetch the audio its own answers name.
-        if not key.scopes & needed and not (capability and self_authorized(request) is not None):
+        # A public content address is read with any valid key, as without one: a speak-only
+        # client may fetch the audio its own answers name.
+        if not key.scopes & needed and not public:
             limits.count(key.name, "forbidden")
             raise Forbidden(
                 f"API key {key.name!r} lacks the scope this route needs ({scope_text})",

@@ -9,9 +9,9 @@ capped, so a few sockets cannot hold the gateway.
 - Write time: :func:`write_within` bounds each write of a streamed answer; a reader that does
   not take a piece within ``write_timeout_s`` is cut off (a 1 byte/s reader was kept forever).
 - A cap: :func:`cap_connections` answers a connection beyond ``max_connections`` with a 503 and
-  closes it, except in a few slots kept for health probes: a full gateway still answers
-  ``GET /healthz`` and ``GET /readyz`` (an orchestrator whose liveness probe got 503 would restart
-  a gateway that is only busy).
+  closes it, except in a few slots kept for health probes: a full gateway still answers the
+  routes the route table marks as probes (``GET /healthz``, ``GET /readyz``; an orchestrator
+  whose liveness probe got 503 would restart a gateway that is only busy).
 - Requests aiohttp's parser refuses (a header with a control byte, an oversized line, a bad
   request line) are logged by :class:`RefusedRequests`: a warning naming the error's kind and
   the peer, at most one line per ``REFUSALS_LOGGED_EVERY_S``; never the raw line, which holds
@@ -143,17 +143,19 @@ def _refusal() -> bytes:
 REFUSAL = _refusal()
 REFUSAL_BODY = REFUSAL.partition(b"\r\n\r\n")[2]
 # Connections past the cap that are kept for a health probe, how long one may take to send its
-# request, and what it may ask for: anything else (or nothing in time) gets the cap's 503.
+# request: anything but a probe (or nothing in time) gets the cap's 503.
 PROBE_SLOTS = 8
 PROBE_WAIT_S = 1.0
-PROBE_PATHS = frozenset({"/healthz", "/readyz"})
 
 _Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
-def cap_connections(server: web.Server, limit: int, metrics: Metrics) -> None:
+def cap_connections(
+    server: web.Server, limit: int, metrics: Metrics, probes: frozenset[str]
+) -> None:
     """Answer connections beyond ``limit`` open at once with a 503 and close them; the first
-    :data:`PROBE_SLOTS` beyond it may still ask for a health probe.
+    :data:`PROBE_SLOTS` beyond it may still ask for a health probe (a ``GET`` of ``probes``:
+    :attr:`gateway.http.routing.RouteTable.probe_paths`).
 
     aiohttp has no connection cap of its own; its ``Server`` is told of each new connection
     (``connection_made``) before any byte is read, which is where the count is checked. A
@@ -188,7 +190,7 @@ def cap_connections(server: web.Server, limit: int, metrics: Metrics) -> None:
             nonlocal asked
             asked = True
             timer.cancel()
-            if request.method == "GET" and request.path in PROBE_PATHS:
+            if request.method == "GET" and request.path in probes:
                 resp = await inner(request)
             else:
                 refused.inc()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from collections.abc import Callable
 from typing import Annotated, Any, cast
 
 from aiohttp import web
@@ -21,6 +22,7 @@ from gateway.api import ssml
 from gateway.api.parsing import parse_speech_body, read_body, ssml_limits
 from gateway.errors import BadRequest, NotFound
 from gateway.http import keys
+from gateway.http.errors import Handler
 from gateway.runtime.settings import Settings
 from gateway.speech import marks as speech_marks
 from gateway.speech.request import SpeechRequest
@@ -109,40 +111,41 @@ def _text_response(body: str, content_type: str, key: str) -> web.Response:
     return response
 
 
-async def marks_by_key(request: web.Request) -> web.Response:
-    """``GET /v1/audio/{key}.marks``: the stored audio's speech marks (``?types=`` filters)."""
-    try:
-        types = speech_marks.parse_types(request.query.get("types"))
-    except ValueError as exc:
-        raise BadRequest(
-            f"{exc}; types are {', '.join(speech_marks.MARK_TYPES)}", param="types"
-        ) from exc
-    key = request.match_info["key"]
-    entry = await _stored(request, key)
-    body = entry.meta.marks
-    if types is not None:
-        body = speech_marks.to_ndjson(speech_marks.chosen(speech_marks.from_ndjson(body), types))
-    return _text_response(body, speech_marks.CONTENT_TYPE, key)
+def marks_by_key(content_type: str) -> Handler:
+    """The handler of ``GET /v1/audio/{key}.marks``: the stored audio's speech marks (``?types=``
+    filters), sent as ``content_type`` (what its route declares)."""
+
+    async def marks_by_key(request: web.Request) -> web.Response:
+        try:
+            types = speech_marks.parse_types(request.query.get("types"))
+        except ValueError as exc:
+            raise BadRequest(
+                f"{exc}; types are {', '.join(speech_marks.MARK_TYPES)}", param="types"
+            ) from exc
+        key = request.match_info["key"]
+        entry = await _stored(request, key)
+        body = entry.meta.marks
+        if types is not None:
+            found = speech_marks.chosen(speech_marks.from_ndjson(body), types)
+            body = speech_marks.to_ndjson(found)
+        return _text_response(body, content_type, key)
+
+    return marks_by_key
 
 
-async def _captions(request: web.Request, kind: str) -> web.Response:
-    key = request.match_info["key"]
-    entry = await _stored(request, key)
-    found = speech_marks.from_ndjson(entry.meta.marks)
-    cues = speech_marks.cues(found, round(entry.meta.duration_s * 1000))
-    if kind == "vtt":
-        return _text_response(speech_marks.webvtt(cues), "text/vtt", key)
-    return _text_response(speech_marks.subrip(cues), "application/x-subrip", key)
+def captions_by_key(write: Callable[[list[speech_marks.Cue]], str], content_type: str) -> Handler:
+    """The handler of ``GET /v1/audio/{key}.{captions}``: the stored audio's captions as ``write``
+    renders its cues, sent as ``content_type`` (what its route declares)."""
 
+    async def captions_by_key(request: web.Request) -> web.Response:
+        key = request.match_info["key"]
+        entry = await _stored(request, key)
+        found = speech_marks.from_ndjson(entry.meta.marks)
+        cues = speech_marks.cues(found, round(entry.meta.duration_s * 1000))
+        return _text_response(write(cues), content_type, key)
 
-async def vtt_by_key(request: web.Request) -> web.Response:
-    """``GET /v1/audio/{key}.vtt``: WebVTT captions of the stored audio."""
-    return await _captions(request, "vtt")
-
-
-async def srt_by_key(request: web.Request) -> web.Response:
-    """``GET /v1/audio/{key}.srt``: SubRip captions of the stored audio."""
-    return await _captions(request, "srt")
+    captions_by_key.__name__ = f"{write.__name__}_by_key"
+    return captions_by_key
 
 
 def _fields_of(raw: bytes) -> tuple[str, str | None, str | None]:

@@ -9,14 +9,16 @@ segment ``/v1/audio/{key}`` would take whole).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from cache.keys import KEY_PATTERN
 from gateway.api.jambonz import ENCODINGS as JAMBONZ_ENCODINGS
 from gateway.api.models import SPEAKABLE, models_for
+from gateway.api.say import SIGNED as SIGNED_SEGMENT
 from gateway.http import listings, ops, sse
 from gateway.http.auth import ADMIN, ANY_KEY, METRICS, OPEN, READ, SIGNED, SPEAK
 from gateway.http.compat import api_tts, piper_speak, piper_voices, synthesize
-from gateway.http.errors import Error
+from gateway.http.errors import Error, Handler
 from gateway.http.handlers import (
     Explanation,
     Health,
@@ -32,13 +34,7 @@ from gateway.http.handlers import (
     voices,
 )
 from gateway.http.jambonz import jambonz_stream, jambonz_tts
-from gateway.http.marks import (
-    TimedSpeech,
-    marks_by_key,
-    speech_with_timestamps,
-    srt_by_key,
-    vtt_by_key,
-)
+from gateway.http.marks import TimedSpeech, captions_by_key, marks_by_key, speech_with_timestamps
 from gateway.http.routing import (
     JSON,
     Answer,
@@ -53,18 +49,10 @@ from gateway.http.routing import (
     RouteTable,
     Text,
 )
-from gateway.http.telephony import (
-    AUDIO_EXT_ROUTE,
-    SAY_ROUTE,
-    SIGNED_SAY_ROUTE,
-    SignedUrl,
-    audio_by_key_ext,
-    say,
-    say_signed,
-    sign_say_url,
-)
+from gateway.http.telephony import SignedUrl, audio_by_key_ext, say, say_signed, sign_say_url
 from gateway.runtime.settings import Settings
-from gateway.speech.marks import MARK_TYPES
+from gateway.speech.marks import CONTENT_TYPE as MARKS_TYPE
+from gateway.speech.marks import MARK_TYPES, subrip, webvtt
 from gateway.speech.request import CACHE_RESULTS
 from gateway.speech.telephony import EXTENSIONS
 from synth import audio
@@ -134,6 +122,8 @@ RETRY_AFTER = Header("Retry-After", {"type": "integer"})
 BINARY, TEXT = Binary(), Text()
 AUDIO_TYPES = tuple(sorted({f.content_type for f in audio.FORMATS.values()}))
 PLAYER_TYPES = tuple(sorted({e.content_type for e in EXTENSIONS.values()}))
+# The captions' types: their handlers send what is declared here.
+VTT, SRT = "text/vtt", "application/x-subrip"
 
 
 def audio_answer(description: str, media: tuple[str, ...] = AUDIO_TYPES) -> Answer:
@@ -273,6 +263,19 @@ EXT_PARAM = Param(
     {"type": "string", "enum": list(EXTENSIONS)},
     "The encoding (table in this path's description).",
 )
+
+
+# Stored audio's content address: what is read under it (its encodings, marks and captions) is
+# read as it is, by the same access.
+AUDIO = "/v1/audio/{key}"
+
+
+def address_read(suffix: str, handler: Handler, summary: str, **fields: Any) -> Route:
+    """``GET /v1/audio/{key}`` + ``suffix``: a read of stored audio by its content address, with
+    that address's access (:data:`READ`: a capability while public_audio_urls is on) and its
+    ``key`` parameter (before ``params``)."""
+    params = (KEY_PARAM, *fields.pop("params", ()))
+    return Route("GET", AUDIO + suffix, handler, READ, summary=summary, params=params, **fields)
 
 
 def _extension_table() -> str:
@@ -431,11 +434,9 @@ def route_table(settings: Settings) -> RouteTable:
                 )
             },
         ),
-        Route(
-            "GET",
-            "/v1/audio/{key}.marks",
-            marks_by_key,
-            READ,
+        address_read(
+            ".marks",
+            marks_by_key(MARKS_TYPE),
             tag="speech",
             summary="Speech marks of stored audio (Amazon Polly's NDJSON)",
             description="One JSON object per line: `time` (ms from the start of the audio), "
@@ -445,7 +446,6 @@ def route_table(settings: Settings) -> RouteTable:
             "the same text has the same marks. A voice whose engine gives no alignment is a 400 "
             "naming it (docs/speech-marks.md).",
             params=(
-                KEY_PARAM,
                 Param(
                     "types",
                     "query",
@@ -455,44 +455,36 @@ def route_table(settings: Settings) -> RouteTable:
                     required=False,
                 ),
             ),
-            answers={200: Answer("The marks.", {"application/x-ndjson": TEXT})},
+            answers={200: Answer("The marks.", {MARKS_TYPE: TEXT})},
             common=(400, 404),
         ),
-        Route(
-            "GET",
-            "/v1/audio/{key}.vtt",
-            vtt_by_key,
-            READ,
+        address_read(
+            ".vtt",
+            captions_by_key(webvtt, VTT),
             tag="speech",
             summary="WebVTT captions of stored audio",
             description="One cue per phrase of at most 42 characters, cut between words, from "
             "the stored word marks.",
-            params=(KEY_PARAM,),
-            answers={200: Answer("The captions.", {"text/vtt": TEXT})},
+            answers={200: Answer("The captions.", {VTT: TEXT})},
             common=(400, 404),
         ),
-        Route(
-            "GET",
-            "/v1/audio/{key}.srt",
-            srt_by_key,
-            READ,
+        address_read(
+            ".srt",
+            captions_by_key(subrip, SRT),
             tag="speech",
             summary="SubRip captions of stored audio",
             description="As the WebVTT captions, in SubRip's numbered form.",
-            params=(KEY_PARAM,),
-            answers={200: Answer("The captions.", {"application/x-subrip": TEXT})},
+            answers={200: Answer("The captions.", {SRT: TEXT})},
             common=(400, 404),
         ),
-        Route(
-            "GET",
-            AUDIO_EXT_ROUTE,
+        address_read(
+            ".{ext}",
             audio_by_key_ext,
-            READ,
             tag="telephony",
             summary="Stored audio in a telephony encoding (a transcode, never a synthesis)",
             description="`key` is any content address voxgate returned; the extension picks the "
             "encoding, made from the key's masters and stored.\n\n" + _extension_table(),
-            params=(KEY_PARAM, EXT_PARAM),
+            params=(EXT_PARAM,),
             headers=(*CONDITIONS, RANGE, IF_RANGE),
             answers={
                 200: player_answer("The audio (Cache-Control: public, max-age)."),
@@ -500,17 +492,14 @@ def route_table(settings: Settings) -> RouteTable:
             },
             common=(304, 400, 404, 416),
         ),
-        Route(
-            "GET",
-            "/v1/audio/{key}",
+        address_read(
+            "",
             audio_by_key,
-            READ,
             tag="speech",
             summary="Stored audio by content key",
             description="Long-lived (max-age audio_max_age_s), not immutable: the bytes are one "
             "rendering of the key. Supports If-None-Match (304), a single byte Range (206; 416 "
             "when unsatisfiable) and If-Range.",
-            params=(KEY_PARAM,),
             headers=(IF_NONE_MATCH, RANGE, IF_RANGE),
             answers={
                 200: audio_answer("The stored audio (Cache-Control: public, max-age)."),
@@ -534,6 +523,7 @@ def route_table(settings: Settings) -> RouteTable:
             OPEN,
             tag="operations",
             summary="Liveness",
+            probe=True,
             answers={200: json_answer("The process is up.", Health)},
         ),
         Route(
@@ -543,6 +533,7 @@ def route_table(settings: Settings) -> RouteTable:
             OPEN,
             tag="operations",
             summary="Readiness: every model loaded and warmed",
+            probe=True,
             answers={
                 200: json_answer("Ready.", ops.Ready),
                 503: json_answer("Loading.", ops.Ready),
@@ -577,7 +568,7 @@ def route_table(settings: Settings) -> RouteTable:
             openapi_document,
             OPEN,
             tag="operations",
-            summary="This document",
+            summary="The OpenAPI document",
             answers={200: json_answer("OpenAPI 3.2.")},
         ),
         Route(
@@ -653,7 +644,7 @@ def route_table(settings: Settings) -> RouteTable:
         ),
         Route(
             "GET",
-            SAY_ROUTE,
+            "/v1/say/{voice}/{text}.{ext}",
             say,
             SPEAK,
             tag="telephony",
@@ -666,7 +657,7 @@ def route_table(settings: Settings) -> RouteTable:
         ),
         Route(
             "GET",
-            SIGNED_SAY_ROUTE,
+            f"/v1/say/{SIGNED_SEGMENT}/{{token}}/{{voice}}/{{text}}.{{ext}}",
             say_signed,
             SIGNED,
             tag="telephony",

@@ -12,7 +12,8 @@ and nothing else is, by:
 - CORS (:mod:`gateway.http.origins`): the request headers a preflight allows and the response
   headers a page may read (:func:`cors_request_headers`, :func:`cors_response_headers`);
 - the OpenAPI document (:mod:`gateway.http.openapi`), including the answers those wrappers add
-  (:func:`wrapper_statuses`).
+  (:func:`wrapper_statuses`);
+- the connection cap's probe slots (:attr:`RouteTable.probe_paths`).
 """
 
 from __future__ import annotations
@@ -32,9 +33,8 @@ JSON = "application/json"
 class Access:
     """What a route asks of its caller: a key with one of ``scopes`` (none: open to all).
 
-    ``capability``: the URL may authorize itself (a content address while public_audio_urls is
-    on; :func:`gateway.http.telephony.self_authorized`), so a request without a key is let
-    through when it does.
+    ``capability``: the URL is a content address, so while public_audio_urls is on it authorizes
+    itself: read without a key, or with any valid one (:func:`gateway.http.auth.guarded`).
     """
 
     name: str
@@ -136,6 +136,8 @@ class Route:
     answers: Mapping[int, Answer] = field(default_factory=dict)
     common: tuple[int, ...] = ()
     operation_id: str = ""
+    # A health probe: answered past the connection cap too (gateway.http.connections).
+    probe: bool = False
 
     @property
     def json_only(self) -> bool:
@@ -171,6 +173,11 @@ class RouteTable:
         if len(kept) == len(self.routes):
             raise LookupError(f"no route {method} {path}")
         return RouteTable(kept, self.common)
+
+    @property
+    def probe_paths(self) -> frozenset[str]:
+        """The paths of the health probes."""
+        return frozenset(r.path for r in self.routes if r.probe)
 
 
 def wrapper_statuses(route: Route, *, require_json: bool, host_check: bool) -> tuple[int, ...]:

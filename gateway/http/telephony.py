@@ -19,7 +19,7 @@ from typing_extensions import TypedDict
 from cache.keys import is_key
 from gateway.api.models import models_for
 from gateway.api.parsing import read_json_object
-from gateway.api.say import SIGNED, SayParsed, parse_say, signed_say_path, signer_of, verify
+from gateway.api.say import SayParsed, parse_say, signed_say_path, signer_of, verify
 from gateway.errors import BadRequest, Forbidden, NotFound
 from gateway.http import keys
 from gateway.http.charging import charged
@@ -28,10 +28,6 @@ from gateway.http.delivery import client_of, serve_speech
 from gateway.http.hits import hit_response
 from gateway.speech.caller import ask_as, caller
 from gateway.speech.telephony import extension
-
-AUDIO_EXT_ROUTE = "/v1/audio/{key}.{ext}"
-SAY_ROUTE = "/v1/say/{voice}/{text}.{ext}"
-SIGNED_SAY_ROUTE = "/v1/say/" + SIGNED + "/{token}/{voice}/{text}.{ext}"
 
 
 class SignedUrl(TypedDict):
@@ -177,25 +173,3 @@ def _parse(request: web.Request, voice: str, text: str, ext: str) -> SayParsed:
     app = request.app
     settings, words, expansions = app[keys.SETTINGS], app[keys.VOCABULARY], app[keys.EXPANSIONS]
     return parse_say(voice, text, ext, settings, words, expansions)
-
-
-def self_authorized(request: web.Request) -> str | None:
-    """Why ``request`` needs no API key, or None: the seam for the API-key check.
-
-    ``"signature"``: a signed say URL whose HMAC and expiry check out (it authorizes exactly its
-    own prompt). ``"capability"``: a content-address URL (``/v1/audio/{key}[.{ext}]``) while
-    ``public_audio_urls`` is on: a key is 256 bits only the gateway hands out. Players that
-    cannot send headers (Asterisk, FreeSWITCH, Twilio) fetch these.
-    """
-    resource = request.match_info.route.resource
-    route = resource.canonical if resource is not None else ""
-    if route in ("/v1/audio/{key}", AUDIO_EXT_ROUTE):
-        return "capability" if request.app[keys.SETTINGS].public_audio_urls else None
-    if route == SIGNED_SAY_ROUTE:
-        match = request.match_info
-        try:
-            verify(_secret(request), match["token"], match["voice"], match["text"], match["ext"])
-        except Forbidden:
-            return None
-        return "signature"
-    return None
