@@ -320,15 +320,16 @@ def bar_plot(
     ylabel: str,
     *,
     target: float | None = None,
+    colors: Sequence[str] = ("#3b7dd8", "#9aa5b1", "#e07b39", "#5aa469"),
 ) -> Path:
-    """A bar chart saved as ``docs/bench/<name>.png``."""
+    """A bar chart saved as ``docs/bench/<name>.png``, the bars in ``colors`` in turn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    bars = ax.bar(labels, values, color=["#3b7dd8", "#9aa5b1", "#e07b39", "#5aa469"][: len(values)])
+    bars = ax.bar(labels, values, color=[colors[i % len(colors)] for i in range(len(values))])
     for b, v in zip(bars, values, strict=True):
         ax.annotate(
             f"{v:,.2f}" if v < 100 else f"{v:,.0f}",

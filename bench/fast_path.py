@@ -181,14 +181,14 @@ def plot(report: dict[str, Any]) -> Path:
             labels.append(f"{v['key'].upper()} {v['wrk_threads']}t\n{name.rpartition('_')[2]}")
             values.append(r["rps"])
     ratios = ", ".join(
-        f"{n} {v['summary']['qps_on_over_off']}x" for n, v in report["variants"].items()
+        f"{n} {v['summary']['qps_on_over_off']:.2f}x" for n, v in report["variants"].items()
     )
     w = report["workload"]
     title = (
-        f"voxgate serve, fast path on vs off: Zipf over {w['prompts']} stored prompts, "
-        f"wrk {w['connections']} conns\n(QPS on / off: {ratios})"
+        f"fast path on (blue) vs off: Zipf over {w['prompts']} prompts, "
+        f"{w['connections']} connections\nQPS on / off: {ratios}"
     )
-    return bar_plot("fast_path", title, labels, values, "requests/s")
+    return bar_plot("fast_path", title, labels, values, "requests/s", colors=("#3b7dd8", "#9aa5b1"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -60,7 +60,7 @@ from prometheus_client import Counter
 from gateway.http.requestid import REQUEST_ID, RequestIds
 from gateway.memo import BytesMemo
 
-# True when the app's only response-prepare receiver is the request-id stamp (module doc).
+# True with fast_path on and no response-prepare receiver but the request-id stamp (module doc).
 FAST_HITS = web.AppKey("fast_hits", bool)
 
 # The function a connection's requests are answered with (RequestHandler reads it per request).
