@@ -96,6 +96,27 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and every process below it (Linux /proc): a server
+    with its worker and pool processes. A process that ends meanwhile is left out."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rpartition(")")[2].split()[1])
+        except OSError:
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    total, todo = 0.0, [pid]
+    while todo:
+        here = todo.pop()
+        todo += children.get(here, [])
+        try:
+            total += cpu_seconds(here)
+        except OSError:
+            continue
+    return total
+
+
 def cpu_split() -> tuple[set[int], set[int]] | None:
     """``(server_cpus, load_cpus)``: the last CPU for the servers under test, the others for the
     load generator, so the two never compete for a core (None on a 1-CPU machine).
@@ -299,15 +320,16 @@ def bar_plot(
     ylabel: str,
     *,
     target: float | None = None,
+    colors: Sequence[str] = ("#3b7dd8", "#9aa5b1", "#e07b39", "#5aa469"),
 ) -> Path:
-    """A bar chart saved as ``docs/bench/<name>.png``."""
+    """A bar chart saved as ``docs/bench/<name>.png``, the bars in ``colors`` in turn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    bars = ax.bar(labels, values, color=["#3b7dd8", "#9aa5b1", "#e07b39", "#5aa469"][: len(values)])
+    bars = ax.bar(labels, values, color=[colors[i % len(colors)] for i in range(len(values))])
     for b, v in zip(bars, values, strict=True):
         ax.annotate(
             f"{v:,.2f}" if v < 100 else f"{v:,.0f}",

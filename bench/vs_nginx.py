@@ -83,6 +83,7 @@ from bench.common import (
     provenance,
     start_gateway,
     stop,
+    tree_cpu_seconds,
     wait_http,
     write_results,
     wrk_rate,
@@ -331,17 +332,20 @@ def cold_and_fill(server: Running, args: argparse.Namespace, threads: int) -> di
 
 
 def combined(figures: Sequence[dict[str, float]], label: str) -> dict[str, Any]:
-    """wrk's figures of several loads of one server as one: requests/s the mean, p50 and p99
-    the median, requests the sum; each load's requests/s and p99 kept under ``label``."""
+    """wrk's figures of several loads of one server as one: requests/s the mean, p50, p99 and
+    the server's CPU per request the median, requests the sum; each load's requests/s, p99 and
+    CPU kept under ``label``."""
     return {
         "rps": round(statistics.fmean(f["rps"] for f in figures), 2),
         **{
             key: round(statistics.median(f[key] for f in figures), 2)
-            for key in ("p50_ms", "p99_ms")
+            for key in ("p50_ms", "p99_ms", "cpu_us_per_request")
             if all(key in f for f in figures)
         },
         "requests": sum(f["requests"] for f in figures),
-        label: [{k: f[k] for k in ("rps", "p99_ms") if k in f} for f in figures],
+        label: [
+            {k: f[k] for k in ("rps", "p99_ms", "cpu_us_per_request") if k in f} for f in figures
+        ],
     }
 
 
@@ -368,7 +372,8 @@ def warm_rounds(
     """``warm_s`` seconds of the Zipf load on each server (every prompt stored), in ``rounds``
     rounds interleaved (:func:`in_turn`), so that a change in the machine's speed during the
     variant (a shared VM's neighbours) falls on both servers alike. Per server: requests/s the
-    mean of its rounds, p50 and p99 the median of its rounds'."""
+    mean of its rounds, p50, p99 and CPU per request (its processes', wrk's not) the median of
+    its rounds'."""
     seconds = args.warm_s / rounds
     # One unmeasured second each first: a server's first moments under load after the fill
     # (connections accepted, buffers grown, nginx's cache files opened) are no steady state.
@@ -379,7 +384,11 @@ def warm_rounds(
     for r in range(rounds):
         for name in in_turn(order, r):
             s = servers[name]
-            figures[name].append(load(s.reqs.url, s.lua, seconds, args.clients, threads))
+            cpu = s.cpu_seconds()
+            figure = load(s.reqs.url, s.lua, seconds, args.clients, threads)
+            used = s.cpu_seconds() - cpu
+            figure["cpu_us_per_request"] = round(1e6 * used / max(1.0, figure["requests"]), 1)
+            figures[name].append(figure)
     return {name: combined(runs, "rounds") for name, runs in figures.items()}
 
 
@@ -400,6 +409,10 @@ class Running:
     def stop(self) -> None:
         for proc in self.procs:
             stop(proc)
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds used so far by the server's processes and every one they started."""
+        return sum(tree_cpu_seconds(proc.pid) for proc in self.procs)
 
 
 def open_nginx(tmp: Path, key: str, prompts: Sequence[str], sequence: Sequence[int]) -> Running:
@@ -444,6 +457,16 @@ def in_turn(order: Sequence[str], i: int) -> Sequence[str]:
     return order if i % 2 == 0 else tuple(reversed(order))
 
 
+def voxgate_requests(base: str, key: str, prompts: Sequence[str]) -> Requests:
+    """voxgate's requests for ``prompts`` at ``base``: OpenAI's JSON bodies to
+    ``POST /v1/audio/speech`` (``key`` post), or ``GET /synthesize`` URLs (get)."""
+    if key == "post":
+        body = {"model": "tts-1", "voice": "alloy", "response_format": "wav"}
+        bodies = [_json({**body, "input": p}) for p in prompts]
+        return Requests(base, "/v1/audio/speech", bodies=bodies)
+    return Requests(base, "/synthesize", paths=[query(p) for p in prompts])
+
+
 def open_voxgate(
     tmp: Path,
     key: str,
@@ -456,13 +479,7 @@ def open_voxgate(
     port = free_port()
     log_path = tmp / "voxgate.log"
     gw = start_gateway(port, tmp / "cache", *flags, log_path=log_path)
-    base = f"http://127.0.0.1:{port}"
-    if key == "post":
-        body = {"model": "tts-1", "voice": "alloy", "response_format": "wav"}
-        bodies = [_json({**body, "input": p}) for p in prompts]
-        reqs = Requests(base, "/v1/audio/speech", bodies=bodies)
-    else:
-        reqs = Requests(base, "/synthesize", paths=[query(p) for p in prompts])
+    reqs = voxgate_requests(f"http://127.0.0.1:{port}", key, prompts)
     topology = re.search(r'topology: ([^"\n]*)', log_path.read_text(errors="replace"))
     info = {"flags": list(flags), "topology": topology.group(1) if topology else None}
     return Running(
@@ -476,6 +493,35 @@ TARGETS = {"warm_qps_ratio": 1.0, "cold_qps_ratio": 1.1}
 # The warm phase's defaults (module doc: why eight rounds), one source for the CLI and run().
 WARM_S = 40.0
 WARM_ROUNDS = 8
+
+
+def _keys(value: str) -> list[str]:
+    keys = value.split(",")
+    if not keys or not set(keys) <= {"get", "post"}:
+        raise argparse.ArgumentTypeError("get, post or both")
+    return keys
+
+
+def add_warm_options(ap: argparse.ArgumentParser) -> None:
+    """The warm load's options (bench.fast_path has them too): its seconds and rounds, wrk's
+    connections and threads, the requests (--keys)."""
+    ap.add_argument("--warm-s", type=float, default=WARM_S, help="seconds of load, all stored")
+    ap.add_argument("--warm-rounds", type=int, default=WARM_ROUNDS, help="of --warm-s, interleaved")
+    ap.add_argument("--clients", type=int, default=16, help="wrk connections")
+    ap.add_argument(
+        "--keys",
+        type=_keys,
+        default=["get", "post"],
+        help="requests to run: get (GET /synthesize?text=..., nginx keyed on the URL), post "
+        "(a JSON body: nginx's POST /tts keyed on it, voxgate's POST /v1/audio/speech); "
+        "comma-separated",
+    )
+    ap.add_argument(
+        "--threads",
+        type=lambda v: [int(t) for t in v.split(",")],
+        default=[1, 2],
+        help="wrk thread counts to run, comma-separated",
+    )
 
 
 def compare(nx: dict[str, Any], vx: dict[str, Any]) -> dict[str, Any]:
@@ -567,28 +613,13 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
     return {
         "benchmark": "vs_nginx",
-        "machine": {
-            "cores": cores,
-            "python": platform.python_version(),
-            "load_average_1m": {"start": load_before[0], "end": os.getloadavg()[0]},
-        },
+        "machine": machine(load_before),
         "workload": {
-            "prompts": len(prompts),
-            "zipf_s": 1.0,
-            "load_generator": "wrk (Lua script: the Zipf sequence in turn)",
-            "connections": args.clients,
-            "wrk_threads": thread_counts,
+            **warm_workload(prompts, args, thread_counts, warm_count),
             "cold_s": args.cold_s,
-            "warm_s": args.warm_s,
             "cold_runs": cold_runs,
-            "warm_rounds": warm_count,
             "cold_figures": "cold_runs runs per server, each from an empty cache, the servers' "
             "order alternating; requests/s the mean of a server's runs, p50 and p99 the median",
-            "warm_figures": "both servers up; one unmeasured second of load each, then "
-            "rounds of warm_s / warm_rounds seconds each, interleaved ABBA; requests/s the mean "
-            "of a server's rounds, p50 and p99 the median",
-            "format": "wav",
-            "example_prompt": prompts[0],
             "keys": {
                 "get": "GET /synthesize?text=... to both: nginx keys on $request_uri; voxgate's "
                 "plain query-string route",
@@ -611,6 +642,35 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "variants": variants,
         "all_met": all(all(v["summary"]["met"].values()) for v in variants.values()),
         **({"workers": extra} if extra else {}),
+    }
+
+
+def machine(load_before: tuple[float, float, float]) -> dict[str, Any]:
+    """The machine, and how loaded it was (``os.getloadavg()`` as the run started, and now)."""
+    return {
+        "cores": _cores(),
+        "python": platform.python_version(),
+        "load_average_1m": {"start": load_before[0], "end": os.getloadavg()[0]},
+    }
+
+
+def warm_workload(
+    prompts: Sequence[str], args: argparse.Namespace, threads: Sequence[int], rounds: int
+) -> dict[str, Any]:
+    """The warm Zipf load as the results record it (bench.fast_path's too)."""
+    return {
+        "prompts": len(prompts),
+        "zipf_s": 1.0,
+        "load_generator": "wrk (Lua script: the Zipf sequence in turn)",
+        "connections": args.clients,
+        "wrk_threads": list(threads),
+        "warm_s": args.warm_s,
+        "warm_rounds": rounds,
+        "warm_figures": "both servers up; one unmeasured second of load each, then "
+        "rounds of warm_s / warm_rounds seconds each, interleaved ABBA; requests/s the mean "
+        "of a server's rounds, p50, p99 and the server's CPU per request the median",
+        "format": "wav",
+        "example_prompt": prompts[0],
     }
 
 
@@ -714,39 +774,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--prompts", type=int, default=343, help="distinct prompts (>= 300 for docs)")
     ap.add_argument("--cold-s", type=float, default=60.0, help="seconds of load from empty")
-    ap.add_argument("--warm-s", type=float, default=WARM_S, help="seconds of load, all stored")
     ap.add_argument(
         "--cold-runs",
         type=int,
         default=1,
         help="cold minutes per server and variant, each from empty (mean QPS, median p99)",
     )
-    ap.add_argument(
-        "--warm-rounds",
-        type=int,
-        default=WARM_ROUNDS,
-        help="rounds the warm seconds are cut into, interleaved between the servers",
-    )
-    ap.add_argument("--clients", type=int, default=16, help="wrk connections")
-    ap.add_argument(
-        "--keys",
-        type=lambda v: v.split(","),
-        default=["get", "post"],
-        help="nginx cache keys to run: get (the URL), post (the body); comma-separated",
-    )
-    ap.add_argument(
-        "--threads",
-        type=lambda v: [int(t) for t in v.split(",")],
-        default=[1, 2],
-        help="wrk thread counts to run, comma-separated",
-    )
+    add_warm_options(ap)
     ap.add_argument(
         "--workers-runs", action="store_true", help="also voxgate --workers 1 vs 2, cold"
     )
     ap.add_argument("--no-write", action="store_true", help="do not write docs/bench results")
     args = ap.parse_args(argv)
-    if not set(args.keys) <= {"get", "post"} or not args.keys:
-        ap.error("--keys takes get, post or both")
     provenance()  # taken as the run starts
     if not Path(NGINX).is_file() or shutil.which("wrk") is None:
         print("vs_nginx needs nginx-light and wrk: bash .ci/install installs them", file=sys.stderr)

@@ -16,7 +16,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from blockbuster import blockbuster_ctx
 
 from bench.harness import RedisServer, redis_server
+from gateway.http import keys
 from gateway.http.app import create_app
+from gateway.http.hits import answer_repeats
 from gateway.http.routing import RouteTable
 from gateway.runtime.settings import Settings
 from metrics import Metrics
@@ -54,6 +56,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: not first(item))
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked ``fast_path(True, False)`` (the wire tests) runs once per value, with the
+    ``settings`` it gets (and the gateways built from them) set so: what a client sees must
+    not depend on the switch. A mark of one value runs the test with that value alone."""
+    mark = metafunc.definition.get_closest_marker("fast_path")
+    if mark is not None and "settings" in metafunc.fixturenames:
+        ids = ["fast_path_on" if on else "fast_path_off" for on in mark.args]
+        metafunc.parametrize("settings", mark.args, indirect=True, ids=ids)
+
+
 @pytest.fixture(autouse=True)
 def no_blocking_on_the_loop() -> Iterator[None]:
     """Fail any test in which voxgate code does blocking I/O on the event loop thread."""
@@ -76,9 +88,12 @@ def counting_engine(piper_engine: PiperEngine) -> CountingEngine:
 
 
 @pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    """Defaults, with the disk tier in a temp dir and no environment or config file."""
-    return Settings.load(env={}, overrides={"cache_dir": str(tmp_path / "cache"), "port": "0"})
+def settings(tmp_path: Path, request: pytest.FixtureRequest) -> Settings:
+    """Defaults, with the disk tier in a temp dir and no environment or config file; the fast
+    path as a ``fast_path`` mark sets it (:func:`pytest_generate_tests`), else on."""
+    fast = "true" if getattr(request, "param", True) else "false"
+    overrides = {"cache_dir": str(tmp_path / "cache"), "port": "0", "fast_path": fast}
+    return Settings.load(env={}, overrides=overrides)
 
 
 @pytest.fixture
@@ -92,7 +107,10 @@ GatewayFactory = Callable[..., Awaitable[TestClient[Any, Any]]]
 
 @pytest.fixture
 async def gateway(
-    settings: Settings, metrics: Metrics, counting_engine: CountingEngine
+    settings: Settings,
+    metrics: Metrics,
+    counting_engine: CountingEngine,
+    request: pytest.FixtureRequest,
 ) -> AsyncIterator[GatewayFactory]:
     """Start real gateways on loopback; ``await gateway()`` gives a client once models are ready.
 
@@ -103,11 +121,13 @@ async def gateway(
     (:mod:`tests.served`).
 
     Keyword arguments: ``settings``, ``metrics``, ``engines`` (default: the counting joe voice),
-    ``routes`` (default: the route table).
+    ``routes`` (default: the route table). In a test marked ``fast_path`` the server answers
+    repeats from their bytes where the app's fast path is on, as ``voxgate serve`` sets it up.
     Once the test is done, every response its clients received is checked against the OpenAPI
     document the gateway serves (tests/conformance.py): a departure fails the test.
     """
     clients: list[RecordingClient] = []
+    as_served = request.node.get_closest_marker("fast_path") is not None
 
     async def start(
         *,
@@ -126,6 +146,9 @@ async def gateway(
         client = RecordingClient(TestServer(app, host="127.0.0.1"))
         await client.start_server()
         clients.append(client)
+        if as_served and app[keys.FAST_HITS]:
+            assert client.server.runner.server is not None
+            answer_repeats(client.server.runner.server, app[keys.FAST_PATH])
         if wait_ready:
             # As long as voxgate serve is given (tests.served): loading engines in worker
             # processes (torch for Coqui) takes a while on cores shared with another test.

@@ -223,6 +223,36 @@ def test_vs_nginx_bench_tiny(tmp_path: Path) -> None:
     assert "GET key, 2 wrk thread(s)" in vs_nginx.table(report)
 
 
+@pytest.mark.slow
+def test_fast_path_bench_tiny(tmp_path: Path) -> None:
+    """bench/fast_path.py end to end at a tiny size: both servers filled, then interleaved warm
+    rounds; only the one with the fast path on answered requests from their bytes, each prompt
+    was synthesized once per server, and the ratios are those of the servers' figures."""
+    from bench import fast_path
+
+    assert shutil.which("wrk") is not None, "wrk missing: bash .ci/install installs it"
+    args = argparse.Namespace(
+        prompts=6, warm_s=2.0, warm_rounds=2, clients=4, keys=["post"], threads=[1]
+    )
+    report = fast_path.run(args, tmp_path)
+    assert set(report["variants"]) == {"post_1t"}
+    (variant,) = report["variants"].values()
+    res = variant["results"]
+    assert list(res) == ["fast_path_on", "fast_path_off"]
+    for r in res.values():
+        assert len(r["rounds"]) == 2 and r["rps"] == round(
+            sum(x["rps"] for x in r["rounds"]) / 2, 2
+        )
+        assert all(x["cpu_us_per_request"] > 0 for x in r["rounds"])
+    on, off = res["fast_path_on"], res["fast_path_off"]
+    assert on["answered_from_bytes"] > 0 and off["answered_from_bytes"] == 0
+    assert variant["summary"]["qps_on_over_off"] == round(on["rps"] / off["rps"], 3)
+    cpu = off["cpu_us_per_request"] / on["cpu_us_per_request"]
+    assert variant["summary"]["cpu_off_over_on"] == round(cpu, 3)
+    assert report["syntheses"] == {"fast_path_on": 6, "fast_path_off": 6}
+    assert "post_1t: QPS on / off" in fast_path.table(report)
+
+
 def test_vs_nginx_cold_runs_summary() -> None:
     """Several cold minutes of one server make one figure: QPS the mean of the runs, p99 the
     median, each run kept; the worst run's syntheses and stored answers, not the best's."""

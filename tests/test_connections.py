@@ -1,5 +1,6 @@
 """Connection hygiene and browser rules: header/idle, body and write timeouts,
-the connection cap, 415 for non-JSON bodies on JSON routes, the Host allow-list and CORS."""
+the connection cap, 415 for non-JSON bodies on JSON routes, the Host allow-list and CORS. The
+timeouts and the cap hold with the fast path's connections and with aiohttp's own."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from gateway.http.connections import (
     runner_options,
     write_within,
 )
+from gateway.http.hits import FastPath, answer_repeats
+from gateway.http.requestid import RequestIds
 from gateway.http.routes import route_table
 from gateway.runtime.settings import Settings
 from metrics import Metrics
@@ -130,9 +133,11 @@ async def test_cors_answers_allowed_origins_only(
 # ---- timeouts ----------------------------------------------------------------------------
 
 
-@pytest.fixture
-async def tiny_server() -> AsyncIterator[Any]:
-    """Start a small aiohttp app with the gateway's runner options and connection cap."""
+@pytest.fixture(params=[True, False], ids=["fast_path_on", "fast_path_off"])
+async def tiny_server(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """Start a small aiohttp app with the gateway's runner options and connection cap, and
+    connections that offer their bytes to the fast path first (as ``voxgate serve`` sets them
+    up; these apps make no memory hit, so nothing is answered from bytes) or aiohttp's own."""
     runners: list[web.AppRunner] = []
 
     async def start(app: web.Application, settings: Settings, metrics: Metrics) -> int:
@@ -141,6 +146,9 @@ async def tiny_server() -> AsyncIterator[Any]:
         assert runner.server is not None
         probes = route_table(settings).probe_paths  # (what `voxgate serve` passes)
         cap_connections(runner.server, settings.max_connections, metrics, probes)
+        if request.param:
+            fast = FastPath(lambda *_: None, RequestIds(), lambda: True)
+            assert answer_repeats(runner.server, fast)
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         runners.append(runner)
@@ -174,6 +182,7 @@ async def test_a_client_trickling_its_headers_is_dropped(tiny_server: Any) -> No
     writer.close()
 
 
+@pytest.mark.fast_path(True, False)
 async def test_a_body_that_does_not_arrive_gets_408(
     gateway: GatewayFactory, settings: Settings
 ) -> None:

@@ -5,7 +5,10 @@ headers, a fresh request id, a fresh Date), counted and logged the same way; any
 anything that may answer differently, takes aiohttp's path.
 
 These tests need the gateway's app in the test's process (its state, the engine's count); the
-same path under ``voxgate serve`` as users start it is in tests/test_default_topology.py."""
+same path under ``voxgate serve`` as users start it is in tests/test_default_topology.py. Each
+runs with the ``fast_path`` setting on and off (tests/conftest.py): off, nothing is answered
+from its bytes and every answer on the wire is the same; a test of the answerer's own workings
+runs on only."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from aiohttp.test_utils import TestClient
 from bench.harness import metric_sum
 from gateway.http import hits, keys
 from gateway.http.hits import FastHandler, FastServer, answer_repeats
+from gateway.runtime.settings import Settings
 from tests.conftest import GatewayFactory
 from tests.served import DefaultServer
 from tests.support import eventually
@@ -32,19 +36,26 @@ GET = (
     "GET /synthesize?text=" + quote(TEXT) + "&speaker=joe HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 ).encode()
 
+pytestmark = pytest.mark.fast_path(True, False)
+
 
 async def fast_gateway(gateway: GatewayFactory, **kw: Any) -> TestClient[Any, Any]:
-    """A gateway whose server answers repeats, as ``voxgate serve`` sets its own up."""
+    """A gateway set up as ``voxgate serve`` sets its own up (tests/conftest.py): its server
+    answers repeats where the fast path is on, and is aiohttp's own where it is off."""
     client = await gateway(**kw)
     server = client.server.runner.server
-    assert server is not None
-    assert answer_repeats(server, client.app[keys.FAST_PATH])
-    assert isinstance(server, FastServer)
+    fast = client.app[keys.SETTINGS].fast_path
+    assert isinstance(server, FastServer) is fast and client.app[keys.FAST_HITS] is fast
     return client
 
 
 def answered(client: TestClient[Any, Any]) -> int:
     return client.app[keys.FAST_PATH].answered
+
+
+def unless_off(settings: Settings, count: int) -> int:
+    """``count`` requests answered from their bytes with the fast path on; none with it off."""
+    return count if settings.fast_path else 0
 
 
 async def ask(
@@ -56,7 +67,7 @@ async def ask(
 
 
 async def test_a_repeat_is_answered_from_its_bytes_as_the_ordinary_path_answers(
-    gateway: GatewayFactory,
+    gateway: GatewayFactory, settings: Settings
 ) -> None:
     client = await fast_gateway(gateway)
     reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
@@ -66,7 +77,7 @@ async def test_a_repeat_is_answered_from_its_bytes_as_the_ordinary_path_answers(
         (hit,) = await ask(writer, reader, GET)  # a memory hit, aiohttp's path: remembered
         assert hit[1]["x-cache"] == "HIT" and answered(client) == 0
         repeats = [(await ask(writer, reader, GET))[0] for _ in range(3)]
-        assert answered(client) == 3
+        assert answered(client) == unless_off(settings, 3)
     finally:
         writer.close()
     for status, headers, body in repeats:
@@ -78,7 +89,9 @@ async def test_a_repeat_is_answered_from_its_bytes_as_the_ordinary_path_answers(
     assert len(ids) == 4  # each answer its own id
 
 
-async def test_repeats_are_counted_timed_and_logged_as_hits(gateway: GatewayFactory) -> None:
+async def test_repeats_are_counted_timed_and_logged_as_hits(
+    gateway: GatewayFactory, settings: Settings
+) -> None:
     client = await fast_gateway(gateway)
     metrics = client.app[keys.METRICS]
     reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
@@ -87,7 +100,7 @@ async def test_repeats_are_counted_timed_and_logged_as_hits(gateway: GatewayFact
             await ask(writer, reader, GET)
     finally:
         writer.close()
-    assert answered(client) == 3
+    assert answered(client) == unless_off(settings, 3)
     client.app[keys.OBSERVER].flush()
     get = metrics.registry.get_sample_value
     route = {"route": "/synthesize", "method": "GET", "status": "200"}
@@ -98,11 +111,11 @@ async def test_repeats_are_counted_timed_and_logged_as_hits(gateway: GatewayFact
     )
     speech = {"model": "piper", "voice": "joe", "format": "wav", "cache": "hit"}
     assert get("voxgate_speech_requests_total", speech) == 4
-    assert get("voxgate_fast_hits_total") == 3
+    assert get("voxgate_fast_hits_total") == unless_off(settings, 3)
 
 
 async def test_a_post_repeat_and_pipelined_requests_keep_their_order(
-    gateway: GatewayFactory,
+    gateway: GatewayFactory, settings: Settings
 ) -> None:
     client = await fast_gateway(gateway)
     other = {**BODY, "input": "Goodbye now."}
@@ -112,7 +125,7 @@ async def test_a_post_repeat_and_pipelined_requests_keep_their_order(
         await ask(writer, reader, post_bytes(other))
         await ask(writer, reader, post_bytes(BODY))  # remembered
         (first,) = await ask(writer, reader, post_bytes(BODY))
-        assert answered(client) == 1
+        assert answered(client) == unless_off(settings, 1)
         # Two requests in one write are not a remembered request's bytes: aiohttp answers both,
         # in order; so does a request split over two writes.
         both = await ask(writer, reader, post_bytes(other) + post_bytes(BODY), count=2)
@@ -121,7 +134,7 @@ async def test_a_post_repeat_and_pipelined_requests_keep_their_order(
         writer.write(data[:20])
         await writer.drain()
         (split,) = await ask(writer, reader, data[20:])
-        assert split[2] == first[2] and answered(client) == 1
+        assert split[2] == first[2] and answered(client) == unless_off(settings, 1)
     finally:
         writer.close()
 
@@ -160,23 +173,27 @@ async def _skip_rest(reader: asyncio.StreamReader) -> None:
     await reader.readexactly(length)
 
 
-async def test_an_evicted_entry_is_answered_by_the_ordinary_path(gateway: GatewayFactory) -> None:
+async def test_an_evicted_entry_is_answered_by_the_ordinary_path(
+    gateway: GatewayFactory, settings: Settings
+) -> None:
     client = await fast_gateway(gateway)
     reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
     try:
         await ask(writer, reader, GET)
         (hit,) = await ask(writer, reader, GET)
         await ask(writer, reader, GET)
-        assert answered(client) == 1
+        assert answered(client) == unless_off(settings, 1)
         memory = client.app[keys.SPEECH].store.tiers[0]
         assert memory.name == "memory"
         memory._forget(hit[1]["x-audio-key"])  # (as an eviction does)
         (again,) = await ask(writer, reader, GET)
-        assert answered(client) == 1 and again[1]["x-cache"] == "HIT" and again[2] == hit[2]
+        assert answered(client) == unless_off(settings, 1)
+        assert again[1]["x-cache"] == "HIT" and again[2] == hit[2]
     finally:
         writer.close()
 
 
+@pytest.mark.fast_path(True)
 async def test_connections_are_fast_handlers_and_keep_alive_moves_on(
     gateway: GatewayFactory,
 ) -> None:
@@ -186,7 +203,12 @@ async def test_connections_are_fast_handlers_and_keep_alive_moves_on(
     try:
         for _ in range(2):
             await ask(writer, reader, GET)
-        (handler,) = [h for h in server.connections if isinstance(h, FastHandler)]
+        # (The test client's own kept connection is another FastHandler: this one is ours.)
+        ours = writer.get_extra_info("sockname")
+        (handler,) = [
+            h for h in server.connections if h.transport.get_extra_info("peername") == ours
+        ]
+        assert isinstance(handler, FastHandler)
         before = handler._next_keepalive_close_time
         await ask(writer, reader, GET)
         assert answered(client) == 1 and handler._next_keepalive_close_time > before
@@ -195,13 +217,16 @@ async def test_connections_are_fast_handlers_and_keep_alive_moves_on(
 
 
 @pytest.mark.slow
-async def test_voxgate_serve_answers_repeats_on_kept_connections(tmp_path: Path) -> None:
-    """``voxgate serve`` with no flags (a gateway process per core, uvloop): bots that keep
-    their connections, each sending the same prompts again, get the same audio, every request
-    counted once; the repeats were answered from their bytes in whichever process holds the
-    connection. No API keys here: with keys on every request is checked (the default topology
-    module shows none answered so)."""
-    server = DefaultServer(tmp_path / "srv")
+@pytest.mark.parametrize("fast_path", ["true", "false"])
+async def test_voxgate_serve_answers_repeats_on_kept_connections(
+    tmp_path: Path, fast_path: str
+) -> None:
+    """``voxgate serve`` with no other flags (a gateway process per core, uvloop): bots that
+    keep their connections, each sending the same prompts again, get the same audio, every
+    request counted once; the repeats were answered from their bytes in whichever process holds
+    the connection, and with ``--fast-path false`` none was. No API keys here: with keys on
+    every request is checked (the default topology module shows none answered so)."""
+    server = DefaultServer(tmp_path / "srv", "--fast-path", fast_path)
     try:
         await asyncio.to_thread(server.wait_ready)
         prompts = ["Press one for sales.", "Press two for support."]
@@ -235,13 +260,17 @@ async def test_voxgate_serve_answers_repeats_on_kept_connections(tmp_path: Path)
 
         requests, fast = await eventually(counted, lambda c: c[0] == total, 30, "every request")
         # Each bot's first round is a miss or an ordinary hit per prompt; later rounds are
-        # repeats on its connection, answered from their bytes.
-        assert fast >= bots * (rounds - 2) * len(prompts), (requests, fast)
+        # repeats on its connection, answered from their bytes (with the fast path on).
+        if fast_path == "true":
+            assert fast >= bots * (rounds - 2) * len(prompts), (requests, fast)
+        else:
+            assert fast == 0
         assert server.terminate() == 0
     finally:
         server.close()
 
 
+@pytest.mark.fast_path(True)
 async def test_on_another_aiohttp_the_server_stays_aiohttp_s_own(
     gateway: GatewayFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -2,7 +2,9 @@
 (same headers, Content-Length framing, HTTP/1.0 and keep-alive rules, no body for HEAD), and it
 is used only where no response-prepare receiver could change the response, and only on the
 aiohttp it was written for (else aiohttp's own response goes out, byte for byte the same). The
-writelines skip of aiohttp is lifted only where that is safe for the whole process."""
+writelines skip of aiohttp is lifted only where that is safe for the whole process. The wire
+tests run with the ``fast_path`` setting on and off (tests/conftest.py): the same bytes both
+ways."""
 
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ from tests.conftest import GatewayFactory
 
 BODY = {"model": "piper", "voice": "joe", "input": "Hold, please.", "response_format": "wav"}
 SAY_PATH = "/v1/say/joe/" + quote("Please hold.", safe="") + ".wav"
+
+pytestmark = pytest.mark.fast_path(True, False)
 
 
 def post_bytes(body: dict[str, str], *, version: str = "1.1", extra: str = "") -> bytes:
@@ -90,10 +94,11 @@ async def test_a_hit_sends_what_an_ordinary_response_sends(
 ) -> None:
     """The same hit from an app with a response-prepare receiver besides the request-id stamp
     (CORS on, no Origin sent, so it adds nothing) goes out as an ordinary aiohttp response: the
-    headers must be the same, the client's X-Request-Id included."""
+    headers must be the same, the client's X-Request-Id included. (With the fast path off both
+    are ordinary responses.)"""
     fast = await gateway()
     ordinary = await gateway(settings=settings.replace(cors_origins="https://app.example"))
-    assert fast.app[keys.FAST_HITS] and not ordinary.app[keys.FAST_HITS]
+    assert fast.app[keys.FAST_HITS] is settings.fast_path and not ordinary.app[keys.FAST_HITS]
     sent: list[tuple[dict[str, str], bytes]] = []
     for client in (fast, ordinary):
         # (The second app shares the first's disk tier: its first answer is a disk hit.)
@@ -283,6 +288,7 @@ def test_a_renamed_private_field_also_gets_aiohttp_s_own_response(
     assert not hits_imported_with(aiohttp.__version__, monkeypatch).FITS
 
 
+@pytest.mark.fast_path(True)  # (off, the writer is never used: the fallback is all there is)
 async def test_the_fallback_sends_the_same_status_headers_and_bytes(
     gateway: GatewayFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:

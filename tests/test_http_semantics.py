@@ -1,4 +1,5 @@
-"""ETag / If-None-Match (304), Range (206 / 416) and Content-Length on audio responses."""
+"""ETag / If-None-Match (304), Range (206 / 416) and Content-Length on audio responses, with
+the ``fast_path`` setting on and off (tests/conftest.py): the same answers both ways."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from tests.conftest import GatewayFactory
 from tests.support import CountingEngine
 
 BODY = {"model": "tts-1", "input": "Please hold.", "voice": "alloy", "response_format": "wav"}
+
+pytestmark = pytest.mark.fast_path(True, False)
 
 
 def body_etag(data: bytes) -> str:

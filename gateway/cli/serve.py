@@ -25,8 +25,9 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
     from gateway.http.connections import cap_connections, runner_options
     from gateway.http.hits import answer_repeats, lift_writelines_skip
 
-    # Headers and body in one writev on uvloop, where that is safe for the whole process.
-    lift_writelines_skip(asyncio.get_running_loop())
+    # Headers and body in one writev on uvloop where safe; fast path off: aiohttp as it ships.
+    if settings.fast_path:
+        lift_writelines_skip(asyncio.get_running_loop())
     app = create_app(settings)
     # On SIGTERM, runner.cleanup() stops listening, lets in-flight requests finish for up to
     # shutdown_timeout_s, then runs the cleanup contexts (schedulers, engines, tiers) in reverse.
@@ -84,11 +85,7 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
         # A lone server listens at once, so that /readyz can say it is loading.
         await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
     await site.start()
-    addresses = []
-    server = getattr(site, "_server", None)
-    for sock in getattr(server, "sockets", None) or []:
-        host, port = sock.getsockname()[:2]
-        addresses.append(f"http://{host}:{port}")
+    addresses = [f"http://{host}:{port}" for host, port, *_ in runner.addresses]
     from gateway.runtime.eventloop import describe
 
     listening = ", ".join(addresses) or site.name

@@ -83,8 +83,8 @@ def create_app(
     app[keys.OPENAPI] = document
     request_ids = RequestIds()
     add_request_ids(app, request_ids)
-    # The memory hit's own writer writes the request id and nothing else a receiver would add.
-    app[keys.FAST_HITS] = len(app.on_response_prepare) == 1
+    # The hit writer (with fast_path) writes the request id, nothing else a receiver would add.
+    app[keys.FAST_HITS] = settings.fast_path and len(app.on_response_prepare) == 1
     # Repeated requests answered from their bytes (`voxgate serve` installs it on its server).
     fast = FastPath(
         app[keys.OBSERVER].observe,

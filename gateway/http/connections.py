@@ -25,15 +25,16 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.web import RequestHandler
 
 from gateway.errors import Unavailable
 from gateway.http.errors import error_body
+from gateway.http.hits import RequestFunction, wrap_requests
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 
@@ -147,8 +148,6 @@ REFUSAL_BODY = REFUSAL.partition(b"\r\n\r\n")[2]
 PROBE_SLOTS = 8
 PROBE_WAIT_S = 1.0
 
-_Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
-
 
 def cap_connections(
     server: web.Server, limit: int, metrics: Metrics, probes: frozenset[str]
@@ -161,11 +160,10 @@ def cap_connections(
     (``connection_made``) before any byte is read, which is where the count is checked. A
     refused connection never reaches a handler; it is counted in
     ``voxgate_connections_refused_total``. A connection in a probe slot gets a request handler of
-    its own (aiohttp's ``RequestHandler`` reads ``_request_handler`` for each request, so the
-    connections under the cap pay nothing for this): a ``GET`` of a probe path is answered and the
-    connection closed after it, anything else is refused, and so is a connection that sends no
-    request within :data:`PROBE_WAIT_S`. Should aiohttp stop keeping that attribute, connections
-    past the cap are refused as before.
+    its own (:func:`gateway.http.hits.wrap_requests`, so the connections under the cap pay nothing
+    for this): a ``GET`` of a probe path is answered and the connection closed after it, anything
+    else is refused, and so is a connection that sends no request within :data:`PROBE_WAIT_S`.
+    Where that cannot be done (another aiohttp), connections past the cap are all refused.
     """
     made, lost = server.connection_made, server.connection_lost
     refused = metrics.connections_refused
@@ -177,7 +175,7 @@ def cap_connections(
             transport.write(REFUSAL)
             transport.close()
 
-    def probe_only(inner: _Handler, transport: asyncio.Transport) -> _Handler:
+    def probe_only(inner: RequestFunction, transport: asyncio.Transport) -> RequestFunction:
         asked = False
 
         def expire() -> None:
@@ -211,11 +209,10 @@ def cap_connections(
         made(handler, transport)
         if open_now <= limit:
             return
-        inner = getattr(handler, "_request_handler", None)
-        if open_now > limit + PROBE_SLOTS or inner is None:
+        if open_now > limit + PROBE_SLOTS or not wrap_requests(
+            handler, lambda inner: probe_only(inner, transport)
+        ):
             refuse(transport)
-        else:
-            handler._request_handler = probe_only(inner, transport)
 
     def connection_lost(handler: RequestHandler, exc: BaseException | None = None) -> None:
         nonlocal open_now

@@ -24,21 +24,19 @@ A request whose exact bytes were answered so before is answered again from its b
 aiohttp's parsing and routing (:class:`FastPath`, :class:`FastHandler`: the repeats of bots and
 IVR players on their kept connections).
 
-**Every aiohttp internal the hit path relies on is in this module**, written against aiohttp
+**Every aiohttp internal the gateway relies on is in this module**, written against aiohttp
 :data:`WRITTEN_FOR` (the minor version ``pyproject.toml`` pins; a test holds the two together):
-:class:`HitResponse` stands in for ``StreamResponse.__init__`` and ``prepare`` by setting seven
-of its private fields (``_state``, ``_headers``, ``_status``, ``_reason``, ``_keep_alive``,
-``_eof_sent``, ``_body_length``), writes to the request's transport itself and waits on
-``request._payload_writer``; :func:`lift_writelines_skip` clears
-``aiohttp.http_writer.SKIP_WRITELINES``; :class:`FastHandler` subclasses aiohttp's
-``RequestHandler`` (reading its connection state, wrapping ``_handle_request``, moving its
-keep-alive timer on: :data:`_HANDLER_FIELDS`) and :class:`FastServer` its ``Server`` (whose
-``_loop`` and ``_kwargs`` make a handler). :data:`FITS` says, once at import, whether the
-installed aiohttp is that minor version and still has those fields. Where it is not, nothing
-here touches aiohttp's internals: :func:`hit_response` answers with aiohttp's own
-``web.Response`` (the same status, headers and body, for the CPU per hit the writer saves:
-docs/architecture.md, "Hit path cost"), the skip stays as aiohttp sets it, and
-:func:`answer_repeats` leaves aiohttp's server as it is.
+:class:`HitResponse` sets private ``StreamResponse`` fields (:data:`_RESPONSE_FIELDS`) and
+waits on ``request._payload_writer``; :func:`lift_writelines_skip` clears
+``aiohttp.http_writer.SKIP_WRITELINES``; :class:`FastHandler` and :class:`FastServer` subclass
+``RequestHandler`` (:data:`_HANDLER_FIELDS`) and ``Server`` (``_loop``, ``_kwargs``);
+:func:`wrap_requests` replaces a connection's ``_request_handler`` (the connection cap's probe
+slots). :data:`FITS` says, once at import, whether the installed aiohttp is that minor version
+and still has those fields. Where it is not, nothing here touches aiohttp's internals:
+:func:`hit_response` answers with aiohttp's own ``web.Response`` (the same status, headers and
+body, for the CPU per hit the writer saves), the skip stays as aiohttp sets it, and
+:func:`answer_repeats` and :func:`wrap_requests` do nothing. The ``fast_path`` setting turns
+the writer, the lift and the answerer off on any aiohttp (:data:`FAST_HITS`, gateway.cli.serve).
 """
 
 from __future__ import annotations
@@ -55,15 +53,18 @@ import aiohttp
 from aiohttp import HttpVersion11, http_writer, web
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http import SERVER_SOFTWARE
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.web import RequestHandler
 from multidict import CIMultiDict
 from prometheus_client import Counter
 
 from gateway.http.requestid import REQUEST_ID, RequestIds
 from gateway.memo import BytesMemo
 
-# True when the app's only response-prepare receiver is the request-id stamp (module doc).
+# True with fast_path on and no response-prepare receiver but the request-id stamp (module doc).
 FAST_HITS = web.AppKey("fast_hits", bool)
+
+# The function a connection's requests are answered with (RequestHandler reads it per request).
+RequestFunction = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 # The aiohttp (major, minor) the internals below were read in and tested against.
 WRITTEN_FOR = (3, 14)
@@ -88,8 +89,8 @@ def written_for(version: str) -> bool:
     return found is not None and (int(found[1]), int(found[2])) == WRITTEN_FOR
 
 
-# The private RequestHandler members FastHandler reads or sets (its connection state, the
-# keep-alive timer it moves on as aiohttp would after a response); checked at import too.
+# The private RequestHandler members FastHandler and wrap_requests read or set (its connection
+# state, the keep-alive timer moved on as aiohttp would after a response); checked at import too.
 _HANDLER_FIELDS = (
     "_force_close",
     "_close",
@@ -150,27 +151,17 @@ def _uvloop_made(kind: type[object]) -> bool:
 
 def lift_writelines_skip(loop: asyncio.AbstractEventLoop) -> bool:
     """Let aiohttp hand a response's headers and body to ``loop``'s transports as one
-    ``writelines`` where that is safe; True when it did (call it in a process that serves HTTP,
-    with the loop it serves on).
+    ``writelines`` where that is safe; True when it did (call it with the loop a process serves on).
 
-    Why: aiohttp never calls ``transport.writelines`` on Python before 3.12.9 (or on
-    3.13.0-3.13.1), for asyncio's sake (:func:`asyncio_writelines`); it joins the status line,
-    headers and body into a new bytes object instead, a copy of every response body. uvloop's
-    transport is libuv's, not asyncio's: its ``writelines`` buffers the pieces, pauses the
-    protocol above the high-water mark like ``write``, and sends them with one ``writev`` without
-    copying. A memory hit does not need this (:class:`HitResponse` asks each transport itself);
-    every other response with a body (disk and Redis hits, misses, ranges, JSON) is aiohttp's
-    own and gets the ``writev`` only this way.
-
-    Why process-wide: ``SKIP_WRITELINES`` is a global of ``aiohttp.http_writer``, read on every
-    write of every connection; aiohttp has no per-loop or per-connection switch. So it is lifted
-    only where lifting it is safe for *every* transport the process may hold, uvloop's or
-    asyncio's (a test run, or a library with a loop of its own in a thread): on ``loop`` being
-    uvloop's (elsewhere it gains nothing) and on a Python whose asyncio transport's
-    ``writelines`` joins and writes (before 3.12), which is exactly what the skip does instead. On
-    3.12.0-3.12.8 and 3.13.0-3.13.1 it stays (asyncio's transport is the CVE's), and from 3.12.9
-    and 3.13.2 aiohttp no longer skips by itself. Never on an aiohttp that is not the one this was
-    written for (:data:`FITS`).
+    aiohttp skips ``transport.writelines`` where asyncio's is unsafe or only joins
+    (:func:`asyncio_writelines`) and joins status line, headers and body itself, a copy of every
+    body; uvloop's transport has a flow-controlled ``writelines`` of its own (one ``writev``, no
+    copy), which every response but a memory hit (:class:`HitResponse` asks the transport) gets
+    only this way. ``SKIP_WRITELINES`` is a global read on every write of every connection, so it
+    is lifted only where that is safe for any transport the process may hold (a test run, a
+    library's loop in a thread): on uvloop, on a Python whose asyncio ``writelines`` joins and
+    writes (before 3.12: what the skip does instead; docs/architecture.md, "Hit path cost"), on
+    the aiohttp this was written for (:data:`FITS`).
     """
     if not (FITS and ASYNCIO_WRITELINES == "joins" and _uvloop_made(type(loop))):
         return False
@@ -317,11 +308,9 @@ class HitResponse(web.StreamResponse):
 
 
 def hit_response(request: web.Request, audio: bytes, hit: PreparedHit) -> web.StreamResponse:
-    """The response to a memory hit: a :class:`HitResponse` where this aiohttp is the one it was
-    written for (:data:`FITS`) and the app has no response-prepare receivers but the request-id
-    stamp (they may change headers: :data:`FAST_HITS`); else aiohttp's own ``web.Response``
-    with the same headers and body. (aiohttp's parser takes HTTP/1.0 and 1.1 only, the two
-    versions :class:`HitResponse` knows.)"""
+    """A memory hit's response: a :class:`HitResponse` where :data:`FITS` and the app allows it
+    (:data:`FAST_HITS`), else aiohttp's own ``web.Response`` with the same headers and body.
+    (aiohttp's parser takes HTTP/1.0 and 1.1 only, the versions :class:`HitResponse` knows.)"""
     if FITS and request.app.get(FAST_HITS, False):
         return HitResponse(audio, hit)
     return web.Response(body=audio, headers=hit.headers)
@@ -363,19 +352,16 @@ class Repeat:
 class FastPath:
     """Memory hits answered from the bytes of a request already answered once.
 
-    A bot or an IVR player sends the very same request bytes for the same prompt on its
-    keep-alive connection, again and again (same request line, same headers, same body). When
-    aiohttp has parsed such bytes as exactly one whole request and the gateway has answered it
-    with a plain memory hit (:class:`HitResponse`: no conditional or range headers, no CORS
-    receivers, no API keys on), the bytes are remembered here with how they were answered. The
-    next time a connection's next bytes are exactly those, :class:`FastHandler` answers them
-    before aiohttp parses them: the entry is looked up in the memory tier again (evicted: the
-    ordinary path answers), counted, logged and timed as the edge counts, logs and times a hit,
-    under a fresh request id. What it skips is what the same bytes always give: aiohttp's request
-    object and routing, and the gateway's parsing, validation and content addressing of the
-    request (the route's answer to given bytes depends only on them and on settings fixed at
-    start, as :class:`gateway.api.parsing.RequestMemo` notes): most of a warm hit's CPU beside
-    the write itself (docs/architecture.md, "Hit path cost", has the figures).
+    Bots and IVR players send the very same bytes for the same prompt on their kept
+    connections. When aiohttp has parsed such bytes as exactly one whole request and the gateway
+    answered it with a plain memory hit (:class:`HitResponse`), the bytes are remembered with how
+    they were answered; when a connection's next bytes are exactly those, :class:`FastHandler`
+    answers them before aiohttp parses them: the entry looked up in the memory tier again
+    (evicted: the ordinary path answers), counted, logged and timed as the edge does a hit, under
+    a fresh request id. Skipped is what the same bytes always give (aiohttp's request object and
+    routing, the gateway's parsing, validation and content addressing: the answer to given bytes
+    depends only on them and on settings fixed at start, as
+    :class:`gateway.api.parsing.RequestMemo` notes; docs/architecture.md, "Hit path cost").
 
     Bounded: at most ``size`` requests of at most ``max_request`` bytes, ``max_bytes`` in all.
     ``allowed`` says whether answering from bytes is allowed now (checked on every answer: API
@@ -535,7 +521,7 @@ class FastHandler(RequestHandler):
         self,
         request: web.BaseRequest,
         start_time: float | None,
-        request_handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
+        request_handler: RequestFunction,
     ) -> tuple[web.StreamResponse, bool]:
         try:
             return await super()._handle_request(request, start_time, request_handler)
@@ -569,12 +555,24 @@ class FastServer(web.Server):
 
 def answer_repeats(server: web.Server, fast: FastPath) -> bool:
     """Make ``server`` (an ``AppRunner``'s, set up, not yet serving) answer repeated requests
-    from their bytes (:class:`FastPath`); True when it does. Only where this aiohttp is the one
-    the internals here were written for (:data:`FITS`); elsewhere aiohttp's own protocol serves
-    every request."""
+    from their bytes (:class:`FastPath`); True when it does, False (aiohttp's own protocol
+    serves every request) on another aiohttp (:data:`FITS`)."""
     if not FITS or type(server) is not web.Server or not hasattr(server, "_kwargs"):
         return False
     server.__class__ = FastServer
     assert isinstance(server, FastServer)
     server.fast_path = fast
+    return True
+
+
+def wrap_requests(
+    handler: RequestHandler, wrap: Callable[[RequestFunction], RequestFunction]
+) -> bool:
+    """Answer the requests of ``handler``'s connection with ``wrap`` of the function aiohttp
+    answers them with (it reads it per request); False, nothing done, on an aiohttp other than
+    the one this module was written for (:data:`FITS`)."""
+    inner = handler._request_handler if FITS else None
+    if inner is None:
+        return False
+    handler._request_handler = wrap(inner)
     return True

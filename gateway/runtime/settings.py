@@ -180,6 +180,13 @@ class Settings(BaseSettings):
         "except that 8 more may each ask for GET /healthz or /readyz (answered, then closed).",
         ge=1,
     )
+    fast_path: bool = _opt(
+        "server",
+        True,
+        "Memory hits written by the gateway itself, and repeated requests on kept connections "
+        "answered from their bytes before HTTP parsing (both read aiohttp internals); false: "
+        "aiohttp writes every response, as it ships (the same bytes, more CPU per hit).",
+    )
 
     # --- HTTP limits ---
     max_input_chars: int = _opt("http", 4096, "Longest input text accepted, in characters.", ge=1)
