@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import sys
@@ -65,6 +66,19 @@ def run(
     settings = load_settings(args)
     quiet_logging(settings)
     return asyncio.run(work(settings, args))
+
+
+def report(args: argparse.Namespace, out: dict[str, Any], summary: str) -> int:
+    """Print a catalogue run's ``out`` (JSON with ``--json``, else ``summary`` and a line per
+    error); its exit status: 1 when a prompt failed."""
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(summary)
+        for err in out["errors"]:
+            where = " ".join(str(err[k]) for k in ("where", "file") if k in err)
+            print(f"  {where}: {err['error']}")
+    return EXIT_FAILED if out["failed"] else 0
 
 
 def add_setting_flags(parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> None:

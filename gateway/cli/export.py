@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any
 # (At import, not on the event loop: a first import reads package metadata from disk.)
 from tqdm import tqdm
 
-from gateway.cli.common import EXIT_FAILED, add_setting_flags, command, run
+from gateway.cli.common import add_setting_flags, command, report, run
 from gateway.runtime.settings import Settings
 from synth.engine import Engine
 
@@ -73,17 +72,13 @@ async def run_export(
 
 def cmd_export(args: argparse.Namespace) -> int:
     out = run(args, run_export)
-    if args.json:
-        print(json.dumps(out))
-    else:
-        print(
-            f"{out['prompts']} prompts, {out['files']} files in {out['seconds']:.1f}s: "
-            f"{out['written']} written, {out['unchanged']} unchanged, {out['failed']} failed "
-            f"({out['synthesized']} synthesized) -> {out['dir']} ({out['layout']} layout)"
-        )
-        for err in out["errors"]:
-            print(f"  {err['where']} {err['file']}: {err['error']}")
-    return EXIT_FAILED if out["failed"] else 0
+    return report(
+        args,
+        out,
+        f"{out['prompts']} prompts, {out['files']} files in {out['seconds']:.1f}s: "
+        f"{out['written']} written, {out['unchanged']} unchanged, {out['failed']} failed "
+        f"({out['synthesized']} synthesized) -> {out['dir']} ({out['layout']} layout)",
+    )
 
 
 def add_command(sub: Any) -> None:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.cli.common import EXIT_FAILED, add_setting_flags, command, run
+from gateway.cli.common import add_setting_flags, command, report, run
 from gateway.runtime.settings import Settings
 
 
@@ -73,17 +72,13 @@ async def _warm(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_warm(args: argparse.Namespace) -> int:
     out = run(args, _warm)
-    if args.json:
-        print(json.dumps(out))
-    else:
-        print(
-            f"{out['prompts']} prompts in {out['seconds']:.1f}s: {out['synthesized']} synthesized, "
-            f"{out['cached']} already cached, {out['coalesced']} coalesced, {out['failed']} failed; "
-            f"{out['bytes']} bytes pinned"
-        )
-        for err in out["errors"]:
-            print(f"  {err['where']}: {err['error']}")
-    return EXIT_FAILED if out["failed"] else 0
+    return report(
+        args,
+        out,
+        f"{out['prompts']} prompts in {out['seconds']:.1f}s: {out['synthesized']} synthesized, "
+        f"{out['cached']} already cached, {out['coalesced']} coalesced, {out['failed']} failed; "
+        f"{out['bytes']} bytes pinned",
+    )
 
 
 def add_command(sub: Any) -> None:
