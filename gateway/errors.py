@@ -51,91 +51,62 @@ class VoxgateError(Exception):
         self.code = code
         self.retry_after_s = retry_after_s
 
+    def __init_subclass__(cls, status: int = 0, type: ErrorType | None = None) -> None:
+        # Each error declares its answer in its class line: `class NotFound(VoxgateError,
+        # status=404, type=...)`; a subclass of one inherits it.
+        super().__init_subclass__()
+        cls.status = status or cls.status
+        cls.type = type or cls.type
 
-class BadRequest(VoxgateError):
+
+class BadRequest(VoxgateError, status=400, type="invalid_request_error"):
     """The request is invalid; the message says what is wrong and ``param`` which field."""
 
-    status = 400
-    type = "invalid_request_error"
 
-
-class NotFound(VoxgateError):
+class NotFound(VoxgateError, status=404, type="not_found_error"):
     """No such resource."""
 
-    status = 404
-    type = "not_found_error"
 
-
-class Unauthorized(VoxgateError):
+class Unauthorized(VoxgateError, status=401, type="invalid_request_error"):
     """No API key, or one the gateway does not know (answered with ``WWW-Authenticate``)."""
 
-    status = 401
-    type = "invalid_request_error"
 
-
-class Forbidden(VoxgateError):
+class Forbidden(VoxgateError, status=403, type="permission_error"):
     """The request is understood but not allowed (a bad or expired URL signature, an API key
     without the route's scope)."""
 
-    status = 403
-    type = "permission_error"
 
-
-class MethodNotAllowed(VoxgateError):
+class MethodNotAllowed(VoxgateError, status=405, type="invalid_request_error"):
     """The path exists, the method does not; ``allow`` lists the methods that do."""
-
-    status = 405
-    type = "invalid_request_error"
 
     def __init__(self, message: str, *, allow: str) -> None:
         super().__init__(message)
         self.allow = allow
 
 
-class PayloadTooLarge(VoxgateError):
+class PayloadTooLarge(VoxgateError, status=413, type="invalid_request_error"):
     """The body is larger than the configured bound."""
 
-    status = 413
-    type = "invalid_request_error"
 
-
-class RequestTimeout(VoxgateError):
+class RequestTimeout(VoxgateError, status=408, type="invalid_request_error"):
     """The request body did not arrive in time (``body_timeout_s``); the connection is closed."""
 
-    status = 408
-    type = "invalid_request_error"
 
-
-class UnsupportedMediaType(VoxgateError):
+class UnsupportedMediaType(VoxgateError, status=415, type="invalid_request_error"):
     """The body's Content-Type is not one the route reads (a JSON route needs JSON)."""
 
-    status = 415
-    type = "invalid_request_error"
 
-
-class MisdirectedRequest(VoxgateError):
+class MisdirectedRequest(VoxgateError, status=421, type="invalid_request_error"):
     """The Host header names a host this gateway does not serve (``allowed_hosts``)."""
 
-    status = 421
-    type = "invalid_request_error"
 
-
-class TooManyRequests(VoxgateError):
+class TooManyRequests(VoxgateError, status=429, type="rate_limit_exceeded"):
     """This client asked for more than its share; carries Retry-After."""
 
-    status = 429
-    type = "rate_limit_exceeded"
 
-
-class BadGateway(VoxgateError):
+class BadGateway(VoxgateError, status=502, type="server_error"):
     """An upstream (a remote TTS provider served as a model) failed; the message names it."""
 
-    status = 502
-    type = "server_error"
 
-
-class Unavailable(VoxgateError):
+class Unavailable(VoxgateError, status=503, type="server_overloaded"):
     """Recoverable: overloaded, warming up, or a worker died. Carries Retry-After."""
-
-    status = 503
-    type = "server_overloaded"

@@ -95,6 +95,40 @@ def test_say_goes_through_the_store_and_stats_counts(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "empty" in bad.stderr
 
 
+@pytest.mark.slow
+def test_a_pin_quota_error_exits_the_same_in_warm_and_rollout(tmp_path: Path) -> None:
+    """One error, one exit status in every command (README.md, "Command line")."""
+    cache, fresh, pinned = tmp_path / "cache", tmp_path / "fresh.txt", tmp_path / "pinned.txt"
+    fresh.write_text("Thank you for calling.\n")
+    pinned.write_text("Please hold.\n")
+    warm = run_cli("warm", str(fresh), "--pin-quota-mb", "0", cache=cache)
+    ok = run_cli("warm", str(pinned), cache=cache)
+    assert ok.returncode == 0, ok.stderr
+    rollout = run_cli(
+        "rollout", "piper", "--revision", "2", "--quiet", "--pin-quota-mb", "0", cache=cache
+    )
+    for name, r in (("warm", warm), ("rollout", rollout)):
+        assert r.returncode == 2, r.stderr
+        assert f"voxgate {name}: pinning this catalogue needs" in r.stderr
+        assert "(pin_quota_mb = 0): nothing was pinned" in r.stderr
+    assert rollout.stderr.endswith("; the model was not switched\n")
+
+
+def test_refusals_exit_2_naming_the_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gateway.cli.main import main
+
+    sign = ["sign-url", "joe", "Hi.", "wav", "--url-signing-secret", "s", "--expires-in", "0"]
+    assert main(sign) == 2
+    assert main(["cache", "purge", "--pinned", "--unpinned", "--cache-dir", str(tmp_path)]) == 2
+    assert main(["keys", "add", "k", "--scopes", "speak", "--file", str(tmp_path / "a" / "k")]) == 2
+    sign_err, purge_err, keys_err = capsys.readouterr().err.splitlines()
+    assert sign_err.startswith("voxgate sign-url: --expires-in must be 1 to ")
+    assert purge_err == "voxgate cache purge: --pinned and --unpinned exclude each other"
+    assert keys_err.startswith("voxgate keys add: ") and "No such file" in keys_err
+
+
 def test_bad_setting_fails_at_start_naming_the_key(tmp_path: Path) -> None:
     r = run_cli("serve", "--port", "99999", cache=tmp_path)
     assert r.returncode == 2

@@ -16,7 +16,15 @@ import yaml
 
 from cache.tier import TierError, TierStats
 from gateway.http import keys
-from metrics import Metrics
+from metrics import (
+    CacheMetrics,
+    HttpMetrics,
+    KeyMetrics,
+    Metrics,
+    SynthesisMetrics,
+    UpstreamMetrics,
+    WyomingMetrics,
+)
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine
 
@@ -85,6 +93,19 @@ def used_names() -> set[str]:
     for group in rules["groups"]:
         exprs.extend(r["expr"] for r in group["rules"])
     return {n for e in exprs for n in re.findall(r"\bvoxgate_[a-z0-9_]+", e)}
+
+
+def test_every_group_is_whole_on_its_own_and_no_two_share_a_name() -> None:
+    """Metrics is its groups side by side: a member name in two groups would leave one of
+    them registered but out of reach."""
+    from prometheus_client import CollectorRegistry
+
+    groups = (HttpMetrics, CacheMetrics, SynthesisMetrics, UpstreamMetrics, KeyMetrics)
+    members = [vars(group(CollectorRegistry())) for group in (*groups, WyomingMetrics)]
+    every = {k: v for k, v in vars(Metrics()).items() if k not in ("registry", "_before_collect")}
+    assert sum(map(len, members)) == len(every)
+    for group in members:
+        assert {k: v._name for k, v in group.items()} == {k: every[k]._name for k in group}
 
 
 async def test_metrics_after_mixed_load_pass_promtool(gateway: GatewayFactory) -> None:

@@ -6,11 +6,10 @@ import argparse
 import asyncio
 import json
 import re
-import sys
 import time
 from typing import Any
 
-from gateway.cli.common import add_setting_flags, load_settings, quiet_logging
+from gateway.cli.common import EXIT_FAILED, Refused, add_setting_flags, command, load_settings, run
 from gateway.runtime.settings import Settings
 
 MIB = 1024 * 1024
@@ -141,7 +140,7 @@ def cmd_cache_stats(args: argparse.Namespace) -> int:
                 f"(pinned {s['pinned']})\n  bytes   {s['bytes']:>10}  "
                 f"of {s['max_bytes']} max"
             )
-    return 0 if all("error" not in s for s in stats) else 1
+    return 0 if all("error" not in s for s in stats) else EXIT_FAILED
 
 
 async def _purge(settings: Settings, args: argparse.Namespace) -> tuple[dict[str, int], int]:
@@ -168,26 +167,15 @@ async def _purge(settings: Settings, args: argparse.Namespace) -> tuple[dict[str
 
 
 def cmd_cache_purge(args: argparse.Namespace) -> int:
-    settings = load_settings(args)
-    quiet_logging(settings)
     if args.unpinned and args.pinned:
-        print("voxgate cache purge: --pinned and --unpinned exclude each other", file=sys.stderr)
-        return 2
+        raise Refused("--pinned and --unpinned exclude each other")
     chosen = (args.voice, args.model, args.older_than)
     if all(c is None for c in chosen) and not (args.unpinned or args.pinned or args.all):
-        print(
-            "voxgate cache purge: name what to purge (--voice, --model, --older-than, "
-            "--unpinned, --pinned) or pass --all",
-            file=sys.stderr,
+        raise Refused(
+            "name what to purge (--voice, --model, --older-than, --unpinned, --pinned) or pass "
+            "--all"
         )
-        return 2
-    from cache.pins import PinRegistryError
-
-    try:
-        removed, released = asyncio.run(_purge(settings, args))
-    except PinRegistryError as exc:
-        print(f"voxgate cache purge: {exc}", file=sys.stderr)
-        return 1
+    removed, released = run(args, _purge)
     if args.json:
         out: dict[str, Any] = {"removed": removed}
         if released:
@@ -198,15 +186,18 @@ def cmd_cache_purge(args: argparse.Namespace) -> int:
             print(f"{tier:<8} {'failed (see log)' if n < 0 else f'{n} entries removed'}")
         if released:
             print(f"pins     {released} records released from the pin quota")
-    return 1 if any(n < 0 for n in removed.values()) else 0
+    return EXIT_FAILED if any(n < 0 for n in removed.values()) else 0
 
 
 def add_command(sub: Any) -> None:
     """Register ``cache stats`` and ``cache purge``."""
     cache = sub.add_parser("cache", help="Inspect and prune the stored audio.")
     cache_sub = cache.add_subparsers(dest="cache_command", required=True)
-    stats = cache_sub.add_parser(
-        "stats", help="Entries and bytes in the disk tier, and the Redis tier's when configured."
+    stats = command(
+        cache_sub,
+        "stats",
+        cmd_cache_stats,
+        "Entries and bytes in the disk tier, and the Redis tier's when configured.",
     )
     stats.add_argument("--json", action="store_true", help="Print JSON.")
     add_setting_flags(
@@ -222,10 +213,12 @@ def add_command(sub: Any) -> None:
             "pin_quota_mb_per_key",
         ],
     )
-    stats.set_defaults(func=cmd_cache_stats)
 
-    purge = cache_sub.add_parser(
-        "purge", help="Remove entries from the disk (and shared) tiers by voice, model, age, pin."
+    purge = command(
+        cache_sub,
+        "purge",
+        cmd_cache_purge,
+        "Remove entries from the disk (and shared) tiers by voice, model, age, pin.",
     )
     purge.add_argument("--voice", help="Only entries of this voice.")
     purge.add_argument("--model", help="Only entries of this model.")
@@ -237,4 +230,3 @@ def add_command(sub: Any) -> None:
     purge.add_argument("--all", action="store_true", help="Everything (no criterion needed).")
     purge.add_argument("--json", action="store_true", help="Print JSON.")
     add_setting_flags(purge)
-    purge.set_defaults(func=cmd_cache_purge)

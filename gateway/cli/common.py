@@ -1,15 +1,84 @@
-"""What every command shares: one ``--flag`` per setting, loading settings, and log set-up."""
+"""What every command shares: registering it, one ``--flag`` per setting, loading settings,
+log set-up, running its work, and one exit status per kind of error.
+
+Exit statuses, the same in every command (README.md, "Command line"): 0 done; 1 the command ran
+but part of its work failed (a prompt, a file, a tier, the pin registry); 2 refused, nothing (more)
+done (an argument, a setting, a catalogue, a request the gateway would refuse, a pin quota).
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 from gateway.runtime.settings import CONFIG_ENV, ENV_PREFIX, GROUPS, Settings
+
+T = TypeVar("T")
+EXIT_FAILED = 1
+EXIT_REFUSED = 2
+
+
+class Refused(Exception):
+    """A command refuses its arguments before any work: its message is printed, exit 2."""
+
+
+def command(
+    sub: Any, name: str, func: Callable[[argparse.Namespace], int], help: str, note: str = ""
+) -> argparse.ArgumentParser:
+    """Register command ``name`` (run by ``func``) on ``sub``; ``note`` ends the line printed
+    when it stops on an error (what that error left undone)."""
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=help)
+    parser.set_defaults(func=func, prog=parser.prog, note=note)
+    return parser
+
+
+def failure(exc: Exception) -> tuple[int, str] | None:
+    """The exit status and message of an error a command stops on; None for a bug (raised on,
+    with its traceback)."""
+    from cache.pins import PinQuotaExceeded, PinRegistryError
+    from gateway.errors import VoxgateError
+    from gateway.speech.catalogue import quota_message
+
+    if isinstance(exc, PinQuotaExceeded):
+        return EXIT_REFUSED, quota_message(exc)
+    if isinstance(exc, VoxgateError):
+        return EXIT_REFUSED, exc.message
+    # A bad catalogue, export, keys file, setting or model name: each a ValueError.
+    if isinstance(exc, Refused | ValueError):
+        return EXIT_REFUSED, str(exc)
+    if isinstance(exc, PinRegistryError):
+        return EXIT_FAILED, str(exc)
+    return None
+
+
+def run(
+    args: argparse.Namespace,
+    work: Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, T]],
+) -> T:
+    """``work`` to its end, with the settings of ``args``, for a command printing its own results."""
+    settings = load_settings(args)
+    quiet_logging(settings)
+    return asyncio.run(work(settings, args))
+
+
+def report(args: argparse.Namespace, out: dict[str, Any], summary: str) -> int:
+    """Print a catalogue run's ``out`` (JSON with ``--json``, else ``summary`` and a line per
+    error); its exit status: 1 when a prompt failed."""
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(summary)
+        for err in out["errors"]:
+            where = " ".join(str(err[k]) for k in ("where", "file") if k in err)
+            print(f"  {where}: {err['error']}")
+    return EXIT_FAILED if out["failed"] else 0
 
 
 def add_setting_flags(parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> None:

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from gateway.cli.common import add_setting_flags, load_settings
+from gateway.cli.common import add_setting_flags, command, load_settings
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
@@ -19,6 +19,7 @@ def add_command(sub: Any) -> None:
     """Register ``config show``."""
     config = sub.add_parser("config", help="Settings.")
     config_sub = config.add_subparsers(dest="config_command", required=True)
-    show = config_sub.add_parser("show", help="Print the effective settings (secrets masked).")
+    show = command(
+        config_sub, "show", cmd_config_show, "Print the effective settings (secrets masked)."
+    )
     add_setting_flags(show)
-    show.set_defaults(func=cmd_config_show)

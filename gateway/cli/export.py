@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any
 # (At import, not on the event loop: a first import reads package metadata from disk.)
 from tqdm import tqdm
 
-from gateway.cli.common import add_setting_flags, load_settings, quiet_logging
+from gateway.cli.common import add_setting_flags, command, report, run
 from gateway.runtime.settings import Settings
 from synth.engine import Engine
 
@@ -72,40 +71,25 @@ async def run_export(
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from gateway.api.catalogue import CatalogueError
-    from gateway.errors import VoxgateError
-    from gateway.speech.export import ExportError
-
-    settings = load_settings(args)
-    quiet_logging(settings)
-    try:
-        out = asyncio.run(run_export(settings, args))
-    except (CatalogueError, ExportError) as exc:
-        print(f"voxgate export: {exc}", file=sys.stderr)
-        return 2
-    except VoxgateError as exc:
-        print(f"voxgate export: {exc.message}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(out))
-    else:
-        print(
-            f"{out['prompts']} prompts, {out['files']} files in {out['seconds']:.1f}s: "
-            f"{out['written']} written, {out['unchanged']} unchanged, {out['failed']} failed "
-            f"({out['synthesized']} synthesized) -> {out['dir']} ({out['layout']} layout)"
-        )
-        for err in out["errors"]:
-            print(f"  {err['where']} {err['file']}: {err['error']}")
-    return 1 if out["failed"] else 0
+    out = run(args, run_export)
+    return report(
+        args,
+        out,
+        f"{out['prompts']} prompts, {out['files']} files in {out['seconds']:.1f}s: "
+        f"{out['written']} written, {out['unchanged']} unchanged, {out['failed']} failed "
+        f"({out['synthesized']} synthesized) -> {out['dir']} ({out['layout']} layout)",
+    )
 
 
 def add_command(sub: Any) -> None:
     """Register ``export``."""
     from gateway.speech.export import LAYOUTS
 
-    export = sub.add_parser(
+    export = command(
+        sub,
         "export",
-        help="Write a prompt catalogue (with an id per prompt) as sound files for a PBX.",
+        cmd_export,
+        "Write a prompt catalogue (with an id per prompt) as sound files for a PBX.",
     )
     export.add_argument("catalogue", help="Catalogue file (.csv or .yaml with an id per prompt).")
     export.add_argument("dir", help="Directory to write the files and manifest.json into.")
@@ -127,4 +111,3 @@ def add_command(sub: Any) -> None:
     export.add_argument("--json", action="store_true", help="Print the summary as JSON.")
     export.add_argument("--no-progress", action="store_true", help="No progress bar.")
     add_setting_flags(export)
-    export.set_defaults(func=cmd_export)

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gateway.cli.common import add_setting_flags, load_settings
+from gateway.cli.common import Refused, add_setting_flags, command, load_settings
 
 
 def append_key(path: Path, table: str, name: str) -> None:
@@ -36,25 +36,20 @@ def append_key(path: Path, table: str, name: str) -> None:
 
 
 def cmd_keys_add(args: argparse.Namespace) -> int:
-    from gateway.runtime.apikeys import KeysFileError, key_table, new_secret
+    from gateway.runtime.apikeys import key_table, new_secret
 
     settings = load_settings(args)
     target = args.file or settings.api_keys_file
     if not target:
-        print(
-            "voxgate keys add: no keys file: pass --file PATH or set api_keys_file",
-            file=sys.stderr,
-        )
-        return 2
+        raise Refused("no keys file: pass --file PATH or set api_keys_file")
     path = Path(target).expanduser()
     scopes = [s.strip() for s in args.scopes.split(",") if s.strip()]
     secret = new_secret()
     try:
         table = key_table(args.name, secret, scopes, args.rpm, args.cpm)
         append_key(path, table, args.name)
-    except (KeysFileError, OSError) as exc:
-        print(f"voxgate keys add: {exc}", file=sys.stderr)
-        return 2
+    except OSError as exc:  # a KeysFileError is refused as every command refuses one
+        raise Refused(str(exc)) from exc
     # The secret goes to stdout once, alone on its line (scripts capture it); it is not stored.
     print(secret)
     print(
@@ -69,8 +64,11 @@ def add_command(sub: Any) -> None:
     """Register ``keys`` (``keys add``)."""
     keys = sub.add_parser("keys", help="Manage API keys (the keys file holds hashes only).")
     actions = keys.add_subparsers(dest="keys_command", required=True)
-    add = actions.add_parser(
-        "add", help="Make a key, print its secret once, append its hash to the keys file."
+    add = command(
+        actions,
+        "add",
+        cmd_keys_add,
+        "Make a key, print its secret once, append its hash to the keys file.",
     )
     add.add_argument("name", help="Key name (in logs and metrics): letters, digits, . _ -")
     add.add_argument("--scopes", required=True, help="Comma-separated scopes: speak, read, admin.")
@@ -83,4 +81,3 @@ def add_command(sub: Any) -> None:
     )
     add.add_argument("--file", default=None, help="Keys file (default: the api_keys_file setting).")
     add_setting_flags(add, only=["api_keys_file"])
-    add.set_defaults(func=cmd_keys_add)

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from gateway.cli import cache, config, export, keys, rollout, say, serve, signurl, tune, warm
+from gateway.cli.common import EXIT_REFUSED, failure
 from gateway.runtime.settings import SettingsError
 
 
@@ -26,9 +27,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = list(argv) if argv is not None else sys.argv[1:]  # for `serve --workers N`
     try:
         return int(args.func(args))
-    except SettingsError as exc:
+    except SettingsError as exc:  # the process's settings, whichever command read them
         print(f"voxgate: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_REFUSED
+    except Exception as exc:
+        stop = failure(exc)
+        if stop is None:
+            raise
+        print(f"{args.prog}: {stop[1]}{args.note and '; ' + args.note}", file=sys.stderr)
+        return stop[0]
 
 
 if __name__ == "__main__":

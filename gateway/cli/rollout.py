@@ -5,13 +5,12 @@ revision, with a progress bar, and switch the model when all are rendered
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.cli.common import add_setting_flags, load_settings, quiet_logging
+from gateway.cli.common import EXIT_FAILED, add_setting_flags, command, run
 from gateway.runtime.settings import Settings
 
 
@@ -82,26 +81,7 @@ def _seconds(value: float | None) -> str:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
-    from cache.pins import PinQuotaExceeded, PinRegistryError
-    from gateway.errors import VoxgateError
-    from gateway.speech.catalogue import quota_message
-
-    settings = load_settings(args)
-    quiet_logging(settings)
-    try:
-        out = asyncio.run(run_rollout(settings, args))
-    except ValueError as exc:
-        print(f"voxgate rollout: {exc}", file=sys.stderr)
-        return 2
-    except VoxgateError as exc:
-        print(f"voxgate rollout: {exc.message}", file=sys.stderr)
-        return 2
-    except PinQuotaExceeded as exc:
-        print(f"voxgate rollout: {quota_message(exc)}; the model was not switched", file=sys.stderr)
-        return 1
-    except PinRegistryError as exc:
-        print(f"voxgate rollout: {exc}; the model was not switched", file=sys.stderr)
-        return 1
+    out = run(args, run_rollout)
     if args.json:
         print(json.dumps(out))
     else:
@@ -121,16 +101,19 @@ def cmd_rollout(args: argparse.Namespace) -> int:
                 else f"not switched: {out['reason']}"
             )
         )
-    return 0 if out["switched"] else 1
+    return 0 if out["switched"] else EXIT_FAILED
 
 
 def add_command(sub: Any) -> None:
     """Register ``rollout``."""
-    cmd = sub.add_parser(
+    cmd = command(
+        sub,
         "rollout",
-        help="Re-render every pinned prompt of MODEL at a new address revision beside the old "
+        cmd_rollout,
+        "Re-render every pinned prompt of MODEL at a new address revision beside the old "
         "audio, report each prompt's duration change, and switch MODEL to it once all are "
         "rendered (resumable: run it again after an interruption).",
+        note="the model was not switched",
     )
     cmd.add_argument("model", help="The model (a local one or an upstream's name).")
     cmd.add_argument("--revision", required=True, help="The new address revision (any label).")
@@ -146,4 +129,3 @@ def add_command(sub: Any) -> None:
     cmd.add_argument("--json", action="store_true", help="Print the report as JSON.")
     cmd.add_argument("--quiet", action="store_true", help="No progress bar.")
     add_setting_flags(cmd)
-    cmd.set_defaults(func=cmd_rollout)

@@ -8,12 +8,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 from gateway.api.frontend import NORMALIZE_MODES
-from gateway.cli.common import add_setting_flags, load_settings, setup_logging
+from gateway.cli.common import Refused, add_setting_flags, command, load_settings, setup_logging
 from gateway.runtime.settings import Settings
 
 
@@ -55,8 +54,6 @@ async def _say(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_say(args: argparse.Namespace) -> int:
-    from gateway.errors import VoxgateError
-
     settings = load_settings(args)
     if settings.synth_workers == "auto":
         # One text: starting a pool of worker processes (a spawn and an engine load each) costs
@@ -64,22 +61,17 @@ def cmd_say(args: argparse.Namespace) -> int:
         settings = settings.replace(synth_workers=0)
     setup_logging("warning" if settings.log_level == "info" else settings.log_level)
     if args.output is None and not args.explain:
-        print("voxgate say: -o/--output is required (or --explain)", file=sys.stderr)
-        return 2
+        raise Refused("-o/--output is required (or --explain)")
     fmt = args.format or Path(args.output or "").suffix.lstrip(".") or "wav"
     args.format = fmt
-    try:
-        info = asyncio.run(_say(settings, args))
-    except VoxgateError as exc:
-        print(f"voxgate say: {exc.message}", file=sys.stderr)
-        return 2
+    info = asyncio.run(_say(settings, args))
     print(json.dumps(info, indent=2 if args.explain else None, ensure_ascii=False))
     return 0
 
 
 def add_command(sub: Any) -> None:
     """Register ``say``."""
-    say = sub.add_parser("say", help="Synthesize TEXT to a file through the store.")
+    say = command(sub, "say", cmd_say, "Synthesize TEXT to a file through the store.")
     say.add_argument("text")
     say.add_argument("-o", "--output", help="Output file (required unless --explain).")
     say.add_argument(
@@ -99,4 +91,3 @@ def add_command(sub: Any) -> None:
     say.add_argument("--speed", type=float, default=1.0, help="0.25-4.0 (default 1.0).")
     say.add_argument("--sample-rate", type=int, help="Output rate in Hz (8000-48000).")
     add_setting_flags(say, only=["cache_dir", "piper_voices", "memory_cache_mb", "disk_cache_mb"])
-    say.set_defaults(func=cmd_say)

@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.cli.common import add_setting_flags, load_settings
+from gateway.cli.common import add_setting_flags, command, load_settings
 from gateway.runtime.settings import Settings, SettingsError
 
 log = logging.getLogger("voxgate")
@@ -206,9 +206,8 @@ def gateway_process(argv: Sequence[str]) -> int:
 
 def add_command(sub: Any) -> None:
     """Register ``serve``."""
-    serve = sub.add_parser("serve", help="Run the HTTP gateway.")
+    serve = command(sub, "serve", cmd_serve, "Run the HTTP gateway.")
     add_setting_flags(serve)
     serve.add_argument("--worker-of", type=int, default=None, help=argparse.SUPPRESS)
     # Run as the host's synthesis pool process of `serve --workers N`, on this Unix socket.
     serve.add_argument("--serve-pool", default=None, help=argparse.SUPPRESS)
-    serve.set_defaults(func=cmd_serve)

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from typing import Any
 
-from gateway.cli.common import add_setting_flags, load_settings
+from gateway.cli.common import Refused, add_setting_flags, command, load_settings
 
 
 def cmd_sign_url(args: argparse.Namespace) -> int:
@@ -19,42 +18,27 @@ def cmd_sign_url(args: argparse.Namespace) -> int:
     settings = load_settings(args)
     secret = settings.url_signing_secret.get_secret_value()
     if not secret:
-        print("voxgate sign-url: url_signing_secret is empty: set it first", file=sys.stderr)
-        return 2
+        raise Refused("url_signing_secret is empty: set it first")
     if args.ext not in EXTENSIONS:
-        print(
-            f"voxgate sign-url: unknown extension {args.ext!r}; supported: {', '.join(EXTENSIONS)}",
-            file=sys.stderr,
-        )
-        return 2
+        raise Refused(f"unknown extension {args.ext!r}; supported: {', '.join(EXTENSIONS)}")
     ttl = args.expires_in if args.expires_in is not None else settings.signed_url_ttl_s
     if not 1 <= ttl <= settings.signed_url_max_s:
-        print(
-            f"voxgate sign-url: --expires-in must be 1 to {settings.signed_url_max_s} seconds "
-            "(signed_url_max_s)",
-            file=sys.stderr,
+        raise Refused(
+            f"--expires-in must be 1 to {settings.signed_url_max_s} seconds (signed_url_max_s)"
         )
-        return 2
     if settings.api_keys_file:
         # The URL is charged to a key, and stops playing once that key is gone from the file.
-        from gateway.runtime.apikeys import KeyRing, KeysFileError
+        from gateway.runtime.apikeys import KeyRing
 
-        try:
-            ring = KeyRing.load(settings.api_keys_file)
-        except KeysFileError as exc:
-            print(f"voxgate sign-url: {exc}", file=sys.stderr)
-            return 2
+        ring = KeyRing.load(settings.api_keys_file)  # a bad file: KeysFileError, refused
         key = ring.named(args.key) if args.key else None
         if key is None or "speak" not in key.scopes:
-            print(
-                "voxgate sign-url: with an API keys file, --key must name a key of it with the "
-                f"speak scope (the URL's fetches are charged to it); keys: {', '.join(ring.names())}",
-                file=sys.stderr,
+            raise Refused(
+                "with an API keys file, --key must name a key of it with the speak scope (the "
+                f"URL's fetches are charged to it); keys: {', '.join(ring.names())}"
             )
-            return 2
     elif args.key:
-        print("voxgate sign-url: --key needs an API keys file (api_keys_file)", file=sys.stderr)
-        return 2
+        raise Refused("--key needs an API keys file (api_keys_file)")
     expires = int(time.time()) + ttl
     path = signed_say_path(secret, args.voice, args.text, args.ext, expires, args.key)
     url = settings.public_url + path
@@ -67,9 +51,11 @@ def cmd_sign_url(args: argparse.Namespace) -> int:
 
 def add_command(sub: Any) -> None:
     """Register ``sign-url``."""
-    sign = sub.add_parser(
+    sign = command(
+        sub,
         "sign-url",
-        help="Print a signed say URL (/v1/say/s/...) that plays TEXT in VOICE without an API key.",
+        cmd_sign_url,
+        "Print a signed say URL (/v1/say/s/...) that plays TEXT in VOICE without an API key.",
     )
     sign.add_argument("voice", help="Voice or alias, as the URL will name it.")
     sign.add_argument("text", help="Text to speak.")
@@ -98,4 +84,3 @@ def add_command(sub: Any) -> None:
             "signed_url_max_s",
         ],
     )
-    sign.set_defaults(func=cmd_sign_url)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.cli.common import add_setting_flags, load_settings, quiet_logging
+from gateway.cli.common import add_setting_flags, command, load_settings, quiet_logging
 from gateway.runtime.settings import CONFIG_ENV, Settings, SettingsError
 from gateway.runtime.topology import usable_cores
 
@@ -206,9 +206,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def add_command(sub: Any) -> None:
     """Register ``tune``."""
-    tune_ = sub.add_parser(
+    tune_ = command(
+        sub,
         "tune",
-        help="Measure synthesis processes x threads on this machine and write the fastest "
+        cmd_tune,
+        "Measure synthesis processes x threads on this machine and write the fastest "
         "split to the config file (--config, $VOXGATE_CONFIG, else ./voxgate.toml).",
     )
     tune_.add_argument(
@@ -219,4 +221,3 @@ def add_command(sub: Any) -> None:
     )
     tune_.add_argument("--dry-run", action="store_true", help="Print the table; write nothing.")
     add_setting_flags(tune_)
-    tune_.set_defaults(func=cmd_tune)

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.cli.common import add_setting_flags, load_settings, quiet_logging
+from gateway.cli.common import add_setting_flags, command, report, run
 from gateway.runtime.settings import Settings
 
 
@@ -73,45 +71,23 @@ async def _warm(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_warm(args: argparse.Namespace) -> int:
-    from cache.pins import PinQuotaExceeded, PinRegistryError
-    from gateway.api.catalogue import CatalogueError
-    from gateway.errors import VoxgateError
-    from gateway.speech.catalogue import quota_message
-
-    settings = load_settings(args)
-    quiet_logging(settings)
-    try:
-        out = asyncio.run(_warm(settings, args))
-    except CatalogueError as exc:
-        print(f"voxgate warm: {exc}", file=sys.stderr)
-        return 2
-    except VoxgateError as exc:
-        print(f"voxgate warm: {exc.message}", file=sys.stderr)
-        return 2
-    except PinQuotaExceeded as exc:
-        print(f"voxgate warm: {quota_message(exc)}", file=sys.stderr)
-        return 2
-    except PinRegistryError as exc:
-        print(f"voxgate warm: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(out))
-    else:
-        print(
-            f"{out['prompts']} prompts in {out['seconds']:.1f}s: {out['synthesized']} synthesized, "
-            f"{out['cached']} already cached, {out['coalesced']} coalesced, {out['failed']} failed; "
-            f"{out['bytes']} bytes pinned"
-        )
-        for err in out["errors"]:
-            print(f"  {err['where']}: {err['error']}")
-    return 1 if out["failed"] else 0
+    out = run(args, _warm)
+    return report(
+        args,
+        out,
+        f"{out['prompts']} prompts in {out['seconds']:.1f}s: {out['synthesized']} synthesized, "
+        f"{out['cached']} already cached, {out['coalesced']} coalesced, {out['failed']} failed; "
+        f"{out['bytes']} bytes pinned",
+    )
 
 
 def add_command(sub: Any) -> None:
     """Register ``warm``."""
-    warm = sub.add_parser(
+    warm = command(
+        sub,
         "warm",
-        help="Render and pin a prompt catalogue (txt: one prompt a line; CSV or YAML with "
+        cmd_warm,
+        "Render and pin a prompt catalogue (txt: one prompt a line; CSV or YAML with "
         "text, voice, model, format, rate, speed per prompt).",
     )
     warm.add_argument("file", help="Catalogue file: .txt, .csv, .yaml/.yml.")
@@ -122,4 +98,3 @@ def add_command(sub: Any) -> None:
     warm.add_argument("--speed", type=float, help="Speed for prompts that name none.")
     warm.add_argument("--json", action="store_true", help="Print the summary as JSON.")
     add_setting_flags(warm)
-    warm.set_defaults(func=cmd_warm)

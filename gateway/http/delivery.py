@@ -8,7 +8,6 @@ rendition is stored for them), else its sentences not yet queued are dropped.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 
@@ -213,34 +212,17 @@ async def _send_stream(
     headers["Cache-Control"] = "no-store"
     resp = web.StreamResponse(headers=headers)
     resp.enable_chunked_encoding()
-    metrics = request.app[keys.METRICS]
     request[keys.FIRST_BYTE_AT] = time.perf_counter()
     await resp.prepare(request)
     timeout_s = request.app[keys.SETTINGS].write_timeout_s
-    try:
-        await write_within(request, resp, stream.first, timeout_s)
-        async for chunk in stream.chunks():
-            if request.transport is None or request.transport.is_closing():
-                raise ConnectionResetError("client went away")
+
+    async def chunks() -> None:
+        async for chunk in sse.pieces(request, stream):
             await write_within(request, resp, chunk, timeout_s)
-        await resp.write_eof()
-    except asyncio.CancelledError:
-        metrics.streams.labels("disconnected").inc()
-        raise
-    except ConnectionResetError:
-        metrics.streams.labels("disconnected").inc()
-        log.info("stream ended by the client key=%s", key)
-        return resp
-    except Exception as exc:
-        # The status line is gone: the only way left to say "incomplete" is to drop the
-        # connection before the terminating chunk. The production (and its error) is shared.
-        metrics.streams.labels("failed").inc()
-        log.warning("stream failed key=%s: %s", key, type(exc).__name__)
-        if request.transport is not None:
-            request.transport.close()
-        return resp
-    metrics.streams.labels("complete").inc()
-    return resp
+
+    # The status line is gone: the only way left to say "incomplete" is to drop the connection
+    # before the terminating chunk.
+    return await sse.counted(request, resp, key, "stream", chunks())
 
 
 async def serve_stored(request: web.Request, key: str) -> web.StreamResponse | None:

@@ -32,8 +32,8 @@ import base64
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
-from typing import Annotated, Literal, cast
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from typing import Annotated, Any, Literal, cast
 
 from aiohttp import web
 from pydantic import Field
@@ -196,43 +196,59 @@ async def send_stream(
 ) -> web.StreamResponse:
     """A stream being made as events: a delta per sentence as it is ready (after its marks,
     with ``marks``), then done."""
-    metrics = request.app[keys.METRICS]
     resp = await _open(request, headers)
     timeout_s = request.app[keys.SETTINGS].write_timeout_s
 
-    async def pieces() -> AsyncIterator[bytes]:
-        yield stream.first
-        async for chunk in stream.chunks():
-            yield chunk
-
-    try:
-        async for data in pieces():
-            if request.transport is None or request.transport.is_closing():
-                raise ConnectionResetError("client went away")
+    async def events() -> None:
+        async for data in pieces(request, stream):
             found, stream.piece_marks = stream.piece_marks, []
             if marks and found:
                 await write_within(request, resp, marks_event(found), timeout_s)
             for chunk in deltas(data):
                 await write_within(request, resp, chunk, timeout_s)
         await write_within(request, resp, done(characters, stream.audio_s), timeout_s)
+
+    # The status is sent: a failure is said in an event before the connection drops.
+    return await counted(request, resp, stream.key, "event stream", events(), error_event)
+
+
+async def pieces(request: web.Request, stream: SpeechStream) -> AsyncIterator[bytes]:
+    """``stream.first``, then each chunk as it is ready, while the client is still there."""
+    yield stream.first
+    async for chunk in stream.chunks():
+        if request.transport is None or request.transport.is_closing():
+            raise ConnectionResetError("client went away")
+        yield chunk
+
+
+async def counted(
+    request: web.Request,
+    resp: web.StreamResponse,
+    key: str,
+    what: str,
+    writes: Coroutine[Any, Any, None],
+    error: Callable[[Exception], bytes] | None = None,
+) -> web.StreamResponse:
+    """``writes`` (a streamed body) to ``resp``'s end, counted by how it ended. A failure (said
+    in ``error``'s bytes, when given) drops the connection: no client takes the audio as whole."""
+    streams = request.app[keys.METRICS].streams
+    try:
+        await writes
         await resp.write_eof()
+        streams.labels("complete").inc()
     except asyncio.CancelledError:
-        metrics.streams.labels("disconnected").inc()
+        streams.labels("disconnected").inc()
         raise
     except ConnectionResetError:
-        metrics.streams.labels("disconnected").inc()
-        log.info("event stream ended by the client key=%s", stream.key)
-        return resp
+        streams.labels("disconnected").inc()
+        log.info("%s ended by the client key=%s", what, key)
     except Exception as exc:
-        # The status is sent: say what failed in an event, then drop the connection before the
-        # stream's end so no client takes the audio for complete.
-        metrics.streams.labels("failed").inc()
-        log.warning("event stream failed key=%s: %s", stream.key, type(exc).__name__)
+        streams.labels("failed").inc()
+        log.warning("%s failed key=%s: %s", what, key, type(exc).__name__)
         try:
-            await resp.write(error_event(exc))
+            if error is not None:
+                await resp.write(error(exc))
         finally:
             if request.transport is not None:
                 request.transport.close()
-        return resp
-    metrics.streams.labels("complete").inc()
     return resp

@@ -161,20 +161,9 @@ class AccessLog:
         one per request (a call per line would be a large share of a line's cost)."""
         lines: list[str] = []
         add = lines.append
-        if self.fmt != "json":
-            for (
-                now,
-                route,
-                method,
-                status,
-                cache,
-                key,
-                seconds,
-                _,
-                nbytes,
-                client,
-                rid,
-            ) in observations:
+        text, timestamp, known = self.fmt != "json", self._timestamp, self._parts
+        for now, route, method, status, cache, key, seconds, _, nbytes, client, rid in observations:
+            if text:
                 stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
                 add(
                     f"{stamp},{int(now * 1000) % 1000:03d} INFO {LOGGER} request route={route} "
@@ -184,10 +173,7 @@ class AccessLog:
                     + (f" client={client}" if client else "")
                     + (f" request_id={rid}" if rid else "")
                 )
-            return lines
-        timestamp = self._timestamp
-        known = self._parts
-        for now, route, method, status, cache, key, seconds, _, nbytes, client, rid in observations:
+                continue
             # Route templates, methods, cache results, keys (hex) and request ids (checked or
             # made by gateway.http.requestid) need no escaping; only the client id can hold
             # arbitrary characters. The parts fixed by (route, method, status, cache) are
