@@ -15,8 +15,8 @@ from __future__ import annotations
 from xml.sax.saxutils import escape, quoteattr
 
 from synth.engine import SynthesisItem
+from synth.providers.base import ProviderError, ProviderSpec
 from synth.providers.http_api import HttpCall, HttpProvider
-from synth.upstream import ProviderError
 
 # The raw PCM formats Azure offers, by sample rate.
 OUTPUT_FORMATS = {
@@ -61,3 +61,6 @@ class AzureProvider(HttpProvider):
             },
             data=ssml.encode(),
         )
+
+
+SPEC = ProviderSpec("azure", AzureProvider, rates=tuple(OUTPUT_FORMATS))

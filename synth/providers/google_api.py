@@ -17,14 +17,12 @@ import binascii
 import json
 
 from synth.engine import Audio, SynthesisItem
+from synth.providers.base import ProviderError, ProviderSpec, wav_audio
 from synth.providers.http_api import HttpCall, HttpProvider, json_error_message
-from synth.upstream import ProviderError, wav_audio
 
 
 class GoogleProvider(HttpProvider):
     """The provider of Google Cloud Text-to-Speech's ``text:synthesize``."""
-
-    # passes_pcm is False (UpstreamConfig.streams_pcm): the audio comes base64 in a JSON body.
 
     def request(self, item: SynthesisItem) -> HttpCall:
         if not 0.25 <= item.speed <= 4.0:
@@ -59,3 +57,7 @@ class GoogleProvider(HttpProvider):
         except (ValueError, KeyError, TypeError, binascii.Error):
             raise ProviderError("bad_reply", "no base64 audioContent in the answer") from None
         return wav_audio(wav)
+
+
+# Any rate; the audio comes base64 in one JSON body, so it cannot be passed on in pieces.
+SPEC = ProviderSpec("google", GoogleProvider, whole_answer=True)

@@ -1,6 +1,6 @@
 """What the providers spoken to over plain HTTP share: one aiohttp session made on the event
 loop, a bounded read of the answer, the provider's error body turned into a
-:class:`~synth.upstream.ProviderError` (with ``Retry-After``), connection failures retried.
+:class:`~synth.providers.base.ProviderError` (with ``Retry-After``), connection failures retried.
 
 A provider module says how to ask (:meth:`HttpProvider.request`), how its errors read
 (:meth:`HttpProvider.error_message`) and what its answer holds (:meth:`HttpProvider.audio`).
@@ -11,21 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
 
 from synth.engine import Audio, SynthesisItem
-from synth.upstream import (
+from synth.providers.base import (
+    MIB,
+    ProviderConfig,
     ProviderError,
-    UpstreamConfig,
     error_for_status,
     pcm16_audio,
     provider_message,
     retry_after_of,
 )
 
-MIB = 1024 * 1024
 # The most of an error body read (a message, not audio).
 ERROR_BODY_BYTES = 64 * 1024
 
@@ -58,13 +59,14 @@ def json_error_message(body: bytes, *paths: tuple[str, ...]) -> str:
 
 
 class HttpProvider:
-    """A :class:`~synth.upstream.Provider` over aiohttp; subclasses say how to ask and read."""
+    """A :class:`~synth.providers.base.Provider` over aiohttp; subclasses say how to ask and read
+    (the class is its kind's factory: ``environ`` is for credentials beyond the key)."""
 
     # Statuses that mean the caller's request was wrong for this provider (its 400) beyond the
     # ones every provider shares (400, 413, 422): a provider's "no such voice" status.
     refusal_statuses: frozenset[int] = frozenset()
 
-    def __init__(self, config: UpstreamConfig, api_key: str) -> None:
+    def __init__(self, config: ProviderConfig, api_key: str, environ: Mapping[str, str]) -> None:
         self.config = config
         # The answer's body is the raw 16-bit pcm itself (not JSON, as Google's is): its pieces
         # can go to a stream.

@@ -1,6 +1,6 @@
 """kind = "openai": any server that speaks OpenAI's ``POST {base_url}/audio/speech`` (OpenAI,
 Kokoro-FastAPI, speaches, another voxgate), through the official ``openai`` SDK (the
-``voxgate[openai]`` extra).
+``voxgate[openai]`` extra, imported once an entry of this kind is built).
 
 The request is OpenAI's ``CreateSpeechRequest`` (the OpenAPI document in the public repository
 openai/openai-openapi): ``model``, ``input``, ``voice``, ``response_format`` (``pcm`` or ``wav``
@@ -14,27 +14,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
-
-import httpx2
-import openai
+from collections.abc import Mapping
 
 from synth.engine import Audio, SynthesisItem
-from synth.upstream import (
+from synth.providers.base import (
+    MIB,
+    ProviderConfig,
     ProviderError,
-    UpstreamConfig,
+    ProviderSpec,
     error_for_status,
     pcm16_audio,
     retry_after_of,
     wav_audio,
 )
 
-MIB = 1024 * 1024
-
 
 class OpenAIProvider:
-    """The :class:`~synth.upstream.Provider` of an OpenAI-compatible speech endpoint."""
+    """The :class:`~synth.providers.base.Provider` of an OpenAI-compatible speech endpoint."""
 
-    def __init__(self, config: UpstreamConfig, api_key: str) -> None:
+    def __init__(self, config: ProviderConfig, api_key: str, environ: Mapping[str, str]) -> None:
+        # The SDK comes with the openai extra: imported here, not when the table of kinds
+        # (synth.providers) imports this module whatever is configured.
+        import openai
+
         self.config = config
         # pcm comes as headerless 16-bit samples: each piece can go to a stream as it arrives.
         self.passes_pcm = config.streams_pcm
@@ -52,6 +54,9 @@ class OpenAIProvider:
         )
 
     async def synthesize(self, item: SynthesisItem, timeout_s: float) -> Audio:
+        import httpx2  # loaded by __init__'s openai already: a lookup here
+        import openai
+
         c = self.config
         extra: dict[str, object] = {}
         if item.speed != 1.0:
@@ -97,3 +102,6 @@ class OpenAIProvider:
 
     async def close(self) -> None:
         await self.client.close()
+
+
+SPEC = ProviderSpec("openai", OpenAIProvider, formats=("pcm", "wav"), model="", sdk="openai")
