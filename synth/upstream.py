@@ -34,7 +34,7 @@ import time
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from limits import RateLimitItem, RateLimitItemPerMinute
@@ -49,7 +49,6 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
 from redis.exceptions import RedisError
 
 from metrics import Metrics
@@ -60,6 +59,12 @@ from synth.providers.base import VOICE_ID, Provider, ProviderError, ProviderSpec
 
 log = logging.getLogger("voxgate.upstream")
 
+# The table's kinds: to pydantic a Literal (so an unknown kind is refused in its own words, and
+# the schema lists them); to mypy, which cannot read a Literal made at run time, a str.
+if TYPE_CHECKING:
+    Kind = str
+else:
+    Kind = Literal[tuple(SPECS)]
 # What base_url must be, by the scheme a kind's spec names.
 SCHEMES = {"http": (("http", "https"), "an http(s):// URL"), "tcp": (("tcp",), "tcp://host:port")}
 
@@ -73,7 +78,7 @@ class UpstreamConfig(BaseModel):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$",
         description="The model name clients use (aliases work as for local models).",
     )
-    kind: str = Field(description="The provider's API: openai (any OpenAI-compatible server).")
+    kind: Kind = Field(description="The provider's API: openai (any OpenAI-compatible server).")
     base_url: str = Field(
         description="The API's base URL, e.g. https://api.openai.com/v1 (openai), or "
         "tcp://host:port (wyoming)."
@@ -165,19 +170,6 @@ class UpstreamConfig(BaseModel):
         if parts.scheme not in ("http", "https", "tcp") or not parts.hostname:
             raise ValueError("must be an http://, https:// or tcp:// URL")
         return value.rstrip("/")
-
-    @field_validator("kind")
-    @classmethod
-    def _known_kind(cls, value: str) -> str:
-        if value not in SPECS:
-            *most, last = map(repr, SPECS)
-            # pydantic's own words for a value outside a Literal, as before the table existed
-            raise PydanticCustomError(
-                "literal_error",
-                "Input should be {expected}",
-                {"expected": f"{', '.join(most)} or {last}"},
-            )
-        return value
 
     @model_validator(mode="after")
     def _fits_its_kind(self) -> UpstreamConfig:
@@ -317,14 +309,12 @@ class UpstreamEngine:
             return "a change of what is in the content address"
         if config.voices != old.voices or config.language != old.language:
             return "a change of the voices"
-        if config.instructions != old.instructions or config.api_key_env != old.api_key_env:
-            return "a change of instructions or api_key_env"
-        if (config.region, config.key_id_env, config.session_token_env) != (
-            old.region,
-            old.key_id_env,
-            old.session_token_env,
+        for *most, last in (
+            ("instructions", "api_key_env"),
+            ("region", "key_id_env", "session_token_env"),  # where calls are signed, and how
         ):
-            return "a change of region, key_id_env or session_token_env"
+            if any(getattr(config, f) != getattr(old, f) for f in (*most, last)):
+                return f"a change of {', '.join(most)} or {last}"
         self.config = config
         return ""
 
@@ -475,6 +465,16 @@ _STATUS = {
     "bad_reply": 502,
     "breaker_open": 503,
     "rate_wait": 503,
+}
+# What a caller is told of a provider's failure, by its kind.
+_TOLD = {
+    "refused": "upstream {name!r} refused the request: {message}",
+    "rate_limited": "upstream {name!r} is rate limiting voxgate (429) past its retries",
+    "auth": "upstream {name!r} refused voxgate's credentials ({status}); see api_key_env",
+    "timeout": "upstream {name!r} did not answer within {timeout:g}s",
+    "connection": "upstream {name!r} cannot be reached: {message}",
+    "bad_reply": "upstream {name!r} sent no usable audio: {message}",
+    "server": "upstream {name!r} failed (status {status}): {message}",
 }
 _BACKOFF_S = 0.5
 _BACKOFF_MAX_S = 8.0
@@ -695,33 +695,13 @@ class UpstreamRunner:
         return backoff * (0.5 + random.random() / 2)  # jitter: replicas do not retry in step
 
     def _error_of(self, exc: ProviderError) -> UpstreamError:
-        name = self.name
-        if exc.kind == "refused":
-            return self._fail("refused", f"upstream {name!r} refused the request: {exc.message}")
-        if exc.kind == "rate_limited":
-            return self._fail(
-                "rate_limited",
-                f"upstream {name!r} is rate limiting voxgate (429) past its retries",
-                exc.retry_after_s,
-            )
-        if exc.kind == "auth":
-            return self._fail(
-                "auth",
-                f"upstream {name!r} refused voxgate's credentials ({exc.status}); see api_key_env",
-            )
-        if exc.kind == "timeout":
-            return self._fail(
-                "timeout", f"upstream {name!r} did not answer within {self.config.timeout_s:g}s"
-            )
-        if exc.kind == "connection":
-            return self._fail("connection", f"upstream {name!r} cannot be reached: {exc.message}")
-        if exc.kind == "bad_reply":
-            return self._fail("bad_reply", f"upstream {name!r} sent no usable audio: {exc.message}")
-        return self._fail(
-            "server",
-            f"upstream {name!r} failed (status {exc.status}): {exc.message}",
-            exc.retry_after_s,
+        kind = exc.kind if exc.kind in _TOLD else "server"
+        told = _TOLD[kind].format(
+            name=self.name, status=exc.status, message=exc.message, timeout=self.config.timeout_s
         )
+        # Only these kinds carry a wait the provider asked for.
+        asked = exc.retry_after_s if kind in ("rate_limited", "server") else None
+        return self._fail(kind, told, asked)
 
 
 def build_provider(

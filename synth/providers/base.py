@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterable, Callable, Mapping
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Literal, Protocol
@@ -23,6 +23,8 @@ MIB = 1024 * 1024
 # A voice name the provider is sent when the entry's voices include "*" (any voice): a
 # provider's voice ids are short identifiers; anything else is refused before it costs a call.
 VOICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@+\-]{0,127}")
+# The pcm rates most providers offer.
+PCM_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
 # The longest provider message passed on to a client (it is the provider's words, clipped).
 MAX_PROVIDER_MESSAGE = 300
 
@@ -32,7 +34,6 @@ class ProviderConfig(Protocol):
     the providers depend on this, so the entry, which checks itself against the providers'
     specs, can depend on them)."""
 
-    name: str
     base_url: str
     api_key_env: str
     model: str
@@ -176,6 +177,23 @@ def retry_after_of(headers: Mapping[str, str]) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - time.time())
+
+
+async def read_answer(
+    body: AsyncIterable[bytes], config: ProviderConfig, sink: Callable[[bytes], None] | None
+) -> bytes:
+    """An answer's body read as it comes, up to ``max_audio_mb`` (a provider cannot make the
+    gateway hold more); each piece goes on to ``sink`` when one is given."""
+    pieces: list[bytes] = []
+    size = 0
+    async for piece in body:
+        size += len(piece)
+        if size > config.max_audio_mb * MIB:
+            raise ProviderError("bad_reply", f"the answer is larger than {config.max_audio_mb} MiB")
+        pieces.append(piece)
+        if sink is not None and piece:
+            sink(piece)
+    return b"".join(pieces)
 
 
 def pcm16_audio(data: bytes, sample_rate: int) -> Audio:

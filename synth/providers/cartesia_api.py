@@ -19,7 +19,7 @@ session every HTTP kind shares makes with the runner's retries.
 from __future__ import annotations
 
 from synth.engine import SynthesisItem
-from synth.providers.base import ProviderError, ProviderSpec
+from synth.providers.base import PCM_RATES, ProviderError, ProviderSpec
 from synth.providers.http_api import HttpCall, HttpProvider, json_error_message
 
 API_VERSION = "2025-04-16"
@@ -62,9 +62,5 @@ class CartesiaProvider(HttpProvider):
 
 
 SPEC = ProviderSpec(
-    "cartesia",
-    CartesiaProvider,
-    rates=(8000, 16000, 22050, 24000, 44100, 48000),
-    model="sonic-2",
-    sends_language=True,
+    "cartesia", CartesiaProvider, rates=PCM_RATES, model="sonic-2", sends_language=True
 )

@@ -19,7 +19,7 @@ import json
 from urllib.parse import quote
 
 from synth.engine import SynthesisItem
-from synth.providers.base import ProviderSpec
+from synth.providers.base import PCM_RATES, ProviderSpec
 from synth.providers.http_api import HttpCall, HttpProvider
 
 
@@ -63,9 +63,5 @@ class ElevenLabsProvider(HttpProvider):
 
 # output_format pcm_<rate> at these rates; voice_settings are this kind's alone.
 SPEC = ProviderSpec(
-    "elevenlabs",
-    ElevenLabsProvider,
-    rates=(8000, 16000, 22050, 24000, 44100, 48000),
-    model="",
-    owns=("voice_settings",),
+    "elevenlabs", ElevenLabsProvider, rates=PCM_RATES, model="", owns=("voice_settings",)
 )

@@ -18,7 +18,7 @@ import json
 
 from synth.engine import Audio, SynthesisItem
 from synth.providers.base import ProviderError, ProviderSpec, wav_audio
-from synth.providers.http_api import HttpCall, HttpProvider, json_error_message
+from synth.providers.http_api import HttpCall, HttpProvider, json_error_message, voice_language
 
 
 class GoogleProvider(HttpProvider):
@@ -29,8 +29,6 @@ class GoogleProvider(HttpProvider):
             raise ProviderError(
                 "refused", "Google speaks at 0.25 to 4 times the normal rate", sent=False
             )
-        parts = item.voice.split("-")
-        language = "-".join(parts[:2]) if len(parts) >= 3 else "en-US"
         audio_config: dict[str, object] = {
             "audioEncoding": "LINEAR16",
             "sampleRateHertz": self.config.sample_rate,
@@ -42,7 +40,7 @@ class GoogleProvider(HttpProvider):
             headers={"X-Goog-Api-Key": self.api_key},
             json={
                 "input": {"text": item.text},
-                "voice": {"languageCode": language, "name": item.voice},
+                "voice": {"languageCode": voice_language(item.voice), "name": item.voice},
                 "audioConfig": audio_config,
             },
         )

@@ -24,6 +24,7 @@ from synth.providers.base import (
     error_for_status,
     pcm16_audio,
     provider_message,
+    read_answer,
     retry_after_of,
 )
 
@@ -58,6 +59,13 @@ def json_error_message(body: bytes, *paths: tuple[str, ...]) -> str:
     return str(value)[:300]
 
 
+def voice_language(voice: str) -> str:
+    """The locale a voice name starts with, as Azure's and Google's do (``en-US-AvaNeural``:
+    ``en-US``)."""
+    parts = voice.split("-")
+    return "-".join(parts[:2]) if len(parts) >= 3 else "en-US"
+
+
 class HttpProvider:
     """A :class:`~synth.providers.base.Provider` over aiohttp; subclasses say how to ask and read
     (the class is its kind's factory: ``environ`` is for credentials beyond the key)."""
@@ -72,7 +80,6 @@ class HttpProvider:
         # can go to a stream.
         self.passes_pcm = config.streams_pcm
         self.api_key = api_key
-        self.max_bytes = config.max_audio_mb * MIB
         self._session: aiohttp.ClientSession | None = None
 
     def request(self, item: SynthesisItem) -> HttpCall:
@@ -117,24 +124,13 @@ class HttpProvider:
                     body = await resp.content.read(ERROR_BODY_BYTES)
                     headers = {k.lower(): v for k, v in resp.headers.items()}
                     raise self.error_of(resp.status, headers, body)
-                chunks: list[bytes] = []
-                size = 0
                 sink = item.sink if self.passes_pcm else None
-                async for chunk in resp.content.iter_chunked(64 * 1024):
-                    size += len(chunk)
-                    if size > self.max_bytes:
-                        raise ProviderError(
-                            "bad_reply", f"the answer is larger than {self.config.max_audio_mb} MiB"
-                        )
-                    chunks.append(chunk)
-                    if sink is not None:
-                        sink(chunk)
+                data = await read_answer(resp.content.iter_chunked(64 * 1024), self.config, sink)
         except TimeoutError:
             raise ProviderError("timeout", "no answer in time") from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
             raise ProviderError("connection", type(exc).__name__, retryable=True) from None
-        data = b"".join(chunks)
-        if len(data) > 1024 * 1024:
+        if len(data) > MIB:
             return await asyncio.to_thread(self.audio, data)
         return self.audio(data)
 

@@ -18,12 +18,12 @@ from collections.abc import Mapping
 
 from synth.engine import Audio, SynthesisItem
 from synth.providers.base import (
-    MIB,
     ProviderConfig,
     ProviderError,
     ProviderSpec,
     error_for_status,
     pcm16_audio,
+    read_answer,
     retry_after_of,
     wav_audio,
 )
@@ -40,7 +40,6 @@ class OpenAIProvider:
         self.config = config
         # pcm comes as headerless 16-bit samples: each piece can go to a stream as it arrives.
         self.passes_pcm = config.streams_pcm
-        self.max_bytes = config.max_audio_mb * MIB
         # The SDK logs each request's options, text included, at DEBUG: never, whatever the
         # gateway's log level (request text is never logged).
         logging.getLogger("openai").setLevel(logging.INFO)
@@ -73,18 +72,8 @@ class OpenAIProvider:
                 timeout=timeout_s,
                 **extra,  # type: ignore[arg-type]
             ) as response:
-                chunks: list[bytes] = []
-                size = 0
                 sink = item.sink if self.passes_pcm else None
-                async for chunk in response.iter_bytes():
-                    size += len(chunk)
-                    if size > self.max_bytes:
-                        raise ProviderError(
-                            "bad_reply", f"the answer is larger than {c.max_audio_mb} MiB"
-                        )
-                    chunks.append(chunk)
-                    if sink is not None and chunk:
-                        sink(chunk)
+                data = await read_answer(response.iter_bytes(), c, sink)
         except openai.APIStatusError as exc:
             headers = {k.lower(): v for k, v in exc.response.headers.items()}
             raise error_for_status(exc.status_code, exc.message, retry_after_of(headers)) from None
@@ -95,7 +84,6 @@ class OpenAIProvider:
             raise ProviderError("connection", cause, retryable=True) from None
         except (httpx2.HTTPError, OSError) as exc:  # the connection broke mid-body
             raise ProviderError("connection", type(exc).__name__, retryable=True) from None
-        data = b"".join(chunks)
         if c.format == "pcm":
             return pcm16_audio(data, c.sample_rate)
         return await asyncio.to_thread(wav_audio, data)
