@@ -30,16 +30,13 @@ import json
 import logging
 import os
 import random
-import re
 import time
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
-from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
-import numpy as np
 from limits import RateLimitItem, RateLimitItemPerMinute
 from limits.aio.storage import MemoryStorage, Storage
 from limits.aio.strategies import MovingWindowRateLimiter
@@ -57,47 +54,19 @@ from redis.exceptions import RedisError
 from metrics import Metrics
 from synth.engine import Audio, EngineCapabilities, ParamValue, SynthesisItem, VoiceInfo
 from synth.errors import EngineError, UpstreamError
+from synth.providers import SPECS
+from synth.providers.base import VOICE_ID, Provider, ProviderError, ProviderSpec
 
 log = logging.getLogger("voxgate.upstream")
 
-UpstreamKind = Literal[
-    "openai", "elevenlabs", "azure", "google", "polly", "cartesia", "deepgram", "wyoming"
-]
-KINDS: tuple[str, ...] = (
-    "openai",
-    "elevenlabs",
-    "azure",
-    "google",
-    "polly",
-    "cartesia",
-    "deepgram",
-    "wyoming",
-)
-# The kinds spoken to over HTTP(S) with a pcm answer at one of the provider's rates.
-HTTP_PCM_KINDS = ("elevenlabs", "azure", "google", "polly", "cartesia", "deepgram")
-# The pcm rates each provider offers (ElevenLabs' output_format pcm_<rate>, Azure's
-# raw-<rate>-16bit-mono-pcm, Polly's pcm SampleRate, Cartesia's raw pcm_s16le sample_rate,
-# Deepgram's linear16 sample_rate); Google takes any.
-PCM_RATES: dict[str, tuple[int, ...]] = {
-    "elevenlabs": (8000, 16000, 22050, 24000, 44100, 48000),
-    "azure": (8000, 16000, 22050, 24000, 44100, 48000),
-    "polly": (8000, 16000),
-    "cartesia": (8000, 16000, 22050, 24000, 44100, 48000),
-    "deepgram": (8000, 16000, 24000, 32000, 48000),
-}
-# Amazon Polly's engines (SynthesizeSpeech's Engine; the entry's `model`).
-POLLY_ENGINES = ("standard", "neural", "long-form", "generative")
-# Kinds whose answer cannot come in pieces: Google's text:synthesize answers one JSON body whose
-# audio is base64 (docs/upstreams.md, "Streaming pass-through").
-WHOLE_ANSWER_KINDS = ("google",)
-# Kinds whose request carries the entry's `language` (so it is in their content address).
-LANGUAGE_KINDS = ("polly", "cartesia")
-
-# A voice name the provider is sent when the entry's voices include "*" (any voice): a
-# provider's voice ids are short identifiers; anything else is refused before it costs a call.
-VOICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@+\-]{0,127}")
-# The longest provider message passed on to a client (it is the provider's words, clipped).
-MAX_PROVIDER_MESSAGE = 300
+# The table's kinds: to pydantic a Literal (so an unknown kind is refused in its own words, and
+# the schema lists them); to mypy, which cannot read a Literal made at run time, a str.
+if TYPE_CHECKING:
+    Kind = str
+else:
+    Kind = Literal[tuple(SPECS)]
+# What base_url must be, by the scheme a kind's spec names.
+SCHEMES = {"http": (("http", "https"), "an http(s):// URL"), "tcp": (("tcp",), "tcp://host:port")}
 
 
 class UpstreamConfig(BaseModel):
@@ -109,9 +78,7 @@ class UpstreamConfig(BaseModel):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$",
         description="The model name clients use (aliases work as for local models).",
     )
-    kind: UpstreamKind = Field(
-        description="The provider's API: openai (any OpenAI-compatible server)."
-    )
+    kind: Kind = Field(description="The provider's API: openai (any OpenAI-compatible server).")
     base_url: str = Field(
         description="The API's base URL, e.g. https://api.openai.com/v1 (openai), or "
         "tcp://host:port (wyoming)."
@@ -206,46 +173,27 @@ class UpstreamConfig(BaseModel):
 
     @model_validator(mode="after")
     def _fits_its_kind(self) -> UpstreamConfig:
-        scheme = urlsplit(self.base_url).scheme
-        if self.kind in ("openai", "elevenlabs"):
-            if scheme not in ("http", "https"):
-                raise ValueError(f"base_url of kind {self.kind} must be an http(s):// URL")
-            if not self.model:
-                raise ValueError(f"kind {self.kind} needs the provider's model id (model)")
-        if self.kind in HTTP_PCM_KINDS:
-            if scheme not in ("http", "https"):
-                raise ValueError(f"base_url of kind {self.kind} must be an http(s):// URL")
-            rates = PCM_RATES.get(self.kind)
-            if self.format != "pcm" or (rates is not None and self.sample_rate not in rates):
-                allowed = ", ".join(map(str, rates)) if rates else "8000-48000"
-                raise ValueError(
-                    f'kind {self.kind} is asked for pcm at one of its rates: format = "pcm", '
-                    f"sample_rate in {allowed}"
-                )
-        if self.kind != "elevenlabs" and self.voice_settings:
-            raise ValueError("voice_settings are for kind elevenlabs")
-        if self.kind == "cartesia" and not self.model:
-            raise ValueError("kind cartesia needs the provider's model id (model: sonic-2)")
-        if self.kind == "polly":
-            if self.model not in ("", *POLLY_ENGINES):
-                raise ValueError(
-                    "the model of kind polly is its Engine: " + ", ".join(POLLY_ENGINES)
-                )
-            if not self.api_key_env:
-                raise ValueError(
-                    "kind polly needs api_key_env (the secret access key) and key_id_env"
-                )
-            if not self.aws_region:
-                raise ValueError(
-                    "kind polly needs region, or a base_url host polly.<region>.amazonaws.com"
-                )
-        elif self.region or self.session_token_env:
-            raise ValueError("region and session_token_env are for kind polly")
-        if self.kind == "wyoming":
-            if scheme != "tcp" or urlsplit(self.base_url).port is None:
-                raise ValueError("base_url of kind wyoming must be tcp://host:port")
-            if self.format != "pcm":
-                raise ValueError('a wyoming server sends pcm (format = "pcm")')
+        """The rules of the entry's kind, as its spec states them."""
+        spec, kind = self.spec, self.kind
+        url = urlsplit(self.base_url)
+        schemes, shape = SCHEMES[spec.scheme]
+        if url.scheme not in schemes or (spec.scheme == "tcp" and url.port is None):
+            raise ValueError(f"base_url of kind {kind} must be {shape}")
+        if self.format not in spec.formats or (spec.rates and self.sample_rate not in spec.rates):
+            if not spec.rates:
+                raise ValueError(f'kind {kind} is asked for pcm (format = "pcm")')
+            raise ValueError(
+                f'kind {kind} is asked for pcm at one of its rates: format = "pcm", '
+                f"sample_rate in {', '.join(map(str, spec.rates))}"
+            )
+        if spec.model is not None and not self.model:
+            example = f": {spec.model}" if spec.model else ""
+            raise ValueError(f"kind {kind} needs the provider's model id (model{example})")
+        for other in SPECS.values():
+            if other is not spec and any(getattr(self, field) for field in other.owns):
+                raise ValueError(f"{' and '.join(other.owns)} are for kind {other.kind}")
+        if spec.check is not None:
+            spec.check(self)
         return self
 
     @field_validator("voices")
@@ -262,22 +210,16 @@ class UpstreamConfig(BaseModel):
         return "*" in self.voices
 
     @property
+    def spec(self) -> ProviderSpec:
+        """What the entry's kind is (:data:`synth.providers.SPECS`)."""
+        return SPECS[self.kind]
+
+    @property
     def streams_pcm(self) -> bool:
         """Whether the provider's answer is raw 16-bit pcm that arrives in pieces (an HTTP
         body read as it comes, Wyoming's audio-chunk events): each piece may go on to a stream
         before the whole (streaming pass-through)."""
-        return self.format == "pcm" and self.kind not in WHOLE_ANSWER_KINDS
-
-    @property
-    def aws_region(self) -> str:
-        """polly: ``region``, else the region in a ``polly.<region>.amazonaws.com`` host."""
-        if self.region:
-            return self.region
-        found = re.fullmatch(
-            r"polly(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?",
-            urlsplit(self.base_url).hostname or "",
-        )
-        return found.group(1) if found else ""
+        return self.format == "pcm" and not self.spec.whole_answer
 
     @property
     def public_base_url(self) -> str:
@@ -300,7 +242,7 @@ class UpstreamConfig(BaseModel):
             "split": self.split,
             **({"voice_settings": self.voice_settings} if self.voice_settings else {}),
             # The language these kinds send changes the audio (a bilingual voice's language).
-            **({"language": self.language} if self.kind in LANGUAGE_KINDS else {}),
+            **({"language": self.language} if self.spec.sends_language else {}),
         }
 
 
@@ -367,14 +309,12 @@ class UpstreamEngine:
             return "a change of what is in the content address"
         if config.voices != old.voices or config.language != old.language:
             return "a change of the voices"
-        if config.instructions != old.instructions or config.api_key_env != old.api_key_env:
-            return "a change of instructions or api_key_env"
-        if (config.region, config.key_id_env, config.session_token_env) != (
-            old.region,
-            old.key_id_env,
-            old.session_token_env,
+        for *most, last in (
+            ("instructions", "api_key_env"),
+            ("region", "key_id_env", "session_token_env"),  # where calls are signed, and how
         ):
-            return "a change of region, key_id_env or session_token_env"
+            if any(getattr(config, f) != getattr(old, f) for f in (*most, last)):
+                return f"a change of {', '.join(most)} or {last}"
         self.config = config
         return ""
 
@@ -418,130 +358,6 @@ class UpstreamEngine:
             "requests_per_minute": c.requests_per_minute,
             "timeout_s": c.timeout_s,
         }
-
-
-# ---- providers ----------------------------------------------------------------------------------
-
-
-class ProviderError(Exception):
-    """One call to a provider failed. ``kind`` is one of :data:`synth.errors.UPSTREAM_ERROR_KINDS`;
-    ``retryable`` says whether the same call may succeed later; ``message`` is safe to show (the
-    provider's own words where the caller is at fault)."""
-
-    def __init__(
-        self,
-        kind: str,
-        message: str,
-        *,
-        status: int | None = None,
-        retryable: bool = False,
-        retry_after_s: float | None = None,
-        sent: bool = True,
-    ) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-        self.status = status
-        self.retryable = retryable
-        self.retry_after_s = retry_after_s
-        # False: refused before anything was sent (not a call).
-        self.sent = sent
-
-
-class Provider(Protocol):
-    """A client of one provider's API, made from an :class:`UpstreamConfig`. One whose
-    ``passes_pcm`` is true hands each piece of its raw 16-bit pcm answer to ``item.sink`` (when
-    set) as it arrives."""
-
-    passes_pcm: bool
-
-    async def synthesize(self, item: SynthesisItem, timeout_s: float) -> Audio:
-        """The audio of ``item`` (one call, no retry); :class:`ProviderError` when there is none."""
-        ...
-
-    async def close(self) -> None:
-        """Release connections."""
-        ...
-
-
-def error_for_status(status: int, message: str, retry_after_s: float | None) -> ProviderError:
-    """The :class:`ProviderError` of an HTTP answer ``status`` with the provider's ``message``.
-
-    429, 408, 409 and 5xx may pass (retried); 401 and 403 are our key's fault (502, counted
-    against the breaker); 400, 413 and 422 are the request's (the caller's 400, with the
-    provider's message); anything else is a provider failure.
-    """
-    text = provider_message(message)
-    if status == 429:
-        return ProviderError(
-            "rate_limited", text, status=status, retryable=True, retry_after_s=retry_after_s
-        )
-    if status in (408, 409) or status >= 500:
-        return ProviderError(
-            "server", text, status=status, retryable=True, retry_after_s=retry_after_s
-        )
-    if status in (401, 403):
-        return ProviderError("auth", text, status=status)
-    if status in (400, 413, 422):
-        return ProviderError("refused", text, status=status)
-    return ProviderError("server", text, status=status)
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
-
-
-def provider_message(message: str) -> str:
-    """A provider's message as a client may be shown it: one line, clipped."""
-    text = _CONTROL.sub(" ", message).strip()
-    if len(text) > MAX_PROVIDER_MESSAGE:
-        text = text[: MAX_PROVIDER_MESSAGE - 3] + "..."
-    return text or "no message"
-
-
-def retry_after_of(headers: Mapping[str, str]) -> float | None:
-    """Seconds a provider asks to wait: ``retry-after-ms`` (OpenAI's), else ``Retry-After`` in
-    seconds or as an HTTP date; None when it asks nothing readable."""
-    ms = headers.get("retry-after-ms")
-    if ms is not None:
-        try:
-            return max(0.0, float(ms) / 1000.0)
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-def pcm16_audio(data: bytes, sample_rate: int) -> Audio:
-    """16-bit little-endian mono PCM as float audio; a :class:`ProviderError` for what is not."""
-    if not data or len(data) % 2:
-        raise ProviderError("bad_reply", f"the provider's pcm is {len(data)} bytes, not 16-bit")
-    samples = np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
-    return Audio(samples, sample_rate)
-
-
-def wav_audio(data: bytes) -> Audio:
-    """A WAV file's first channel as float audio (blocking: decode off the loop)."""
-    import io
-
-    import soundfile
-
-    try:
-        samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    except (soundfile.LibsndfileError, RuntimeError, TypeError) as exc:
-        raise ProviderError("bad_reply", f"the provider's wav does not decode ({exc})") from None
-    if len(samples) == 0:
-        raise ProviderError("bad_reply", "the provider's wav holds no audio")
-    return Audio(np.ascontiguousarray(samples[:, 0]), int(rate))
 
 
 # ---- politeness ---------------------------------------------------------------------------------
@@ -649,6 +465,16 @@ _STATUS = {
     "bad_reply": 502,
     "breaker_open": 503,
     "rate_wait": 503,
+}
+# What a caller is told of a provider's failure, by its kind.
+_TOLD = {
+    "refused": "upstream {name!r} refused the request: {message}",
+    "rate_limited": "upstream {name!r} is rate limiting voxgate (429) past its retries",
+    "auth": "upstream {name!r} refused voxgate's credentials ({status}); see api_key_env",
+    "timeout": "upstream {name!r} did not answer within {timeout:g}s",
+    "connection": "upstream {name!r} cannot be reached: {message}",
+    "bad_reply": "upstream {name!r} sent no usable audio: {message}",
+    "server": "upstream {name!r} failed (status {status}): {message}",
 }
 _BACKOFF_S = 0.5
 _BACKOFF_MAX_S = 8.0
@@ -869,103 +695,43 @@ class UpstreamRunner:
         return backoff * (0.5 + random.random() / 2)  # jitter: replicas do not retry in step
 
     def _error_of(self, exc: ProviderError) -> UpstreamError:
-        name = self.name
-        if exc.kind == "refused":
-            return self._fail("refused", f"upstream {name!r} refused the request: {exc.message}")
-        if exc.kind == "rate_limited":
-            return self._fail(
-                "rate_limited",
-                f"upstream {name!r} is rate limiting voxgate (429) past its retries",
-                exc.retry_after_s,
-            )
-        if exc.kind == "auth":
-            return self._fail(
-                "auth",
-                f"upstream {name!r} refused voxgate's credentials ({exc.status}); see api_key_env",
-            )
-        if exc.kind == "timeout":
-            return self._fail(
-                "timeout", f"upstream {name!r} did not answer within {self.config.timeout_s:g}s"
-            )
-        if exc.kind == "connection":
-            return self._fail("connection", f"upstream {name!r} cannot be reached: {exc.message}")
-        if exc.kind == "bad_reply":
-            return self._fail("bad_reply", f"upstream {name!r} sent no usable audio: {exc.message}")
-        return self._fail(
-            "server",
-            f"upstream {name!r} failed (status {exc.status}): {exc.message}",
-            exc.retry_after_s,
+        kind = exc.kind if exc.kind in _TOLD else "server"
+        told = _TOLD[kind].format(
+            name=self.name, status=exc.status, message=exc.message, timeout=self.config.timeout_s
         )
+        # Only these kinds carry a wait the provider asked for.
+        asked = exc.retry_after_s if kind in ("rate_limited", "server") else None
+        return self._fail(kind, told, asked)
 
 
 def build_provider(
     config: UpstreamConfig, api_key: str, environ: Mapping[str, str] | None = None
 ) -> Provider:
     """The client of ``config``'s provider kind (its SDK imported only here); ``environ``
-    (default: the process's) holds polly's access key id and session token."""
-    if config.kind == "openai":
-        from synth.providers.openai_api import OpenAIProvider
-
-        return OpenAIProvider(config, api_key)
-    if config.kind == "elevenlabs":
-        from synth.providers.elevenlabs_api import ElevenLabsProvider
-
-        return ElevenLabsProvider(config, api_key)
-    if config.kind == "azure":
-        from synth.providers.azure_api import AzureProvider
-
-        return AzureProvider(config, api_key)
-    if config.kind == "google":
-        from synth.providers.google_api import GoogleProvider
-
-        return GoogleProvider(config, api_key)
-    if config.kind == "deepgram":
-        from synth.providers.deepgram_api import DeepgramProvider
-
-        return DeepgramProvider(config, api_key)
-    if config.kind == "polly":
-        from synth.providers.polly_api import PollyProvider
-
-        env = os.environ if environ is None else environ
-        return PollyProvider(
-            config,
-            api_key,
-            key_id=env.get(config.key_id_env, ""),
-            session_token=env.get(config.session_token_env, "") if config.session_token_env else "",
-        )
-    if config.kind == "cartesia":
-        from synth.providers.cartesia_api import CartesiaProvider
-
-        return CartesiaProvider(config, api_key)
-    if config.kind == "wyoming":
-        from synth.providers.wyoming_tcp import WyomingProvider
-
-        return WyomingProvider(config)
-    raise ValueError(f"unknown upstream kind {config.kind!r}")
-
-
-# The package each kind's client imports (its extra is named like the kind).
-SDK_MODULES = {"openai": "openai", "polly": "botocore"}
+    (default: the process's) holds any further credential its kind names (``secret_envs``)."""
+    return config.spec.factory(config, api_key, os.environ if environ is None else environ)
 
 
 def missing_sdk(config: UpstreamConfig) -> str:
     """The package ``config``'s kind needs that is not installed; "" when none is missing."""
     import importlib.util
 
-    module = SDK_MODULES.get(config.kind, "")
+    module = config.spec.sdk
     return module if module and importlib.util.find_spec(module) is None else ""
 
 
 def check_config(config: UpstreamConfig, environ: Mapping[str, str]) -> str:
     """The API key of ``config`` from ``environ`` ("" when it takes none); ``ValueError``
-    naming the variable when it is named but unset."""
+    naming the variable when it, or another its kind needs, is named but unset."""
     if not config.api_key_env:
         return ""
-    if config.kind == "polly" and not environ.get(config.key_id_env, ""):
-        raise ValueError(
-            f"upstream {config.name!r}: the environment variable {config.key_id_env} "
-            "(key_id_env: the access key id) is not set"
-        )
+    for field, holds in config.spec.secret_envs:
+        variable = getattr(config, field)
+        if not environ.get(variable, ""):
+            raise ValueError(
+                f"upstream {config.name!r}: the environment variable {variable} "
+                f"({field}: {holds}) is not set"
+            )
     key = environ.get(config.api_key_env, "")
     if not key:
         raise ValueError(

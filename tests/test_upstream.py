@@ -25,7 +25,9 @@ from gateway.runtime.settings import Settings
 from metrics import Metrics
 from synth.audio import as_rendered_pcm16
 from synth.engine import SynthesisItem
-from synth.upstream import UpstreamConfig, UpstreamEngine, load_upstreams, retry_after_of
+from synth.providers.base import retry_after_of
+from synth.providers.polly_api import aws_region
+from synth.upstream import UpstreamConfig, UpstreamEngine, load_upstreams
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine, until
 from tests.upstream_support import (
@@ -844,7 +846,7 @@ def test_polly_and_cartesia_entries_must_fit_their_kind() -> None:
         "api_key_env": "AWS_SECRET_ACCESS_KEY",
         "sample_rate": 16000,
     }
-    assert UpstreamConfig.model_validate(polly).aws_region == "eu-central-1"
+    assert aws_region(UpstreamConfig.model_validate(polly)) == "eu-central-1"
     cartesia = {"name": "c", "kind": "cartesia", "base_url": "https://api.cartesia.ai"}
     for bad, named in (
         ({**polly, "sample_rate": 24000}, "8000, 16000"),
@@ -956,7 +958,7 @@ async def test_a_wyoming_upstream_passes_its_chunks_on_at_its_own_rate_only() ->
             config = UpstreamConfig(
                 name="w", kind="wyoming", base_url=server.url, sample_rate=rate, voices=("alloy",)
             )
-            provider = WyomingProvider(config)
+            provider = WyomingProvider(config, "", {})
             got: list[bytes] = []
             arrived = asyncio.Event()
 

@@ -25,7 +25,7 @@ from gateway.speech.request import Segment, SpeechRequest
 from gateway.speech.vocabulary import Vocabulary
 from synth import audio
 from synth.engine import ParamValue
-from synth.upstream import VOICE_ID
+from synth.providers.base import VOICE_ID
 
 
 async def read_body(request: web.Request, max_bytes: int, timeout_s: float | None = None) -> bytes:

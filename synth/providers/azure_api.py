@@ -15,24 +15,18 @@ from __future__ import annotations
 from xml.sax.saxutils import escape, quoteattr
 
 from synth.engine import SynthesisItem
-from synth.providers.http_api import HttpCall, HttpProvider
-from synth.upstream import ProviderError
-
-# The raw PCM formats Azure offers, by sample rate.
-OUTPUT_FORMATS = {
-    8000: "raw-8khz-16bit-mono-pcm",
-    16000: "raw-16khz-16bit-mono-pcm",
-    22050: "raw-22050hz-16bit-mono-pcm",
-    24000: "raw-24khz-16bit-mono-pcm",
-    44100: "raw-44100hz-16bit-mono-pcm",
-    48000: "raw-48khz-16bit-mono-pcm",
-}
+from synth.providers.base import PCM_RATES, ProviderError, ProviderSpec
+from synth.providers.http_api import HttpCall, HttpProvider, voice_language
 
 
-def voice_language(voice: str) -> str:
-    """The locale an Azure voice name starts with (``en-US-AvaNeural``: ``en-US``)."""
-    parts = voice.split("-")
-    return "-".join(parts[:2]) if len(parts) >= 3 else "en-US"
+def output_format(rate: int) -> str:
+    """Azure's raw PCM format at ``rate`` (one of PCM_RATES): raw-24khz-16bit-mono-pcm,
+    raw-22050hz-16bit-mono-pcm."""
+    return (
+        f"raw-{rate // 1000}khz-16bit-mono-pcm"
+        if rate % 1000 == 0
+        else f"raw-{rate}hz-16bit-mono-pcm"
+    )
 
 
 class AzureProvider(HttpProvider):
@@ -56,8 +50,11 @@ class AzureProvider(HttpProvider):
             headers={
                 "Ocp-Apim-Subscription-Key": self.api_key,
                 "Content-Type": "application/ssml+xml",
-                "X-Microsoft-OutputFormat": OUTPUT_FORMATS[self.config.sample_rate],
+                "X-Microsoft-OutputFormat": output_format(self.config.sample_rate),
                 "User-Agent": "voxgate",
             },
             data=ssml.encode(),
         )
+
+
+SPEC = ProviderSpec("azure", AzureProvider, rates=PCM_RATES)

@@ -19,8 +19,8 @@ session every HTTP kind shares makes with the runner's retries.
 from __future__ import annotations
 
 from synth.engine import SynthesisItem
+from synth.providers.base import PCM_RATES, ProviderError, ProviderSpec
 from synth.providers.http_api import HttpCall, HttpProvider, json_error_message
-from synth.upstream import ProviderError
 
 API_VERSION = "2025-04-16"
 
@@ -59,3 +59,8 @@ class CartesiaProvider(HttpProvider):
 
     def error_message(self, body: bytes) -> str:
         return json_error_message(body, ("message",), ("title",), ("error",))
+
+
+SPEC = ProviderSpec(
+    "cartesia", CartesiaProvider, rates=PCM_RATES, model="sonic-2", sends_language=True
+)

@@ -11,11 +11,8 @@ rate) is refused before the call.
 from __future__ import annotations
 
 from synth.engine import SynthesisItem
+from synth.providers.base import ProviderError, ProviderSpec
 from synth.providers.http_api import HttpCall, HttpProvider, json_error_message
-from synth.upstream import ProviderError
-
-# The linear16 sample rates Deepgram offers.
-RATES = (8000, 16000, 24000, 32000, 48000)
 
 
 class DeepgramProvider(HttpProvider):
@@ -40,3 +37,7 @@ class DeepgramProvider(HttpProvider):
 
     def error_message(self, body: bytes) -> str:
         return json_error_message(body, ("err_msg",), ("message",))
+
+
+# The linear16 sample rates Deepgram offers.
+SPEC = ProviderSpec("deepgram", DeepgramProvider, rates=(8000, 16000, 24000, 32000, 48000))

@@ -19,6 +19,7 @@ import json
 from urllib.parse import quote
 
 from synth.engine import SynthesisItem
+from synth.providers.base import PCM_RATES, ProviderSpec
 from synth.providers.http_api import HttpCall, HttpProvider
 
 
@@ -58,3 +59,9 @@ class ElevenLabsProvider(HttpProvider):
 
     def error_message(self, body: bytes) -> str:
         return detail_message(body)
+
+
+# output_format pcm_<rate> at these rates; voice_settings are this kind's alone.
+SPEC = ProviderSpec(
+    "elevenlabs", ElevenLabsProvider, rates=PCM_RATES, model="", owns=("voice_settings",)
+)

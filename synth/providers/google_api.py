@@ -17,22 +17,18 @@ import binascii
 import json
 
 from synth.engine import Audio, SynthesisItem
-from synth.providers.http_api import HttpCall, HttpProvider, json_error_message
-from synth.upstream import ProviderError, wav_audio
+from synth.providers.base import ProviderError, ProviderSpec, wav_audio
+from synth.providers.http_api import HttpCall, HttpProvider, json_error_message, voice_language
 
 
 class GoogleProvider(HttpProvider):
     """The provider of Google Cloud Text-to-Speech's ``text:synthesize``."""
-
-    # passes_pcm is False (UpstreamConfig.streams_pcm): the audio comes base64 in a JSON body.
 
     def request(self, item: SynthesisItem) -> HttpCall:
         if not 0.25 <= item.speed <= 4.0:
             raise ProviderError(
                 "refused", "Google speaks at 0.25 to 4 times the normal rate", sent=False
             )
-        parts = item.voice.split("-")
-        language = "-".join(parts[:2]) if len(parts) >= 3 else "en-US"
         audio_config: dict[str, object] = {
             "audioEncoding": "LINEAR16",
             "sampleRateHertz": self.config.sample_rate,
@@ -44,7 +40,7 @@ class GoogleProvider(HttpProvider):
             headers={"X-Goog-Api-Key": self.api_key},
             json={
                 "input": {"text": item.text},
-                "voice": {"languageCode": language, "name": item.voice},
+                "voice": {"languageCode": voice_language(item.voice), "name": item.voice},
                 "audioConfig": audio_config,
             },
         )
@@ -59,3 +55,7 @@ class GoogleProvider(HttpProvider):
         except (ValueError, KeyError, TypeError, binascii.Error):
             raise ProviderError("bad_reply", "no base64 audioContent in the answer") from None
         return wav_audio(wav)
+
+
+# Any rate; the audio comes base64 in one JSON body, so it cannot be passed on in pieces.
+SPEC = ProviderSpec("google", GoogleProvider, whole_answer=True)

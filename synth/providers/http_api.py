@@ -1,6 +1,6 @@
 """What the providers spoken to over plain HTTP share: one aiohttp session made on the event
 loop, a bounded read of the answer, the provider's error body turned into a
-:class:`~synth.upstream.ProviderError` (with ``Retry-After``), connection failures retried.
+:class:`~synth.providers.base.ProviderError` (with ``Retry-After``), connection failures retried.
 
 A provider module says how to ask (:meth:`HttpProvider.request`), how its errors read
 (:meth:`HttpProvider.error_message`) and what its answer holds (:meth:`HttpProvider.audio`).
@@ -11,21 +11,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
 
 from synth.engine import Audio, SynthesisItem
-from synth.upstream import (
+from synth.providers.base import (
+    MIB,
+    ProviderConfig,
     ProviderError,
-    UpstreamConfig,
     error_for_status,
     pcm16_audio,
     provider_message,
+    read_answer,
     retry_after_of,
 )
 
-MIB = 1024 * 1024
 # The most of an error body read (a message, not audio).
 ERROR_BODY_BYTES = 64 * 1024
 
@@ -57,20 +59,27 @@ def json_error_message(body: bytes, *paths: tuple[str, ...]) -> str:
     return str(value)[:300]
 
 
+def voice_language(voice: str) -> str:
+    """The locale a voice name starts with, as Azure's and Google's do (``en-US-AvaNeural``:
+    ``en-US``)."""
+    parts = voice.split("-")
+    return "-".join(parts[:2]) if len(parts) >= 3 else "en-US"
+
+
 class HttpProvider:
-    """A :class:`~synth.upstream.Provider` over aiohttp; subclasses say how to ask and read."""
+    """A :class:`~synth.providers.base.Provider` over aiohttp; subclasses say how to ask and read
+    (the class is its kind's factory: ``environ`` is for credentials beyond the key)."""
 
     # Statuses that mean the caller's request was wrong for this provider (its 400) beyond the
     # ones every provider shares (400, 413, 422): a provider's "no such voice" status.
     refusal_statuses: frozenset[int] = frozenset()
 
-    def __init__(self, config: UpstreamConfig, api_key: str) -> None:
+    def __init__(self, config: ProviderConfig, api_key: str, environ: Mapping[str, str]) -> None:
         self.config = config
         # The answer's body is the raw 16-bit pcm itself (not JSON, as Google's is): its pieces
         # can go to a stream.
         self.passes_pcm = config.streams_pcm
         self.api_key = api_key
-        self.max_bytes = config.max_audio_mb * MIB
         self._session: aiohttp.ClientSession | None = None
 
     def request(self, item: SynthesisItem) -> HttpCall:
@@ -115,24 +124,13 @@ class HttpProvider:
                     body = await resp.content.read(ERROR_BODY_BYTES)
                     headers = {k.lower(): v for k, v in resp.headers.items()}
                     raise self.error_of(resp.status, headers, body)
-                chunks: list[bytes] = []
-                size = 0
                 sink = item.sink if self.passes_pcm else None
-                async for chunk in resp.content.iter_chunked(64 * 1024):
-                    size += len(chunk)
-                    if size > self.max_bytes:
-                        raise ProviderError(
-                            "bad_reply", f"the answer is larger than {self.config.max_audio_mb} MiB"
-                        )
-                    chunks.append(chunk)
-                    if sink is not None:
-                        sink(chunk)
+                data = await read_answer(resp.content.iter_chunked(64 * 1024), self.config, sink)
         except TimeoutError:
             raise ProviderError("timeout", "no answer in time") from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
             raise ProviderError("connection", type(exc).__name__, retryable=True) from None
-        data = b"".join(chunks)
-        if len(data) > 1024 * 1024:
+        if len(data) > MIB:
             return await asyncio.to_thread(self.audio, data)
         return self.audio(data)
 

@@ -1,6 +1,6 @@
 """kind = "openai": any server that speaks OpenAI's ``POST {base_url}/audio/speech`` (OpenAI,
 Kokoro-FastAPI, speaches, another voxgate), through the official ``openai`` SDK (the
-``voxgate[openai]`` extra).
+``voxgate[openai]`` extra, imported once an entry of this kind is built).
 
 The request is OpenAI's ``CreateSpeechRequest`` (the OpenAPI document in the public repository
 openai/openai-openapi): ``model``, ``input``, ``voice``, ``response_format`` (``pcm`` or ``wav``
@@ -14,31 +14,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
-
-import httpx2
-import openai
+from collections.abc import Mapping
 
 from synth.engine import Audio, SynthesisItem
-from synth.upstream import (
+from synth.providers.base import (
+    ProviderConfig,
     ProviderError,
-    UpstreamConfig,
+    ProviderSpec,
     error_for_status,
     pcm16_audio,
+    read_answer,
     retry_after_of,
     wav_audio,
 )
 
-MIB = 1024 * 1024
-
 
 class OpenAIProvider:
-    """The :class:`~synth.upstream.Provider` of an OpenAI-compatible speech endpoint."""
+    """The :class:`~synth.providers.base.Provider` of an OpenAI-compatible speech endpoint."""
 
-    def __init__(self, config: UpstreamConfig, api_key: str) -> None:
+    def __init__(self, config: ProviderConfig, api_key: str, environ: Mapping[str, str]) -> None:
+        # The SDK comes with the openai extra: imported here, not when the table of kinds
+        # (synth.providers) imports this module whatever is configured.
+        import openai
+
         self.config = config
         # pcm comes as headerless 16-bit samples: each piece can go to a stream as it arrives.
         self.passes_pcm = config.streams_pcm
-        self.max_bytes = config.max_audio_mb * MIB
         # The SDK logs each request's options, text included, at DEBUG: never, whatever the
         # gateway's log level (request text is never logged).
         logging.getLogger("openai").setLevel(logging.INFO)
@@ -52,6 +53,9 @@ class OpenAIProvider:
         )
 
     async def synthesize(self, item: SynthesisItem, timeout_s: float) -> Audio:
+        import httpx2  # loaded by __init__'s openai already: a lookup here
+        import openai
+
         c = self.config
         extra: dict[str, object] = {}
         if item.speed != 1.0:
@@ -68,18 +72,8 @@ class OpenAIProvider:
                 timeout=timeout_s,
                 **extra,  # type: ignore[arg-type]
             ) as response:
-                chunks: list[bytes] = []
-                size = 0
                 sink = item.sink if self.passes_pcm else None
-                async for chunk in response.iter_bytes():
-                    size += len(chunk)
-                    if size > self.max_bytes:
-                        raise ProviderError(
-                            "bad_reply", f"the answer is larger than {c.max_audio_mb} MiB"
-                        )
-                    chunks.append(chunk)
-                    if sink is not None and chunk:
-                        sink(chunk)
+                data = await read_answer(response.iter_bytes(), c, sink)
         except openai.APIStatusError as exc:
             headers = {k.lower(): v for k, v in exc.response.headers.items()}
             raise error_for_status(exc.status_code, exc.message, retry_after_of(headers)) from None
@@ -90,10 +84,12 @@ class OpenAIProvider:
             raise ProviderError("connection", cause, retryable=True) from None
         except (httpx2.HTTPError, OSError) as exc:  # the connection broke mid-body
             raise ProviderError("connection", type(exc).__name__, retryable=True) from None
-        data = b"".join(chunks)
         if c.format == "pcm":
             return pcm16_audio(data, c.sample_rate)
         return await asyncio.to_thread(wav_audio, data)
 
     async def close(self) -> None:
         await self.client.close()
+
+
+SPEC = ProviderSpec("openai", OpenAIProvider, formats=("pcm", "wav"), model="", sdk="openai")

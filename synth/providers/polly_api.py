@@ -24,17 +24,24 @@ request's speed or an SSML ``prosody rate``) goes as Polly SSML, ``<prosody rate
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Mapping
+from urllib.parse import urlsplit
 from xml.sax.saxutils import escape, quoteattr
 
 from synth.engine import SynthesisItem
-from synth.providers.http_api import HttpCall, HttpProvider, json_error_message
-from synth.upstream import (
+from synth.providers.base import (
+    ProviderConfig,
     ProviderError,
-    UpstreamConfig,
+    ProviderSpec,
     error_for_status,
     provider_message,
     retry_after_of,
 )
+from synth.providers.http_api import HttpCall, HttpProvider, json_error_message
+
+# Amazon Polly's engines (SynthesizeSpeech's Engine; the entry's `model`).
+ENGINES = ("standard", "neural", "long-form", "generative")
 
 # Error codes AWS uses for throttling (botocore's retry handler treats them as such).
 THROTTLING = frozenset(
@@ -59,6 +66,28 @@ def error_code(headers: dict[str, str], body: bytes) -> str:
     return code.rsplit("#", 1)[-1]
 
 
+def aws_region(config: ProviderConfig) -> str:
+    """The entry's ``region``, else the region in a ``polly.<region>.amazonaws.com`` host."""
+    if config.region:
+        return config.region
+    found = re.fullmatch(
+        r"polly(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?",
+        urlsplit(config.base_url).hostname or "",
+    )
+    return found.group(1) if found else ""
+
+
+def check(config: ProviderConfig) -> None:
+    """What an entry of kind polly needs beyond the spec's rules: an Engine it has, the key
+    pair, and a region."""
+    if config.model not in ("", *ENGINES):
+        raise ValueError("the model of kind polly is its Engine: " + ", ".join(ENGINES))
+    if not config.api_key_env:
+        raise ValueError("kind polly needs api_key_env (the secret access key) and key_id_env")
+    if not aws_region(config):
+        raise ValueError("kind polly needs region, or a base_url host polly.<region>.amazonaws.com")
+
+
 def language_code(language: str) -> str:
     """A voxgate language (``en_US``) as Polly's LanguageCode (``en-US``)."""
     return language.replace("_", "-")
@@ -67,15 +96,15 @@ def language_code(language: str) -> str:
 class PollyProvider(HttpProvider):
     """The provider of Polly's SynthesizeSpeech."""
 
-    def __init__(
-        self, config: UpstreamConfig, api_key: str, *, key_id: str, session_token: str = ""
-    ) -> None:
+    def __init__(self, config: ProviderConfig, api_key: str, environ: Mapping[str, str]) -> None:
         # botocore comes with the polly extra: imported once an upstream of kind polly is made.
         from botocore.credentials import Credentials
 
-        super().__init__(config, api_key)
-        self._credentials = Credentials(key_id, api_key, session_token or None)
-        self._region = config.aws_region
+        super().__init__(config, api_key, environ)
+        token = environ.get(config.session_token_env, "") if config.session_token_env else ""
+        key_id = environ.get(config.key_id_env, "")
+        self._credentials = Credentials(key_id, api_key, token or None)
+        self._region = aws_region(config)
 
     def request(self, item: SynthesisItem) -> HttpCall:
         c = self.config
@@ -130,3 +159,15 @@ class PollyProvider(HttpProvider):
             # LexiconNotFoundException: the request named what the account does not have.
             return ProviderError("refused", message, status=status)
         return error_for_status(status, message, retry_after_of(headers))
+
+
+SPEC = ProviderSpec(
+    "polly",
+    PollyProvider,
+    rates=(8000, 16000),
+    sends_language=True,
+    sdk="botocore",
+    owns=("region", "session_token_env"),
+    secret_envs=(("key_id_env", "the access key id"),),
+    check=check,
+)

@@ -13,6 +13,7 @@ sent no usable audio.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -22,15 +23,14 @@ from wyoming.error import Error
 from wyoming.tts import Synthesize, SynthesizeVoice
 
 from synth.engine import Audio, SynthesisItem
-from synth.upstream import ProviderError, UpstreamConfig, provider_message
-
-MIB = 1024 * 1024
+from synth.providers.base import MIB, ProviderConfig, ProviderError, ProviderSpec, provider_message
 
 
 class WyomingProvider:
-    """The :class:`~synth.upstream.Provider` of a Wyoming TTS server."""
+    """The :class:`~synth.providers.base.Provider` of a Wyoming TTS server (which takes no
+    credentials: ``api_key`` and ``environ`` are unused)."""
 
-    def __init__(self, config: UpstreamConfig) -> None:
+    def __init__(self, config: ProviderConfig, api_key: str, environ: Mapping[str, str]) -> None:
         self.config = config
         # Audio-chunk events carry raw pcm: each can go to a stream as it comes.
         self.passes_pcm = config.streams_pcm
@@ -99,3 +99,7 @@ class WyomingProvider:
 
     async def close(self) -> None:
         """Nothing held between calls: one connection per call."""
+
+
+# A Wyoming server sends pcm at the rate its chunks name.
+SPEC = ProviderSpec("wyoming", WyomingProvider, scheme="tcp")
