@@ -5,7 +5,7 @@
 # Locked as it ships (docs/security.md, "Deployment checklist"): API keys on, the keys file made
 # in /var/lib/voxgate at the first start with its admin secret printed once (`docker logs`);
 # /metrics behind a key; only the host names in VOXGATE_ALLOWED_HOSTS answered (add yours).
-# Footprint of each variant: docs/operations.md, "Footprint".
+# Footprint of each variant: docs/deploy.md, "Footprint".
 FROM python:3.11-slim
 
 # The pip extras to install (pyproject.toml): empty for the slim image, "coqui" for Coqui models.

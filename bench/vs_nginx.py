@@ -31,7 +31,7 @@ with ``--clients`` (16) connections, a Lua script walking one fixed Zipf sequenc
   of a server's rounds, p50 and p99 the median of its rounds' (each round's figures are in the
   JSON). Eight rounds, not four: with one wrk thread one server's round p99 spread 1.7-4.3 ms
   within a variant here (the kernel's scheduling of three busy threads on two cores,
-  docs/operations.md), and the median of four such rounds moved by a millisecond between runs.
+  docs/performance.md), and the median of four such rounds moved by a millisecond between runs.
 
 Which server goes first alternates from variant to variant. ``--cold-runs N`` repeats the cold
 minute N times per server (each from an empty cache, the order alternating run by run):
@@ -40,7 +40,7 @@ server's cold p99 moved 1.4x between runs of the same build here. The targets (`
 >= 1.0x nginx's warm QPS and >= 1.1x its cold QPS, with p99 <= nginx's in both phases, in every
 variant. wrk's p99 is corrected for coordinated omission (wg/wrk ``src/stats.c``,
 ``stats_correct``): a miss weighs a sample per mean request interval it lasted, so the cold p99
-reads the longest misses (docs/operations.md). ``--workers-runs`` adds ``voxgate serve
+reads the longest misses (docs/performance.md). ``--workers-runs`` adds ``voxgate serve
 --workers 1`` against ``--workers 2``, cold (syntheses per distinct prompt: one synthesis pool
 per host).
 

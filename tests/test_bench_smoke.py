@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from bench import arena, common, hit_path, marks_cost, miss_path, ttfa
+from bench import arena, common, hit_path, hostshare, marks_cost, miss_path, ttfa
+from gateway.runtime.hostshare import HostTable
 from tests.support import shortest_audio_s
 
 
@@ -141,6 +142,44 @@ def test_arena_bench_one_round_of_one_sentence() -> None:
     ratio = result["shrink_every_run_over_keep_below_bound_cpu"]
     assert ratio == round(med["shrink_every_run"] / med["keep_below_bound"], 3)
     assert all(len(v) == 1 for v in result["rss_above_rest_mb_after_long_run"].values())
+
+
+def test_hostshare_bench_tables_answer_alike(tmp_path: Path) -> None:
+    """The bench's SQLite table answers every call as the host's table does, so the two are
+    measured doing the same work: a window filled, refused, then rolled over; shares taken to
+    the limit, refused, given back."""
+    host = HostTable(HostTable.create(1, directory=str(tmp_path)), 0)
+    lite = hostshare.SqliteTable(hostshare.SqliteTable.create("wal", str(tmp_path)), 0)
+    answers = []
+    for table in (host, lite):
+        window = [table.hit_window("r:a", 3, 60, 1, 1000.0)[0] for _ in range(4)]
+        window.append(table.hit_window("r:a", 3, 60, 2, 1061.0)[0])  # 3 weighted by 19/60
+        window.append(table.hit_window("r:a", 3, 60, 3, 1062.0)[0])
+        shares = [table.take_share("c", 2) for _ in range(3)]
+        table.give_share("c")
+        shares += [table.take_share("c", 2), table.waiting_for("c")]
+        answers.append((window, shares))
+        table.close()
+    assert (
+        answers[0]
+        == answers[1]
+        == (
+            [True, True, True, False, True, False],
+            [True, True, False, True, 2],
+        )
+    )
+
+
+def test_hostshare_bench_tiny_run_counts_alike_from_two_processes() -> None:
+    """Two processes at once on each table (the run fails if a count is lost); the ratio is the
+    summary's."""
+    result = hostshare.run(rounds=1, steps=300, processes=2, keys=10, clients=10)
+    summary = result["summary"]
+    assert set(summary) == set(hostshare.IMPLEMENTATIONS)
+    assert all(s["steps_per_s"] > 0 for s in summary.values())
+    assert all(set(s["p50_us"]) == set(hostshare.OPERATIONS) for s in summary.values())
+    ratio = summary["hostshare"]["steps_per_s"] / summary["sqlite3"]["steps_per_s"]
+    assert result["hostshare_over_sqlite3"] == round(ratio, 2)
 
 
 @pytest.mark.slow

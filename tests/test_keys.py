@@ -586,7 +586,7 @@ async def test_malformed_requests_log_no_secret_and_few_lines(tmp_path: Path) ->
     """`voxgate serve` as users start it, with a keys file made by `voxgate keys add`: 1,000
     requests the HTTP parser refuses, each holding a real key in the refused bytes, are all
     answered 400; no log output of any process holds any piece of the key, and they cost a few
-    warning lines (one per process per 10 s, as docs/operations.md says), not one each."""
+    warning lines (one per process per 10 s, as docs/observability.md says), not one each."""
     from tests.ops_support import run_cli
     from tests.served import DefaultServer
 

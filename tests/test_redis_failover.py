@@ -1,5 +1,5 @@
 """Sentinel failover: the master dies, Sentinel promotes its replica, and the tier follows it
-without a restart (docs/operations.md: "a failover is an outage of a few seconds for the
+without a restart (docs/scale-out.md: "a failover is an outage of a few seconds for the
 breaker, not a restart")."""
 
 from __future__ import annotations
