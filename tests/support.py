@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from bench.harness import CACHE_SECRET
+from cache.entry import Entry
 from gateway.http.app import create_app
 from gateway.runtime.settings import Settings
 from synth.engine import (
@@ -120,6 +121,26 @@ async def eventually(
 
 # The cache secret as bytes, as the Redis tier's EntrySeal takes it.
 SECRET = CACHE_SECRET.encode()
+
+
+def wav_entry(
+    audio: bytes = b"RIFF-audio" * 100,
+    *,
+    voice: str = "",
+    model: str = "piper",
+    pinned: bool = False,
+) -> Entry:
+    """A stored WAV entry at 22.05 kHz, as the cache tiers' tests put it (the bytes need not be
+    a real WAV: the tiers check checksums, not audio)."""
+    return Entry.create(
+        audio,
+        content_type="audio/wav",
+        fmt="wav",
+        sample_rate=22050,
+        model=model,
+        voice=voice,
+        pinned=pinned,
+    )
 
 
 class ToneEngine:
