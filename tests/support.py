@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from aiohttp import web
+from aiohttp import ClientResponse, web
 
 from bench.harness import CACHE_SECRET
 from cache.entry import Entry
@@ -117,6 +117,13 @@ async def eventually(
     except TimeoutError:
         raise AssertionError(f"not met within {within_s:g} s: {what} (last: {value!r})") from None
     return value
+
+
+async def error_of(resp: ClientResponse, status: int) -> dict[str, Any]:
+    """The error of an answer that must have ``status``: the ``error`` object of OpenAI's shape."""
+    assert resp.status == status, await resp.text()
+    error: dict[str, Any] = (await resp.json())["error"]
+    return error
 
 
 # The cache secret as bytes, as the Redis tier's EntrySeal takes it.
