@@ -89,6 +89,33 @@ class CountingEngine:
         return self.inner.describe()
 
 
+class GatedEngine(CountingEngine):
+    """The real voice; every batch after the first waits for ``gate``: what queues behind the
+    first batch (a stream's later sentences, a request nobody waits for) is provably not yet
+    synthesized until the test opens it."""
+
+    def __init__(self, inner: Engine) -> None:
+        super().__init__(inner)
+        self.gate = threading.Event()
+
+    def synthesize_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]:
+        if self.batches >= 1:
+            self.gate.wait(120)  # the test opens it; a long bound only guards a hang
+        return super().synthesize_batch(items)
+
+
+class ThreadRunnerFlags:
+    """What a scheduler reads of a runner, as :class:`synth.runner.ThreadRunner` says it (its
+    batches counted and timed by the scheduler, whole, finished once started): a test's runner
+    that stands in for it adds ``run_batch``."""
+
+    counts_syntheses = True
+    times_batches = False
+    cancel_when_abandoned = False
+    queues_work = False
+    passes_pcm = False
+
+
 async def until(condition: Callable[[], object], within_s: float = 60.0, what: str = "") -> None:
     """Wait until ``condition()`` holds, polling it (for state nothing signals: a metric, a
     pool's workers); fail naming ``what`` past ``within_s``."""
