@@ -4,6 +4,7 @@ in :mod:`bench.harness`.)"""
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import functools
 import json
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import ROOT, TREE, serve_command
+from bench.plots import label_bars, pyplot, save_figure
 
 RESULTS = ROOT / "docs" / "bench"
 
@@ -312,6 +314,73 @@ def write_results(name: str, data: dict[str, Any]) -> Path:
     return path
 
 
+def event_loop_argument(parser: argparse.ArgumentParser) -> None:
+    """``--event-loop``: the loop of the gateway and the server it is compared with."""
+    parser.add_argument(
+        "--event-loop",
+        default="auto",
+        choices=("auto", "uvloop", "asyncio"),
+        help="event loop of both servers (default: auto, as the gateway's default)",
+    )
+
+
+# ---- the miss benches (miss_path, marks_cost): one setup, so their figures compare ----------
+
+
+def miss_gateway_command(port: int, cache_dir: Path, synth_workers: int) -> list[str]:
+    """``voxgate serve`` as the miss benches measure it: one gateway process (its CPU per request
+    is read from its pid; with the default of one per core the pid would be the supervisor's),
+    and no per-client queue share (one loopback address stands for many clients: 429s)."""
+    return serve_command(
+        port,
+        cache_dir,
+        "--synth-workers",
+        str(synth_workers),
+        "--workers",
+        "1",
+        "--log-level",
+        "warning",
+        "--queue-per-client",
+        "100000",
+    )
+
+
+def miss_parser(doc: str, rounds: int) -> argparse.ArgumentParser:
+    """The command line of a miss bench (``doc`` its module docstring): the load it puts on."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument(
+        "--per-client", type=int, default=4, help="unique texts per client per round"
+    )
+    parser.add_argument("--rounds", type=int, default=rounds, help="interleaved rounds")
+    parser.add_argument("--workers", type=int, default=2, help="gateway synthesis worker processes")
+    parser.add_argument("--no-write", action="store_true", help="do not write docs/bench results")
+    return parser
+
+
+def miss_result(
+    args: argparse.Namespace, order: str, servers: Any, summary: Any, started: float, **more: Any
+) -> dict[str, Any]:
+    """A miss bench's result as its JSON records it (``order``: how its rows took turns;
+    ``started``: its ``time.perf_counter()`` at the start)."""
+    setup = {
+        "clients": args.clients,
+        "per_client_per_round": args.per_client,
+        "rounds": args.rounds,
+        "order": order,
+        "gateway_workers": args.workers,
+        "engine": "piper joe",
+        "format": "wav",
+    }
+    return {
+        "setup": setup,
+        "servers": servers,
+        "summary": summary,
+        **more,
+        "runtime_s": round(time.perf_counter() - started, 1),
+    }
+
+
 def bar_plot(
     name: str,
     title: str,
@@ -323,27 +392,12 @@ def bar_plot(
     colors: Sequence[str] = ("#3b7dd8", "#9aa5b1", "#e07b39", "#5aa469"),
 ) -> Path:
     """A bar chart saved as ``docs/bench/<name>.png``, the bars in ``colors`` in turn."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = pyplot().subplots(figsize=(7, 4))
     bars = ax.bar(labels, values, color=[colors[i % len(colors)] for i in range(len(values))])
-    for b, v in zip(bars, values, strict=True):
-        ax.annotate(
-            f"{v:,.2f}" if v < 100 else f"{v:,.0f}",
-            (b.get_x() + b.get_width() / 2, v),
-            ha="center",
-            va="bottom",
-        )
+    label_bars(ax, bars, values)
     if target is not None:
         ax.axhline(target, color="red", linestyle="--", label=f"target {target:g}")
         ax.legend()
     ax.set_title(title)
     ax.set_ylabel(ylabel)
-    fig.tight_layout()
-    path = RESULTS / f"{name}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, RESULTS / f"{name}.png")

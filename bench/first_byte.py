@@ -36,6 +36,7 @@ from typing import Any
 
 from bench.common import RESULTS, provenance, start_gateway, stop, write_results
 from bench.harness import free_port
+from bench.plots import dot_rounds, pyplot, save_figure
 
 SIX = (
     "Your balance is {a} dollars and {b} cents.",
@@ -160,27 +161,18 @@ def run(count: int, tmp: Path) -> dict[str, Any]:
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = ["six_first_byte_s", "one_whole_s"]
     labels = ["six sentences, plain SDK stream:\nfirst byte", "one sentence,\nwhole"]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = pyplot().subplots(figsize=(7, 4))
     ax.bar(labels, [report["median_s"][n] * 1000 for n in names], color=["#2a9d8f", "#e9c46a"])
-    for i, n in enumerate(names):
-        values = [v * 1000 for v in report["runs_s"][n]]
-        ax.scatter([i] * len(values), values, color="black", s=10, zorder=3)
+    dot_rounds(ax, [[v * 1000 for v in report["runs_s"][n]] for n in names])
     ax.set_ylabel("milliseconds (bar: median, dots: rounds)")
     ax.set_title(
         f"openai SDK, uncached, voxgate serve (no flags): median per-round ratio "
         f"{report['median_ratio']:.2f}x (target <= {TARGET}x)",
         fontsize=9,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -239,7 +239,38 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
     return total
 
 
+# ---- what the requests say -------------------------------------------------------------------
+
+
+def speech_body(text: str, **fields: Any) -> dict[str, Any]:
+    """An OpenAI speech request: ``text`` as WAV in tts-1's alloy voice, ``fields`` added."""
+    return {"model": "tts-1", "input": text, "voice": "alloy", "response_format": "wav", **fields}
+
+
+def unpunctuated(chars: int) -> str:
+    """One sentence of ``chars`` characters with no punctuation at all: nowhere to split it."""
+    words = [
+        "the",
+        "quick",
+        "brown",
+        "fox",
+        "jumps",
+        "over",
+        "lazy",
+        "dogs",
+        "while",
+        "seven",
+        "happy",
+        "zebras",
+        "dance",
+    ]
+    return " ".join(words[i % len(words)] for i in range(chars))[:chars].strip()
+
+
 # ---- a real Coqui VITS -----------------------------------------------------------------------
+
+# Coqui VITS parameters without noise: the same text speaks the same samples every time.
+COQUI_QUIET = {"noise_scale": 0.0, "noise_scale_dp": 0.0}
 
 # The reduced sizes of ``build_vits(size="tiny")``: a model that loads and speaks in a second.
 TINY_ARGS = {

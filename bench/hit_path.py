@@ -61,6 +61,7 @@ from bench.common import (
     bar_plot,
     cpu_seconds,
     cpu_split,
+    event_loop_argument,
     pin,
     placement,
     post,
@@ -389,12 +390,7 @@ def main() -> int:
     )
     ap.add_argument("--connections", type=int, default=32, help="concurrent connections")
     ap.add_argument("--no-write", action="store_true", help="do not write docs/bench results")
-    ap.add_argument(
-        "--event-loop",
-        default="auto",
-        choices=("auto", "uvloop", "asyncio"),
-        help="event loop of both servers (default: auto, as the gateway's default)",
-    )
+    event_loop_argument(ap)
     ap.add_argument("--zipf-prompts", type=int, default=5000, help="distinct prompts (Zipf)")
     ap.add_argument("--zipf-s", type=float, default=1.0, help="Zipf exponent")
     ap.add_argument("--zipf-format", default="mulaw", help="response_format of the Zipf prompts")

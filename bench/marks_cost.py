@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,9 +37,17 @@ from typing import Any
 import aiohttp
 import psutil
 
-from bench.common import RESULTS, provenance, write_results
+from bench.common import (
+    RESULTS,
+    miss_gateway_command,
+    miss_parser,
+    miss_result,
+    provenance,
+    write_results,
+)
 from bench.harness import TREE, free_port
 from bench.miss_path import Speak, http_speaker, load, start, summarize, texts_for, wait_ok
+from bench.plots import label_bars, pyplot, save_figure
 
 ROWS = ("marks-on", "marks-off")
 TARGET = 0.95
@@ -61,25 +68,7 @@ def tree_cpu_seconds(pid: int) -> float:
 
 def _gateway(port: int, cache: Path, marks: bool, workers: int, log: Path) -> Any:
     return start(
-        [
-            sys.executable,
-            "-m",
-            "gateway",
-            "serve",
-            "--port",
-            str(port),
-            "--cache-dir",
-            str(cache),
-            "--synth-workers",
-            str(workers),
-            "--workers",
-            "1",
-            "--log-level",
-            "warning",
-            # One loopback address stands for many clients: no per-client queue share (429).
-            "--queue-per-client",
-            "100000",
-        ],
+        miss_gateway_command(port, cache, workers),
         log,
         env={"VOXGATE_SPEECH_MARKS": "true" if marks else "false", "PYTHONPATH": str(TREE)},
         cwd=TREE,
@@ -182,28 +171,14 @@ def ratios(rows: dict[str, dict[str, Any]], kind: str) -> dict[str, Any]:
 
 
 def plot(rows: dict[str, dict[str, Any]], summary: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = pyplot().subplots(1, 2, figsize=(10, 4))
     for ax, kind in zip(axes, ("miss", "hit"), strict=True):
         values = [rows[name][kind]["throughput_rps"] for name in ROWS]
-        bars = ax.bar(ROWS, values, color=["tab:blue", "tab:gray"])
-        for b, v in zip(bars, values, strict=True):
-            ax.annotate(
-                f"{v:,.2f}" if v < 100 else f"{v:,.0f}",
-                (b.get_x() + b.get_width() / 2, v),
-                ha="center",
-                va="bottom",
-            )
+        label_bars(ax, ax.bar(ROWS, values, color=["tab:blue", "tab:gray"]), values)
         ratio = summary[kind]["throughput_ratio_median_of_rounds"]
         ax.set_title(f"{kind} path: on/off {ratio:.3f}x (median of rounds)")
         ax.set_ylabel("requests / s")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -223,34 +198,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for name, kinds in runs.items()
     }
     summary = {kind: ratios(rows, kind) for kind in ("miss", "hit")}
-    return {
-        "setup": {
-            "clients": args.clients,
-            "per_client_per_round": args.per_client,
-            "rounds": args.rounds,
-            "order": "rows alternated each round; the same texts for both; misses, then the same "
-            "texts again as hits",
-            "gateway_workers": args.workers,
-            "engine": "piper joe",
-            "format": "wav",
-        },
-        "servers": rows,
-        "summary": summary,
-        "target_miss_ratio": TARGET,
-        "runtime_s": round(time.perf_counter() - started, 1),
-    }
+    order = "rows alternated each round; the same texts for both; misses, then the same texts "
+    order += "again as hits"
+    return miss_result(args, order, rows, summary, started, target_miss_ratio=TARGET)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument(
-        "--per-client", type=int, default=4, help="unique texts per client per round"
-    )
-    parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds")
-    parser.add_argument("--workers", type=int, default=2, help="gateway synthesis worker processes")
-    parser.add_argument("--no-write", action="store_true", help="do not write docs/bench results")
-    args = parser.parse_args()
+    args = miss_parser(__doc__, rounds=6).parse_args()
     provenance()  # the commit and date as the run starts
     result = run(args)
     rows, summary = result["servers"], result["summary"]

@@ -46,10 +46,14 @@ import numpy as np
 from bench.common import (
     RESULTS,
     cpu_seconds,
+    miss_gateway_command,
+    miss_parser,
+    miss_result,
     provenance,
     write_results,
 )
 from bench.harness import ROOT, TREE, free_port
+from bench.plots import pyplot, save_figure
 
 SENTENCES = [
     "Your call is important to us",
@@ -172,27 +176,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="voxgate-miss-"))
     gw_port, seed_port, tuned_port = free_port(), free_port(), free_port()
     gateway = start(
-        [
-            sys.executable,
-            "-m",
-            "gateway",
-            "serve",
-            "--port",
-            str(gw_port),
-            "--cache-dir",
-            str(tmp / "cache"),
-            "--synth-workers",
-            str(args.workers),
-            # One gateway process (its CPU per request is read from its pid); with the default
-            # of one per core the pid would be the supervisor's.
-            "--workers",
-            "1",
-            "--log-level",
-            "warning",
-            # One loopback address stands for many clients: no per-client queue share (429).
-            "--queue-per-client",
-            "100000",
-        ],
+        miss_gateway_command(gw_port, tmp / "cache", args.workers),
         tmp / "gateway.log",
         cwd=TREE,  # the gateway under test (bench.vs_commit: an older commit's)
     )
@@ -304,13 +288,8 @@ def ratios(rows: dict[str, Any]) -> dict[str, Any]:
 
 
 def plot(rows: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = list(rows)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax1, ax2) = pyplot().subplots(1, 2, figsize=(11, 4))
     bars = ax1.bar(
         names,
         [rows[n]["throughput_rps"] for n in names],
@@ -337,9 +316,7 @@ def plot(rows: dict[str, Any], path: Path) -> None:
     ax2.set_ylabel("latency (s)")
     ax2.set_title("Miss-path latency")
     ax2.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -347,33 +324,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     rows = asyncio.run(main_async(args))
     summary = ratios(rows)
-    return {
-        "machine": {"cores": os.cpu_count()},
-        "setup": {
-            "clients": args.clients,
-            "per_client_per_round": args.per_client,
-            "rounds": args.rounds,
-            "order": "rows rotated each round, direction alternating; same texts for every row",
-            "gateway_workers": args.workers,
-            "engine": "piper joe",
-            "format": "wav",
-        },
-        "servers": rows,
-        "summary": summary,
-        "targets": TARGETS,
-        "runtime_s": round(time.perf_counter() - started, 1),
-    }
+    order = "rows rotated each round, direction alternating; same texts for every row"
+    result = miss_result(args, order, rows, summary, started, targets=TARGETS)
+    return {"machine": {"cores": os.cpu_count()}, **result}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument(
-        "--per-client", type=int, default=4, help="unique texts per client per round"
-    )
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
-    parser.add_argument("--workers", type=int, default=2, help="gateway synthesis worker processes")
-    parser.add_argument("--no-write", action="store_true", help="do not write docs/bench results")
+    parser = miss_parser(__doc__, rounds=5)
     parser.add_argument(
         "--json-out", type=Path, help="also write the ratios to this file (bench.vs_commit)"
     )

@@ -41,6 +41,7 @@ from bench.common import (
     RESULTS,
     cpu_seconds,
     cpu_split,
+    event_loop_argument,
     pin,
     placement,
     provenance,
@@ -54,7 +55,9 @@ from bench.harness import (
     gateway_processes,
     metric_sum,
     redis_server,
+    speech_body,
 )
+from bench.plots import dot_rounds, pyplot, save_figure
 from gateway.runtime.eventloop import label
 
 # About 5.7 s of speech: a ~250 KB PCM16 WAV at the voice's 22,050 Hz.
@@ -63,10 +66,6 @@ TEXT = (
     "helping other customers."
 )
 HERD_TEXT = "Please hold while we connect you to the next available agent."
-
-
-def body(text: str) -> dict[str, Any]:
-    return {"model": "tts-1", "input": text, "voice": "alloy", "response_format": "wav"}
 
 
 def post(url: str, payload: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
@@ -204,9 +203,9 @@ def hit_path(
     try:
         gw.wait_ready()
         speech = gw.url + "/v1/audio/speech"
-        status, headers, audio = post(speech, body(TEXT))
+        status, headers, audio = post(speech, speech_body(TEXT))
         assert status == 200 and headers["X-Cache"] == "MISS", headers
-        status, headers, again = post(speech, body(TEXT))
+        status, headers, again = post(speech, speech_body(TEXT))
         assert headers["X-Cache"] == "HIT" and again == audio, "second request must be a hit"
         wav = work / "same.wav"
         wav.write_bytes(audio)
@@ -226,7 +225,7 @@ def hit_path(
         bare = f"http://127.0.0.1:{bare_port}"
         bare_pid = bare_proc.pid
         wait_http(bare + "/readyz")
-        status, _, same = post(bare + "/v1/audio/speech", body(TEXT))
+        status, _, same = post(bare + "/v1/audio/speech", speech_body(TEXT))
         assert same == audio
         split = cpu_split()
         server_cpus, other_cpus = split if split else (None, None)
@@ -240,7 +239,7 @@ def hit_path(
                 # CPU per request is robust to a busy host where requests/s is not: record both.
                 pids = [gw.proc.pid, redis_pid] if name == "gateway_redis_only" else [bare_pid]
                 cpu0 = [cpu_seconds(p) for p in pids]
-                res = load(url, body(TEXT), args.seconds, args.connections, other_cpus)
+                res = load(url, speech_body(TEXT), args.seconds, args.connections, other_cpus)
                 used = [cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True)]
                 n = res.get("requests") or res["rps"] * args.seconds
                 res["server_cpu_us_per_request"] = 1e6 * used[0] / n
@@ -372,7 +371,9 @@ async def _herd(urls: list[str], n: int) -> tuple[list[int], list[bytes], float]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
 
         async def one(i: int) -> tuple[int, bytes]:
-            async with s.post(urls[i % len(urls)] + "/v1/audio/speech", json=body(HERD_TEXT)) as r:
+            async with s.post(
+                urls[i % len(urls)] + "/v1/audio/speech", json=speech_body(HERD_TEXT)
+            ) as r:
                 return r.status, await r.read()
 
         t0 = time.perf_counter()
@@ -409,13 +410,8 @@ def herd(work: Path, redis_url: str, *, requests: int = 300) -> dict[str, Any]:
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     hp, hd = result["hit_path"], result["herd"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax1, ax2) = pyplot().subplots(1, 2, figsize=(10, 4))
     names = ["gateway_redis_only", "bare_aiohttp"]
     meds = [hp["median_rps"][n] for n in names]
     ax1.bar(
@@ -423,14 +419,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         meds,
         color=["tab:red", "tab:gray"],
     )
-    for i, n in enumerate(names):
-        ax1.scatter(
-            [i] * len(hp["rounds"][n]),
-            [x["rps"] for x in hp["rounds"][n]],
-            color="black",
-            s=12,
-            zorder=3,
-        )
+    dot_rounds(ax1, [[x["rps"] for x in hp["rounds"][n]] for n in names], size=12)
     ax1.set_ylabel("requests/s (median of rounds; dots: rounds)")
     ax1.set_title(
         f"Hit path, {hp['payload_bytes'] // 1024} KB WAV, {hp['connections']} conns: "
@@ -444,8 +433,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax2.set_ylabel("syntheses in total")
     ax2.set_title(f"{hd['requests']} concurrent identical requests")
     fig.suptitle(result["host"])
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 def main() -> None:
@@ -455,12 +443,7 @@ def main() -> None:
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--skip-herd", action="store_true")
     ap.add_argument("--unix", action="store_true", help="reach Redis over a unix socket")
-    ap.add_argument(
-        "--event-loop",
-        default="auto",
-        choices=("auto", "uvloop", "asyncio"),
-        help="event loop of both servers (default: auto, as the gateway's default)",
-    )
+    event_loop_argument(ap)
     ap.add_argument("--load", metavar="URL", help=argparse.SUPPRESS)
     ap.add_argument("--payload", help=argparse.SUPPRESS)
     args = ap.parse_args()

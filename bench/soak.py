@@ -54,7 +54,8 @@ import aiohttp
 import psutil
 
 from bench.common import RESULTS, provenance, stop, wait_http, write_results
-from bench.harness import ROOT, RedisServer, free_port
+from bench.harness import ROOT, RedisServer, free_port, speech_body, unpunctuated
+from bench.plots import pyplot, save_figure
 from gateway.runtime.settings import Settings
 
 PROMPTS = [
@@ -97,10 +98,6 @@ BAD_BODIES: list[tuple[str, bytes, dict[str, str]]] = [
         {},
     ),
 ]
-
-
-def speech(text: str, **extra: Any) -> dict[str, Any]:
-    return {"model": "tts-1", "voice": "alloy", "input": text, "response_format": "wav", **extra}
 
 
 class Load:
@@ -171,59 +168,47 @@ async def drive(base: str, minutes: float, load: Load, keys: list[str]) -> None:
             for i, kind in enumerate(kinds)
         }
 
-        async def hit() -> int:
-            session = sessions["hit"]
-            async with session.post(url, json=speech(random.choice(PROMPTS))) as r:
+        async def answered(kind: str, method: str, target: str, **kw: Any) -> int:
+            """A request of ``kind``, its answer read to the end: its status."""
+            async with sessions[kind].request(method, target, **kw) as r:
                 await r.read()
                 return r.status
+
+        async def hit() -> int:
+            return await answered("hit", "POST", url, json=speech_body(random.choice(PROMPTS)))
 
         async def by_key() -> int:
-            session = sessions["by_key"]
-            async with session.get(f"{base}/v1/audio/{random.choice(keys)}") as r:
-                await r.read()
-                return r.status
+            return await answered("by_key", "GET", f"{base}/v1/audio/{random.choice(keys)}")
 
         async def miss() -> int:
-            session = sessions["miss"]
             text = f"Your reference number is {next(load.counter)} {random.randint(0, 9999)}."
-            async with session.post(url, json=speech(text)) as r:
-                await r.read()
-                return r.status
+            return await answered("miss", "POST", url, json=speech_body(text))
 
         async def stream() -> int:
-            session = sessions["stream"]
             n = next(load.counter)
             text = f"Ticket {n} is open. An agent replies soon. Goodbye from {n % 97}."
-            async with session.post(url, json=speech(text, stream=True)) as r:
-                await r.read()
-                return r.status
+            return await answered("stream", "POST", url, json=speech_body(text, stream=True))
 
         async def disconnect() -> int:
             session = sessions["disconnect"]
             n = next(load.counter)
             text = " ".join(f"Step {i} of plan {n} is done." for i in range(8))
-            r = await session.post(url, json=speech(text, stream=True))
+            r = await session.post(url, json=speech_body(text, stream=True))
             status = r.status
             await r.content.readany()
             r.close()  # gone after the first bytes
             return status
 
         async def bad() -> int:
-            session = sessions["bad"]
             name, raw, headers = random.choice(BAD_BODIES)
-            async with session.post(
-                url, data=raw, headers={"Content-Type": "application/json", **headers}
-            ) as r:
-                await r.read()
-                if not 400 <= r.status < 500:
-                    load.errors[("bad", f"{name}:{r.status}")] += 1
-                return r.status
+            headers = {"Content-Type": "application/json", **headers}
+            status = await answered("bad", "POST", url, data=raw, headers=headers)
+            if not 400 <= status < 500:
+                load.errors[("bad", f"{name}:{status}")] += 1
+            return status
 
         async def bad_key() -> int:
-            session = sessions["bad"]
-            async with session.get(f"{base}/v1/audio/{'g' * 64}") as r:
-                await r.read()
-                return r.status
+            return await answered("bad", "GET", f"{base}/v1/audio/{'g' * 64}")
 
         await asyncio.gather(
             *(forever(load, "hit", until, hit) for _ in range(4)),
@@ -332,22 +317,7 @@ async def long_request(base: str, pid: int, chars: int) -> dict[str, Any]:
     """An unpunctuated sentence of ``chars`` characters at speed 0.25 while a cached prompt is
     served: the request must be answered without holding up the hits, and the server's RSS must
     come back near its resting value within 10 s."""
-    words = [
-        "the",
-        "quick",
-        "brown",
-        "fox",
-        "jumps",
-        "over",
-        "lazy",
-        "dogs",
-        "while",
-        "seven",
-        "happy",
-        "zebras",
-        "dance",
-    ]
-    text = " ".join(words[i % len(words)] for i in range(chars))[:chars].strip()
+    text = unpunctuated(chars)
     url = f"{base}/v1/audio/speech"
     base_rss = peak = rss_total(pid)
     latencies: list[float] = []
@@ -355,14 +325,14 @@ async def long_request(base: str, pid: int, chars: int) -> dict[str, Any]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
 
         async def big() -> tuple[int, int]:
-            async with session.post(url, json=speech(text, speed=0.25)) as r:
+            async with session.post(url, json=speech_body(text, speed=0.25)) as r:
                 return r.status, len(await r.read())
 
         started = time.perf_counter()
         task = asyncio.create_task(big())
         while not task.done():
             t0 = time.perf_counter()
-            async with session.post(url, json=speech(PROMPTS[0])) as r:
+            async with session.post(url, json=speech_body(PROMPTS[0])) as r:
                 await r.read()
                 hit_statuses[r.status] += 1
             latencies.append(time.perf_counter() - t0)
@@ -398,7 +368,7 @@ def warm(base: str) -> list[str]:
     for text in PROMPTS:
         req = urllib.request.Request(
             f"{base}/v1/audio/speech",
-            data=json.dumps(speech(text)).encode(),
+            data=json.dumps(speech_body(text)).encode(),
             headers={"Content-Type": "application/json"},
         )
         with urllib.request.urlopen(req, timeout=120) as r:
@@ -444,14 +414,9 @@ def steady_growth(
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     samples = result["samples"]
     t = [s["t_s"] / 60 for s in samples]
-    fig, axes = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
+    fig, axes = pyplot().subplots(3, 1, figsize=(8, 8), sharex=True)
     panels = (
         ("rss_mb", "RSS, all server processes (MB)"),
         ("fds", "open file descriptors"),
@@ -472,9 +437,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         f"{steady.get('rss_growth_pct', float('nan')):+.2f}%",
         fontsize=10,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 async def measure(

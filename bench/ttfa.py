@@ -36,6 +36,7 @@ import aiohttp
 from aiohttp import web
 
 from bench.common import RESULTS, provenance, write_results
+from bench.plots import dot_rounds, pyplot, save_figure
 from gateway.http.app import create_app, wait_ready
 from gateway.runtime.settings import Settings
 
@@ -182,25 +183,13 @@ async def run(rounds: int, *, sse: bool = False) -> dict[str, Any]:
 
 def plot(report: dict[str, Any], path: Path) -> None:
     sse = report["benchmark"] == "ttfa_sse"
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = ["stream_ttfa_s", "first_sentence_s", "full_response_s"]
     first = "SSE:\nfirst delta event" if sse else "streamed:\nfirst audio byte"
     labels = [first, "first sentence\nalone", "whole text,\nnot streamed"]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = pyplot().subplots(figsize=(7, 4))
     meds = [report["median_s"][n] * 1000 for n in names]
     ax.bar(labels, meds, color=["#2a9d8f", "#e9c46a", "#e76f51"])
-    for i, n in enumerate(names):
-        ax.scatter(
-            [i] * len(report["runs_s"][n]),
-            [v * 1000 for v in report["runs_s"][n]],
-            color="black",
-            s=10,
-            zorder=3,
-        )
+    dot_rounds(ax, [[v * 1000 for v in report["runs_s"][n]] for n in names])
     ax.set_ylabel("milliseconds (bar: median, dots: rounds)")
     ax.set_title(
         f"{report['sentences']}-sentence text, cold cache: TTFA = "
@@ -208,8 +197,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
         f"{report['ttfa_over_full_response']:.2f}x whole",
         fontsize=9,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
 
 
 def main() -> None:

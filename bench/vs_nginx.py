@@ -90,6 +90,7 @@ from bench.common import (
 )
 from bench.harness import ROOT, free_port
 from bench.hit_path import CITIES, COMPANIES, THINGS, write_wrk_script, zipf_sequence
+from bench.plots import label_bars, pyplot, save_figure
 
 NGINX = "/usr/sbin/nginx"
 # Long enough for a miss queued behind 16 others on a cold cache; wrk's default is 2 s.
@@ -698,14 +699,9 @@ def _json(value: Any) -> str:
 
 def plot(report: dict[str, Any]) -> Path:
     """QPS and p99 of both servers in every variant, cold and warm: docs/bench/vs_nginx.png."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     variants = report["variants"]
     names = list(variants)
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    fig, axes = pyplot().subplots(2, 2, figsize=(11, 7))
     servers = (("nginx_seed", "nginx + seed", "#9aa5b1"), ("voxgate", "voxgate", "#3b7dd8"))
     width = 0.38
     for col, phase in enumerate(("cold", "warm")):
@@ -715,14 +711,7 @@ def plot(report: dict[str, Any]) -> Path:
                 values = [variants[n]["results"][server][phase].get(metric) or 0 for n in names]
                 xs = [j + (i - 0.5) * width for j in range(len(names))]
                 bars = ax.bar(xs, values, width, label=legend, color=color)
-                for b, v in zip(bars, values, strict=True):
-                    ax.annotate(
-                        f"{v:,.1f}" if v < 100 else f"{v:,.0f}",
-                        (b.get_x() + b.get_width() / 2, v),
-                        ha="center",
-                        va="bottom",
-                        fontsize=7,
-                    )
+                label_bars(ax, bars, values, small=",.1f", fontsize=7)
             ax.set_xticks(range(len(names)))
             ax.set_xticklabels(
                 [
@@ -743,11 +732,7 @@ def plot(report: dict[str, Any]) -> Path:
         f"{w.get('warm_rounds', 1)} rounds interleaved (mean QPS, median p99)",
         fontsize=10,
     )
-    fig.tight_layout()
-    path = RESULTS / "vs_nginx.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, RESULTS / "vs_nginx.png")
 
 
 def table(report: dict[str, Any]) -> str:

@@ -25,7 +25,8 @@ from metrics import Metrics
 from synth.engine import Engine
 from synth.piper_engine import PiperEngine, PiperVoiceFiles
 from tests.conformance import RecordingClient
-from tests.support import CountingEngine
+from tests.support import CountingEngine, GatedEngine
+from tests.upstream_support import KEY_ENV, OpenAISpeechServer
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -85,6 +86,31 @@ def piper_engine() -> PiperEngine:
 def counting_engine(piper_engine: PiperEngine) -> CountingEngine:
     """The real voice behind a call counter."""
     return CountingEngine(piper_engine)
+
+
+@pytest.fixture
+def gated(piper_engine: PiperEngine) -> Iterator[GatedEngine]:
+    """The real voice, its batches after the first held until the test sets ``gate`` (set at
+    teardown too, so no synthesis thread is left waiting)."""
+    engine = GatedEngine(piper_engine)
+    yield engine
+    engine.gate.set()
+
+
+@pytest.fixture
+async def client(gateway: GatewayFactory) -> TestClient[Any, Any]:
+    """A client of ``gateway()``: the test's settings and metrics, the counting joe voice."""
+    return await gateway()
+
+
+@pytest.fixture
+async def provider(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[OpenAISpeechServer]:
+    """The local OpenAI-compatible provider, its key in the environment variable (``KEY_ENV``)
+    the tests' upstream entries name."""
+    server = await OpenAISpeechServer().start()
+    monkeypatch.setenv(KEY_ENV, server.api_key)
+    yield server
+    await server.stop()
 
 
 @pytest.fixture

@@ -13,8 +13,25 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 from bench.harness import RedisServer, free_port
+from cache.entry import Entry
+
+# The callbacks a CrossReplicaFlight takes, where a test only needs one to be called or not.
+
+
+async def adopted(entry: Entry) -> str:
+    """A waiter takes what the lock's holder stored."""
+    return "adopted"
+
+
+async def nothing_stored(entry: Entry) -> NoReturn:
+    raise AssertionError("nothing is stored: no waiter adopts")
+
+
+async def must_not_produce() -> NoReturn:
+    raise AssertionError("the waiter must not produce")
 
 
 def free_cluster_port() -> int:

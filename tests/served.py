@@ -10,10 +10,12 @@ what a test gets unless it argues otherwise.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +70,18 @@ class DefaultServer(ServerProcess):
             workers=self.gateways if workers is None else workers,
             timeout=max(1.0, deadline - time.monotonic()),
         )
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[DefaultServer]:
+        """The server, ready, for a module's tests (its fixture yields inside); once they are
+        done, every answer they received is checked against the document it serves, and it is
+        closed."""
+        try:
+            self.wait_ready()
+            yield self
+            assert asyncio.run(self.conformance_failures()) == []
+        finally:
+            self.close()
 
     async def request(
         self,

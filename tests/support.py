@@ -12,9 +12,10 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from aiohttp import web
+from aiohttp import ClientResponse, web
 
 from bench.harness import CACHE_SECRET
+from cache.entry import Entry
 from gateway.http.app import create_app
 from gateway.runtime.settings import Settings
 from synth.engine import (
@@ -88,6 +89,33 @@ class CountingEngine:
         return self.inner.describe()
 
 
+class GatedEngine(CountingEngine):
+    """The real voice; every batch after the first waits for ``gate``: what queues behind the
+    first batch (a stream's later sentences, a request nobody waits for) is provably not yet
+    synthesized until the test opens it."""
+
+    def __init__(self, inner: Engine) -> None:
+        super().__init__(inner)
+        self.gate = threading.Event()
+
+    def synthesize_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]:
+        if self.batches >= 1:
+            self.gate.wait(120)  # the test opens it; a long bound only guards a hang
+        return super().synthesize_batch(items)
+
+
+class ThreadRunnerFlags:
+    """What a scheduler reads of a runner, as :class:`synth.runner.ThreadRunner` says it (its
+    batches counted and timed by the scheduler, whole, finished once started): a test's runner
+    that stands in for it adds ``run_batch``."""
+
+    counts_syntheses = True
+    times_batches = False
+    cancel_when_abandoned = False
+    queues_work = False
+    passes_pcm = False
+
+
 async def until(condition: Callable[[], object], within_s: float = 60.0, what: str = "") -> None:
     """Wait until ``condition()`` holds, polling it (for state nothing signals: a metric, a
     pool's workers); fail naming ``what`` past ``within_s``."""
@@ -118,8 +146,35 @@ async def eventually(
     return value
 
 
+async def error_of(resp: ClientResponse, status: int) -> dict[str, Any]:
+    """The error of an answer that must have ``status``: the ``error`` object of OpenAI's shape."""
+    assert resp.status == status, await resp.text()
+    error: dict[str, Any] = (await resp.json())["error"]
+    return error
+
+
 # The cache secret as bytes, as the Redis tier's EntrySeal takes it.
 SECRET = CACHE_SECRET.encode()
+
+
+def wav_entry(
+    audio: bytes = b"RIFF-audio" * 100,
+    *,
+    voice: str = "",
+    model: str = "piper",
+    pinned: bool = False,
+) -> Entry:
+    """A stored WAV entry at 22.05 kHz, as the cache tiers' tests put it (the bytes need not be
+    a real WAV: the tiers check checksums, not audio)."""
+    return Entry.create(
+        audio,
+        content_type="audio/wav",
+        fmt="wav",
+        sample_rate=22050,
+        model=model,
+        voice=voice,
+        pinned=pinned,
+    )
 
 
 class ToneEngine:

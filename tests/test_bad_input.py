@@ -9,7 +9,7 @@ import pytest
 
 from gateway.runtime.settings import Settings
 from tests.conftest import GatewayFactory
-from tests.support import CountingEngine
+from tests.support import CountingEngine, error_of
 
 GOOD = {"model": "tts-1", "input": "Hello.", "voice": "alloy", "response_format": "wav"}
 
@@ -85,25 +85,21 @@ async def test_bad_input(
 async def test_input_limit_is_configurable(gateway: GatewayFactory, settings: Settings) -> None:
     client = await gateway(settings=settings.replace(max_input_chars=10))
     resp = await client.post("/v1/audio/speech", json={**GOOD, "input": "eleven char"})
-    assert resp.status == 400
-    assert "limit is 10" in (await resp.json())["error"]["message"]
+    assert "limit is 10" in (await error_of(resp, 400))["message"]
 
 
 async def test_unknown_route_and_method_are_json(gateway: GatewayFactory) -> None:
     client = await gateway()
     r = await client.get("/v1/nothing")
-    assert r.status == 404
-    assert (await r.json())["error"]["type"] == "not_found_error"
+    assert (await error_of(r, 404))["type"] == "not_found_error"
     r = await client.delete("/v1/voices")
-    assert r.status == 405
-    assert "not allowed" in (await r.json())["error"]["message"]
+    assert "not allowed" in (await error_of(r, 405))["message"]
 
 
 async def test_audio_by_key_malformed_and_unknown(gateway: GatewayFactory) -> None:
     client = await gateway()
     r = await client.get("/v1/audio/not-a-key")
-    assert r.status == 400
-    assert (await r.json())["error"]["param"] == "key"
+    assert (await error_of(r, 400))["param"] == "key"
     r = await client.get("/v1/audio/" + "0" * 64)
     assert r.status == 404
 
@@ -114,8 +110,7 @@ async def test_input_with_nothing_to_speak_is_400_and_not_cached(
     client = await gateway()
     for _ in range(2):  # the second time too: a failure is never stored
         r = await client.post("/v1/audio/speech", json={**GOOD, "input": "?"})
-        assert r.status == 400
-        err = (await r.json())["error"]
+        err = await error_of(r, 400)
         assert err["param"] == "input"
         assert err["code"] == "nothing_to_speak"
         assert "nothing to speak" in err["message"]
@@ -146,8 +141,7 @@ async def test_a_bug_in_a_handler_is_a_json_500_and_the_server_keeps_serving(
 
     monkeypatch.setattr(app_module, "serve_speech", broken)
     r = await client.post("/v1/audio/speech", json=GOOD)
-    assert r.status == 500
-    err = (await r.json())["error"]
+    err = await error_of(r, 500)
     assert err["type"] == "server_error"
     assert "a bug" not in err["message"]  # internals stay in the log
     assert any(rec.exc_info and "a bug" in str(rec.exc_info[1]) for rec in caplog.records)

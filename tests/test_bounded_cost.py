@@ -14,48 +14,19 @@ import aiohttp
 import psutil
 import pytest
 
+from bench.harness import speech_body, unpunctuated
 from gateway.http import keys
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 from synth.piper_engine import PiperEngine
 from synth.pool import EngineSpec, WorkerPool
 from tests.conftest import GatewayFactory
-from tests.support import CountingEngine, shortest_audio_s, until
-
-WORDS = tuple(
-    [
-        "the",
-        "quick",
-        "brown",
-        "fox",
-        "jumps",
-        "over",
-        "lazy",
-        "dogs",
-        "while",
-        "seven",
-        "happy",
-        "zebras",
-        "dance",
-    ]
-)
-
-
-def unpunctuated(chars: int) -> str:
-    """One sentence of ``chars`` characters with no punctuation at all."""
-    return " ".join(WORDS[i % len(WORDS)] for i in range(chars))[:chars].strip()
+from tests.support import CountingEngine, GatedEngine, shortest_audio_s, until
 
 
 def body(text: str, **kw: Any) -> dict[str, Any]:
     # Whole answers unless a test streams (a miss of several sentences streams by default).
-    return {
-        "model": "tts-1",
-        "voice": "alloy",
-        "input": text,
-        "response_format": "wav",
-        "stream": False,
-        **kw,
-    }
+    return speech_body(text, **{"stream": False, **kw})
 
 
 def sample(metrics: Metrics, name: str, **labels: str) -> float:
@@ -198,26 +169,6 @@ async def test_900_chars_at_quarter_speed_costs_under_1_gb_while_hits_are_served
 # ---- work nobody waits for stops ---------------------------------------------------------------
 
 
-class HeldEngine(CountingEngine):
-    """The real voice; batches after the first wait for ``gate``."""
-
-    def __init__(self, inner: PiperEngine) -> None:
-        super().__init__(inner)
-        self.gate = threading.Event()
-
-    def synthesize_batch(self, items: Any) -> Any:
-        if self.batches >= 1:
-            self.gate.wait(60)
-        return super().synthesize_batch(items)
-
-
-@pytest.fixture
-def held(piper_engine: PiperEngine) -> Iterator[HeldEngine]:
-    engine = HeldEngine(piper_engine)
-    yield engine
-    engine.gate.set()
-
-
 SIXTY = " ".join(f"This is sentence number {n}." for n in range(1, 61))
 
 
@@ -238,21 +189,21 @@ async def _settles(metrics: Metrics) -> float:
 
 @pytest.mark.slow
 async def test_a_stream_dropped_after_its_first_bytes_stops_synthesizing(
-    gateway: GatewayFactory, held: HeldEngine, metrics: Metrics
+    gateway: GatewayFactory, gated: GatedEngine, metrics: Metrics
 ) -> None:
-    client = await gateway(engines={"piper": held})
+    client = await gateway(engines={"piper": gated})
     resp = await client.post("/v1/audio/speech", json=body(SIXTY, stream=True))
     assert resp.status == 200
     assert len(await resp.content.readany()) > 0  # the first sentence's bytes
     resp.close()  # the client hangs up
     await until(lambda: sample(metrics, "voxgate_sentences_abandoned_total") > 0)
-    held.gate.set()
+    gated.gate.set()
     done = await _settles(metrics)
     # Before: all 60 were synthesized. Now: the first, and those already queued (at most
     # max_parallel_sentences = 8) finish and are stored; the rest never reach the engine.
     assert done <= 1 + 8, done
     assert sample(metrics, "voxgate_sentences_abandoned_total") >= 60 - 1 - 8
-    assert held.items == done
+    assert gated.items == done
     # The sentences that were made are stored: asking again synthesizes only the rest.
     resp = await client.post("/v1/audio/speech", json=body(SIXTY))
     assert resp.status == 200
@@ -260,26 +211,26 @@ async def test_a_stream_dropped_after_its_first_bytes_stops_synthesizing(
 
 
 async def test_a_whole_answer_abandoned_by_its_client_stops_synthesizing(
-    gateway: GatewayFactory, held: HeldEngine, metrics: Metrics
+    gateway: GatewayFactory, gated: GatedEngine, metrics: Metrics
 ) -> None:
-    client = await gateway(engines={"piper": held})
+    client = await gateway(engines={"piper": gated})
     asking = asyncio.create_task(client.post("/v1/audio/speech", json=body(SIXTY)))
-    await until(lambda: held.batches >= 1)  # synthesis is under way
+    await until(lambda: gated.batches >= 1)  # synthesis is under way
     asking.cancel()  # the client gives up: its connection closes
     with pytest.raises(asyncio.CancelledError):
         await asking
     await until(lambda: sample(metrics, "voxgate_sentences_abandoned_total") > 0)
-    held.gate.set()
+    gated.gate.set()
     done = await _settles(metrics)
     assert done <= 1 + 8 + 1, done
     assert (await client.get("/healthz")).status == 200
 
 
 async def test_a_coalesced_waiter_keeps_the_production_going(
-    gateway: GatewayFactory, held: HeldEngine, metrics: Metrics
+    gateway: GatewayFactory, gated: GatedEngine, metrics: Metrics
 ) -> None:
     text = " ".join(f"Coalesced sentence {n}." for n in range(1, 13))
-    client = await gateway(engines={"piper": held})
+    client = await gateway(engines={"piper": gated})
     stream = await client.post("/v1/audio/speech", json=body(text, stream=True))
     assert len(await stream.content.readany()) > 0
     productions = client.app[keys.SPEECH].assembler._inflight
@@ -287,10 +238,10 @@ async def test_a_coalesced_waiter_keeps_the_production_going(
     staying = asyncio.create_task(client.post("/v1/audio/speech", json=body(text)))
     await until(lambda: production.waiters == 2)
     stream.close()  # one client leaves, the other still waits
-    held.gate.set()
+    gated.gate.set()
     resp = await staying
     assert resp.status == 200
-    assert held.items == 12
+    assert gated.items == 12
     assert sample(metrics, "voxgate_sentences_abandoned_total") == 0
     # One synthesis, one MISS: the stream said it; the request that joined its production
     # waited for another request's synthesis.

@@ -37,17 +37,12 @@ from gateway.runtime.apikeys import key_table
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 from tests.conftest import GatewayFactory
-from tests.support import SECRET, CountingEngine, clear_of_a_minute_edge, until
+from tests.redis_support import adopted, must_not_produce, nothing_stored
+from tests.support import SECRET, CountingEngine, clear_of_a_minute_edge, until, wav_entry
 
 KEY = "ab" * 32
 OTHER = "cd" * 32
 MIB = 1024 * 1024
-
-
-def wav_entry(audio: bytes = b"RIFF-audio" * 100, *, pinned: bool = False) -> Entry:
-    return Entry.create(
-        audio, content_type="audio/wav", fmt="wav", sample_rate=22050, model="piper", pinned=pinned
-    )
 
 
 def blob_with_meta(meta: dict[str, Any], audio: bytes = b"x" * 10) -> bytes:
@@ -198,9 +193,6 @@ async def test_a_squatted_lock_does_not_stall_a_miss(tier: RedisTier) -> None:
         made.append("here")
         return "made"
 
-    async def adopt(entry: Entry) -> str:
-        return "adopted"
-
     squats = [
         ("junk", None),  # a value, no TTL
         ("junk", 20_000),  # a value with a TTL
@@ -214,7 +206,7 @@ async def test_a_squatted_lock_does_not_stall_a_miss(tier: RedisTier) -> None:
         made.clear()
         await tier.client.set(flight.lock_key(KEY), value, px=px)
         started = loop.time()
-        assert await flight.run(KEY, produce, adopt) == "made"
+        assert await flight.run(KEY, produce, adopted) == "made"
         assert loop.time() - started < 5  # one poll, not the 30 s wait
         assert made == ["here"]
     assert metrics.redis_locks.labels("squatted")._value.get() == len(squats)
@@ -228,26 +220,17 @@ async def test_a_replicas_lock_is_still_waited_for(tier: RedisTier) -> None:
     waiter = CrossReplicaFlight(tier, lock_ttl_s=5, max_wait_s=20, metrics=metrics)
     release = asyncio.Event()
 
-    async def produce_slowly() -> str:
-        await release.wait()
-        await tier.put(KEY, wav_entry())
-        return "holder"
-
-    async def adopt(entry: Entry) -> str:
-        return "adopted"
-
-    async def never() -> str:
-        raise AssertionError("the waiter must not produce")
-
     started = asyncio.Event()
 
     async def produce_when_released() -> str:
         started.set()  # the holder has the lock now
-        return await produce_slowly()
+        await release.wait()
+        await tier.put(KEY, wav_entry())
+        return "holder"
 
-    held = asyncio.ensure_future(holder.run(KEY, produce_when_released, adopt))
+    held = asyncio.ensure_future(holder.run(KEY, produce_when_released, adopted))
     await started.wait()
-    waiting = asyncio.ensure_future(waiter.run(KEY, never, adopt))
+    waiting = asyncio.ensure_future(waiter.run(KEY, must_not_produce, adopted))
     await asyncio.sleep(0.3)  # several polls: it keeps waiting
     assert not waiting.done()
     release.set()
@@ -272,10 +255,7 @@ async def capture_a_lock_value(tier: RedisTier) -> bytes:
         assert isinstance(value, bytes)
         return value
 
-    async def adopt(entry: Entry) -> bytes:
-        raise AssertionError("nothing is stored")
-
-    return await holder.run(KEY, produce, adopt)
+    return await holder.run(KEY, produce, nothing_stored)
 
 
 @pytest.mark.parametrize("forgery", ["replayed", "expiry moved on", "another secret"])
@@ -309,10 +289,7 @@ async def test_a_replayed_or_forged_lock_value_does_not_stall_a_miss(
     async def produce() -> str:
         return "made"
 
-    async def adopt(entry: Entry) -> str:
-        raise AssertionError("nothing is stored")
-
-    assert await flight.run(KEY, produce, adopt) == "made"
+    assert await flight.run(KEY, produce, nothing_stored) == "made"
     assert metrics.redis_lock_waits.labels("takeover")._value.get() == 1
     assert metrics.redis_lock_waits.labels("timeout")._value.get() == 0  # not stalled
     assert metrics.redis_locks.labels("squatted")._value.get() == 1
@@ -336,19 +313,13 @@ async def test_a_holder_past_its_first_expiry_keeps_its_lock(tier: RedisTier) ->
         await tier.put(KEY, wav_entry())
         return "holder"
 
-    async def adopt(entry: Entry) -> str:
-        return "adopted"
-
-    async def never() -> str:
-        raise AssertionError("the waiter must not produce")
-
-    held = asyncio.ensure_future(holder.run(KEY, produce, adopt))
+    held = asyncio.ensure_future(holder.run(KEY, produce, adopted))
     await working.wait()
     first = await tier.client.get(name)
     assert isinstance(first, bytes)
     first_expiry = tier.seal.lock_token_expiry(name, first)
     assert first_expiry is not None
-    waiting = asyncio.ensure_future(waiter.run(KEY, never, adopt))
+    waiting = asyncio.ensure_future(waiter.run(KEY, must_not_produce, adopted))
     try:
         # Well past the first value's expiry: renewed (a new value), still the holder's.
         await until(lambda: time.time() > first_expiry + 0.5, 30, "the first value's expiry")

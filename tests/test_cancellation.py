@@ -38,12 +38,18 @@ class SlowToStop:
                 raise
         return "finished anyway"
 
+    async def waited_on(self) -> asyncio.Task[None]:
+        """A caller's ``cancel_and_wait`` of this child, once the child is stopping (cancelled,
+        its cleanup held until ``release``)."""
+        await self.running.wait()
+        waiting = asyncio.create_task(cancel_and_wait(self.task))
+        await self.stopping.wait()
+        return waiting
+
 
 async def test_child_cancelled_while_the_caller_is_not_returns() -> None:
     child = SlowToStop()
-    await child.running.wait()
-    waiting = asyncio.create_task(cancel_and_wait(child.task))
-    await child.stopping.wait()
+    waiting = await child.waited_on()
     assert not waiting.done()  # it waits for the child's cleanup
     child.release.set()
     assert await waiting is None
@@ -52,9 +58,7 @@ async def test_child_cancelled_while_the_caller_is_not_returns() -> None:
 
 async def test_caller_cancelled_while_waiting_propagates() -> None:
     child = SlowToStop()
-    await child.running.wait()
-    waiting = asyncio.create_task(cancel_and_wait(child.task))
-    await child.stopping.wait()
+    waiting = await child.waited_on()
     waiting.cancel()
     child.release.set()
     with pytest.raises(asyncio.CancelledError):
@@ -67,9 +71,7 @@ async def test_caller_cancellation_is_kept_when_the_child_swallows_its_own() -> 
     # asyncio hands the caller's cancel to the awaited child; a child that swallows it and
     # returns would resume the caller as if never cancelled (contextlib.suppress never sees it).
     child = SlowToStop(swallow=True)
-    await child.running.wait()
-    waiting = asyncio.create_task(cancel_and_wait(child.task))
-    await child.stopping.wait()
+    waiting = await child.waited_on()
     waiting.cancel()
     child.release.set()
     with pytest.raises(asyncio.CancelledError):

@@ -11,7 +11,7 @@ import pytest
 import soundfile as sf
 
 from tests.conftest import GatewayFactory
-from tests.support import CountingEngine, shortest_audio_s
+from tests.support import CountingEngine, error_of, shortest_audio_s
 
 TEXT = "Your appointment is confirmed."
 
@@ -68,8 +68,7 @@ async def test_coqui_unsupported_input_is_a_400_that_says_so(
 ) -> None:
     client = await gateway()
     r = await client.get("/api/tts", params=params)
-    assert r.status == 400
-    err = (await r.json())["error"]
+    err = await error_of(r, 400)
     assert err["param"] == param
     assert words in err["message"]
 
@@ -121,8 +120,7 @@ async def test_synthesize_bad_input(
 ) -> None:
     client = await gateway()
     r = await client.get("/synthesize", params=params)
-    assert r.status == 400
-    assert (await r.json())["error"]["param"] == param
+    assert (await error_of(r, 400))["param"] == param
 
 
 def test_cli_logging_keeps_piper_text_out_at_debug() -> None:

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from bench.harness import COQUI_QUIET
 from gateway.runtime.components import default_engine_specs
 from gateway.runtime.settings import Settings
 from synth.coqui_engine import CoquiEngine
@@ -25,7 +26,6 @@ from tests.conftest import GatewayFactory
 # One pytest-xdist worker runs the whole module: the Coqui model and its torch engine are loaded on one worker only.
 pytestmark = pytest.mark.xdist_group("coqui")
 
-QUIET = {"noise_scale": 0.0, "noise_scale_dp": 0.0}
 TEXTS = [
     "Hello world.",
     "This is a somewhat longer sentence, with a comma and more words to say.",
@@ -76,7 +76,7 @@ def test_fingerprint_follows_checkpoint_and_config(
 
 
 def test_batch_of_n_returns_n_in_order_matching_single_runs(coqui_torch: CoquiEngine) -> None:
-    items = [SynthesisItem(text, "default", params=QUIET) for text in TEXTS]
+    items = [SynthesisItem(text, "default", params=COQUI_QUIET) for text in TEXTS]
     batched = coqui_torch.synthesize_batch(items)
     singles = [coqui_torch.synthesize_batch([item])[0] for item in items]
     assert len(batched) == len(items)
@@ -111,7 +111,7 @@ def test_onnx_mode_exports_once_and_matches_torch(
     assert exported.stat().st_mtime_ns == stamp  # reused, not exported again
     assert engine.max_exact_batch == 1
     assert engine.describe()["runtime"] == "onnxruntime"
-    items = [SynthesisItem(text, "default", params=QUIET) for text in TEXTS[:2]]
+    items = [SynthesisItem(text, "default", params=COQUI_QUIET) for text in TEXTS[:2]]
     out = engine.synthesize_batch(items)
     ref = coqui_torch.synthesize_batch(items[:1])[0]
     assert len(out) == 2

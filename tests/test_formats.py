@@ -19,18 +19,24 @@ from tests.support import CountingEngine
 
 TEXT = "Thank you for calling. Your call is important to us."
 
+
+def raw(demuxer: str, rate: int | str, codec: str) -> tuple[str, str, int]:
+    """A headerless format's row: ffmpeg is told its demuxer and rate; frames of one sample."""
+    return (f"-f {demuxer} -ar {rate} -ac 1", codec, 1)
+
+
 # What ffmpeg must report, and how long one codec frame is (the allowed duration difference).
 EXPECTED: dict[str, tuple[str, str, int]] = {
     # format: (ffmpeg demuxer args, codec name, frame length in samples at the output rate)
     "wav": ("", "pcm_s16le", 1),
-    "pcm": ("-f s16le -ar {rate} -ac 1", "pcm_s16le", 1),
+    "pcm": raw("s16le", "{rate}", "pcm_s16le"),
     "flac": ("", "flac", 1),
     "mp3": ("", "mp3", 1152),
     "opus": ("", "opus", 0),  # 20 ms, computed from the rate below
     "mulaw": ("", "pcm_mulaw", 1),
     "alaw": ("", "pcm_alaw", 1),
-    "ulaw": ("-f mulaw -ar {rate} -ac 1", "pcm_mulaw", 1),
-    "alaw-raw": ("-f alaw -ar {rate} -ac 1", "pcm_alaw", 1),
+    "ulaw": raw("mulaw", "{rate}", "pcm_mulaw"),
+    "alaw-raw": raw("alaw", "{rate}", "pcm_alaw"),
     # AAC: 1024-sample frames; ADTS has no edit list, so the encoder's priming frame is decoded too.
     "aac": ("", "aac", 2048),
     # Raw GSM 06.10: 160-sample (20 ms) frames of 33 bytes.

@@ -20,7 +20,7 @@ from synth.engine import Audio, SynthesisItem
 from synth.errors import ClientQueueFull
 from synth.scheduler import Scheduler
 from tests.served import DefaultServer
-from tests.support import clear_of_a_minute_edge, until
+from tests.support import ThreadRunnerFlags, clear_of_a_minute_edge, until
 
 SECRET = "host-share-secret-0123456789-abcdefghij"
 OTHER = "host-share-other-0123456789-abcdefghijk"
@@ -107,14 +107,8 @@ async def test_key_limits_fall_back_to_the_process_when_the_table_is_full(
     assert metrics.host_table_full._value.get() == 3
 
 
-class Held:
+class Held(ThreadRunnerFlags):
     """A runner whose batches wait for ``release``: items stay queued behind it."""
-
-    counts_syntheses = True
-    times_batches = False
-    cancel_when_abandoned = False
-    queues_work = False
-    passes_pcm = False
 
     def __init__(self) -> None:
         self.release = asyncio.Event()

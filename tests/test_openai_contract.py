@@ -18,7 +18,7 @@ from gateway.runtime.settings import Settings
 from metrics import Metrics
 from synth.piper_engine import PiperEngine
 from tests.conftest import GatewayFactory
-from tests.support import CountingEngine
+from tests.support import CountingEngine, error_of
 from tests.test_streaming import FailingEngine
 
 THREE = "Your balance is ten dollars. Press one to pay it now. Press two for an agent."
@@ -87,20 +87,30 @@ async def test_instructions_are_ignored_and_keep_the_content_address(
     assert "X-Ignored-Fields" not in empty.headers
 
 
-async def test_strict_instructions_restores_the_400(
-    gateway: GatewayFactory, settings: Settings
+@pytest.mark.parametrize(
+    ("strict", "field", "value", "words"),
+    [
+        (
+            "strict_instructions",
+            "instructions",
+            "Whisper.",
+            "model 'piper' does not follow 'instructions'",
+        ),
+        ("strict_fields", "colour", "blue", "unrecognized request argument: colour"),
+    ],
+)
+async def test_a_strict_setting_restores_the_400(
+    gateway: GatewayFactory, settings: Settings, strict: str, field: str, value: str, words: str
 ) -> None:
-    client = await gateway(settings=settings.replace(strict_instructions=True))
-    r = await client.post("/v1/audio/speech", json=body(instructions="Whisper."))
-    assert r.status == 400
-    err = (await r.json())["error"]
-    assert err["param"] == "instructions"
-    assert "model 'piper' does not follow 'instructions'" in err["message"]
+    """What is followed or ignored by default is refused, naming the field, when asked."""
+    client = await gateway(settings=settings.replace(**{strict: True}))
+    r = await client.post("/v1/audio/speech", json=body(**{field: value}))
+    err = await error_of(r, 400)
+    assert err["param"] == field
+    assert words in err["message"]
 
 
-async def test_unknown_fields_are_ignored_and_named(
-    gateway: GatewayFactory, settings: Settings
-) -> None:
+async def test_unknown_fields_are_ignored_and_named(gateway: GatewayFactory) -> None:
     client = await gateway()
     plain = await client.post("/v1/audio/speech", json=body(response_format="wav"))
     r = await client.post(
@@ -117,12 +127,6 @@ async def test_unknown_fields_are_ignored_and_named(
     assert odd.status == 200
     assert odd.headers["X-Ignored-Fields"] == "1 more"
     assert "Set-Cookie" not in odd.headers
-    strict = await gateway(settings=settings.replace(strict_fields=True))
-    r = await strict.post("/v1/audio/speech", json=body(colour="blue"))
-    assert r.status == 400
-    err = (await r.json())["error"]
-    assert err["param"] == "colour"
-    assert "unrecognized request argument: colour" in err["message"]
 
 
 async def test_sse_deltas_are_the_pcm_body(
@@ -228,5 +232,4 @@ async def test_sse_failure_after_the_first_event(
         "/v1/audio/speech",
         json=body(input="We explode.", stream_format="sse", response_format="pcm"),
     )
-    assert r.status == 500
-    assert (await r.json())["error"]["code"] == "engine_error"
+    assert (await error_of(r, 500))["code"] == "engine_error"

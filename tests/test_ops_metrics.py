@@ -271,6 +271,15 @@ async def test_bad_requests_are_counted_by_endpoint_and_reason(
         )
         return value or 0.0
 
+    def every_count() -> dict[tuple[str, str], float]:
+        return {
+            (s.labels["endpoint"], s.labels["reason"]): s.value
+            for metric in metrics.registry.collect()
+            if metric.name == "voxgate_bad_requests"
+            for s in metric.samples
+            if s.name == "voxgate_bad_requests_total"
+        }
+
     good = {"model": "tts-1", "input": "Counted.", "voice": "alloy"}
     assert (await client.post("/v1/audio/speech", json=good)).status == 200
     assert (await client.get("/v1/audio/" + "0" * 64)).status == 404
@@ -288,19 +297,7 @@ async def test_bad_requests_are_counted_by_endpoint_and_reason(
     assert count("/v1/audio/speech", "method_not_allowed") == 1
     assert count("/api/tts", "invalid") == 1
     # A good request moves nothing; a 5xx or a 2xx is never counted.
-    before = {
-        (s.labels["endpoint"], s.labels["reason"]): s.value
-        for metric in metrics.registry.collect()
-        if metric.name == "voxgate_bad_requests"
-        for s in metric.samples
-        if s.name == "voxgate_bad_requests_total"
-    }
+    before = every_count()
     assert (await client.post("/v1/audio/speech", json=good)).status == 200
-    after = {
-        (s.labels["endpoint"], s.labels["reason"]): s.value
-        for metric in metrics.registry.collect()
-        if metric.name == "voxgate_bad_requests"
-        for s in metric.samples
-        if s.name == "voxgate_bad_requests_total"
-    }
+    after = every_count()
     assert after == before

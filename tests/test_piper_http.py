@@ -9,8 +9,8 @@ import io
 from typing import Any
 
 import soundfile as sf
+from aiohttp.test_utils import TestClient
 
-from tests.conftest import GatewayFactory
 from tests.support import CountingEngine
 
 TEXT = "Please hold while we connect you."
@@ -26,9 +26,8 @@ async def openai_key(client: Any, **kw: Any) -> str:
 
 
 async def test_post_root_answers_wav_from_the_same_cache(
-    gateway: GatewayFactory, counting_engine: CountingEngine
+    client: TestClient[Any, Any], counting_engine: CountingEngine
 ) -> None:
-    client = await gateway()
     r = await client.post("/", json={"text": TEXT})
     assert r.status == 200
     assert r.headers["Content-Type"] == "audio/wav"
@@ -45,9 +44,8 @@ async def test_post_root_answers_wav_from_the_same_cache(
 
 
 async def test_length_scale_is_speed_and_noise_scales_are_in_the_key(
-    gateway: GatewayFactory, counting_engine: CountingEngine
+    client: TestClient[Any, Any], counting_engine: CountingEngine
 ) -> None:
-    client = await gateway()
     fast = await client.post("/", json={"text": TEXT, "length_scale": 0.5})
     assert fast.headers["X-Audio-Key"] == await openai_key(client, speed=2.0)
     default = await client.post("/", json={"text": TEXT})
@@ -64,8 +62,7 @@ async def test_length_scale_is_speed_and_noise_scales_are_in_the_key(
     assert again.headers["X-Cache"] == "HIT"
 
 
-async def test_bad_piper_bodies(gateway: GatewayFactory) -> None:
-    client = await gateway()
+async def test_bad_piper_bodies(client: TestClient[Any, Any]) -> None:
     cases: list[tuple[dict[str, Any], str, str]] = [
         ({}, "text", "missing"),
         ({"text": "Hi.", "voice": "nobody"}, "voice", "unknown voice 'nobody'"),
@@ -90,8 +87,7 @@ async def test_bad_piper_bodies(gateway: GatewayFactory) -> None:
     assert r.headers["Allow"] == "POST, GET, HEAD"
 
 
-async def test_voices_listing(gateway: GatewayFactory) -> None:
-    client = await gateway()
+async def test_voices_listing(client: TestClient[Any, Any]) -> None:
     voices = await (await client.get("/voices")).json()
     joe = voices["joe"]
     assert joe["audio"]["sample_rate"] == 22050

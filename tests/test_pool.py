@@ -7,10 +7,13 @@ clean 503, never a hang or another 5xx.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +27,17 @@ from tests.conftest import GatewayFactory
 from tests.support import ToneEngine, until
 
 TONE = "tests.support:ToneEngine"
+
+
+@contextlib.asynccontextmanager
+async def running_tone_pool(metrics: Metrics, **kw: Any) -> AsyncIterator[WorkerPool]:
+    """:func:`tone_pool`, started; closed (its workers killed and reaped) when the block ends."""
+    pool = tone_pool(metrics, **kw)
+    await pool.start()
+    try:
+        yield pool
+    finally:
+        await pool.close()
 
 
 def tone_pool(
@@ -65,24 +79,18 @@ def restarts(metrics: Metrics, reason: str) -> float:
 
 
 async def test_pool_runs_batches_in_worker_processes(metrics: Metrics) -> None:
-    pool = tone_pool(metrics)
-    await pool.start()
-    try:
+    async with running_tone_pool(metrics) as pool:
         assert pool.ready_workers == 2
         assert os.getpid() not in pool.worker_pids()
         items = [SynthesisItem(t, "beep") for t in ("a", "bbbb", "cc")]
         audios = await pool.run_batch(items)
         assert [len(a.pcm) for a in audios] == [160 * 2, 160 * 5, 160 * 3]
         assert all(a.sample_rate == 16000 for a in audios)
-    finally:
-        await pool.close()
     assert pool.worker_pids() == []
 
 
 async def test_crashing_batch_is_retried_once_then_engine_dead(metrics: Metrics) -> None:
-    pool = tone_pool(metrics)
-    await pool.start()
-    try:
+    async with running_tone_pool(metrics) as pool:
         with pytest.raises(EngineDead):
             await pool.run_batch([SynthesisItem("crash now", "beep")])
         # Both workers it ran on were replaced; the pool heals and serves again.
@@ -90,14 +98,10 @@ async def test_crashing_batch_is_retried_once_then_engine_dead(metrics: Metrics)
         await wait_for_workers(pool, 2, 60)
         audios = await pool.run_batch([SynthesisItem("fine", "beep")])
         assert len(audios) == 1
-    finally:
-        await pool.close()
 
 
 async def test_hanging_batch_times_out_and_worker_is_replaced(metrics: Metrics) -> None:
-    pool = tone_pool(metrics, workers=1, timeout_s=1.5)
-    await pool.start()
-    try:
+    async with running_tone_pool(metrics, workers=1, timeout_s=1.5) as pool:
         before = pool.worker_pids()
         with pytest.raises(SynthesisTimeout):
             await pool.run_batch([SynthesisItem("please hang", "beep")])
@@ -105,8 +109,6 @@ async def test_hanging_batch_times_out_and_worker_is_replaced(metrics: Metrics) 
         await wait_for_workers(pool, 1, 60)
         assert pool.worker_pids() != before
         assert len(await pool.run_batch([SynthesisItem("after", "beep")])) == 1
-    finally:
-        await pool.close()
 
 
 # ---- pipelined batches: a second batch waits in the worker's pipe ------------------------------
@@ -124,9 +126,7 @@ def busy(metrics: Metrics) -> float:
 
 
 async def test_pipelined_batches_each_get_their_own_reply(metrics: Metrics) -> None:
-    pool = tone_pool(metrics, workers=1, delay_s=0.2, pipeline=2)
-    await pool.start()
-    try:
+    async with running_tone_pool(metrics, workers=1, delay_s=0.2, pipeline=2) as pool:
         texts = ["a", "bbbbbbbb", "ccc", "dddddddddddddddd", "ee", "f" * 30]
         runs = [asyncio.ensure_future(pool.run_batch([SynthesisItem(t, "beep")])) for t in texts]
         await until(lambda: in_pipe(pool) == 2, 60, "two batches in the worker's pipe")
@@ -135,8 +135,6 @@ async def test_pipelined_batches_each_get_their_own_reply(metrics: Metrics) -> N
         assert [len(a.pcm) for (a,) in audios] == [160 * (len(t) + 1) for t in texts]
         assert busy(metrics) == 0
         assert in_pipe(pool) == 0
-    finally:
-        await pool.close()
 
 
 async def test_the_batch_timeout_counts_from_a_batchs_turn(metrics: Metrics) -> None:
@@ -144,23 +142,19 @@ async def test_the_batch_timeout_counts_from_a_batchs_turn(metrics: Metrics) -> 
     the 5 s bound, yet it ran for 3 s only and must not time out. Time is what is tested: a
     false failure needs the worker to overrun its 3 s sleep by 2 s (0.4 s did it when this ran
     0.8 s batches against 1.2 s)."""
-    pool = tone_pool(metrics, workers=1, delay_s=3.0, timeout_s=5.0, pipeline=2)
-    await pool.start()
-    try:
+    async with running_tone_pool(
+        metrics, workers=1, delay_s=3.0, timeout_s=5.0, pipeline=2
+    ) as pool:
         first, second = await asyncio.gather(
             pool.run_batch([SynthesisItem("one", "beep")]),
             pool.run_batch([SynthesisItem("two", "beep")]),
         )
         assert (len(first), len(second)) == (1, 1)
         assert restarts(metrics, "timeout") == 0
-    finally:
-        await pool.close()
 
 
 async def test_a_death_with_two_batches_in_the_pipe_retries_both(metrics: Metrics) -> None:
-    pool = tone_pool(metrics, workers=1, delay_s=0.5, pipeline=2)
-    await pool.start()
-    try:
+    async with running_tone_pool(metrics, workers=1, delay_s=0.5, pipeline=2) as pool:
         runs = [
             asyncio.ensure_future(pool.run_batch([SynthesisItem(t, "beep")]))
             for t in ("first", "second")
@@ -171,14 +165,10 @@ async def test_a_death_with_two_batches_in_the_pipe_retries_both(metrics: Metric
         assert (len(a.pcm), len(b.pcm)) == (160 * 6, 160 * 7)
         assert restarts(metrics, "died") == 1  # one worker, replaced once
         await wait_for_workers(pool, 1, 60)
-    finally:
-        await pool.close()
 
 
 async def test_a_bad_reply_sends_the_batch_behind_it_to_a_retry(metrics: Metrics) -> None:
-    pool = tone_pool(metrics, workers=1, delay_s=0.5, pipeline=2)
-    await pool.start()
-    try:
+    async with running_tone_pool(metrics, workers=1, delay_s=0.5, pipeline=2) as pool:
         poisoned = asyncio.ensure_future(pool.run_batch([SynthesisItem("stereo", "beep")]))
         await until(lambda: in_pipe(pool) == 1, 60, "the poisoned batch sent")
         behind = asyncio.ensure_future(pool.run_batch([SynthesisItem("behind", "beep")]))
@@ -189,8 +179,6 @@ async def test_a_bad_reply_sends_the_batch_behind_it_to_a_retry(metrics: Metrics
         assert len(audio.pcm) == 160 * 7  # read from the replacement, not the broken pipe
         assert restarts(metrics, "bad_reply") == 1
         assert restarts(metrics, "died") == 0
-    finally:
-        await pool.close()
 
 
 @pytest.mark.parametrize(
@@ -300,9 +288,7 @@ async def test_poisoned_reply_replaces_the_worker_and_later_batches_succeed(
 ) -> None:
     """A reply that cannot be trusted replaces its worker: a worker left neither idle nor
     replaced would make every later batch wait out the batch timeout."""
-    pool = tone_pool(metrics, workers=1, max_reply_bytes=1024 * 1024)
-    await pool.start()
-    try:
+    async with running_tone_pool(metrics, workers=1, max_reply_bytes=1024 * 1024) as pool:
         before = pool.worker_pids()
         with pytest.raises(EngineError, match="replaced"):
             await pool.run_batch([SynthesisItem(text, "beep")])
@@ -312,17 +298,13 @@ async def test_poisoned_reply_replaces_the_worker_and_later_batches_succeed(
         for i in range(3):  # no wedge: each later batch is answered, well within the timeout
             audios = await asyncio.wait_for(pool.run_batch([SynthesisItem(f"ok {i}", "beep")]), 60)
             assert len(audios[0].pcm) == 160 * 5
-    finally:
-        await pool.close()
 
 
 async def test_an_unforeseen_exception_in_a_reply_replaces_the_worker(
     metrics: Metrics, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Any exception kind, not only the foreseen ones, replaces the worker."""
-    pool = tone_pool(metrics, workers=1)
-    await pool.start()
-    try:
+    async with running_tone_pool(metrics, workers=1) as pool:
         import synth.pool
 
         def explode(data: bytes, expected: int) -> object:
@@ -335,8 +317,6 @@ async def test_an_unforeseen_exception_in_a_reply_replaces_the_worker(
         assert restarts(metrics, "error") == 1
         await wait_for_workers(pool, 1, 60)
         assert len(await asyncio.wait_for(pool.run_batch([SynthesisItem("two", "beep")]), 60)) == 1
-    finally:
-        await pool.close()
 
 
 @pytest.mark.parametrize(

@@ -13,20 +13,12 @@ from cache.redis_tier import RedisTier
 from cache.store import TieredStore
 from cache.tier import PurgeFilter
 from metrics import Metrics
-from tests.support import SECRET
+from tests.support import SECRET, wav_entry
 
 
 def entry(n: int, *, voice: str, pinned: bool = False, size: int = 1000) -> Entry:
-    audio = n.to_bytes(4, "big") * (size // 4)
-    return Entry.create(
-        audio,
-        content_type="audio/wav",
-        fmt="wav",
-        sample_rate=22050,
-        model="piper",
-        voice=voice,
-        pinned=pinned,
-    )
+    """Entry ``n``: its audio is ``n`` repeated to ``size`` bytes."""
+    return wav_entry(n.to_bytes(4, "big") * (size // 4), voice=voice, pinned=pinned)
 
 
 def key(n: int) -> str:

@@ -18,8 +18,8 @@ from cache.entry import CorruptEntry, Entry, ForgedEntry
 from cache.redis_tier import RedisTier, is_cluster_url
 from cache.tier import PurgeFilter, TierError, TierUnavailable
 from metrics import Metrics
-from tests.redis_support import SentinelServer, redis_cluster
-from tests.support import SECRET
+from tests.redis_support import SentinelServer, nothing_stored, redis_cluster
+from tests.support import SECRET, wav_entry
 
 # One pytest-xdist worker runs the whole module: its tests share the module-scoped Redis topologies.
 pytestmark = pytest.mark.xdist_group("redis_tier")
@@ -27,16 +27,8 @@ pytestmark = pytest.mark.xdist_group("redis_tier")
 KEY = "ab" * 32
 
 
-def entry(audio: bytes = b"RIFF-audio" * 100, *, voice: str = "joe", pinned: bool = False) -> Entry:
-    return Entry.create(
-        audio,
-        content_type="audio/wav",
-        fmt="wav",
-        sample_rate=22050,
-        model="piper",
-        voice=voice,
-        pinned=pinned,
-    )
+# The joe voice's, unless a test names another (purges by voice tell them apart).
+entry = functools.partial(wav_entry, voice="joe")
 
 
 @pytest.fixture(scope="module", params=["single", "cluster", "sentinel"])
@@ -246,10 +238,7 @@ async def test_dead_holder_lock_expires_and_is_taken_over(tier: RedisTier) -> No
         calls += 1
         return "mine"
 
-    async def adopt(e: Entry) -> str:
-        raise AssertionError("nothing was stored")
-
-    assert await flight.run(KEY, produce, adopt) == "mine"
+    assert await flight.run(KEY, produce, nothing_stored) == "mine"
     assert calls == 1
     assert metrics.redis_lock_waits.labels("takeover")._value.get() == 1
 
@@ -265,10 +254,7 @@ async def test_wait_is_bounded(tier: RedisTier) -> None:
     async def produce() -> str:
         return "mine"
 
-    async def adopt(e: Entry) -> str:
-        raise AssertionError("nothing was stored")
-
-    assert await flight.run(KEY, produce, adopt) == "mine"
+    assert await flight.run(KEY, produce, nothing_stored) == "mine"
     assert metrics.redis_lock_waits.labels("timeout")._value.get() == 1
     assert await tier.client.get(flight.lock_key(KEY)) == stuck.encode()  # not ours to delete
 
@@ -282,10 +268,7 @@ async def test_release_never_deletes_a_lock_it_lost(tier: RedisTier) -> None:
         await tier.client.set(lock, "other-replica", px=60_000)
         return "mine"
 
-    async def adopt(e: Entry) -> str:
-        raise AssertionError("unused")
-
-    assert await flight.run(KEY, produce, adopt) == "mine"
+    assert await flight.run(KEY, produce, nothing_stored) == "mine"
     assert await tier.client.get(lock) == b"other-replica"
 
 
@@ -301,10 +284,7 @@ async def test_lock_is_extended_while_the_work_runs(tier: RedisTier) -> None:
         seen.append(await tier.client.get(flight.lock_key(KEY)))
         return "mine"
 
-    async def adopt(e: Entry) -> str:
-        raise AssertionError("unused")
-
-    assert await flight.run(KEY, produce, adopt) == "mine"
+    assert await flight.run(KEY, produce, nothing_stored) == "mine"
     assert seen[0] is not None
 
 
@@ -314,12 +294,9 @@ async def test_a_failed_holder_raises_its_own_error_and_releases(tier: RedisTier
     async def produce() -> str:
         raise ValueError("the engine refused")
 
-    async def adopt(e: Entry) -> str:
-        raise AssertionError("unused")
-
     # The keeper runs in a TaskGroup: the caller still sees the error itself, not a group.
     with pytest.raises(ValueError, match="the engine refused"):
-        await flight.run(KEY, produce, adopt)
+        await flight.run(KEY, produce, nothing_stored)
     assert await tier.client.exists(flight.lock_key(KEY)) == 0
 
 
@@ -332,10 +309,7 @@ async def test_a_cancelled_holder_is_cancelled_and_releases(tier: RedisTier) -> 
         await asyncio.Event().wait()  # until cancelled
         return "never"
 
-    async def adopt(e: Entry) -> str:
-        raise AssertionError("unused")
-
-    run = asyncio.create_task(flight.run(KEY, produce, adopt))
+    run = asyncio.create_task(flight.run(KEY, produce, nothing_stored))
     await working.wait()
     assert await tier.client.exists(flight.lock_key(KEY)) == 1
     run.cancel()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +28,9 @@ from gateway.runtime.settings import Settings
 from synth.upstream import UpstreamConfig
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine, eventually, until
-from tests.upstream_support import OpenAISpeechServer, Scripted
+from tests.upstream_support import KEY_ENV, OpenAISpeechServer, Scripted
 
-KEY_ENV = "VOXGATE_TEST_ROLLOUT_KEY"
 PROMPTS = ["Thank you for calling.", "Please hold.", "Goodbye now."]
-
-
-@pytest.fixture
-async def provider(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[OpenAISpeechServer]:
-    server = await OpenAISpeechServer().start()
-    monkeypatch.setenv(KEY_ENV, server.api_key)
-    yield server
-    await server.stop()
 
 
 def upstream(server: OpenAISpeechServer) -> UpstreamConfig:
@@ -54,6 +44,12 @@ def upstream(server: OpenAISpeechServer) -> UpstreamConfig:
         timeout_s=5,
         max_retries=0,
     )
+
+
+@pytest.fixture
+def engines(counting_engine: CountingEngine, provider: OpenAISpeechServer) -> dict[str, Any]:
+    """The joe voice, and the local provider as the upstream ``openai``."""
+    return {"piper": counting_engine, "openai": upstream(provider)}
 
 
 def args(model: str, revision: str, concurrency: int | None = None) -> argparse.Namespace:
@@ -93,12 +89,10 @@ async def key_of(client: Any, text: str, model: str = "openai", voice: str = "al
 
 async def test_rollout_renders_all_beside_the_old_then_switches_every_gateway(
     gateway: GatewayFactory,
-    counting_engine: CountingEngine,
+    engines: dict[str, Any],
     provider: OpenAISpeechServer,
     settings: Settings,
 ) -> None:
-    config = upstream(provider)
-    engines = {"piper": counting_engine, "openai": config}
     live = settings.replace(revision_refresh_s=0.05)
     a = await gateway(settings=live, engines=engines)
     old = await pin_prompts(a, "openai", "alloy")
@@ -148,12 +142,10 @@ async def test_rollout_renders_all_beside_the_old_then_switches_every_gateway(
 
 async def test_an_interrupted_rollout_resumed_renders_only_the_rest(
     gateway: GatewayFactory,
-    counting_engine: CountingEngine,
+    engines: dict[str, Any],
     provider: OpenAISpeechServer,
     settings: Settings,
 ) -> None:
-    config = upstream(provider)
-    engines = {"piper": counting_engine, "openai": config}
     a = await gateway(settings=settings.replace(revision_refresh_s=0), engines=engines)
     old = await pin_prompts(a, "openai", "alloy")
     # The provider fails one call: that prompt is not rendered, nothing is switched.

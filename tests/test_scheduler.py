@@ -12,16 +12,11 @@ from metrics import Metrics
 from synth.engine import Audio, SynthesisItem
 from synth.errors import UnspeakableInput
 from synth.scheduler import Scheduler
+from tests.support import ThreadRunnerFlags
 
 
-class ScriptedRunner:
+class ScriptedRunner(ThreadRunnerFlags):
     """Fails any batch holding a text of only punctuation, as a real voice does."""
-
-    counts_syntheses = True
-    times_batches = False
-    cancel_when_abandoned = False
-    queues_work = False
-    passes_pcm = False
 
     def __init__(self) -> None:
         self.batches: list[list[str]] = []

@@ -8,9 +8,11 @@ from typing import Any
 
 import numpy as np
 import soundfile as sf
+from aiohttp.test_utils import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.harness import speech_body
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 from synth import sentences
@@ -29,14 +31,7 @@ FIVE = [
 def body(text: str, **kw: Any) -> dict[str, Any]:
     # Whole answers: these tests read the joined rendition (a miss of several sentences would
     # otherwise stream, with a WAV header of open length: tests/test_streaming.py).
-    return {
-        "model": "tts-1",
-        "input": text,
-        "voice": "alloy",
-        "response_format": "wav",
-        "stream": False,
-        **kw,
-    }
+    return speech_body(text, **{"stream": False, **kw})
 
 
 def test_splitter_keeps_abbreviations_and_every_character() -> None:
@@ -108,9 +103,8 @@ def test_join_puts_the_pause_between_sentences_only() -> None:
 
 
 async def test_five_sentences_then_four_shared_synthesizes_one(
-    gateway: GatewayFactory, counting_engine: CountingEngine, metrics: Metrics
+    client: TestClient[Any, Any], counting_engine: CountingEngine, metrics: Metrics
 ) -> None:
-    client = await gateway()
     r1 = await client.post("/v1/audio/speech", json=body(" ".join(FIVE)))
     assert r1.status == 200
     assert r1.headers["X-Cache"] == "MISS"
@@ -131,9 +125,8 @@ async def test_five_sentences_then_four_shared_synthesizes_one(
 
 
 async def test_joined_audio_is_the_sentences_plus_pauses(
-    gateway: GatewayFactory, settings: Settings
+    client: TestClient[Any, Any], settings: Settings
 ) -> None:
-    client = await gateway()
     lengths = []
     for sentence in FIVE[:3]:
         r = await client.post("/v1/audio/speech", json=body(sentence))

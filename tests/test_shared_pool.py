@@ -5,6 +5,7 @@ pool. The pool server runs in the test's loop; each RemotePool stands for one ga
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -46,6 +47,18 @@ class Host:
     def client(self) -> RemotePool:
         return RemotePool(self.path, "tone", self.engine, 1, start_timeout_s=10)
 
+    @contextlib.asynccontextmanager
+    async def two_processes(self) -> AsyncIterator[tuple[RemotePool, RemotePool]]:
+        """The pool's clients in two gateway processes, started; closed when the block ends."""
+        a, b = self.client(), self.client()
+        await a.start()
+        await b.start()
+        try:
+            yield a, b
+        finally:
+            await a.close()
+            await b.close()
+
     async def until(self, condition: Callable[[], bool]) -> None:
         """Wait (bounded) until ``condition()`` holds: the pool's state is polled, as nothing
         in it signals a test."""
@@ -74,57 +87,49 @@ async def host(socket_dir: Path) -> AsyncIterator[Host]:
 
 
 async def test_identical_items_from_two_processes_are_synthesized_once(host: Host) -> None:
-    a, b = host.client(), host.client()
-    await a.start()
-    await b.start()
-    item = SynthesisItem("Your call is important to us.", "beep")
-    other = SynthesisItem("Press one for billing.", "beep")
-    calls = [asyncio.ensure_future((a if i % 2 else b).run_batch([item])) for i in range(8)]
-    calls.append(asyncio.ensure_future(b.run_batch([other])))
-    # Every request has reached the pool before the engine may run anything.
-    await host.until(lambda: host.server.interest("tone", item) == 8)
-    host.engine.release.set()
-    results = await asyncio.gather(*calls)
-    audios = [r[0] for r in results[:8]]
-    assert all(x.pcm.tobytes() == audios[0].pcm.tobytes() for x in audios)
-    assert len(results[8][0].pcm) != len(audios[0].pcm)  # the other item is its own
-    assert host.engine.items == 2  # one synthesis per distinct item
-    assert host.server.syntheses_started == 2
-    # Asked again just after (a gateway whose lookup missed before another stored it): the
-    # pool answers from the finished synthesis, it does not run it again.
-    (again,) = await a.run_batch([item])
-    assert again.pcm.tobytes() == audios[0].pcm.tobytes()
-    assert host.engine.items == 2
-    await a.close()
-    await b.close()
+    async with host.two_processes() as (a, b):
+        item = SynthesisItem("Your call is important to us.", "beep")
+        other = SynthesisItem("Press one for billing.", "beep")
+        calls = [asyncio.ensure_future((a if i % 2 else b).run_batch([item])) for i in range(8)]
+        calls.append(asyncio.ensure_future(b.run_batch([other])))
+        # Every request has reached the pool before the engine may run anything.
+        await host.until(lambda: host.server.interest("tone", item) == 8)
+        host.engine.release.set()
+        results = await asyncio.gather(*calls)
+        audios = [r[0] for r in results[:8]]
+        assert all(x.pcm.tobytes() == audios[0].pcm.tobytes() for x in audios)
+        assert len(results[8][0].pcm) != len(audios[0].pcm)  # the other item is its own
+        assert host.engine.items == 2  # one synthesis per distinct item
+        assert host.server.syntheses_started == 2
+        # Asked again just after (a gateway whose lookup missed before another stored it): the
+        # pool answers from the finished synthesis, it does not run it again.
+        (again,) = await a.run_batch([item])
+        assert again.pcm.tobytes() == audios[0].pcm.tobytes()
+        assert host.engine.items == 2
 
 
 async def test_a_request_nobody_waits_for_is_dropped_at_the_pool(host: Host) -> None:
-    a, b = host.client(), host.client()
-    await a.start()
-    await b.start()
-    metrics = Metrics()
-    # Gateway process B: its own scheduler in front of the shared pool, as components wires it.
-    gateway_b = Scheduler("tone", b, metrics, max_queue=16, concurrency=1)
-    gateway_b.start()
-    busy = SynthesisItem("occupies the only engine thread", "beep")
-    queued = SynthesisItem("nobody will wait for this one", "beep")
-    first = asyncio.ensure_future(a.run_batch([busy]))
-    await host.until(lambda: host.server.interest("tone", busy) == 1)
-    waiter = asyncio.ensure_future(gateway_b.submit(queued))
-    await host.until(lambda: host.server.interest("tone", queued) == 1)
-    waiter.cancel()  # B's client hung up
-    await host.until(lambda: host.server.interest("tone", queued) == 0)
-    host.engine.release.set()
-    await first
-    assert host.engine.texts == [busy.text]  # the abandoned item never reached the engine
-    # B's scheduler is still serving after the abandoned batch.
-    (audio,) = [await gateway_b.submit(SynthesisItem("still serving", "beep"))]
-    assert len(audio.pcm) > 0
-    assert metrics.syntheses.labels("tone", "ok")._value.get() == 0  # the pool counts, not B
-    await gateway_b.close()
-    await a.close()
-    await b.close()
+    async with host.two_processes() as (a, b):
+        metrics = Metrics()
+        # Gateway process B: its own scheduler in front of the shared pool, as components wires it.
+        gateway_b = Scheduler("tone", b, metrics, max_queue=16, concurrency=1)
+        gateway_b.start()
+        busy = SynthesisItem("occupies the only engine thread", "beep")
+        queued = SynthesisItem("nobody will wait for this one", "beep")
+        first = asyncio.ensure_future(a.run_batch([busy]))
+        await host.until(lambda: host.server.interest("tone", busy) == 1)
+        waiter = asyncio.ensure_future(gateway_b.submit(queued))
+        await host.until(lambda: host.server.interest("tone", queued) == 1)
+        waiter.cancel()  # B's client hung up
+        await host.until(lambda: host.server.interest("tone", queued) == 0)
+        host.engine.release.set()
+        await first
+        assert host.engine.texts == [busy.text]  # the abandoned item never reached the engine
+        # B's scheduler is still serving after the abandoned batch.
+        (audio,) = [await gateway_b.submit(SynthesisItem("still serving", "beep"))]
+        assert len(audio.pcm) > 0
+        assert metrics.syntheses.labels("tone", "ok")._value.get() == 0  # the pool counts, not B
+        await gateway_b.close()
 
 
 async def test_errors_keep_their_kind_and_a_gone_pool_is_engine_dead(

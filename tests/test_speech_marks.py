@@ -24,6 +24,7 @@ import soundfile as sf
 from aiohttp.test_utils import TestClient
 from openai import AsyncOpenAI
 
+from bench.harness import COQUI_QUIET, speech_body
 from gateway.api.normalize import say_as as normalize_say_as
 from gateway.api.ssml import expand, plain_text, source_of
 from gateway.runtime.components import default_engine_specs
@@ -57,14 +58,7 @@ TEN_WORDS = [
 
 
 def body(text: str, **kw: Any) -> dict[str, Any]:
-    return {
-        "model": "tts-1",
-        "input": text,
-        "voice": "alloy",
-        "response_format": "wav",
-        **NOISE_FREE,
-        **kw,
-    }
+    return speech_body(text, **{**NOISE_FREE, **kw})
 
 
 def ndjson(data: bytes) -> list[dict[str, Any]]:
@@ -130,8 +124,9 @@ def test_marks_follow_the_join_of_sentences_and_breaks() -> None:
 # ---- through the gateway -----------------------------------------------------------------------
 
 
-async def test_marks_of_a_text_index_its_bytes_and_fit_its_audio(gateway: GatewayFactory) -> None:
-    client = await gateway()
+async def test_marks_of_a_text_index_its_bytes_and_fit_its_audio(
+    client: TestClient[Any, Any],
+) -> None:
     text = "Café au lait costs 3 dollars. Thank you for calling!"
     key, wav = await speak(client, text)
     duration_ms = len(sf.read(io.BytesIO(wav))[0]) * 1000 / 22050
@@ -192,9 +187,8 @@ async def test_marks_of_a_text_index_its_bytes_and_fit_its_audio(gateway: Gatewa
 
 
 async def test_a_hit_and_a_transcode_answer_the_misses_marks(
-    gateway: GatewayFactory, counting_engine: CountingEngine
+    client: TestClient[Any, Any], counting_engine: CountingEngine
 ) -> None:
-    client = await gateway()
     text = "Your call is important to us. Please hold."
     key, _ = await speak(client, text)
     first = await marks_of(client, key)
@@ -212,8 +206,7 @@ async def test_a_hit_and_a_transcode_answer_the_misses_marks(
     assert await marks_of(client, ulaw_key) == first
 
 
-async def test_captions_cut_phrases_at_words(gateway: GatewayFactory) -> None:
-    client = await gateway()
+async def test_captions_cut_phrases_at_words(client: TestClient[Any, Any]) -> None:
     text = (
         "Thank you for calling the city library information line. Our opening hours have "
         "changed for the holidays."
@@ -238,9 +231,8 @@ async def test_captions_cut_phrases_at_words(gateway: GatewayFactory) -> None:
 
 
 async def test_with_timestamps_answers_elevenlabs_alignment_of_the_input(
-    gateway: GatewayFactory,
+    client: TestClient[Any, Any],
 ) -> None:
-    client = await gateway()
     text = "  Hello   there,\nfriend. "
     resp = await client.post("/v1/audio/speech/with-timestamps", json=body(text))
     assert resp.status == 200, await resp.text()
@@ -333,21 +325,30 @@ def break_errors(pcm: np.ndarray[Any, Any], rate: int, words: list[dict[str, Any
     return errors
 
 
-async def test_each_word_after_a_break_is_marked_at_its_onset(gateway: GatewayFactory) -> None:
-    """Ten words, each after an 800 ms break: each word's mark falls after the break and within
-    30 ms of where its samples rise above the silence floor (docs/speech-marks.md gives the
-    figures)."""
-    client = await gateway()
-    ssml = "<speak>" + '<break time="800ms"/>'.join(TEN_WORDS) + "</speak>"
-    key, wav = await speak(client, ssml)
+async def assert_words_marked_at_break_ends(
+    client: TestClient[Any, Any], key: str, wav: bytes, engine: str
+) -> None:
+    """``wav`` (stored as ``key``) speaks TEN_WORDS with 800 ms breaks: each word's mark is
+    within TOLERANCE_MS of its onset after its break, and no mark is past the audio's end."""
     pcm, rate = sf.read(io.BytesIO(wav), dtype="float32")
     found = await marks_of(client, key)
     words = [m for m in found if m["type"] == "word"]
     assert [m["value"] for m in words] == TEN_WORDS
     errors = break_errors(pcm, rate, words)
-    print("break errors ms", [round(e, 1) for e in errors])
+    print(engine, "break errors ms", [round(e, 1) for e in errors])
     assert max(abs(e) for e in errors) <= TOLERANCE_MS, errors
     assert all(m["time"] <= len(pcm) * 1000 / rate for m in found)
+
+
+async def test_each_word_after_a_break_is_marked_at_its_onset(
+    client: TestClient[Any, Any],
+) -> None:
+    """Ten words, each after an 800 ms break: each word's mark falls after the break and within
+    30 ms of where its samples rise above the silence floor (docs/speech-marks.md gives the
+    figures)."""
+    ssml = "<speak>" + '<break time="800ms"/>'.join(TEN_WORDS) + "</speak>"
+    key, wav = await speak(client, ssml)
+    await assert_words_marked_at_break_ends(client, key, wav, "piper")
 
 
 def test_a_words_mark_is_its_sounds_onset_in_the_engines_own_audio(
@@ -372,7 +373,6 @@ def test_a_words_mark_is_its_sounds_onset_in_the_engines_own_audio(
 # The Coqui test model has random weights: what it says is no speech, and its sound starts at the
 # first sample. The truth is the break: the gateway inserts exact zeros, so where the model's
 # samples start again after it is measurable whatever the model says.
-COQUI_QUIET = {"noise_scale": 0.0, "noise_scale_dp": 0.0}
 
 
 async def test_each_word_after_a_break_is_marked_at_its_onset_on_coqui(
@@ -391,23 +391,12 @@ async def test_each_word_after_a_break_is_marked_at_its_onset_on_coqui(
     ssml = "<speak>" + '<break time="800ms"/>'.join(TEN_WORDS) + "</speak>"
     resp = await client.post(
         "/v1/audio/speech",
-        json={
-            "model": "coqui",
-            "voice": "default",
-            "input": ssml,
-            "response_format": "wav",
-            "noise_scale": 0.0,
-        },
+        json=speech_body(ssml, model="coqui", voice="default", noise_scale=0.0),
     )
     assert resp.status == 200, await resp.text()
-    pcm, rate = sf.read(io.BytesIO(await resp.read()), dtype="float32")
-    found = await marks_of(client, resp.headers["X-Audio-Key"])
-    words = [m for m in found if m["type"] == "word"]
-    assert [m["value"] for m in words] == TEN_WORDS
-    errors = break_errors(pcm, rate, words)
-    print("coqui break errors ms", [round(e, 1) for e in errors])
-    assert max(abs(e) for e in errors) <= TOLERANCE_MS, errors
-    assert all(m["time"] <= len(pcm) * 1000 / rate for m in found)
+    await assert_words_marked_at_break_ends(
+        client, resp.headers["X-Audio-Key"], await resp.read(), "coqui"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -471,13 +460,8 @@ def test_coqui_words_are_its_duration_predictors_frames_in_torch_and_onnx(
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DefaultServer]:
     """``voxgate serve`` with no topology flags: gateway processes and the host's pool process,
     so the timings cross the worker's and the pool's sockets before they are stored."""
-    srv = DefaultServer(tmp_path_factory.mktemp("marks") / "srv")
-    try:
-        srv.wait_ready()
+    with DefaultServer(tmp_path_factory.mktemp("marks") / "srv").serving() as srv:
         yield srv
-        assert asyncio.run(srv.conformance_failures()) == []
-    finally:
-        srv.close()
 
 
 async def test_served_marks_cross_the_processes_and_every_route_agrees(
@@ -546,8 +530,9 @@ def test_ssml_marks_ride_the_expansion_with_their_offsets() -> None:
     )
 
 
-async def test_an_ssml_mark_is_heard_with_the_word_after_it(gateway: GatewayFactory) -> None:
-    client = await gateway()
+async def test_an_ssml_mark_is_heard_with_the_word_after_it(
+    client: TestClient[Any, Any],
+) -> None:
     ssml = (
         '<speak>Welcome.<break time="800ms"/><mark name="menu"/>Press one for sales.'
         '<mark name="end"/></speak>'
@@ -623,11 +608,11 @@ async def test_sse_sends_each_sentences_marks_before_its_audio(gateway: GatewayF
 # ---- Pipecat -----------------------------------------------------------------------------------
 
 
-def pipecat_recipe() -> dict[str, Any]:
-    """The Pipecat service of docs/speech-marks.md, run as the page shows it."""
+def docs_recipe(section: str) -> dict[str, Any]:
+    """What the first Python block under ``## <section>`` of docs/speech-marks.md defines, run
+    as the page shows it."""
     page = (Path(__file__).parents[1] / "docs" / "speech-marks.md").read_text()
-    section = page.split("## Pipecat", 1)[1]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    code = page.split(f"## {section}", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     namespace: dict[str, Any] = {}
     exec(compile(code, "docs/speech-marks.md", "exec"), namespace)
     return namespace
@@ -644,7 +629,7 @@ async def test_the_pipecat_recipe_times_pipecats_words_by_the_marks(
     from pipecat.tests.utils import run_test
 
     http = await gateway()
-    recipe = pipecat_recipe()
+    recipe = docs_recipe("Pipecat")
     text = "Thank you for calling. Goodbye."
     async with aiohttp.ClientSession() as session:
         service = recipe["VoxgateTTSService"](
@@ -669,16 +654,6 @@ async def test_the_pipecat_recipe_times_pipecats_words_by_the_marks(
 # ---- LiveKit Agents ----------------------------------------------------------------------------
 
 
-def livekit_recipe() -> dict[str, Any]:
-    """The LiveKit TTS of docs/speech-marks.md, run as the page shows it."""
-    page = (Path(__file__).parents[1] / "docs" / "speech-marks.md").read_text()
-    section = page.split("## LiveKit Agents", 1)[1]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    namespace: dict[str, Any] = {}
-    exec(compile(code, "docs/speech-marks.md", "exec"), namespace)
-    return namespace
-
-
 async def test_the_livekit_recipe_times_livekits_words_by_the_marks(
     gateway: GatewayFactory,
 ) -> None:
@@ -688,7 +663,7 @@ async def test_the_livekit_recipe_times_livekits_words_by_the_marks(
     from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT, TimedString
 
     http = await gateway()
-    recipe = livekit_recipe()
+    recipe = docs_recipe("LiveKit Agents")
     tts = recipe["VoxgateTTS"](base_url=str(http.make_url("")), model="piper", voice="joe")
     first, second = "Thank you for calling our support line.", "Please hold while we connect you."
     try:
@@ -716,13 +691,9 @@ async def test_the_livekit_recipe_times_livekits_words_by_the_marks(
     # Each sentence is one with-timestamps request: its marks are the stored audio's.
     again = await http.post(
         "/v1/audio/speech/with-timestamps",
-        json={
-            "model": "piper",
-            "voice": "joe",
-            "input": second,
-            "response_format": "pcm",
-            "sample_rate": 24000,
-        },
+        json=speech_body(
+            second, model="piper", voice="joe", response_format="pcm", sample_rate=24000
+        ),
     )
     assert again.headers["X-Cache"] == "HIT"
     stored = (await again.json())["marks"]

@@ -21,10 +21,11 @@ import pytest
 import soundfile as sf
 from aiohttp.test_utils import TestClient
 
+from bench.harness import speech_body
 from cache.entry import CorruptEntry, Entry
 from gateway.runtime.settings import Settings
 from tests.conftest import GatewayFactory
-from tests.support import CountingEngine, shortest_audio_s
+from tests.support import CountingEngine, error_of, shortest_audio_s
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
 # X-Audio-Key of SENTENCE (tts-1, alloy, wav) computed with main's code before SSML landed
@@ -33,13 +34,9 @@ SENTENCE = "The quick brown fox jumps over the lazy dog."
 SENTENCE_KEY_ON_MAIN = "6ba20f30427dc9042e6481d0e76746252972e4278e808bd5772f82f71c117df5"
 
 
-def body(text: str, **kw: Any) -> dict[str, Any]:
-    return {"model": "tts-1", "input": text, "voice": "alloy", "response_format": "wav", **kw}
-
-
 async def speak(client: TestClient[Any, Any], text: str, **kw: Any) -> tuple[str, str, float]:
     """``(X-Audio-Key, X-Cache, seconds of audio)``."""
-    resp = await client.post("/v1/audio/speech", json=body(text, **kw))
+    resp = await client.post("/v1/audio/speech", json=speech_body(text, **kw))
     assert resp.status == 200, await resp.text()
     data, rate = sf.read(io.BytesIO(await resp.read()), dtype="float32")
     return resp.headers["X-Audio-Key"], resp.headers["X-Cache"], len(data) / rate
@@ -88,7 +85,7 @@ async def test_a_break_is_exact_silence_of_its_length(gateway: GatewayFactory) -
     1.5 s, so no other run can be as long."""
     client = await gateway()
     doc = '<speak>Please <break time="1500ms"/> wait.</speak>'
-    resp = await client.post("/v1/audio/speech", json=body(doc, sample_rate=22050))
+    resp = await client.post("/v1/audio/speech", json=speech_body(doc, sample_rate=22050))
     assert resp.status == 200, await resp.text()
     pcm, rate = sf.read(io.BytesIO(await resp.read()), dtype="int16")
     assert rate == 22050
@@ -113,7 +110,8 @@ async def test_slow_prosody_lengthens_noise_free_speech(gateway: GatewayFactory)
     slow = await samples('<speak><prosody rate="slow">Please wait.</prosody></speak>')
     assert slow > plain * 1.3, (plain, slow)
     explained = await client.post(
-        "/v1/ssml/explain", json=body('<speak><prosody rate="slow">Please wait.</prosody></speak>')
+        "/v1/ssml/explain",
+        json=speech_body('<speak><prosody rate="slow">Please wait.</prosody></speak>'),
     )
     assert [s["speed"] for s in (await explained.json())["sentences"]] == [0.64]
 
@@ -122,7 +120,7 @@ async def test_trailing_and_leading_breaks_are_exact_silence(gateway: GatewayFac
     client = await gateway()
     resp = await client.post(
         "/v1/audio/speech",
-        json=body('<speak><break time="700ms"/>Hello.<break time="1s"/></speak>'),
+        json=speech_body('<speak><break time="700ms"/>Hello.<break time="1s"/></speak>'),
     )
     pcm, rate = sf.read(io.BytesIO(await resp.read()), dtype="float32")
     lead, tail = pcm[: int(0.7 * rate)], pcm[-int(1.0 * rate) :]
@@ -161,13 +159,14 @@ async def test_ssml_stream_equals_the_whole_answer(
 ) -> None:
     client = await gateway()
     streamed = await client.post(
-        "/v1/audio/speech", json=body(doc, response_format="pcm", sample_rate=22050, stream=True)
+        "/v1/audio/speech",
+        json=speech_body(doc, response_format="pcm", sample_rate=22050, stream=True),
     )
     assert streamed.status == 200
     chunks = await streamed.read()
     synthesized = counting_engine.items
     whole = await client.post(
-        "/v1/audio/speech", json=body(doc, response_format="pcm", sample_rate=22050)
+        "/v1/audio/speech", json=speech_body(doc, response_format="pcm", sample_rate=22050)
     )
     # The stream's last chunk can reach the client before its production has stored the whole
     # rendition: the request then joins that production (COALESCED), else it is a HIT. Either
@@ -189,7 +188,7 @@ async def test_refusals_are_400s_in_openai_shape(gateway: GatewayFactory) -> Non
         ("<speak><foo>x</foo></speak>", "ssml_unsupported_tag"),
         ("<speak><p>unbalanced</s></speak>", "invalid_ssml"),
     ):
-        resp = await client.post("/v1/audio/speech", json=body(doc))
+        resp = await client.post("/v1/audio/speech", json=speech_body(doc))
         assert resp.status == 400
         error = (await resp.json())["error"]
         assert (error["code"], error["param"], error["type"]) == (
@@ -208,7 +207,7 @@ async def test_input_type_overrides_detection(gateway: GatewayFactory) -> None:
         "HIT",
         (await speak(client, "Hello there."))[2],
     )
-    resp = await client.post("/v1/audio/speech", json=body("1 < 2", input_type="ssml"))
+    resp = await client.post("/v1/audio/speech", json=speech_body("1 < 2", input_type="ssml"))
     assert resp.status == 400
     assert (await resp.json())["error"]["code"] == "invalid_ssml"
     as_text, _, _ = await speak(client, "<speak>Hi.</speak>", input_type="text")
@@ -236,13 +235,13 @@ async def test_phoneme_before_punctuation_is_spoken(
     lone "."): it ends the phoneme's sentence, and the document is spoken, not a 400."""
     client = await gateway()
     doc = '<speak>Say <phoneme alphabet="ipa" ph="təˈmeɪtoʊ">tomato</phoneme>.</speak>'
-    explained = await client.post("/v1/ssml/explain", json=body(doc))
+    explained = await client.post("/v1/ssml/explain", json=speech_body(doc))
     assert explained.status == 200, await explained.text()
     assert (await explained.json())["expansion"] == [
         {"words": "Say", "pause_ms": 0, "rate": 1.0, "phonemes": False},
         {"words": "təˈmeɪtoʊ", "pause_ms": None, "rate": 1.0, "phonemes": True},
     ]
-    resp = await client.post("/v1/audio/speech", json=body(doc))
+    resp = await client.post("/v1/audio/speech", json=speech_body(doc))
     assert resp.status == 200, await resp.text()
     pcm, _ = sf.read(io.BytesIO(await resp.read()), dtype="float32")
     assert np.any(pcm != 0)
@@ -293,7 +292,7 @@ async def test_explain_names_the_address_the_speech_answer_has(
 ) -> None:
     client = await gateway()
     doc = '<speak>Hi.<break time="800ms"/><prosody rate="x-slow">Bye.</prosody></speak>'
-    explained = await client.post("/v1/ssml/explain", json=body(doc))
+    explained = await client.post("/v1/ssml/explain", json=speech_body(doc))
     assert explained.status == 200
     info = await explained.json()
     assert counting_engine.items == 0  # nothing synthesized
@@ -307,8 +306,8 @@ async def test_explain_names_the_address_the_speech_answer_has(
     ]
     key, _, _ = await speak(client, doc)
     assert info["key"] == key
-    refused = await client.post("/v1/ssml/explain", json=body("<speak><audio/></speak>"))
-    assert refused.status == 400
+    refused = await client.post("/v1/ssml/explain", json=speech_body("<speak><audio/></speak>"))
+    assert (await error_of(refused, 400))["param"] == "input"
 
 
 async def test_catalogue_rows_take_ssml(
@@ -386,10 +385,12 @@ async def test_breaks_count_against_the_audio_budget(
 ) -> None:
     client = await gateway(settings=settings.replace(max_audio_s=20))
     doc = "<speak>Hi." + '<break time="10s"/>' * 3 + "</speak>"
-    resp = await client.post("/v1/audio/speech", json=body(doc))
+    resp = await client.post("/v1/audio/speech", json=speech_body(doc))
     assert resp.status == 400
     assert (await resp.json())["error"]["code"] == "audio_too_long"
-    assert (await client.post("/v1/audio/speech", json=body("<speak>Hi.</speak>"))).status == 200
+    assert (
+        await client.post("/v1/audio/speech", json=speech_body("<speak>Hi.</speak>"))
+    ).status == 200
 
 
 async def test_a_repeated_document_is_parsed_once(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from cache.memory import MemoryTier
 from cache.store import TieredStore
 from cache.tier import PurgeFilter, bounded
 from metrics import Metrics
+from tests.support import wav_entry
 
 
 async def open_disk(path: Path) -> DiskTier:
@@ -23,16 +25,8 @@ async def open_disk(path: Path) -> DiskTier:
     return await asyncio.to_thread(DiskTier, path, 100_000_000)
 
 
-def entry(data: bytes, *, voice: str = "joe", model: str = "piper", pinned: bool = False) -> Entry:
-    return Entry.create(
-        data,
-        content_type="audio/wav",
-        fmt="wav",
-        sample_rate=22050,
-        voice=voice,
-        model=model,
-        pinned=pinned,
-    )
+# The joe voice's, unless a test names another.
+entry = functools.partial(wav_entry, voice="joe")
 
 
 def test_normalization_keeps_case_and_punctuation() -> None:
@@ -58,6 +52,21 @@ def test_keys_differ_by_every_field() -> None:
     assert len(k) == 64
 
 
+def disk_lookups(m: Metrics, result: str) -> float | None:
+    """How many lookups the disk tier answered with ``result`` (hit, miss, corrupt)."""
+    return m.registry.get_sample_value(
+        "voxgate_cache_lookups_total", {"tier": "disk", "result": result}
+    )
+
+
+async def stored_on_disk(store: TieredStore, disk: DiskTier, key: str) -> Path:
+    """Put a 100 KB entry (a file of its own) under ``key``; the file that holds it."""
+    await store.put(key, entry(bytes(range(256)) * 400))
+    path = await asyncio.to_thread(disk.path_of, key)
+    assert path is not None
+    return path
+
+
 async def test_read_promotes_from_disk_to_memory(tmp_path: Path) -> None:
     m = Metrics()
     memory, disk = MemoryTier(10_000_000), await open_disk(tmp_path)
@@ -66,12 +75,7 @@ async def test_read_promotes_from_disk_to_memory(tmp_path: Path) -> None:
     found = await store.get("k" * 64)
     assert found is not None and found.tier == "disk"
     assert memory.get_nowait("k" * 64) is not None
-    assert (
-        m.registry.get_sample_value(
-            "voxgate_cache_lookups_total", {"tier": "disk", "result": "hit"}
-        )
-        == 1.0
-    )
+    assert disk_lookups(m, "hit") == 1.0
     await store.close()
 
 
@@ -80,19 +84,12 @@ async def test_corrupt_disk_entry_is_a_counted_miss_and_deleted(tmp_path: Path) 
     disk = await open_disk(tmp_path)
     store = TieredStore([disk], m)
     key = "a" * 64
-    await store.put(key, entry(bytes(range(256)) * 400))
-    path = await asyncio.to_thread(disk.path_of, key)
-    assert path is not None
+    path = await stored_on_disk(store, disk, key)
     raw = bytearray(path.read_bytes())
     raw[-10] ^= 0xFF
     path.write_bytes(bytes(raw))
     assert await store.get(key) is None
-    assert (
-        m.registry.get_sample_value(
-            "voxgate_cache_lookups_total", {"tier": "disk", "result": "corrupt"}
-        )
-        == 1.0
-    )
+    assert disk_lookups(m, "corrupt") == 1.0
     assert await disk.get(key) is None  # deleted
     await store.close()
 
@@ -192,12 +189,7 @@ async def test_a_planted_pickle_row_is_never_unpickled(
     await asyncio.to_thread(plant)
     assert await store.get(key) is None
     assert not marker.exists()
-    assert (
-        m.registry.get_sample_value(
-            "voxgate_cache_lookups_total", {"tier": "disk", "result": "corrupt"}
-        )
-        == 1.0
-    )
+    assert disk_lookups(m, "corrupt") == 1.0
     keys = await asyncio.to_thread(lambda: list(disk.iter_keys_sync()))
     assert key not in keys  # deleted by the store
     assert await store.purge(PurgeFilter()) == {"disk": 0}
@@ -216,12 +208,7 @@ async def test_a_value_that_is_not_bytes_is_a_counted_miss(tmp_path: Path) -> No
     store = TieredStore([disk], m)
     await asyncio.to_thread(lambda: diskcache.Cache(str(tmp_path / "lru")).set("d" * 64, 42))
     assert await store.get("d" * 64) is None
-    assert (
-        m.registry.get_sample_value(
-            "voxgate_cache_lookups_total", {"tier": "disk", "result": "corrupt"}
-        )
-        == 1.0
-    )
+    assert disk_lookups(m, "corrupt") == 1.0
     await store.close()
 
 
@@ -232,19 +219,12 @@ async def test_a_flipped_metadata_byte_is_caught(tmp_path: Path) -> None:
     disk = await open_disk(tmp_path)
     store = TieredStore([disk], m)
     key = "e" * 64
-    await store.put(key, entry(bytes(range(256)) * 400))
-    path = await asyncio.to_thread(disk.path_of, key)
-    assert path is not None
+    path = await stored_on_disk(store, disk, key)
     raw = path.read_bytes()
     at = raw.index(b"audio/wav")
     path.write_bytes(raw[:at] + b"audio/wax" + raw[at + 9 :])
     assert await store.get(key) is None
-    assert (
-        m.registry.get_sample_value(
-            "voxgate_cache_lookups_total", {"tier": "disk", "result": "corrupt"}
-        )
-        == 1.0
-    )
+    assert disk_lookups(m, "corrupt") == 1.0
     await store.close()
 
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import subprocess
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +15,13 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from bench.harness import speech_body
 from metrics import Metrics
 from synth.engine import Audio, SynthesisItem
 from synth.errors import EngineError
 from synth.piper_engine import PiperEngine
 from tests.conftest import GatewayFactory
-from tests.support import CountingEngine, until
+from tests.support import CountingEngine, GatedEngine, until
 
 FIVE = (
     "Welcome to the support line. Your ticket number is 7 4 2. "
@@ -29,29 +29,8 @@ FIVE = (
 )
 
 
-class GatedEngine(CountingEngine):
-    """The real voice; every batch after the first waits for ``gate`` (a stream's first sentence
-    is then provably sent while the rest is still unsynthesized)."""
-
-    def __init__(self, inner: PiperEngine) -> None:
-        super().__init__(inner)
-        self.gate = threading.Event()
-
-    def synthesize_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]:
-        if self.batches >= 1:
-            self.gate.wait(120)  # the test opens it; a long bound only guards a hang
-        return super().synthesize_batch(items)
-
-
-@pytest.fixture
-def gated(piper_engine: PiperEngine) -> Iterator[GatedEngine]:
-    engine = GatedEngine(piper_engine)
-    yield engine
-    engine.gate.set()
-
-
 def body(**kw: Any) -> dict[str, Any]:
-    return {"model": "tts-1", "input": FIVE, "voice": "alloy", "response_format": "wav", **kw}
+    return speech_body(FIVE, **kw)
 
 
 def ffmpeg_pcm(data: bytes, tmp: Path, demux: Sequence[str] = ()) -> np.ndarray[Any, Any]:

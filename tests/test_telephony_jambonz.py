@@ -17,7 +17,7 @@ from gateway.http.jambonz import STREAM_AHEAD
 from gateway.runtime.apikeys import key_table
 from gateway.runtime.settings import Settings
 from tests.conftest import GatewayFactory
-from tests.support import CountingEngine, clear_of_a_minute_edge, until
+from tests.support import CountingEngine, clear_of_a_minute_edge, error_of, until
 
 
 def jambonz_file_ext(mime: str) -> tuple[str, int]:
@@ -117,8 +117,7 @@ async def test_unknown_voice_is_the_default_or_a_400_by_setting(
     r = await strict.post(
         "/v1/jambonz/tts", json=jambonz_body("Hi.", voice="nobody", language="xx")
     )
-    assert r.status == 400
-    error = (await r.json())["error"]
+    error = await error_of(r, 400)
     assert error["param"] == "voice" and "nobody" in error["message"]
 
 
@@ -164,8 +163,7 @@ async def test_bad_jambonz_bodies_are_400(
 ) -> None:
     client = await gateway()
     r = await client.post("/v1/jambonz/tts", json=body)
-    assert r.status == 400
-    assert fragment in (await r.json())["error"]["message"]
+    assert fragment in (await error_of(r, 400))["message"]
 
 
 async def test_streaming_protocol_sentence_by_sentence_from_the_cache(
@@ -213,8 +211,7 @@ async def test_streaming_protocol_sentence_by_sentence_from_the_cache(
         assert closing.type in (WSMsgType.CLOSE, WSMsgType.CLOSED, WSMsgType.CLOSING)
     assert counting_engine.items == 2  # only "Your order has shipped." was new
     bad = await client.get("/v1/jambonz/stream?sampleRate=11025")
-    assert bad.status == 400
-    assert "sampleRate" in (await bad.json())["error"]["message"]
+    assert "sampleRate" in (await error_of(bad, 400))["message"]
 
 
 # ---- the stream on its key's account -------------------------------------------------------

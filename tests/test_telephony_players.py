@@ -25,29 +25,22 @@ from gateway.speech.telephony import EXTENSIONS
 from metrics import Metrics
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine
-from tests.test_formats import ffmpeg_samples, ffprobe
+from tests.test_formats import EXPECTED, ffmpeg_samples, ffprobe, raw
 
 TEXT = "Press one for billing. Press two for sales."
 
 # ffmpeg's reading of each extension (raw ones need -f), the codec it must report, and one codec
 # frame in samples (the allowed length difference).
 DECODE: dict[str, tuple[str, str, int]] = {
-    "wav": ("", "pcm_s16le", 1),
-    "wav16": ("", "pcm_s16le", 1),
-    "ulaw": ("-f mulaw -ar 8000 -ac 1", "pcm_mulaw", 1),
-    "ul": ("-f mulaw -ar 8000 -ac 1", "pcm_mulaw", 1),
-    "pcmu": ("-f mulaw -ar 8000 -ac 1", "pcm_mulaw", 1),
-    "alaw": ("-f alaw -ar 8000 -ac 1", "pcm_alaw", 1),
-    "al": ("-f alaw -ar 8000 -ac 1", "pcm_alaw", 1),
-    "pcma": ("-f alaw -ar 8000 -ac 1", "pcm_alaw", 1),
-    "sln": ("-f s16le -ar 8000 -ac 1", "pcm_s16le", 1),
-    "raw": ("-f s16le -ar 8000 -ac 1", "pcm_s16le", 1),
-    "sln16": ("-f s16le -ar 16000 -ac 1", "pcm_s16le", 1),
-    "sln24": ("-f s16le -ar 24000 -ac 1", "pcm_s16le", 1),
-    "sln48": ("-f s16le -ar 48000 -ac 1", "pcm_s16le", 1),
-    "gsm": ("-f gsm", "gsm", 160),
-    "g722": ("-f g722", "adpcm_g722", 2),
-    "mp3": ("", "mp3", 1152),
+    "wav": EXPECTED["wav"],
+    "wav16": EXPECTED["wav"],
+    **{ext: raw("mulaw", 8000, "pcm_mulaw") for ext in ("ulaw", "ul", "pcmu")},
+    **{ext: raw("alaw", 8000, "pcm_alaw") for ext in ("alaw", "al", "pcma")},
+    **{ext: raw("s16le", 8000, "pcm_s16le") for ext in ("sln", "raw")},
+    **{f"sln{k}": raw("s16le", k * 1000, "pcm_s16le") for k in (16, 24, 48)},
+    "gsm": EXPECTED["gsm"],
+    "g722": EXPECTED["g722"],
+    "mp3": EXPECTED["mp3"],
 }
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import io
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from synth.upstream import UpstreamConfig, UpstreamEngine, load_upstreams
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine, until
 from tests.upstream_support import (
+    KEY_ENV,
     RATE,
     AzureServer,
     CartesiaServer,
@@ -45,17 +45,7 @@ from tests.upstream_support import (
     tone,
 )
 
-KEY_ENV = "VOXGATE_TEST_UPSTREAM_KEY"
 GREETING = "Thank you for calling."
-
-
-@pytest.fixture
-async def provider(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[OpenAISpeechServer]:
-    """The local provider, its key in the environment variable the entries name."""
-    server = await OpenAISpeechServer().start()
-    monkeypatch.setenv(KEY_ENV, server.api_key)
-    yield server
-    await server.stop()
 
 
 def entry(server: OpenAISpeechServer, **kw: Any) -> UpstreamConfig:

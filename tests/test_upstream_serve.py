@@ -29,16 +29,15 @@ import pytest
 import soundfile as sf
 from openai import AsyncOpenAI
 
-from bench.harness import CACHE_SECRET, RedisServer, free_port, metric_sum
+from bench.harness import CACHE_SECRET, RedisServer, free_port, metric_sum, speech_body
 from synth.piper_engine import PiperVoiceFiles
 from tests.ops_support import ROOT, clean_env
 from tests.served import DefaultServer
 from tests.support import eventually
-from tests.upstream_support import RATE, HeldWyomingServer, OpenAISpeechServer, tone
+from tests.upstream_support import KEY_ENV, RATE, HeldWyomingServer, OpenAISpeechServer, tone
 
 pytestmark = pytest.mark.slow
 
-KEY_ENV = "VOXGATE_TEST_UPSTREAM_KEY"
 GREETING = "Thank you for calling."
 
 
@@ -57,19 +56,32 @@ def write_upstreams(path: Path, *entries: dict[str, object]) -> Path:
     return path
 
 
+def openai_entry(name: str, base_url: str, **fields: object) -> dict[str, object]:
+    """An ``[[upstream]]`` entry of kind openai."""
+    return {"name": name, "kind": "openai", "base_url": base_url, **fields}
+
+
+def provider_entry(provider: OpenAISpeechServer, **fields: object) -> dict[str, object]:
+    """The entry ``openai`` for the local provider, its key in ``KEY_ENV``."""
+    return openai_entry(
+        "openai", provider.url, api_key_env=KEY_ENV, model="gpt-4o-mini-tts", **fields
+    )
+
+
+def lossless_front(tmp_path: Path, entry: dict[str, object]) -> DefaultServer:
+    """A voxgate (not yet started) whose one upstream, ``entry``, is asked for WAV at the Piper
+    voice's rate: another voxgate or a lossless server."""
+    entry = {**entry, "format": "wav", "sample_rate": 22050, "timeout_s": 30}
+    upstreams = write_upstreams(tmp_path / "upstreams.toml", entry)
+    return DefaultServer(tmp_path / "front", "--upstreams-file", str(upstreams))
+
+
 async def started(*servers: DefaultServer) -> None:
     await asyncio.gather(*(asyncio.to_thread(s.wait_ready) for s in servers))
 
 
 def speech(text: str = GREETING, **kw: object) -> dict[str, object]:
-    body: dict[str, object] = {
-        "model": "openai",
-        "input": text,
-        "voice": "alloy",
-        "response_format": "wav",
-    }
-    body.update(kw)
-    return body
+    return speech_body(text, **{"model": "openai", **kw})
 
 
 async def test_two_replicas_of_fifty_identical_requests_cost_one_call(
@@ -78,16 +90,9 @@ async def test_two_replicas_of_fifty_identical_requests_cost_one_call(
     provider = await OpenAISpeechServer(delay_s=0.5).start()
     upstreams = write_upstreams(
         tmp_path / "upstreams.toml",
-        {
-            "name": "openai",
-            "kind": "openai",
-            "base_url": provider.url,
-            "api_key_env": KEY_ENV,
-            "model": "gpt-4o-mini-tts",
-            "voices": ["alloy", "nova"],
-            "timeout_s": 3,
-            "price_per_million_chars": 15.0,
-        },
+        provider_entry(
+            provider, voices=["alloy", "nova"], timeout_s=3, price_per_million_chars=15.0
+        ),
     )
     flags = ("--upstreams-file", str(upstreams), "--redis-url", redis.url)
     flags += ("--cache-secret", CACHE_SECRET)
@@ -161,23 +166,11 @@ async def test_voxgate_is_another_voxgates_upstream(tmp_path: Path) -> None:
     back = DefaultServer(tmp_path / "back")
     try:
         await started(back)
-        upstreams = write_upstreams(
-            tmp_path / "upstreams.toml",
-            {
-                "name": "fleet",
-                "kind": "openai",
-                "base_url": f"{back.url}/v1",
-                "model": "piper",
-                "voices": ["joe"],
-                "format": "wav",
-                "sample_rate": 22050,
-                "timeout_s": 30,
-            },
-        )
-        front = DefaultServer(tmp_path / "front", "--upstreams-file", str(upstreams))
+        entry = openai_entry("fleet", f"{back.url}/v1", model="piper", voices=["joe"])
+        front = lossless_front(tmp_path, entry)
         try:
             await started(front)
-            body = {"model": "fleet", "input": GREETING, "voice": "joe", "response_format": "wav"}
+            body = speech(model="fleet", voice="joe")
             status, headers, audio = await front.request("POST", "/v1/audio/speech", json=body)
             assert status == 200, audio
             assert headers["X-Cache"] == "MISS"
@@ -260,23 +253,12 @@ def local_tts_studio(tmp_path: Path) -> Iterator[str]:
 async def test_a_third_party_openai_compatible_server_from_pypi(
     tmp_path: Path, local_tts_studio: str
 ) -> None:
-    upstreams = write_upstreams(
-        tmp_path / "upstreams.toml",
-        {
-            "name": "studio",
-            "kind": "openai",
-            "base_url": local_tts_studio,
-            "model": "tts-1",
-            "voices": ["*"],
-            "format": "wav",
-            "sample_rate": 22050,
-            "timeout_s": 30,
-        },
+    front = lossless_front(
+        tmp_path, openai_entry("studio", local_tts_studio, model="tts-1", voices=["*"])
     )
-    front = DefaultServer(tmp_path / "front", "--upstreams-file", str(upstreams))
     try:
         await started(front)
-        body = {"model": "studio", "input": GREETING, "voice": "alloy", "response_format": "flac"}
+        body = speech(model="studio", response_format="flac")
         status, _, audio = await front.request("POST", "/v1/audio/speech", json=body)
         assert status == 200, audio
         samples, rate = sf.read(io.BytesIO(audio))
@@ -294,17 +276,9 @@ async def test_sighup_reloads_the_upstreams_tunables_in_every_process(tmp_path: 
     makes the calls) take the new requests_per_minute and price; an edit that would change
     content addresses waits for a restart, and the stored audio keeps being served."""
     provider = await OpenAISpeechServer().start()
-    entry: dict[str, object] = {
-        "name": "openai",
-        "kind": "openai",
-        "base_url": provider.url,
-        "api_key_env": KEY_ENV,
-        "model": "gpt-4o-mini-tts",
-        "voices": ["alloy"],
-        "timeout_s": 1,
-        "requests_per_minute": 1,
-        "price_per_million_chars": 10.0,
-    }
+    entry = provider_entry(
+        provider, voices=["alloy"], timeout_s=1, requests_per_minute=1, price_per_million_chars=10.0
+    )
     path = write_upstreams(tmp_path / "upstreams.toml", entry)
     server = DefaultServer(
         tmp_path / "s", "--upstreams-file", str(path), env={KEY_ENV: provider.api_key}
@@ -370,15 +344,7 @@ async def test_a_rollout_switches_every_gateway_process_and_survives_a_restart(
     starts at it (the revision lives in the host's pin registry, beside the pins)."""
     provider = await OpenAISpeechServer().start()
     upstreams = write_upstreams(
-        tmp_path / "upstreams.toml",
-        {
-            "name": "openai",
-            "kind": "openai",
-            "base_url": provider.url,
-            "api_key_env": KEY_ENV,
-            "model": "gpt-4o-mini-tts",
-            "voices": ["alloy"],
-        },
+        tmp_path / "upstreams.toml", provider_entry(provider, voices=["alloy"])
     )
     env = {KEY_ENV: provider.api_key}
     flags = ("--upstreams-file", str(upstreams), "--revision-refresh-s", "0.2")
@@ -459,12 +425,7 @@ async def test_a_streamed_miss_passes_the_providers_pcm_on_through_the_pool_proc
         provider = await OpenAISpeechServer().start()
         provider.parted = True
         provider.parts = 4
-        entry: dict[str, object] = {
-            "kind": "openai",
-            "base_url": provider.url,
-            "api_key_env": KEY_ENV,
-            "model": "gpt-4o-mini-tts",
-        }
+        entry = provider_entry(provider)
     else:
         provider = await HeldWyomingServer(parts=4).start()
         entry = {"kind": "wyoming", "base_url": provider.url}

@@ -30,7 +30,7 @@ import json
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import numpy as np
 import soundfile
@@ -94,7 +94,38 @@ class Scripted:
     hang: bool = False
 
 
-class OpenAISpeechServer:
+# The environment variable upstream entries in tests name for the local provider's key.
+KEY_ENV = "VOXGATE_TEST_UPSTREAM_KEY"
+
+
+class LoopbackProvider:
+    """A provider's app on a free loopback port (``port``), answering POSTs to ``path`` with
+    ``_handle``: the start and stop every fake provider here shares."""
+
+    path = "/"
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> Self:
+        app = web.Application()
+        app.router.add_post(self.path, self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        raise NotImplementedError
+
+
+class OpenAISpeechServer(LoopbackProvider):
     """The provider on a free loopback port; ``url`` is its base URL (``.../v1``).
 
     ``calls`` counts the requests that reached the speech route (each attempt, failures
@@ -104,6 +135,8 @@ class OpenAISpeechServer:
     ``hold`` (when cleared) keeps every call waiting until it is set; a call whose ``input`` is
     in ``held_inputs`` waits until ``release`` is set.
     """
+
+    path = "/v1/audio/speech"
 
     def __init__(
         self,
@@ -116,7 +149,7 @@ class OpenAISpeechServer:
         self.api_key = api_key
         self.voices = voices
         self.delay_s = delay_s
-        self.port = port or free_port()
+        super().__init__(port)
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.calls = 0
         self.texts: list[str] = []
@@ -137,23 +170,12 @@ class OpenAISpeechServer:
         self.half_sent = asyncio.Event()
         self.rest = asyncio.Event()
         self._stopping = asyncio.Event()
-        self._runner: web.AppRunner | None = None
-
-    async def start(self) -> OpenAISpeechServer:
-        app = web.Application()
-        app.router.add_post("/v1/audio/speech", self._speech)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-        return self
 
     async def stop(self) -> None:
         self._stopping.set()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await super().stop()
 
-    async def _speech(self, request: web.Request) -> web.StreamResponse:
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
         self.calls += 1
         self.headers.append(dict(request.headers))
         if request.headers.get("Authorization") != f"Bearer {self.api_key}":
@@ -298,7 +320,7 @@ class HeldWyomingServer:
             writer.close()
 
 
-class ElevenLabsServer:
+class ElevenLabsServer(LoopbackProvider):
     """ElevenLabs' text-to-speech endpoint as its OpenAPI document publishes it (the official
     SDK generated from it: repository elevenlabs/elevenlabs-python,
     ``src/elevenlabs/text_to_speech/raw_client.py`` and
@@ -310,38 +332,25 @@ class ElevenLabsServer:
     does not validate, ``{"detail": {"status", "message"}}`` for other errors (401 for a bad key,
     404 for an unknown voice). ``pcm_<rate>`` is raw 16-bit mono at that rate."""
 
+    path = "/v1/text-to-speech/{voice_id}"
     RATES = (8000, 16000, 22050, 24000, 44100, 48000)
     SETTINGS = frozenset({"stability", "similarity_boost", "style", "use_speaker_boost", "speed"})
 
     def __init__(
         self, *, api_key: str = "xi-test-key", voices: tuple[str, ...] = ("21m00Tcm4TlvDq8ikWAM",)
     ) -> None:
+        super().__init__()
         self.api_key = api_key
         self.voices = voices
-        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.calls = 0
         self.requests: list[tuple[str, dict[str, str], dict[str, Any]]] = []
-        self._runner: web.AppRunner | None = None
-
-    async def start(self) -> ElevenLabsServer:
-        app = web.Application()
-        app.router.add_post("/v1/text-to-speech/{voice_id}", self._speech)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-        return self
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
 
     @staticmethod
     def _detail(status: int, code: str, message: str) -> web.Response:
         return web.json_response({"detail": {"status": code, "message": message}}, status=status)
 
-    async def _speech(self, request: web.Request) -> web.Response:
+    async def _handle(self, request: web.Request) -> web.Response:
         self.calls += 1
         if request.headers.get("xi-api-key") != self.api_key:
             return self._detail(401, "invalid_api_key", "Invalid API key")
@@ -384,35 +393,19 @@ class ElevenLabsServer:
         return web.Response(body=pcm.tobytes(), content_type="application/octet-stream")
 
 
-class ContractServer:
+class ContractServer(LoopbackProvider):
     """A provider's speech endpoint on loopback, as its published reference describes it (each
     subclass cites it): ``requests`` holds (path, query, headers, body) of each call; ``script``
     answers to give first, as (status, headers, body)."""
 
-    path = "/"
-
     def __init__(self, *, api_key: str, voices: tuple[str, ...]) -> None:
+        super().__init__()
         self.api_key = api_key
         self.voices = voices
-        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.calls = 0
         self.requests: list[tuple[str, dict[str, str], dict[str, str], bytes]] = []
         self.script: deque[tuple[int, dict[str, str], bytes]] = deque()
-        self._runner: web.AppRunner | None = None
-
-    async def start(self) -> ContractServer:
-        app = web.Application()
-        app.router.add_post(self.path, self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-        return self
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
 
     async def _handle(self, request: web.Request) -> web.Response:
         self.calls += 1
