@@ -33,9 +33,30 @@ from tests.served import DefaultServer
 BODY = {"model": "piper", "voice": "joe", "input": "Hold, please.", "response_format": "wav"}
 
 
+REQUEST = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
 async def status_of(reader: asyncio.StreamReader) -> int:
     line = await asyncio.wait_for(reader.readline(), 30)
     return int(line.split()[1])
+
+
+async def fill_cap(
+    tiny_server: Any, metrics: Metrics, *paths: str
+) -> tuple[int, list[asyncio.StreamWriter]]:
+    """A server capped at two connections (``hello`` at ``/`` and ``paths``), both held by
+    kept-alive connections that were answered 200: its port and the held writers."""
+    app = web.Application()
+    for path in ("/", *paths):
+        app.router.add_get(path, hello)
+    port = await tiny_server(app, Settings(max_connections=2), metrics)
+    held = []
+    for _ in range(2):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(REQUEST)
+        assert await status_of(reader) == 200  # kept alive: the connection stays open
+        held.append(writer)
+    return port, held
 
 
 # ---- JSON content type -------------------------------------------------------------------
@@ -231,23 +252,15 @@ async def test_a_stream_reader_that_stops_reading_is_cut_off(tiny_server: Any) -
 
 
 async def test_connections_beyond_the_cap_get_503(tiny_server: Any) -> None:
-    app = web.Application()
-    app.router.add_get("/", hello)
     metrics = Metrics()
-    port = await tiny_server(app, Settings(max_connections=2), metrics)
-    request = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
-    held = []
-    for _ in range(2):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(request)
-        assert await status_of(reader) == 200  # kept alive: the connection stays open
-        held.append((reader, writer))
+    port, held = await fill_cap(tiny_server, metrics)
+    request = REQUEST
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     assert await status_of(reader) == 503
     assert b"too_many_connections" in await asyncio.wait_for(reader.read(), 10)
     writer.close()
     assert metrics.registry.get_sample_value("voxgate_connections_refused_total") == 1
-    _, first = held.pop()
+    first = held.pop()
     first.close()
     await first.wait_closed()
     for _ in range(50):  # the server sees the close, then a new connection is served
@@ -258,26 +271,16 @@ async def test_connections_beyond_the_cap_get_503(tiny_server: Any) -> None:
         if status == 200:
             break
     assert status == 200
-    for _, w in held:
+    for w in held:
         w.close()
 
 
 async def test_a_full_gateway_still_answers_health_probes(tiny_server: Any) -> None:
     """Past the cap, a few connections may still ask for /healthz or /readyz (and are closed
     after the answer); any other request on them, or none in time, gets the cap's 503."""
-    app = web.Application()
-    app.router.add_get("/", hello)
-    app.router.add_get("/healthz", hello)
-    app.router.add_get("/readyz", hello)
     metrics = Metrics()
-    port = await tiny_server(app, Settings(max_connections=2), metrics)
-    request = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
-    held = []
-    for _ in range(2):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(request)
-        assert await status_of(reader) == 200
-        held.append(writer)
+    port, held = await fill_cap(tiny_server, metrics, "/healthz", "/readyz")
+    request = REQUEST
     for path in ("/healthz", "/readyz"):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from cache.entry import Entry
 from synth import audio
@@ -80,17 +80,11 @@ class SpeechRequest:
         fmt: audio.AudioFormat,
         sample_rate: int,
         duration_s: float,
-        *,
-        master: str = "",
-        parts: tuple[str, ...] = (),
-        pause_ms: int = 0,
-        gaps_ms: tuple[int, ...] = (),
-        trims: tuple[bool, ...] = (),
-        alignment: str = "",
-        marks: str = "",
+        **recipe: Any,
     ) -> Entry:
         """Stored audio for this request: ``data`` in ``fmt``, tagged with model and voice
-        (and, for a rendition, the masters it was made from: see :class:`cache.entry.EntryMeta`).
+        (and, for a rendition, the masters it was made from, ``recipe``: the keyword fields of
+        :meth:`cache.entry.Entry.create`, see :class:`cache.entry.EntryMeta`).
         Never pinned: pins are made by :mod:`gateway.speech.catalogue`, within their quota."""
         return Entry.create(
             data,
@@ -100,13 +94,7 @@ class SpeechRequest:
             model=self.model,
             voice=self.voice,
             duration_s=duration_s,
-            master=master,
-            parts=parts,
-            pause_ms=pause_ms,
-            gaps_ms=gaps_ms,
-            trims=trims,
-            alignment=alignment,
-            marks=marks,
+            **recipe,
         )
 
 
