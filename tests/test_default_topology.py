@@ -97,10 +97,14 @@ async def test_identical_concurrent_misses_say_miss_once_for_one_synthesis(
     """Eight identical misses at once, each on a new connection (so both gateway processes
     lead a production of their own): the host's pool runs one synthesis, and only the response
     whose request started it says MISS; the others joined it."""
-    # One long sentence: its synthesis lasts far longer than sending eight requests does.
+    # One long sentence (under the 300 characters a sentence is cut at): its synthesis, about
+    # ten seconds of speech, lasts far longer than sending eight requests does, even on a
+    # loaded machine.
     text = (
         "While every agent is busy helping other callers, please stay on the line, and the "
-        "first one free will answer your call in the order it was received, thank you."
+        "first one free will answer your call in the order it was received, because every "
+        "call matters to us and we would rather keep you waiting a little than lose you, so "
+        "thank you for your patience today."
     )
     before = syntheses(await scrape(server))
     answers = await asyncio.gather(
