@@ -176,3 +176,39 @@ class TakeChecker:
     def accepted(self, facts: TakeFacts) -> None:
         """Learn from a take the store kept (its speech time, pauses excluded)."""
         self.rates.learn(facts, facts.pcm.size / facts.sample_rate - facts.pause_s)
+
+
+Container = Literal["wav", "mp3", "ogg", "flac", "aac", "webm", "text", "unknown"]
+
+
+def sniff_container(data: bytes, content_type: str = "") -> Container:
+    """What ``data`` is, read from its first bytes (then its content type): a container of audio,
+    ``text`` (an HTML page, a JSON error, plain words: never audio), or ``unknown`` (raw samples
+    look like nothing, so a pcm answer is ``unknown``)."""
+    head = data[:16]
+    if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
+        return "wav"
+    if head[:3] == b"ID3" or (len(head) > 1 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0):
+        # An MPEG audio frame sync (11 set bits); ADTS AAC shares it with layer bits 00.
+        return "aac" if len(head) > 1 and head[1] & 0x06 == 0 else "mp3"
+    if head[:4] == b"OggS":
+        return "ogg"
+    if head[:4] == b"fLaC":
+        return "flac"
+    if head[:4] == b"\x1a\x45\xdf\xa3":
+        return "webm"
+    lowered = content_type.split(";")[0].strip().lower()
+    if lowered.startswith("text/") or lowered.endswith(("json", "xml", "html")):
+        return "text"
+    stripped = data[:64].lstrip()
+    if stripped[:1] in (b"{", b"[", b"<") and _printable(data[:256]):
+        return "text"
+    return "unknown"
+
+
+def _printable(head: bytes) -> bool:
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return all(c.isprintable() or c.isspace() for c in text)

@@ -6,11 +6,13 @@ here, so that nothing unchecked is ever stored or served as a hit."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from cache.entry import Entry
 from cache.store import TieredStore
 from gateway.speech.request import SpeechRequest
 from synth.audio import FloatPCM
+from synth.takecheck import Verdict
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,13 @@ class Take:
     sample_rate: int
     text: str
     req: SpeechRequest | None
+
+
+class Rejects(Protocol):
+    """Where a refused take is kept aside for review (the quarantine): bounded and expiring, so
+    an admin can listen to it and approve it into the store under ``key``."""
+
+    async def keep(self, key: str, entry: Entry, take: Take, verdict: Verdict) -> None: ...
 
 
 async def accept_take(store: TieredStore, key: str, entry: Entry, take: Take) -> None:
