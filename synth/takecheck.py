@@ -11,12 +11,14 @@ checks, ``asr`` adds a speech-recognition round trip for English voices.
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
+import soxr
 
 Level = Literal["off", "signal", "asr"]
 LEVELS: tuple[Level, ...] = get_args(Level)
@@ -46,14 +48,29 @@ class Limits:
     """How strict each check is; per voice or per upstream a setting can loosen one (a voice
     whose whisper or long pause is intended). ``skip`` names reasons never raised."""
 
-    # Duration as a ratio of the expected one (learned speaking rate, at the asked speed).
-    min_duration_ratio: float = 0.35
-    max_duration_ratio: float = 2.8
-    # The longest silence inside speech beyond the pauses the text explains, in seconds.
-    max_hole_s: float = 2.0
-    # The share of samples at full scale (|x| >= 0.999) that is clipping.
+    # Duration as a ratio of the expected one (learned speaking rate, at the asked speed), give
+    # or take ``duration_slack_s`` (a short text's length is more its pauses than its letters).
+    min_duration_ratio: float = 0.7
+    max_duration_ratio: float = 1.7
+    duration_slack_s: float = 0.15
+    # A length this far (as a ratio) from the asked speed's, and nearer speed 1's, ignored it.
+    max_speed_error: float = 1.3
+    # A take that ends in what the detector calls speech, its last 20 ms louder than this (dB
+    # against the speech's median level), was cut off.
+    max_end_db: float = -40.0
+    # The longest silence inside speech beyond the pauses the text explains, in seconds at
+    # speed 1 (longer at slower speeds).
+    max_hole_s: float = 1.0
+    # The share of samples at the take's own peak (within a 16-bit step): flat tops, clipping.
     max_clipped_fraction: float = 0.001
     max_dc_offset: float = 0.05
+    # Frames quieter than this (dB of full scale) are silence; a take of only those is silent.
+    min_level_db: float = -50.0
+    # Sound the detector calls speech that is noise (flat spectrum), a tone or hum (one strong
+    # bin), or steady (speech's level moves with its syllables): ``not_speech``.
+    max_flatness: float = 0.45
+    max_tonality: float = 0.9
+    min_modulation_db: float = 3.0
     # Word error rate above which the recognizer's reading is a mismatch (``asr`` level).
     max_wer: float = 0.6
     skip: frozenset[str] = frozenset()
@@ -135,13 +152,19 @@ def _spoken_chars(text: str) -> int:
 
 
 class TakeChecker:
-    """Runs the checks of ``level`` on a take. :meth:`check` is CPU work: call it off the loop."""
+    """Runs the checks of ``level`` on a take. :meth:`check` is CPU work: call it off the loop.
+
+    ``asr`` needs pocketsphinx (``pip install 'voxgate[asr]'``); without it the constructor
+    raises :class:`ValueError` saying so, rather than every take failing later."""
 
     def __init__(self, level: Level = "signal", rates: SpeakingRates | None = None) -> None:
         if level not in LEVELS:
             raise ValueError(f"take_checks must be one of {', '.join(LEVELS)}, not {level!r}")
+        if level == "asr":
+            _require_pocketsphinx()
         self.level: Level = level
         self.rates = rates or SpeakingRates()
+        self._recognizers = threading.local()
 
     def check(self, facts: TakeFacts, limits: Limits = Limits()) -> Verdict:
         if self.level == "off":
@@ -153,29 +176,277 @@ class TakeChecker:
             reasons.append("bad_rate")
         if pcm.size and not bool(np.isfinite(pcm).all()):
             reasons.append("non_finite")
+        if pcm.size and _starts_with_container(pcm):
+            # A container's header read as samples (WAV where raw pcm was asked): the bytes
+            # were never decoded, so the rate is a guess too.
+            reasons.append("not_audio")
         if reasons:
-            return Verdict(tuple(r for r in reasons if r not in limits.skip), measured)
+            return _verdict(reasons, measured, limits)
         duration = pcm.size / facts.sample_rate
         expected = self.rates.expected_s(facts)
         measured["duration_s"] = duration
         measured["expected_s"] = expected
-        if pcm.size and float(np.mean(np.abs(pcm) >= 0.999)) > limits.max_clipped_fraction:
-            reasons.append("clipped")
+        peak = float(np.max(np.abs(pcm))) if pcm.size else 0.0
+        if peak > 0:
+            clipped = float(np.count_nonzero(np.abs(pcm) >= peak - CLIP_STEP)) / pcm.size
+            measured["clipped_fraction"] = clipped
         if pcm.size and abs(float(np.mean(pcm))) > limits.max_dc_offset:
             reasons.append("dc_offset")
-        peak = float(np.max(np.abs(pcm))) if pcm.size else 0.0
-        if peak < 0.01:
+        signal = analyse(pcm, facts.sample_rate, limits.min_level_db)
+        measured.update(signal.measured())
+        if signal.loud_frames == 0:
             reasons.append("silent")
-        speakable = duration - facts.pause_s
-        if speakable < expected * limits.min_duration_ratio:
-            reasons.append("too_short")
-        elif speakable > expected * limits.max_duration_ratio:
-            reasons.append("too_long")
-        return Verdict(tuple(r for r in reasons if r not in limits.skip), measured)
+            return _verdict(reasons, measured, limits)
+        if (
+            signal.speech_frames < MIN_SPEECH_FRAMES
+            or signal.speech_frames < signal.loud_frames * MIN_SPEECH_SHARE
+            or signal.flatness > limits.max_flatness
+            or signal.tonality > limits.max_tonality
+            or signal.modulation_db < limits.min_modulation_db
+        ):
+            reasons.append("not_speech")
+            return _verdict(reasons, measured, limits)
+        # Judged only on speech: a steady tone or hum has as many samples near its peak.
+        if measured.get("clipped_fraction", 0.0) > limits.max_clipped_fraction:
+            reasons.append("clipped")
+        slow = min(facts.speed, 1.0)
+        if signal.longest_gap_s > limits.max_hole_s / slow + facts.pause_s:
+            reasons.append("hole")
+        reasons.extend(self._duration_reasons(facts, signal, expected, limits, measured))
+        if self.level == "asr" and facts.language.lower().startswith("en"):
+            wer = self._wer(facts)
+            measured["wer"] = wer
+            if wer > limits.max_wer:
+                reasons.append("asr_mismatch")
+        return _verdict(reasons, measured, limits)
 
-    def accepted(self, facts: TakeFacts) -> None:
-        """Learn from a take the store kept (its speech time, pauses excluded)."""
-        self.rates.learn(facts, facts.pcm.size / facts.sample_rate - facts.pause_s)
+    def _duration_reasons(
+        self,
+        facts: TakeFacts,
+        signal: Signal,
+        expected: float,
+        limits: Limits,
+        measured: dict[str, float],
+    ) -> list[Reason]:
+        said = max(signal.span_s - facts.pause_s, 0.0)
+        ratio = said / expected
+        at_one = said / (expected * max(facts.speed, 0.05))
+        measured["duration_ratio"] = ratio
+        slack = limits.duration_slack_s / max(facts.speed, 0.05)
+        if signal.end_db > limits.max_end_db:
+            # Cut off mid-sound: synthesis ends on its own silence, a truncated take does not.
+            return ["too_short"]
+        tolerance = np.log(limits.max_speed_error)
+        if (
+            expected * facts.speed >= MIN_SPEED_EVIDENCE_S
+            and abs(np.log(ratio)) > tolerance
+            and abs(np.log(at_one)) < abs(np.log(ratio))
+        ):
+            return ["speed_ignored"]
+        if said < expected * limits.min_duration_ratio - slack:
+            return ["too_short"]
+        if said > expected * limits.max_duration_ratio + slack:
+            return ["too_long"]
+        return []
+
+    def _wer(self, facts: TakeFacts) -> float:
+        decoder = getattr(self._recognizers, "decoder", None)
+        if decoder is None:
+            decoder = self._recognizers.decoder = _pocketsphinx_decoder()
+        pcm16 = _to_rate(facts.pcm, facts.sample_rate, ASR_RATE)
+        decoder.start_utt()
+        decoder.process_raw(
+            (np.clip(pcm16, -1.0, 1.0) * 32767).astype("<i2").tobytes(), False, True
+        )
+        decoder.end_utt()
+        heard = decoder.hyp().hypstr if decoder.hyp() is not None else ""
+        return word_error_rate(_words(facts.text), _words(heard))
+
+    def accepted(self, facts: TakeFacts, verdict: Verdict | None = None) -> None:
+        """Learn from a take the store kept: its speech time (the span the detector heard,
+        from ``verdict`` when the check measured it; else its length), pauses excluded."""
+        measured = verdict.measured if verdict is not None else {}
+        seconds = measured.get("speech_span_s", facts.pcm.size / facts.sample_rate)
+        self.rates.learn(facts, seconds - facts.pause_s)
+
+
+def _verdict(reasons: list[Reason], measured: dict[str, float], limits: Limits) -> Verdict:
+    return Verdict(tuple(r for r in dict.fromkeys(reasons) if r not in limits.skip), measured)
+
+
+# ---- the signal, as the detector hears it ------------------------------------------------------
+#
+# The voice-activity detector is WebRTC's (webrtcvad-wheels, MIT, an 83 KB wheel, no
+# dependencies), on 30 ms frames of the take resampled to 16 kHz. Measured on the bundled voice
+# (docs/takes.md has the table): it costs 0.13 ms of CPU per second of audio, against 5.1 ms for
+# Silero VAD 6.2 (the ONNX model through onnxruntime; its package also requires torch) and 6.4 ms
+# for TEN VAD 1.0.6 (which also needs the system's libc++, and whose licence adds terms a GPL
+# program cannot pass on). Synthesis costs the bundled voice about 82 ms of CPU per second of
+# audio, so the whole budget of the checks (5%) is about 4 ms: either neural detector alone
+# would spend it. WebRTC's detector hears white noise and steady tones as speech (Silero and TEN
+# do not), so three spectral measures of the frames it calls speech decide between speech and
+# noise, hum or a tone: the spectrum's flatness (noise), the share of its strongest bin (a
+# tone), and how much the frames' level moves (speech rises and falls with its syllables).
+
+VAD_RATE = 16000
+FRAME = 480  # 30 ms at 16 kHz, the longest frame the detector takes
+FRAME_S = FRAME / VAD_RATE
+ASR_RATE = 16000
+# Samples within one 16-bit step of the take's own peak are at its top: a clipped take has many
+# there (its flat tops, at whatever level it was clipped), a clean one a handful.
+CLIP_STEP = 1.5 / 32768
+# A text said in less than this at speed 1 is too short to tell its speed by (a word's length
+# is more its own pace than the speed asked).
+MIN_SPEED_EVIDENCE_S = 1.0
+# Fewer frames of speech than this (90 ms) is no speech.
+MIN_SPEECH_FRAMES = 3
+# Sound of which the detector calls less than this share speech is something else (hum, rumble).
+MIN_SPEECH_SHARE = 0.2
+# The spectral measures look at 94 Hz - 4 kHz, where a voice's formants are.
+_BAND = slice(3, 129)  # bins of a 512-point FFT at 16 kHz
+_WINDOW = np.hanning(FRAME).astype(np.float32)
+_VAD_MODE = 2
+
+
+@dataclass(frozen=True)
+class Signal:
+    """What the detector and the spectral measures found in a take."""
+
+    frames: int
+    loud_frames: int
+    speech_frames: int
+    span_s: float  # from the first frame of speech to the end of the last
+    longest_gap_s: float  # the longest run of non-speech inside the span
+    flatness: float  # median spectral flatness of the speech frames (1: white noise)
+    tonality: float  # median share of the strongest peak (3 bins) in the speech frames (tone: 1)
+    modulation_db: float  # spread (standard deviation) of the speech frames' level
+    level_db: float  # median level of the speech frames, dB of full scale
+    end_db: float  # the last 20 ms against the speech frames median level, when they are speech
+
+    def measured(self) -> dict[str, float]:
+        return {
+            "speech_s": self.speech_frames * FRAME_S,
+            "speech_span_s": self.span_s,
+            "longest_gap_s": self.longest_gap_s,
+            "flatness": self.flatness,
+            "tonality": self.tonality,
+            "modulation_db": self.modulation_db,
+            "level_db": self.level_db,
+            "end_db": self.end_db,
+        }
+
+
+def analyse(pcm: npt.NDArray[np.float32], sample_rate: int, min_level_db: float) -> Signal:
+    """Run the detector and the spectral measures over ``pcm``: vectorized numpy, one detector
+    call per 30 ms frame."""
+    import webrtcvad
+
+    x = _to_rate(pcm, sample_rate, VAD_RATE)
+    count = x.size // FRAME
+    if count == 0:
+        return Signal(0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, -120.0, -120.0)
+    frames = x[: count * FRAME].reshape(count, FRAME)
+    level = 10.0 * np.log10(np.mean(frames * frames, axis=1) + 1e-12)
+    loud = level > min_level_db
+    samples = (np.clip(x, -1.0, 1.0) * 32767).astype("<i2").tobytes()
+    vad = webrtcvad.Vad(_VAD_MODE)
+    step = FRAME * 2
+    heard = np.fromiter(
+        (vad.is_speech(samples[i * step : (i + 1) * step], VAD_RATE) for i in range(count)),
+        dtype=bool,
+        count=count,
+    )
+    speech = heard & loud
+    where = np.flatnonzero(speech)
+    if where.size == 0:
+        return Signal(count, int(loud.sum()), 0, 0.0, 0.0, 0.0, 0.0, 0.0, -120.0, -120.0)
+    first, last = int(where[0]), int(where[-1])
+    gaps = np.diff(where) - 1
+    spectra = np.abs(np.fft.rfft(frames[speech] * _WINDOW, n=512)) ** 2
+    band = spectra[:, _BAND] + 1e-12
+    flatness = np.exp(np.mean(np.log(band), axis=1)) / np.mean(band, axis=1)
+    # A tone's energy lies in its bin and the two beside it (the window's main lobe).
+    padded = np.pad(band, ((0, 0), (1, 1)))
+    top = np.argmax(band, axis=1)[:, None] + 1
+    lobe = sum(np.take_along_axis(padded, top + k, axis=1)[:, 0] for k in (-1, 0, 1))
+    tonality = lobe / band.sum(axis=1)
+    speech_level = level[speech]
+    median_level = float(np.median(speech_level))
+    end_db = -120.0
+    if speech[-1] or vad.is_speech(samples[-step:], VAD_RATE):
+        # Ends in speech (else in silence, or in a codec's noise after it: GSM's can sit near
+        # -40 dBFS): how loud its last 20 ms are tells a word cut off from one said out.
+        tail = x[-VAD_RATE // 50 :]
+        end_db = 10.0 * float(np.log10(np.mean(tail * tail) + 1e-12)) - median_level
+    return Signal(
+        frames=count,
+        loud_frames=int(loud.sum()),
+        speech_frames=int(where.size),
+        span_s=(last - first + 1) * FRAME_S,
+        longest_gap_s=float(gaps.max(initial=0)) * FRAME_S,
+        flatness=float(np.median(flatness)),
+        tonality=float(np.median(tonality)),
+        modulation_db=float(np.std(speech_level)),
+        level_db=median_level,
+        end_db=end_db,
+    )
+
+
+def _to_rate(pcm: npt.NDArray[np.float32], sample_rate: int, rate: int) -> npt.NDArray[np.float32]:
+    if sample_rate == rate:
+        return np.asarray(pcm, dtype=np.float32)
+    # Low quality is plenty for a detector and a recognizer (both look below 4 kHz).
+    return np.asarray(soxr.resample(pcm, sample_rate, rate, quality="LQ"), dtype=np.float32)
+
+
+def _starts_with_container(pcm: npt.NDArray[np.float32]) -> bool:
+    """Whether the first samples, as the 16-bit little-endian bytes they came from, are a
+    container's four-byte magic (``RIFF``, ``OggS``, ``fLaC``, EBML): the header of a file
+    read as samples. (An MPEG frame sync is two bytes, too short to tell from quiet samples.)"""
+    head = np.round(pcm[:2] * 32768.0).clip(-32768, 32767).astype("<i2").tobytes()
+    return head in _MAGICS
+
+
+_MAGICS = frozenset((b"RIFF", b"OggS", b"fLaC", b"\x1a\x45\xdf\xa3", b"ID3\x03", b"ID3\x04"))
+
+
+# ---- the recognizer (``asr`` level) -------------------------------------------------------------
+
+
+def _require_pocketsphinx() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("pocketsphinx") is None:
+        raise ValueError(
+            "take_checks = 'asr' needs pocketsphinx, which is not installed: "
+            "pip install 'voxgate[asr]' (or choose take_checks = 'signal')"
+        )
+
+
+def _pocketsphinx_decoder() -> Any:
+    from pocketsphinx import Config, Decoder
+
+    config = Config(loglevel="FATAL")  # its own model (en-us), shipped in the wheel
+    return Decoder(config)
+
+
+_WORD = re.compile(r"[a-z0-9']+")
+
+
+def _words(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+def word_error_rate(reference: list[str], heard: list[str]) -> float:
+    """Word-level edit distance over the reference's length (1.0 when nothing was heard)."""
+    if not reference:
+        return 0.0 if not heard else 1.0
+    row = list(range(len(heard) + 1))
+    for i, word in enumerate(reference, 1):
+        prev, row[0] = row[0], i
+        for j, other in enumerate(heard, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (word != other))
+    return row[-1] / len(reference)
 
 
 Container = Literal["wav", "mp3", "ogg", "flac", "aac", "webm", "text", "unknown"]
