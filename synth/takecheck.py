@@ -71,8 +71,9 @@ class Limits:
     max_flatness: float = 0.45
     max_tonality: float = 0.9
     min_modulation_db: float = 3.0
-    # Word error rate above which the recognizer's reading is a mismatch (``asr`` level).
-    max_wer: float = 0.6
+    # Word error rate above which the recognizer's reading is a mismatch (``asr`` level): clean
+    # takes of the bundled voice read at up to 0.6, babble spliced from other takes from 0.9.
+    max_wer: float = 0.8
     skip: frozenset[str] = frozenset()
 
     def loosened(self, **changes: object) -> Limits:
@@ -213,7 +214,7 @@ class TakeChecker:
         if signal.longest_gap_s > limits.max_hole_s / slow + facts.pause_s:
             reasons.append("hole")
         reasons.extend(self._duration_reasons(facts, signal, expected, limits, measured))
-        if self.level == "asr" and facts.language.lower().startswith("en"):
+        if self.level == "asr" and _recognizable(facts):
             wer = self._wer(facts)
             measured["wer"] = wer
             if wer > limits.max_wer:
@@ -431,6 +432,18 @@ def _pocketsphinx_decoder() -> Any:
 
 
 _WORD = re.compile(r"[a-z0-9']+")
+# The recognizer reads English at up to 1.5x (faster, its word error rate on clean takes of the
+# bundled voice reaches that of babble), and a text of a word or two is a coin toss for it.
+ASR_MAX_SPEED = 1.5
+ASR_MIN_WORDS = 3
+
+
+def _recognizable(facts: TakeFacts) -> bool:
+    return (
+        facts.language.lower().startswith("en")
+        and facts.speed <= ASR_MAX_SPEED
+        and len(_words(facts.text)) >= ASR_MIN_WORDS
+    )
 
 
 def _words(text: str) -> list[str]:

@@ -1,0 +1,228 @@
+"""The take checks on real takes of the bundled voice (synthesized once for the module, through
+the engine) and on defects made from them: each reason is raised by the defect it names, and
+clean takes, in every output format, pass."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench.takes import Take as BenchTake
+from bench.takes import decode, defects, renditions
+from synth.audio import to_int16, wav_pcm16
+from synth.engine import SynthesisItem
+from synth.piper_engine import PiperEngine
+from synth.takecheck import (
+    Limits,
+    SpeakingRates,
+    TakeChecker,
+    TakeFacts,
+    Verdict,
+    word_error_rate,
+)
+
+pytestmark = pytest.mark.xdist_group("takecheck")
+
+TEXTS = (
+    "Thank you for calling, your order will arrive within three business days.",
+    "Press one to speak with a member of our billing team.",
+)
+VOICE = "piper/joe"
+
+
+@pytest.fixture(scope="module")
+def takes(piper_engine: PiperEngine) -> dict[tuple[str, float], BenchTake]:
+    out = {}
+    for text in TEXTS:
+        for speed in (0.5, 1.0, 2.0):
+            (audio,) = piper_engine.synthesize_batch([SynthesisItem(text, "joe", speed=speed)])
+            out[text, speed] = BenchTake(VOICE, text, speed, audio.pcm, audio.sample_rate, 0.0)
+    return out
+
+
+@pytest.fixture(scope="module")
+def checker(takes: dict[tuple[str, float], BenchTake]) -> TakeChecker:
+    """A checker that has learned the voice's rate from the clean takes, as the seam would."""
+    checker = TakeChecker("signal")
+    for take in takes.values():
+        facts = _facts(take)
+        verdict = checker.check(facts)
+        assert verdict.ok, verdict
+        checker.accepted(facts, verdict)
+    return checker
+
+
+def _facts(take: BenchTake, pcm: np.ndarray | None = None, **changes: object) -> TakeFacts:
+    facts = TakeFacts(
+        take.pcm if pcm is None else pcm.astype(np.float32),
+        take.rate,
+        take.text,
+        speed=take.speed,
+        voice=VOICE,
+    )
+    return TakeFacts(**{**facts.__dict__, **changes})  # type: ignore[arg-type]
+
+
+def reasons(checker: TakeChecker, facts: TakeFacts) -> tuple[str, ...]:
+    return checker.check(facts).reasons
+
+
+def test_clean_takes_pass_in_every_format(
+    checker: TakeChecker, takes: dict[tuple[str, float], BenchTake]
+) -> None:
+    for take in takes.values():
+        for fmt, pcm, rate in renditions(take):
+            verdict = checker.check(_facts(take, pcm, sample_rate=rate))
+            assert verdict.ok, (fmt, take.speed, verdict.reasons, verdict.measured)
+
+
+def test_each_defect_is_refused_for_its_own_reason(
+    checker: TakeChecker, takes: dict[tuple[str, float], BenchTake]
+) -> None:
+    take = takes[TEXTS[0], 1.0]
+    ones = {t.text: t for t in takes.values() if t.speed == 1.0}
+    cases = defects([take, takes[TEXTS[0], 2.0]], ones, np.random.default_rng(7))
+    expected = {
+        "silence": "silent",
+        "near_silence": "silent",
+        "truncated_25": "too_short",
+        "truncated_50": "too_short",
+        "hole": "hole",
+        "noise": "not_speech",
+        "hum": "not_speech",
+        "tone": "not_speech",
+        "wrong_container": "not_audio",
+        "clipped": "clipped",
+        "speed_ignored": "speed_ignored",
+    }
+    seen = set()
+    for case in cases:
+        if case.label in expected:
+            got = checker.check(case.facts).reasons
+            assert expected[case.label] in got, (case.label, got)
+            seen.add(case.label)
+    assert seen == set(expected)
+
+
+def test_runaway_repeats_are_too_long(
+    checker: TakeChecker, takes: dict[tuple[str, float], BenchTake]
+) -> None:
+    take = takes[TEXTS[1], 1.0]
+    looped = np.concatenate([take.pcm, take.pcm[take.pcm.size // 2 :]] + [take.pcm] * 2)
+    assert reasons(checker, _facts(take, looped)) == ("too_long",)
+
+
+def test_a_cut_mid_word_is_too_short_even_when_its_length_is_plausible(
+    checker: TakeChecker, takes: dict[tuple[str, float], BenchTake]
+) -> None:
+    take = takes[TEXTS[0], 1.0]
+    level = np.abs(take.pcm)
+    # The loudest point of the last tenth of the speech: cutting there leaves a word unfinished.
+    start = int(take.pcm.size * 0.8)
+    cut = start + int(np.argmax(level[start : int(take.pcm.size * 0.95)]))
+    verdict = checker.check(_facts(take, take.pcm[:cut]))
+    assert verdict.reasons == ("too_short",)
+    assert verdict.measured["duration_ratio"] > Limits().min_duration_ratio
+    assert verdict.measured["end_db"] > Limits().max_end_db
+
+
+def test_a_pause_the_text_asks_for_is_no_hole(
+    checker: TakeChecker, takes: dict[tuple[str, float], BenchTake]
+) -> None:
+    take = takes[TEXTS[0], 1.0]
+    half = take.pcm.size // 2
+    pause = np.zeros(take.rate * 3, np.float32)
+    spliced = np.concatenate([take.pcm[:half], pause, take.pcm[half:]])
+    assert "hole" in reasons(checker, _facts(take, spliced))
+    assert reasons(checker, _facts(take, spliced, pause_s=3.0)) == ()
+
+
+def test_signal_defects_without_a_take(checker: TakeChecker) -> None:
+    rate = 22050
+    text = "Your appointment is confirmed."
+    nan = np.zeros(rate, np.float32)
+    nan[100] = np.nan
+    assert reasons(checker, TakeFacts(nan, rate, text)) == ("non_finite",)
+    assert reasons(checker, TakeFacts(np.zeros(rate, np.float32), 4000, text)) == ("bad_rate",)
+    assert reasons(checker, TakeFacts(np.zeros(rate, np.float32), 96000, text)) == ("bad_rate",)
+    empty = TakeFacts(np.zeros(0, np.float32), rate, text)
+    assert reasons(checker, empty) == ("silent",)
+
+
+def test_dc_offset(checker: TakeChecker, takes: dict[tuple[str, float], BenchTake]) -> None:
+    take = takes[TEXTS[1], 1.0]
+    shifted = take.pcm * 0.5 + 0.2
+    assert "dc_offset" in reasons(checker, _facts(take, shifted))
+
+
+def test_wav_bytes_played_as_samples_are_not_audio(
+    checker: TakeChecker, takes: dict[tuple[str, float], BenchTake]
+) -> None:
+    take = takes[TEXTS[1], 1.0]
+    body = wav_pcm16(to_int16(take.pcm), take.rate)
+    raw, _ = decode(body[: len(body) // 2 * 2], "pcm", 24000)
+    assert reasons(checker, _facts(take, raw, sample_rate=24000)) == ("not_audio",)
+
+
+def test_skipped_reasons_are_not_raised(
+    checker: TakeChecker, takes: dict[tuple[str, float], BenchTake]
+) -> None:
+    take = takes[TEXTS[1], 1.0]
+    clipped = np.clip(take.pcm * 4, -1, 1)
+    assert "clipped" in reasons(checker, _facts(take, clipped))
+    loose = Limits().loosened(skip=frozenset({"clipped"}))
+    assert "clipped" not in checker.check(_facts(take, clipped), loose).reasons
+
+
+def test_off_checks_nothing_and_levels_are_named() -> None:
+    silent = TakeFacts(np.zeros(8000, np.float32), 8000, "Hello there.")
+    assert TakeChecker("off").check(silent) == Verdict()
+    with pytest.raises(ValueError, match="take_checks"):
+        TakeChecker("loud")  # type: ignore[arg-type]
+
+
+def test_speaking_rates_start_from_the_prior_and_learn_per_voice() -> None:
+    rates = SpeakingRates({"en": 15.0})
+    assert rates.chars_per_s("a", "en-US") == pytest.approx(15.0)
+    assert rates.chars_per_s("a", "xx") == pytest.approx(13.0)  # no prior for the language
+    facts = TakeFacts(np.zeros(1, np.float32), 16000, "x" * 300, speed=2.0, voice="a")
+    rates.learn(facts, 5.0)  # 300 characters in 10 s at speed 1: a slow voice
+    learned = rates.chars_per_s("a", "en")
+    assert learned == pytest.approx((300 + 15 * 30) / (10 + 30))
+    assert rates.chars_per_s("b", "en") == pytest.approx(15.0)
+
+
+def test_word_error_rate() -> None:
+    assert word_error_rate(["a", "b", "c"], ["a", "b", "c"]) == 0.0
+    assert word_error_rate(["a", "b", "c"], ["a", "c"]) == pytest.approx(1 / 3)
+    assert word_error_rate(["a", "b"], ["x", "y", "z"]) == pytest.approx(3 / 2)
+    assert word_error_rate(["a"], []) == 1.0
+    assert word_error_rate([], []) == 0.0
+
+
+def test_asr_reads_a_clean_take_and_refuses_babble(
+    takes: dict[tuple[str, float], BenchTake],
+) -> None:
+    pytest.importorskip("pocketsphinx")
+    checker = TakeChecker("asr")
+    take = takes[TEXTS[1], 1.0]
+    verdict = checker.check(_facts(take))
+    assert verdict.ok and verdict.measured["wer"] <= Limits().max_wer, verdict.measured
+    # The other sentence's audio under this text: speech, plausible length, wrong words.
+    other = takes[TEXTS[0], 1.0]
+    wrong = _facts(other, text=take.text)
+    got = checker.check(wrong, Limits().loosened(skip=frozenset({"too_long", "too_short"})))
+    assert got.reasons == ("asr_mismatch",), got.measured
+
+
+def test_asr_without_pocketsphinx_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "pocketsphinx" else real(name, *a),
+    )
+    with pytest.raises(ValueError, match=r"voxgate\[asr\]"):
+        TakeChecker("asr")
