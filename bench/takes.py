@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -31,7 +32,7 @@ from bench.common import RESULTS, provenance, write_results
 from bench.plots import label_bars, pyplot, save_figure
 from synth.audio import FORMATS, output_rate, render, to_int16, wav_pcm16
 from synth.engine import SynthesisItem
-from synth.takecheck import Limits, TakeChecker, TakeFacts, Verdict
+from synth.takecheck import Limits, TakeChecker, TakeFacts, Verdict, recognizable
 
 PCM = npt.NDArray[np.float32]
 SPEEDS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
@@ -255,104 +256,223 @@ def rates_by_label(cases: Sequence[Case], verdicts: Sequence[Verdict]) -> dict[s
     }
 
 
-def load_engines(coqui: bool) -> list[tuple[str, Any, str]]:
+def piper_engine() -> Any:
     from synth.piper_engine import PiperEngine, PiperVoiceFiles
 
-    piper = PiperEngine([PiperVoiceFiles.bundled_joe()], intra_op_threads=1)
-    piper.load()
-    engines: list[tuple[str, Any, str]] = [("piper/joe", piper, "joe")]
-    if coqui:
-        import tempfile
-
-        from bench.harness import build_vits
-        from synth.coqui_engine import CoquiEngine
-
-        directory = Path(tempfile.mkdtemp(prefix="voxgate-takes-vits-"))
-        model, config = build_vits(directory, size="ljspeech")
-        engine = CoquiEngine(model, config, intra_op_threads=1)
-        engine.load()
-        engines.append(("coqui/vits", engine, engine.voices()[0].name))
-    return engines
+    engine = PiperEngine([PiperVoiceFiles.bundled_joe()], intra_op_threads=1)
+    engine.load()
+    return engine
 
 
-def run(count: int, *, coqui: bool = True, asr: int = 60, seed: int = 0) -> dict[str, Any]:
+def coqui_engine(size: str) -> Any:
+    """The Coqui VITS the tests build (bench/harness.py), with random weights: what it says is
+    not speech, but it costs what a Coqui model of its size costs."""
+    import tempfile
+
+    from bench.harness import build_vits
+    from synth.coqui_engine import CoquiEngine
+
+    model, config = build_vits(Path(tempfile.mkdtemp(prefix="voxgate-takes-vits-")), size=size)
+    engine = CoquiEngine(model, config, intra_op_threads=1)
+    engine.load()
+    return engine
+
+
+def upstream_takes(sentences: Sequence[str]) -> tuple[list[Take], list[Take], list[Case]]:
+    """Takes from a real third-party server, local-tts-studio (PyPI; Piper voices, here joe),
+    as an upstream: its speed-1 WAV answers (clean), its answers to speed 0.5 and 2 (it drops
+    ``speed``), and its WAV bodies read as raw pcm at 24 kHz (what an upstream with
+    ``format = "pcm"`` did with a server that answers WAV)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    import urllib.request
+
+    import soundfile as sf
+
+    from bench.harness import free_port
+    from synth.piper_engine import PiperVoiceFiles
+
+    data = Path(tempfile.mkdtemp(prefix="voxgate-takes-lts-"))
+    (data / "voices").mkdir()
+    joe = PiperVoiceFiles.bundled_joe()
+    for src in (joe.model_path, joe.config_path):
+        (data / "voices" / src.name).write_bytes(src.read_bytes())
+    settings = {"api_default_voice": joe.model_path.stem, "device": "cpu"}
+    (data / "settings.json").write_text(json.dumps(settings))
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "local_tts.cli", "--port", str(port)],
+        env={**os.environ, "LOCAL_TTS_DATA_DIR": str(data)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}/v1"
+    clean: list[Take] = []
+    ignored: list[Take] = []
+    as_pcm: list[Case] = []
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/models", timeout=2):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("local-tts-studio did not start") from None
+                time.sleep(0.1)
+        for text in sentences:
+            for speed in (0.5, 1.0, 2.0):
+                body = {"model": "tts-1", "input": text, "voice": "alloy", "speed": speed}
+                request = urllib.request.Request(
+                    f"{url}/audio/speech",
+                    data=json.dumps({**body, "response_format": "wav"}).encode(),
+                    headers={"Content-Type": "application/json"},
+                )
+                with urllib.request.urlopen(request, timeout=120) as resp:
+                    wav = resp.read()
+                pcm, rate = sf.read(io.BytesIO(wav), dtype="float32")
+                take = Take("upstream/local-tts-studio", text, speed, pcm, rate, 0.0)
+                (clean if speed == 1.0 else ignored).append(take)
+                if speed == 1.0:
+                    raw = np.frombuffer(wav[: len(wav) // 2 * 2], dtype="<i2") / np.float32(32768)
+                    as_pcm.append(Case("upstream_wav_as_pcm", _facts(take, raw, rate=24000)))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return clean, ignored, as_pcm
+
+
+def learn_and_time(checker: TakeChecker, takes: Sequence[Take]) -> tuple[list[Verdict], float]:
+    """Check each take as the seam would, the accepted ones teaching their voice's rate; the
+    CPU of the pass."""
+    verdicts = []
+    start = time.process_time()
+    for take in takes:
+        facts = _facts(take, take.pcm)
+        verdict = checker.check(facts)
+        if verdict.ok:
+            checker.accepted(facts, verdict)
+        verdicts.append(verdict)
+    return verdicts, time.process_time() - start
+
+
+def cost_of(takes: Sequence[Take], check_cpu: float) -> dict[str, float]:
+    synth_cpu = sum(t.synth_cpu_s for t in takes)
+    audio_s = sum(t.pcm.size / t.rate for t in takes)
+    return {
+        "takes": len(takes),
+        "audio_s": audio_s,
+        "synthesis_cpu_s": synth_cpu,
+        "synthesis_ms_per_audio_s": 1000 * synth_cpu / audio_s,
+        "signal_checks_cpu_s": check_cpu,
+        "signal_ms_per_audio_s": 1000 * check_cpu / audio_s,
+        "signal_over_synthesis": check_cpu / synth_cpu,
+    }
+
+
+def clean_row(cases: Sequence[Case], verdicts: Sequence[Verdict]) -> dict[str, Any]:
+    flagged = [(c, v) for c, v in zip(cases, verdicts, strict=True) if not v.ok]
+    return {
+        "takes": len(cases),
+        "flagged": len(flagged),
+        "false_flag_rate": len(flagged) / len(cases),
+        "reasons": dict(Counter(r for _, v in flagged for r in v.reasons).most_common()),
+        "flagged_by_rendering": dict(Counter(c.label for c, _ in flagged)),
+        "flagged_examples": [
+            {
+                "rendering": c.label,
+                "speed": c.facts.speed,
+                "words": len(c.facts.text.split()),
+                "reasons": list(v.reasons),
+                **{k: round(x, 3) for k, x in v.measured.items()},
+            }
+            for c, v in flagged[:12]
+        ],
+    }
+
+
+def run(
+    count: int,
+    *,
+    coqui: str | None = "tiny",
+    upstream: bool = True,
+    asr: int = 60,
+    seed: int = 0,
+) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
     provenance()
     sentences = texts(count, seed)
     rng = np.random.default_rng(seed)
-    report: dict[str, Any] = {"texts": len(sentences), "speeds": list(SPEEDS), "seed": seed}
+    report: dict[str, Any] = {
+        "texts": len(sentences),
+        "speeds": list(SPEEDS),
+        "renderings": ["engine", *FORMATS],
+        "seed": seed,
+        "limits": Limits().__dict__ | {"skip": []},
+    }
     signal = TakeChecker("signal")
-    clean_cases: dict[str, list[Case]] = {}
-    cost: dict[str, Any] = {}
-    piper_takes: list[Take] = []
-    for name, engine, voice in load_engines(coqui):
-        takes = synthesize(engine, voice, name, sentences)
-        if name.startswith("piper"):
-            piper_takes = takes
-        cases = [Case(name, _facts(t, t.pcm)) for t in takes]
-        # The seam checks each take as the engine made it; an accepted one teaches its voice's
-        # speaking rate. The CPU of that pass against the synthesis of the same takes is the cost.
-        start = time.process_time()
-        for case in cases:
-            verdict = signal.check(case.facts)
-            if verdict.ok:
-                signal.accepted(case.facts, verdict)
-        check_cpu = time.process_time() - start
-        synth_cpu = sum(t.synth_cpu_s for t in takes)
-        audio_s = sum(t.pcm.size / t.rate for t in takes)
-        cost[name] = {
-            "takes": len(takes),
-            "audio_s": audio_s,
-            "synthesis_cpu_s": synth_cpu,
-            "signal_checks_cpu_s": check_cpu,
-            "signal_over_synthesis": check_cpu / synth_cpu,
-            "signal_ms_per_audio_s": 1000 * check_cpu / audio_s,
-        }
-        rendered = [
-            Case(f"{name} {fmt}", TakeFacts(pcm, rate, t.text, t.speed, t.voice))
-            for t in takes
-            for fmt, pcm, rate in renditions(t)
-        ]
-        clean_cases[name] = cases + rendered
-    report["cost"] = cost
+    piper = synthesize(piper_engine(), "joe", "piper/joe", sentences)
+    verdicts, check_cpu = learn_and_time(signal, piper)
+    report["cost"] = {"piper/joe": cost_of(piper, check_cpu)}
+    cases = [Case("engine", _facts(t, t.pcm)) for t in piper]
+    cases += [
+        Case(fmt, TakeFacts(pcm, rate, t.text, t.speed, t.voice))
+        for t in piper
+        for fmt, pcm, rate in renditions(t)
+    ]
+    verdicts, _ = timed_checks(signal, cases)
+    report["clean"] = {"piper/joe": clean_row(cases, verdicts)}
 
-    clean: dict[str, Any] = {}
-    for name, cases in clean_cases.items():
-        verdicts, _ = timed_checks(signal, cases)
-        flagged = [(c, v) for c, v in zip(cases, verdicts, strict=True) if not v.ok]
-        clean[name] = {
-            "takes": len(cases),
-            "flagged": len(flagged),
-            "false_flag_rate": len(flagged) / len(cases),
-            "reasons": dict(Counter(r for _, v in flagged for r in v.reasons).most_common()),
-            "by_format": dict(Counter(c.label.split(" ", 1)[-1] for c, _ in flagged)),
-        }
-    report["clean"] = clean
-
-    ones = {t.text: t for t in piper_takes if t.speed == 1.0}
-    bad = defects(piper_takes, ones, rng)
+    ones = {t.text: t for t in piper if t.speed == 1.0}
+    bad = defects(piper, ones, rng) + babble(piper, rng)
+    if coqui:
+        # Its takes are random-weight buzz: a class of bad takes, and a cost beside its synthesis.
+        vits = synthesize(coqui_engine(coqui), "default", f"coqui/vits-{coqui}", sentences)
+        verdicts, check_cpu = learn_and_time(signal, vits)
+        report["cost"][f"coqui/vits-{coqui}"] = cost_of(vits, check_cpu)
+        bad += [Case("coqui_random_weights", _facts(t, t.pcm)) for t in vits]
+    if upstream:
+        clean, ignored, as_pcm = upstream_takes(sentences[: max(4, count // 4)])
+        cases = [Case("wav", _facts(t, t.pcm)) for t in clean]
+        verdicts, _ = learn_and_time(signal, clean)
+        report["clean"]["upstream/local-tts-studio"] = clean_row(cases, verdicts)
+        long_enough = [t for t in ignored if ones[t.text].pcm.size >= ones[t.text].rate]
+        bad += [Case("upstream_speed_ignored", _facts(t, t.pcm)) for t in long_enough]
+        bad += as_pcm
     verdicts, _ = timed_checks(signal, bad)
     report["signal"] = rates_by_label(bad, verdicts)
-
-    spliced = babble(piper_takes, rng)
-    verdicts, _ = timed_checks(signal, spliced)
-    report["signal"].update(rates_by_label(spliced, verdicts))
+    truncated = [
+        (c, v) for c, v in zip(bad, verdicts, strict=True) if c.label.startswith("truncated")
+    ]
+    report["signal"]["truncated (all points)"] = rates_by_label(
+        [Case("truncated (all points)", c.facts) for c, _ in truncated], [v for _, v in truncated]
+    )["truncated (all points)"]
+    all_clean = sum(r["takes"] for r in report["clean"].values())
+    all_flagged = sum(r["flagged"] for r in report["clean"].values())
+    report["false_flag_rate"] = all_flagged / all_clean
+    report["clean_takes"] = all_clean
     if asr:
-        report["asr"] = asr_level(piper_takes, spliced, asr, rng)
+        spliced = [c for c in bad if c.label == "babble"]
+        report["asr"] = asr_level(piper, spliced, asr, rng)
     return report
 
 
 def asr_level(
     takes: Sequence[Take], spliced: Sequence[Case], count: int, rng: np.random.Generator
 ) -> dict[str, Any]:
-    """The ``asr`` level on ``count`` clean Piper takes and as many babble takes: catch rate,
-    false flags, the word error rates behind the threshold, and its CPU per second of audio."""
-    checker = TakeChecker("asr", rates=TakeChecker("signal").rates)
+    """The ``asr`` level on ``count`` clean Piper takes the recognizer can judge (English, up to
+    1.5x, three words or more) and on the babble made of the same: catch rate, false flags, the
+    word error rates behind the threshold, and its CPU per second of audio."""
+    checker = TakeChecker("asr")
     for take in takes:
         checker.accepted(_facts(take, take.pcm))
-    picks = rng.choice(len(takes), size=min(count, len(takes)), replace=False)
+    judged = [i for i, t in enumerate(takes) if recognizable(_facts(t, t.pcm))]
+    picks = rng.choice(judged, size=min(count, len(judged)), replace=False)
     clean = [Case("clean", _facts(takes[i], takes[i].pcm)) for i in picks]
     babbled = [spliced[i] for i in picks]
     clean_verdicts, cpu = timed_checks(checker, clean)
@@ -360,20 +480,27 @@ def asr_level(
     audio_s = sum(c.facts.pcm.size / c.facts.sample_rate for c in clean)
     clean_wer = [v.measured.get("wer", 0.0) for v in clean_verdicts]
     babble_wer = [v.measured.get("wer", 0.0) for v in babble_verdicts]
+    synth = sum(takes[i].synth_cpu_s for i in picks)
     return {
         "takes": len(clean),
         "babble_caught_rate": float(np.mean([not v.ok for v in babble_verdicts])),
+        "babble_caught_by_asr_rate": float(
+            np.mean(["asr_mismatch" in v.reasons for v in babble_verdicts])
+        ),
         "clean_false_flag_rate": float(np.mean([not v.ok for v in clean_verdicts])),
         "clean_wer_p50_p95_max": [float(np.percentile(clean_wer, q)) for q in (50, 95, 100)],
         "babble_wer_min_p5_p50": [float(np.percentile(babble_wer, q)) for q in (0, 5, 50)],
         "max_wer": Limits().max_wer,
         "asr_ms_per_audio_s": 1000 * cpu / audio_s,
+        "asr_over_synthesis": cpu / synth,
     }
 
 
 def plot(report: dict[str, Any]) -> Path:
     plt = pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 1]})
+    fig, (left, right) = plt.subplots(
+        1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 1.2]}
+    )
     labels = list(report["signal"])
     values = [100 * report["signal"][k]["rate"] for k in labels]
     if "asr" in report:
@@ -383,62 +510,75 @@ def plot(report: dict[str, Any]) -> Path:
     label_bars(left, bars, values, small=".0f", fontsize=7)
     left.axhline(95, color="red", linestyle="--", label="target 95%")
     left.set_ylabel("caught (%)")
-    left.set_ylim(0, 110)
-    left.tick_params(axis="x", rotation=60, labelsize=8)
-    left.legend(loc="lower left")
-    left.set_title("Defects caught by the take checks (signal level)")
-    names = list(report["clean"])
-    flags = [100 * report["clean"][n]["false_flag_rate"] for n in names]
-    cpu = [100 * report["cost"][n]["signal_over_synthesis"] for n in names]
-    x = np.arange(len(names))
-    b1 = right.bar(x - 0.2, flags, 0.4, label="false flags (%)", color="#e07b39")
-    b2 = right.bar(x + 0.2, cpu, 0.4, label="check CPU / synthesis CPU (%)", color="#5aa469")
-    label_bars(right, b1, flags, fontsize=7)
-    label_bars(right, b2, cpu, fontsize=7)
-    right.set_xticks(x, names, fontsize=8)
-    right.axhline(0.5, color="#e07b39", linestyle=":")
-    right.axhline(5, color="#5aa469", linestyle=":")
+    left.set_ylim(0, 112)
+    left.tick_params(axis="x", rotation=70, labelsize=7)
+    left.legend(loc="lower left", fontsize=8)
+    left.set_title("Bad takes caught (signal level; babble also at asr)")
+    names = [f"false flags\n{n}" for n in report["clean"]]
+    values = [100 * r["false_flag_rate"] for r in report["clean"].values()]
+    names += [f"CPU / synthesis\n{n}" for n in report["cost"]]
+    values += [100 * r["signal_over_synthesis"] for r in report["cost"].values()]
+    colors = ["#e07b39"] * len(report["clean"]) + ["#5aa469"] * len(report["cost"])
+    bars = right.bar(range(len(names)), values, color=colors)
+    label_bars(right, bars, values, fontsize=7)
+    right.set_xticks(range(len(names)), names, fontsize=6, rotation=30, ha="right")
+    right.axhline(0.5, color="#e07b39", linestyle=":", label="false flags target 0.5%")
+    right.axhline(5, color="#5aa469", linestyle=":", label="CPU target 5%")
+    right.set_ylabel("%")
     right.legend(fontsize=7)
-    right.set_title("Clean takes")
+    right.set_title("Clean takes and cost")
     return save_figure(fig, RESULTS / "takes.png")
 
 
 def table(report: dict[str, Any]) -> str:
-    lines = [f"{'class':<20} {'takes':>6} {'caught':>8}  reasons"]
+    lines = [f"{'class':<26} {'takes':>6} {'caught':>8}  reasons"]
     for label, row in report["signal"].items():
         reasons = ", ".join(f"{k} {v}" for k, v in row["reasons"].items())
-        lines.append(f"{label:<20} {row['takes']:>6} {100 * row['rate']:>7.1f}%  {reasons}")
+        lines.append(f"{label:<26} {row['takes']:>6} {100 * row['rate']:>7.1f}%  {reasons}")
     if "asr" in report:
         a = report["asr"]
         lines.append(
-            f"{'babble (asr)':<20} {a['takes']:>6} {100 * a['babble_caught_rate']:>7.1f}%"
-            f"  clean flagged {100 * a['clean_false_flag_rate']:.1f}%,"
+            f"{'babble (asr level)':<26} {a['takes']:>6} {100 * a['babble_caught_rate']:>7.1f}%"
+            f"  clean flagged {100 * a['clean_false_flag_rate']:.1f}% of {a['takes']};"
             f" {a['asr_ms_per_audio_s']:.0f} ms CPU per audio s"
+            f" ({100 * a['asr_over_synthesis']:.0f}% of synthesis)"
         )
     for name, row in report["clean"].items():
-        c = report["cost"][name]
         lines.append(
-            f"clean {name:<14} {row['takes']:>6} flagged {100 * row['false_flag_rate']:.2f}%"
-            f" {row['reasons']}; checks {100 * c['signal_over_synthesis']:.2f}% of synthesis CPU"
-            f" ({c['signal_ms_per_audio_s']:.2f} ms per audio s)"
+            f"clean {name:<20} {row['takes']:>6} flagged {100 * row['false_flag_rate']:.2f}%"
+            f" {row['reasons']}"
+        )
+    for name, c in report["cost"].items():
+        lines.append(
+            f"cost  {name:<20} checks {c['signal_ms_per_audio_s']:.2f} ms per audio s,"
+            f" synthesis {c['synthesis_ms_per_audio_s']:.1f}:"
+            f" {100 * c['signal_over_synthesis']:.2f}% of synthesis CPU"
         )
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--texts", type=int, default=40, help="sentences, each at 6 speeds")
+    parser.add_argument("--asr", type=int, default=60, help="takes checked at asr (0: none)")
     parser.add_argument(
-        "--texts", type=int, default=20, help="sentences (x6 speeds x13 renderings)"
+        "--coqui", default="tiny", choices=["tiny", "ljspeech", "none"], help="the VITS size"
     )
-    parser.add_argument(
-        "--asr", type=int, default=60, help="takes checked at the asr level (0: none)"
-    )
-    parser.add_argument("--no-coqui", action="store_true", help="the Piper voice only")
+    parser.add_argument("--no-upstream", action="store_true", help="no local-tts-studio")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--verbose", action="store_true", help="print the flagged clean takes")
     args = parser.parse_args(argv)
-    report = run(args.texts, coqui=not args.no_coqui, asr=args.asr, seed=args.seed)
+    report = run(
+        args.texts,
+        coqui=None if args.coqui == "none" else args.coqui,
+        upstream=not args.no_upstream,
+        asr=args.asr,
+        seed=args.seed,
+    )
     print(table(report))
+    if args.verbose:
+        print(json.dumps({n: r["flagged_examples"] for n, r in report["clean"].items()}, indent=1))
     if not args.no_write:
         print(write_results("takes", report), plot(report))
 

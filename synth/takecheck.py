@@ -57,7 +57,7 @@ class Limits:
     max_speed_error: float = 1.3
     # A take that ends in what the detector calls speech, its last 20 ms louder than this (dB
     # against the speech's median level), was cut off.
-    max_end_db: float = -40.0
+    max_end_db: float = -25.0
     # The longest silence inside speech beyond the pauses the text explains, in seconds at
     # speed 1 (longer at slower speeds).
     max_hole_s: float = 1.0
@@ -214,7 +214,7 @@ class TakeChecker:
         if signal.longest_gap_s > limits.max_hole_s / slow + facts.pause_s:
             reasons.append("hole")
         reasons.extend(self._duration_reasons(facts, signal, expected, limits, measured))
-        if self.level == "asr" and _recognizable(facts):
+        if self.level == "asr" and recognizable(facts):
             wer = self._wer(facts)
             measured["wer"] = wer
             if wer > limits.max_wer:
@@ -377,8 +377,11 @@ def analyse(pcm: npt.NDArray[np.float32], sample_rate: int, min_level_db: float)
     if speech[-1] or vad.is_speech(samples[-step:], VAD_RATE):
         # Ends in speech (else in silence, or in a codec's noise after it: GSM's can sit near
         # -40 dBFS): how loud its last 20 ms are tells a word cut off from one said out.
-        tail = x[-VAD_RATE // 50 :]
-        end_db = 10.0 * float(np.log10(np.mean(tail * tail) + 1e-12)) - median_level
+        # 50 to 20 ms before the end: a codec's last frame may ring (GSM's does), so the very
+        # end is not the measure; a cut-off word is still loud there.
+        tail = x[-VAD_RATE // 20 : -VAD_RATE // 50] if x.size > VAD_RATE // 20 else x
+        end_level = 10.0 * float(np.log10(np.mean(tail * tail) + 1e-12))
+        end_db = end_level - median_level
     return Signal(
         frames=count,
         loud_frames=int(loud.sum()),
@@ -438,7 +441,8 @@ ASR_MAX_SPEED = 1.5
 ASR_MIN_WORDS = 3
 
 
-def _recognizable(facts: TakeFacts) -> bool:
+def recognizable(facts: TakeFacts) -> bool:
+    """Whether the ``asr`` level judges ``facts`` (else it passes on the signal checks alone)."""
     return (
         facts.language.lower().startswith("en")
         and facts.speed <= ASR_MAX_SPEED
