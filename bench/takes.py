@@ -269,9 +269,12 @@ def coqui_engine(size: str) -> Any:
     not speech, but it costs what a Coqui model of its size costs."""
     import tempfile
 
+    import torch
+
     from bench.harness import build_vits
     from synth.coqui_engine import CoquiEngine
 
+    torch.set_num_threads(1)  # one core, as the Piper voice
     model, config = build_vits(Path(tempfile.mkdtemp(prefix="voxgate-takes-vits-")), size=size)
     engine = CoquiEngine(model, config, intra_op_threads=1)
     engine.load()
@@ -402,9 +405,6 @@ def run(
     asr: int = 60,
     seed: int = 0,
 ) -> dict[str, Any]:
-    import torch
-
-    torch.set_num_threads(1)
     provenance()
     sentences = texts(count, seed)
     rng = np.random.default_rng(seed)

@@ -71,9 +71,12 @@ class Limits:
     max_flatness: float = 0.45
     max_tonality: float = 0.9
     min_modulation_db: float = 3.0
-    # Word error rate above which the recognizer's reading is a mismatch (``asr`` level): clean
-    # takes of the bundled voice read at up to 0.6, babble spliced from other takes from 0.9.
-    max_wer: float = 0.8
+    # Word error rate above which the recognizer's reading is a mismatch (``asr`` level): on the
+    # bundled voice clean takes read at up to about 0.85 (pocketsphinx's general model on a
+    # synthetic voice), babble spliced from other takes from about 0.87, mostly above 0.93. A
+    # false flag costs a retake, a miss only what the signal checks let through: the threshold
+    # sits above the clean takes.
+    max_wer: float = 0.9
     skip: frozenset[str] = frozenset()
 
     def loosened(self, **changes: object) -> Limits:

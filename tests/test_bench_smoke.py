@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from bench import arena, common, hit_path, hostshare, marks_cost, miss_path, ttfa
+from bench import arena, common, hit_path, hostshare, marks_cost, miss_path, takes, ttfa
 from gateway.runtime.hostshare import HostTable
 from tests.support import shortest_audio_s
 
@@ -132,6 +132,23 @@ def test_marks_cost_bench_tiny() -> None:
     on, off = rows["marks-on"]["miss"], rows["marks-off"]["miss"]
     ratio = result["summary"]["miss"]["throughput_ratio"]
     assert ratio == round(on["throughput_rps"] / off["throughput_rps"], 3)
+
+
+def test_takes_bench_two_sentences() -> None:
+    """The take-check bench's corpus and figures on two sentences (the Piper voice only): every
+    clean rendering is counted, each defect class made from every take, and each rate is its
+    counts'."""
+    report = takes.run(2, coqui=None, upstream=False, asr=0)
+    clean = report["clean"]["piper/joe"]
+    assert clean["takes"] == 2 * len(takes.SPEEDS) * len(report["renderings"])
+    assert report["false_flag_rate"] == clean["flagged"] / clean["takes"]
+    rows = report["signal"]
+    assert {"silence", "hole", "tone", "wrong_container", "babble"} <= set(rows)
+    assert rows["silence"]["takes"] == 2 * len(takes.SPEEDS)
+    assert all(r["rate"] == r["caught"] / r["takes"] for r in rows.values())
+    assert rows["truncated (all points)"]["takes"] == 4 * rows["silence"]["takes"]
+    cost = report["cost"]["piper/joe"]
+    assert cost["signal_over_synthesis"] == cost["signal_checks_cpu_s"] / cost["synthesis_cpu_s"]
 
 
 def test_arena_bench_one_round_of_one_sentence() -> None:
