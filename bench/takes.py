@@ -7,7 +7,8 @@ silence, truncation at several points, holes, noise, hum, tone, a WAV read as ra
 ignored, clipping, runaway repeats, babble spliced from other takes. For each class the catch
 rate at the ``signal`` level (and at ``asr`` for babble and a sample of clean takes), the false
 flags over the clean takes, and the checks' CPU beside the synthesis CPU they guard (same
-process, same takes, one thread). Seeded: the same run gives the same corpus.
+process, same takes, one thread). The texts and the defects are seeded; the takes are not quite:
+Piper samples its own noise (noise_scale), so figures move a little from run to run.
 
     python -m bench.takes            # writes docs/bench/takes.json and takes.png
     python -m bench.takes --texts 6 --no-write

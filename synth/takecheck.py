@@ -57,7 +57,7 @@ class Limits:
     max_speed_error: float = 1.3
     # A take that ends in what the detector calls speech, its last 20 ms louder than this (dB
     # against the speech's median level), was cut off.
-    max_end_db: float = -25.0
+    max_end_db: float = -20.0
     # The longest silence inside speech beyond the pauses the text explains, in seconds at
     # speed 1 (longer at slower speeds).
     max_hole_s: float = 1.0
