@@ -176,8 +176,9 @@ def test_dev_extra_installs_everything() -> None:
     # `bash .ci/install` installs `.[dev]`: the whole suite needs the Coqui extra (its engine
     # tests), the bench extra (the seed baseline the bench smoke tests start) and the clients extra
     # (the real client libraries the compatibility tests drive), the openai extra (the upstream
-    # client of kind "openai" the upstream tests run) and the polly extra (botocore's signer,
-    # which the tests of kind "polly" check signatures with).
+    # client of kind "openai" the upstream tests run), the polly extra (botocore's signer,
+    # which the tests of kind "polly" check signatures with) and the asr extra (pocketsphinx, the
+    # take checks' recognizer).
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     project = pyproject["project"]
     selves = [d for d in project["optional-dependencies"]["dev"] if d.startswith("voxgate[")]
@@ -188,6 +189,7 @@ def test_dev_extra_installs_everything() -> None:
         "clients",
         "openai",
         "polly",
+        "asr",
     }
     heavy = ("torch", "torchaudio", "torchcodec", "coqui-tts", "onnx", "six")
     names = {re.split(r"[=<>~;\[ ]", d)[0] for d in project["dependencies"]}
