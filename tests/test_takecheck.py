@@ -4,6 +4,9 @@ clean takes, in every output format, pass."""
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -52,15 +55,10 @@ def checker(takes: dict[tuple[str, float], BenchTake]) -> TakeChecker:
     return checker
 
 
-def _facts(take: BenchTake, pcm: np.ndarray | None = None, **changes: object) -> TakeFacts:
-    facts = TakeFacts(
-        take.pcm if pcm is None else pcm.astype(np.float32),
-        take.rate,
-        take.text,
-        speed=take.speed,
-        voice=VOICE,
-    )
-    return TakeFacts(**{**facts.__dict__, **changes})  # type: ignore[arg-type]
+def _facts(take: BenchTake, pcm: np.ndarray | None = None, **changes: Any) -> TakeFacts:
+    samples = take.pcm if pcm is None else pcm.astype(np.float32)
+    facts = TakeFacts(samples, take.rate, take.text, speed=take.speed, voice=VOICE)
+    return dataclasses.replace(facts, **changes)
 
 
 def reasons(checker: TakeChecker, facts: TakeFacts) -> tuple[str, ...]:
