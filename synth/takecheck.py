@@ -50,7 +50,7 @@ class Limits:
 
     # Duration as a ratio of the expected one (learned speaking rate, at the asked speed), give
     # or take ``duration_slack_s`` (a short text's length is more its pauses than its letters).
-    min_duration_ratio: float = 0.7
+    min_duration_ratio: float = 0.8
     max_duration_ratio: float = 1.7
     duration_slack_s: float = 0.15
     # A length this far (as a ratio) from the asked speed's, and nearer speed 1's, ignored it.
