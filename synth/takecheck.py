@@ -232,7 +232,7 @@ class TakeChecker:
         limits: Limits,
         measured: dict[str, float],
     ) -> list[Reason]:
-        said = max(signal.span_s - facts.pause_s, 0.0)
+        said = max(signal.span_s - facts.pause_s, FRAME_S)  # a frame at least: ratios stay finite
         ratio = said / expected
         at_one = said / (expected * max(facts.speed, 0.05))
         measured["duration_ratio"] = ratio
