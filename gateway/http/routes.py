@@ -15,7 +15,7 @@ from cache.keys import KEY_PATTERN
 from gateway.api.jambonz import ENCODINGS as JAMBONZ_ENCODINGS
 from gateway.api.models import SPEAKABLE, models_for
 from gateway.api.say import SIGNED as SIGNED_SEGMENT
-from gateway.http import listings, ops, sse
+from gateway.http import listings, ops, review, sse
 from gateway.http.auth import ADMIN, ANY_KEY, METRICS, OPEN, READ, SIGNED, SPEAK
 from gateway.http.compat import api_tts, piper_speak, piper_voices, synthesize
 from gateway.http.errors import Error, Handler
@@ -604,6 +604,70 @@ def route_table(settings: Settings) -> RouteTable:
             "over restarts (the pin registry).",
             answers={200: json_answer("The pinned prompts.", ops.PinnedPrompts)},
             common=(503,),
+        ),
+        Route(
+            "GET",
+            "/v1/takes",
+            review.list_takes,
+            ADMIN,
+            tag="operations",
+            summary="The refused takes kept for review (the quarantine)",
+            description="Each take the checks refused: id, content address, model, voice, "
+            "reasons, what was measured, when, and the text it should say; oldest first. One "
+            "list for every gateway process of the host, bounded and expiring "
+            "(docs/takes-review.md).",
+            answers={200: json_answer("The refused takes.", review.RejectedTakes)},
+        ),
+        Route(
+            "GET",
+            "/v1/takes/{id}/audio",
+            review.take_audio,
+            ADMIN,
+            tag="operations",
+            summary="Listen to a refused take",
+            params=(
+                Param(
+                    "id", "path", {"type": "string", "pattern": "^[0-9a-f]{16}$"}, "The take's id."
+                ),
+            ),
+            answers={
+                200: Answer(
+                    "The take's audio, as it would have been stored.",
+                    {m: BINARY for m in AUDIO_TYPES},
+                )
+            },
+            common=(400, 404),
+        ),
+        Route(
+            "POST",
+            "/v1/takes/{id}/approve",
+            review.approve_take,
+            ADMIN,
+            tag="operations",
+            summary="Approve a refused take into the store under its key",
+            description="No check runs: the admin heard it. Logged with the key.",
+            params=(
+                Param(
+                    "id", "path", {"type": "string", "pattern": "^[0-9a-f]{16}$"}, "The take's id."
+                ),
+            ),
+            answers={200: json_answer("Stored.", review.Settled)},
+            common=(400, 404),
+        ),
+        Route(
+            "POST",
+            "/v1/takes/{id}/discard",
+            review.discard_take,
+            ADMIN,
+            tag="operations",
+            summary="Discard a refused take",
+            params=(
+                Param(
+                    "id", "path", {"type": "string", "pattern": "^[0-9a-f]{16}$"}, "The take's id."
+                ),
+            ),
+            answers={200: json_answer("Dropped.", review.Settled)},
+            common=(400, 404),
         ),
         Route(
             "POST",
