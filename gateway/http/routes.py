@@ -692,7 +692,9 @@ def route_table(settings: Settings) -> RouteTable:
             summary="The prompt studio: a page to try text and SSML (docs/ssml.md)",
             description="One static HTML page with its script (no build step, nothing from a "
             "CDN). It calls only this API: POST /v1/audio/speech, POST /v1/ssml/explain, GET "
-            "/v1/voices, GET /v1/prompts, GET /v1/audio/{key}.{ext} and the speech marks and "
+            "/v1/voices, GET /v1/prompts, GET /v1/audio/{key}.{ext}, the refused takes "
+            "(GET /v1/takes, their audio, approve and discard: an admin key lists them) and the "
+            "speech marks and "
             "captions of `/v1/audio/{key}.marks`, `.vtt`, `.srt` (each word highlighted as it "
             "plays), with the key typed into it when API keys are on. POST / is Piper's API.",
             answers={200: Answer("The page.", {"text/html": TEXT})},
