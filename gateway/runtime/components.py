@@ -458,7 +458,12 @@ async def open_speech(
         )
         # Refused takes, kept for review: one list for every gateway process of the host.
         rejects = await asyncio.to_thread(
-            Quarantine, os.path.join(settings.cache_dir, "quarantine")
+            lambda: Quarantine(
+                os.path.join(settings.cache_dir, "quarantine"),
+                max_takes=settings.quarantine_takes,
+                max_bytes=settings.quarantine_mb * MIB,
+                ttl_s=settings.quarantine_ttl_h * 3600,
+            )
         )
         render_share = (
             RenderShare(shares, settings.renders_per_client, metrics.renders_refused)
