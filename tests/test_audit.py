@@ -12,9 +12,12 @@ from typing import Any
 
 import numpy as np
 
+from bench.harness import CACHE_SECRET, RedisServer
 from cache.disk import DiskTier
 from cache.entry import Entry
 from cache.pins import ANONYMOUS, HostPinRegistry, PinItem, PinQuota, encode_label
+from cache.redis_tier import RedisTier
+from gateway.runtime.settings import Settings
 from synth import audio
 from synth.engine import SynthesisItem
 from synth.piper_engine import PiperEngine
@@ -133,3 +136,29 @@ async def test_audit_finds_exactly_the_bad_entries_and_evicts_them(
     }
     code, lines, _ = await asyncio.to_thread(audit, cache_dir)
     assert code == 0 and {names[k] for k in lines} == set(entries) - bad
+
+
+async def test_audit_checks_the_redis_tier_and_trusts_nothing_unauthenticated(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    prefix = Settings.load(env={}).redis_prefix
+    tier = RedisTier.from_url(redis.url, secret=CACHE_SECRET.encode(), prefix=prefix)
+    tone = (0.3 * np.sin(np.arange(16000) / 16000 * 2 * np.pi * 220)).astype(np.float32)
+    await tier.put(key("tone"), entry(tone, 16000, "flac"))
+    await tier.put(key("silence"), entry(np.zeros_like(tone), 16000, "flac"))
+    # A value written without the cache secret: never decoded, reported corrupt.
+    await tier.client.set(tier.entry_key(key("forged")), entry(tone, 16000, "wav").to_blob())
+    names = {key(n): n for n in ("tone", "silence", "forged")}
+    flags = ("--disk-cache-mb", "0", "--redis-url", redis.url, "--cache-secret", CACHE_SECRET)
+
+    code, lines, err = await asyncio.to_thread(audit, tmp_path / "cache", *flags, "--evict")
+    assert code == 1, err
+    verdicts = {names[k]: (v["tier"], v["verdict"], v.get("evicted")) for k, v in lines.items()}
+    assert verdicts == {
+        "tone": ("redis", "ok", None),
+        "silence": ("redis", "bad", True),
+        "forged": ("redis", "corrupt", True),
+    }
+    assert await tier.client.exists(tier.entry_key(key("tone"))) == 1
+    assert await tier.client.exists(tier.entry_key(key("silence"))) == 0
+    await tier.close()
