@@ -9,10 +9,9 @@ import re
 from aiohttp import web
 from typing_extensions import TypedDict
 
-from cache.entry import Entry
 from gateway.errors import BadRequest, NotFound
 from gateway.http import keys
-from gateway.speech.quarantine import Quarantine, Rejected
+from gateway.speech.quarantine import Quarantine
 
 log = logging.getLogger("voxgate")
 _ID = re.compile(r"[0-9a-f]{16}")
@@ -87,18 +86,17 @@ async def take_audio(request: web.Request) -> web.Response:
     )
 
 
-async def _settle(request: web.Request) -> tuple[Rejected, Entry]:
-    id_ = _id(request)
-    found = await _quarantine(request).pop(id_)
-    if found is None:
-        raise _missing(id_)
-    return found
-
-
 async def approve_take(request: web.Request) -> web.Response:
     """``POST /v1/takes/{id}/approve``: store a refused take under its key, unchecked."""
-    record, entry = await _settle(request)
+    id_ = _id(request)
+    rejects = _quarantine(request)
+    found = await rejects.get(id_)
+    if found is None:
+        raise _missing(id_)
+    record, entry = found
+    # Stored first, then taken out: a store that fails leaves the take to approve again.
     await request.app[keys.SPEECH].store.put(record.key, entry)
+    await rejects.pop(id_)
     log.warning("refused take %s approved into the store under %s", record.id, record.key)
     body: Settled = {"id": record.id, "key": record.key, "outcome": "approved"}
     return web.json_response(body)
@@ -106,7 +104,11 @@ async def approve_take(request: web.Request) -> web.Response:
 
 async def discard_take(request: web.Request) -> web.Response:
     """``POST /v1/takes/{id}/discard``: drop a refused take."""
-    record, _ = await _settle(request)
+    id_ = _id(request)
+    found = await _quarantine(request).pop(id_)
+    if found is None:
+        raise _missing(id_)
+    record = found[0]
     log.info("refused take %s for %s discarded", record.id, record.key)
     body: Settled = {"id": record.id, "key": record.key, "outcome": "discarded"}
     return web.json_response(body)
