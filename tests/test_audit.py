@@ -136,6 +136,11 @@ async def test_audit_finds_exactly_the_bad_entries_and_evicts_them(
     }
     code, lines, _ = await asyncio.to_thread(audit, cache_dir)
     assert code == 0 and {names[k] for k in lines} == set(entries) - bad
+    # The evicted pin's record went with it; the clean pin's stayed.
+    registry = await asyncio.to_thread(HostPinRegistry.in_cache_dir, cache_dir)
+    listed = {names[str(p["key"])] for p in await registry.listing()}
+    await registry.close()
+    assert listed == {"clean pinned ulaw"}
 
 
 async def test_audit_checks_the_redis_tier_and_trusts_nothing_unauthenticated(

@@ -131,6 +131,23 @@ async def _said(settings: Settings, tiers: list[Any]) -> dict[str, Said]:
     return said
 
 
+async def _forget_pins(settings: Settings, tiers: list[Any], keys: set[str]) -> bool:
+    """Drop the pin records of evicted pinned entries (their bytes leave the pin quota, and
+    GET /v1/prompts stops listing them); False when the registry failed."""
+    from cache.pins import PinRegistryError, registry_for
+    from cache.tier import PurgeFilter
+
+    registry = registry_for([t for t in tiers if t.name != "disk"], settings.cache_dir)
+    try:
+        await registry.forget(PurgeFilter(pinned=True, keys=frozenset(keys)))
+    except PinRegistryError as exc:
+        print(f"voxgate audit: pin records not released: {exc}", file=sys.stderr)
+        return False
+    finally:
+        await registry.close()
+    return True
+
+
 async def _keys(tier: Any) -> list[str]:
     from cache.disk import DiskTier
 
@@ -174,6 +191,7 @@ async def _audit(settings: Settings, args: argparse.Namespace) -> int:
     tiers = [tier async for tier in _tiers(settings)]
     checker = TakeChecker("signal")
     bad = failed = 0
+    unpinned: set[str] = set()  # pinned entries evicted: their pin records go too
     try:
         said = await _said(settings, [t for t in tiers if t.name != "disk"])
         for tier in tiers:
@@ -194,7 +212,11 @@ async def _audit(settings: Settings, args: argparse.Namespace) -> int:
                     if line is None:
                         continue  # gone since the listing
                     bad += line["verdict"] != "ok"
+                    if line.get("evicted") and line.get("pinned"):
+                        unpinned.add(key)
                     print(json.dumps(line), flush=True)
+        if unpinned:
+            failed += not await _forget_pins(settings, tiers, unpinned)
     finally:
         for tier in tiers:
             await tier.close()
