@@ -54,13 +54,19 @@ def button(driver: WebDriver, take_id: str, label: str) -> Any:
 
 def review(driver: WebDriver, wait: WebDriverWait[WebDriver], listen: str, drop: str) -> str:
     """Listen to one refused take and approve it, discard another; the first one's row."""
-    driver.find_element(By.ID, "refresh").click()
+    # Kept before the page loaded: listed once, by the page's first load.
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"#takes tr[data-id='{drop}']"))
     row = str(driver.find_element(By.CSS_SELECTOR, f"#takes tr[data-id='{listen}']").text)
     button(driver, listen, "Listen").click()
     wait.until(lambda d: text_of(d, "cache") == "refused" and text_of(d, "duration").endswith(" s"))
     button(driver, drop, "Discard").click()
-    wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, f"#takes tr[data-id='{drop}']"))
+    # The list is drawn anew: the one left is there again, the discarded one is not.
+    wait.until(
+        lambda d: (
+            not d.find_elements(By.CSS_SELECTOR, f"#takes tr[data-id='{drop}']")
+            and d.find_elements(By.CSS_SELECTOR, f"#takes tr[data-id='{listen}']")
+        )
+    )
     button(driver, listen, "Approve").click()
     wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, "#takes tr[data-id]"))
     return row
