@@ -359,9 +359,10 @@ class AnswerReader:
         if self.container is None:
             self.container = sniff_container(head, self.content_type)
             framed = head[:3] != b"ID3" and self.container in ("mp3", "aac")
-            if framed and self.config.format == "pcm" and "audio/" not in self.content_type:
-                # An MPEG frame sync is two bytes raw samples may start with: asked for pcm, a
-                # body is MPEG only when its content type says it is audio.
+            said = any(name in self.content_type.lower() for name in ("mpeg", "mp3", "aac"))
+            if framed and self.config.format == "pcm" and not said:
+                # An MPEG frame sync is two bytes raw samples may start with (-7937 is
+                # 0xFF 0xE0): asked for pcm, a body is MPEG only when its content type says so.
                 self.container = "unknown"
             if self.container == "text":
                 kind = self.content_type.split(";")[0].strip() or "text"
