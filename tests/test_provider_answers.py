@@ -14,6 +14,7 @@ import soundfile as sf
 
 from synth.audio import resample
 from synth.engine import SynthesisItem
+from synth.errors import UpstreamError
 from synth.providers.base import AnswerReader, ProviderError, answer_seconds, wav_audio
 from synth.upstream import UpstreamConfig
 from tests.upstream_support import tone, wav_header
@@ -153,3 +154,12 @@ def test_a_wav_that_is_no_wav_or_claims_1_hz_is_refused() -> None:
         wav_audio(wav_header(1, 2000) + bytes(2000))
     data, _ = speech_wav(16000)
     assert wav_audio(data).sample_rate == 16000
+
+
+def test_the_reason_travels_with_the_upstreams_error_from_the_pool_process() -> None:
+    """The take seam counts a refused answer by its reason: the error the pool process sends
+    a gateway keeps it; a reason that is none of the take checks' is dropped."""
+    sent = UpstreamError("no take", upstream="p", kind="bad_reply", reason="bad_rate")
+    wire = sent.to_wire()
+    assert UpstreamError.from_wire("no take", wire).reason == "bad_rate"
+    assert UpstreamError.from_wire("no take", {**wire, "reason": "<script>"}).reason == ""
