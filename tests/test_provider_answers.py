@@ -163,3 +163,16 @@ def test_the_reason_travels_with_the_upstreams_error_from_the_pool_process() -> 
     wire = sent.to_wire()
     assert UpstreamError.from_wire("no take", wire).reason == "bad_rate"
     assert UpstreamError.from_wire("no take", {**wire, "reason": "<script>"}).reason == ""
+
+
+async def test_a_chunk_after_a_wavs_samples_is_never_read_as_samples() -> None:
+    """A LIST chunk after the data chunk (as some encoders write) is not a click at the end."""
+    data, _ = speech_wav(24000, seconds=0.5)
+    tail = b"LIST" + (26).to_bytes(4, "little") + b"INFOISFT" + (14).to_bytes(4, "little")
+    tail += b"some encoder\x00\x00"
+    heard: list[bytes] = []
+    audio = await AnswerReader(entry(), SynthesisItem(TEXT, "alloy"), heard.append).read(
+        Counted(data + tail, size=333)
+    )
+    assert b"".join(heard) == data[44:]
+    assert len(audio.pcm) == (len(data) - 44) // 2

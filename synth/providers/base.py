@@ -222,12 +222,15 @@ def answer_seconds(item: SynthesisItem, language: str) -> float:
 
 @dataclass(frozen=True)
 class WavLayout:
-    """What a WAV header says of its samples: ``data_at`` is where they start."""
+    """What a WAV header says of its samples: ``data_at`` is where they start, ``data_end``
+    where they end (None: a streamed WAV's unknown length, to the end of the body; chunks
+    after the samples, such as a trailing LIST, are never read as samples)."""
 
     rate: int
     channels: int
     dtype: str  # numpy's, or "<i3" for 24-bit
     data_at: int
+    data_end: int | None = None
 
     @property
     def frame_bytes(self) -> int:
@@ -262,7 +265,8 @@ def wav_layout(head: bytes) -> WavLayout | None:
         if chunk == b"data":
             if fmt is None:
                 raise refused_take("not_audio", "the WAV has samples but no fmt chunk")
-            return WavLayout(*fmt, data_at=pos + 8)
+            known = 0 < size < 0xFFFFFFFF - pos  # streamed WAVs state 0 or 0xFFFFFFFF
+            return WavLayout(*fmt, data_at=pos + 8, data_end=pos + 8 + size if known else None)
         if chunk == b"fmt ":
             body = head[pos + 8 : pos + 8 + min(size, 26)]
             if len(body) < min(size, 26):
@@ -350,9 +354,9 @@ class AnswerReader:
             if self.container is None and len(head) < SNIFF_BYTES:
                 return
             if self._name(head) == "unknown" or self.wav is not None:
-                self._pass(head[self.wav.data_at :] if self.wav is not None else head)
+                self._pass(head[self.wav.data_at :] if self.wav is not None else head, len(head))
             return
-        self._pass(piece)
+        self._pass(piece, self.size)
 
     def _name(self, head: bytes) -> Container:
         """Name the container of ``head`` and bound the body by what it is."""
@@ -391,8 +395,9 @@ class AnswerReader:
             "too_long", f"the answer is longer than its text can take ({self.seconds:.0f} s)"
         )
 
-    def _pass(self, data: bytes) -> None:
-        """Samples on to the sink, as 16-bit pcm at the entry's rate."""
+    def _pass(self, data: bytes, upto: int) -> None:
+        """Samples on to the sink, as 16-bit pcm at the entry's rate (``data`` ends at body
+        offset ``upto``)."""
         if self.sink is None or not data:
             return
         wav = self.wav
@@ -400,6 +405,8 @@ class AnswerReader:
             if self.container == "unknown":
                 self.sink(data)
             return
+        if wav.data_end is not None and upto > wav.data_end:
+            data = data[: max(0, len(data) - (upto - wav.data_end))]
         data = self._carry + data
         whole = len(data) - len(data) % wav.frame_bytes
         self._carry = data[whole:]
@@ -428,14 +435,14 @@ class AnswerReader:
         if container is None:  # shorter than a sniff
             container = self._name(data)
             if container == "unknown":
-                self._pass(data)
+                self._pass(data, len(data))
         if container == "unknown":
             return pcm16_audio(data, self.config.sample_rate)
         if container == "wav":
             wav = self.wav
             if wav is None:
                 raise refused_take("not_audio", "the WAV ends inside its header")
-            samples = data[wav.data_at :]
+            samples = data[wav.data_at : wav.data_end]
             pcm = wav.mono(samples[: len(samples) - len(samples) % wav.frame_bytes])
             if self.sink is not None and self._resamples:
                 self._sink_float(np.zeros(0, np.float32), last=True)
