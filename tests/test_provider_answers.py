@@ -17,7 +17,7 @@ from synth.engine import SynthesisItem
 from synth.errors import UpstreamError
 from synth.providers.base import AnswerReader, ProviderError, answer_seconds, wav_audio
 from synth.upstream import UpstreamConfig
-from tests.upstream_support import tone, wav_header
+from tests.upstream_support import HeldWyomingServer, tone, wav_header
 
 TEXT = "Thank you for calling, how may I help you today?"
 
@@ -176,3 +176,23 @@ async def test_a_chunk_after_a_wavs_samples_is_never_read_as_samples() -> None:
     )
     assert b"".join(heard) == data[44:]
     assert len(audio.pcm) == (len(data) - 44) // 2
+
+
+async def test_a_wyoming_server_is_held_to_a_rate_and_the_texts_bound() -> None:
+    """Wyoming's chunks name their rate: 1 Hz is refused on the first chunk; a take many times
+    longer than its text is refused as too_long."""
+    from synth.providers.wyoming_tcp import WyomingProvider
+
+    for rate, repeat, reason in ((1, 1, "bad_rate"), (24000, 400, "too_long")):
+        server = await HeldWyomingServer(parts=repeat * 2, rate=rate).start()
+        server.repeat = repeat
+        server.rest.set()
+        try:
+            config = UpstreamConfig(
+                name="w", kind="wyoming", base_url=server.url, sample_rate=24000, voices=("alloy",)
+            )
+            with pytest.raises(ProviderError) as caught:
+                await WyomingProvider(config, "", {}).synthesize(SynthesisItem(TEXT, "alloy"), 30)
+            assert caught.value.reason == reason
+        finally:
+            await server.stop()

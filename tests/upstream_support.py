@@ -278,9 +278,15 @@ class HeldWyomingServer:
     ``parts`` chunks: it sets ``half_sent``, sends every chunk but the last, and the last once
     ``rest`` is set. ``calls`` counts the synthesize events; ``url`` is its ``tcp://`` address."""
 
-    def __init__(self, *, voices: tuple[str, ...] = ("alloy",), parts: int = 4) -> None:
+    def __init__(
+        self, *, voices: tuple[str, ...] = ("alloy",), parts: int = 4, rate: int = RATE
+    ) -> None:
         self.voices = voices
         self.parts = parts
+        # The rate its chunks state (the samples are the tone's at RATE whatever it says);
+        # ``repeat`` times the tone is said (a runaway take).
+        self.rate = rate
+        self.repeat = 1
         self.port = free_port()
         self.url = f"tcp://127.0.0.1:{self.port}"
         self.calls = 0
@@ -316,9 +322,9 @@ class HeldWyomingServer:
             if voice not in self.voices:
                 await async_write_event(Error(text=f"no voice {voice}").event(), writer)
                 return
-            form = {"rate": RATE, "width": 2, "channels": 1}
+            form = {"rate": self.rate, "width": 2, "channels": 1}
             await async_write_event(AudioStart(**form).event(), writer)
-            pieces = split_samples(tone(ask.text).tobytes(), self.parts)
+            pieces = split_samples(tone(ask.text).tobytes() * self.repeat, self.parts)
             self.half_sent.set()
             for piece in pieces[:-1]:
                 await async_write_event(AudioChunk(audio=piece, **form).event(), writer)
