@@ -196,3 +196,19 @@ async def test_a_wyoming_server_is_held_to_a_rate_and_the_texts_bound() -> None:
             assert caught.value.reason == reason
         finally:
             await server.stop()
+
+
+@pytest.mark.parametrize("subtype", ["PCM_U8", "PCM_16", "PCM_24", "PCM_32", "FLOAT", "DOUBLE"])
+async def test_every_wav_encoding_is_read_as_libsndfile_reads_it(subtype: str) -> None:
+    """Stereo WAV of each encoding (WAVE_FORMAT_EXTENSIBLE, as libsndfile writes stereo
+    24-bit): the first channel, as soundfile decodes it."""
+    rng = np.random.default_rng(7)
+    stereo = (0.5 * rng.standard_normal((16000, 2))).clip(-1, 1).astype(np.float32)
+    out = io.BytesIO()
+    sf.write(out, stereo, 16000, format="WAV", subtype=subtype)
+    reference, _ = sf.read(io.BytesIO(out.getvalue()), dtype="float32", always_2d=True)
+    audio = await AnswerReader(entry(format="wav"), SynthesisItem(TEXT, "alloy")).read(
+        Counted(out.getvalue(), size=999)
+    )
+    assert audio.sample_rate == 16000
+    assert np.allclose(audio.pcm, reference[:, 0], atol=1e-6)
