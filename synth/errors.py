@@ -8,6 +8,8 @@ never contain the request text.
 
 from __future__ import annotations
 
+from synth.takecheck import REASONS
+
 
 class SynthesisError(Exception):
     """Root of synthesis failures."""
@@ -66,7 +68,9 @@ class UpstreamError(SynthesisError):
     """A remote TTS provider (an upstream) did not give audio. ``upstream`` names it (the
     model name clients use); ``status`` is the HTTP status the gateway answers with (502: the
     provider failed, 503: it is unavailable for now, 4xx: the caller's request was refused by
-    the provider, whose message is kept); ``kind`` is one of :data:`UPSTREAM_ERROR_KINDS`."""
+    the provider, whose message is kept); ``kind`` is one of :data:`UPSTREAM_ERROR_KINDS`;
+    ``reason``, for an answer that was no usable take (``bad_reply``), is its reason
+    (:data:`synth.takecheck.REASONS`: ``not_audio``, ``bad_rate``, ``too_long``), else ""."""
 
     def __init__(
         self,
@@ -76,12 +80,14 @@ class UpstreamError(SynthesisError):
         kind: str,
         status: int = 502,
         retry_after_s: float | None = None,
+        reason: str = "",
     ) -> None:
         super().__init__(message)
         self.upstream = upstream
         self.kind = kind
         self.status = status
         self.retry_after_s = retry_after_s
+        self.reason = reason
 
     def to_wire(self) -> dict[str, object]:
         """The error as JSON values (the host's shared pool sends it to a gateway process)."""
@@ -92,6 +98,7 @@ class UpstreamError(SynthesisError):
             "upstream_kind": self.kind,
             "status": self.status,
             "retry_after_s": self.retry_after_s,
+            "reason": self.reason,
         }
 
     @classmethod
@@ -101,10 +108,12 @@ class UpstreamError(SynthesisError):
         kind = header.get("upstream_kind")
         status = header.get("status")
         retry = header.get("retry_after_s")
+        reason = header.get("reason")
         return cls(
             message,
             upstream=upstream if isinstance(upstream, str) else "",
             kind=kind if kind in UPSTREAM_ERROR_KINDS and isinstance(kind, str) else "server",
             status=status if type(status) is int and 400 <= status <= 599 else 502,
             retry_after_s=float(retry) if isinstance(retry, int | float) and retry >= 0 else None,
+            reason=reason if isinstance(reason, str) and reason in REASONS else "",
         )

@@ -557,7 +557,9 @@ class UpstreamRunner:
     async def run_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]:
         return [await self.synthesize(item) for item in items]
 
-    def _fail(self, kind: str, message: str, retry_after_s: float | None = None) -> UpstreamError:
+    def _fail(
+        self, kind: str, message: str, retry_after_s: float | None = None, reason: str = ""
+    ) -> UpstreamError:
         self.metrics.upstream_errors.labels(self.name, kind).inc()
         status = _STATUS[kind]
         if status >= 500 and retry_after_s is None:
@@ -568,6 +570,7 @@ class UpstreamRunner:
             kind=kind,
             status=status,
             retry_after_s=retry_after_s if status >= 500 else None,
+            reason=reason,
         )
 
     async def synthesize(self, item: SynthesisItem) -> Audio:
@@ -701,7 +704,7 @@ class UpstreamRunner:
         )
         # Only these kinds carry a wait the provider asked for.
         asked = exc.retry_after_s if kind in ("rate_limited", "server") else None
-        return self._fail(kind, told, asked)
+        return self._fail(kind, told, asked, exc.reason)
 
 
 def build_provider(

@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import io
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,12 +26,18 @@ import pytest
 import soundfile as sf
 from openai import AsyncOpenAI
 
-from bench.harness import CACHE_SECRET, RedisServer, free_port, metric_sum, speech_body
-from synth.piper_engine import PiperVoiceFiles
+from bench.harness import CACHE_SECRET, RedisServer, metric_sum, speech_body
 from tests.ops_support import ROOT, clean_env
 from tests.served import DefaultServer
 from tests.support import eventually
-from tests.upstream_support import KEY_ENV, RATE, HeldWyomingServer, OpenAISpeechServer, tone
+from tests.upstream_support import (
+    KEY_ENV,
+    RATE,
+    HeldWyomingServer,
+    OpenAISpeechServer,
+    tone,
+)
+from tests.upstream_support import local_tts_studio as studio
 
 pytestmark = pytest.mark.slow
 
@@ -209,45 +212,9 @@ async def test_voxgate_is_another_voxgates_upstream(tmp_path: Path) -> None:
 
 @pytest.fixture
 def local_tts_studio(tmp_path: Path) -> Iterator[str]:
-    """local-tts-studio (PyPI, MIT; an OpenAI-compatible speech API over Piper voices) serving
-    the bundled joe voice from its voices directory; its base URL. Its server takes the voice
-    from its own settings (it ignores the request's voice and speed)."""
-    if importlib.util.find_spec("local_tts") is None:
-        pytest.fail("local-tts-studio is not installed: pip install -e '.[dev]' installs it")
-    data = tmp_path / "local-tts"
-    voices = data / "voices"
-    voices.mkdir(parents=True)
-    joe = PiperVoiceFiles.bundled_joe()
-    for src in (joe.model_path, joe.config_path):
-        (voices / src.name).write_bytes(src.read_bytes())
-    (data / "settings.json").write_text(
-        json.dumps({"api_default_voice": joe.model_path.stem, "device": "cpu"})
-    )
-    port = free_port()
-    log = (tmp_path / "local-tts.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "local_tts.cli", "--port", str(port)],
-        env={**os.environ, "LOCAL_TTS_DATA_DIR": str(data)},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + 60
-        while True:  # until it answers its model list (it starts in about a second)
-            try:
-                with urllib.request.urlopen(f"{url}/models", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError((tmp_path / "local-tts.log").read_text()) from None
-                time.sleep(0.1)
+    """local-tts-studio serving the bundled joe voice (tests/upstream_support.py)."""
+    with studio(tmp_path) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        log.close()
 
 
 async def test_a_third_party_openai_compatible_server_from_pypi(

@@ -24,12 +24,21 @@ the text and whose length follows its characters: deterministic, so equal bytes 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import importlib.util
 import io
 import itertools
 import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
 import zlib
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Self
 
 import numpy as np
@@ -41,6 +50,7 @@ from wyoming.event import async_read_event, async_write_event
 from wyoming.tts import Synthesize
 
 from bench.harness import free_port
+from synth.piper_engine import PiperVoiceFiles
 
 RATE = 24000
 # CreateSpeechRequest's properties, as the document lists them (additionalProperties: false).
@@ -268,9 +278,15 @@ class HeldWyomingServer:
     ``parts`` chunks: it sets ``half_sent``, sends every chunk but the last, and the last once
     ``rest`` is set. ``calls`` counts the synthesize events; ``url`` is its ``tcp://`` address."""
 
-    def __init__(self, *, voices: tuple[str, ...] = ("alloy",), parts: int = 4) -> None:
+    def __init__(
+        self, *, voices: tuple[str, ...] = ("alloy",), parts: int = 4, rate: int = RATE
+    ) -> None:
         self.voices = voices
         self.parts = parts
+        # The rate its chunks state (the samples are the tone's at RATE whatever it says);
+        # ``repeat`` times the tone is said (a runaway take).
+        self.rate = rate
+        self.repeat = 1
         self.port = free_port()
         self.url = f"tcp://127.0.0.1:{self.port}"
         self.calls = 0
@@ -306,9 +322,9 @@ class HeldWyomingServer:
             if voice not in self.voices:
                 await async_write_event(Error(text=f"no voice {voice}").event(), writer)
                 return
-            form = {"rate": RATE, "width": 2, "channels": 1}
+            form = {"rate": self.rate, "width": 2, "channels": 1}
             await async_write_event(AudioStart(**form).event(), writer)
-            pieces = split_samples(tone(ask.text).tobytes(), self.parts)
+            pieces = split_samples(tone(ask.text).tobytes() * self.repeat, self.parts)
             self.half_sent.set()
             for piece in pieces[:-1]:
                 await async_write_event(AudioChunk(audio=piece, **form).event(), writer)
@@ -788,3 +804,170 @@ class CartesiaServer(ContractServer):
         rate = fmt["sample_rate"]
         samples = np.resize(samples, int(len(samples) * rate / RATE)).astype("<i2")
         return web.Response(body=samples.tobytes(), content_type="audio/pcm")
+
+
+@contextlib.contextmanager
+def local_tts_studio(directory: Path) -> Iterator[str]:
+    """local-tts-studio (PyPI, MIT; an OpenAI-compatible speech API over Piper voices) serving
+    the bundled joe voice (22,050 Hz) from a voices directory under ``directory``; its base URL.
+    Its server takes the voice from its own settings: it ignores the request's voice and speed."""
+    if importlib.util.find_spec("local_tts") is None:
+        raise RuntimeError("local-tts-studio is not installed: pip install -e '.[dev]' installs it")
+    data = directory / "local-tts"
+    voices = data / "voices"
+    voices.mkdir(parents=True)
+    joe = PiperVoiceFiles.bundled_joe()
+    for src in (joe.model_path, joe.config_path):
+        (voices / src.name).write_bytes(src.read_bytes())
+    (data / "settings.json").write_text(
+        json.dumps({"api_default_voice": joe.model_path.stem, "device": "cpu"})
+    )
+    port = free_port()
+    log_path = directory / "local-tts.log"
+    log = log_path.open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "local_tts.cli", "--port", str(port)],
+        env={**os.environ, "LOCAL_TTS_DATA_DIR": str(data)},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # until it answers its model list (it starts in about a second)
+            try:
+                with urllib.request.urlopen(f"{url}/models", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(log_path.read_text()) from None
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+
+
+def wav_header(rate: int, data_bytes: int, *, channels: int = 1, bits: int = 16) -> bytes:
+    """A 44-byte PCM WAV header stating ``rate`` (whatever it is) and ``data_bytes`` of
+    samples."""
+    align = channels * bits // 8
+    fmt = (
+        (1).to_bytes(2, "little")
+        + channels.to_bytes(2, "little")
+        + rate.to_bytes(4, "little")
+        + (rate * align).to_bytes(4, "little")
+        + align.to_bytes(2, "little")
+        + bits.to_bytes(2, "little")
+    )
+    return (
+        b"RIFF"
+        + min(36 + data_bytes, 0xFFFFFFFF).to_bytes(4, "little")
+        + b"WAVEfmt "
+        + (16).to_bytes(4, "little")
+        + fmt
+        + b"data"
+        + data_bytes.to_bytes(4, "little")
+    )
+
+
+class AnswerServer:
+    """A threaded server of OpenAI's speech route that answers 200 with what is no usable take,
+    by the first part of its path (``{url}/{mode}/v1`` is an upstream's base URL):
+
+    - ``html``: an HTML error page (``text/html``), ``json``: a JSON error (``application/json``);
+    - ``onehz``: a 22 KB WAV whose header claims 1 Hz;
+    - ``endless``: raw "pcm" that never ends (until the reader goes, or 256 MiB);
+    - ``wavof``: the request passed to ``target`` (a real server) asking WAV whatever was asked,
+      the WAV answered as it came (what wyoming-openai-gateway does); ``wavs`` keeps each.
+
+    ``served`` counts the body bytes each mode wrote (the endless one's socket buffer is kept
+    small, so what was written is near what its reader took); ``calls`` each mode's requests.
+    It runs in its own threads: a module's tests share it whatever their event loops.
+    """
+
+    ENDLESS_LIMIT = 256 * 1024 * 1024
+
+    def __init__(self, target: str = "") -> None:
+        import http.server
+        import threading
+
+        self.target = target
+        self.served: dict[str, int] = {}
+        self.calls: dict[str, int] = {}
+        self.wavs: list[bytes] = []
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.0"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                """Quiet: the test reads counts, not a log."""
+
+            def do_POST(self) -> None:
+                mode = self.path.strip("/").split("/")[0]
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                owner.calls[mode] = owner.calls.get(mode, 0) + 1
+                owner.answer(self, mode, json.loads(body or b"{}"))
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def base_url(self, mode: str) -> str:
+        return f"{self.url}/{mode}/v1"
+
+    def answer(self, handler: Any, mode: str, request: dict[str, Any]) -> None:
+        """Answer ``request`` on ``handler`` as ``mode`` does."""
+        import socket
+
+        kind, body = "application/octet-stream", b""
+        if mode == "html":
+            kind = "text/html; charset=utf-8"
+            body = b"<!DOCTYPE html><html><body><h1>502 Bad Gateway</h1>" + b" " * 2000
+            body += b"</body></html>"
+        elif mode == "json":
+            kind = "application/json"
+            body = json.dumps({"error": {"message": "model overloaded"}}).encode()
+        elif mode == "onehz":
+            samples = tone(str(request.get("input", "")))[:11000].tobytes()
+            kind, body = "audio/wav", wav_header(1, len(samples)) + samples
+        elif mode == "wavof":
+            ask = json.dumps({**request, "response_format": "wav"}).encode()
+            call = urllib.request.Request(
+                f"{self.target}/audio/speech",
+                data=ask,
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(call, timeout=60) as resp:
+                kind, body = resp.headers.get("Content-Type", "audio/wav"), resp.read()
+            self.wavs.append(body)
+        handler.send_response(200)
+        handler.send_header("Content-Type", kind)
+        if mode != "endless":
+            handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        if mode != "endless":
+            handler.wfile.write(body)
+            self.served[mode] = self.served.get(mode, 0) + len(body)
+            return
+        handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+        piece = tone("an endless answer" * 20).tobytes()[: 64 * 1024]
+        self.served.setdefault(mode, 0)
+        try:
+            while self.served[mode] < self.ENDLESS_LIMIT:
+                handler.wfile.write(piece)
+                self.served[mode] += len(piece)
+        except OSError:  # the reader hung up: what it refused is not written
+            return

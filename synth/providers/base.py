@@ -8,6 +8,7 @@ Nothing here names a kind: a provider module says what its kind is, and
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import AsyncIterable, Callable, Mapping
@@ -16,8 +17,20 @@ from email.utils import parsedate_to_datetime
 from typing import Literal, Protocol
 
 import numpy as np
+import numpy.typing as npt
+import soxr
 
+from synth.audio import resample, to_int16
 from synth.engine import Audio, SynthesisItem
+from synth.takecheck import (
+    MAX_RATE,
+    MIN_RATE,
+    Container,
+    Limits,
+    SpeakingRates,
+    TakeFacts,
+    sniff_container,
+)
 
 MIB = 1024 * 1024
 # A voice name the provider is sent when the entry's voices include "*" (any voice): a
@@ -66,10 +79,13 @@ class ProviderError(Exception):
         retryable: bool = False,
         retry_after_s: float | None = None,
         sent: bool = True,
+        reason: str = "",
     ) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
+        # For an answer that is no usable take: its reason (synth.takecheck.REASONS).
+        self.reason = reason
         self.status = status
         self.retryable = retryable
         self.retry_after_s = retry_after_s
@@ -179,21 +195,267 @@ def retry_after_of(headers: Mapping[str, str]) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-async def read_answer(
-    body: AsyncIterable[bytes], config: ProviderConfig, sink: Callable[[bytes], None] | None
-) -> bytes:
-    """An answer's body read as it comes, up to ``max_audio_mb`` (a provider cannot make the
-    gateway hold more); each piece goes on to ``sink`` when one is given."""
-    pieces: list[bytes] = []
-    size = 0
-    async for piece in body:
-        size += len(piece)
-        if size > config.max_audio_mb * MIB:
-            raise ProviderError("bad_reply", f"the answer is larger than {config.max_audio_mb} MiB")
-        pieces.append(piece)
-        if sink is not None and piece:
-            sink(piece)
-    return b"".join(pieces)
+def refused_take(reason: str, message: str) -> ProviderError:
+    """The :class:`ProviderError` of a 200 answer that is no usable take, ``reason`` (one of
+    :data:`synth.takecheck.REASONS`) first in its message: not retried, nothing stored."""
+    return ProviderError("bad_reply", f"{reason}: {message}", reason=reason)
+
+
+# A take's answer is at least this long a bound, in seconds of audio: a short text's take may
+# carry a second of silence at either end, and a slow voice is slower than any prior.
+MIN_ANSWER_S = 10.0
+# The bytes read before the container is named (a WAV header with its fmt chunk fits in them).
+SNIFF_BYTES = 64
+# The most of a WAV file read before its samples (LIST and other metadata chunks included).
+MAX_WAV_HEADER = 64 * 1024
+# What a second of compressed audio may take at most: 48 kHz stereo 16-bit, uncompressed.
+MAX_BYTES_PER_S = MAX_RATE * 4
+
+
+def answer_seconds(item: SynthesisItem, language: str) -> float:
+    """The longest a take of ``item`` may plausibly last: its text at the prior speaking rate
+    of ``language``, at the asked speed, times the take checks' ``max_duration_ratio``."""
+    facts = TakeFacts(np.zeros(0, np.float32), MIN_RATE, item.text, item.speed, language=language)
+    expected = SpeakingRates().expected_s(facts)
+    return max(MIN_ANSWER_S, expected * Limits().max_duration_ratio)
+
+
+@dataclass(frozen=True)
+class WavLayout:
+    """What a WAV header says of its samples: ``data_at`` is where they start, ``data_end``
+    where they end (None: a streamed WAV's unknown length, to the end of the body; chunks
+    after the samples, such as a trailing LIST, are never read as samples)."""
+
+    rate: int
+    channels: int
+    dtype: str  # numpy's, or "<i3" for 24-bit
+    data_at: int
+    data_end: int | None = None
+
+    @property
+    def frame_bytes(self) -> int:
+        return self.channels * int(self.dtype[-1])
+
+    def mono(self, data: bytes) -> npt.NDArray[np.float32]:
+        """Whole frames of ``data`` as the first channel's float samples."""
+        width = int(self.dtype[-1])
+        if self.dtype == "<i3":
+            b = np.frombuffer(data, dtype=np.uint8).reshape(-1, 3).astype(np.int32)
+            ints = (b[:, 0] | b[:, 1] << 8 | b[:, 2] << 16) << 8  # sign from bit 31
+            samples = ints.reshape(-1, self.channels)[:, 0].astype(np.float32) / 2.0**31
+            return samples
+        frames = np.frombuffer(data, dtype=self.dtype).reshape(-1, self.channels)[:, 0]
+        if self.dtype[1] == "f":
+            return np.nan_to_num(frames.astype(np.float32), nan=0.0, posinf=1.0, neginf=-1.0)
+        if self.dtype == "u1":
+            return (frames.astype(np.float32) - 128.0) / 128.0
+        return (frames.astype(np.float32) / float(2 ** (8 * width - 1))).astype(np.float32)
+
+
+_WAV_DTYPES = {(1, 8): "u1", (1, 16): "<i2", (1, 24): "<i3", (1, 32): "<i4"}
+_WAV_DTYPES |= {(3, 32): "<f4", (3, 64): "<f8"}
+
+
+def wav_layout(head: bytes) -> WavLayout | None:
+    """The layout a RIFF/WAVE header in ``head`` states; None while the header is not all
+    there; a :class:`ProviderError` (``not_audio``, ``bad_rate``) for one that cannot be."""
+    pos, fmt = 12, None
+    while len(head) >= pos + 8:
+        chunk, size = head[pos : pos + 4], int.from_bytes(head[pos + 4 : pos + 8], "little")
+        if chunk == b"data":
+            if fmt is None:
+                raise refused_take("not_audio", "the WAV has samples but no fmt chunk")
+            known = 0 < size < 0xFFFFFFFF - pos  # streamed WAVs state 0 or 0xFFFFFFFF
+            return WavLayout(*fmt, data_at=pos + 8, data_end=pos + 8 + size if known else None)
+        if chunk == b"fmt ":
+            body = head[pos + 8 : pos + 8 + min(size, 26)]
+            if len(body) < min(size, 26):
+                return None
+            if size < 16:
+                raise refused_take("not_audio", "the WAV's fmt chunk is cut short")
+            tag, channels, rate = int.from_bytes(body[0:2], "little"), body[2], body[4:8]
+            bits = int.from_bytes(body[14:16], "little")
+            if tag == 0xFFFE and len(body) >= 26:  # WAVE_FORMAT_EXTENSIBLE: the real tag
+                tag = int.from_bytes(body[24:26], "little")
+            hz = int.from_bytes(rate, "little")
+            if not MIN_RATE <= hz <= MAX_RATE:
+                raise refused_take("bad_rate", f"the WAV claims {hz} Hz (8-48 kHz is speech)")
+            dtype = _WAV_DTYPES.get((tag, bits))
+            if dtype is None or not 1 <= channels <= 8:
+                raise refused_take(
+                    "not_audio", f"a WAV of {channels} channels, format {tag}, {bits}-bit"
+                )
+            fmt = (hz, channels, dtype)
+        pos += 8 + size + (size & 1)
+        if pos > MAX_WAV_HEADER:
+            raise refused_take("not_audio", "the WAV has no samples in its first 64 KiB")
+    return None
+
+
+class AnswerReader:
+    """A provider's 200 answer read as it comes, as what it is, and bounded.
+
+    The container is named from the first bytes and the content type
+    (:func:`synth.takecheck.sniff_container`): text (an HTML page, a JSON error) is refused as
+    ``not_audio`` before more is read; a WAV is read at its own rate whatever was asked (a
+    server that answers WAV to a pcm request is common), and one claiming a rate outside
+    8-48 kHz is refused as ``bad_rate``. The bytes read are bounded by the text's longest
+    plausible take (:func:`answer_seconds`) in that container, and by ``max_audio_mb``: a
+    runaway body is cut off and refused as ``too_long``, never buffered whole.
+
+    With a ``sink`` (a pcm stream), each piece goes on as 16-bit samples at the entry's
+    ``sample_rate``: raw pcm as it comes, a WAV's samples after its header, resampled when its
+    rate is another. Feeding resamples a piece on the loop: a piece is at most an HTTP chunk.
+    """
+
+    def __init__(
+        self,
+        config: ProviderConfig,
+        item: SynthesisItem,
+        sink: Callable[[bytes], None] | None = None,
+        content_type: str = "",
+    ) -> None:
+        self.config = config
+        self.sink = sink
+        self.content_type = content_type
+        self.seconds = answer_seconds(item, config.language)
+        self.cap = config.max_audio_mb * MIB
+        self.limit = self.cap
+        self.container: Container | None = None
+        self.wav: WavLayout | None = None
+        self.size = 0
+        self._pieces: list[bytes] = []
+        self._carry = b""  # a part frame waiting for the rest (a WAV passed on)
+        self._resampler: soxr.ResampleStream | None = None
+
+    async def read(self, body: AsyncIterable[bytes]) -> Audio:
+        """The audio of ``body`` (decoded off the loop when large)."""
+        async for piece in body:
+            self.feed(piece)
+        if self.size > MIB or self._resamples:
+            return await asyncio.to_thread(self.finish)
+        return self.finish()
+
+    @property
+    def _resamples(self) -> bool:
+        asked = self.config.format == "pcm"
+        return asked and self.wav is not None and self.wav.rate != self.config.sample_rate
+
+    def feed(self, piece: bytes) -> None:
+        """One more piece of the body."""
+        if not piece:
+            return
+        self.size += len(piece)
+        if self.size > self.limit:
+            raise self._too_long()
+        self._pieces.append(piece)
+        if self.container is None or (self.container == "wav" and self.wav is None):
+            head = b"".join(self._pieces)
+            if self.container is None and len(head) < SNIFF_BYTES:
+                return
+            if self._name(head) == "unknown" or self.wav is not None:
+                self._pass(head[self.wav.data_at :] if self.wav is not None else head, len(head))
+            return
+        self._pass(piece, self.size)
+
+    def _name(self, head: bytes) -> Container:
+        """Name the container of ``head`` and bound the body by what it is."""
+        if self.container is None:
+            self.container = sniff_container(head, self.content_type)
+            framed = head[:3] != b"ID3" and self.container in ("mp3", "aac")
+            said = any(name in self.content_type.lower() for name in ("mpeg", "mp3", "aac"))
+            if framed and self.config.format == "pcm" and not said:
+                # An MPEG frame sync is two bytes raw samples may start with (-7937 is
+                # 0xFF 0xE0): asked for pcm, a body is MPEG only when its content type says so.
+                self.container = "unknown"
+            if self.container == "text":
+                kind = self.content_type.split(";")[0].strip() or "text"
+                raise refused_take("not_audio", f"the provider's answer is {kind}, not audio")
+            if self.container == "unknown" and self.config.format != "pcm":
+                raise refused_take("not_audio", "the provider's answer is not a WAV file")
+        per_s = MAX_BYTES_PER_S
+        if self.container == "unknown":
+            per_s = self.config.sample_rate * 2
+        elif self.container == "wav":
+            self.wav = wav_layout(head)
+            if self.wav is None:
+                return self.container
+            per_s = self.wav.rate * self.wav.frame_bytes
+        self.limit = min(self.cap, MAX_WAV_HEADER + int(self.seconds * per_s))
+        if self.size > self.limit:
+            raise self._too_long()
+        return self.container
+
+    def _too_long(self) -> ProviderError:
+        if self.limit == self.cap:
+            return ProviderError(
+                "bad_reply", f"the answer is larger than {self.config.max_audio_mb} MiB"
+            )
+        return refused_take(
+            "too_long", f"the answer is longer than its text can take ({self.seconds:.0f} s)"
+        )
+
+    def _pass(self, data: bytes, upto: int) -> None:
+        """Samples on to the sink, as 16-bit pcm at the entry's rate (``data`` ends at body
+        offset ``upto``)."""
+        if self.sink is None or not data:
+            return
+        wav = self.wav
+        if wav is None:
+            if self.container == "unknown":
+                self.sink(data)
+            return
+        if wav.data_end is not None and upto > wav.data_end:
+            data = data[: max(0, len(data) - (upto - wav.data_end))]
+        data = self._carry + data
+        whole = len(data) - len(data) % wav.frame_bytes
+        self._carry = data[whole:]
+        if not whole:
+            return
+        if wav.dtype == "<i2" and wav.channels == 1 and not self._resamples:
+            self.sink(data[:whole])
+            return
+        self._sink_float(wav.mono(data[:whole]))
+
+    def _sink_float(self, pcm: npt.NDArray[np.float32], last: bool = False) -> None:
+        assert self.sink is not None and self.wav is not None
+        if self._resamples:
+            if self._resampler is None:
+                self._resampler = soxr.ResampleStream(
+                    self.wav.rate, self.config.sample_rate, 1, dtype="float32", quality="HQ"
+                )
+            pcm = self._resampler.resample_chunk(pcm, last=last)
+        if pcm.size:
+            self.sink(to_int16(pcm).tobytes())
+
+    def finish(self) -> Audio:
+        """The whole answer's audio (blocking when it decodes or resamples: off the loop)."""
+        data = b"".join(self._pieces)
+        container = self.container
+        if container is None:  # shorter than a sniff
+            container = self._name(data)
+            if container == "unknown":
+                self._pass(data, len(data))
+        if container == "unknown":
+            return pcm16_audio(data, self.config.sample_rate)
+        if container == "wav":
+            wav = self.wav
+            if wav is None:
+                raise refused_take("not_audio", "the WAV ends inside its header")
+            samples = data[wav.data_at : wav.data_end]
+            pcm = wav.mono(samples[: len(samples) - len(samples) % wav.frame_bytes])
+            if self.sink is not None and self._resamples:
+                self._sink_float(np.zeros(0, np.float32), last=True)
+            audio = Audio(pcm, wav.rate)
+        else:
+            audio = decoded_audio(data)
+        if not audio.pcm.size:
+            raise ProviderError("bad_reply", "the provider's answer holds no audio")
+        if self.config.format == "pcm" and audio.sample_rate != self.config.sample_rate:
+            # Asked for pcm at this rate: the take is made at it, whatever came.
+            pcm = resample(audio.pcm, audio.sample_rate, self.config.sample_rate)
+            return Audio(pcm, self.config.sample_rate)
+        return audio
 
 
 def pcm16_audio(data: bytes, sample_rate: int) -> Audio:
@@ -204,8 +466,9 @@ def pcm16_audio(data: bytes, sample_rate: int) -> Audio:
     return Audio(samples, sample_rate)
 
 
-def wav_audio(data: bytes) -> Audio:
-    """A WAV file's first channel as float audio (blocking: decode off the loop)."""
+def decoded_audio(data: bytes) -> Audio:
+    """An audio file's first channel as float audio, whatever its container libsndfile reads
+    (WAV, FLAC, Ogg, MP3), its rate checked (blocking: decode off the loop)."""
     import io
 
     import soundfile
@@ -213,7 +476,18 @@ def wav_audio(data: bytes) -> Audio:
     try:
         samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
     except (soundfile.LibsndfileError, RuntimeError, TypeError) as exc:
-        raise ProviderError("bad_reply", f"the provider's wav does not decode ({exc})") from None
+        raise refused_take("not_audio", f"the provider's audio does not decode ({exc})") from None
+    if not MIN_RATE <= rate <= MAX_RATE:
+        raise refused_take("bad_rate", f"the audio claims {rate} Hz (8-48 kHz is speech)")
     if len(samples) == 0:
-        raise ProviderError("bad_reply", "the provider's wav holds no audio")
+        raise ProviderError("bad_reply", "the provider's audio holds no samples")
     return Audio(np.ascontiguousarray(samples[:, 0]), int(rate))
+
+
+def wav_audio(data: bytes) -> Audio:
+    """A WAV file's first channel as float audio (blocking: decode off the loop); a body that
+    is not a WAV, or claims a rate outside 8-48 kHz, is refused."""
+    container = sniff_container(data)
+    if container != "wav":
+        raise refused_take("not_audio", f"the provider's answer is {container}, not a WAV file")
+    return decoded_audio(data)

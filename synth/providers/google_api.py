@@ -12,12 +12,24 @@ need google-auth and are not supported: use an API key restricted to this API.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
 
+import aiohttp
+
 from synth.engine import Audio, SynthesisItem
-from synth.providers.base import ProviderError, ProviderSpec, wav_audio
+from synth.providers.base import (
+    MAX_BYTES_PER_S,
+    MAX_WAV_HEADER,
+    MIB,
+    ProviderError,
+    ProviderSpec,
+    answer_seconds,
+    refused_take,
+    wav_audio,
+)
 from synth.providers.http_api import HttpCall, HttpProvider, json_error_message, voice_language
 
 
@@ -48,12 +60,31 @@ class GoogleProvider(HttpProvider):
     def error_message(self, body: bytes) -> str:
         return json_error_message(body, ("error", "message"))
 
+    async def answer(self, item: SynthesisItem, resp: aiohttp.ClientResponse) -> Audio:
+        # Base64 of a WAV in JSON: bounded by the text's longest plausible take as such.
+        seconds = answer_seconds(item, voice_language(item.voice))
+        limit = min(
+            self.config.max_audio_mb * MIB,
+            (MAX_WAV_HEADER + int(seconds * MAX_BYTES_PER_S)) * 4 // 3,
+        )
+        pieces: list[bytes] = []
+        size = 0
+        async for piece in resp.content.iter_chunked(64 * 1024):
+            size += len(piece)
+            if size > limit:
+                raise refused_take(
+                    "too_long", f"the answer is longer than its text can take ({seconds:.0f} s)"
+                )
+            pieces.append(piece)
+        return await asyncio.to_thread(self.audio, b"".join(pieces))
+
     def audio(self, data: bytes) -> Audio:
+        """The WAV in the JSON answer ``data`` (blocking)."""
         try:
             content = json.loads(data)["audioContent"]
             wav = base64.b64decode(content, validate=True)
         except (ValueError, KeyError, TypeError, binascii.Error):
-            raise ProviderError("bad_reply", "no base64 audioContent in the answer") from None
+            raise refused_take("not_audio", "no base64 audioContent in the answer") from None
         return wav_audio(wav)
 
 

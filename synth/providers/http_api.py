@@ -3,13 +3,13 @@ loop, a bounded read of the answer, the provider's error body turned into a
 :class:`~synth.providers.base.ProviderError` (with ``Retry-After``), connection failures retried.
 
 A provider module says how to ask (:meth:`HttpProvider.request`), how its errors read
-(:meth:`HttpProvider.error_message`) and what its answer holds (:meth:`HttpProvider.audio`).
+(:meth:`HttpProvider.error_message`) and, when it is not audio, what its answer holds
+(:meth:`HttpProvider.answer`).
 aiohttp is a dependency of every install: these kinds need no extra.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,13 +18,11 @@ import aiohttp
 
 from synth.engine import Audio, SynthesisItem
 from synth.providers.base import (
-    MIB,
+    AnswerReader,
     ProviderConfig,
     ProviderError,
     error_for_status,
-    pcm16_audio,
     provider_message,
-    read_answer,
     retry_after_of,
 )
 
@@ -99,9 +97,12 @@ class HttpProvider:
             return ProviderError("refused", message, status=status)
         return error_for_status(status, message, retry_after_of(headers))
 
-    def audio(self, data: bytes) -> Audio:
-        """The audio of a successful answer's body (16-bit pcm at ``sample_rate`` here)."""
-        return pcm16_audio(data, self.config.sample_rate)
+    async def answer(self, item: SynthesisItem, resp: aiohttp.ClientResponse) -> Audio:
+        """The audio of a successful answer (16-bit pcm at ``sample_rate`` here, or what the
+        body is: :class:`~synth.providers.base.AnswerReader`)."""
+        sink = item.sink if self.passes_pcm else None
+        reader = AnswerReader(self.config, item, sink, resp.headers.get("Content-Type", ""))
+        return await reader.read(resp.content.iter_chunked(64 * 1024))
 
     def _client(self) -> aiohttp.ClientSession:
         # Made on the event loop, at the first call (providers are built in a thread).
@@ -124,15 +125,11 @@ class HttpProvider:
                     body = await resp.content.read(ERROR_BODY_BYTES)
                     headers = {k.lower(): v for k, v in resp.headers.items()}
                     raise self.error_of(resp.status, headers, body)
-                sink = item.sink if self.passes_pcm else None
-                data = await read_answer(resp.content.iter_chunked(64 * 1024), self.config, sink)
+                return await self.answer(item, resp)
         except TimeoutError:
             raise ProviderError("timeout", "no answer in time") from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
             raise ProviderError("connection", type(exc).__name__, retryable=True) from None
-        if len(data) > MIB:
-            return await asyncio.to_thread(self.audio, data)
-        return self.audio(data)
 
     async def close(self) -> None:
         if self._session is not None:

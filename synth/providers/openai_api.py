@@ -6,26 +6,24 @@ The request is OpenAI's ``CreateSpeechRequest`` (the OpenAPI document in the pub
 openai/openai-openapi): ``model``, ``input``, ``voice``, ``response_format`` (``pcm`` or ``wav``
 here: lossless, kept as the master), ``speed`` (sent when not 1) and ``instructions`` (when the
 request has some). The SDK's own retries are off (``max_retries=0``): the runner retries, so
-every attempt is counted and all of them fit in one deadline. The answer is read in chunks up to
-``max_audio_mb``: a provider cannot make the gateway hold more than that.
+every attempt is counted and all of them fit in one deadline. The answer is read in chunks as
+what it is (a server that answers WAV to a pcm request is read as WAV), bounded by its text's
+longest plausible take (:class:`~synth.providers.base.AnswerReader`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping
 
 from synth.engine import Audio, SynthesisItem
 from synth.providers.base import (
+    AnswerReader,
     ProviderConfig,
     ProviderError,
     ProviderSpec,
     error_for_status,
-    pcm16_audio,
-    read_answer,
     retry_after_of,
-    wav_audio,
 )
 
 
@@ -73,7 +71,8 @@ class OpenAIProvider:
                 **extra,  # type: ignore[arg-type]
             ) as response:
                 sink = item.sink if self.passes_pcm else None
-                data = await read_answer(response.iter_bytes(), c, sink)
+                kind = response.headers.get("content-type", "")
+                return await AnswerReader(c, item, sink, kind).read(response.iter_bytes())
         except openai.APIStatusError as exc:
             headers = {k.lower(): v for k, v in exc.response.headers.items()}
             raise error_for_status(exc.status_code, exc.message, retry_after_of(headers)) from None
@@ -84,9 +83,6 @@ class OpenAIProvider:
             raise ProviderError("connection", cause, retryable=True) from None
         except (httpx2.HTTPError, OSError) as exc:  # the connection broke mid-body
             raise ProviderError("connection", type(exc).__name__, retryable=True) from None
-        if c.format == "pcm":
-            return pcm16_audio(data, c.sample_rate)
-        return await asyncio.to_thread(wav_audio, data)
 
     async def close(self) -> None:
         await self.client.close()

@@ -5,7 +5,8 @@ One call is one connection: a ``synthesize`` event with the text and ``voice.nam
 server's ``audio-start``, ``audio-chunk``s and ``audio-stop`` (or an ``error`` event). The chunks'
 PCM (16-bit, the first channel) at the rate they name is the master. Wyoming has no speed: a
 request at another speed than 1 (or an SSML rate) is refused before the call. The audio read is
-bounded by ``max_audio_mb``. Each chunk at the entry's ``sample_rate`` goes to the item's
+bounded by the text's longest plausible take and ``max_audio_mb``; a rate outside 8-48 kHz is
+refused. Each chunk at the entry's ``sample_rate`` goes to the item's
 ``sink`` as it arrives (streaming pass-through); a server speaking at another rate passes
 nothing (its audio is resampled from the whole), and one that changes rate within an answer
 sent no usable audio.
@@ -23,7 +24,16 @@ from wyoming.error import Error
 from wyoming.tts import Synthesize, SynthesizeVoice
 
 from synth.engine import Audio, SynthesisItem
-from synth.providers.base import MIB, ProviderConfig, ProviderError, ProviderSpec, provider_message
+from synth.providers.base import (
+    MIB,
+    ProviderConfig,
+    ProviderError,
+    ProviderSpec,
+    answer_seconds,
+    provider_message,
+    refused_take,
+)
+from synth.takecheck import MAX_RATE, MIN_RATE
 
 
 class WyomingProvider:
@@ -49,6 +59,7 @@ class WyomingProvider:
         chunks: list[bytes] = []
         size = 0
         rate = 0
+        seconds = answer_seconds(item, self.config.language)
         sink = item.sink if self.passes_pcm else None
         try:
             async with AsyncTcpClient(self.host, self.port) as client:
@@ -70,10 +81,18 @@ class WyomingProvider:
                         if chunk.channels > 1:
                             frames = np.frombuffer(data, dtype="<i2").reshape(-1, chunk.channels)
                             data = np.ascontiguousarray(frames[:, 0]).tobytes()
+                        if not MIN_RATE <= chunk.rate <= MAX_RATE:
+                            raise refused_take(
+                                "bad_rate", f"audio at {chunk.rate} Hz (8-48 kHz is speech)"
+                            )
                         size += len(data)
                         if size > self.max_bytes:
                             raise ProviderError(
                                 "bad_reply", f"more than {self.config.max_audio_mb} MiB of audio"
+                            )
+                        if size > seconds * chunk.rate * 2:
+                            raise refused_take(
+                                "too_long", f"more audio than its text can take ({seconds:.0f} s)"
                             )
                         if rate and chunk.rate != rate:
                             raise ProviderError(

@@ -1,0 +1,146 @@
+"""Takes from real third-party servers and from providers that answer 200 with no usable take,
+behind ``voxgate serve`` as users start it. One module-scoped gateway, one local-tts-studio
+(PyPI; Piper's joe voice at 22,050 Hz, which ignores the request's speed) and one
+:class:`~tests.upstream_support.AnswerServer` serve every test here:
+
+- ``wavstudio``: local-tts-studio behind a pass that asks it for WAV whatever voxgate asked,
+  as wyoming-openai-gateway answers (it needs Python 3.12, so it cannot run here): a pcm
+  upstream at 24 kHz that gets 22,050 Hz WAV;
+- ``studio``: local-tts-studio as it is, asked for speed 2;
+- ``html``, ``json``, ``onehz``, ``endless``: 200s that are an HTML page, a JSON error, a WAV
+  claiming 1 Hz, raw "pcm" that never ends.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from bench.harness import speech_body
+from synth.audio import resample
+from synth.engine import SynthesisItem
+from synth.providers.base import answer_seconds
+from tests.served import DefaultServer
+from tests.test_upstream_serve import openai_entry, write_upstreams
+from tests.upstream_support import AnswerServer, local_tts_studio
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("takes-thirdparty")]
+
+SENTENCE = "Thank you for calling our office today."
+FAKES = ("html", "json", "onehz", "endless")
+# The most a TCP receive buffer grows to here.
+RMEM_MAX = int(Path("/proc/sys/net/ipv4/tcp_rmem").read_text().split()[2])
+
+
+@dataclass(frozen=True)
+class Rig:
+    front: DefaultServer
+    answers: AnswerServer
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    directory = tmp_path_factory.mktemp("takes-thirdparty")
+    with local_tts_studio(directory) as studio, AnswerServer(studio) as answers:
+        pcm = {"format": "pcm", "voices": ["*"], "model": "tts-1", "timeout_s": 60}
+        entries = [
+            openai_entry("studio", studio, **{**pcm, "sample_rate": 22050}),
+            openai_entry("wavstudio", answers.base_url("wavof"), **pcm),
+            *(openai_entry(mode, answers.base_url(mode), **pcm) for mode in FAKES),
+        ]
+        upstreams = write_upstreams(directory / "upstreams.toml", *entries)
+        front = DefaultServer(directory / "front", "--upstreams-file", str(upstreams))
+        try:
+            front.wait_ready()
+            yield Rig(front, answers)
+        finally:
+            front.terminate()
+
+
+def error_of(body: bytes) -> dict[str, str]:
+    error: dict[str, str] = json.loads(body)["error"]
+    return error
+
+
+async def test_a_wav_answered_for_pcm_plays_at_its_true_rate_with_no_click(rig: Rig) -> None:
+    """A pcm upstream at 24 kHz answered 22,050 Hz WAV by a real server: the streamed miss and
+    the stored take are the server's own audio resampled to 24 kHz, as long as its WAV (not
+    8.8% shorter), with no 44-byte 'RIFF' click at the start."""
+    body = speech_body(SENTENCE, model="wavstudio", response_format="pcm")
+    status, headers, heard = await rig.front.request("POST", "/v1/audio/speech", json=body)
+    assert status == 200, heard
+    assert headers["X-Cache"] == "MISS" and headers.get("Transfer-Encoding") == "chunked"
+    own, own_rate = sf.read(io.BytesIO(rig.answers.wavs[-1]), dtype="float32")
+    assert own_rate == 22050
+    pcm = np.frombuffer(heard, dtype="<i2").astype(np.float32) / 32767
+    assert abs(len(pcm) / 24000 - len(own) / own_rate) < 0.005
+    assert not heard.startswith(b"RIFF")
+    # (Resampling a peak at full scale may overshoot it: the 16-bit take clips there.)
+    expected = np.clip(resample(own, own_rate, 24000), -1.0, 1.0)
+    n = min(len(pcm), len(expected))
+    assert np.max(np.abs(pcm[:22] - expected[:22])) < 4 / 32768  # the header would be ~0.57
+    assert np.max(np.abs(pcm[:n] - expected[:n])) < 4 / 32768
+    status, headers, stored = await rig.front.request("POST", "/v1/audio/speech", json=body)
+    assert status == 200 and headers["X-Cache"] == "HIT"
+    again = np.frombuffer(stored, dtype="<i2").astype(np.int32)
+    assert again.shape == pcm.shape
+    assert int(np.max(np.abs(again - np.frombuffer(heard, dtype="<i2")))) <= 2
+
+
+@pytest.mark.parametrize(
+    ("mode", "reason"),
+    [("html", "not_audio"), ("json", "not_audio"), ("onehz", "bad_rate")],
+)
+async def test_a_200_that_is_no_take_is_refused_and_never_stored(
+    rig: Rig, mode: str, reason: str
+) -> None:
+    """An HTML page, a JSON error, a WAV claiming 1 Hz: a 502 JSON error naming the reason,
+    and nothing stored (the same request asks the provider again, never a HIT)."""
+    body = speech_body(f"The {mode} provider answers this sentence", model=mode)
+    before = rig.answers.calls.get(mode, 0)
+    for asked in (1, 2):
+        status, headers, answer = await rig.front.request("POST", "/v1/audio/speech", json=body)
+        assert status == 502, answer
+        assert headers["Content-Type"].startswith("application/json")
+        error = error_of(answer)
+        assert error["code"] == "upstream_bad_reply" and reason in error["message"]
+        # One call (no retry of a 200 that is no take), and no HIT after it: nothing stored.
+        assert rig.answers.calls[mode] == before + asked
+
+
+async def test_an_endless_body_is_cut_off_at_the_texts_longest_plausible_take(rig: Rig) -> None:
+    """Raw pcm that never ends: refused as too_long once the bytes exceed what the text can
+    take at 24 kHz (about 0.5 MB here), far below max_audio_mb (64 MiB), and not stored."""
+    text = f"{SENTENCE} (endless)"
+    body = speech_body(text, model="endless", response_format="wav")
+    before = rig.answers.served.get("endless", 0)
+    status, _, answer = await rig.front.request("POST", "/v1/audio/speech", json=body)
+    assert status == 502 and "too_long" in error_of(answer)["message"]
+    bound = 64 * 1024 + answer_seconds(SynthesisItem(text, "alloy"), "") * 24000 * 2
+    served = rig.answers.served["endless"] - before
+    # On top of what voxgate read, the fake wrote what the kernel's buffers held when voxgate
+    # hung up (its receive buffer grows up to tcp_rmem's maximum); unbounded, it would have
+    # written max_audio_mb (64 MiB) before a refusal.
+    assert bound < served < min(bound + RMEM_MAX + 1024 * 1024, 64 * 1024 * 1024), served
+    status, headers, _ = await rig.front.request("POST", "/v1/audio/speech", json=body)
+    assert status == 502 and headers.get("X-Cache") != "HIT"
+
+
+async def test_a_speed_the_server_ignores_is_refused_and_never_stored(rig: Rig) -> None:
+    """local-tts-studio drops ``speed``: asked for speed 2 it says the text at speed 1. The
+    take checks refuse it (or retake it, which gives the same): a 502 JSON take_rejected
+    naming speed_ignored (or too_long), and nothing stored under the speed-2 address."""
+    body = speech_body(SENTENCE, model="studio", response_format="wav", speed=2.0)
+    for _ in range(2):
+        status, headers, answer = await rig.front.request("POST", "/v1/audio/speech", json=body)
+        assert status == 502, (status, headers.get("X-Cache"))
+        error = error_of(answer)
+        assert error["code"] == "take_rejected"
+        assert "speed_ignored" in error["message"] or "too_long" in error["message"]
