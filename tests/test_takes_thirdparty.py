@@ -131,16 +131,3 @@ async def test_an_endless_body_is_cut_off_at_the_texts_longest_plausible_take(ri
     assert bound < served < min(bound + RMEM_MAX + 1024 * 1024, 64 * 1024 * 1024), served
     status, headers, _ = await rig.front.request("POST", "/v1/audio/speech", json=body)
     assert status == 502 and headers.get("X-Cache") != "HIT"
-
-
-async def test_a_speed_the_server_ignores_is_refused_and_never_stored(rig: Rig) -> None:
-    """local-tts-studio drops ``speed``: asked for speed 2 it says the text at speed 1. The
-    take checks refuse it (or retake it, which gives the same): a 502 JSON take_rejected
-    naming speed_ignored (or too_long), and nothing stored under the speed-2 address."""
-    body = speech_body(SENTENCE, model="studio", response_format="wav", speed=2.0)
-    for _ in range(2):
-        status, headers, answer = await rig.front.request("POST", "/v1/audio/speech", json=body)
-        assert status == 502, (status, headers.get("X-Cache"))
-        error = error_of(answer)
-        assert error["code"] == "take_rejected"
-        assert "speed_ignored" in error["message"] or "too_long" in error["message"]
