@@ -231,14 +231,7 @@ def keyed_server(
 
 
 def _filled(path: str, key: str) -> str:
-    values = {
-        "key": key,
-        "ext": "ulaw",
-        "voice": "joe",
-        "text": "Hi",
-        "token": "1~ivr~x",
-        "id": "0123456789abcdef",
-    }
+    values = {"key": key, "ext": "ulaw", "voice": "joe", "text": "Hi", "token": "1~ivr~x"}
     return re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], path)
 
 
