@@ -13,13 +13,16 @@ move least:
   the gateway's), per workload;
 - ``--bench miss_path``: the gateway's throughput over the seed service tuned like it
   (``vs_seed_tuned``) and over this tree's engine pool driven without HTTP (``vs_pool_direct``),
-  each as the median of per-round ratios.
+  each as the median of per-round ratios;
+- ``--bench vs_nginx``: the gateway's warm requests/s over nginx proxy_cache's in front of the
+  seed service (``warm_qps_ratio``), per variant (GET or POST key, wrk threads).
 
 The figure of merit is new/old of each (>= 0.95: this tree costs at most 5% more). Arguments
 after ``--`` go to every run of the bench (``--no-write`` and ``--json-out`` are added).
 
     python -m bench.vs_commit --commit d2ff336 --pairs 2 -- --keys 100 --key-rpm 1000000000 --no-zipf
     python -m bench.vs_commit --commit d2ff336 --bench miss_path --pairs 2 -- --rounds 2
+    python -m bench.vs_commit --commit 755c020 --bench vs_nginx --pairs 2 -- --cold-s 5 --warm-s 16
 
 Writes ``docs/bench/<bench>_vs_<commit>[_keys].json`` and ``.png``.
 """
@@ -43,6 +46,7 @@ from bench.harness import ROOT
 FIGURES = {
     "hit_path": ("ratio", "cpu_ratio_bare_over_gateway"),
     "miss_path": ("throughput_ratio_median_of_rounds",),
+    "vs_nginx": ("warm_qps_ratio",),
 }
 
 

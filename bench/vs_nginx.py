@@ -770,6 +770,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--workers-runs", action="store_true", help="also voxgate --workers 1 vs 2, cold"
     )
     ap.add_argument("--no-write", action="store_true", help="do not write docs/bench results")
+    ap.add_argument(
+        "--json-out",
+        type=Path,
+        help="also write each variant's ratios to this file (bench.vs_commit)",
+    )
     args = ap.parse_args(argv)
     provenance()  # taken as the run starts
     if not Path(NGINX).is_file() or shutil.which("wrk") is None:
@@ -778,6 +783,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="vs-nginx-") as tmp:
         report = run(args, Path(tmp))
     print(table(report))
+    if args.json_out is not None:
+        ratios = {name: v["summary"] for name, v in report["variants"].items()}
+        args.json_out.write_text(json.dumps(ratios, indent=2) + "\n")
     print("every target met" if report["all_met"] else "some targets not met")
     if "workers" in report:
         print(f"workers 2 / 1 cold: {report['workers']['workers_2_over_1_cold']}x")
