@@ -307,6 +307,18 @@ class SynthesisMetrics:
             "voxgate_sentences_abandoned_total",
             "Sentences never synthesized because every client waiting for their text was gone.",
         )
+        self.rendition_waiters = m.gauge(
+            "voxgate_rendition_waiters",
+            "Requests following a rendition in the making: waiting for it whole, or streaming it "
+            "as it is made (identical requests join one; a host's processes summed).",
+            mode="livesum",
+        )
+        self.takes = m.counter(
+            "voxgate_takes_total{model,verdict,reason}",
+            "New takes checked before the store keeps them, by model and verdict (accepted, "
+            "rejected); a rejected take counts once, under its first reason (synth/takecheck.py), "
+            'an accepted one under reason "".',
+        )
         self.sentences = m.counter(
             "voxgate_sentences_total{result}",
             "Sentence masters used to assemble renditions, by how each was had: hit (stored), "

@@ -24,6 +24,10 @@ class SynthesisItem:
     params: Mapping[str, ParamValue] = field(default_factory=dict)
     # ``text`` is IPA phonemes (SSML ``<phoneme>``), for engines whose capabilities take them.
     phonemes: bool = False
+    # Which take of this item: 0, or a retake after the take checks refused the one before
+    # (gateway/speech/takes.py). Part of its identity, so a retake is a new synthesis, never
+    # the refused audio again from a pool's recent answers.
+    take: int = 0
     # Where a runner that receives the audio in pieces (an upstream whose ``passes_pcm``) hands
     # each piece of raw 16-bit pcm as it arrives, before the whole: a stream passes them on. Not
     # part of the item's identity; never sent to another process (the host's pool process sends

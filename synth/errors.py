@@ -49,6 +49,20 @@ class SynthesisTimeout(SynthesisError):
     retry_after_s = 1.0
 
 
+class TakeRejected(SynthesisError):
+    """Every take of a sentence was refused by the take checks (:mod:`synth.takecheck`), the
+    retakes included: nothing was stored. ``reasons`` are the refused takes' reasons
+    (:data:`synth.takecheck.REASONS`), in the order they were first found."""
+
+    def __init__(self, reasons: tuple[str, ...], takes: int) -> None:
+        super().__init__(
+            f"{takes} take(s) of this text were refused by the take checks "
+            f"({', '.join(reasons)}); nothing was stored, a retry draws new takes"
+        )
+        self.reasons = reasons
+        self.takes = takes
+
+
 # The kinds of upstream failure, a bounded set: the ``kind`` label of
 # ``voxgate_upstream_errors_total`` and of the calls that failed.
 UPSTREAM_ERROR_KINDS = (

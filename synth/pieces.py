@@ -23,6 +23,8 @@ class Pieces:
     def __init__(self, convert: Callable[[bytes], bytes] | None = None) -> None:
         self.pieces: list[bytes] = []
         self.finished = False
+        # The take checks' reasons when they refused this call's take (set after it finished).
+        self.refused: tuple[str, ...] = ()
         self._convert = convert
         self._odd = b""
         # Replaced at every change: each follower waits on the one it saw last.

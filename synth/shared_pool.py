@@ -78,6 +78,8 @@ MAX_REQUEST_BYTES = 4 * 1024 * 1024  # a batch of texts; the gateway bounds each
 # longer than a gateway takes from a cache miss to its submit, plus the store's write.
 RECENT_S = 10.0
 RECENT_BYTES = 64 * 1024 * 1024
+# The highest take number an item may carry (take_retries is at most 5).
+MAX_TAKE = 16
 _ERRORS: dict[str, type[SynthesisError]] = {
     "EngineDead": EngineDead,
     "SynthesisTimeout": SynthesisTimeout,
@@ -105,7 +107,8 @@ def write_frame(writer: asyncio.StreamWriter, payload: bytes) -> None:
 
 
 def item_to_json(item: SynthesisItem) -> dict[str, Any]:
-    """An item as plain JSON values (``phonemes`` only when set: IPA from SSML <phoneme>)."""
+    """An item as plain JSON values (``phonemes`` only when set: IPA from SSML <phoneme>;
+    ``take`` only for a retake)."""
     value: dict[str, Any] = {
         "text": item.text,
         "voice": item.voice,
@@ -114,6 +117,8 @@ def item_to_json(item: SynthesisItem) -> dict[str, Any]:
     }
     if item.phonemes:
         value["phonemes"] = True
+    if item.take:
+        value["take"] = item.take
     return value
 
 
@@ -134,7 +139,10 @@ def item_from_json(value: Any) -> SynthesisItem:
     phonemes = value.get("phonemes", False)
     if type(phonemes) is not bool:
         raise ValueError("item phonemes flag is not a boolean")
-    return SynthesisItem(text, voice, float(speed), params, phonemes)
+    take = value.get("take", 0)
+    if type(take) is not int or not 0 <= take <= MAX_TAKE:
+        raise ValueError("item take is not a small whole number")
+    return SynthesisItem(text, voice, float(speed), params, phonemes, take)
 
 
 def identity(model: str, item: SynthesisItem) -> str:
@@ -235,7 +243,8 @@ class PoolServer:
                 item = dataclasses.replace(item, sink=pieces)
             task = asyncio.ensure_future(scheduler.submit(item))
             shared = self._shared[key] = _Shared(task, pieces)
-            task.add_done_callback(lambda _: self._forget(key, shared))
+            retake = item.take > 0
+            task.add_done_callback(lambda _: self._forget(key, shared, retake))
         shared.interest += 1
         try:
             if write_piece is not None and shared.pieces is not None:
@@ -249,13 +258,17 @@ class PoolServer:
             if shared.interest == 0 and not shared.task.done():
                 shared.task.cancel()  # nobody wants it: out of the queue if not started
 
-    def _forget(self, key: str, shared: _Shared) -> None:
+    def _forget(self, key: str, shared: _Shared, retake: bool = False) -> None:
         if self._shared.get(key) is shared:
             del self._shared[key]
         if shared.pieces is not None:
             shared.pieces.finish()
         if shared.task.cancelled() or shared.task.exception() is not None:
             return  # retrieved: a failure nobody awaited any more is not logged
+        if retake:
+            # A retake follows a take the checks refused: the next request's retake must be a
+            # new synthesis too, not this one again (its first take may be answered from here).
+            return
         self._remember(key, shared.task.result())
 
     def _remember(self, key: str, audio: Audio) -> None:

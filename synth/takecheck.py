@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import re
 import threading
-from dataclasses import dataclass, field, replace
+import unicodedata
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -50,7 +52,7 @@ class Limits:
 
     # Duration as a ratio of the expected one (learned speaking rate, at the asked speed), give
     # or take ``duration_slack_s`` (a short text's length is more its pauses than its letters).
-    min_duration_ratio: float = 0.8
+    min_duration_ratio: float = 0.5
     max_duration_ratio: float = 1.7
     duration_slack_s: float = 0.15
     # A length this far (as a ratio) from the asked speed's, and nearer speed 1's, ignored it.
@@ -81,6 +83,28 @@ class Limits:
 
     def loosened(self, **changes: object) -> Limits:
         return replace(self, **changes)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_setting(cls, values: Mapping[str, object]) -> Limits:
+        """The limits a ``take_limits`` entry sets (field names to numbers; ``skip`` a list of
+        reasons); :class:`ValueError` naming what is wrong."""
+        changes: dict[str, object] = {}
+        names = {f.name for f in fields(cls)}
+        for name, value in values.items():
+            if name not in names:
+                raise ValueError(f"unknown take limit {name!r} (known: {', '.join(sorted(names))})")
+            if name == "skip":
+                if not isinstance(value, list) or not all(isinstance(r, str) for r in value):
+                    raise ValueError("skip must be a list of reasons")
+                unknown = sorted(set(value) - set(REASONS))
+                if unknown:
+                    raise ValueError(f"skip names unknown reasons: {', '.join(unknown)}")
+                changes[name] = frozenset(value)
+            elif isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"take limit {name} must be a number")
+            else:
+                changes[name] = float(value)
+        return cls().loosened(**changes)
 
 
 @dataclass(frozen=True)
@@ -130,7 +154,7 @@ class SpeakingRates:
         self._lock = threading.Lock()
 
     def chars_per_s(self, voice: str, language: str) -> float:
-        prior = self._prior.get(language.split("-")[0].lower(), DEFAULT_CHARS_PER_S)
+        prior = self._prior.get(_language(language), DEFAULT_CHARS_PER_S)
         with self._lock:
             chars, seconds = self._learned.get(voice, (0.0, 0.0))
         # The prior counts as 30 s of speech, so a few takes move it only a little.
@@ -138,21 +162,59 @@ class SpeakingRates:
         return (chars + prior * weight) / (seconds + weight)
 
     def expected_s(self, facts: TakeFacts) -> float:
-        spoken = _spoken_chars(facts.text)
-        return spoken / self.chars_per_s(facts.voice, facts.language) / max(facts.speed, 0.05)
+        return self.expected_range_s(facts)[1]
+
+    def expected_range_s(self, facts: TakeFacts) -> tuple[float, float, float]:
+        """The shortest, likeliest and longest plausible lengths of ``facts``' text (its
+        digits and symbols may be read in fewer or more words) at the asked speed."""
+        per_s = self.chars_per_s(facts.voice, facts.language) * max(facts.speed, 0.05)
+        lo, mid, hi = _spoken_range(facts.text, facts.language)
+        return lo / per_s, mid / per_s, hi / per_s
 
     def learn(self, facts: TakeFacts, speech_s: float) -> None:
         """Count an accepted take: its spoken characters over its speech seconds at speed 1."""
         if speech_s <= 0:
             return
-        spoken = _spoken_chars(facts.text)
+        spoken = _spoken_range(facts.text, facts.language)[1]
         with self._lock:
             chars, seconds = self._learned.get(facts.voice, (0.0, 0.0))
             self._learned[facts.voice] = (chars + spoken, seconds + speech_s * facts.speed)
 
 
-def _spoken_chars(text: str) -> int:
-    return max(1, sum(1 for c in text if not c.isspace()))
+def _language(code: str) -> str:
+    """ "en" of "en", "en-US" and "en_US" alike (BCP 47 tags, and Piper's voice names)."""
+    return re.split(r"[-_]", code)[0].lower()
+
+
+# Letters each digit and symbol is said in, at the least, likeliest and most. A number is said
+# in words or digit by digit: "42" as "forty-two", "0042" as "zero zero four two", "1999" as
+# "nineteen ninety-nine" (1.5 to 6 letters a digit in English; a syllable, one character, a digit
+# in Chinese). A symbol is read by its name: "%" as "percent", an emoji as "grinning face with
+# big eyes" (synth/sentences.py measured its weights: 4 for ASCII symbols, up to 20).
+_DIGIT_LETTERS = {"zh": (0.7, 1.0, 1.5)}
+_DEFAULT_DIGIT_LETTERS = (1.5, 4.0, 6.0)
+_SYMBOL_LETTERS = (1.0, 4.0, 20.0)
+
+
+def _spoken_range(text: str, language: str) -> tuple[float, float, float]:
+    """How many plain letters ``text`` is said like (spaces not counted): least, likeliest and
+    most, as its digits and symbols may be read."""
+    letters = digits = symbols = 0
+    for ch in text:
+        if ch.isspace():
+            continue
+        if ch.isdigit():
+            digits += 1
+        elif unicodedata.category(ch)[0] == "S":
+            symbols += 1
+        else:
+            letters += 1
+    per_digit = _DIGIT_LETTERS.get(_language(language), _DEFAULT_DIGIT_LETTERS)
+    lo, mid, hi = (
+        max(1.0, letters + digits * d + symbols * s)
+        for d, s in zip(per_digit, _SYMBOL_LETTERS, strict=True)
+    )
+    return lo, mid, hi
 
 
 class TakeChecker:
@@ -187,9 +249,9 @@ class TakeChecker:
         if reasons:
             return _verdict(reasons, measured, limits)
         duration = pcm.size / facts.sample_rate
-        expected = self.rates.expected_s(facts)
+        expected = self.rates.expected_range_s(facts)
         measured["duration_s"] = duration
-        measured["expected_s"] = expected
+        measured["expected_s"] = expected[1]
         peak = float(np.max(np.abs(pcm))) if pcm.size else 0.0
         if peak > 0:
             clipped = float(np.count_nonzero(np.abs(pcm) >= peak - CLIP_STEP)) / pcm.size
@@ -228,10 +290,11 @@ class TakeChecker:
         self,
         facts: TakeFacts,
         signal: Signal,
-        expected: float,
+        expected_range: tuple[float, float, float],
         limits: Limits,
         measured: dict[str, float],
     ) -> list[Reason]:
+        shortest, expected, longest = expected_range
         said = max(signal.span_s - facts.pause_s, FRAME_S)  # a frame at least: ratios stay finite
         ratio = said / expected
         at_one = said / (expected * max(facts.speed, 0.05))
@@ -243,13 +306,15 @@ class TakeChecker:
         tolerance = np.log(limits.max_speed_error)
         if (
             expected * facts.speed >= MIN_SPEED_EVIDENCE_S
+            # (Only where the text's length is known: not where its numbers may take twice it.)
+            and longest / shortest < limits.max_speed_error
             and abs(np.log(ratio)) > tolerance
             and abs(np.log(at_one)) < abs(np.log(ratio))
         ):
             return ["speed_ignored"]
-        if said < expected * limits.min_duration_ratio - slack:
+        if said < shortest * limits.min_duration_ratio - slack:
             return ["too_short"]
-        if said > expected * limits.max_duration_ratio + slack:
+        if said > longest * limits.max_duration_ratio + slack:
             return ["too_long"]
         return []
 
@@ -301,7 +366,7 @@ ASR_RATE = 16000
 CLIP_STEP = 1.5 / 32768
 # A text said in less than this at speed 1 is too short to tell its speed by (a word's length
 # is more its own pace than the speed asked).
-MIN_SPEED_EVIDENCE_S = 1.0
+MIN_SPEED_EVIDENCE_S = 2.0
 # Fewer frames of speech than this (90 ms) is no speech.
 MIN_SPEECH_FRAMES = 3
 # Sound of which the detector calls less than this share speech is something else (hum, rumble).

@@ -17,7 +17,7 @@ from synth.engine import SynthesisItem
 from synth.errors import UpstreamError
 from synth.providers.base import AnswerReader, ProviderError, answer_seconds, wav_audio
 from synth.upstream import UpstreamConfig
-from tests.upstream_support import HeldWyomingServer, tone, wav_header
+from tests.upstream_support import HeldWyomingServer, voiced, wav_header
 
 TEXT = "Thank you for calling, how may I help you today?"
 
@@ -126,7 +126,7 @@ async def test_a_runaway_body_is_cut_off_at_the_texts_longest_plausible_take() -
     item = SynthesisItem(TEXT, "alloy")
     seconds = answer_seconds(item, "")
     assert 10 <= seconds < 30
-    counted = Counted(None, endless=tone(TEXT).tobytes()[:8192])
+    counted = Counted(None, endless=voiced(TEXT).tobytes()[:8192])
     with pytest.raises(ProviderError) as caught:
         await AnswerReader(entry(), item).read(counted)
     assert caught.value.reason == "too_long"

@@ -28,7 +28,7 @@ from gateway.runtime.settings import Settings
 from synth.upstream import UpstreamConfig
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine, eventually, until
-from tests.upstream_support import KEY_ENV, OpenAISpeechServer, Scripted
+from tests.upstream_support import KEY_ENV, RATE, OpenAISpeechServer, Scripted, voiced
 
 PROMPTS = ["Thank you for calling.", "Please hold.", "Goodbye now."]
 
@@ -113,7 +113,7 @@ async def test_rollout_renders_all_beside_the_old_then_switches_every_gateway(
         change = changes[text]
         assert change["old_key"] == old[text] and change["new_key"] != old[text]
         # Durations compared: the provider's voice did not change here, so neither did they.
-        assert change["old_duration_s"] == pytest.approx(len(text) * 0.03, abs=0.01)
+        assert change["old_duration_s"] == pytest.approx(len(voiced(text)) / RATE, abs=0.01)
         assert change["change_s"] == pytest.approx(0.0, abs=0.002)
     # The running gateway reads the switch (revision_refresh_s) and serves the new audio as
     # hits: rendered and pinned by the rollout, no call.

@@ -147,3 +147,25 @@ def test_every_setting_has_a_group_and_help_lists_flags_by_group() -> None:
         assert sections[title] == members, title
     options = serve.format_help().split("\n\n", 1)[1]  # past the usage line
     assert options.index(GROUPS["server"]) < options.index("--port") < options.index("Redis")
+
+
+def test_take_limits_are_read_from_file_env_and_flag_and_checked(tmp_path: Path) -> None:
+    cfg = tmp_path / "voxgate.toml"
+    cfg.write_text(
+        '[voxgate.take_limits."piper/joe"]\nmax_hole_s = 3\n'
+        '[voxgate.take_limits.openai]\nskip = ["speed_ignored"]\n'
+    )
+    limits = Settings.load(config_file=cfg, env={}).take_limits
+    assert limits == {"piper/joe": {"max_hole_s": 3}, "openai": {"skip": ["speed_ignored"]}}
+    env = {"VOXGATE_TAKE_LIMITS": '{"coqui": {"skip": ["not_speech"]}}'}
+    assert Settings.load(env=env).take_limits == {"coqui": {"skip": ["not_speech"]}}
+    for bad, named in [
+        ('{"openai": {"max_holes": 3}}', "unknown take limit 'max_holes'"),
+        ('{"openai": {"skip": ["loud"]}}', "unknown reasons: loud"),
+        ('{"openai": {"max_hole_s": "long"}}', "must be a number"),
+        ('{"openai": 3}', "openai: expected a table"),
+    ]:
+        with pytest.raises(SettingsError, match=rf"'take_limits' \(from --take-limits\).*{named}"):
+            Settings.load(env={}, overrides={"take_limits": bad})
+    with pytest.raises(SettingsError, match="'take_checks'"):
+        Settings.load(env={"VOXGATE_TAKE_CHECKS": "always"})

@@ -42,7 +42,7 @@ from tests.upstream_support import (
     OpenAISpeechServer,
     PollyServer,
     Scripted,
-    tone,
+    voiced,
 )
 
 GREETING = "Thank you for calling."
@@ -104,7 +104,7 @@ async def test_two_identical_requests_cost_one_call_and_a_second_format_none(
     # The provider's audio, as it made it: the master is its pcm, kept at 16 bits (the
     # gateway's float round trip moves a sample by at most 2 steps of 65536).
     assert rate == RATE
-    expected = tone(GREETING)
+    expected = voiced(GREETING)
     assert audio.shape == expected.shape
     assert np.max(np.abs(audio.astype(np.int32) - expected)) <= 2
     again = await client.post("/v1/audio/speech", json=speech())
@@ -640,7 +640,7 @@ async def test_providers_through_their_published_apis(
         r = await client.post("/v1/audio/speech", json=body)
         audio, got_rate = sf.read(io.BytesIO(await r.read()), dtype="int16")
         assert got_rate == rate
-        expected = np.resize(tone(GREETING), int(len(tone(GREETING)) * rate / RATE))
+        expected = voiced(GREETING, 1.0, rate)
         assert audio.shape == expected.shape
         assert np.max(np.abs(audio.astype(np.int32) - expected)) <= 2
         assert server.calls == 1
@@ -892,15 +892,15 @@ async def test_a_streamed_miss_passes_the_providers_pcm_on_as_it_arrives(
     # The first piece is here, and the provider cannot have sent the rest: it waits for `rest`,
     # set only now.
     assert provider.half_sent.is_set() and not provider.rest.is_set()
-    assert first and len(first) < 2 * len(tone(text))
+    assert first and len(first) < 2 * len(voiced(text))
     provider.rest.set()
     streamed = first + await r.read()
     again = await client.post("/v1/audio/speech", json=speech(text, response_format="pcm"))
     assert again.headers["X-Cache"] == "HIT"
     assert await again.read() == streamed
     heard = np.frombuffer(streamed, dtype="<i2").astype(np.int32)
-    assert heard.shape == tone(text).shape
-    assert np.max(np.abs(heard - tone(text))) <= 2  # the master's 16-bit round trip
+    assert heard.shape == voiced(text).shape
+    assert np.max(np.abs(heard - voiced(text))) <= 2  # the master's 16-bit round trip
     assert provider.calls == 1
 
 
@@ -923,13 +923,13 @@ async def test_pass_through_follows_each_sentence_and_a_stored_one_comes_whole(
     got = b""
     pause = bytes(2 * round(0.25 * RATE))  # sentence_pause_ms 250 at 24 kHz
     # The stored sentence and the pause come first, then the first half of the new one.
-    while len(got) < 2 * len(tone(a)) + len(pause) + 2:
+    while len(got) < 2 * len(voiced(a)) + len(pause) + 2:
         got += await r.content.readany()
     assert not provider.rest.is_set()
     provider.rest.set()
     got += await r.read()
-    assert len(got) == 2 * len(tone(a)) + len(pause) + 2 * len(tone(b))
-    assert got.endswith(as_rendered_pcm16(tone(b).tobytes()))
+    assert len(got) == 2 * len(voiced(a)) + len(pause) + 2 * len(voiced(b))
+    assert got.endswith(as_rendered_pcm16(voiced(b).tobytes()))
     assert provider.calls == 2
 
 
@@ -967,7 +967,7 @@ async def test_a_wyoming_upstream_passes_its_chunks_on_at_its_own_rate_only() ->
             server.rest.set()
             audio = await call
             assert audio.sample_rate == RATE
-            assert b"".join(got) == (tone(text).tobytes() if passes else b"")
+            assert b"".join(got) == (voiced(text).tobytes() if passes else b"")
     finally:
         await server.stop()
     google = UpstreamConfig(name="g", kind="google", base_url="https://h", sample_rate=RATE)
@@ -979,7 +979,7 @@ async def test_pieces_cut_inside_a_sample_pass_as_the_rendition_holds_them() -> 
     odd byte waits for the next piece, and what passes is the rendition's samples."""
     from synth.pieces import Pieces
 
-    data = tone("Cut anywhere.").tobytes()
+    data = voiced("Cut anywhere.").tobytes()
     partial = Pieces(convert=as_rendered_pcm16)
     for cut in (1, 2, 3, 4, 7, 8, 101):
         partial(data[:cut])
@@ -987,4 +987,4 @@ async def test_pieces_cut_inside_a_sample_pass_as_the_rendition_holds_them() -> 
     partial(data)
     partial.finish()
     passed = b"".join([piece async for piece in partial.follow()])
-    assert passed == as_rendered_pcm16(tone("Cut anywhere.").tobytes())
+    assert passed == as_rendered_pcm16(voiced("Cut anywhere.").tobytes())

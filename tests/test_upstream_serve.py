@@ -35,7 +35,7 @@ from tests.upstream_support import (
     RATE,
     HeldWyomingServer,
     OpenAISpeechServer,
-    tone,
+    voiced,
 )
 from tests.upstream_support import local_tts_studio as studio
 
@@ -402,7 +402,7 @@ async def test_a_streamed_miss_passes_the_providers_pcm_on_through_the_pool_proc
         tmp_path / "s", "--upstreams-file", str(path), env={KEY_ENV: "sk-test-key"}
     )
     text = "Your call is important to us."
-    expected = tone(text).tobytes()
+    expected = voiced(text).tobytes()
     oa = AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
     try:
         await started(server)

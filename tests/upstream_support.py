@@ -17,8 +17,9 @@ f85dbe223d40e1a31cba812ab2d755c7e98a92a3: the ``createSpeech`` operation, the
   a header (OpenAI's text-to-speech guide), ``wav`` the same in a RIFF container.
 
 Only ``pcm`` and ``wav`` are produced (what voxgate asks for); another format is answered 400 here,
-so a test would see voxgate asking for something lossy. The speech is a tone whose pitch follows
-the text and whose length follows its characters: deterministic, so equal bytes mean equal calls.
+so a test would see voxgate asking for something lossy. The speech is :func:`voiced`: a buzz in
+syllables whose pitch follows the text and whose length follows its characters, deterministic,
+so equal bytes mean equal calls.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-import zlib
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -51,6 +51,7 @@ from wyoming.tts import Synthesize
 
 from bench.harness import free_port
 from synth.piper_engine import PiperVoiceFiles
+from tests.support import voiced
 
 RATE = 24000
 # CreateSpeechRequest's properties, as the document lists them (additionalProperties: false).
@@ -65,14 +66,6 @@ PROPERTIES = {
 }
 REQUIRED = ("model", "input", "voice")
 FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
-
-
-def tone(text: str, speed: float = 1.0) -> np.ndarray[Any, np.dtype[np.int16]]:
-    """The "speech" of ``text``: 30 ms per character (over ``speed``), pitch from its CRC."""
-    n = max(1, int(len(text) * 0.03 * RATE / speed))
-    pitch = 200 + zlib.crc32(text.encode()) % 600
-    t = np.arange(n, dtype=np.float64) / RATE
-    return (np.sin(2 * np.pi * pitch * t) * 12000).astype("<i2")
 
 
 def split_samples(data: bytes, parts: int) -> list[bytes]:
@@ -141,7 +134,9 @@ class OpenAISpeechServer(LoopbackProvider):
     ``calls`` counts the requests that reached the speech route (each attempt, failures
     included); ``texts`` holds the ``input`` of each call answered with audio (``events``: each
     call's arrival and answer, in order); ``script`` holds
-    answers to give (in order) before audio; ``delay_s`` is the provider's latency;
+    answers to give (in order) before audio; ``takes`` holds 16-bit samples to answer (in
+    order) instead of the text's own speech (a provider's bad takes); ``delay_s`` is the
+    provider's latency;
     ``hold`` (when cleared) keeps every call waiting until it is set; a call whose ``input`` is
     in ``held_inputs`` waits until ``release`` is set.
     """
@@ -168,6 +163,7 @@ class OpenAISpeechServer(LoopbackProvider):
         self.events: list[tuple[str, str]] = []
         self.headers: list[dict[str, str]] = []
         self.script: deque[Scripted] = deque()
+        self.takes: deque[np.ndarray[Any, np.dtype[np.int16]]] = deque()
         self.hold = asyncio.Event()
         self.hold.set()
         self.held_inputs: set[str] = set()
@@ -213,7 +209,11 @@ class OpenAISpeechServer(LoopbackProvider):
             return error(s.status, s.message, **s.headers)
         self.texts.append(body["input"])
         self.events.append(("answered", body["input"]))
-        samples = tone(body["input"], float(body.get("speed", 1)))
+        samples = (
+            self.takes.popleft()
+            if self.takes
+            else voiced(body["input"], float(body.get("speed", 1)))
+        )
         fmt = body.get("response_format", "mp3")
         if fmt == "pcm":
             data = samples.tobytes()
@@ -324,7 +324,7 @@ class HeldWyomingServer:
                 return
             form = {"rate": self.rate, "width": 2, "channels": 1}
             await async_write_event(AudioStart(**form).event(), writer)
-            pieces = split_samples(tone(ask.text).tobytes() * self.repeat, self.parts)
+            pieces = split_samples(voiced(ask.text).tobytes() * self.repeat, self.parts)
             self.half_sent.set()
             for piece in pieces[:-1]:
                 await async_write_event(AudioChunk(audio=piece, **form).event(), writer)
@@ -402,10 +402,7 @@ class ElevenLabsServer(LoopbackProvider):
             )
         rate = int(fmt[4:])
         speed = float(settings.get("speed", 1.0))
-        samples = tone(body["text"], speed)
-        # At the asked rate: the tone's length in seconds, resampled by repetition of the pattern.
-        n = int(len(samples) * rate / RATE)
-        pcm = np.resize(samples, n).astype("<i2")
+        pcm = voiced(body["text"], speed, rate)  # made at the asked rate
         return web.Response(body=pcm.tobytes(), content_type="application/octet-stream")
 
 
@@ -475,7 +472,7 @@ class AzureServer(ContractServer):
         text = "".join(voice.itertext())
         prosody = voice.find("prosody")
         speed = float(prosody.get("rate", "1")) if prosody is not None else 1.0
-        samples = np.resize(tone(text, speed), int(len(tone(text, speed)) * rate / RATE))
+        samples = voiced(text, speed, rate)
         return web.Response(body=samples.astype("<i2").tobytes(), content_type="audio/x-wav")
 
 
@@ -513,8 +510,7 @@ class GoogleServer(ContractServer):
             return self._error(400, "INVALID_ARGUMENT", "this test server makes LINEAR16 only")
         rate = int(config.get("sampleRateHertz", RATE))
         speed = float(config.get("speakingRate", 1.0))
-        samples = tone(value["input"]["text"], speed)
-        samples = np.resize(samples, int(len(samples) * rate / RATE)).astype("<i2")
+        samples = voiced(value["input"]["text"], speed, rate)
         out = io.BytesIO()
         soundfile.write(out, samples, rate, format="WAV", subtype="PCM_16")
         return web.json_response({"audioContent": base64.b64encode(out.getvalue()).decode()})
@@ -548,8 +544,7 @@ class DeepgramServer(ContractServer):
         value = json.loads(body)
         if set(value) != {"text"}:
             return self._error(400, "INVALID_BODY", 'The body must be {"text": ...}.')
-        samples = tone(value["text"])
-        samples = np.resize(samples, int(len(samples) * rate / RATE)).astype("<i2")
+        samples = voiced(value["text"], 1.0, rate)
         return web.Response(body=samples.tobytes(), content_type="audio/l16")
 
 
@@ -729,8 +724,7 @@ class PollyServer(ContractServer):
                 400, "ValidationException", "Value at 'textType' failed to satisfy constraint"
             )
         rate = int(rate_text)
-        samples = tone(text, speed)
-        samples = np.resize(samples, int(len(samples) * rate / RATE)).astype("<i2")
+        samples = voiced(text, speed, rate)
         return web.Response(
             body=samples.tobytes(),
             content_type="audio/pcm",
@@ -800,9 +794,8 @@ class CartesiaServer(ContractServer):
         if voice.get("id") not in self.voices:
             return self._error(404, "Not Found", f"Voice {voice.get('id')} not found")
         speed = float(value.get("generation_config", {}).get("speed", 1.0))
-        samples = tone(value["transcript"], speed)
         rate = fmt["sample_rate"]
-        samples = np.resize(samples, int(len(samples) * rate / RATE)).astype("<i2")
+        samples = voiced(value["transcript"], speed, rate)
         return web.Response(body=samples.tobytes(), content_type="audio/pcm")
 
 
@@ -941,7 +934,7 @@ class AnswerServer:
             kind = "application/json"
             body = json.dumps({"error": {"message": "model overloaded"}}).encode()
         elif mode == "onehz":
-            samples = tone(str(request.get("input", "")))[:11000].tobytes()
+            samples = voiced(str(request.get("input", "")))[:11000].tobytes()
             kind, body = "audio/wav", wav_header(1, len(samples)) + samples
         elif mode == "wavof":
             ask = json.dumps({**request, "response_format": "wav"}).encode()
@@ -963,7 +956,7 @@ class AnswerServer:
             self.served[mode] = self.served.get(mode, 0) + len(body)
             return
         handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
-        piece = tone("an endless answer" * 20).tobytes()[: 64 * 1024]
+        piece = voiced("an endless answer" * 20).tobytes()[: 64 * 1024]
         self.served.setdefault(mode, 0)
         try:
             while self.served[mode] < self.ENDLESS_LIMIT:

@@ -36,6 +36,7 @@ from synth.errors import (
     Overloaded,
     SynthesisError,
     SynthesisTimeout,
+    TakeRejected,
     UnspeakableInput,
     UpstreamError,
 )
@@ -105,6 +106,8 @@ def from_synthesis_error(exc: SynthesisError) -> VoxgateError:
     """Map a synthesis failure to its HTTP error."""
     if isinstance(exc, UpstreamError):
         return _upstream_error(exc)
+    if isinstance(exc, TakeRejected):
+        return BadGateway(str(exc), code="take_rejected")
     if isinstance(exc, ClientQueueFull):
         return TooManyRequests(
             str(exc), code="client_queue_full", retry_after_s=exc.retry_after_s or 1.0

@@ -35,6 +35,7 @@ from gateway.speech.ledger import Ledger
 from gateway.speech.masters import Masters, ModelHandle
 from gateway.speech.rollout import follow_revisions
 from gateway.speech.service import SpeechService
+from gateway.speech.takes import TakeGate
 from gateway.speech.telephony import Transcoder
 from gateway.speech.vocabulary import Vocabulary
 from metrics import Metrics
@@ -47,6 +48,7 @@ from synth.pool import EngineSpec, LogSetup, WorkerPool
 from synth.runner import ThreadRunner
 from synth.scheduler import ClientShares, Scheduler
 from synth.shared_pool import RemotePool
+from synth.takecheck import Limits, TakeChecker
 from synth.upstream import (
     RequestRate,
     UpstreamConfig,
@@ -454,6 +456,16 @@ async def open_speech(
                 metrics=metrics,
             ),
             admit_synthesis=admit_synthesis,
+            takes=TakeGate(
+                TakeChecker(settings.take_checks),
+                encode_pool,
+                metrics,
+                retries=settings.take_retries,
+                limits={
+                    name: Limits.from_setting(values)
+                    for name, values in settings.take_limits.items()
+                },
+            ),
         )
         render_share = (
             RenderShare(shares, settings.renders_per_client, metrics.renders_refused)

@@ -7,6 +7,7 @@ settings table, ``voxgate config show`` and the ``--help`` of every command are 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -461,6 +462,31 @@ class Settings(BaseSettings):
         "included); one more gets 429 (render_share).",
         ge=1,
     )
+    take_checks: Literal["off", "signal", "asr"] = _opt(
+        "synthesis",
+        "signal",
+        "Checks every new take (from every engine and upstream) passes before it is stored "
+        "(docs/takes.md): signal (duration for the text and speed, speech present, no holes, "
+        "clipping, NaN or DC offset; under a hundredth of a local synthesis's CPU), asr (signal plus a "
+        "speech-recognition round trip for English voices; needs the asr extra), or off. A "
+        "refused take is never stored or served.",
+    )
+    take_limits: dict[str, dict[str, Any]] = _opt(
+        "synthesis",
+        lambda: {},
+        "Take checks loosened per model or per voice: 'model' or 'model/voice' to the limits it "
+        'changes (docs/takes.md lists them), e.g. {"piper/joe": {"max_hole_s": 3}, '
+        '"openai": {"skip": ["speed_ignored"]}}: a voice whose long pause or whisper is '
+        "intended. Env/flag form: JSON.",
+    )
+    take_retries: int = _opt(
+        "synthesis",
+        2,
+        "New takes drawn after a refused one (a provider is called again, billed); when these "
+        "are refused too the request gets 502 take_rejected naming the reasons.",
+        ge=0,
+        le=5,
+    )
     synth_max_reply_mb: int = _opt(
         "synthesis",
         64,
@@ -699,6 +725,37 @@ class Settings(BaseSettings):
     def _comma_list(cls, value: Any) -> Any:
         if isinstance(value, str):
             return tuple(s.strip() for s in value.split(",") if s.strip())
+        return value
+
+    @field_validator("take_checks")
+    @classmethod
+    def _take_checks(cls, value: str) -> str:
+        if value == "asr":
+            import importlib.util
+
+            if importlib.util.find_spec("pocketsphinx") is None:
+                raise ValueError(
+                    "asr needs pocketsphinx, which is not installed: pip install 'voxgate[asr]' "
+                    "(or choose signal)"
+                )
+        return value
+
+    @field_validator("take_limits", mode="before")
+    @classmethod
+    def _take_limits(cls, value: Any) -> Any:
+        from synth.takecheck import Limits  # (numpy: not for every settings load)
+
+        if isinstance(value, str):
+            value = json.loads(value) if value.strip() else {}
+        if not isinstance(value, dict):
+            raise ValueError("expected a table of 'model' or 'model/voice' to limits")
+        for name, limits in value.items():
+            if not isinstance(limits, dict):
+                raise ValueError(f"{name}: expected a table of limits")
+            try:
+                Limits.from_setting(limits)
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from None
         return value
 
     @field_validator("model_aliases", "voice_aliases", mode="before")

@@ -37,7 +37,8 @@ from gateway.speech.request import CacheResult, SpeechRequest, segment_speed
 from gateway.speech.takes import Take, accept_take
 from synth import audio, sentences
 from synth.engine import Audio
-from synth.pieces import PiecesFeed
+from synth.errors import TakeRejected
+from synth.pieces import Pieces, PiecesFeed
 from synth.scheduler import ClientShares
 
 log = logging.getLogger("voxgate.speech")
@@ -90,6 +91,7 @@ class Opening:
     audio_s: float
     keys: list[str | None] | None = None
     first_rest: AsyncIterator[bytes] | None = None
+    first_call: Pieces | None = None
 
 
 class SpeechStream:
@@ -168,6 +170,7 @@ class SpeechStream:
                 self.audio_s += len(piece) / 2 / rate
                 yield piece
             await asyncio.shield(parts[0])  # a failure after the pieces ends the stream
+            _sent_what_is_kept(opening.first_call)
         for i, part in enumerate(parts[1:], start=1):
             passing = (
                 await self._feed.sentence(mk, part)
@@ -183,6 +186,7 @@ class SpeechStream:
                     self.audio_s += len(piece) / 2 / rate
                     yield piece
                 await asyncio.shield(part)
+                _sent_what_is_kept(passing)
                 continue
             sentence = await asyncio.shield(part)
             rate = sentence.sample_rate
@@ -204,6 +208,14 @@ class SpeechStream:
         except Exception as exc:  # the audio went out whole: only its storing failed
             log.warning("streamed key=%s was not stored: %s", self.key, type(exc).__name__)
         yield await loop.run_in_executor(self._pool, encoder.finish)
+
+
+def _sent_what_is_kept(call: Pieces | None) -> None:
+    """A stream passed ``call``'s pcm on as it came; when the take checks then refused that take
+    (a retake is stored in its place), what went out is not what is kept: the stream ends in
+    error, never as if it were whole."""
+    if call is not None and call.refused:
+        raise TakeRejected(call.refused, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -392,6 +404,7 @@ class Assembler:
             if release is not None:
                 prod.result.add_done_callback(lambda _: release())
         prod.waiters += 1
+        self.ledger.metrics.rendition_waiters.inc()
         return prod, leader
 
     def _finished(self, key: str, prod: Production, task: asyncio.Task[Made]) -> None:
@@ -403,6 +416,7 @@ class Assembler:
     def leave(self, prod: Production) -> None:
         """One follower fewer; the last one out abandons what is not yet queued."""
         prod.waiters -= 1
+        self.ledger.metrics.rendition_waiters.dec()
         if prod.waiters > 0 or prod.result is None or prod.result.done():
             return
         if prod.parts.done():
@@ -533,7 +547,7 @@ class Assembler:
             return None
         first = bytes(2 * round(layout.gaps_ms[0] / 1000.0 * rate)) + head
         encoder = audio.StreamEncoder(req.fmt, rate)
-        opening = Opening(first, encoder, rate, len(first) / 2 / rate, keys, pieces)
+        opening = Opening(first, encoder, rate, len(first) / 2 / rate, keys, pieces, call)
         return SpeechStream(prod, self, opening, leader=leader)
 
     async def _run(self, prod: Production) -> Made:

@@ -23,13 +23,14 @@ from cache.store import TieredStore
 from gateway.speech import marks
 from gateway.speech.caller import caller
 from gateway.speech.request import CacheResult, SpeechRequest
-from gateway.speech.takes import Take, accept_take
+from gateway.speech.takes import Take, TakeGate, accept_take
 from metrics import Metrics
 from synth import audio
 from synth.engine import Audio, Engine, ParamValue, SynthesisItem
-from synth.errors import Overloaded
+from synth.errors import Overloaded, TakeRejected
 from synth.pieces import PiecesFeed
 from synth.scheduler import Scheduler
+from synth.takecheck import Verdict
 
 log = logging.getLogger("voxgate.speech")
 
@@ -75,6 +76,7 @@ class Masters:
         *,
         cross_replica: CrossReplicaFlight | None = None,
         admit_synthesis: Callable[[int], Awaitable[None]] | None = None,
+        takes: TakeGate | None = None,
     ) -> None:
         self.store = store
         self.models = models
@@ -88,6 +90,9 @@ class Masters:
         # synthesizing it (misses only; joining one in flight is free); raises to refuse it (a
         # key over its chars_per_minute).
         self.admit_synthesis = admit_synthesis
+        # The checks every new take passes before it is stored (None: none).
+        self.takes = takes
+        self._languages: dict[str, dict[str, str]] = {}
         # Sentence masters are shared by every rendition that says them (two formats of one
         # text, two texts with a sentence in common): one synthesis of each here, whichever
         # renditions ask. A master and whether this process made it (False: joined another's).
@@ -258,15 +263,36 @@ class Masters:
         self, req: SpeechRequest, mk: str, on_queued: Callable[[], None] | None = None
     ) -> Audio:
         """Synthesize ``req`` (one sentence), store its master under ``mk`` and return the
-        audio as stored (:func:`audio.master_of`)."""
+        audio as stored (:func:`audio.master_of`). A take the checks refuse is never stored:
+        another is drawn (a provider is asked again), up to ``take_retries`` times, then
+        :class:`TakeRejected` names the reasons."""
         handle = self.models[req.model]
         if not handle.ready.is_set():
             raise Overloaded(f"model '{req.model}' is still loading", retry_after_s=2.0)
+        takes = 1 + (self.takes.retries if self.takes is not None and self.takes.on else 0)
+        reasons: dict[str, None] = {}
+        for n in range(takes):
+            made = await self._take(req, mk, handle, n, on_queued if n == 0 else None)
+            if isinstance(made, Audio):
+                return made
+            reasons.update(dict.fromkeys(made.reasons))
+        raise TakeRejected(tuple(reasons), takes)
+
+    async def _take(
+        self,
+        req: SpeechRequest,
+        mk: str,
+        handle: ModelHandle,
+        n: int,
+        on_queued: Callable[[], None] | None,
+    ) -> Audio | Verdict:
+        """Take ``n`` of ``req`` (0 the first): stored under ``mk`` and returned as stored, or
+        the verdict that refused it."""
         feed = self.partials
         # The provider's pcm, piece by piece, for streams that pass it on.
         partial = feed.open(mk) if handle.scheduler.runner.passes_pcm else None
         item = SynthesisItem(
-            req.text, req.voice, req.speed, dict(req.params), req.phonemes, sink=partial
+            req.text, req.voice, req.speed, dict(req.params), req.phonemes, n, sink=partial
         )
         if on_queued is not None:
             # submit() queues the item before its first suspension; this runs right after.
@@ -281,9 +307,13 @@ class Masters:
         stored, entry = await asyncio.get_running_loop().run_in_executor(
             self.encode_pool, _master_entry, req, result
         )
-        await accept_take(
-            self.store, mk, entry, Take(stored.pcm, stored.sample_rate, req.text, req)
-        )
+        take = Take(stored.pcm, stored.sample_rate, req.text, req, self.language_of(req))
+        verdict = await accept_take(self.store, mk, entry, take, self.takes)
+        if not verdict.ok:
+            if partial is not None:
+                # A stream that passed these pieces on sent what is not kept: it ends in error.
+                partial.refused = verdict.reasons
+            return verdict
         log.info(
             "synthesized key=%s model=%s voice=%s audio_s=%.2f",
             mk,
@@ -292,3 +322,11 @@ class Masters:
             result.duration_s,
         )
         return stored
+
+    def language_of(self, req: SpeechRequest) -> str:
+        """The language code of ``req``'s voice ("" when its engine names none)."""
+        languages = self._languages.get(req.model)
+        if languages is None:
+            voices = self.models[req.model].engine.voices()
+            languages = self._languages[req.model] = {v.name: v.language for v in voices}
+        return languages.get(req.voice, "")
