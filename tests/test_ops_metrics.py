@@ -301,3 +301,72 @@ async def test_bad_requests_are_counted_by_endpoint_and_reason(
     assert (await client.post("/v1/audio/speech", json=good)).status == 200
     after = every_count()
     assert after == before
+
+
+def test_the_take_rejection_alert_fires_on_a_provider_answering_silence(tmp_path: Path) -> None:
+    """promtool's rule unit test (``promtool test rules``, Prometheus' documented format for
+    alerting-rule tests): a provider whose every take is refused (three takes a minute, each
+    silent) fires ``VoxgateTakesRejected`` after its ``for``; a model whose takes pass, or
+    refused only once, stays quiet."""
+    groups = yaml.safe_load(ALERTS.read_text())["groups"]
+    rule = next(r for g in groups for r in g["rules"] if r.get("alert") == "VoxgateTakesRejected")
+    rules = tmp_path / "takes_test.yml"
+    rules.write_text(
+        yaml.safe_dump(
+            {
+                "rule_files": [str(ALERTS)],
+                "evaluation_interval": "1m",
+                "tests": [
+                    {
+                        "interval": "1m",
+                        "input_series": [
+                            {
+                                "series": 'voxgate_takes_total{instance="a",model="openai",'
+                                'verdict="rejected",reason="silent"}',
+                                "values": "0+3x40",
+                            },
+                            {
+                                "series": 'voxgate_takes_total{instance="a",model="piper",'
+                                'verdict="accepted",reason=""}',
+                                "values": "0+20x40",
+                            },
+                            {
+                                "series": 'voxgate_takes_total{instance="a",model="piper",'
+                                'verdict="rejected",reason="too_short"}',
+                                "values": "0+0x20 1+0x20",
+                            },
+                        ],
+                        "alert_rule_test": [
+                            {
+                                "eval_time": "5m",
+                                "alertname": "VoxgateTakesRejected",
+                                "exp_alerts": [],
+                            },
+                            {
+                                "eval_time": "30m",
+                                "alertname": "VoxgateTakesRejected",
+                                "exp_alerts": [
+                                    {
+                                        "exp_labels": {
+                                            "severity": "warning",
+                                            "instance": "a",
+                                            "model": "openai",
+                                        },
+                                        "exp_annotations": {
+                                            "summary": "voxgate refuses 100% of openai's new "
+                                            "takes on a",
+                                            "description": rule["annotations"]["description"],
+                                        },
+                                    }
+                                ],
+                            },
+                        ],
+                    }
+                ],
+            }
+        )
+    )
+    run = subprocess.run(
+        [promtool(), "test", "rules", str(rules)], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
