@@ -11,8 +11,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import re
+import signal
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import quote
 
 import aiohttp
@@ -96,28 +99,63 @@ async def test_identical_concurrent_misses_say_miss_once_for_one_synthesis(
 ) -> None:
     """Eight identical misses at once, each on a new connection (so both gateway processes
     lead a production of their own): the host's pool runs one synthesis, and only the response
-    whose request started it says MISS; the others joined it."""
-    # One long sentence (under the 300 characters a sentence is cut at): its synthesis, about
-    # ten seconds of speech, lasts far longer than sending eight requests does, even on a
-    # loaded machine.
-    text = (
-        "While every agent is busy helping other callers, please stay on the line, and the "
-        "first one free will answer your call in the order it was received, because every "
-        "call matters to us and we would rather keep you waiting a little than lose you, so "
-        "thank you for your patience today."
-    )
+    whose request started it says MISS; the others joined it.
+
+    The synthesis processes are stopped (SIGSTOP) until all eight requests are waiting on a
+    rendition in the making (``voxgate_rendition_waiters``), so none can arrive after the
+    synthesis is done and be a HIT instead, however slow the machine."""
+    text = "While every agent is busy, please stay on the line and we will answer in turn."
     before = syntheses(await scrape(server))
-    answers = await asyncio.gather(
-        *(
-            server.request("POST", "/v1/audio/speech", headers=AUTH, json=speech(text))
+    held = synthesis_processes(server.proc.pid)
+    assert held, "no synthesis process found under the server"
+    for pid in held:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        answers = [
+            asyncio.ensure_future(
+                server.request("POST", "/v1/audio/speech", headers=AUTH, json=speech(text))
+            )
             for _ in range(8)
-        )
-    )
-    assert all(status == 200 for status, _, _ in answers)
-    assert len({body for _, _, body in answers}) == 1
-    labels = sorted(headers["X-Cache"] for _, headers, _ in answers)
+        ]
+
+        async def waiting() -> float:
+            return metric_sum(await scrape(server), "voxgate_rendition_waiters")
+
+        await eventually(waiting, lambda n: n == 8, what="eight requests following one text")
+    finally:
+        for pid in held:
+            os.kill(pid, signal.SIGCONT)
+    done = await asyncio.gather(*answers)
+    assert all(status == 200 for status, _, _ in done)
+    assert len({body for _, _, body in done}) == 1
+    labels = sorted(headers["X-Cache"] for _, headers, _ in done)
     assert labels == ["COALESCED"] * 7 + ["MISS"]
     assert syntheses(await scrape(server)) - before == 1
+
+
+def synthesis_processes(root: int) -> list[int]:
+    """The processes under ``root`` that multiprocessing spawned (the host's synthesis pool and
+    its engine workers), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for pid in children.get(todo.pop(), []):
+            todo.append(pid)
+            try:
+                cmdline = (Path("/proc") / str(pid) / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"spawn_main" in cmdline:
+                found.append(pid)
+    return found
 
 
 async def test_metrics_count_every_process_s_requests(server: DefaultServer) -> None:
