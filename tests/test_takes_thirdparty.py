@@ -5,8 +5,8 @@ behind ``voxgate serve`` as users start it. One module-scoped gateway, one local
 
 - ``wavstudio``: local-tts-studio behind a pass that asks it for WAV whatever voxgate asked,
   as wyoming-openai-gateway answers (it needs Python 3.12, so it cannot run here): a pcm
-  upstream at 24 kHz that gets 22,050 Hz WAV;
-- ``studio``: local-tts-studio as it is, asked for speed 2;
+  upstream at 24 kHz that gets 22,050 Hz WAV; asked for speed 2, it answers speed 1;
+- ``studio``: local-tts-studio as it is;
 - ``html``, ``json``, ``onehz``, ``endless``: 200s that are an HTML page, a JSON error, a WAV
   claiming 1 Hz, raw "pcm" that never ends.
 """
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from bench.harness import speech_body
+from bench.harness import metric_sum, speech_body
 from synth.audio import resample
 from synth.engine import SynthesisItem
 from synth.providers.base import answer_seconds
@@ -131,3 +131,34 @@ async def test_an_endless_body_is_cut_off_at_the_texts_longest_plausible_take(ri
     assert bound < served < min(bound + RMEM_MAX + 1024 * 1024, 64 * 1024 * 1024), served
     status, headers, _ = await rig.front.request("POST", "/v1/audio/speech", json=body)
     assert status == 502 and headers.get("X-Cache") != "HIT"
+
+
+async def test_a_server_that_drops_speed_is_asked_again_then_refused_and_nothing_stored(
+    rig: Rig,
+) -> None:
+    """local-tts-studio ignores ``speed``: asked for speed 2, it answers speed-1 audio (through
+    the WAV pass, which counts its calls). The take checks refuse each take as
+    ``speed_ignored``; after the two retakes the caller gets 502 ``take_rejected`` naming it,
+    and nothing is stored under the speed-2 address (the next request asks again)."""
+    body = speech_body(SENTENCE, model="wavstudio", response_format="wav", speed=2.0)
+    calls = [rig.answers.calls.get("wavof", 0)]
+    for _ in range(2):
+        status, headers, answer = await rig.front.request("POST", "/v1/audio/speech", json=body)
+        assert status == 502 and headers["Content-Type"].startswith("application/json"), answer
+        error = error_of(answer)
+        assert error["code"] == "take_rejected" and "speed_ignored" in error["message"]
+        calls.append(rig.answers.calls["wavof"])
+    # 1 + take_retries calls; the next request asks again (its first take may come from the
+    # host pool's answers of the last 10 s, refused again without a call: its retakes never do).
+    assert calls[1] - calls[0] == 3
+    assert 2 <= calls[2] - calls[1] <= 3
+    status, _, metrics = await rig.front.request("GET", "/metrics")
+    assert status == 200
+    refused = metric_sum(
+        metrics.decode(),
+        "voxgate_takes_total",
+        model="wavstudio",
+        verdict="rejected",
+        reason="speed_ignored",
+    )
+    assert refused == 6  # every take judged, whether called anew or not
