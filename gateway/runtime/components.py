@@ -33,6 +33,7 @@ from gateway.runtime.workers import POOL_SOCKET_ENV
 from gateway.speech.assembly import Assembler, RenderShare
 from gateway.speech.ledger import Ledger
 from gateway.speech.masters import Masters, ModelHandle
+from gateway.speech.quarantine import Quarantine
 from gateway.speech.rollout import follow_revisions
 from gateway.speech.service import SpeechService
 from gateway.speech.telephony import Transcoder
@@ -455,6 +456,15 @@ async def open_speech(
             ),
             admit_synthesis=admit_synthesis,
         )
+        # Refused takes, kept for review: one list for every gateway process of the host.
+        rejects = await asyncio.to_thread(
+            lambda: Quarantine(
+                os.path.join(settings.cache_dir, "quarantine"),
+                max_takes=settings.quarantine_takes,
+                max_bytes=settings.quarantine_mb * MIB,
+                ttl_s=settings.quarantine_ttl_h * 3600,
+            )
+        )
         render_share = (
             RenderShare(shares, settings.renders_per_client, metrics.renders_refused)
             if shares is not None
@@ -478,6 +488,7 @@ async def open_speech(
             transcoder=Transcoder(store, engine_of, ledger, encode_pool, render_share),
             ledger=ledger,
             encode_pool=encode_pool,
+            rejects=rejects,
             max_audio_s=settings.max_audio_s,
             vocabulary=Vocabulary(
                 engine_of,
@@ -495,3 +506,4 @@ async def open_speech(
             yield service
         finally:
             await service.close()
+            await rejects.close()
