@@ -2,7 +2,7 @@
 
 Walks the disk tier and, when configured, the Redis tier; each entry is read through its tier
 (frame, checksum and, for Redis, its authentication verified before anything else), decoded in
-its format and checked by the same :class:`~synth.takecheck.TakeChecker` the seam runs. A JSON
+its format and checked by :class:`~synth.takecheck.TakeChecker` at the ``signal`` level. A JSON
 line per entry on stdout, a progress bar on stderr; exit 1 when any entry is bad. ``--evict``
 deletes the bad ones; pinned ones only with ``--evict-pinned`` as well.
 
