@@ -108,9 +108,16 @@ async def test_audit_finds_exactly_the_bad_entries_and_evicts_them(
     assert {names[k] for k, v in lines.items() if v["verdict"] != "ok"} == bad
     assert len(lines) == len(entries)
     by_name = {names[k]: v for k, v in lines.items()}
-    assert by_name["silence"]["reasons"] == ["silent"]
-    assert "clipped" in by_name["clipped"]["reasons"]
-    assert by_name["truncated pinned"]["reasons"] == ["too_short"]
+    # The reasons the take checks give (synth/takecheck.py), each set whole.
+    assert {name: set(by_name[name]["reasons"]) for name in entries} == {
+        "clean master": set(),
+        "clean mp3": set(),
+        "clean pinned ulaw": set(),
+        "silence": {"silent"},
+        "clipped": {"clipped"},
+        "truncated pinned": {"too_short"},
+        "rotten": set(),
+    }
     assert by_name["truncated pinned"]["text"] and not by_name["silence"]["text"]
     assert by_name["rotten"]["verdict"] == "corrupt"
     assert by_name["clean master"] | {"key": ""} == {
@@ -144,26 +151,31 @@ async def test_audit_finds_exactly_the_bad_entries_and_evicts_them(
 
 
 async def test_audit_checks_the_redis_tier_and_trusts_nothing_unauthenticated(
-    redis: RedisServer, tmp_path: Path
+    piper_engine: PiperEngine, redis: RedisServer, tmp_path: Path
 ) -> None:
     prefix = Settings.load(env={}).redis_prefix
     tier = RedisTier.from_url(redis.url, secret=CACHE_SECRET.encode(), prefix=prefix)
-    tone = (0.3 * np.sin(np.arange(16000) / 16000 * 2 * np.pi * 220)).astype(np.float32)
-    await tier.put(key("tone"), entry(tone, 16000, "flac"))
-    await tier.put(key("silence"), entry(np.zeros_like(tone), 16000, "flac"))
+    # A real take of the bundled voice is the clean entry (a steady tone is rightly not speech).
+    (take,) = await asyncio.to_thread(piper_engine.synthesize_batch, [SynthesisItem(TEXT, "joe")])
+    pcm, rate = take.pcm, take.sample_rate
+    await tier.put(key("clean"), entry(pcm, rate, "flac"))
+    await tier.put(key("silence"), entry(np.zeros_like(pcm), rate, "flac"))
     # A value written without the cache secret: never decoded, reported corrupt.
-    await tier.client.set(tier.entry_key(key("forged")), entry(tone, 16000, "wav").to_blob())
-    names = {key(n): n for n in ("tone", "silence", "forged")}
+    await tier.client.set(tier.entry_key(key("forged")), entry(pcm, rate, "wav").to_blob())
+    names = {key(n): n for n in ("clean", "silence", "forged")}
     flags = ("--disk-cache-mb", "0", "--redis-url", redis.url, "--cache-secret", CACHE_SECRET)
 
     code, lines, err = await asyncio.to_thread(audit, tmp_path / "cache", *flags, "--evict")
     assert code == 1, err
-    verdicts = {names[k]: (v["tier"], v["verdict"], v.get("evicted")) for k, v in lines.items()}
-    assert verdicts == {
-        "tone": ("redis", "ok", None),
-        "silence": ("redis", "bad", True),
-        "forged": ("redis", "corrupt", True),
+    verdicts = {
+        names[k]: (v["tier"], v["verdict"], set(v["reasons"]), v.get("evicted"))
+        for k, v in lines.items()
     }
-    assert await tier.client.exists(tier.entry_key(key("tone"))) == 1
+    assert verdicts == {
+        "clean": ("redis", "ok", set(), None),
+        "silence": ("redis", "bad", {"silent"}, True),
+        "forged": ("redis", "corrupt", set(), True),
+    }
+    assert await tier.client.exists(tier.entry_key(key("clean"))) == 1
     assert await tier.client.exists(tier.entry_key(key("silence"))) == 0
     await tier.close()
