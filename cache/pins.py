@@ -183,10 +183,12 @@ def _record(owner: str, charge: int, item: PinItem) -> dict[str, Any]:
     }
 
 
-def _selects(match: PurgeFilter, voice: str, model: str, created: float) -> bool:
-    """Whether a purge with ``match`` removes a pinned entry of this voice, model and age."""
+def _selects(match: PurgeFilter, key: str, voice: str, model: str, created: float) -> bool:
+    """Whether a purge with ``match`` removes a pinned entry of this address, voice, model and
+    age."""
     return (
         match.pinned is not False
+        and (match.keys is None or key in match.keys)
         and (match.voice is None or voice == match.voice)
         and (match.model is None or model == match.model)
         and (match.older_than is None or created < match.older_than)
@@ -433,7 +435,7 @@ class HostPinRegistry:
                     and isinstance(created, (int, float))
                 )
                 # A row of another shape is dropped: it names nothing a gateway pinned.
-                if not well_formed or _selects(match, voice, model, float(created)):
+                if not well_formed or _selects(match, key, voice, model, float(created)):
                     doomed.append((key, owner, n))
             for key, owner, n in doomed:
                 db.execute("DELETE FROM pins WHERE key = ?", (key,))
@@ -676,7 +678,7 @@ class RedisPinRegistry:
             except (ValueError, TypeError, KeyError):
                 doomed += [key, "", 0, value]  # planted or altered: dropped, its numbers unused
                 continue
-            if _selects(match, voice, model, created):
+            if _selects(match, key, voice, model, created):
                 doomed += [key, owner, charge, value]
         dropped = 0
         for start in range(0, len(doomed), 4 * _SCAN_BATCH):

@@ -72,9 +72,14 @@ class PurgeFilter:
     model: str | None = None
     older_than: float | None = None
     pinned: bool | None = None
+    # Only these content addresses: for the pin registry's records (``voxgate audit`` forgets
+    # the pins it evicted); a tier's purge does not select by address and refuses it.
+    keys: frozenset[str] | None = None
 
     def matches(self, meta: EntryMeta) -> bool:
         """True when ``meta`` is selected by this filter."""
+        if self.keys is not None:
+            raise ValueError("a tier purge does not select by content address")
         return (
             (self.voice is None or meta.voice == self.voice)
             and (self.model is None or meta.model == self.model)

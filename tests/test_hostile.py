@@ -38,6 +38,7 @@ pytestmark = pytest.mark.xdist_group("hostile")
 SECRET = "hostile-suite-signing-secret"
 GOOD = {"model": "tts-1", "input": "Hi.", "voice": "alloy", "response_format": "wav"}
 KEY = "0" * 64
+TAKE_ID = "0123456789abcdef"  # a well-formed id of a refused take that is not there
 # The longest error message any case may receive: names and values are echoed truncated.
 MAX_MESSAGE = 1024
 
@@ -1403,6 +1404,61 @@ CASES: list[Any] = [
             ("junk-accept", "", {"Accept": "*/*;q=" + "9" * 500, "Accept-Encoding": "x" * 2000}),
         )
     ],
+    # ---- the quarantine's review (admin: this gateway has no keys, so it is open here) ----
+    # A take's id is 16 lowercase hex digits, checked before the quarantine is read: anything
+    # else in the path is a 400 naming it, whatever a body or the method carries.
+    *(
+        pytest.param(
+            Case(method, f"/v1/takes/{bad}/{action}", status=400, param="id"),
+            id=f"takes-{action}-{name}",
+        )
+        for method, action in (("GET", "audio"), ("POST", "approve"), ("POST", "discard"))
+        for name, bad in (
+            ("uppercase", TAKE_ID.upper()),
+            ("15-digits", TAKE_ID[:-1]),
+            ("nul", TAKE_ID[:-1] + "%00"),
+            ("trailing-newline", TAKE_ID + "%0A"),
+            ("5000-chars", "0" * 5000),
+            ("arabic-digits", quote("\u0660" * 16)),
+            ("encoded-slash", "..%2F..%2F" + TAKE_ID),
+        )
+    ),
+    # A well-formed id that names no take: 404, never a look elsewhere.
+    *(
+        pytest.param(
+            Case(method, f"/v1/takes/{TAKE_ID}/{action}", status=404), id=f"takes-{action}-absent"
+        )
+        for method, action in (("GET", "audio"), ("POST", "approve"), ("POST", "discard"))
+    ),
+    # approve and discard read no body: a hostile one changes nothing.
+    *(
+        pytest.param(
+            post_json(f"/v1/takes/{TAKE_ID}/{action}", body, status=404),
+            id=f"takes-{action}-{name}",
+        )
+        for action in ("approve", "discard")
+        for name, body in (
+            ("json-deep", DEEP),
+            ("list-deep", nested_list(5000)),
+            ("huge-int", HUGE_INT),
+        )
+    ),
+    pytest.param(
+        post_json(f"/v1/takes/{TAKE_ID.upper()}/approve", DEEP, param="id"),
+        id="takes-approve-bad-id-deep-body",
+    ),
+    pytest.param(Case("GET", f"/v1/takes/{TAKE_ID}/approve", status=405), id="takes-approve-get"),
+    pytest.param(
+        Case("DELETE", f"/v1/takes/{TAKE_ID}/discard", status=405), id="takes-discard-delete"
+    ),
+    pytest.param(Case("POST", f"/v1/takes/{TAKE_ID}/audio", status=405), id="takes-audio-post"),
+    pytest.param(Case("GET", f"/v1/takes/{TAKE_ID}", status=404), id="takes-no-action"),
+    pytest.param(Case("POST", "/v1/takes", status=405), id="takes-list-post"),
+    pytest.param(Case("DELETE", "/v1/takes", status=405), id="takes-list-delete"),
+    pytest.param(
+        Case("GET", "/v1/takes?x=%00&" + "y" * 5000, status=200, json_error=False),
+        id="takes-list-junk-query",
+    ),
     # ---- paths, headers, request lines ----
     pytest.param(Case("GET", "/" + "p" * 5000, status=404), id="path-5000-echo"),
     pytest.param(
@@ -1480,6 +1536,10 @@ HEAD_TARGETS = [
     "/v1/audio/" + KEY + ".marks",
     "/v1/audio/" + KEY + ".vtt",
     "/v1/audio/" + KEY + ".srt",
+    "/v1/takes",
+    f"/v1/takes/{TAKE_ID}/audio",
+    f"/v1/takes/{TAKE_ID}/approve",
+    f"/v1/takes/{TAKE_ID}/discard",
 ]
 CASES += [
     pytest.param(Case("HEAD", target, status=None, json_error=False), id=f"head-{target}")
@@ -1740,6 +1800,42 @@ def test_hostile_credentials(
     # good key is still a 4xx.
     admin = send(keyed_gateway, "POST", "/v1/prompts", {**JSON, **credentials}, b'{"a":' * 5000)
     assert 400 <= admin.status < 500
+
+
+# The quarantine's review: (method, path, status with the admin key). Refused takes and their
+# text are for an admin only: no key, a bad one or a speak key never reach the handler.
+REVIEW = [
+    pytest.param("GET", "/v1/takes", 200, id="list"),
+    pytest.param("GET", f"/v1/takes/{TAKE_ID}/audio", 404, id="audio"),
+    pytest.param("POST", f"/v1/takes/{TAKE_ID}/approve", 404, id="approve"),
+    pytest.param("POST", f"/v1/takes/{TAKE_ID}/discard", 404, id="discard"),
+    pytest.param("GET", "/v1/takes/" + "0" * 5000 + "/audio", 400, id="audio-5000-chars"),
+    pytest.param("POST", f"/v1/takes/{TAKE_ID.upper()}/approve", 400, id="approve-uppercase"),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "admin_status"), REVIEW)
+def test_hostile_credentials_on_the_review_routes(
+    keyed_gateway: Gateway, method: str, path: str, admin_status: int
+) -> None:
+    for credentials, status in (
+        ({}, 401),
+        ({"Authorization": "Bearer " + ADMIN_SECRET[:-1]}, 401),
+        ({"Authorization": b"Bearer \xff\xfe\x80"}, 401),
+        ({"X-API-Key": "x" * 8000}, 401),
+        ({"X-API-Key": SPEAK_SECRET}, 403),
+        ({"X-API-Key": ADMIN_SECRET}, admin_status),
+    ):
+        reply = send(keyed_gateway, method, path, dict(credentials))
+        assert reply.status == status, (credentials, reply.body[:300])
+        assert reply.headers.get("content-type", "").startswith("application/json")
+        if status >= 400:
+            error = reply.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"}
+            assert len(reply.body) <= 2 * MAX_MESSAGE
+        else:
+            assert reply.json() == {"takes": []}
+    assert send(keyed_gateway, "GET", "/healthz").status == 200
 
 
 def test_healthy_after_the_table(hostile_gateway: Gateway) -> None:

@@ -231,7 +231,14 @@ def keyed_server(
 
 
 def _filled(path: str, key: str) -> str:
-    values = {"key": key, "ext": "ulaw", "voice": "joe", "text": "Hi", "token": "1~ivr~x"}
+    values = {
+        "key": key,
+        "ext": "ulaw",
+        "voice": "joe",
+        "text": "Hi",
+        "token": "1~ivr~x",
+        "id": "0123456789abcdef",
+    }
     return re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], path)
 
 

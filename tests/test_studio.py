@@ -9,6 +9,7 @@ import io
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import soundfile as sf
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
@@ -16,8 +17,13 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
+from cache.entry import Entry
+from gateway.http import keys
 from gateway.runtime.apikeys import key_table
 from gateway.runtime.settings import Settings
+from gateway.speech.takes import Take
+from synth import audio
+from synth.takecheck import Verdict
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine
 
@@ -41,7 +47,32 @@ def text_of(driver: WebDriver, element_id: str) -> str:
     return str(driver.find_element(By.ID, element_id).text)
 
 
-def drive(url: str, pinned_key: str) -> dict[str, Any]:
+def button(driver: WebDriver, take_id: str, label: str) -> Any:
+    row = driver.find_element(By.CSS_SELECTOR, f"#takes tr[data-id='{take_id}']")
+    return next(b for b in row.find_elements(By.TAG_NAME, "button") if b.text == label)
+
+
+def review(driver: WebDriver, wait: WebDriverWait[WebDriver], listen: str, drop: str) -> str:
+    """Listen to one refused take and approve it, discard another; the first one's row."""
+    # Kept before the page loaded: listed once, by the page's first load.
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"#takes tr[data-id='{drop}']"))
+    row = str(driver.find_element(By.CSS_SELECTOR, f"#takes tr[data-id='{listen}']").text)
+    button(driver, listen, "Listen").click()
+    wait.until(lambda d: text_of(d, "cache") == "refused" and text_of(d, "duration").endswith(" s"))
+    button(driver, drop, "Discard").click()
+    # The list is drawn anew: the one left is there again, the discarded one is not.
+    wait.until(
+        lambda d: (
+            not d.find_elements(By.CSS_SELECTOR, f"#takes tr[data-id='{drop}']")
+            and d.find_elements(By.CSS_SELECTOR, f"#takes tr[data-id='{listen}']")
+        )
+    )
+    button(driver, listen, "Approve").click()
+    wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, "#takes tr[data-id]"))
+    return row
+
+
+def drive(url: str, pinned_key: str, takes: tuple[str, str]) -> dict[str, Any]:
     """Type the prompt, speak it twice, play the pinned prompt; what the page showed."""
     driver = browser()
     wait = WebDriverWait(driver, WAIT_S)
@@ -81,6 +112,7 @@ def drive(url: str, pinned_key: str) -> dict[str, Any]:
         box.send_keys("<speak><audio src='http://example.com/a.mp3'/></speak>")
         driver.find_element(By.ID, "speak").click()
         wait.until(lambda d: "would fetch a URL" in text_of(d, "error"))
+        seen["take_row"] = review(driver, wait, *takes)
     finally:
         driver.quit()
     return seen
@@ -100,7 +132,22 @@ async def test_studio_speaks_a_prompt_in_a_real_browser(
     assert page.status == 200 and page.headers["Content-Type"].startswith("text/html")
     assert "<script src=" not in await page.text()  # nothing from elsewhere
 
-    seen = await asyncio.to_thread(drive, str(client.make_url("/")), pinned_key)
+    # Two takes the checks refused, kept for review (no keys file: every caller is admin).
+    service = client.app[keys.SPEECH]
+    assert service.rejects is not None
+    pcm = (0.3 * np.sin(np.arange(8000) / 16000 * 2 * np.pi * 220)).astype(np.float32)
+    stored, master = audio.master_of(pcm, 16000)
+    refused = Entry.create(
+        master, content_type="audio/flac", fmt="flac", sample_rate=16000, model="m", voice="v"
+    )
+    verdict = Verdict(("too_short",))
+    for take_key in ("a" * 64, "b" * 64):
+        await service.rejects.keep(take_key, refused, Take(stored, 16000, "Say it.", None), verdict)
+    ids = {t.key: t.id for t in await service.rejects.listing()}
+
+    seen = await asyncio.to_thread(
+        drive, str(client.make_url("/")), pinned_key, (ids["a" * 64], ids["b" * 64])
+    )
 
     assert seen["first_cache"] == "MISS"
     assert seen["second_address"] == seen["address"]
@@ -117,6 +164,13 @@ async def test_studio_speaks_a_prompt_in_a_real_browser(
     data, rate = sf.read(io.BytesIO(await resp.read()))
     assert abs(seen["audio_duration"] - len(data) / rate) < 0.05
     assert seen["audio_duration"] > 0.7  # the words and the 700 ms break (exact silence)
+    # The refused take was listed with its reasons and text, played, approved into the store
+    # under its key; the other discarded.
+    assert "m/v" in seen["take_row"] and "too_short" in seen["take_row"]
+    assert "Say it." in seen["take_row"]
+    assert await service.rejects.listing() == []
+    assert await service.store.get("a" * 64) is not None
+    assert await service.store.get("b" * 64) is None
 
 
 STUDIO_SECRET = "studio-secret-0123456789-abcdefghijklmn"
@@ -142,6 +196,7 @@ def drive_with_key(url: str) -> dict[str, str]:
         wait.until(lambda d: text_of(d, "duration").endswith(" s"))
         seen["cache"] = text_of(driver, "cache")
         seen["error"] = text_of(driver, "error")
+        seen["takes"] = text_of(driver, "takes")
     finally:
         driver.quit()
     return seen
@@ -157,3 +212,4 @@ async def test_studio_sends_the_typed_key_as_bearer(
     seen = await asyncio.to_thread(drive_with_key, str(client.make_url("/")))
     assert seen["without_key"].startswith("voices: 401")
     assert (seen["cache"], seen["error"]) == ("MISS", "")
+    assert seen["takes"] == "an admin key lists them"  # a key without the admin scope

@@ -114,6 +114,10 @@ async def test_a_provider_answering_silence_is_asked_once_per_take_then_502_and_
     assert rejected == 3
     billed = value(metrics, "voxgate_upstream_chars_billed_total", upstream="openai")
     assert billed == 3 * len(TEXT)
+    # Each refused take is kept aside for review, never under its address.
+    kept = (await (await client.get("/v1/takes")).json())["takes"]
+    assert len(kept) == 3
+    assert all(t["reasons"] == ["silent"] and t["model"] == "openai" for t in kept)
     # Nothing was kept: the same request is a miss that calls again (a good take this time).
     r = await client.post("/v1/audio/speech", json=ASK)
     assert r.status == 200 and r.headers["X-Cache"] == "MISS" and provider.calls == 4

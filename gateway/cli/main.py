@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gateway.cli import cache, config, export, keys, rollout, say, serve, signurl, tune, warm
+from gateway.cli import audit, cache, config, export, keys, rollout, say, serve, signurl, tune, warm
 from gateway.cli.common import EXIT_REFUSED, failure
 from gateway.runtime.settings import SettingsError
 
@@ -15,7 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``voxgate`` argument parser."""
     parser = argparse.ArgumentParser(prog="voxgate", description="Cached text-to-speech gateway.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in (serve, say, warm, rollout, export, signurl, keys, cache, config, tune):
+    for group in (serve, say, warm, rollout, export, signurl, keys, cache, audit, config, tune):
         group.add_command(sub)
     return parser
 

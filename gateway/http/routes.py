@@ -15,7 +15,7 @@ from cache.keys import KEY_PATTERN
 from gateway.api.jambonz import ENCODINGS as JAMBONZ_ENCODINGS
 from gateway.api.models import SPEAKABLE, models_for
 from gateway.api.say import SIGNED as SIGNED_SEGMENT
-from gateway.http import listings, ops, sse
+from gateway.http import listings, ops, review, sse
 from gateway.http.auth import ADMIN, ANY_KEY, METRICS, OPEN, READ, SIGNED, SPEAK
 from gateway.http.compat import api_tts, piper_speak, piper_voices, synthesize
 from gateway.http.errors import Error, Handler
@@ -606,6 +606,70 @@ def route_table(settings: Settings) -> RouteTable:
             common=(503,),
         ),
         Route(
+            "GET",
+            "/v1/takes",
+            review.list_takes,
+            ADMIN,
+            tag="operations",
+            summary="The refused takes kept for review (the quarantine)",
+            description="Each take the checks refused: id, content address, model, voice, "
+            "reasons, what was measured, when, and the text it should say; oldest first. One "
+            "list for every gateway process of the host, bounded and expiring "
+            "(docs/takes-review.md).",
+            answers={200: json_answer("The refused takes.", review.RejectedTakes)},
+        ),
+        Route(
+            "GET",
+            "/v1/takes/{id}/audio",
+            review.take_audio,
+            ADMIN,
+            tag="operations",
+            summary="Listen to a refused take",
+            params=(
+                Param(
+                    "id", "path", {"type": "string", "pattern": "^[0-9a-f]{16}$"}, "The take's id."
+                ),
+            ),
+            answers={
+                200: Answer(
+                    "The take's audio, as it would have been stored.",
+                    {m: BINARY for m in AUDIO_TYPES},
+                )
+            },
+            common=(400, 404),
+        ),
+        Route(
+            "POST",
+            "/v1/takes/{id}/approve",
+            review.approve_take,
+            ADMIN,
+            tag="operations",
+            summary="Approve a refused take into the store under its key",
+            description="No check runs: the admin heard it. Logged with the key.",
+            params=(
+                Param(
+                    "id", "path", {"type": "string", "pattern": "^[0-9a-f]{16}$"}, "The take's id."
+                ),
+            ),
+            answers={200: json_answer("Stored.", review.Settled)},
+            common=(400, 404),
+        ),
+        Route(
+            "POST",
+            "/v1/takes/{id}/discard",
+            review.discard_take,
+            ADMIN,
+            tag="operations",
+            summary="Discard a refused take",
+            params=(
+                Param(
+                    "id", "path", {"type": "string", "pattern": "^[0-9a-f]{16}$"}, "The take's id."
+                ),
+            ),
+            answers={200: json_answer("Dropped.", review.Settled)},
+            common=(400, 404),
+        ),
+        Route(
             "POST",
             "/",
             piper_speak,
@@ -628,7 +692,9 @@ def route_table(settings: Settings) -> RouteTable:
             summary="The prompt studio: a page to try text and SSML (docs/ssml.md)",
             description="One static HTML page with its script (no build step, nothing from a "
             "CDN). It calls only this API: POST /v1/audio/speech, POST /v1/ssml/explain, GET "
-            "/v1/voices, GET /v1/prompts, GET /v1/audio/{key}.{ext} and the speech marks and "
+            "/v1/voices, GET /v1/prompts, GET /v1/audio/{key}.{ext}, the refused takes "
+            "(GET /v1/takes, their audio, approve and discard: an admin key lists them) and the "
+            "speech marks and "
             "captions of `/v1/audio/{key}.marks`, `.vtt`, `.srt` (each word highlighted as it "
             "plays), with the key typed into it when API keys are on. POST / is Piper's API.",
             answers={200: Answer("The page.", {"text/html": TEXT})},

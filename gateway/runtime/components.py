@@ -33,6 +33,7 @@ from gateway.runtime.workers import POOL_SOCKET_ENV
 from gateway.speech.assembly import Assembler, RenderShare
 from gateway.speech.ledger import Ledger
 from gateway.speech.masters import Masters, ModelHandle
+from gateway.speech.quarantine import Quarantine
 from gateway.speech.rollout import follow_revisions
 from gateway.speech.service import SpeechService
 from gateway.speech.takes import TakeGate
@@ -443,6 +444,15 @@ async def open_speech(
         # The sentences in flight whose pcm comes in pieces: each piece as the stored rendition
         # will hold its samples, so a stream that passes them on sends a later hit's bytes.
         partials = PiecesFeed(convert=as_rendered_pcm16)
+        # Refused takes, kept for review: one list for every gateway process of the host.
+        rejects = await asyncio.to_thread(
+            lambda: Quarantine(
+                os.path.join(settings.cache_dir, "quarantine"),
+                max_takes=settings.quarantine_takes,
+                max_bytes=settings.quarantine_mb * MIB,
+                ttl_s=settings.quarantine_ttl_h * 3600,
+            )
+        )
         masters = Masters(
             store,
             models,
@@ -461,6 +471,7 @@ async def open_speech(
                 encode_pool,
                 metrics,
                 retries=settings.take_retries,
+                rejects=rejects,
                 limits={
                     name: Limits.from_setting(values)
                     for name, values in settings.take_limits.items()
@@ -490,6 +501,7 @@ async def open_speech(
             transcoder=Transcoder(store, engine_of, ledger, encode_pool, render_share),
             ledger=ledger,
             encode_pool=encode_pool,
+            rejects=rejects,
             max_audio_s=settings.max_audio_s,
             vocabulary=Vocabulary(
                 engine_of,
@@ -507,3 +519,4 @@ async def open_speech(
             yield service
         finally:
             await service.close()
+            await rejects.close()

@@ -278,6 +278,19 @@ class Settings(BaseSettings):
     disk_cache_mb: int = _opt(
         "cache", 4096, "Size bound of the disk tier, in MiB (0 turns it off).", ge=0
     )
+    quarantine_takes: int = _opt(
+        "cache",
+        200,
+        "Most refused takes kept for review under cache_dir/quarantine (the oldest go first; "
+        "docs/takes-review.md).",
+        ge=1,
+    )
+    quarantine_mb: int = _opt(
+        "cache", 64, "Most MiB of refused takes kept for review (the oldest go first).", ge=1
+    )
+    quarantine_ttl_h: float = _opt(
+        "cache", 168.0, "Hours a refused take is kept for review before it is dropped.", gt=0
+    )
 
     # --- Redis tier and scale-out ---
     redis_url: SecretStr = _opt(

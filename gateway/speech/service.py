@@ -22,6 +22,7 @@ from gateway.memo import BoundedMemo
 from gateway.speech.assembly import Assembler, SpeechStream, plan
 from gateway.speech.ledger import Ledger, Made
 from gateway.speech.masters import Masters, ModelHandle
+from gateway.speech.quarantine import Quarantine
 from gateway.speech.request import (
     Segment,
     SpeechRequest,
@@ -83,8 +84,11 @@ class SpeechService:
         encode_pool: concurrent.futures.ThreadPoolExecutor,
         vocabulary: Vocabulary | None = None,
         max_audio_s: float | None = None,
+        rejects: Quarantine | None = None,
     ) -> None:
         self.store = store
+        # Where refused takes are kept for review (None: they are dropped).
+        self.rejects = rejects
         self.models = dict(models)
         # Each sentence's master, stored or synthesized once, below the assembler (the speech
         # path flows one way: it never calls back up here).
