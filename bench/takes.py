@@ -101,9 +101,9 @@ PROMPTS = [
 ]
 
 
-def texts(count: int, seed: int = 0) -> list[str]:
-    """The short IVR :data:`PROMPTS`, then ``count`` distinct sentences of one to about twenty
-    words, the same for a seed."""
+def texts(count: int, seed: int = 0, prompts: bool = True) -> list[str]:
+    """The short IVR :data:`PROMPTS` (with ``prompts``), then ``count`` distinct sentences of one
+    to about twenty words, the same for a seed."""
     rng = np.random.default_rng(seed)
     out: list[str] = list(_SHORT[: max(1, count // 10)])
     while len(out) < count:
@@ -115,7 +115,7 @@ def texts(count: int, seed: int = 0) -> list[str]:
             sentence += f" {_SHORT[rng.integers(len(_SHORT))]}"
         if sentence not in out:
             out.append(sentence)
-    return PROMPTS + out
+    return (PROMPTS if prompts else []) + out
 
 
 @dataclass
@@ -442,9 +442,10 @@ def run(
     upstream: bool = True,
     asr: int = 60,
     seed: int = 0,
+    prompts: bool = True,
 ) -> dict[str, Any]:
     provenance()
-    sentences = texts(count, seed)
+    sentences = texts(count, seed, prompts)
     rng = np.random.default_rng(seed)
     report: dict[str, Any] = {
         "texts": len(sentences),
@@ -475,7 +476,8 @@ def run(
         report["cost"][f"coqui/vits-{coqui}"] = cost_of(vits, check_cpu)
         bad += [Case("coqui_random_weights", _facts(t, t.pcm)) for t in vits]
     if upstream:
-        clean, ignored, as_pcm = upstream_takes(sentences[len(PROMPTS) :][: max(4, count // 4)])
+        generated = sentences[len(PROMPTS) :] if prompts else sentences
+        clean, ignored, as_pcm = upstream_takes(generated[: max(4, count // 4)])
         cases = [Case("wav", _facts(t, t.pcm)) for t in clean]
         verdicts, _ = learn_and_time(signal, clean)
         report["clean"]["upstream/local-tts-studio"] = clean_row(cases, verdicts)

@@ -30,11 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import numpy as np
 from aiohttp import web
 
 from bench.common import RESULTS, start_gateway, stop, wait_http, write_results
-from bench.harness import ROOT, free_port
+from bench.harness import ROOT, free_port, voiced
 from bench.hit_path import zipf_prompts, zipf_sequence
 
 RATE = 24000
@@ -44,8 +43,9 @@ RATE = 24000
 
 
 def provider_app(latency_s: float) -> web.Application:
-    """OpenAI's ``POST /v1/audio/speech`` taking ``latency_s`` per call (a tone, 30 ms per
-    character, as 16-bit pcm or WAV at 24 kHz), and ``GET /stats`` (calls, characters)."""
+    """OpenAI's ``POST /v1/audio/speech`` taking ``latency_s`` per call (made-up speech the take
+    checks accept, :func:`bench.harness.voiced`, as 16-bit pcm or WAV at 24 kHz), and ``GET
+    /stats`` (calls, characters)."""
     stats = {"calls": 0, "chars": 0}
 
     async def speech(request: web.Request) -> web.Response:
@@ -54,9 +54,7 @@ def provider_app(latency_s: float) -> web.Application:
         stats["calls"] += 1
         stats["chars"] += len(text)
         await asyncio.sleep(latency_s)  # the provider's time per call
-        n = max(1, int(len(text) * 0.03 * RATE))
-        t = np.arange(n, dtype=np.float64) / RATE
-        pcm = (np.sin(2 * np.pi * 440 * t) * 8000).astype("<i2").tobytes()
+        pcm = voiced(text, 1.0, RATE).tobytes()
         if body.get("response_format") == "pcm":
             return web.Response(body=pcm, content_type="application/octet-stream")
         import io

@@ -189,30 +189,35 @@ def _language(code: str) -> str:
 # Letters each digit and symbol is said in, at the least, likeliest and most. A number is said
 # in words or digit by digit: "42" as "forty-two", "0042" as "zero zero four two", "1999" as
 # "nineteen ninety-nine" (1.5 to 6 letters a digit in English; a syllable, one character, a digit
-# in Chinese). A symbol is read by its name: "%" as "percent", an emoji as "grinning face with
-# big eyes" (synth/sentences.py measured its weights: 4 for ASCII symbols, up to 20).
+# in Chinese). Punctuation and ASCII symbols are silent at a sentence's end and read by name
+# inside a token ("%" as "percent", "/" as "slash", "." in "example.com" as "dot"); a wider
+# symbol, an emoji, by a longer name ("grinning face with big eyes"; synth/sentences.py measured
+# its weight at up to 20).
 _DIGIT_LETTERS = {"zh": (0.7, 1.0, 1.5)}
 _DEFAULT_DIGIT_LETTERS = (1.5, 4.0, 6.0)
+_MARK_LETTERS = (0.0, 1.0, 8.0)
 _SYMBOL_LETTERS = (1.0, 4.0, 20.0)
 
 
 def _spoken_range(text: str, language: str) -> tuple[float, float, float]:
     """How many plain letters ``text`` is said like (spaces not counted): least, likeliest and
-    most, as its digits and symbols may be read."""
-    letters = digits = symbols = 0
+    most, as its digits, marks and symbols may be read."""
+    letters = digits = marks = symbols = 0
     for ch in text:
         if ch.isspace():
             continue
         if ch.isdigit():
             digits += 1
-        elif unicodedata.category(ch)[0] == "S":
-            symbols += 1
-        else:
+        elif ch.isalpha():
             letters += 1
+        elif ch.isascii() or unicodedata.category(ch)[0] == "P":
+            marks += 1
+        else:
+            symbols += 1
     per_digit = _DIGIT_LETTERS.get(_language(language), _DEFAULT_DIGIT_LETTERS)
     lo, mid, hi = (
-        max(1.0, letters + digits * d + symbols * s)
-        for d, s in zip(per_digit, _SYMBOL_LETTERS, strict=True)
+        max(1.0, letters + digits * d + marks * m + symbols * s)
+        for d, m, s in zip(per_digit, _MARK_LETTERS, _SYMBOL_LETTERS, strict=True)
     )
     return lo, mid, hi
 
@@ -264,7 +269,8 @@ class TakeChecker:
             reasons.append("silent")
             return _verdict(reasons, measured, limits)
         if (
-            signal.speech_frames < MIN_SPEECH_FRAMES
+            # (A text said faster than three frames, at speed 4 or above, needs fewer.)
+            signal.speech_frames < min(MIN_SPEECH_FRAMES, max(1, int(expected[0] / FRAME_S)))
             or signal.speech_frames < signal.loud_frames * MIN_SPEECH_SHARE
             or signal.flatness > limits.max_flatness
             or signal.tonality > limits.max_tonality
@@ -300,7 +306,7 @@ class TakeChecker:
         at_one = said / (expected * max(facts.speed, 0.05))
         measured["duration_ratio"] = ratio
         slack = limits.duration_slack_s / max(facts.speed, 0.05)
-        if signal.end_db > limits.max_end_db:
+        if facts.speed < MAX_END_CHECK_SPEED and signal.end_db > limits.max_end_db:
             # Cut off mid-sound: synthesis ends on its own silence, a truncated take does not.
             return ["too_short"]
         tolerance = np.log(limits.max_speed_error)
@@ -367,6 +373,9 @@ CLIP_STEP = 1.5 / 32768
 # A text said in less than this at speed 1 is too short to tell its speed by (a word's length
 # is more its own pace than the speed asked).
 MIN_SPEED_EVIDENCE_S = 2.0
+# From this speed up a voice's last sound decays within the 20 ms the end is judged on: a take
+# said that fast ends like one cut off (the bundled voice's, from speed 2), so it is not judged.
+MAX_END_CHECK_SPEED = 2.0
 # Fewer frames of speech than this (90 ms) is no speech.
 MIN_SPEECH_FRAMES = 3
 # Sound of which the detector calls less than this share speech is something else (hum, rumble).

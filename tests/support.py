@@ -9,15 +9,13 @@ import functools
 import os
 import threading
 import time
-import zlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
-import numpy.typing as npt
 from aiohttp import ClientResponse, web
 
-from bench.harness import CACHE_SECRET
+from bench.harness import CACHE_SECRET, voiced
 from cache.entry import Entry
 from gateway.http.app import create_app
 from gateway.runtime.settings import Settings
@@ -180,38 +178,15 @@ def wav_entry(
     )
 
 
-# Seconds per character of the test providers' and engines' speech: the bundled voice's pace (about 15
-# spoken characters a second), so a take is as long as the take checks expect of its text.
-SECONDS_PER_CHAR = 0.06
-# Syllables per second at speed 1, and the silence a take ends on (real voices end on theirs).
-SYLLABLES_PER_S = 4.5
-TAIL_S = 0.1
-
-
-def voiced(text: str, speed: float = 1.0, rate: int = 24000) -> npt.NDArray[np.int16]:
-    """The "speech" of ``text``: a voiced sound (a buzz of 24 harmonics, its pitch from the
-    text's CRC, gliding as a voice's does) in syllables that rise and fall 4.5 times a second,
-    ``SECONDS_PER_CHAR`` per character (over ``speed``), then ``TAIL_S`` of silence.
-    Deterministic, so equal bytes mean equal calls, and speech to the take checks (their
-    detector hears it as speech; its level moves with its syllables), where a plain tone is
-    rightly refused as one."""
-    syllables = max(1, round(len(text) * SECONDS_PER_CHAR * SYLLABLES_PER_S))
-    n = int(syllables / SYLLABLES_PER_S * rate / speed)  # whole syllables: it ends in a trough
-    crc = zlib.crc32(text.encode())
-    t = np.arange(n, dtype=np.float64) / rate
-    pitch = (110 + crc % 120) * (1 + 0.15 * np.sin(2 * np.pi * 0.7 * t + crc % 7))
-    phase = 2 * np.pi * np.cumsum(pitch) / rate
-    buzz = sum(np.sin(k * phase) / k for k in range(1, 25))
-    envelope = (0.5 - 0.5 * np.cos(2 * np.pi * SYLLABLES_PER_S * speed * t)) ** 1.5
-    x = buzz * envelope
-    x *= 12000 / max(float(np.max(np.abs(x))), 1e-9)
-    return np.concatenate([x, np.zeros(int(TAIL_S * rate / speed))]).astype("<i2")
+def tone_samples(text: str) -> int:
+    """How many samples :class:`ToneEngine` makes of ``text`` (at speed 1)."""
+    return len(voiced(text, 1.0, ToneEngine.sample_rate))
 
 
 class ToneEngine:
     """A tiny deterministic engine for worker-process tests (built in the worker by dotted path).
 
-    Each item becomes a tone whose length follows its text. A text containing ``hang`` blocks
+    Each item becomes :func:`voiced` speech whose length follows its text. A text containing ``hang`` blocks
     forever (the per-batch timeout test), one containing ``crash`` ends the process; ``huge``
     gives 10 s of audio per character (an oversized reply), ``stereo`` a two-channel array (a
     reply whose header and samples disagree); ``delay_s`` slows every batch so a test can act
@@ -249,11 +224,12 @@ class ToneEngine:
             time.sleep(self.delay_s)
         out = []
         for item in items:
-            n = 160 * (len(item.text) + 1)
             if "huge" in item.text:
                 n = self.sample_rate * 10 * len(item.text)
-            t = np.arange(n, dtype=np.float32) / self.sample_rate
-            pcm = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+                t = np.arange(n, dtype=np.float32) / self.sample_rate
+                pcm = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+            else:  # speech to the take checks, as every take stored must be
+                pcm = voiced(item.text, item.speed, self.sample_rate).astype(np.float32) / 32768
             if "stereo" in item.text:
                 pcm = np.stack([pcm, pcm], axis=1)
             out.append(Audio(pcm, 16000))

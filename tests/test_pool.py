@@ -24,7 +24,7 @@ from synth.engine import SynthesisItem
 from synth.errors import EngineDead, EngineError, SynthesisTimeout
 from synth.pool import BadReply, EngineSpec, WorkerPool, decode_reply, encode_reply
 from tests.conftest import GatewayFactory
-from tests.support import ToneEngine, until
+from tests.support import ToneEngine, tone_samples, until
 
 TONE = "tests.support:ToneEngine"
 
@@ -84,7 +84,7 @@ async def test_pool_runs_batches_in_worker_processes(metrics: Metrics) -> None:
         assert os.getpid() not in pool.worker_pids()
         items = [SynthesisItem(t, "beep") for t in ("a", "bbbb", "cc")]
         audios = await pool.run_batch(items)
-        assert [len(a.pcm) for a in audios] == [160 * 2, 160 * 5, 160 * 3]
+        assert [len(a.pcm) for a in audios] == [tone_samples(t) for t in ("a", "bbbb", "cc")]
         assert all(a.sample_rate == 16000 for a in audios)
     assert pool.worker_pids() == []
 
@@ -132,7 +132,7 @@ async def test_pipelined_batches_each_get_their_own_reply(metrics: Metrics) -> N
         await until(lambda: in_pipe(pool) == 2, 60, "two batches in the worker's pipe")
         assert busy(metrics) == 1  # the one running, not the one waiting behind it
         audios = await asyncio.gather(*runs)
-        assert [len(a.pcm) for (a,) in audios] == [160 * (len(t) + 1) for t in texts]
+        assert [len(a.pcm) for (a,) in audios] == [tone_samples(t) for t in texts]
         assert busy(metrics) == 0
         assert in_pipe(pool) == 0
 
@@ -162,7 +162,7 @@ async def test_a_death_with_two_batches_in_the_pipe_retries_both(metrics: Metric
         await until(lambda: in_pipe(pool) == 2, 60, "two batches in the worker's pipe")
         os.kill(pool.worker_pids()[0], signal.SIGKILL)
         (a,), (b,) = await asyncio.wait_for(asyncio.gather(*runs), 60)
-        assert (len(a.pcm), len(b.pcm)) == (160 * 6, 160 * 7)
+        assert (len(a.pcm), len(b.pcm)) == (tone_samples("first"), tone_samples("second"))
         assert restarts(metrics, "died") == 1  # one worker, replaced once
         await wait_for_workers(pool, 1, 60)
 
@@ -176,7 +176,7 @@ async def test_a_bad_reply_sends_the_batch_behind_it_to_a_retry(metrics: Metrics
         with pytest.raises(EngineError):
             await poisoned
         (audio,) = await asyncio.wait_for(behind, 60)
-        assert len(audio.pcm) == 160 * 7  # read from the replacement, not the broken pipe
+        assert len(audio.pcm) == tone_samples("behind")  # from the replacement, not the broken pipe
         assert restarts(metrics, "bad_reply") == 1
         assert restarts(metrics, "died") == 0
 
@@ -297,7 +297,7 @@ async def test_poisoned_reply_replaces_the_worker_and_later_batches_succeed(
         assert pool.worker_pids() != before
         for i in range(3):  # no wedge: each later batch is answered, well within the timeout
             audios = await asyncio.wait_for(pool.run_batch([SynthesisItem(f"ok {i}", "beep")]), 60)
-            assert len(audios[0].pcm) == 160 * 5
+            assert len(audios[0].pcm) == tone_samples(f"ok {i}")
 
 
 async def test_an_unforeseen_exception_in_a_reply_replaces_the_worker(

@@ -12,6 +12,7 @@ from typing_extensions import TypedDict
 from gateway.errors import BadRequest, NotFound
 from gateway.http import keys
 from gateway.speech.quarantine import Quarantine
+from gateway.speech.takes import accept_take
 
 log = logging.getLogger("voxgate")
 _ID = re.compile(r"[0-9a-f]{16}")
@@ -95,7 +96,7 @@ async def approve_take(request: web.Request) -> web.Response:
         raise _missing(id_)
     record, entry = found
     # Stored first, then taken out: a store that fails leaves the take to approve again.
-    await request.app[keys.SPEECH].store.put(record.key, entry)
+    await accept_take(request.app[keys.SPEECH].store, record.key, entry, None)
     await rejects.pop(id_)
     log.warning("refused take %s approved into the store under %s", record.id, record.key)
     body: Settled = {"id": record.id, "key": record.key, "outcome": "approved"}

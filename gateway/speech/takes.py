@@ -106,11 +106,12 @@ class TakeGate:
 
 
 async def accept_take(
-    store: TieredStore, key: str, entry: Entry, take: Take, gate: TakeGate | None = None
+    store: TieredStore, key: str, entry: Entry, take: Take | None, gate: TakeGate | None = None
 ) -> Verdict:
     """Store ``entry`` under ``key`` if ``gate`` accepts ``take``: the one call that writes a
-    new master or rendition. A refused take is not stored; its verdict says why."""
-    verdict = OK if gate is None else await gate.judge(key, entry, take)
+    new master or rendition. A refused take is not stored; its verdict says why. ``take`` is
+    None for audio a person approved (the quarantine's review): stored as it is."""
+    verdict = OK if gate is None or take is None else await gate.judge(key, entry, take)
     if verdict.ok:
         await store.put(key, entry)
     return verdict
