@@ -25,7 +25,14 @@ from typing import Any
 import numpy as np
 
 from cache.entry import CorruptEntry, Entry
-from gateway.cli.common import EXIT_FAILED, Refused, add_setting_flags, command, run
+from gateway.cli.common import (
+    EXIT_FAILED,
+    STORE_SETTINGS,
+    Refused,
+    add_setting_flags,
+    command,
+    run,
+)
 from gateway.runtime.settings import Settings
 from synth import audio
 from synth.takecheck import Limits, TakeChecker, TakeFacts, Verdict
@@ -273,16 +280,4 @@ def add_command(sub: Any) -> None:
         action="store_true",
         help="With --evict: delete bad pinned (catalogue) entries too.",
     )
-    add_setting_flags(
-        parser,
-        only=[
-            "cache_dir",
-            "disk_cache_mb",
-            "redis_url",
-            "cache_secret",
-            "redis_prefix",
-            "redis_timeout_ms",
-            "log_level",
-            "log_format",
-        ],
-    )
+    add_setting_flags(parser, only=[*STORE_SETTINGS, "log_level", "log_format"])

@@ -9,7 +9,15 @@ import re
 import time
 from typing import Any
 
-from gateway.cli.common import EXIT_FAILED, Refused, add_setting_flags, command, load_settings, run
+from gateway.cli.common import (
+    EXIT_FAILED,
+    STORE_SETTINGS,
+    Refused,
+    add_setting_flags,
+    command,
+    load_settings,
+    run,
+)
 from gateway.runtime.settings import Settings
 
 MIB = 1024 * 1024
@@ -200,19 +208,7 @@ def add_command(sub: Any) -> None:
         "Entries and bytes in the disk tier, and the Redis tier's when configured.",
     )
     stats.add_argument("--json", action="store_true", help="Print JSON.")
-    add_setting_flags(
-        stats,
-        only=[
-            "cache_dir",
-            "disk_cache_mb",
-            "redis_url",
-            "cache_secret",
-            "redis_prefix",
-            "redis_timeout_ms",
-            "pin_quota_mb",
-            "pin_quota_mb_per_key",
-        ],
-    )
+    add_setting_flags(stats, only=[*STORE_SETTINGS, "pin_quota_mb", "pin_quota_mb_per_key"])
 
     purge = command(
         cache_sub,

@@ -81,6 +81,17 @@ def report(args: argparse.Namespace, out: dict[str, Any], summary: str) -> int:
     return EXIT_FAILED if out["failed"] else 0
 
 
+# The settings a command that opens the stores (disk and Redis) reads.
+STORE_SETTINGS = (
+    "cache_dir",
+    "disk_cache_mb",
+    "redis_url",
+    "cache_secret",
+    "redis_prefix",
+    "redis_timeout_ms",
+)
+
+
 def add_setting_flags(parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> None:
     """One ``--name`` flag per setting (or per setting in ``only``), in one help section per group.
 

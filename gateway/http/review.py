@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Literal
 
 from aiohttp import web
 from typing_extensions import TypedDict
@@ -89,27 +90,28 @@ async def take_audio(request: web.Request) -> web.Response:
 
 async def approve_take(request: web.Request) -> web.Response:
     """``POST /v1/takes/{id}/approve``: store a refused take under its key, unchecked."""
-    id_ = _id(request)
-    rejects = _quarantine(request)
-    found = await rejects.get(id_)
-    if found is None:
-        raise _missing(id_)
-    record, entry = found
-    # Stored first, then taken out: a store that fails leaves the take to approve again.
-    await accept_take(request.app[keys.SPEECH].store, record.key, entry, None)
-    await rejects.pop(id_)
-    log.warning("refused take %s approved into the store under %s", record.id, record.key)
-    body: Settled = {"id": record.id, "key": record.key, "outcome": "approved"}
-    return web.json_response(body)
+    return await _settle(request, "approved")
 
 
 async def discard_take(request: web.Request) -> web.Response:
     """``POST /v1/takes/{id}/discard``: drop a refused take."""
+    return await _settle(request, "discarded")
+
+
+async def _settle(request: web.Request, outcome: Literal["approved", "discarded"]) -> web.Response:
     id_ = _id(request)
-    found = await _quarantine(request).pop(id_)
+    rejects = _quarantine(request)
+    # An approval reads the take, stores it, then takes it out (a store that fails leaves it to
+    # approve again); a discard takes it out at once (of two at once, one finds it).
+    found = await (rejects.get(id_) if outcome == "approved" else rejects.pop(id_))
     if found is None:
         raise _missing(id_)
-    record = found[0]
-    log.info("refused take %s for %s discarded", record.id, record.key)
-    body: Settled = {"id": record.id, "key": record.key, "outcome": "discarded"}
+    record, entry = found
+    if outcome == "approved":
+        await accept_take(request.app[keys.SPEECH].store, record.key, entry, None)
+        await rejects.pop(id_)
+        log.warning("refused take %s approved into the store under %s", record.id, record.key)
+    else:
+        log.info("refused take %s for %s discarded", record.id, record.key)
+    body: Settled = {"id": record.id, "key": record.key, "outcome": outcome}
     return web.json_response(body)
