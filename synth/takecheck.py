@@ -189,37 +189,44 @@ def _language(code: str) -> str:
 # Letters each digit and symbol is said in, at the least, likeliest and most. A number is said
 # in words or digit by digit: "42" as "forty-two", "0042" as "zero zero four two", "1999" as
 # "nineteen ninety-nine" (1.5 to 6 letters a digit in English; a syllable, one character, a digit
-# in Chinese). Punctuation and ASCII symbols are silent at a sentence's end and read by name
-# inside a token ("%" as "percent", "/" as "slash", "." in "example.com" as "dot"); a wider
-# symbol, an emoji, by a longer name ("grinning face with big eyes"; synth/sentences.py measured
-# its weight at up to 20).
+# in Chinese). Symbols are read by name: "%" as "percent", "/" as "slash", an emoji as
+# "grinning face with big eyes" (synth/sentences.py measured their weight at up to 20). Other
+# marks are silent where they close a word (a comma, a full stop, a quote) or join one ("don't",
+# "well-known"), and read by name inside a token ("." in "example.com" as "dot").
 _DIGIT_LETTERS = {"zh": (0.7, 1.0, 1.5)}
 _DEFAULT_DIGIT_LETTERS = (1.5, 4.0, 6.0)
-_MARK_LETTERS = (0.0, 1.0, 8.0)
-_SYMBOL_LETTERS = (1.0, 4.0, 20.0)
+_READ_MARKS = frozenset("%#@/\\&*+=<>|~^_$")
+_SYMBOL_LETTERS = (1.0, 4.0, 8.0)
+_WIDE_SYMBOL_LETTERS = (1.0, 4.0, 20.0)
+_INNER_MARK_LETTERS = (0.0, 1.0, 5.0)
+_SILENT_MARKS = frozenset("'-\u2019\u2010\u2011")
 
 
 def _spoken_range(text: str, language: str) -> tuple[float, float, float]:
     """How many plain letters ``text`` is said like (spaces not counted): least, likeliest and
     most, as its digits, marks and symbols may be read."""
-    letters = digits = marks = symbols = 0
-    for ch in text:
+    per_digit = _DIGIT_LETTERS.get(_language(language), _DEFAULT_DIGIT_LETTERS)
+    lo = mid = hi = 0.0
+    last = len(text) - 1
+    for i, ch in enumerate(text):
         if ch.isspace():
             continue
-        if ch.isdigit():
-            digits += 1
-        elif ch.isalpha():
-            letters += 1
-        elif ch.isascii() or unicodedata.category(ch)[0] == "P":
-            marks += 1
+        if ch.isalpha():
+            weights: tuple[float, float, float] = (1.0, 1.0, 1.0)
+        elif ch.isdigit():
+            weights = per_digit
+        elif ch in _READ_MARKS:
+            weights = _SYMBOL_LETTERS
+        elif unicodedata.category(ch)[0] == "S":
+            weights = _WIDE_SYMBOL_LETTERS
+        elif ch in _SILENT_MARKS or i == last or text[i + 1].isspace():
+            continue
+        elif i > 0 and text[i - 1].isalnum() and text[i + 1].isalnum():
+            weights = _INNER_MARK_LETTERS
         else:
-            symbols += 1
-    per_digit = _DIGIT_LETTERS.get(_language(language), _DEFAULT_DIGIT_LETTERS)
-    lo, mid, hi = (
-        max(1.0, letters + digits * d + marks * m + symbols * s)
-        for d, m, s in zip(per_digit, _MARK_LETTERS, _SYMBOL_LETTERS, strict=True)
-    )
-    return lo, mid, hi
+            continue  # an opening quote or bracket
+        lo, mid, hi = lo + weights[0], mid + weights[1], hi + weights[2]
+    return max(1.0, lo), max(1.0, mid), max(1.0, hi)
 
 
 class TakeChecker:
