@@ -361,7 +361,9 @@ async def test_logs_hold_no_request_text_or_api_key(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_warm_a_catalogue_then_nothing_to_synthesize(tmp_path: Path) -> None:
     catalogue = tmp_path / "prompts.txt"
-    n = 50
+    # Three times the prompts warm renders at once (catalogue_concurrency 4): every count below
+    # is in terms of n, which no size of catalogue changes.
+    n = 12
     lines = ["# IVR prompts", ""] + [f"Option {i}." for i in range(n)]
     catalogue.write_text("\n".join(lines) + "\n")
     args = ["warm", str(catalogue), "--cache-dir", str(tmp_path / "cache"), "--json"]
