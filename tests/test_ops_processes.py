@@ -425,21 +425,21 @@ def test_warm_csv_and_yaml_catalogues_then_purge(tmp_path: Path) -> None:
     assert purge("--voice", "joe", "--pinned") == {"disk": 8}
 
 
-@pytest.mark.parametrize("source", ["env", "toml", "flag"])
-@pytest.mark.parametrize(
-    ("key", "value"),
-    [
-        ("workers", "0"),
-        ("log_format", "xml"),
-        ("shutdown_timeout_s", "soon"),
-        ("port", "99999"),
-        ("event_loop", "gevent"),
-    ],
-)
-def test_bad_setting_fails_at_start_naming_the_key(
+BAD_SETTINGS = [
+    ("workers", "0"),
+    ("log_format", "xml"),
+    ("shutdown_timeout_s", "soon"),
+    ("port", "99999"),
+    ("event_loop", "gevent"),
+]
+
+
+def bad_serve(
     tmp_path: Path, source: str, key: str, value: str
-) -> None:
-    env = clean_env()
+) -> tuple[list[str], dict[str, str]]:
+    """The ``serve`` arguments and the environment variables that give setting ``key`` the
+    value ``value`` from ``source``: the environment, a TOML file or a flag."""
+    env: dict[str, str] = {}
     args = ["serve", "--cache-dir", str(tmp_path / "c")]
     if source == "env":
         env[f"VOXGATE_{key.upper()}"] = value
@@ -450,9 +450,44 @@ def test_bad_setting_fails_at_start_naming_the_key(
         args += ["--config", str(toml)]
     else:
         args += [f"--{key.replace('_', '-')}", value]
-    res = run_cli(*args, env=env, timeout=60)
+    return args, env
+
+
+@pytest.mark.parametrize("source", ["env", "toml", "flag"])
+@pytest.mark.parametrize(("key", "value"), BAD_SETTINGS)
+def test_bad_setting_fails_at_start_naming_the_key(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    source: str,
+    key: str,
+    value: str,
+) -> None:
+    """Every bad setting from every source, through the command's ``main`` in this process
+    (what ``python -m gateway`` exits with; a settings error stops it before anything starts).
+    :func:`test_a_bad_setting_ends_the_process_with_status_2` runs the process itself."""
+    from gateway.cli.main import main
+
+    args, env = bad_serve(tmp_path, source, key, value)
+    for name in list(os.environ):  # as clean_env gives a process
+        if name.startswith("VOXGATE_") or name == "PROMETHEUS_MULTIPROC_DIR":
+            monkeypatch.delenv(name)
+    for name, setting in env.items():
+        monkeypatch.setenv(name, setting)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"'{key}'" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("source", ["env", "toml", "flag"])
+def test_a_bad_setting_ends_the_process_with_status_2(tmp_path: Path, source: str) -> None:
+    """``python -m gateway serve`` as a process, a bad setting from each source: exit status 2,
+    the setting named, no traceback (one setting: the matrix of them runs in-process above)."""
+    args, env = bad_serve(tmp_path, source, "port", "99999")
+    res = run_cli(*args, env=clean_env(**env), timeout=60)
     assert res.returncode == 2
-    assert f"'{key}'" in res.stderr
+    assert "'port'" in res.stderr
     assert "Traceback" not in res.stderr
 
 
