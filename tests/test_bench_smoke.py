@@ -206,9 +206,9 @@ def test_soak_bench_runs_every_kind_of_load_for_a_few_seconds(tmp_path: Path) ->
     from bench import soak
 
     args = argparse.Namespace(
-        minutes=0.15,
+        minutes=0.1,
         warmup_min=0.03,
-        sample_s=1.0,
+        sample_s=0.5,
         workers=1,
         memory_mb=16,
         no_write=True,
@@ -362,7 +362,9 @@ def test_handmade_bench_resp_one_round(tmp_path: Path) -> None:
 async def test_upstream_bench_runs_and_voxgate_bills_only_new_sentences(tmp_path: Path) -> None:
     from bench import upstream
 
-    results = await upstream.run(seconds=3, clients=2, prompts=8, latency_ms=50, directory=tmp_path)
+    results = await upstream.run(
+        seconds=1.5, clients=2, prompts=8, latency_ms=50, directory=tmp_path
+    )
     direct, voxgate = results["direct"], results["voxgate"]
     assert direct["errors"] == voxgate["errors"] == 0
     # Without a cache every request is a call, every character billed.

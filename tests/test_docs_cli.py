@@ -65,13 +65,13 @@ def test_settings_precedence_and_errors(tmp_path: Path) -> None:
         raise AssertionError("unknown key accepted")
 
 
+def cli_command(*args: str, cache: Path) -> list[str]:
+    return [sys.executable, "-m", "gateway", *args, "--cache-dir", str(cache)]
+
+
 def run_cli(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gateway", *args, "--cache-dir", str(cache)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        cli_command(*args, cache=cache), cwd=ROOT, capture_output=True, text=True, timeout=120
     )
 
 
@@ -101,8 +101,21 @@ def test_a_pin_quota_error_exits_the_same_in_warm_and_rollout(tmp_path: Path) ->
     cache, fresh, pinned = tmp_path / "cache", tmp_path / "fresh.txt", tmp_path / "pinned.txt"
     fresh.write_text("Thank you for calling.\n")
     pinned.write_text("Please hold.\n")
-    warm = run_cli("warm", str(fresh), "--pin-quota-mb", "0", cache=cache)
-    ok = run_cli("warm", str(pinned), cache=cache)
+    # The refused warm and the one that pins share nothing but the cache: they run at once.
+    refused = subprocess.Popen(
+        cli_command("warm", str(fresh), "--pin-quota-mb", "0", cache=cache),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        ok = run_cli("warm", str(pinned), cache=cache)
+        out, err = refused.communicate(timeout=120)
+    finally:
+        refused.kill()
+        refused.wait()
+    warm = subprocess.CompletedProcess(refused.args, refused.returncode, out, err)
     assert ok.returncode == 0, ok.stderr
     rollout = run_cli(
         "rollout", "piper", "--revision", "2", "--quiet", "--pin-quota-mb", "0", cache=cache

@@ -229,17 +229,21 @@ def test_keys_file_errors_name_the_problem(tmp_path: Path) -> None:
         KeyRing.load(tmp_path / "no-such.toml")
 
 
-def test_keys_add_round_trip_and_serve_refuses_a_bad_file(tmp_path: Path) -> None:
+def test_keys_add_round_trip_and_serve_refuses_a_bad_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gateway.cli.main import main
+
     path = tmp_path / "keys.toml"
 
     def keys_add(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "gateway", "keys", "add", *args, "--file", str(path)],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        """``voxgate keys add ARGS`` through the command's main in this process (what ``python
+        -m gateway`` exits with; it starts nothing), its output captured; serve below is run
+        as a process (test_malformed_requests_log_no_secret_and_few_lines runs keys add as one)."""
+        argv = ["keys", "add", *args, "--file", str(path)]
+        code = main(argv)
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(argv, code, out, err)
 
     first = keys_add("ivr-prod", "--scopes", "speak,read", "--rpm", "600")
     assert first.returncode == 0, first.stderr

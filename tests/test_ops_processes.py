@@ -122,7 +122,14 @@ def command_lines(pid: int) -> tuple[list[str], list[list[str]]]:
 
 
 @pytest.mark.slow
-async def test_two_workers_share_port_disk_and_metrics(tmp_path: Path) -> None:
+async def test_two_workers_share_port_disk_metrics_and_one_synthesis_pool(tmp_path: Path) -> None:
+    """`voxgate serve` (a gateway process per core) on one port: the processes share the disk
+    tier and /metrics sums theirs; a gateway process that dies is replaced. Then the host's one
+    synthesis pool: identical misses spread over both gateway processes are synthesized once,
+    the engines are loaded once, and a pool process that dies is replaced.
+
+    (One server for both parts: a start costs seconds of both cores, and what the second part
+    counts it counts from its own requests.)"""
     server = DefaultServer(tmp_path, "--log-format", "json")
     try:
         server.wait_ready()
@@ -228,81 +235,79 @@ async def test_two_workers_share_port_disk_and_metrics(tmp_path: Path) -> None:
         m = server.metrics()
         assert sample(m, "voxgate_http_requests_total", route="/healthz") == n_health
         assert victim not in gauge_pids()
+        await one_synthesis_pool_for_the_host(server)
         assert server.terminate() == 0
     finally:
         server.close()
 
 
-@pytest.mark.slow
-async def test_two_workers_share_one_synthesis_pool(tmp_path: Path) -> None:
-    """`voxgate serve` (a gateway process per core) runs one synthesis pool for the host;
-    identical misses spread over both gateway processes are synthesized once, and the engines are
-    loaded once."""
-    server = DefaultServer(tmp_path, "--log-format", "json")
-    try:
-        server.wait_ready()
-        assert server.gateways == 2, "this test needs 2 cores (CI has 2)"
-        n = 16
-        async with aiohttp.ClientSession() as session:
+async def one_synthesis_pool_for_the_host(server: DefaultServer) -> None:
+    """The host's one synthesis pool, on a running `voxgate serve` of two gateway processes:
+    identical misses spread over both are synthesized once, the engines were loaded once, and
+    a pool process that dies is replaced (counted from this part's own requests: its text is
+    new, its access lines are found by its audio key)."""
+    n = 16
+    before = sample(server.metrics(), "voxgate_syntheses_total", outcome="ok")
+    async with aiohttp.ClientSession() as session:
 
-            async def one() -> tuple[int, str]:
-                async with session.post(
-                    server.url + "/v1/audio/speech",
-                    json=speech("One synthesis for the whole host, however many ask."),
-                    headers={"Connection": "close"},  # a new connection each: both processes
-                ) as r:
-                    await r.read()
-                    return r.status, r.headers["X-Cache"]
+        async def one() -> tuple[int, str]:
+            async with session.post(
+                server.url + "/v1/audio/speech",
+                json=speech("One synthesis for the whole host, however many ask."),
+                headers={"Connection": "close"},  # a new connection each: both processes
+            ) as r:
+                await r.read()
+                return r.status, r.headers["X-Audio-Key"]
 
-            answers = await asyncio.gather(*(one() for _ in range(n)))
-        assert all(status == 200 for status, _ in answers), answers
-        deadline = time.monotonic() + 30
-        while (
-            len(
-                speech_lines := [
-                    line
-                    for line in server.json_lines()
-                    if line["logger"] == "voxgate.access" and line["route"] == "/v1/audio/speech"
-                ]
-            )
-            < n
-        ):
-            assert time.monotonic() < deadline, f"{len(speech_lines)} of {n} access lines"
-            await asyncio.sleep(0.05)
-        assert len({line["pid"] for line in speech_lines}) == 2, "one process served all"
-        m = server.metrics()
-        assert sample(m, "voxgate_syntheses_total", outcome="ok") == 1
-        logs = server.json_lines()
-        pools = [line for line in logs if line["msg"].startswith("worker pool ready")]
-        assert len(pools) == 1, pools  # one pool of engines on the host, not one per process
-        assert sum(line["msg"].startswith("synthesis pool ready") for line in logs) == 1
+        answers = await asyncio.gather(*(one() for _ in range(n)))
+    assert all(status == 200 for status, _ in answers), answers
+    (key,) = {key for _, key in answers}
+    deadline = time.monotonic() + 30
+    while (
+        len(
+            speech_lines := [
+                line
+                for line in server.json_lines()
+                if line["logger"] == "voxgate.access"
+                and line["route"] == "/v1/audio/speech"
+                and line.get("key") == key
+            ]
+        )
+        < n
+    ):
+        assert time.monotonic() < deadline, f"{len(speech_lines)} of {n} access lines"
+        await asyncio.sleep(0.05)
+    assert len({line["pid"] for line in speech_lines}) == 2, "one process served all"
+    m = server.metrics()
+    assert sample(m, "voxgate_syntheses_total", outcome="ok") - before == 1
+    logs = server.json_lines()
+    pools = [line for line in logs if line["msg"].startswith("worker pool ready")]
+    assert len(pools) == 1, pools  # one pool of engines on the host, not one per process
+    assert sum(line["msg"].startswith("synthesis pool ready") for line in logs) == 1
 
-        # The pool process dies: the supervisor starts another, and the gateways, which stayed
-        # up, reach it again for the next miss.
-        started = [
-            line["msg"] for line in logs if line["msg"].startswith("synthesis pool process started")
-        ]
-        pool_pid = int(re.search(r"pid (\d+)", started[0]).group(1))  # type: ignore[union-attr]
-        os.kill(pool_pid, signal.SIGKILL)
-        deadline = time.monotonic() + 120
-        while server.logs().count("synthesis pool ready") < 2:
-            assert time.monotonic() < deadline, server.logs()[-3000:]
-            await asyncio.sleep(0.2)
-        async with aiohttp.ClientSession() as session:
-            for attempt in range(50):
-                async with session.post(
-                    server.url + "/v1/audio/speech", json=speech("After the pool came back.")
-                ) as r:
-                    await r.read()
-                if r.status == 200:
-                    break
-                # A gateway may find the new socket a moment after the pool logs it is ready.
-                assert r.status == 503 and attempt < 49
-                await asyncio.sleep(0.1)
-        assert f"(pid {pool_pid}) exited with -9; restarting" in server.logs()
-        assert server.terminate() == 0
-    finally:
-        server.close()
+    # The pool process dies: the supervisor starts another, and the gateways, which stayed
+    # up, reach it again for the next miss.
+    started = [
+        line["msg"] for line in logs if line["msg"].startswith("synthesis pool process started")
+    ]
+    pool_pid = int(re.search(r"pid (\d+)", started[0]).group(1))  # type: ignore[union-attr]
+    os.kill(pool_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while server.logs().count("synthesis pool ready") < 2:
+        assert time.monotonic() < deadline, server.logs()[-3000:]
+        await asyncio.sleep(0.2)
+    async with aiohttp.ClientSession() as session:
+        for attempt in range(50):
+            async with session.post(
+                server.url + "/v1/audio/speech", json=speech("After the pool came back.")
+            ) as r:
+                await r.read()
+            if r.status == 200:
+                break
+            # A gateway may find the new socket a moment after the pool logs it is ready.
+            assert r.status == 503 and attempt < 49
+            await asyncio.sleep(0.1)
+    assert f"(pid {pool_pid}) exited with -9; restarting" in server.logs()
 
 
 @pytest.mark.slow
@@ -356,7 +361,9 @@ async def test_logs_hold_no_request_text_or_api_key(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_warm_a_catalogue_then_nothing_to_synthesize(tmp_path: Path) -> None:
     catalogue = tmp_path / "prompts.txt"
-    n = 50
+    # Three times the prompts warm renders at once (catalogue_concurrency 4): every count below
+    # is in terms of n, which no size of catalogue changes.
+    n = 12
     lines = ["# IVR prompts", ""] + [f"Option {i}." for i in range(n)]
     catalogue.write_text("\n".join(lines) + "\n")
     args = ["warm", str(catalogue), "--cache-dir", str(tmp_path / "cache"), "--json"]
@@ -418,21 +425,21 @@ def test_warm_csv_and_yaml_catalogues_then_purge(tmp_path: Path) -> None:
     assert purge("--voice", "joe", "--pinned") == {"disk": 8}
 
 
-@pytest.mark.parametrize("source", ["env", "toml", "flag"])
-@pytest.mark.parametrize(
-    ("key", "value"),
-    [
-        ("workers", "0"),
-        ("log_format", "xml"),
-        ("shutdown_timeout_s", "soon"),
-        ("port", "99999"),
-        ("event_loop", "gevent"),
-    ],
-)
-def test_bad_setting_fails_at_start_naming_the_key(
+BAD_SETTINGS = [
+    ("workers", "0"),
+    ("log_format", "xml"),
+    ("shutdown_timeout_s", "soon"),
+    ("port", "99999"),
+    ("event_loop", "gevent"),
+]
+
+
+def bad_serve(
     tmp_path: Path, source: str, key: str, value: str
-) -> None:
-    env = clean_env()
+) -> tuple[list[str], dict[str, str]]:
+    """The ``serve`` arguments and the environment variables that give setting ``key`` the
+    value ``value`` from ``source``: the environment, a TOML file or a flag."""
+    env: dict[str, str] = {}
     args = ["serve", "--cache-dir", str(tmp_path / "c")]
     if source == "env":
         env[f"VOXGATE_{key.upper()}"] = value
@@ -443,9 +450,44 @@ def test_bad_setting_fails_at_start_naming_the_key(
         args += ["--config", str(toml)]
     else:
         args += [f"--{key.replace('_', '-')}", value]
-    res = run_cli(*args, env=env, timeout=60)
+    return args, env
+
+
+@pytest.mark.parametrize("source", ["env", "toml", "flag"])
+@pytest.mark.parametrize(("key", "value"), BAD_SETTINGS)
+def test_bad_setting_fails_at_start_naming_the_key(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    source: str,
+    key: str,
+    value: str,
+) -> None:
+    """Every bad setting from every source, through the command's ``main`` in this process
+    (what ``python -m gateway`` exits with; a settings error stops it before anything starts).
+    :func:`test_a_bad_setting_ends_the_process_with_status_2` runs the process itself."""
+    from gateway.cli.main import main
+
+    args, env = bad_serve(tmp_path, source, key, value)
+    for name in list(os.environ):  # as clean_env gives a process
+        if name.startswith("VOXGATE_") or name == "PROMETHEUS_MULTIPROC_DIR":
+            monkeypatch.delenv(name)
+    for name, setting in env.items():
+        monkeypatch.setenv(name, setting)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"'{key}'" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("source", ["env", "toml", "flag"])
+def test_a_bad_setting_ends_the_process_with_status_2(tmp_path: Path, source: str) -> None:
+    """``python -m gateway serve`` as a process, a bad setting from each source: exit status 2,
+    the setting named, no traceback (one setting: the matrix of them runs in-process above)."""
+    args, env = bad_serve(tmp_path, source, "port", "99999")
+    res = run_cli(*args, env=clean_env(**env), timeout=60)
     assert res.returncode == 2
-    assert f"'{key}'" in res.stderr
+    assert "'port'" in res.stderr
     assert "Traceback" not in res.stderr
 
 
