@@ -78,6 +78,10 @@ class Masters:
         admit_synthesis: Callable[[int], Awaitable[None]] | None = None,
         takes: TakeGate | None = None,
     ) -> None:
+        # Each model's voices' languages, as the take checks read them.
+        self._languages: dict[str, dict[str, str]] = {}
+        # The checks every new take passes before it is stored (None: none).
+        self.takes = takes
         self.store = store
         self.models = models
         self.metrics = metrics
@@ -90,9 +94,6 @@ class Masters:
         # synthesizing it (misses only; joining one in flight is free); raises to refuse it (a
         # key over its chars_per_minute).
         self.admit_synthesis = admit_synthesis
-        # The checks every new take passes before it is stored (None: none).
-        self.takes = takes
-        self._languages: dict[str, dict[str, str]] = {}
         # Sentence masters are shared by every rendition that says them (two formats of one
         # text, two texts with a sentence in common): one synthesis of each here, whichever
         # renditions ask. A master and whether this process made it (False: joined another's).

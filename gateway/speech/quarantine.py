@@ -20,7 +20,7 @@ import secrets
 import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -56,16 +56,7 @@ class Rejected:
     text: str
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "key": self.key,
-            "model": self.model,
-            "voice": self.voice,
-            "reasons": list(self.reasons),
-            "measured": self.measured,
-            "time": self.time,
-            "text": self.text,
-        }
+        return {**asdict(self), "reasons": list(self.reasons)}
 
 
 def _record(raw: object) -> Rejected:
