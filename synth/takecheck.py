@@ -35,6 +35,7 @@ Reason = Literal[
     "silent",  # no speech at all (silence or near-silence)
     "not_speech",  # sound, but noise, hum or a tone rather than speech
     "hole",  # a silent stretch inside speech longer than any pause the text explains
+    "spliced",  # a sound that stops dead inside the take: pieces joined, or a dropout
     "too_short",  # shorter than the text can be said (truncated)
     "too_long",  # longer than the text can be said (runaway, repeated)
     "speed_ignored",  # the length fits speed 1, not the speed asked
@@ -43,6 +44,16 @@ Reason = Literal[
 REASONS: tuple[Reason, ...] = get_args(Reason)
 
 MIN_RATE, MAX_RATE = 8000, 48000
+
+# A take ends quiet for at least this long (over the speed asked), quieter than
+# END_QUIET_DB under its loud frames, or it was cut off: the bundled voice ends every sentence on
+# 100 ms or more at speed 1 (40 ms at speed 2) in every format; a cut lands in a sound, or in a
+# stop's closure or a pause shorter than that, nine times in ten.
+MIN_END_QUIET_S = 0.06
+END_QUIET_DB = -30.0
+END_BURST_FRAMES = 2
+DEAD_STOP_DB = 30.0
+END_RING_AFTER_S = 0.08
 
 
 @dataclass(frozen=True)
@@ -56,10 +67,12 @@ class Limits:
     max_duration_ratio: float = 1.7
     duration_slack_s: float = 0.15
     # A length this far (as a ratio) from the asked speed's, and nearer speed 1's, ignored it.
-    max_speed_error: float = 1.3
+    max_speed_error: float = 1.22
     # A take that ends in what the detector calls speech, its last 20 ms louder than this (dB
     # against the speech's median level), was cut off.
     max_end_db: float = -20.0
+    # ... and so was a take that ends quiet for less than this (seconds at speed 1).
+    min_end_quiet_s: float = MIN_END_QUIET_S
     # The longest silence inside speech beyond the pauses the text explains, in seconds at
     # speed 1 (longer at slower speeds).
     max_hole_s: float = 1.0
@@ -151,6 +164,8 @@ class SpeakingRates:
     def __init__(self, prior: dict[str, float] | None = None) -> None:
         self._prior = dict(PRIOR_CHARS_PER_S if prior is None else prior)
         self._learned: dict[str, tuple[float, float]] = {}  # voice -> (chars, seconds)
+        # voice -> (accepted takes whose text has clause breaks, those that paused at each)
+        self._pausing: dict[str, tuple[int, int]] = {}
         self._lock = threading.Lock()
 
     def chars_per_s(self, voice: str, language: str) -> float:
@@ -171,14 +186,51 @@ class SpeakingRates:
         lo, mid, hi = _spoken_range(facts.text, facts.language)
         return lo / per_s, mid / per_s, hi / per_s
 
-    def learn(self, facts: TakeFacts, speech_s: float) -> None:
-        """Count an accepted take: its spoken characters over its speech seconds at speed 1."""
+    def keeps_pauses(self, voice: str) -> bool:
+        """Whether ``voice`` pauses at every clause break: it did in each of its first
+        :data:`PAUSE_TRIAL_TAKES` accepted takes with breaks (a voice that once ran a comma
+        through is never held to it)."""
+        with self._lock:
+            seen, kept = self._pausing.get(voice, (0, 0))
+        return seen >= PAUSE_TRIAL_TAKES and kept == seen
+
+    def learn(self, facts: TakeFacts, speech_s: float, pauses: int | None = None) -> None:
+        """Count an accepted take: its spoken characters over its speech seconds at speed 1,
+        and whether it paused (``pauses``, when measured) at each of its text's clause breaks."""
+        breaks = clause_breaks(facts.text) if pauses is not None else 0
+        if breaks:
+            with self._lock:
+                seen, kept = self._pausing.get(facts.voice, (0, 0))
+                if seen < PAUSE_TRIAL_TAKES:
+                    self._pausing[facts.voice] = (seen + 1, kept + ((pauses or 0) >= breaks))
         if speech_s <= 0:
             return
         spoken = _spoken_range(facts.text, facts.language)[1]
         with self._lock:
             chars, seconds = self._learned.get(facts.voice, (0.0, 0.0))
             self._learned[facts.voice] = (chars + spoken, seconds + speech_s * facts.speed)
+
+
+# A voice is held to pausing at clause breaks after this many accepted takes with breaks showed
+# it does, every time (the bundled voices do, at every speed; not every provider's voice does).
+PAUSE_TRIAL_TAKES = 20
+# A comma, semicolon, colon or sentence end with more text after it, where a voice pauses; not a
+# full stop that ends an abbreviation ("Dr. Smith"), nor marks inside a number ("1,000", "3:30").
+_BREAK = re.compile(r"(?:(\w+)\.|[,;:!?])\s+(?=\w)|[，。；：！？](?=\w)")
+_ABBREVIATED = (
+    "mr mrs ms dr st jr sr vs etc eg ie inc ltd co corp ave rd mt ft approx dept est fig"
+    " jan feb mar apr jun jul aug sep sept oct nov dec mon tue wed thu fri sat sun"
+)
+_ABBREVIATIONS = frozenset(_ABBREVIATED.split())
+
+
+def clause_breaks(text: str) -> int:
+    """How many clause breaks ``text`` has inside it (not at its end)."""
+    return sum(
+        1
+        for m in _BREAK.finditer(text)
+        if not (m.group(1) and m.group(1).lower().replace(".", "") in _ABBREVIATIONS)
+    )
 
 
 def _language(code: str) -> str:
@@ -291,6 +343,8 @@ class TakeChecker:
         slow = min(facts.speed, 1.0)
         if signal.longest_gap_s > limits.max_hole_s / slow + facts.pause_s:
             reasons.append("hole")
+        if signal.dead_stops:
+            reasons.append("spliced")
         reasons.extend(self._duration_reasons(facts, signal, expected, limits, measured))
         if self.level == "asr" and recognizable(facts):
             wer = self._wer(facts)
@@ -309,20 +363,25 @@ class TakeChecker:
     ) -> list[Reason]:
         shortest, expected, longest = expected_range
         said = max(signal.span_s - facts.pause_s, FRAME_S)  # a frame at least: ratios stay finite
+        least = max(2, int(PAUSE_FRAMES / max(facts.speed, 0.05)))
+        pauses = sum(1 for gap in signal.gaps if gap >= least)
+        measured["pauses"] = pauses
         ratio = said / expected
-        at_one = said / (expected * max(facts.speed, 0.05))
         measured["duration_ratio"] = ratio
         slack = limits.duration_slack_s / max(facts.speed, 0.05)
         if facts.speed < MAX_END_CHECK_SPEED and signal.end_db > limits.max_end_db:
             # Cut off mid-sound: synthesis ends on its own silence, a truncated take does not.
             return ["too_short"]
-        tolerance = np.log(limits.max_speed_error)
-        if (
-            expected * facts.speed >= MIN_SPEED_EVIDENCE_S
-            # (Only where the text's length is known: not where its numbers may take twice it.)
-            and longest / shortest < limits.max_speed_error
-            and abs(np.log(ratio)) > tolerance
-            and abs(np.log(at_one)) < abs(np.log(ratio))
+        if signal.end_quiet_s < limits.min_end_quiet_s / max(facts.speed, 0.05):
+            return ["too_short"]
+        if pauses < clause_breaks(facts.text) and self.rates.keeps_pauses(facts.voice):
+            # Cut off in a pause: a clause of the text is missing (its pause ends the take).
+            return ["too_short"]
+        # Enough speech to tell its pace by: the text's likeliest length at speed 1, or the
+        # take's own length, in speed-1 seconds at the slower of the two speeds it may be at.
+        evidence = max(expected * facts.speed, said * min(facts.speed, 1.0))
+        if evidence >= MIN_SPEED_EVIDENCE_S and _speed_ignored(
+            said, shortest, longest, facts.speed, limits.max_speed_error
         ):
             return ["speed_ignored"]
         if said < shortest * limits.min_duration_ratio - slack:
@@ -351,7 +410,25 @@ class TakeChecker:
         from ``verdict`` when the check measured it; else its length), pauses excluded."""
         measured = verdict.measured if verdict is not None else {}
         seconds = measured.get("speech_span_s", facts.pcm.size / facts.sample_rate)
-        self.rates.learn(facts, seconds - facts.pause_s)
+        pauses = measured.get("pauses")
+        self.rates.learn(facts, seconds - facts.pause_s, None if pauses is None else int(pauses))
+
+
+def _speed_ignored(
+    said: float, shortest: float, longest: float, speed: float, error: float
+) -> bool:
+    """Whether a take ``said`` seconds long fits speed 1 and not the speed asked: its length
+    lies outside the text's plausible lengths at ``speed`` (``shortest`` to ``longest``, give or
+    take ``error`` as a ratio) and inside them at speed 1. Where the text's length is known (no
+    numbers read one way or another), nearer speed 1's length than the asked one's is enough."""
+    tolerance = np.log(error)
+    low, high = np.log(said / shortest), np.log(said / longest)  # at the asked speed
+    if longest / shortest < error:
+        mid = (low + high) / 2
+        return bool(abs(mid) > tolerance and abs(mid - np.log(speed)) < abs(mid))
+    fits = low >= -tolerance and high <= tolerance
+    fits_one = low - np.log(speed) >= -tolerance and high - np.log(speed) <= tolerance
+    return not fits and fits_one
 
 
 def _verdict(reasons: list[Reason], measured: dict[str, float], limits: Limits) -> Verdict:
@@ -385,6 +462,11 @@ MIN_SPEED_EVIDENCE_S = 2.0
 # From this speed up a voice's last sound decays within the 20 ms the end is judged on: a take
 # said that fast ends like one cut off (the bundled voice's, from speed 2), so it is not judged.
 MAX_END_CHECK_SPEED = 2.0
+# A silence inside speech of this many frames over the speed (at least two: 60 ms) is a pause:
+# the bundled voice pauses at least this long at each clause break, at every speed from 0.5 to 2
+# and in every format; a stop's closure is shorter (at speed 0.5 up to 12 frames, so the bar
+# moves with the speed).
+PAUSE_FRAMES = 3.5
 # Fewer frames of speech than this (90 ms) is no speech.
 MIN_SPEECH_FRAMES = 3
 # Sound of which the detector calls less than this share speech is something else (hum, rumble).
@@ -409,6 +491,9 @@ class Signal:
     modulation_db: float  # spread (standard deviation) of the speech frames' level
     level_db: float  # median level of the speech frames, dB of full scale
     end_db: float  # the last 20 ms against the speech frames median level, when they are speech
+    end_quiet_s: float  # how long the take is quiet at its end (after its last sound)
+    gaps: tuple[int, ...]  # the silences inside the speech, in frames (of two or more)
+    dead_stops: int  # sounds inside the take that stop dead (see _dead_stops)
 
     def measured(self) -> dict[str, float]:
         return {
@@ -420,6 +505,7 @@ class Signal:
             "modulation_db": self.modulation_db,
             "level_db": self.level_db,
             "end_db": self.end_db,
+            "end_quiet_s": self.end_quiet_s,
         }
 
 
@@ -431,7 +517,7 @@ def analyse(pcm: npt.NDArray[np.float32], sample_rate: int, min_level_db: float)
     x = _to_rate(pcm, sample_rate, VAD_RATE)
     count = x.size // FRAME
     if count == 0:
-        return Signal(0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, -120.0, -120.0)
+        return Signal(0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, -120.0, -120.0, 0.0, (), 0)
     frames = x[: count * FRAME].reshape(count, FRAME)
     level = 10.0 * np.log10(np.mean(frames * frames, axis=1) + 1e-12)
     loud = level > min_level_db
@@ -446,7 +532,9 @@ def analyse(pcm: npt.NDArray[np.float32], sample_rate: int, min_level_db: float)
     speech = heard & loud
     where = np.flatnonzero(speech)
     if where.size == 0:
-        return Signal(count, int(loud.sum()), 0, 0.0, 0.0, 0.0, 0.0, 0.0, -120.0, -120.0)
+        return Signal(
+            count, int(loud.sum()), 0, 0.0, 0.0, 0.0, 0.0, 0.0, -120.0, -120.0, 0.0, (), 0
+        )
     first, last = int(where[0]), int(where[-1])
     gaps = np.diff(where) - 1
     spectra = np.abs(np.fft.rfft(frames[speech] * _WINDOW, n=512)) ** 2
@@ -479,7 +567,44 @@ def analyse(pcm: npt.NDArray[np.float32], sample_rate: int, min_level_db: float)
         modulation_db=float(np.std(speech_level)),
         level_db=median_level,
         end_db=end_db,
+        end_quiet_s=_end_quiet_s(x, float(np.percentile(level[loud], 90))),
+        gaps=tuple(int(g) for g in gaps[gaps >= 2]),
+        dead_stops=_dead_stops(x, float(np.percentile(level[loud], 90))),
     )
+
+
+def _dead_stops(x: npt.NDArray[np.float32], loud_db: float) -> int:
+    """How many times a sound within 15 dB of ``loud_db`` falls by more than DEAD_STOP_DB from
+    one 5 ms to the next inside ``x``: a voice's sound decays over tens of milliseconds (never
+    once in the bundled voice's clean takes, in any format); a splice or a dropout cuts it."""
+    step = VAD_RATE // 200
+    count = x.size // step
+    if count < 2:
+        return 0
+    level = 10.0 * np.log10(np.mean(x[: count * step].reshape(count, step) ** 2, axis=1) + 1e-12)
+    fall = level[:-1] - level[1:]
+    return int(np.count_nonzero((fall > DEAD_STOP_DB) & (level[:-1] > loud_db - 15.0)))
+
+
+def _end_quiet_s(x: npt.NDArray[np.float32], loud_db: float) -> float:
+    """How long ``x`` (at the detector's rate) ends quiet: from its last 10 ms louder than
+    ``END_QUIET_DB`` below its loud frames (their 90th percentile) to its end. Synthesis ends a
+    sentence on its own silence; a take cut off ends in, or just after, a sound."""
+    step = VAD_RATE // 100
+    count = x.size // step
+    if count == 0:
+        return 0.0
+    tail = x[x.size - count * step :].reshape(count, step)
+    level = 10.0 * np.log10(np.mean(tail * tail, axis=1) + 1e-12)
+    sounding = level > loud_db + END_QUIET_DB
+    # A burst of 20 ms or less at the very end, after quiet, is a codec's last frame ringing
+    # (GSM's 20 ms frames do), not a sound cut off.
+    burst = 0
+    while burst < min(END_BURST_FRAMES, count - 1) and sounding[count - 1 - burst]:
+        burst += 1
+    where = np.flatnonzero(sounding[: count - burst])
+    before = float(count - burst - 1 - where[-1]) / 100 if where.size else count / 100
+    return before if burst and before >= END_RING_AFTER_S else 0.0 if burst else before
 
 
 def _to_rate(pcm: npt.NDArray[np.float32], sample_rate: int, rate: int) -> npt.NDArray[np.float32]:

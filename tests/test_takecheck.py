@@ -16,11 +16,13 @@ from synth.audio import to_int16, wav_pcm16
 from synth.engine import SynthesisItem
 from synth.piper_engine import PiperEngine
 from synth.takecheck import (
+    PAUSE_TRIAL_TAKES,
     Limits,
     SpeakingRates,
     TakeChecker,
     TakeFacts,
     Verdict,
+    clause_breaks,
     word_error_rate,
 )
 
@@ -131,11 +133,76 @@ def test_a_pause_the_text_asks_for_is_no_hole(
     checker: TakeChecker, takes: dict[tuple[str, float], BenchTake]
 ) -> None:
     take = takes[TEXTS[0], 1.0]
-    half = take.pcm.size // 2
+    # A <break> falls between words: here in the voice's own pause at the comma (the quietest
+    # point of the first half).
+    at = _quietest(take.pcm, take.rate, 0.2, 0.5)
     pause = np.zeros(take.rate * 3, np.float32)
-    spliced = np.concatenate([take.pcm[:half], pause, take.pcm[half:]])
+    spliced = np.concatenate([take.pcm[:at], pause, take.pcm[at:]])
     assert "hole" in reasons(checker, _facts(take, spliced))
     assert reasons(checker, _facts(take, spliced, pause_s=3.0)) == ()
+
+
+def _quietest(pcm: np.ndarray, rate: int, start: float, end: float) -> int:
+    """The middle of the quietest 30 ms between shares ``start`` and ``end`` of ``pcm``."""
+    frame = rate * 3 // 100
+    first, last = int(pcm.size * start) // frame, int(pcm.size * end) // frame
+    frames = pcm[first * frame : last * frame].reshape(-1, frame)
+    return (first + int(np.argmin(np.mean(frames * frames, axis=1)))) * frame + frame // 2
+
+
+def test_a_take_without_its_closing_silence_was_cut_off(
+    checker: TakeChecker, takes: dict[tuple[str, float], BenchTake]
+) -> None:
+    """Synthesis ends a sentence on its own silence; a cut just after the last sound's loud
+    part (where the level check alone hears a decay) leaves too little of it."""
+    take = takes[TEXTS[1], 1.0]
+    level = np.abs(take.pcm)
+    last = int(np.flatnonzero(level > level.max() / 30)[-1])
+    verdict = checker.check(_facts(take, take.pcm[: last + take.rate // 100]))
+    assert verdict.reasons == ("too_short",)
+    assert verdict.measured["end_quiet_s"] < Limits().min_end_quiet_s
+
+
+def test_a_cut_in_a_pause_is_too_short_for_a_voice_that_pauses_at_each_break(
+    piper_engine: PiperEngine,
+) -> None:
+    """Cut in the last comma's pause, the take ends on silence at a plausible length: the
+    clause after the comma is missing. A voice that paused at every break in its first takes is
+    held to it; before that, the take passes."""
+    text = "Your order will arrive within three business days, thank you."
+    quiet = {**piper_engine.default_params("joe"), "noise_scale": 0.0, "noise_w": 0.0}
+    (audio,) = piper_engine.synthesize_batch([SynthesisItem(text, "joe", params=quiet)])
+    take = BenchTake(VOICE, text, 1.0, audio.pcm, audio.sample_rate, 0.0)
+    assert clause_breaks(text) == 1
+    cut = take.pcm[: _quietest(take.pcm, take.rate, 0.65, 0.9)]
+    learner = TakeChecker("signal")
+    for _ in range(PAUSE_TRIAL_TAKES - 1):
+        learner.accepted(_facts(take), learner.check(_facts(take)))
+    assert not learner.rates.keeps_pauses(VOICE)
+    assert learner.check(_facts(take, cut)).ok  # its length and its end alone are plausible
+    learner.accepted(_facts(take), learner.check(_facts(take)))
+    assert learner.rates.keeps_pauses(VOICE)
+    verdict = learner.check(_facts(take, cut))
+    assert verdict.reasons == ("too_short",) and verdict.measured["pauses"] == 0
+
+
+def test_clause_breaks_count_pauses_not_abbreviations_or_numbers() -> None:
+    assert clause_breaks("Hello, world.") == 1
+    assert clause_breaks("Yes. No. Maybe") == 2
+    assert clause_breaks("Dr. Smith will see you at 3:30 on Jan. 5, 2027.") == 1
+    assert clause_breaks("It costs 1,000 dollars; see example.com now!") == 1
+    assert clause_breaks("你好，世界。再见") == 2
+
+
+def test_a_dropout_inside_speech_is_spliced(
+    checker: TakeChecker, takes: dict[tuple[str, float], BenchTake]
+) -> None:
+    """A sound that stops dead (a dropout, or pieces joined) where the voice's sounds decay."""
+    take = takes[TEXTS[1], 1.0]
+    loudest = int(np.argmax(np.abs(take.pcm[: take.pcm.size // 2])))
+    dropped = take.pcm.copy()
+    dropped[loudest : loudest + take.rate // 5] = 0.0
+    assert "spliced" in reasons(checker, _facts(take, dropped))
 
 
 def test_signal_defects_without_a_take(checker: TakeChecker) -> None:
