@@ -23,6 +23,7 @@ from synth.takecheck import (
     TakeFacts,
     Verdict,
     clause_breaks,
+    recognizable,
     word_error_rate,
 )
 
@@ -294,3 +295,15 @@ def test_asr_without_pocketsphinx_says_how_to_install(monkeypatch: pytest.Monkey
     )
     with pytest.raises(ValueError, match=r"voxgate\[asr\]"):
         TakeChecker("asr")
+
+
+def test_asr_judges_english_words_at_speeds_it_reads() -> None:
+    """Texts with digits (read one way or another, each time the same), fast takes and a word
+    or two pass on the signal checks alone: the recognizer would refuse every retake of them."""
+    pcm = np.zeros(16000, np.float32)
+    said = TakeFacts(pcm, 16000, "Please hold while we connect you.")
+    assert recognizable(said)
+    assert not recognizable(dataclasses.replace(said, text="Call 1-800-555-0199 now please."))
+    assert not recognizable(dataclasses.replace(said, speed=1.5))
+    assert not recognizable(dataclasses.replace(said, text="Goodbye now."))
+    assert not recognizable(dataclasses.replace(said, language="de"))
