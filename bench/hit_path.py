@@ -19,7 +19,7 @@ drift hits every server alike). Two workloads:
     python -m bench.hit_path [--seconds 4] [--rounds 7] [--connections 32] [--no-pin]
                              [--event-loop auto|uvloop|asyncio] [--disk-only]
                              [--zipf-prompts 5000] [--zipf-s 1.0] [--no-zipf] [--say-url]
-                             [--keys 100]
+                             [--keys 100] [--no-warm-up]
 
 Target: gateway >= 0.8 x bare for each workload. Writes docs/bench/hit_path.json and
 hit_path.png (with ``--say-url``: hit_path_say_url.json and .png, so a say-URL run does not
@@ -390,6 +390,12 @@ def main() -> int:
     )
     ap.add_argument("--connections", type=int, default=32, help="concurrent connections")
     ap.add_argument("--no-write", action="store_true", help="do not write docs/bench results")
+    ap.add_argument(
+        "--no-warm-up",
+        dest="warm_up",
+        action="store_false",
+        help="no unmeasured run of each server before the rounds (the tests' smoke run)",
+    )
     event_loop_argument(ap)
     ap.add_argument("--zipf-prompts", type=int, default=5000, help="distinct prompts (Zipf)")
     ap.add_argument("--zipf-s", type=float, default=1.0, help="Zipf exponent")
@@ -560,7 +566,8 @@ def main() -> int:
                 )
                 return run
 
-            for w in workloads:  # warm both (connections, caches), not measured
+            for w in workloads if args.warm_up else []:
+                # warm both (connections, caches), not measured
                 measure(w, w.gateway_url, gateway.pid)
                 measure(w, w.bare_url, bare_pids[w.bare_url])
             counters_before = cache_counters(gport)

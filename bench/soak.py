@@ -150,9 +150,12 @@ async def forever(
             await asyncio.sleep(pause_s)
 
 
-async def drive(base: str, minutes: float, load: Load, keys: list[str]) -> None:
-    """Every client kind, concurrently, for ``minutes``. Each kind is its own client (its own
-    loopback address), as the gateway's per-client queue share sees clients."""
+async def drive(
+    base: str, minutes: float, load: Load, catalogue: list[str], keys: list[str]
+) -> None:
+    """Every client kind, concurrently, for ``minutes``; the hits ask for the ``catalogue``'s
+    prompts (stored by :func:`warm`, their content ``keys``). Each kind is its own client (its
+    own loopback address), as the gateway's per-client queue share sees clients."""
     until = time.monotonic() + minutes * 60
     timeout = aiohttp.ClientTimeout(total=120)
     url = f"{base}/v1/audio/speech"
@@ -175,7 +178,7 @@ async def drive(base: str, minutes: float, load: Load, keys: list[str]) -> None:
                 return r.status
 
         async def hit() -> int:
-            return await answered("hit", "POST", url, json=speech_body(random.choice(PROMPTS)))
+            return await answered("hit", "POST", url, json=speech_body(random.choice(catalogue)))
 
         async def by_key() -> int:
             return await answered("by_key", "GET", f"{base}/v1/audio/{random.choice(keys)}")
@@ -362,10 +365,10 @@ async def long_request(base: str, pid: int, chars: int) -> dict[str, Any]:
     }
 
 
-def warm(base: str) -> list[str]:
+def warm(base: str, catalogue: list[str]) -> list[str]:
     """Synthesize the prompt catalogue once; its content keys."""
     keys = []
-    for text in PROMPTS:
+    for text in catalogue:
         req = urllib.request.Request(
             f"{base}/v1/audio/speech",
             data=json.dumps(speech_body(text)).encode(),
@@ -441,19 +444,26 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 async def measure(
-    args: argparse.Namespace, base: str, pid: int, redis: RedisServer, keys: list[str]
+    args: argparse.Namespace,
+    base: str,
+    pid: int,
+    redis: RedisServer,
+    catalogue: list[str],
+    keys: list[str],
 ) -> tuple[Load, list[dict[str, Any]], dict[str, float]]:
     """The load, the samples and the Redis restart, side by side."""
     load = Load()
     sampled, _, restart = await asyncio.gather(
         sampler(base, pid, redis, args.minutes, args.sample_s),
-        drive(base, args.minutes, load, keys),
+        drive(base, args.minutes, load, catalogue, keys),
         restart_redis(redis, args.minutes * 60 / 2, min(5.0, args.minutes * 60 / 10)),
     )
     return load, sampled, restart
 
 
 def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    # The hits' prompts (``args.prompts`` of them, all by default: a smoke run warms fewer).
+    catalogue = PROMPTS[: getattr(args, "prompts", len(PROMPTS))]
     redis = RedisServer(work / "redis")
     redis.start()
     port = free_port()
@@ -484,11 +494,11 @@ def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         )
     try:
         wait_http(f"{base}/readyz", 300)
-        keys = warm(base)
+        keys = warm(base, catalogue)
         long = None
         if args.long_request:
             long = [asyncio.run(long_request(base, proc.pid, n)) for n in (300, 900)]
-        load, sampled, restart = asyncio.run(measure(args, base, proc.pid, redis, keys))
+        load, sampled, restart = asyncio.run(measure(args, base, proc.pid, redis, catalogue, keys))
         with urllib.request.urlopen(f"{base}/healthz", timeout=10) as r:
             healthy_after = r.status == 200
     finally:
@@ -509,6 +519,7 @@ def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "setup": {
             "synth_workers": args.workers,
             "memory_cache_mb": args.memory_mb,
+            "catalogue_prompts": len(catalogue),
             "tiers": "memory, disk, redis",
             "sample_every_s": args.sample_s,
         },

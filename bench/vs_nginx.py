@@ -378,9 +378,11 @@ def warm_rounds(
     seconds = args.warm_s / rounds
     # One unmeasured second each first: a server's first moments under load after the fill
     # (connections accepted, buffers grown, nginx's cache files opened) are no steady state.
-    for name in order:
-        s = servers[name]
-        load(s.reqs.url, s.lua, min(1.0, seconds), args.clients, threads)
+    # (``warmup_s`` 0 leaves it out: the tests' smoke runs, whose figures are not kept.)
+    if warmup_s(args) > 0:
+        for name in order:
+            s = servers[name]
+            load(s.reqs.url, s.lua, min(warmup_s(args), seconds), args.clients, threads)
     figures: dict[str, list[dict[str, float]]] = {name: [] for name in order}
     for r in range(rounds):
         for name in in_turn(order, r):
@@ -494,6 +496,13 @@ TARGETS = {"warm_qps_ratio": 1.0, "cold_qps_ratio": 1.1}
 # The warm phase's defaults (module doc: why eight rounds), one source for the CLI and run().
 WARM_S = 40.0
 WARM_ROUNDS = 8
+# The unmeasured load on each server before the warm rounds (warm_rounds).
+WARMUP_S = 1.0
+
+
+def warmup_s(args: argparse.Namespace) -> float:
+    """Seconds of unmeasured load before the warm rounds: ``args.warmup_s``, else WARMUP_S."""
+    return float(getattr(args, "warmup_s", WARMUP_S))
 
 
 def _keys(value: str) -> list[str]:
@@ -667,7 +676,8 @@ def warm_workload(
         "wrk_threads": list(threads),
         "warm_s": args.warm_s,
         "warm_rounds": rounds,
-        "warm_figures": "both servers up; one unmeasured second of load each, then "
+        "warmup_s": warmup_s(args),
+        "warm_figures": "both servers up; warmup_s unmeasured seconds of load each, then "
         "rounds of warm_s / warm_rounds seconds each, interleaved ABBA; requests/s the mean "
         "of a server's rounds, p50, p99 and the server's CPU per request the median",
         "format": "wav",
