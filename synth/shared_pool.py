@@ -443,7 +443,6 @@ class RemotePool:
     async def start(self) -> None:
         """Wait until the pool process accepts (it listens once its engines are warm)."""
         deadline = time.monotonic() + self.start_timeout_s
-        delay = 0.05
         while True:
             try:
                 await self._connect()
@@ -451,8 +450,9 @@ class RemotePool:
             except OSError:
                 if time.monotonic() > deadline:
                     raise EngineDead("the synthesis pool process did not start") from None
-                await asyncio.sleep(delay)  # nothing to await: the socket is not there yet
-                delay = min(delay * 2, 0.25)
+                # Nothing to await: the socket is not there yet. A refused connect costs a
+                # syscall, and a gateway is not ready before this returns: poll finely.
+                await asyncio.sleep(0.05)
 
     async def _connect(self) -> asyncio.StreamWriter:
         async with self._connecting:

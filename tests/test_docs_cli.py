@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 import soundfile as sf
 
+from gateway.cli.main import COMMANDS, build_parser
 from gateway.runtime.settings import OPENAI_VOICES, Settings, SettingsError, settings_table
 from tests.support import shortest_audio_s
 
@@ -178,3 +180,36 @@ def test_cache_stats_reports_redis_and_never_prints_its_password(tmp_path: Path)
     assert bad.returncode == 1
     assert "unreachable" in bad.stdout and "ops:***@127.0.0.1" in bad.stdout
     assert "hunter2" not in bad.stdout + bad.stderr
+
+
+def commands_of(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def test_a_command_parses_as_under_the_whole_parser() -> None:
+    # `voxgate NAME ...` registers only NAME's module; the rest by name, for the usage line.
+    whole = build_parser()
+    assert list(commands_of(whole)) == list(COMMANDS)
+    for name in COMMANDS:
+        one = build_parser(name)
+        assert one.format_usage() == whole.format_usage()
+        assert list(commands_of(one)) == list(COMMANDS)
+        assert commands_of(one)[name].format_help() == commands_of(whole)[name].format_help()
+
+
+def test_a_command_imports_only_its_own_module() -> None:
+    code = (
+        "import sys\n"
+        "from gateway.cli.main import main\n"
+        "try:\n"
+        "    main(['config', 'show', '--help'])\n"
+        "except SystemExit:\n"
+        "    print(sorted(m for m in sys.modules if m.startswith('gateway.cli.')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    loaded = out.stdout.splitlines()[-1]  # after the command's help
+    assert loaded == str(["gateway.cli.common", "gateway.cli.config", "gateway.cli.main"])

@@ -11,8 +11,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from aiohttp import web
-
 from gateway.cli.common import add_setting_flags, command, load_settings
 from gateway.runtime.settings import Settings, SettingsError
 
@@ -20,6 +18,8 @@ log = logging.getLogger("voxgate")
 
 
 async def _serve(settings: Settings, worker_of: int | None = None) -> None:
+    from aiohttp import web
+
     from gateway.http import keys
     from gateway.http.app import create_app, is_loopback, wait_ready
     from gateway.http.connections import cap_connections, runner_options

@@ -242,6 +242,11 @@ class Supervisor:
             proc = subprocess.Popen([sys.executable, "-m", "gateway", *args], env=env)
             log.info("synthesis pool process started (pid %d)", proc.pid)
             return proc
+        # What every forked gateway process imports to serve, imported before the first fork (no
+        # threads, loops or engines come with these imports), after the pool process is started:
+        # the gateways wait for its socket, so its start overlaps with these imports.
+        for module in GATEWAY_MODULES:
+            importlib.import_module(module)
         env[WORKER_INDEX_ENV] = str(index)
         if self.host_table is not None:
             env[HOST_TABLE_ENV] = self.host_table
@@ -333,10 +338,6 @@ class Supervisor:
 def run_workers(settings: Settings, argv: Sequence[str], entry: Entry) -> int:
     """Serve with ``settings.topology().gateway_processes`` processes, each a fork running
     ``entry`` on the worker's flags; the exit status."""
-    # What every forked gateway process imports to serve, imported once here (no threads, loops
-    # or engines come with these imports).
-    for module in GATEWAY_MODULES:
-        importlib.import_module(module)
     metrics_dir, own_dir = prepare_metrics_dir()
     holder = reserve_port(settings.host) if settings.port == 0 else None
     port = holder.getsockname()[1] if holder is not None else settings.port
