@@ -187,12 +187,6 @@ def default_models(settings: Settings) -> dict[str, ModelSource]:
     return specs
 
 
-def default_engines(settings: Settings) -> dict[str, Engine]:
-    """The engines the settings ask for, built in this process (the bundled Piper voice by
-    default, plus Coqui when configured)."""
-    return {name: specs[0].build() for name, specs in default_engine_specs(settings).items()}
-
-
 @contextlib.asynccontextmanager
 async def open_models(
     settings: Settings,
