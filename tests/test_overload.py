@@ -62,14 +62,23 @@ async def test_full_queue_503_while_hits_served(
     )
 
 
+class HeldWarmUp(CountingEngine):
+    """The real voice whose warm-up, too, waits for ``release``: the gateway stays unready for as
+    long as the test holds it, however fast the voice warms."""
+
+    def warm_up(self) -> None:
+        self.release.wait()
+        super().warm_up()
+
+
 async def test_readyz_503_until_warm(
     gateway: GatewayFactory,
     counting_engine: CountingEngine,
 ) -> None:
-    counting_engine.release.clear()  # warm-up blocks
+    counting_engine.release.clear()
+    slow = HeldWarmUp(counting_engine.inner)
+    slow.release.clear()  # warm-up blocks
     try:
-        slow = CountingEngine(counting_engine.inner)
-        slow.release.clear()
         client = await gateway(engines={"piper": slow}, wait_ready=False)
         r = await client.get("/readyz")
         assert r.status == 503
@@ -88,6 +97,7 @@ async def test_readyz_503_until_warm(
             assert len(ready) < 1200, "not ready 60 s after the warm-up was released"
             await asyncio.sleep(0.05)
     finally:
+        slow.release.set()
         counting_engine.release.set()
 
 
