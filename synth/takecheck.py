@@ -11,6 +11,7 @@ checks, ``asr`` adds a speech-recognition round trip for English voices.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import unicodedata
@@ -21,6 +22,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 import numpy.typing as npt
 import soxr
+from num2words import num2words
 
 Level = Literal["off", "signal", "asr"]
 LEVELS: tuple[Level, ...] = get_args(Level)
@@ -255,14 +257,50 @@ _INNER_MARK_LETTERS = (0.0, 1.0, 5.0)
 _SILENT_MARKS = frozenset("'-\u2019\u2010\u2011")
 
 
+# English digit names, for a digit run read digit by digit ("0042" as "zero zero four two").
+_DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+_DIGIT_RUN = re.compile(r"[0-9]+")
+# Longer runs are not read as one number: they keep the per-digit weights.
+_LONGEST_NUMBER = 12
+
+
+@functools.lru_cache(maxsize=4096)
+def _number_letters(run: str) -> tuple[float, float, float]:
+    """Letters an English voice says a run of decimal digits in: the fewest, likeliest and most
+    of its readings (num2words spells them): digit by digit, as a cardinal with its leading
+    zeros said as "zero" ("forty-two", "nine hundred and eleven", with or without its "and"),
+    and as a year for three or four digits ("nineteen ninety-nine", "nine eleven")."""
+    value = int(run)
+    readings = [sum(len(_DIGIT_NAMES[int(d)]) for d in run)]
+    zeros = 4 * (len(run) - len(run.lstrip("0")))
+    cardinal = _letters(num2words(value)) if value else 0
+    readings += [zeros + cardinal, zeros + cardinal - 3 * num2words(value).count(" and ")]
+    if run[0] != "0" and len(run) in (3, 4):
+        readings.append(_letters(num2words(value, to="year")))
+    return min(readings), (min(readings) + max(readings)) / 2, max(readings)
+
+
+def _letters(words: str) -> int:
+    return sum(ch.isalpha() for ch in words)
+
+
 def _spoken_range(text: str, language: str) -> tuple[float, float, float]:
     """How many plain letters ``text`` is said like (spaces not counted): least, likeliest and
     most, as its digits, marks and symbols may be read."""
-    per_digit = _DIGIT_LETTERS.get(_language(language), _DEFAULT_DIGIT_LETTERS)
+    lang = _language(language)
+    per_digit = _DIGIT_LETTERS.get(lang, _DEFAULT_DIGIT_LETTERS)
     lo = mid = hi = 0.0
+    # English digit runs by their readings; a run's other digits are then not counted again.
+    read: set[int] = set()
+    if lang == "en":
+        for m in _DIGIT_RUN.finditer(text):
+            if len(m.group()) <= _LONGEST_NUMBER:
+                least, likeliest, most = _number_letters(m.group())
+                lo, mid, hi = lo + least, mid + likeliest, hi + most
+                read.update(range(m.start(), m.end()))
     last = len(text) - 1
     for i, ch in enumerate(text):
-        if ch.isspace():
+        if ch.isspace() or i in read:
             continue
         if ch.isalpha():
             weights: tuple[float, float, float] = (1.0, 1.0, 1.0)
@@ -272,8 +310,10 @@ def _spoken_range(text: str, language: str) -> tuple[float, float, float]:
             weights = _SYMBOL_LETTERS
         elif unicodedata.category(ch)[0] == "S":
             weights = _WIDE_SYMBOL_LETTERS
-        elif ch in _SILENT_MARKS or i == last or text[i + 1].isspace():
+        elif i == last or text[i + 1].isspace():
             continue
+        elif ch in _SILENT_MARKS and not (i > 0 and (text[i - 1] + text[i + 1]).isdigit()):
+            continue  # (a dash between digits is read: "1-800" as "one dash eight hundred")
         elif i > 0 and text[i - 1].isalnum() and text[i + 1].isalnum():
             weights = _INNER_MARK_LETTERS
         else:

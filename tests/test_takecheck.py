@@ -195,6 +195,34 @@ def test_clause_breaks_count_pauses_not_abbreviations_or_numbers() -> None:
     assert clause_breaks("你好，世界。再见") == 2
 
 
+def test_digits_are_expected_as_they_are_read(piper_engine: PiperEngine) -> None:
+    """A digit run is expected at the length of its English readings (digit by digit, as a
+    number, as a year), not at a guess per digit: the speed-1 takes of a spoken code and of a
+    phone number, under the addresses of other speeds, are caught; their own takes pass."""
+    quiet = {**piper_engine.default_params("joe"), "noise_scale": 0.0, "noise_w": 0.0}
+
+    def take(text: str, speed: float) -> TakeFacts:
+        (audio,) = piper_engine.synthesize_batch([SynthesisItem(text, "joe", speed, quiet)])
+        return TakeFacts(audio.pcm, audio.sample_rate, text, speed, VOICE)
+
+    checker = TakeChecker("signal")
+    for text in TEXTS:  # the voice's rate, learned from takes without digits
+        for speed in (0.5, 1.0):
+            facts = take(text, speed)
+            checker.accepted(facts, checker.check(facts))
+    for text, speeds in (
+        ("Your code is 4 8 1 5 2 6.", (0.5, 1.5)),
+        ("Call 1-800-555-0199.", (0.5,)),
+    ):
+        one = take(text, 1.0)
+        for speed in (1.0, *speeds):
+            own = take(text, speed)
+            assert checker.check(own).ok, (text, speed, checker.check(own))
+        for speed in speeds:
+            ignored = dataclasses.replace(one, speed=speed)
+            assert checker.check(ignored).reasons == ("speed_ignored",), (text, speed)
+
+
 def test_a_dropout_inside_speech_is_spliced(
     checker: TakeChecker, takes: dict[tuple[str, float], BenchTake]
 ) -> None:
