@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from cache.entry import CorruptEntry, Entry
 from gateway.cli.common import (
@@ -191,8 +192,6 @@ async def _tiers(settings: Settings) -> AsyncIterator[Any]:
 
 
 async def _audit(settings: Settings, args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from cache.tier import TierError
 
     tiers = [tier async for tier in _tiers(settings)]

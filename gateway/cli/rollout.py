@@ -10,6 +10,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from tqdm import tqdm
+
 from gateway.cli.common import EXIT_FAILED, add_setting_flags, command, run
 from gateway.runtime.settings import Settings
 
@@ -19,8 +21,6 @@ async def run_rollout(
 ) -> dict[str, Any]:
     """The rollout ``args`` ask for, with the models of ``settings`` (or ``engines``); its
     JSON report."""
-    from tqdm import tqdm
-
     from cache.pins import PinQuota
     from gateway.api.catalogue import Prompt, to_requests
     from gateway.runtime.components import open_pins, open_speech

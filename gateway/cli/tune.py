@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from gateway.cli.common import add_setting_flags, command, load_settings, quiet_logging
 from gateway.runtime.settings import CONFIG_ENV, Settings, SettingsError
 from gateway.runtime.topology import usable_cores
@@ -105,8 +107,6 @@ async def measure(
 
 async def tune(settings: Settings, seconds: float, max_processes: int | None) -> list[Measurement]:
     """Measure every split of every configured model, with a progress bar on stderr."""
-    from tqdm import tqdm
-
     from gateway.runtime.components import default_engine_specs
 
     models = list(await asyncio.to_thread(default_engine_specs, settings))

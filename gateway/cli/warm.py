@@ -7,13 +7,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from gateway.cli.common import add_setting_flags, command, report, run
 from gateway.runtime.settings import Settings
 
 
 async def _warm(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
-    from tqdm import tqdm
-
     from cache.pins import ANONYMOUS, PinQuota
     from gateway.api.catalogue import check_ids, read_catalogue, to_requests
     from gateway.runtime.components import open_pins, open_speech
