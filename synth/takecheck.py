@@ -255,6 +255,14 @@ _SYMBOL_LETTERS = (1.0, 4.0, 8.0)
 _WIDE_SYMBOL_LETTERS = (1.0, 4.0, 20.0)
 _INNER_MARK_LETTERS = (0.0, 1.0, 5.0)
 _SILENT_MARKS = frozenset("'-\u2019\u2010\u2011")
+# A letter standing alone is said by its name: "S" as "ess", "W" as "double u", "á" as "a
+# acute", "ß" as "sharp s", "Ω" as "omega" (not the English words "a" and "I", nor a letter of
+# the scripts whose every letter is a syllable, from Hangul on).
+_SPELLED_LETTERS = (1.0, 4.0, 10.0)
+# A voice of another language says a letter of those scripts by a name: "中" as "Chinese
+# letter", a rarer one as "letter 2 2 4 c 1".
+_NAMED_LETTERS = (1.0, 13.0, 30.0)
+_SYLLABIC = frozenset(("zh", "ja", "ko", "yue"))
 
 
 # English digit names, for a digit run read digit by digit ("0042" as "zero zero four two").
@@ -284,6 +292,12 @@ def _letters(words: str) -> int:
     return sum(ch.isalpha() for ch in words)
 
 
+def _alone(text: str, i: int) -> bool:
+    return (i == 0 or not text[i - 1].isalnum()) and (
+        i == len(text) - 1 or not text[i + 1].isalnum()
+    )
+
+
 def _spoken_range(text: str, language: str) -> tuple[float, float, float]:
     """How many plain letters ``text`` is said like (spaces not counted): least, likeliest and
     most, as its digits, marks and symbols may be read."""
@@ -304,6 +318,10 @@ def _spoken_range(text: str, language: str) -> tuple[float, float, float]:
             continue
         if ch.isalpha():
             weights: tuple[float, float, float] = (1.0, 1.0, 1.0)
+            if ord(ch) >= 0x1100 and lang not in _SYLLABIC:
+                weights = _NAMED_LETTERS
+            elif ord(ch) < 0x1100 and ch not in "aAI" and _alone(text, i):
+                weights = _SPELLED_LETTERS
         elif ch.isdigit():
             weights = per_digit
         elif ch in _READ_MARKS:
