@@ -255,13 +255,15 @@ _SYMBOL_LETTERS = (1.0, 4.0, 8.0)
 _WIDE_SYMBOL_LETTERS = (1.0, 4.0, 20.0)
 _INNER_MARK_LETTERS = (0.0, 1.0, 5.0)
 _SILENT_MARKS = frozenset("'-\u2019\u2010\u2011")
-# A letter standing alone is said by its name: "S" as "ess", "W" as "double u", "á" as "a
-# acute", "ß" as "sharp s", "Ω" as "omega" (not the English words "a" and "I", nor a letter of
-# the scripts whose every letter is a syllable, from Hangul on).
+# A letter said by its name (:func:`_spelled`): "S" as "ess", "W" as "double u", "á" as "a
+# acute", "ß" as "sharp s", "Ω" as "omega" (not a letter of the scripts whose every letter is a
+# syllable, from Hangul on).
 _SPELLED_LETTERS = (1.0, 4.0, 10.0)
 # A voice of another language says a letter of those scripts by a name: "中" as "Chinese
 # letter", a rarer one as "letter 2 2 4 c 1".
 _NAMED_LETTERS = (1.0, 13.0, 30.0)
+_LONE_MARK_LETTERS = (0.0, 4.0, 15.0)
+_TOKEN = re.compile(r"\S+")
 _SYLLABIC = frozenset(("zh", "ja", "ko", "yue"))
 
 
@@ -292,10 +294,24 @@ def _letters(words: str) -> int:
     return sum(ch.isalpha() for ch in words)
 
 
-def _alone(text: str, i: int) -> bool:
-    return (i == 0 or not text[i - 1].isalnum()) and (
-        i == len(text) - 1 or not text[i + 1].isalnum()
-    )
+def _spelled(text: str) -> tuple[set[int], set[int]]:
+    """Where ``text``'s letters are said by name, and its marks that stand alone: the letters of
+    a word of up to three letters and digits with a letter beyond ASCII or a digit in it
+    ("cÄ" as "see a umlaut", "é6"), or of one letter alone (but "a" and "I"); the marks of a
+    word of marks (a lone "!" is "exclamation mark")."""
+    letters: set[int] = set()
+    marks: set[int] = set()
+    for m in _TOKEN.finditer(text):
+        alnum = [c for c in m.group() if c.isalnum()]
+        if not alnum:
+            marks.update(range(m.start(), m.end()))
+        elif (len(alnum) == 1 and alnum[0] not in "aAI") or (
+            len(alnum) <= 3
+            and any(not c.isascii() or c.isdigit() for c in alnum)
+            and any(c.isalpha() for c in alnum)
+        ):
+            letters.update(i for i in range(m.start(), m.end()) if text[i].isalpha())
+    return letters, marks
 
 
 def _spoken_range(text: str, language: str) -> tuple[float, float, float]:
@@ -312,6 +328,7 @@ def _spoken_range(text: str, language: str) -> tuple[float, float, float]:
                 least, likeliest, most = _number_letters(m.group())
                 lo, mid, hi = lo + least, mid + likeliest, hi + most
                 read.update(range(m.start(), m.end()))
+    spelled, lone_marks = _spelled(text)
     last = len(text) - 1
     for i, ch in enumerate(text):
         if ch.isspace() or i in read:
@@ -320,7 +337,7 @@ def _spoken_range(text: str, language: str) -> tuple[float, float, float]:
             weights: tuple[float, float, float] = (1.0, 1.0, 1.0)
             if ord(ch) >= 0x1100 and lang not in _SYLLABIC:
                 weights = _NAMED_LETTERS
-            elif ord(ch) < 0x1100 and ch not in "aAI" and _alone(text, i):
+            elif ord(ch) < 0x1100 and i in spelled:
                 weights = _SPELLED_LETTERS
         elif ch.isdigit():
             weights = per_digit
@@ -328,6 +345,8 @@ def _spoken_range(text: str, language: str) -> tuple[float, float, float]:
             weights = _SYMBOL_LETTERS
         elif unicodedata.category(ch)[0] == "S":
             weights = _WIDE_SYMBOL_LETTERS
+        elif i in lone_marks:
+            weights = _LONE_MARK_LETTERS
         elif i == last or text[i + 1].isspace():
             continue
         elif ch in _SILENT_MARKS and not (i > 0 and (text[i - 1] + text[i + 1]).isdigit()):

@@ -226,12 +226,13 @@ def test_digits_are_expected_as_they_are_read(piper_engine: PiperEngine) -> None
 def test_a_letter_said_by_its_name_is_not_too_long(
     checker: TakeChecker, piper_engine: PiperEngine
 ) -> None:
-    """A letter on its own is said by its name ("S" as "ess", "á" as "a acute", "ß" as "sharp
-    s"), and an English voice says a Chinese character as "Chinese letter": such a take is not
+    """A letter on its own, or in a short word the voice cannot read, is said by its name ("S"
+    as "ess", "á" as "a acute", "cÄ" as "see a umlaut"), a lone "!" as "exclamation mark", and
+    an English voice says a Chinese character as "Chinese letter": such a take is not
     refused as too long, which would refuse every retake too (a 502 for that text every
     time)."""
     quiet = {**piper_engine.default_params("joe"), "noise_scale": 0.0, "noise_w": 0.0}
-    for text in ("S", "W.", "á", "ß", "Ω", "ñ.", "中", "\t\t𢓁"):
+    for text in ("S", "W.", "á", "ß", "Ω", "ñ.", "cÄ", "é6", "!", ";\n!\t\tá", "中", "\t\t𢓁"):
         for speed in (1.0, 0.37):
             (audio,) = piper_engine.synthesize_batch([SynthesisItem(text, "joe", speed, quiet)])
             facts = TakeFacts(audio.pcm, audio.sample_rate, text, speed, VOICE)
