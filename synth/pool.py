@@ -93,6 +93,15 @@ class LogSetup:
 # A worker's messages to the gateway: b"<kind>\n" + a JSON header, and for "ok" a newline and
 # the items' float32 samples back to back. The header lists each item's (samples, rate).
 _MAX_MESSAGE_CHARS = 500  # error texts from a worker are cut to this before they reach a client
+# The errors an "error" reply may name (by class name); any other kind reads as an EngineError.
+_ERRORS: dict[str, type[SynthesisError]] = {
+    e.__name__: e for e in (EngineDead, SynthesisTimeout, UnspeakableInput)
+}
+
+
+def reply_error(kind: str, message: str) -> SynthesisError:
+    """The error an "error" reply of ``kind`` stands for."""
+    return _ERRORS.get(kind, EngineError)(message)
 
 
 def reply_items(outputs: Sequence[Audio]) -> list[list[Any]]:
@@ -353,10 +362,7 @@ class _Worker:
             raise WorkerDied(f"synthesis worker {self.index} died") from exc
 
     def call(
-        self,
-        items: Sequence[SynthesisItem],
-        timeout_s: float,
-        clock: BatchClock | None = None,
+        self, items: Sequence[SynthesisItem], timeout_s: float, clock: BatchClock
     ) -> list[Audio]:
         """Run one batch (blocking). ``WorkerDied`` on death (or when the pipe broke under an
         earlier batch), ``TimeoutError`` past the bound, :class:`BadReply` for a reply that
@@ -378,8 +384,7 @@ class _Worker:
             if self.broken:
                 raise WorkerDied(f"synthesis worker {self.index} died under an earlier batch")
         clean = ok = False
-        if clock is not None:
-            clock.start()
+        clock.start()
         try:
             result = self._reply(items, timeout_s)
             clean = ok = True
@@ -392,8 +397,7 @@ class _Worker:
                 if not clean:
                     self.broken = True
                 self._order.notify_all()
-            if clock is not None:
-                clock.end(ok)
+            clock.end(ok)
         return result
 
     def _break(self) -> None:
@@ -421,12 +425,7 @@ class _Worker:
         if kind != "error":
             raise BadReply(f"unexpected {kind!r} message during a batch")
         kind, message, _ = value
-        error = {
-            "EngineDead": EngineDead,
-            "SynthesisTimeout": SynthesisTimeout,
-            "UnspeakableInput": UnspeakableInput,
-        }.get(kind, EngineError)
-        raise error(message)
+        raise reply_error(kind, message)
 
     def _close_pipe(self) -> None:
         with self._closing:
