@@ -381,7 +381,7 @@ class RequestRate:
     60 s than the provider allows) in ``shared`` storage (Redis: one budget for every replica)
     when given, else in this process. A call waits for a free slot up to its deadline.
 
-    A shared storage that fails is left for ``retry_shared_after_s`` and the window kept here
+    A shared storage that fails is left for 5 s and the window kept here
     meanwhile (looser, never off); counted in ``voxgate_upstream_rate_fallbacks_total``.
     """
 
@@ -393,7 +393,6 @@ class RequestRate:
         *,
         shared: Storage | None = None,
         timeout_s: float = 0.5,
-        retry_shared_after_s: float = 5.0,
     ) -> None:
         self.upstream = upstream
         self.metrics = metrics
@@ -402,7 +401,6 @@ class RequestRate:
         self._local = MovingWindowRateLimiter(MemoryStorage())
         self._shared = MovingWindowRateLimiter(shared) if shared is not None else None
         self.timeout_s = timeout_s
-        self.retry_shared_after_s = retry_shared_after_s
         self._shared_down_until = 0.0
 
     async def _try(self) -> tuple[bool, float]:
@@ -422,7 +420,7 @@ class RequestRate:
                     self.upstream,
                     type(exc).__name__,
                 )
-                self._shared_down_until = time.monotonic() + self.retry_shared_after_s
+                self._shared_down_until = time.monotonic() + 5.0
         if self._shared is not None:
             self.metrics.upstream_rate_fallbacks.labels(self.upstream).inc()
         if await self._local.hit(self.item, *ident):
@@ -499,7 +497,6 @@ class UpstreamRunner:
         *,
         breaker: Breaker | None = None,
         rate: RequestRate | None = None,
-        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.engine = engine
         self.config = engine.config
@@ -507,7 +504,6 @@ class UpstreamRunner:
         self.metrics = metrics
         self.breaker = breaker
         self.rate = rate
-        self._clock = clock
         self._slots = asyncio.Semaphore(self.config.max_concurrency)
         self._listed = frozenset(v.name for v in engine.voices())
         name = self.config.name
@@ -622,7 +618,7 @@ class UpstreamRunner:
                     f"{self.config.timeout_s:g}s",
                 )
             left = deadline - loop.time()
-            started = self._clock()
+            started = time.perf_counter()
             passed = [False]
             call_item = item
             if item.sink is not None:
@@ -673,7 +669,7 @@ class UpstreamRunner:
                 if exc.kind == "timeout" and earlier is not None:
                     raise self._error_of(earlier) from None
                 raise self._error_of(exc) from None
-            self._latency.observe(self._clock() - started)
+            self._latency.observe(time.perf_counter() - started)
             self._calls_ok.inc()
             self._billed.inc(len(item.text))
             if self.breaker is not None:
@@ -682,7 +678,7 @@ class UpstreamRunner:
 
     def _count_call(self, result: str, started: float) -> None:
         self.metrics.upstream_calls.labels(self.name, result).inc()
-        self._latency.observe(self._clock() - started)
+        self._latency.observe(time.perf_counter() - started)
 
     def _breaker_failed(self) -> None:
         if self.breaker is not None:
