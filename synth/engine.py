@@ -92,10 +92,6 @@ class EngineCapabilities:
     speech_marks: bool = False
 
 
-# A local engine that says plain text only, one item at a time.
-PLAIN = EngineCapabilities()
-
-
 @runtime_checkable
 class Engine(Protocol):
     """A speech synthesizer. All methods are synchronous: callers run them off the event loop.

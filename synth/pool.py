@@ -147,7 +147,8 @@ def decode_reply(data: bytes, expected_items: int) -> tuple[str, Any]:
         header = _json_object(data[kind_end + 1 : head_end])
         items = header.get("items")
         if not isinstance(items, list) or len(items) != expected_items:
-            raise BadReply(f"reply has {_count(items)} items for a batch of {expected_items}")
+            count = len(items) if isinstance(items, list) else "no"
+            raise BadReply(f"reply has {count} items for a batch of {expected_items}")
         # The items another request's synthesis made (the host's pool coalesced them).
         joined = header.get("joined", [])
         if not isinstance(joined, list):
@@ -210,10 +211,6 @@ def _json_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise BadReply("reply header is not a JSON object")
     return value
-
-
-def _count(items: object) -> str:
-    return str(len(items)) if isinstance(items, list) else "no"
 
 
 def _worker_main(
@@ -327,10 +324,6 @@ class _Worker:
         )
         self.process.start()
         child.close()  # only the child holds its end: its death then reads as EOF here
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid
 
     def wait_ready(self, timeout_s: float) -> None:
         """Block until the worker reports ready; raise if it fails or dies first."""
@@ -533,14 +526,10 @@ class WorkerPool:
         for _ in range(slots):
             self._idle.put_nowait(worker)
 
-    @property
-    def ready_workers(self) -> int:
-        """Workers alive and serving (idle or busy), excluding ones being replaced."""
-        return sum(1 for w in self._workers.values() if w.process.is_alive())
-
     def worker_pids(self) -> list[int]:
-        """PIDs of the live workers (for operators and tests)."""
-        return [w.pid for w in self._workers.values() if w.pid is not None and w.process.is_alive()]
+        """PIDs of the workers alive and serving (idle or busy; not ones being replaced)."""
+        procs = [w.process for w in self._workers.values()]
+        return [p.pid for p in procs if p.pid is not None and p.is_alive()]
 
     async def _spawn(self, index: int) -> _Worker:
         loop = asyncio.get_running_loop()
@@ -602,7 +591,10 @@ class WorkerPool:
         self._retiring.add(worker)
         self.metrics.worker_restarts.labels(self.model, reason).inc()
         log.warning(
-            "synthesis worker %d (pid %s) %s; replacing it", worker.index, worker.pid, reason
+            "synthesis worker %d (pid %s) %s; replacing it",
+            worker.index,
+            worker.process.pid,
+            reason,
         )
         task = asyncio.create_task(self._respawn(worker), name=f"respawn-{self.model}")
         self._replacing.add(task)
@@ -638,7 +630,7 @@ class WorkerPool:
                 return
             self._workers[old.index] = worker
             self._offer(worker, self.pipeline)
-            log.info("synthesis worker %d replaced (pid %s)", old.index, worker.pid)
+            log.info("synthesis worker %d replaced (pid %s)", old.index, worker.process.pid)
             return
 
     async def _acquire(self) -> _Worker:
