@@ -51,12 +51,7 @@ from synth.engine import (
     fingerprint_files,
 )
 from synth.errors import EngineError, UnspeakableInput
-from synth.exact_speed import (
-    RESCALED_DURATIONS,
-    SPEED_INPUT,
-    rescaled_durations,
-    rescaled_graph,
-)
+from synth.exact_speed import RESCALED_DURATIONS, rescaled_durations, rescaled_graph, vits_feeds
 from synth.onnx_layout import rewrite_file
 from synth.onnx_memory import ShrinkingSession
 from synth.onnx_quant import (
@@ -546,13 +541,7 @@ class CoquiEngine:
 
     def _onnx_feeds(self, item: SynthesisItem, names: set[str]) -> dict[str, np.ndarray[Any, Any]]:
         ids, sid, lid = self._ids(item)
-        noise, length, noise_dp = self._scales(item)
-        feeds: dict[str, Any] = {
-            "input": np.asarray([ids], dtype=np.int64),
-            "input_lengths": np.asarray([len(ids)], dtype=np.int64),
-            "scales": np.asarray([noise, length, noise_dp], dtype=np.float32),
-            SPEED_INPUT: np.asarray([item.speed], dtype=np.float32),
-        }
+        feeds = vits_feeds(ids, self._scales(item), item.speed)
         if "sid" in names:
             feeds["sid"] = np.asarray([sid or 0], dtype=np.int64)
         if "langid" in names:

@@ -23,7 +23,7 @@ from synth.engine import (
     fingerprint_files,
 )
 from synth.errors import EngineError, UnspeakableInput
-from synth.exact_speed import SPEED_INPUT, rescaled_graph
+from synth.exact_speed import rescaled_graph, vits_feeds
 from synth.onnx_memory import TRIM_AFTER_AUDIO_S, ShrinkingSession, release_freed_memory
 from synth.onnx_quant import CALIBRATION_TEXTS, PRECISIONS, derived_int8, int8_fingerprint
 
@@ -181,19 +181,14 @@ class PiperEngine:
     def _int8_model(self, files: PiperVoiceFiles, phonemizer: Any) -> Path:
         """The voice's int8 graph, derived once into ``derived_dir`` (keyed by its files)."""
         inference = self._configs[files.name].get("inference", {})
-        scales = np.asarray([0.0, float(inference.get("length_scale", 1.0)), 0.0], dtype=np.float32)
+        scales = [0.0, float(inference.get("length_scale", 1.0)), 0.0]
         speakers = int(self._configs[files.name].get("num_speakers", 1))
 
         def feeds() -> list[dict[str, np.ndarray[Any, Any]]]:
             out = []
             for text in CALIBRATION_TEXTS:
                 for sentence in phonemizer.phonemize(text):
-                    ids = phonemizer.phonemes_to_ids(sentence)
-                    feed: dict[str, np.ndarray[Any, Any]] = {
-                        "input": np.asarray([ids], dtype=np.int64),
-                        "input_lengths": np.asarray([len(ids)], dtype=np.int64),
-                        "scales": scales,
-                    }
+                    feed = vits_feeds(phonemizer.phonemes_to_ids(sentence), scales)
                     if speakers > 1:
                         feed["sid"] = np.asarray([0], dtype=np.int64)
                     out.append(feed)
@@ -317,14 +312,8 @@ def _run_graph(
     """Audio of phoneme ``ids`` and, when ``aligned``, the samples of each id:
     ``PiperVoice.phoneme_ids_to_audio``'s feeds and outputs (its speaker rules included) plus
     the speed input of the rewritten graph."""
-    feeds: dict[str, Any] = {
-        "input": np.asarray([ids], dtype=np.int64),
-        "input_lengths": np.asarray([len(ids)], dtype=np.int64),
-        "scales": np.asarray(
-            [config.noise_scale, config.length_scale, config.noise_w_scale], dtype=np.float32
-        ),
-        SPEED_INPUT: np.asarray([speed], dtype=np.float32),
-    }
+    scales = [config.noise_scale, config.length_scale, config.noise_w_scale]
+    feeds = vits_feeds(ids, scales, speed)
     speaker = config.speaker_id
     if voice.config.num_speakers > 1:
         feeds["sid"] = np.asarray(
