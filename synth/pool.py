@@ -104,15 +104,14 @@ def reply_error(kind: str, message: str) -> SynthesisError:
     return _ERRORS.get(kind, EngineError)(message)
 
 
-def reply_items(outputs: Sequence[Audio]) -> list[list[Any]]:
-    """The header of each item of an "ok" reply: ``[samples, rate]``, and the word timings
-    third when the engine gave them (:mod:`synth.alignment`)."""
-    return [
-        [len(a.pcm), a.sample_rate]
-        if a.words is None
-        else [len(a.pcm), a.sample_rate, timings_to_json(a.words)]
+def encode_ok(outputs: Sequence[Audio], **header: Any) -> bytes:
+    """The "ok" reply of ``outputs`` (``header`` adds fields): each item is ``[samples, rate]``
+    in its header, and the word timings third when the engine gave them (:mod:`synth.alignment`)."""
+    items = [
+        [len(a.pcm), a.sample_rate, *([] if a.words is None else [timings_to_json(a.words)])]
         for a in outputs
     ]
+    return encode_reply("ok", {"items": items, **header}, [a.pcm for a in outputs])
 
 
 def encode_reply(kind: str, header: Mapping[str, Any], pcm: Sequence[Any] = ()) -> bytes:
@@ -245,12 +244,7 @@ def _worker_main(
         except (EOFError, OSError):
             return  # the gateway closed the pipe: shut down
         try:
-            outputs = engine.synthesize_batch(items)
-            reply = encode_reply(
-                "ok",
-                {"items": reply_items(outputs)},
-                [a.pcm for a in outputs],
-            )
+            reply = encode_ok(engine.synthesize_batch(items))
         except SynthesisError as exc:
             reply = encode_reply("error", {"kind": type(exc).__name__, "message": str(exc)})
         except Exception as exc:  # an engine bug fails this batch, not the worker

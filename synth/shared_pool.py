@@ -65,7 +65,7 @@ from synth.errors import (
     UpstreamError,
 )
 from synth.pieces import Pieces
-from synth.pool import BadReply, decode_reply, encode_reply, reply_error, reply_items
+from synth.pool import BadReply, decode_reply, encode_ok, encode_reply, reply_error
 from synth.scheduler import Scheduler
 
 log = logging.getLogger("voxgate.synth.shared_pool")
@@ -287,10 +287,7 @@ class PoolServer:
             log.exception("shared pool request failed model=%s", model)
             message = f"synthesis failed: {type(exc).__name__}"
             return encode_reply("error", {"kind": "EngineError", "message": message})
-        joined = [i for i, a in enumerate(audios) if a.joined]
-        return encode_reply(
-            "ok", {"items": reply_items(audios), "joined": joined}, [a.pcm for a in audios]
-        )
+        return encode_ok(audios, joined=[i for i, a in enumerate(audios) if a.joined])
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One gateway process's connection: requests in, replies out, until it closes."""
