@@ -32,7 +32,7 @@ import os
 import random
 import time
 import tomllib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 from urllib.parse import urlsplit, urlunsplit
@@ -603,6 +603,18 @@ class UpstreamRunner:
         # The failure that made the last retry happen: when a retry then runs out of time, the
         # caller hears that (the provider was unreachable), not the deadline our retries hit.
         earlier: ProviderError | None = None
+        # Pieces of the answer went to a stream already: a retry would say them twice.
+        passed = False
+        call_item = item
+        if item.sink is not None:
+            sink = item.sink
+
+            def passing(data: bytes) -> None:
+                nonlocal passed
+                passed = True
+                sink(data)
+
+            call_item = dataclasses.replace(item, sink=passing)
         while True:
             if self.breaker is not None and not self.breaker.allow():
                 raise self._fail(
@@ -619,20 +631,6 @@ class UpstreamRunner:
                 )
             left = deadline - loop.time()
             started = time.perf_counter()
-            passed = [False]
-            call_item = item
-            if item.sink is not None:
-                sink = item.sink
-
-                def passing(
-                    data: bytes,
-                    sink: Callable[[bytes], None] = sink,
-                    passed: list[bool] = passed,
-                ) -> None:
-                    passed[0] = True
-                    sink(data)
-
-                call_item = dataclasses.replace(item, sink=passing)
             try:
                 async with asyncio.timeout_at(deadline):
                     audio = await self.provider.synthesize(call_item, left)
@@ -647,8 +645,7 @@ class UpstreamRunner:
             except ProviderError as exc:
                 if exc.sent:
                     self._count_call(exc.kind, started)
-                # Pieces of this answer went to a stream already: a retry would say it twice.
-                delay = None if passed[0] else self._retry_delay(exc, attempt)
+                delay = None if passed else self._retry_delay(exc, attempt)
                 if delay is not None and loop.time() + delay < deadline:
                     attempt += 1
                     earlier = exc
