@@ -197,12 +197,8 @@ class CoquiEngine:
             self._config.get("language_ids_file") or args.get("language_ids_file")
         ) or list(self._config.get("languages", []) or [])
         multilingual = bool(args.get("use_language_embedding")) and len(languages) > 1
-        if not speakers:
-            speakers_opt: list[str | None] = [None]
-        else:
-            speakers_opt = list(speakers)
         out: dict[str, tuple[str | None, str | None]] = {}
-        for spk in speakers_opt:
+        for spk in speakers if speakers else [None]:
             if multilingual:
                 for lang in languages:
                     out[f"{spk or DEFAULT_VOICE}@{lang}"] = (spk, lang)
@@ -514,19 +510,14 @@ class CoquiEngine:
         """Each id's symbol: None for the interspersed blank, "" for BOS/EOS/pad."""
         characters = self._synth.tts_model.tokenizer.characters
         blank = characters.blank_id if characters.blank else None
-        silent = {getattr(characters, name, None) for name in ("bos_id", "eos_id", "pad_id")} - {
+        silent = {getattr(characters, n, None) for n in ("bos_id", "eos_id", "pad_id")} - {
             None,
             blank,
         }
-        out: list[str | None] = []
-        for i in ids:
-            if i == blank:
-                out.append(None)
-            elif i in silent:
-                out.append("")
-            else:
-                out.append(str(characters.id_to_char(i)))
-        return out
+        return [
+            None if i == blank else "" if i in silent else str(characters.id_to_char(i))
+            for i in ids
+        ]
 
     def _tokens_of(self, word: str) -> list[str]:
         """The model's symbols for ``word`` said alone (its cleaner and phonemizer run)."""

@@ -279,10 +279,8 @@ class PoolServer:
         except UpstreamError as exc:
             return encode_reply("error", exc.to_wire())
         except SynthesisError as exc:
-            header: dict[str, Any] = {"kind": type(exc).__name__, "message": str(exc)}
-            if isinstance(exc, Overloaded):
-                header["kind"] = "Overloaded"
-            return encode_reply("error", header)
+            kind = "Overloaded" if isinstance(exc, Overloaded) else type(exc).__name__
+            return encode_reply("error", {"kind": kind, "message": str(exc)})
         except Exception as exc:  # anything unforeseen fails this request, not the pool
             log.exception("shared pool request failed model=%s", model)
             message = f"synthesis failed: {type(exc).__name__}"
