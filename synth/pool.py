@@ -50,6 +50,7 @@ from synth.errors import (
     SynthesisTimeout,
     UnspeakableInput,
 )
+from synth.scheduler import BatchClock
 
 log = logging.getLogger("voxgate.synth.pool")
 
@@ -256,29 +257,6 @@ def _worker_main(
 
 class WorkerDied(Exception):
     """The worker process ended while it held a batch (internal: triggers the retry)."""
-
-
-class BatchClock:
-    """The engine-side figures of one batch, told from the pool thread that reads its reply: the
-    busy-workers gauge while it runs, and its time when it succeeded. (The scheduler's own clock
-    would count the time a pipelined batch waits in the pipe behind another.)"""
-
-    def __init__(self, metrics: Metrics, model: str) -> None:
-        self.metrics = metrics
-        self.model = model
-        self.started = 0.0
-
-    def start(self) -> None:
-        self.started = time.perf_counter()
-        self.metrics.busy_workers.labels(self.model).inc()
-
-    def end(self, ok: bool) -> None:
-        m = self.metrics
-        m.busy_workers.labels(self.model).dec()
-        if ok:
-            elapsed = time.perf_counter() - self.started
-            m.synthesis_seconds.labels(self.model).observe(elapsed)
-            m.synthesis_busy_seconds.labels(self.model).inc(elapsed)
 
 
 class _Worker:
