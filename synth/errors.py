@@ -118,11 +118,8 @@ class UpstreamError(SynthesisError):
     @classmethod
     def from_wire(cls, message: str, header: dict[str, object]) -> UpstreamError:
         """The error :meth:`to_wire` sent; values of the wrong type fall back to a 502."""
-        upstream = header.get("upstream")
-        kind = header.get("upstream_kind")
-        status = header.get("status")
-        retry = header.get("retry_after_s")
-        reason = header.get("reason")
+        fields = ("upstream", "upstream_kind", "status", "retry_after_s", "reason")
+        upstream, kind, status, retry, reason = (header.get(k) for k in fields)
         return cls(
             message,
             upstream=upstream if isinstance(upstream, str) else "",

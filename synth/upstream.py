@@ -261,8 +261,7 @@ def load_upstreams(path: str | Path) -> list[UpstreamConfig]:
     unreadable TOML, an unknown key, a bad value, two entries of one name.
     """
     try:
-        raw = Path(path).read_bytes()
-        data = tomllib.loads(raw.decode())
+        data = tomllib.loads(Path(path).read_bytes().decode())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ValueError(f"upstreams file {path}: {exc}") from exc
     try:
