@@ -29,6 +29,7 @@ speakers; a multilingual one serves ``speaker@language`` pairs.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import json
 import logging
@@ -165,7 +166,7 @@ class CoquiEngine:
         self._exact_batches = False
         # The ONNX graph's output holding each id's frames (its durations' Ceil), when found.
         self._onnx_durations: str | None = None
-        self._word_tokens: dict[str, list[str]] = {}
+        self._tokens_of = functools.lru_cache(WORD_TOKENS_MEMO)(self._tokens_alone)
         # The model's noise/length scales are attributes set per batch: one batch at a time.
         self._lock = threading.Lock()
 
@@ -519,16 +520,9 @@ class CoquiEngine:
             for i in ids
         ]
 
-    def _tokens_of(self, word: str) -> list[str]:
+    def _tokens_alone(self, word: str) -> list[str]:
         """The model's symbols for ``word`` said alone (its cleaner and phonemizer run)."""
-        known = self._word_tokens.get(word)
-        if known is None:
-            ids = self._synth.tts_model.tokenizer.text_to_ids(word)
-            known = [s for s in self._symbols(ids) if s]
-            if len(self._word_tokens) >= WORD_TOKENS_MEMO:
-                self._word_tokens.clear()
-            self._word_tokens[word] = known
-        return known
+        return [s for s in self._symbols(self._synth.tts_model.tokenizer.text_to_ids(word)) if s]
 
     def _onnx_feeds(self, item: SynthesisItem, names: set[str]) -> dict[str, np.ndarray[Any, Any]]:
         ids, sid, lid = self._ids(item)

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,7 +112,7 @@ class PiperEngine:
         # Voices whose graph gives phoneme durations (a graph without the Ceil node gives none).
         self._aligned: set[str] = set()
         self._configs: dict[str, dict[str, Any]] = {}
-        self._word_phonemes: dict[tuple[str, str], list[str]] = {}
+        self._word_phonemes = functools.lru_cache(WORD_PHONEMES_MEMO)(self._phonemes_alone)
         for v in voices:
             for p in (v.model_path, v.config_path):
                 if not p.is_file():
@@ -239,20 +240,16 @@ class PiperEngine:
             release_freed_memory()
         words: tuple[WordTiming, ...] | None = None
         if aligned:
-
-            def phonemes_of(word: str) -> list[str]:
-                if ipa:
-                    return list(word)
-                known = self._word_phonemes.get((item.voice, word))
-                if known is None:
-                    known = [p for sentence in voice.phonemize(word) for p in sentence]
-                    if len(self._word_phonemes) >= WORD_PHONEMES_MEMO:
-                        self._word_phonemes.clear()
-                    self._word_phonemes[(item.voice, word)] = known
-                return known
-
+            # A word's phonemes said alone; IPA is its own, one per code point.
+            phonemes_of: Callable[[str], Sequence[str]] = (
+                list if ipa else functools.partial(self._word_phonemes, item.voice)
+            )
             words = align_words(item.text, stream, phonemes_of)
         return Audio(pcm, self.sample_rate, words)
+
+    def _phonemes_alone(self, voice: str, word: str) -> list[str]:
+        """``word``'s phonemes said alone by ``voice`` (for the speech marks)."""
+        return [p for sentence in self._voices[voice].phonemize(word) for p in sentence]
 
     @staticmethod
     def _ipa(voice: Any, ipa: str) -> list[str]:
