@@ -107,7 +107,6 @@ class Engine(Protocol):
     @property
     def capabilities(self) -> EngineCapabilities:
         """What it can do (may change when an upstream's file is reloaded: read it per use)."""
-        ...
 
     def voices(self) -> Sequence[VoiceInfo]: ...
 

@@ -45,15 +45,12 @@ class ClientShares(Protocol):
 
     def take(self, client: str, limit: int) -> bool:
         """Count one more item waiting for ``client`` if fewer than ``limit`` wait (True)."""
-        ...
 
     def give(self, client: str) -> None:
         """One item of ``client`` counted by :meth:`take` no longer waits."""
-        ...
 
     def waiting_for(self, client: str) -> int:
         """Items waiting for ``client``."""
-        ...
 
 
 class LocalShares:
