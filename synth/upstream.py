@@ -53,7 +53,7 @@ from redis.exceptions import RedisError
 
 from metrics import Metrics
 from synth.engine import Audio, EngineCapabilities, ParamValue, SynthesisItem, VoiceInfo
-from synth.errors import EngineError, UpstreamError
+from synth.errors import UPSTREAM_ERROR_KINDS, EngineError, UpstreamError
 from synth.providers import SPECS
 from synth.providers.base import VOICE_ID, Provider, ProviderError, ProviderSpec
 
@@ -451,18 +451,6 @@ class RequestRate:
 
 # ---- the runner ---------------------------------------------------------------------------------
 
-# The HTTP status a caller gets for each kind of failure (see synth.errors).
-_STATUS = {
-    "rate_limited": 503,
-    "server": 502,
-    "timeout": 503,
-    "connection": 503,
-    "auth": 502,
-    "refused": 400,
-    "bad_reply": 502,
-    "breaker_open": 503,
-    "rate_wait": 503,
-}
 # What a caller is told of a provider's failure, by its kind.
 _TOLD = {
     "refused": "upstream {name!r} refused the request: {message}",
@@ -556,7 +544,7 @@ class UpstreamRunner:
         self, kind: str, message: str, retry_after_s: float | None = None, reason: str = ""
     ) -> UpstreamError:
         self.metrics.upstream_errors.labels(self.name, kind).inc()
-        status = _STATUS[kind]
+        status = UPSTREAM_ERROR_KINDS[kind]
         if status >= 500 and retry_after_s is None:
             retry_after_s = 1.0
         return UpstreamError(
