@@ -163,7 +163,6 @@ class CoquiEngine:
         self._synth: Any = None
         self._onnx: Any = None
         self._quantized_layers = 0
-        self._exact_batches = False
         # The ONNX graph's output holding each id's frames (its durations' Ceil), when found.
         self._onnx_durations: str | None = None
         self._tokens_of = functools.lru_cache(WORD_TOKENS_MEMO)(self._tokens_alone)
