@@ -609,11 +609,9 @@ class WorkerPool:
         """An idle live worker; a dead one found idle is replaced and skipped."""
         deadline = time.monotonic() + self.batch_timeout_s
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise EngineDead("no synthesis worker became available")
             try:
-                worker = await asyncio.wait_for(self._idle.get(), remaining)
+                # (A deadline passed already makes wait_for time out at once.)
+                worker = await asyncio.wait_for(self._idle.get(), deadline - time.monotonic())
             except TimeoutError:
                 raise EngineDead("no synthesis worker became available") from None
             if worker.replaced:

@@ -295,8 +295,7 @@ class Scheduler:
             else:
                 keep.append(p)
         keep.extend(self._queue)
-        self._queue.clear()
-        self._queue.extend(keep)
+        self._queue = keep
         return taken
 
     async def _loop(self) -> None:
