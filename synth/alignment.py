@@ -127,9 +127,9 @@ def word_spans(text: str) -> list[tuple[int, int]]:
     spans = []
     for match in _TOKEN.finditer(text):
         start, end = match.span()
-        while start < end and _is_punct(text[start]):
+        while start < end and text[start] in _AROUND:
             start += 1
-        while end > start and _is_punct(text[end - 1]):
+        while end > start and text[end - 1] in _AROUND:
             end -= 1
         if start < end:
             spans.append((start, end))
@@ -140,10 +140,6 @@ def word_spans(text: str) -> list[tuple[int, int]]:
 _AROUND = frozenset(
     ".,;:!?\"'()[]{}<>\u00ab\u00bb\u201c\u201d\u2018\u2019\u2026\u2014\u2013-\u00bf\u00a1*_"
 )
-
-
-def _is_punct(ch: str) -> bool:
-    return ch in _AROUND
 
 
 def align_words(

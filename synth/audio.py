@@ -253,28 +253,6 @@ _UNKNOWN_SIZE = 0xFFFFFFFF
 _WAV_TAGS = {"PCM_16": (1, 16), "ULAW": (7, 8), "ALAW": (6, 8)}
 
 
-def stream_header(fmt: AudioFormat, sample_rate: int) -> bytes:
-    """Bytes that open a stream of ``fmt`` (a streaming WAV header; nothing for raw or framed
-    codecs, whose chunks carry their own framing)."""
-    if fmt.container != "WAV":
-        return b""
-    tag, bits = _WAV_TAGS[fmt.subtype]
-    block = bits // 8
-    fmt_body = struct.pack("<HHIIHH", tag, 1, sample_rate, sample_rate * block, block, bits)
-    if tag != 1:
-        fmt_body += struct.pack("<H", 0)  # cbSize: non-PCM fmt chunks carry it
-    return (
-        b"RIFF"
-        + struct.pack("<I", _UNKNOWN_SIZE)
-        + b"WAVE"
-        + b"fmt "
-        + struct.pack("<I", len(fmt_body))
-        + fmt_body
-        + b"data"
-        + struct.pack("<I", _UNKNOWN_SIZE)
-    )
-
-
 # Bit rates (CBR), the same for whole files and streams: MP3 by output rate (MPEG-2/2.5 below
 # 32 kHz); AAC-LC mono at 64 kbps. For speech they come within a few percent of the VBR files
 # libsndfile wrote before (22.05 kHz: 46.8 vs 45.5 KB for 5.8 s), and CBR keeps a stream's rate
@@ -394,7 +372,7 @@ def _encode_g722(pcm: FloatPCM, sample_rate: int) -> bytes:
 class StreamEncoder:
     """Encodes one streamed response, sentence by sentence, as the sentences arrive.
 
-    WAV and raw formats become bare samples (after :func:`stream_header`). MP3 and AAC go through
+    WAV and raw formats become bare samples (after :meth:`header`). MP3 and AAC go through
     ONE :class:`CodecWriter` for the whole stream (the same path as whole files): encoding each
     sentence on its own (as an earlier version did) put an encoder delay and a padded last frame
     at every sentence join, about 70 ms (MP3) and 45 ms (AAC) of extra silence each. Samples
@@ -418,8 +396,17 @@ class StreamEncoder:
         self._resampler: soxr.ResampleStream | None = None
 
     def header(self) -> bytes:
-        """The bytes that open the stream (a streaming WAV header, or nothing)."""
-        return stream_header(self.fmt, self.rate)
+        """The bytes that open the stream: a streaming WAV header; nothing for raw or framed
+        codecs, whose chunks carry their own framing."""
+        if self.fmt.container != "WAV":
+            return b""
+        tag, bits = _WAV_TAGS[self.fmt.subtype]
+        block = bits // 8
+        fmt_body = struct.pack("<HHIIHH", tag, 1, self.rate, self.rate * block, block, bits)
+        if tag != 1:
+            fmt_body += struct.pack("<H", 0)  # cbSize: non-PCM fmt chunks carry it
+        riff = struct.pack("<4sI8sI", b"RIFF", _UNKNOWN_SIZE, b"WAVEfmt ", len(fmt_body))
+        return riff + fmt_body + struct.pack("<4sI", b"data", _UNKNOWN_SIZE)
 
     def encode(self, pcm: FloatPCM, src_rate: int) -> bytes:
         """The stream's next bytes for ``pcm`` (resampled to the stream's rate; every call of
@@ -434,12 +421,8 @@ class StreamEncoder:
 
     def _encode(self, out: FloatPCM) -> bytes:
         if self._codec is None:
-            if self.fmt.container == "WAV":
-                raw = (
-                    FORMATS["pcm"] if self.fmt.subtype == "PCM_16" else _RAW_G711[self.fmt.subtype]
-                )
-                return encode(out, self.rate, raw)
-            return encode(out, self.rate, self.fmt)
+            raw = _RAW_OF_WAV[self.fmt.subtype] if self.fmt.container == "WAV" else self.fmt
+            return encode(out, self.rate, raw)
         return self._codec.encode(out)
 
     def finish(self) -> bytes:
@@ -453,4 +436,5 @@ class StreamEncoder:
         return tail + self._codec.finish()
 
 
-_RAW_G711 = {"ULAW": FORMATS["ulaw"], "ALAW": FORMATS["alaw-raw"]}
+# A streamed WAV's samples: the headerless format of its subtype.
+_RAW_OF_WAV = {"PCM_16": FORMATS["pcm"], "ULAW": FORMATS["ulaw"], "ALAW": FORMATS["alaw-raw"]}

@@ -29,6 +29,7 @@ speakers; a multilingual one serves ``speaker@language`` pairs.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import json
 import logging
@@ -51,12 +52,7 @@ from synth.engine import (
     fingerprint_files,
 )
 from synth.errors import EngineError, UnspeakableInput
-from synth.exact_speed import (
-    RESCALED_DURATIONS,
-    SPEED_INPUT,
-    rescaled_durations,
-    rescaled_graph,
-)
+from synth.exact_speed import RESCALED_DURATIONS, rescaled_durations, rescaled_graph, vits_feeds
 from synth.onnx_layout import rewrite_file
 from synth.onnx_memory import ShrinkingSession
 from synth.onnx_quant import (
@@ -167,10 +163,9 @@ class CoquiEngine:
         self._synth: Any = None
         self._onnx: Any = None
         self._quantized_layers = 0
-        self._exact_batches = False
         # The ONNX graph's output holding each id's frames (its durations' Ceil), when found.
         self._onnx_durations: str | None = None
-        self._word_tokens: dict[str, list[str]] = {}
+        self._tokens_of = functools.lru_cache(WORD_TOKENS_MEMO)(self._tokens_alone)
         # The model's noise/length scales are attributes set per batch: one batch at a time.
         self._lock = threading.Lock()
 
@@ -202,12 +197,8 @@ class CoquiEngine:
             self._config.get("language_ids_file") or args.get("language_ids_file")
         ) or list(self._config.get("languages", []) or [])
         multilingual = bool(args.get("use_language_embedding")) and len(languages) > 1
-        if not speakers:
-            speakers_opt: list[str | None] = [None]
-        else:
-            speakers_opt = list(speakers)
         out: dict[str, tuple[str | None, str | None]] = {}
-        for spk in speakers_opt:
+        for spk in speakers if speakers else [None]:
             if multilingual:
                 for lang in languages:
                     out[f"{spk or DEFAULT_VOICE}@{lang}"] = (spk, lang)
@@ -519,40 +510,22 @@ class CoquiEngine:
         """Each id's symbol: None for the interspersed blank, "" for BOS/EOS/pad."""
         characters = self._synth.tts_model.tokenizer.characters
         blank = characters.blank_id if characters.blank else None
-        silent = {getattr(characters, name, None) for name in ("bos_id", "eos_id", "pad_id")} - {
+        silent = {getattr(characters, n, None) for n in ("bos_id", "eos_id", "pad_id")} - {
             None,
             blank,
         }
-        out: list[str | None] = []
-        for i in ids:
-            if i == blank:
-                out.append(None)
-            elif i in silent:
-                out.append("")
-            else:
-                out.append(str(characters.id_to_char(i)))
-        return out
+        return [
+            None if i == blank else "" if i in silent else str(characters.id_to_char(i))
+            for i in ids
+        ]
 
-    def _tokens_of(self, word: str) -> list[str]:
+    def _tokens_alone(self, word: str) -> list[str]:
         """The model's symbols for ``word`` said alone (its cleaner and phonemizer run)."""
-        known = self._word_tokens.get(word)
-        if known is None:
-            ids = self._synth.tts_model.tokenizer.text_to_ids(word)
-            known = [s for s in self._symbols(ids) if s]
-            if len(self._word_tokens) >= WORD_TOKENS_MEMO:
-                self._word_tokens.clear()
-            self._word_tokens[word] = known
-        return known
+        return [s for s in self._symbols(self._synth.tts_model.tokenizer.text_to_ids(word)) if s]
 
     def _onnx_feeds(self, item: SynthesisItem, names: set[str]) -> dict[str, np.ndarray[Any, Any]]:
         ids, sid, lid = self._ids(item)
-        noise, length, noise_dp = self._scales(item)
-        feeds: dict[str, Any] = {
-            "input": np.asarray([ids], dtype=np.int64),
-            "input_lengths": np.asarray([len(ids)], dtype=np.int64),
-            "scales": np.asarray([noise, length, noise_dp], dtype=np.float32),
-            SPEED_INPUT: np.asarray([item.speed], dtype=np.float32),
-        }
+        feeds = vits_feeds(ids, self._scales(item), item.speed)
         if "sid" in names:
             feeds["sid"] = np.asarray([sid or 0], dtype=np.int64)
         if "langid" in names:

@@ -92,10 +92,6 @@ class EngineCapabilities:
     speech_marks: bool = False
 
 
-# A local engine that says plain text only, one item at a time.
-PLAIN = EngineCapabilities()
-
-
 @runtime_checkable
 class Engine(Protocol):
     """A speech synthesizer. All methods are synchronous: callers run them off the event loop.
@@ -111,7 +107,6 @@ class Engine(Protocol):
     @property
     def capabilities(self) -> EngineCapabilities:
         """What it can do (may change when an upstream's file is reloaded: read it per use)."""
-        ...
 
     def voices(self) -> Sequence[VoiceInfo]: ...
 

@@ -64,18 +64,19 @@ class TakeRejected(SynthesisError):
 
 
 # The kinds of upstream failure, a bounded set: the ``kind`` label of
-# ``voxgate_upstream_errors_total`` and of the calls that failed.
-UPSTREAM_ERROR_KINDS = (
-    "rate_limited",  # the provider said 429 and no retry fitted within timeout_s
-    "server",  # 5xx after the retries
-    "timeout",  # no answer within timeout_s
-    "connection",  # refused, reset, DNS: the provider could not be reached
-    "auth",  # 401/403: our key is wrong (not the caller's fault)
-    "refused",  # 4xx the caller caused: a bad voice, text the provider will not say
-    "bad_reply",  # an answer that is not audio, or too large
-    "breaker_open",  # not asked: the provider failed repeatedly and its breaker is open
-    "rate_wait",  # not asked: no slot of requests_per_minute free within timeout_s
-)
+# ``voxgate_upstream_errors_total`` and of the calls that failed; each with the HTTP status a
+# caller gets for it.
+UPSTREAM_ERROR_KINDS = {
+    "rate_limited": 503,  # the provider said 429 and no retry fitted within timeout_s
+    "server": 502,  # 5xx after the retries
+    "timeout": 503,  # no answer within timeout_s
+    "connection": 503,  # refused, reset, DNS: the provider could not be reached
+    "auth": 502,  # 401/403: our key is wrong (not the caller's fault)
+    "refused": 400,  # 4xx the caller caused: a bad voice, text the provider will not say
+    "bad_reply": 502,  # an answer that is not audio, or too large
+    "breaker_open": 503,  # not asked: the provider failed repeatedly and its breaker is open
+    "rate_wait": 503,  # not asked: no slot of requests_per_minute free within timeout_s
+}
 
 
 class UpstreamError(SynthesisError):
@@ -118,15 +119,12 @@ class UpstreamError(SynthesisError):
     @classmethod
     def from_wire(cls, message: str, header: dict[str, object]) -> UpstreamError:
         """The error :meth:`to_wire` sent; values of the wrong type fall back to a 502."""
-        upstream = header.get("upstream")
-        kind = header.get("upstream_kind")
-        status = header.get("status")
-        retry = header.get("retry_after_s")
-        reason = header.get("reason")
+        fields = ("upstream", "upstream_kind", "status", "retry_after_s", "reason")
+        upstream, kind, status, retry, reason = (header.get(k) for k in fields)
         return cls(
             message,
             upstream=upstream if isinstance(upstream, str) else "",
-            kind=kind if kind in UPSTREAM_ERROR_KINDS and isinstance(kind, str) else "server",
+            kind=kind if isinstance(kind, str) and kind in UPSTREAM_ERROR_KINDS else "server",
             status=status if type(status) is int and 400 <= status <= 599 else 502,
             retry_after_s=float(retry) if isinstance(retry, int | float) and retry >= 0 else None,
             reason=reason if isinstance(reason, str) and reason in REASONS else "",

@@ -23,8 +23,10 @@ torch tensor (Coqui eager).
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
+
+import numpy as np
 
 # What the wire-format readers take: bytes, or views of a model's bytes.
 Buffer = bytes | memoryview
@@ -227,3 +229,18 @@ def rescaled_durations(frames: Any, speed: float) -> Any:
 
     total = torch.cumsum(frames, dim=-1)
     return torch.round(total / speed) - torch.round((total - frames) / speed)
+
+
+def vits_feeds(
+    ids: Sequence[int], scales: Sequence[float], speed: float | None = None
+) -> dict[str, np.ndarray[Any, Any]]:
+    """The inputs of a VITS graph (Piper's, Coqui's export) for one item: its phoneme ``ids``,
+    ``scales`` (noise, length, duration noise) and, for a rewritten graph, its ``speed``."""
+    feeds: dict[str, np.ndarray[Any, Any]] = {
+        "input": np.asarray([ids], dtype=np.int64),
+        "input_lengths": np.asarray([len(ids)], dtype=np.int64),
+        "scales": np.asarray(scales, dtype=np.float32),
+    }
+    if speed is not None:
+        feeds[SPEED_INPUT] = np.asarray([speed], dtype=np.float32)
+    return feeds

@@ -37,15 +37,6 @@ TRIM_AFTER_AUDIO_S = 10.0
 KEEP_ARENA_IDS = 256
 
 
-def shrinking_run_options() -> Any:
-    """``onnxruntime.RunOptions`` that return the CPU arena's free blocks at the end of a run."""
-    import onnxruntime
-
-    options = onnxruntime.RunOptions()
-    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
-    return options
-
-
 class ShrinkingSession:
     """An ``InferenceSession`` whose ``run`` shrinks the CPU arena after a large run.
 
@@ -60,7 +51,9 @@ class ShrinkingSession:
 
         self.session = session
         self.keep_ids = keep_ids
-        self.run_options = shrinking_run_options()
+        # Options that return the CPU arena's free blocks at the end of a run, and the default.
+        self.run_options = onnxruntime.RunOptions()
+        self.run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         self.keep_options = onnxruntime.RunOptions()
 
     def options_for(self, input_feed: Mapping[str, Any]) -> Any:

@@ -113,6 +113,12 @@ def quantize_file(
 ) -> int:
     """Write the int8 QDQ graph of ``source`` to ``target``; returns the convolutions quantized."""
     import onnx
+    from onnxruntime.quantization import (
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     model = onnx.load(str(source), load_external_data=False)
     nodes = [n.name for n in model.graph.node if n.op_type in QUANTIZED_OPS]
@@ -123,35 +129,19 @@ def quantize_file(
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".quantize-") as tmp:
         private = Path(tmp) / "source.onnx"
         shutil.copyfile(source, private)
-        _quantize(private, target, feeds, nodes)
+        quantize_static(
+            str(private),
+            str(target),
+            _Feeds(feeds),  # duck-typed CalibrationDataReader
+            quant_format=QuantFormat.QDQ,
+            per_channel=True,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+            calibrate_method=CalibrationMethod.MinMax,
+            op_types_to_quantize=list(QUANTIZED_OPS),
+            nodes_to_quantize=nodes,
+        )
     return len(nodes)
-
-
-def _quantize(
-    source: Path,
-    target: Path,
-    feeds: Iterable[Mapping[str, np.ndarray[Any, Any]]],
-    nodes: list[str],
-) -> None:
-    from onnxruntime.quantization import (
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-
-    quantize_static(
-        str(source),
-        str(target),
-        _Feeds(feeds),  # duck-typed CalibrationDataReader
-        quant_format=QuantFormat.QDQ,
-        per_channel=True,
-        activation_type=QuantType.QUInt8,
-        weight_type=QuantType.QInt8,
-        calibrate_method=CalibrationMethod.MinMax,
-        op_types_to_quantize=list(QUANTIZED_OPS),
-        nodes_to_quantize=nodes,
-    )
 
 
 def derived_int8(

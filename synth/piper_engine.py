@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from synth.engine import (
     fingerprint_files,
 )
 from synth.errors import EngineError, UnspeakableInput
-from synth.exact_speed import SPEED_INPUT, rescaled_graph
+from synth.exact_speed import rescaled_graph, vits_feeds
 from synth.onnx_memory import TRIM_AFTER_AUDIO_S, ShrinkingSession, release_freed_memory
 from synth.onnx_quant import CALIBRATION_TEXTS, PRECISIONS, derived_int8, int8_fingerprint
 
@@ -111,7 +112,7 @@ class PiperEngine:
         # Voices whose graph gives phoneme durations (a graph without the Ceil node gives none).
         self._aligned: set[str] = set()
         self._configs: dict[str, dict[str, Any]] = {}
-        self._word_phonemes: dict[tuple[str, str], list[str]] = {}
+        self._word_phonemes = functools.lru_cache(WORD_PHONEMES_MEMO)(self._phonemes_alone)
         for v in voices:
             for p in (v.model_path, v.config_path):
                 if not p.is_file():
@@ -181,19 +182,14 @@ class PiperEngine:
     def _int8_model(self, files: PiperVoiceFiles, phonemizer: Any) -> Path:
         """The voice's int8 graph, derived once into ``derived_dir`` (keyed by its files)."""
         inference = self._configs[files.name].get("inference", {})
-        scales = np.asarray([0.0, float(inference.get("length_scale", 1.0)), 0.0], dtype=np.float32)
+        scales = [0.0, float(inference.get("length_scale", 1.0)), 0.0]
         speakers = int(self._configs[files.name].get("num_speakers", 1))
 
         def feeds() -> list[dict[str, np.ndarray[Any, Any]]]:
             out = []
             for text in CALIBRATION_TEXTS:
                 for sentence in phonemizer.phonemize(text):
-                    ids = phonemizer.phonemes_to_ids(sentence)
-                    feed: dict[str, np.ndarray[Any, Any]] = {
-                        "input": np.asarray([ids], dtype=np.int64),
-                        "input_lengths": np.asarray([len(ids)], dtype=np.int64),
-                        "scales": scales,
-                    }
+                    feed = vits_feeds(phonemizer.phonemes_to_ids(sentence), scales)
                     if speakers > 1:
                         feed["sid"] = np.asarray([0], dtype=np.int64)
                     out.append(feed)
@@ -244,20 +240,16 @@ class PiperEngine:
             release_freed_memory()
         words: tuple[WordTiming, ...] | None = None
         if aligned:
-
-            def phonemes_of(word: str) -> list[str]:
-                if ipa:
-                    return list(word)
-                known = self._word_phonemes.get((item.voice, word))
-                if known is None:
-                    known = [p for sentence in voice.phonemize(word) for p in sentence]
-                    if len(self._word_phonemes) >= WORD_PHONEMES_MEMO:
-                        self._word_phonemes.clear()
-                    self._word_phonemes[(item.voice, word)] = known
-                return known
-
+            # A word's phonemes said alone; IPA is its own, one per code point.
+            phonemes_of: Callable[[str], Sequence[str]] = (
+                list if ipa else functools.partial(self._word_phonemes, item.voice)
+            )
             words = align_words(item.text, stream, phonemes_of)
         return Audio(pcm, self.sample_rate, words)
+
+    def _phonemes_alone(self, voice: str, word: str) -> list[str]:
+        """``word``'s phonemes said alone by ``voice`` (for the speech marks)."""
+        return [p for sentence in self._voices[voice].phonemize(word) for p in sentence]
 
     @staticmethod
     def _ipa(voice: Any, ipa: str) -> list[str]:
@@ -317,14 +309,8 @@ def _run_graph(
     """Audio of phoneme ``ids`` and, when ``aligned``, the samples of each id:
     ``PiperVoice.phoneme_ids_to_audio``'s feeds and outputs (its speaker rules included) plus
     the speed input of the rewritten graph."""
-    feeds: dict[str, Any] = {
-        "input": np.asarray([ids], dtype=np.int64),
-        "input_lengths": np.asarray([len(ids)], dtype=np.int64),
-        "scales": np.asarray(
-            [config.noise_scale, config.length_scale, config.noise_w_scale], dtype=np.float32
-        ),
-        SPEED_INPUT: np.asarray([speed], dtype=np.float32),
-    }
+    scales = [config.noise_scale, config.length_scale, config.noise_w_scale]
+    feeds = vits_feeds(ids, scales, speed)
     speaker = config.speaker_id
     if voice.config.num_speakers > 1:
         feeds["sid"] = np.asarray(

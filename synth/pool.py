@@ -50,6 +50,7 @@ from synth.errors import (
     SynthesisTimeout,
     UnspeakableInput,
 )
+from synth.scheduler import BatchClock
 
 log = logging.getLogger("voxgate.synth.pool")
 
@@ -93,17 +94,25 @@ class LogSetup:
 # A worker's messages to the gateway: b"<kind>\n" + a JSON header, and for "ok" a newline and
 # the items' float32 samples back to back. The header lists each item's (samples, rate).
 _MAX_MESSAGE_CHARS = 500  # error texts from a worker are cut to this before they reach a client
+# The errors an "error" reply may name (by class name); any other kind reads as an EngineError.
+_ERRORS: dict[str, type[SynthesisError]] = {
+    e.__name__: e for e in (EngineDead, SynthesisTimeout, UnspeakableInput)
+}
 
 
-def reply_items(outputs: Sequence[Audio]) -> list[list[Any]]:
-    """The header of each item of an "ok" reply: ``[samples, rate]``, and the word timings
-    third when the engine gave them (:mod:`synth.alignment`)."""
-    return [
-        [len(a.pcm), a.sample_rate]
-        if a.words is None
-        else [len(a.pcm), a.sample_rate, timings_to_json(a.words)]
+def reply_error(kind: str, message: str) -> SynthesisError:
+    """The error an "error" reply of ``kind`` stands for."""
+    return _ERRORS.get(kind, EngineError)(message)
+
+
+def encode_ok(outputs: Sequence[Audio], **header: Any) -> bytes:
+    """The "ok" reply of ``outputs`` (``header`` adds fields): each item is ``[samples, rate]``
+    in its header, and the word timings third when the engine gave them (:mod:`synth.alignment`)."""
+    items = [
+        [len(a.pcm), a.sample_rate, *([] if a.words is None else [timings_to_json(a.words)])]
         for a in outputs
     ]
+    return encode_reply("ok", {"items": items, **header}, [a.pcm for a in outputs])
 
 
 def encode_reply(kind: str, header: Mapping[str, Any], pcm: Sequence[Any] = ()) -> bytes:
@@ -138,7 +147,8 @@ def decode_reply(data: bytes, expected_items: int) -> tuple[str, Any]:
         header = _json_object(data[kind_end + 1 : head_end])
         items = header.get("items")
         if not isinstance(items, list) or len(items) != expected_items:
-            raise BadReply(f"reply has {_count(items)} items for a batch of {expected_items}")
+            count = len(items) if isinstance(items, list) else "no"
+            raise BadReply(f"reply has {count} items for a batch of {expected_items}")
         # The items another request's synthesis made (the host's pool coalesced them).
         joined = header.get("joined", [])
         if not isinstance(joined, list):
@@ -203,10 +213,6 @@ def _json_object(raw: bytes) -> dict[str, Any]:
     return value
 
 
-def _count(items: object) -> str:
-    return str(len(items)) if isinstance(items, list) else "no"
-
-
 def _worker_main(
     spec: EngineSpec,
     threads: int,
@@ -239,12 +245,7 @@ def _worker_main(
         except (EOFError, OSError):
             return  # the gateway closed the pipe: shut down
         try:
-            outputs = engine.synthesize_batch(items)
-            reply = encode_reply(
-                "ok",
-                {"items": reply_items(outputs)},
-                [a.pcm for a in outputs],
-            )
+            reply = encode_ok(engine.synthesize_batch(items))
         except SynthesisError as exc:
             reply = encode_reply("error", {"kind": type(exc).__name__, "message": str(exc)})
         except Exception as exc:  # an engine bug fails this batch, not the worker
@@ -256,29 +257,6 @@ def _worker_main(
 
 class WorkerDied(Exception):
     """The worker process ended while it held a batch (internal: triggers the retry)."""
-
-
-class BatchClock:
-    """The engine-side figures of one batch, told from the pool thread that reads its reply: the
-    busy-workers gauge while it runs, and its time when it succeeded. (The scheduler's own clock
-    would count the time a pipelined batch waits in the pipe behind another.)"""
-
-    def __init__(self, metrics: Metrics, model: str) -> None:
-        self.metrics = metrics
-        self.model = model
-        self.started = 0.0
-
-    def start(self) -> None:
-        self.started = time.perf_counter()
-        self.metrics.busy_workers.labels(self.model).inc()
-
-    def end(self, ok: bool) -> None:
-        m = self.metrics
-        m.busy_workers.labels(self.model).dec()
-        if ok:
-            elapsed = time.perf_counter() - self.started
-            m.synthesis_seconds.labels(self.model).observe(elapsed)
-            m.synthesis_busy_seconds.labels(self.model).inc(elapsed)
 
 
 class _Worker:
@@ -319,10 +297,6 @@ class _Worker:
         self.process.start()
         child.close()  # only the child holds its end: its death then reads as EOF here
 
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid
-
     def wait_ready(self, timeout_s: float) -> None:
         """Block until the worker reports ready; raise if it fails or dies first."""
         if not self.conn.poll(timeout_s):
@@ -353,10 +327,7 @@ class _Worker:
             raise WorkerDied(f"synthesis worker {self.index} died") from exc
 
     def call(
-        self,
-        items: Sequence[SynthesisItem],
-        timeout_s: float,
-        clock: BatchClock | None = None,
+        self, items: Sequence[SynthesisItem], timeout_s: float, clock: BatchClock
     ) -> list[Audio]:
         """Run one batch (blocking). ``WorkerDied`` on death (or when the pipe broke under an
         earlier batch), ``TimeoutError`` past the bound, :class:`BadReply` for a reply that
@@ -378,8 +349,7 @@ class _Worker:
             if self.broken:
                 raise WorkerDied(f"synthesis worker {self.index} died under an earlier batch")
         clean = ok = False
-        if clock is not None:
-            clock.start()
+        clock.start()
         try:
             result = self._reply(items, timeout_s)
             clean = ok = True
@@ -392,8 +362,7 @@ class _Worker:
                 if not clean:
                     self.broken = True
                 self._order.notify_all()
-            if clock is not None:
-                clock.end(ok)
+            clock.end(ok)
         return result
 
     def _break(self) -> None:
@@ -421,12 +390,7 @@ class _Worker:
         if kind != "error":
             raise BadReply(f"unexpected {kind!r} message during a batch")
         kind, message, _ = value
-        error = {
-            "EngineDead": EngineDead,
-            "SynthesisTimeout": SynthesisTimeout,
-            "UnspeakableInput": UnspeakableInput,
-        }.get(kind, EngineError)
-        raise error(message)
+        raise reply_error(kind, message)
 
     def _close_pipe(self) -> None:
         with self._closing:
@@ -534,14 +498,10 @@ class WorkerPool:
         for _ in range(slots):
             self._idle.put_nowait(worker)
 
-    @property
-    def ready_workers(self) -> int:
-        """Workers alive and serving (idle or busy), excluding ones being replaced."""
-        return sum(1 for w in self._workers.values() if w.process.is_alive())
-
     def worker_pids(self) -> list[int]:
-        """PIDs of the live workers (for operators and tests)."""
-        return [w.pid for w in self._workers.values() if w.pid is not None and w.process.is_alive()]
+        """PIDs of the workers alive and serving (idle or busy; not ones being replaced)."""
+        procs = [w.process for w in self._workers.values()]
+        return [p.pid for p in procs if p.pid is not None and p.is_alive()]
 
     async def _spawn(self, index: int) -> _Worker:
         loop = asyncio.get_running_loop()
@@ -603,7 +563,10 @@ class WorkerPool:
         self._retiring.add(worker)
         self.metrics.worker_restarts.labels(self.model, reason).inc()
         log.warning(
-            "synthesis worker %d (pid %s) %s; replacing it", worker.index, worker.pid, reason
+            "synthesis worker %d (pid %s) %s; replacing it",
+            worker.index,
+            worker.process.pid,
+            reason,
         )
         task = asyncio.create_task(self._respawn(worker), name=f"respawn-{self.model}")
         self._replacing.add(task)
@@ -639,18 +602,16 @@ class WorkerPool:
                 return
             self._workers[old.index] = worker
             self._offer(worker, self.pipeline)
-            log.info("synthesis worker %d replaced (pid %s)", old.index, worker.pid)
+            log.info("synthesis worker %d replaced (pid %s)", old.index, worker.process.pid)
             return
 
     async def _acquire(self) -> _Worker:
         """An idle live worker; a dead one found idle is replaced and skipped."""
         deadline = time.monotonic() + self.batch_timeout_s
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise EngineDead("no synthesis worker became available")
             try:
-                worker = await asyncio.wait_for(self._idle.get(), remaining)
+                # (A deadline passed already makes wait_for time out at once.)
+                worker = await asyncio.wait_for(self._idle.get(), deadline - time.monotonic())
             except TimeoutError:
                 raise EngineDead("no synthesis worker became available") from None
             if worker.replaced:

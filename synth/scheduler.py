@@ -45,15 +45,12 @@ class ClientShares(Protocol):
 
     def take(self, client: str, limit: int) -> bool:
         """Count one more item waiting for ``client`` if fewer than ``limit`` wait (True)."""
-        ...
 
     def give(self, client: str) -> None:
         """One item of ``client`` counted by :meth:`take` no longer waits."""
-        ...
 
     def waiting_for(self, client: str) -> int:
         """Items waiting for ``client``."""
-        ...
 
 
 class LocalShares:
@@ -107,6 +104,30 @@ class BatchRunner(Protocol):
     def passes_pcm(self) -> bool: ...
 
     async def run_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]: ...
+
+
+class BatchClock:
+    """The engine-side figures of one batch: the busy-workers gauge while it runs, and its time
+    when it succeeded. A worker pool tells them from the thread that reads a batch's reply (the
+    scheduler's own clock would count the time a pipelined batch waits in the pipe behind
+    another); the scheduler, for a runner that leaves them to it."""
+
+    def __init__(self, metrics: Metrics, model: str) -> None:
+        self.metrics = metrics
+        self.model = model
+        self.started = 0.0
+
+    def start(self) -> None:
+        self.started = time.perf_counter()
+        self.metrics.busy_workers.labels(self.model).inc()
+
+    def end(self, ok: bool) -> None:
+        m = self.metrics
+        m.busy_workers.labels(self.model).dec()
+        if ok:
+            elapsed = time.perf_counter() - self.started
+            m.synthesis_seconds.labels(self.model).observe(elapsed)
+            m.synthesis_busy_seconds.labels(self.model).inc(elapsed)
 
 
 @dataclass
@@ -274,8 +295,7 @@ class Scheduler:
             else:
                 keep.append(p)
         keep.extend(self._queue)
-        self._queue.clear()
-        self._queue.extend(keep)
+        self._queue = keep
         return taken
 
     async def _loop(self) -> None:
@@ -296,10 +316,10 @@ class Scheduler:
             # process) observes its own waits, and this process's hand-over is not one.
             self._observe_wait(batch)
         timed = counts and not runner.times_batches
-        m = self.metrics
-        if timed:
-            m.busy_workers.labels(self.model).inc()
-        started = time.perf_counter()
+        clock = BatchClock(self.metrics, self.model) if timed else None
+        if clock is not None:
+            clock.start()
+        ok = False
         call = asyncio.ensure_future(runner.run_batch([p.item for p in batch]))
         if runner.cancel_when_abandoned:
             _cancel_when_abandoned(call, batch)
@@ -309,6 +329,7 @@ class Scheduler:
                 raise EngineError(
                     f"engine returned {len(outputs)} outputs for a batch of {len(batch)}"
                 )
+            ok = True
         except asyncio.CancelledError:
             me = asyncio.current_task()
             if call.cancelled() and (me is None or not me.cancelling()):
@@ -330,13 +351,13 @@ class Scheduler:
             self._failed(batch, EngineError(f"synthesis failed: {type(exc).__name__}"), counts)
             return
         finally:
-            if timed:
-                m.busy_workers.labels(self.model).dec()
+            if clock is not None:
+                clock.end(ok)
         if outputs is None:
             for p in batch:
                 await self._run([p])
             return
-        self._succeeded(batch, outputs, time.perf_counter() - started, counts, timed)
+        self._succeeded(batch, outputs, counts)
 
     def _observe_wait(self, batch: list[_Pending]) -> None:
         now = time.perf_counter()
@@ -351,20 +372,10 @@ class Scheduler:
             self.metrics.syntheses.labels(self.model, "error").inc(len(batch))
         _fail(batch, exc)
 
-    def _succeeded(
-        self,
-        batch: list[_Pending],
-        outputs: list[Audio],
-        elapsed: float,
-        counts: bool,
-        timed: bool,
-    ) -> None:
-        """Every item of ``batch`` gets its audio; the batch counted and timed as its runner
-        leaves to this process."""
+    def _succeeded(self, batch: list[_Pending], outputs: list[Audio], counts: bool) -> None:
+        """Every item of ``batch`` gets its audio; the batch counted as its runner leaves to
+        this process."""
         m = self.metrics
-        if timed:
-            m.synthesis_seconds.labels(self.model).observe(elapsed)
-            m.synthesis_busy_seconds.labels(self.model).inc(elapsed)
         if counts:
             m.syntheses.labels(self.model, "ok").inc(len(batch))
         for p, audio in zip(batch, outputs, strict=True):

@@ -182,13 +182,12 @@ def join(parts: Sequence[FloatPCM], sample_rate: int, pause_s: float) -> FloatPC
     """Concatenate sentence audio with ``pause_s`` of silence between consecutive sentences."""
     if len(parts) == 1:
         return parts[0]
-    gap = np.zeros(round(pause_s * sample_rate), dtype=np.float32)
-    pieces: list[FloatPCM] = []
-    for i, part in enumerate(parts):
-        if i:
-            pieces.append(gap)
-        pieces.append(part)
-    return np.concatenate(pieces).astype(np.float32, copy=False)
+    return join_gaps(parts, sample_rate, _pauses(len(parts), pause_s))
+
+
+def _pauses(parts: int, pause_s: float) -> list[float]:
+    """:func:`join`'s layout as :func:`join_gaps` takes it: ``pause_s`` between parts only."""
+    return [0.0, *[pause_s] * (parts - 1), 0.0]
 
 
 # Below this (voices peak-normalize to 1.0) a sample counts as the silence an engine puts around
@@ -243,16 +242,10 @@ def part_offsets(
     :func:`join` (``pause_s``) makes of them: ``(first output sample, samples trimmed off its
     head, samples kept)`` of each part, so a time inside a part maps onto the joined audio
     (speech marks). Computed the way those functions join."""
+    if gaps_s is None:
+        gaps_s, trims = _pauses(len(parts), pause_s), ()
     out: list[tuple[int, int, int]] = []
     at = 0
-    if gaps_s is None:
-        gap = round(pause_s * sample_rate) if len(parts) > 1 else 0
-        for i, part in enumerate(parts):
-            if i:
-                at += gap
-            out.append((at, 0, len(part)))
-            at += len(part)
-        return out
     flags = list(trims) or [False] * len(gaps_s)
     for i, gap_s in enumerate(gaps_s):
         if gap_s > 0:

@@ -31,7 +31,7 @@ each request's follower writes them as fast as its connection drains, joining wh
 meanwhile into one frame, so a slow reader holds nothing more.
 
 Wire format (asyncio streams, both ways): frames of a 4-byte big-endian length then the payload,
-bounded on read (``max_request_bytes`` at the pool, ``max_reply_bytes`` at the gateway) before
+bounded on read (``MAX_REQUEST_BYTES`` at the pool, ``max_reply_bytes`` at the gateway) before
 anything is allocated. A request is JSON ``{"id", "model", "items": [{"text", "voice", "speed",
 "params"}], "pieces": [index, ...]}`` (``pieces``: the items whose pcm is wanted as it comes;
 optional), a cancellation ``{"cancel": id}``. A reply is ``{"id": n}``, a newline, then a
@@ -62,12 +62,10 @@ from synth.errors import (
     EngineError,
     Overloaded,
     SynthesisError,
-    SynthesisTimeout,
-    UnspeakableInput,
     UpstreamError,
 )
 from synth.pieces import Pieces
-from synth.pool import BadReply, decode_reply, encode_reply, reply_items
+from synth.pool import BadReply, decode_reply, encode_ok, encode_reply, reply_error
 from synth.scheduler import Scheduler
 
 log = logging.getLogger("voxgate.synth.shared_pool")
@@ -80,12 +78,6 @@ RECENT_S = 10.0
 RECENT_BYTES = 64 * 1024 * 1024
 # The highest take number an item may carry (take_retries is at most 5).
 MAX_TAKE = 16
-_ERRORS: dict[str, type[SynthesisError]] = {
-    "EngineDead": EngineDead,
-    "SynthesisTimeout": SynthesisTimeout,
-    "UnspeakableInput": UnspeakableInput,
-    "EngineError": EngineError,
-}
 
 
 class FrameTooLarge(Exception):
@@ -157,10 +149,8 @@ async def _all_or_none(calls: Sequence[Any]) -> list[Audio]:
     try:
         return list(await asyncio.gather(*tasks))
     except BaseException:
-        for t in tasks:
-            t.cancel()
         # Every outcome retrieved; the first failure is what the caller gets.
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _stop_all(tasks)
         raise
 
 
@@ -201,18 +191,8 @@ PieceWriter = Callable[[bytes], Awaitable[None]]
 class PoolServer:
     """Serves ``schedulers`` (one per model) to gateway processes, coalescing identical items."""
 
-    def __init__(
-        self,
-        schedulers: Mapping[str, Scheduler],
-        *,
-        max_request_bytes: int = MAX_REQUEST_BYTES,
-        recent_s: float = RECENT_S,
-        recent_bytes: int = RECENT_BYTES,
-    ) -> None:
+    def __init__(self, schedulers: Mapping[str, Scheduler]) -> None:
         self.schedulers = dict(schedulers)
-        self.max_request_bytes = max_request_bytes
-        self.recent_s = recent_s
-        self.recent_bytes = recent_bytes
         self._shared: dict[str, _Shared] = {}
         self._recent: OrderedDict[str, tuple[float, Audio]] = OrderedDict()
         self._recent_size = 0
@@ -230,7 +210,7 @@ class PoolServer:
         """``item``'s audio, marked ``joined`` unless this request started its synthesis."""
         key = identity(model, item)
         recent = self._recent.get(key)
-        if recent is not None and time.monotonic() - recent[0] < self.recent_s:
+        if recent is not None and time.monotonic() - recent[0] < RECENT_S:
             return dataclasses.replace(recent[1], joined=True)
         shared = self._shared.get(key)
         joined = shared is not None
@@ -272,7 +252,7 @@ class PoolServer:
         self._remember(key, shared.task.result())
 
     def _remember(self, key: str, audio: Audio) -> None:
-        """Keep ``audio`` for ``recent_s``: a gateway process whose cache lookup missed just
+        """Keep ``audio`` for ``RECENT_S``: a gateway process whose cache lookup missed just
         before another one stored this master submits it moments after its synthesis ended."""
         now = time.monotonic()
         old = self._recent.pop(key, None)
@@ -281,21 +261,17 @@ class PoolServer:
         self._recent[key] = (now, audio)
         self._recent_size += audio.pcm.nbytes
         while self._recent and (
-            self._recent_size > self.recent_bytes
-            or now - next(iter(self._recent.values()))[0] >= self.recent_s
+            self._recent_size > RECENT_BYTES
+            or now - next(iter(self._recent.values()))[0] >= RECENT_S
         ):
             _, (_, dropped) = self._recent.popitem(last=False)
             self._recent_size -= dropped.pcm.nbytes
 
     async def _answer(
-        self,
-        model: str,
-        items: Sequence[SynthesisItem],
-        writers: Mapping[int, PieceWriter] | None = None,
+        self, model: str, items: Sequence[SynthesisItem], writers: Mapping[int, PieceWriter]
     ) -> bytes:
         """The reply to a request for ``items``; ``writers`` (by index) send the pieces of the
         items whose pcm is wanted as it comes."""
-        writers = writers or {}
         try:
             audios = await _all_or_none(
                 [self._one(model, item, writers.get(i)) for i, item in enumerate(items)]
@@ -303,18 +279,13 @@ class PoolServer:
         except UpstreamError as exc:
             return encode_reply("error", exc.to_wire())
         except SynthesisError as exc:
-            header: dict[str, Any] = {"kind": type(exc).__name__, "message": str(exc)}
-            if isinstance(exc, Overloaded):
-                header["kind"] = "Overloaded"
-            return encode_reply("error", header)
+            kind = "Overloaded" if isinstance(exc, Overloaded) else type(exc).__name__
+            return encode_reply("error", {"kind": kind, "message": str(exc)})
         except Exception as exc:  # anything unforeseen fails this request, not the pool
             log.exception("shared pool request failed model=%s", model)
             message = f"synthesis failed: {type(exc).__name__}"
             return encode_reply("error", {"kind": "EngineError", "message": message})
-        joined = [i for i, a in enumerate(audios) if a.joined]
-        return encode_reply(
-            "ok", {"items": reply_items(audios), "joined": joined}, [a.pcm for a in audios]
-        )
+        return encode_ok(audios, joined=[i for i, a in enumerate(audios) if a.joined])
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One gateway process's connection: requests in, replies out, until it closes."""
@@ -341,7 +312,7 @@ class PoolServer:
         try:
             while True:
                 try:
-                    frame = await read_frame(reader, self.max_request_bytes)
+                    frame = await read_frame(reader, MAX_REQUEST_BYTES)
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
                 try:
@@ -544,7 +515,7 @@ class RemotePool:
             raise Overloaded(message)
         if error_kind == "UpstreamError":
             raise UpstreamError.from_wire(message, header)
-        raise _ERRORS.get(error_kind, EngineError)(message)
+        raise reply_error(error_kind, message)
 
     async def close(self) -> None:
         """Close the connection (the pool process itself belongs to the supervisor)."""

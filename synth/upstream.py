@@ -32,7 +32,7 @@ import os
 import random
 import time
 import tomllib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 from urllib.parse import urlsplit, urlunsplit
@@ -53,7 +53,7 @@ from redis.exceptions import RedisError
 
 from metrics import Metrics
 from synth.engine import Audio, EngineCapabilities, ParamValue, SynthesisItem, VoiceInfo
-from synth.errors import EngineError, UpstreamError
+from synth.errors import UPSTREAM_ERROR_KINDS, EngineError, UpstreamError
 from synth.providers import SPECS
 from synth.providers.base import VOICE_ID, Provider, ProviderError, ProviderSpec
 
@@ -261,8 +261,7 @@ def load_upstreams(path: str | Path) -> list[UpstreamConfig]:
     unreadable TOML, an unknown key, a bad value, two entries of one name.
     """
     try:
-        raw = Path(path).read_bytes()
-        data = tomllib.loads(raw.decode())
+        data = tomllib.loads(Path(path).read_bytes().decode())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ValueError(f"upstreams file {path}: {exc}") from exc
     try:
@@ -381,7 +380,7 @@ class RequestRate:
     60 s than the provider allows) in ``shared`` storage (Redis: one budget for every replica)
     when given, else in this process. A call waits for a free slot up to its deadline.
 
-    A shared storage that fails is left for ``retry_shared_after_s`` and the window kept here
+    A shared storage that fails is left for 5 s and the window kept here
     meanwhile (looser, never off); counted in ``voxgate_upstream_rate_fallbacks_total``.
     """
 
@@ -393,7 +392,6 @@ class RequestRate:
         *,
         shared: Storage | None = None,
         timeout_s: float = 0.5,
-        retry_shared_after_s: float = 5.0,
     ) -> None:
         self.upstream = upstream
         self.metrics = metrics
@@ -402,7 +400,6 @@ class RequestRate:
         self._local = MovingWindowRateLimiter(MemoryStorage())
         self._shared = MovingWindowRateLimiter(shared) if shared is not None else None
         self.timeout_s = timeout_s
-        self.retry_shared_after_s = retry_shared_after_s
         self._shared_down_until = 0.0
 
     async def _try(self) -> tuple[bool, float]:
@@ -422,7 +419,7 @@ class RequestRate:
                     self.upstream,
                     type(exc).__name__,
                 )
-                self._shared_down_until = time.monotonic() + self.retry_shared_after_s
+                self._shared_down_until = time.monotonic() + 5.0
         if self._shared is not None:
             self.metrics.upstream_rate_fallbacks.labels(self.upstream).inc()
         if await self._local.hit(self.item, *ident):
@@ -454,18 +451,6 @@ class RequestRate:
 
 # ---- the runner ---------------------------------------------------------------------------------
 
-# The HTTP status a caller gets for each kind of failure (see synth.errors).
-_STATUS = {
-    "rate_limited": 503,
-    "server": 502,
-    "timeout": 503,
-    "connection": 503,
-    "auth": 502,
-    "refused": 400,
-    "bad_reply": 502,
-    "breaker_open": 503,
-    "rate_wait": 503,
-}
 # What a caller is told of a provider's failure, by its kind.
 _TOLD = {
     "refused": "upstream {name!r} refused the request: {message}",
@@ -499,7 +484,6 @@ class UpstreamRunner:
         *,
         breaker: Breaker | None = None,
         rate: RequestRate | None = None,
-        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.engine = engine
         self.config = engine.config
@@ -507,7 +491,6 @@ class UpstreamRunner:
         self.metrics = metrics
         self.breaker = breaker
         self.rate = rate
-        self._clock = clock
         self._slots = asyncio.Semaphore(self.config.max_concurrency)
         self._listed = frozenset(v.name for v in engine.voices())
         name = self.config.name
@@ -561,7 +544,7 @@ class UpstreamRunner:
         self, kind: str, message: str, retry_after_s: float | None = None, reason: str = ""
     ) -> UpstreamError:
         self.metrics.upstream_errors.labels(self.name, kind).inc()
-        status = _STATUS[kind]
+        status = UPSTREAM_ERROR_KINDS[kind]
         if status >= 500 and retry_after_s is None:
             retry_after_s = 1.0
         return UpstreamError(
@@ -607,6 +590,18 @@ class UpstreamRunner:
         # The failure that made the last retry happen: when a retry then runs out of time, the
         # caller hears that (the provider was unreachable), not the deadline our retries hit.
         earlier: ProviderError | None = None
+        # Pieces of the answer went to a stream already: a retry would say them twice.
+        passed = False
+        call_item = item
+        if item.sink is not None:
+            sink = item.sink
+
+            def passing(data: bytes) -> None:
+                nonlocal passed
+                passed = True
+                sink(data)
+
+            call_item = dataclasses.replace(item, sink=passing)
         while True:
             if self.breaker is not None and not self.breaker.allow():
                 raise self._fail(
@@ -622,21 +617,7 @@ class UpstreamRunner:
                     f"{self.config.timeout_s:g}s",
                 )
             left = deadline - loop.time()
-            started = self._clock()
-            passed = [False]
-            call_item = item
-            if item.sink is not None:
-                sink = item.sink
-
-                def passing(
-                    data: bytes,
-                    sink: Callable[[bytes], None] = sink,
-                    passed: list[bool] = passed,
-                ) -> None:
-                    passed[0] = True
-                    sink(data)
-
-                call_item = dataclasses.replace(item, sink=passing)
+            started = time.perf_counter()
             try:
                 async with asyncio.timeout_at(deadline):
                     audio = await self.provider.synthesize(call_item, left)
@@ -651,8 +632,7 @@ class UpstreamRunner:
             except ProviderError as exc:
                 if exc.sent:
                     self._count_call(exc.kind, started)
-                # Pieces of this answer went to a stream already: a retry would say it twice.
-                delay = None if passed[0] else self._retry_delay(exc, attempt)
+                delay = None if passed else self._retry_delay(exc, attempt)
                 if delay is not None and loop.time() + delay < deadline:
                     attempt += 1
                     earlier = exc
@@ -673,7 +653,7 @@ class UpstreamRunner:
                 if exc.kind == "timeout" and earlier is not None:
                     raise self._error_of(earlier) from None
                 raise self._error_of(exc) from None
-            self._latency.observe(self._clock() - started)
+            self._latency.observe(time.perf_counter() - started)
             self._calls_ok.inc()
             self._billed.inc(len(item.text))
             if self.breaker is not None:
@@ -682,7 +662,7 @@ class UpstreamRunner:
 
     def _count_call(self, result: str, started: float) -> None:
         self.metrics.upstream_calls.labels(self.name, result).inc()
-        self._latency.observe(self._clock() - started)
+        self._latency.observe(time.perf_counter() - started)
 
     def _breaker_failed(self) -> None:
         if self.breaker is not None:

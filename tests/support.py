@@ -20,7 +20,6 @@ from cache.entry import Entry
 from gateway.http.app import create_app
 from gateway.runtime.settings import Settings
 from synth.engine import (
-    PLAIN,
     Audio,
     Engine,
     EngineCapabilities,
@@ -195,7 +194,7 @@ class ToneEngine:
 
     name = "tone"
     sample_rate = 16000
-    capabilities = PLAIN
+    capabilities = EngineCapabilities()  # plain text only, one item at a time
 
     def __init__(self, delay_s: float = 0.0, fingerprint: str = "tone-v1") -> None:
         self.delay_s = delay_s

@@ -65,7 +65,7 @@ async def wait_for_workers(pool: WorkerPool, count: int, within_s: float) -> flo
     started = time.monotonic()
     while time.monotonic() - started < within_s:
         # Each worker offers one slot per batch it may hold (a second waits in its pipe).
-        if pool.ready_workers == count and pool._idle.qsize() == count * pool.pipeline:
+        if len(pool.worker_pids()) == count and pool._idle.qsize() == count * pool.pipeline:
             return time.monotonic() - started
         await asyncio.sleep(0.05)
     raise AssertionError(f"pool not back to {count} workers within {within_s}s")
@@ -80,7 +80,7 @@ def restarts(metrics: Metrics, reason: str) -> float:
 
 async def test_pool_runs_batches_in_worker_processes(metrics: Metrics) -> None:
     async with running_tone_pool(metrics) as pool:
-        assert pool.ready_workers == 2
+        assert len(pool.worker_pids()) == 2
         assert os.getpid() not in pool.worker_pids()
         items = [SynthesisItem(t, "beep") for t in ("a", "bbbb", "cc")]
         audios = await pool.run_batch(items)
@@ -215,7 +215,7 @@ async def test_sigkill_mid_batch_every_request_gets_audio_or_503(
     client = await gateway(settings=pool_settings(settings), engines={"tone": [spec, spec]})
     pool = client.app[keys.SPEECH].models["tone"].scheduler.runner
     assert isinstance(pool, WorkerPool)
-    assert pool.ready_workers == 2
+    assert len(pool.worker_pids()) == 2
 
     async def ask(i: int) -> int:
         body = {"model": "tone", "voice": "beep", "input": f"request {i}", "response_format": "wav"}
