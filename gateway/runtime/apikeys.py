@@ -238,11 +238,6 @@ class Authenticator:
         # WebSocket, checks it is still valid).
         self.on_reload: list[Callable[[KeyRing], object]] = []
 
-    @property
-    def enabled(self) -> bool:
-        """True when a keys file is configured."""
-        return bool(self.path)
-
     async def load(self) -> KeyRing | None:
         """Read the keys file (at start): raises :class:`KeysFileError` when it cannot be used."""
         if not self.path:

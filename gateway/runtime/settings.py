@@ -686,15 +686,13 @@ class Settings(BaseSettings):
             out[alias.strip()] = target.strip()
         return out
 
-    @field_validator("model_aliases")
+    @field_validator("model_aliases", "voice_aliases")
     @classmethod
-    def _add_openai_models(cls, value: dict[str, str]) -> dict[str, str]:
-        return {**DEFAULT_MODEL_ALIASES, **value}
-
-    @field_validator("voice_aliases")
-    @classmethod
-    def _add_openai_voices(cls, value: dict[str, str]) -> dict[str, str]:
-        return {**DEFAULT_VOICE_ALIASES, **value}
+    def _add_openai_names(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        openai = (
+            DEFAULT_MODEL_ALIASES if info.field_name == "model_aliases" else DEFAULT_VOICE_ALIASES
+        )
+        return {**openai, **value}
 
     @field_validator("allowed_hosts")
     @classmethod
@@ -750,14 +748,13 @@ class Settings(BaseSettings):
                 "(--cache-secret or VOXGATE_CACHE_SECRET; the same on every replica; e.g. "
                 "`openssl rand -hex 32`)"
             )
-        if secret and len(secret.encode()) < 16:
-            raise ValueError("must be at least 16 characters")
         return value
 
-    @field_validator("api_keys_init_metrics_secret")
+    @field_validator("cache_secret", "api_keys_init_metrics_secret")
     @classmethod
-    def _metrics_secret_length(cls, value: SecretStr) -> SecretStr:
-        if value.get_secret_value() and len(value.get_secret_value().encode()) < 16:
+    def _secret_length(cls, value: SecretStr) -> SecretStr:
+        secret = value.get_secret_value()
+        if secret and len(secret.encode()) < 16:
             raise ValueError("must be at least 16 characters")
         return value
 
@@ -861,10 +858,6 @@ class Settings(BaseSettings):
             cores=cores,
         )
 
-    def effective_intra_op_threads(self) -> int:
-        """Threads per engine so that engines x threads fits the cores."""
-        return self.topology().intra_op_threads
-
     def uses_cuda(self) -> bool:
         """True when the engines run on CUDA devices."""
         return any(d.startswith("cuda") for d in self.devices)
@@ -874,7 +867,8 @@ class Settings(BaseSettings):
         return self.topology().synth_workers
 
     def worker_threads(self) -> int:
-        """Intra-op threads per worker process, so that workers x threads fits the cores."""
+        """Intra-op threads per engine (a worker process or an in-process engine), so that
+        engines x threads fits the cores."""
         return self.topology().intra_op_threads
 
     def effective_max_batch(self) -> int:
