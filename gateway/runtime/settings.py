@@ -18,6 +18,8 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     Field,
+    NonNegativeInt,
+    PositiveFloat,
     SecretStr,
     StringConstraints,
     ValidationError,
@@ -124,6 +126,8 @@ def _opt(default: Any, help: str, **constraints: Any) -> Any:
 Names = Annotated[tuple[str, ...], NoDecode]
 Aliases = Annotated[dict[str, str], NoDecode]
 Device = Annotated[str, StringConstraints(pattern=r"^(cpu|cuda(:\d+)?)$")]
+# The bounds most settings share (pydantic's own NonNegativeInt and PositiveFloat beside them).
+AtLeastOne = Annotated[int, Field(ge=1)]
 
 
 class Settings(BaseSettings):
@@ -155,34 +159,30 @@ class Settings(BaseSettings):
         "auto",
         "Event loop of the server: uvloop, asyncio, or auto (uvloop when installed, else asyncio).",
     )
-    shutdown_timeout_s: int = _opt(
-        30, "On SIGTERM, seconds to let in-flight requests finish before closing connections.", ge=0
+    shutdown_timeout_s: NonNegativeInt = _opt(
+        30, "On SIGTERM, seconds to let in-flight requests finish before closing connections."
     )
-    keepalive_timeout_s: float = _opt(
+    keepalive_timeout_s: PositiveFloat = _opt(
         75.0,
         "Seconds a connection may sit idle, before its first request or between requests, "
         "including one whose request headers have not all arrived (slow-header clients are "
         "dropped after it). Keep it above a reverse proxy's upstream idle timeout.",
-        gt=0,
     )
-    body_timeout_s: float = _opt(
+    body_timeout_s: PositiveFloat = _opt(
         30.0,
         "Seconds a request body may take to arrive once its headers are in; beyond it a 408 and "
         "the connection is closed.",
-        gt=0,
     )
-    write_timeout_s: float = _opt(
+    write_timeout_s: PositiveFloat = _opt(
         30.0,
         "Seconds one piece of a streamed answer (chunked audio, events, a WebSocket message, a "
         "Wyoming event) may wait for a slow reader to take it; beyond it the connection is "
         "dropped.",
-        gt=0,
     )
-    max_connections: int = _opt(
+    max_connections: AtLeastOne = _opt(
         1024,
         "Connections served at once per gateway process; one more is answered 503 and closed, "
         "except that 8 more may each ask for GET /healthz or /readyz (answered, then closed).",
-        ge=1,
     )
     fast_path: bool = _opt(
         True,
@@ -192,16 +192,15 @@ class Settings(BaseSettings):
     )
 
     # --- HTTP limits ---
-    max_input_chars: int = _opt(4096, "Longest input text accepted, in characters.", ge=1)
-    max_body_kb: int = _opt(256, "Largest request body accepted, in KiB.", ge=1)
-    max_audio_s: int = _opt(
+    max_input_chars: AtLeastOne = _opt(4096, "Longest input text accepted, in characters.")
+    max_body_kb: AtLeastOne = _opt(256, "Largest request body accepted, in KiB.")
+    max_audio_s: AtLeastOne = _opt(
         600,
         "Most seconds of audio one request may ask for, estimated up front from its characters "
         "(symbols, emoji and digits weigh more: they are read out) and its speed; beyond it a "
         "400 naming this limit.",
-        ge=1,
     )
-    retry_after_s: int = _opt(1, "Retry-After seconds sent with a 503 for a full queue.", ge=0)
+    retry_after_s: NonNegativeInt = _opt(1, "Retry-After seconds sent with a 503 for a full queue.")
 
     # --- request defaults and aliases ---
     default_model: str = _opt(
@@ -233,14 +232,14 @@ class Settings(BaseSettings):
         "before the content address is computed; docs/api.md) or numbers (numbers, amounts, "
         "dates, times and phone numbers written out in the voice's language; docs/ssml.md).",
     )
-    ssml_max_depth: int = _opt(
-        32, "Deepest element nesting an SSML document may have (docs/ssml.md).", ge=1
+    ssml_max_depth: AtLeastOne = _opt(
+        32, "Deepest element nesting an SSML document may have (docs/ssml.md)."
     )
-    ssml_max_elements: int = _opt(
-        1000, "Most elements an SSML document may have (docs/ssml.md).", ge=1
+    ssml_max_elements: AtLeastOne = _opt(
+        1000, "Most elements an SSML document may have (docs/ssml.md)."
     )
-    ssml_max_expanded_chars: int = _opt(
-        8192, "Longest text an SSML document may expand to (say-as, sub), in characters.", ge=1
+    ssml_max_expanded_chars: AtLeastOne = _opt(
+        8192, "Longest text an SSML document may expand to (say-as, sub), in characters."
     )
     ssml_unknown_tags: Literal["refuse", "strip"] = _opt(
         "refuse", "An SSML tag voxgate does not know: refuse (400) or strip (its text is spoken)."
@@ -258,21 +257,22 @@ class Settings(BaseSettings):
 
     # --- cache tiers ---
     cache_dir: Path = _opt(default_cache_dir, "Directory of the disk tier (diskcache).")
-    memory_cache_mb: int = _opt(
-        256, "Byte bound of the in-process LRU tier, in MiB (0 turns it off).", ge=0
+    memory_cache_mb: NonNegativeInt = _opt(
+        256, "Byte bound of the in-process LRU tier, in MiB (0 turns it off)."
     )
-    disk_cache_mb: int = _opt(4096, "Size bound of the disk tier, in MiB (0 turns it off).", ge=0)
-    quarantine_takes: int = _opt(
+    disk_cache_mb: NonNegativeInt = _opt(
+        4096, "Size bound of the disk tier, in MiB (0 turns it off)."
+    )
+    quarantine_takes: AtLeastOne = _opt(
         200,
         "Most refused takes kept for review under cache_dir/quarantine (the oldest go first; "
         "docs/takes-review.md).",
-        ge=1,
     )
-    quarantine_mb: int = _opt(
-        64, "Most MiB of refused takes kept for review (the oldest go first).", ge=1
+    quarantine_mb: AtLeastOne = _opt(
+        64, "Most MiB of refused takes kept for review (the oldest go first)."
     )
-    quarantine_ttl_h: float = _opt(
-        168.0, "Hours a refused take is kept for review before it is dropped.", gt=0
+    quarantine_ttl_h: PositiveFloat = _opt(
+        168.0, "Hours a refused take is kept for review before it is dropped."
     )
 
     # --- Redis tier and scale-out ---
@@ -291,29 +291,28 @@ class Settings(BaseSettings):
         "Generate one with `openssl rand -hex 32`. A secret: shown masked, never logged.",
     )
     redis_prefix: str = _opt("voxgate:", "Prefix of every Redis key voxgate writes.")
-    redis_ttl_s: int = _opt(
-        7 * 24 * 3600, "TTL of unpinned Redis entries, in seconds (0: none; pinned: never).", ge=0
+    redis_ttl_s: NonNegativeInt = _opt(
+        7 * 24 * 3600, "TTL of unpinned Redis entries, in seconds (0: none; pinned: never)."
     )
-    redis_max_entry_mb: int = _opt(
+    redis_max_entry_mb: AtLeastOne = _opt(
         16,
         "Largest entry written to or read from Redis, in MiB (a larger value is refused before "
         "it is buffered).",
-        ge=1,
     )
-    redis_timeout_ms: int = _opt(500, "Timeout of one Redis operation, in ms (then: a miss).", ge=1)
-    redis_breaker_failures: int = _opt(
-        5, "Consecutive Redis failures that open the circuit breaker (Redis then skipped).", ge=1
+    redis_timeout_ms: AtLeastOne = _opt(
+        500, "Timeout of one Redis operation, in ms (then: a miss)."
     )
-    redis_breaker_reset_ms: int = _opt(
-        2000, "How long an open Redis breaker skips Redis before probing it again, in ms.", ge=1
+    redis_breaker_failures: AtLeastOne = _opt(
+        5, "Consecutive Redis failures that open the circuit breaker (Redis then skipped)."
+    )
+    redis_breaker_reset_ms: AtLeastOne = _opt(
+        2000, "How long an open Redis breaker skips Redis before probing it again, in ms."
     )
     redis_lock_ttl_ms: int = _opt(
         30000, "TTL of a cross-replica synthesis lock (renewed while held), in ms.", ge=100
     )
-    redis_lock_wait_s: int = _opt(
-        60,
-        "Longest wait on another replica's synthesis before synthesizing here, in seconds.",
-        ge=1,
+    redis_lock_wait_s: AtLeastOne = _opt(
+        60, "Longest wait on another replica's synthesis before synthesizing here, in seconds."
     )
     redis_lean_reads: bool = _opt(
         True,
@@ -376,44 +375,40 @@ class Settings(BaseSettings):
         "CUDA; voxgate tune measures this machine. On CUDA devices the pool has one worker per "
         "device.",
     )
-    synth_threads: int = _opt(
-        1, "Batches one model runs at a time (in-process engine threads).", ge=1
+    synth_threads: AtLeastOne = _opt(
+        1, "Batches one model runs at a time (in-process engine threads)."
     )
     intra_op_threads: Annotated[int, Field(ge=0)] | Literal["auto"] = _opt(
         "auto",
         "ONNX Runtime / torch threads per engine (auto or 0: cores / engines running at once).",
     )
-    queue_size: int = _opt(
-        64, "Synthesis items that may wait per model; beyond it a miss gets 503.", ge=1
+    queue_size: AtLeastOne = _opt(
+        64, "Synthesis items that may wait per model; beyond it a miss gets 503."
     )
-    max_batch: int = _opt(
+    max_batch: NonNegativeInt = _opt(
         0,
         "Most items per engine batch (0: auto, 1 on CPU where batching measured slower, 8 on "
         "CUDA). Engines that cannot split a batch exactly (Piper, Coqui onnx) always run 1.",
-        ge=0,
     )
-    max_wait_ms: int = _opt(
-        5, "Milliseconds a batch waits for compatible items to join it (with max_batch > 1).", ge=0
+    max_wait_ms: NonNegativeInt = _opt(
+        5, "Milliseconds a batch waits for compatible items to join it (with max_batch > 1)."
     )
-    batch_timeout_s: int = _opt(
+    batch_timeout_s: AtLeastOne = _opt(
         120,
         "Seconds one batch may run: a worker process past it is killed and replaced; an "
         "in-process engine's batch is abandoned (its thread cannot be killed) and answered 503.",
-        ge=1,
     )
-    queue_per_client: int = _opt(
+    queue_per_client: AtLeastOne = _opt(
         16,
         "Synthesis items one client (its API key's name when keys are on, else its address) may "
         "have waiting per model, so no one client fills the queue; beyond it a miss gets 429. "
         "At least max_parallel_sentences is used, so one long text never trips it alone.",
-        ge=1,
     )
-    renders_per_client: int = _opt(
+    renders_per_client: AtLeastOne = _opt(
         16,
         "Renditions one client may have in the making at once (each new text, format or sample "
         "rate it asks for: transcodes of stored audio, which no synthesis queue bounds, "
         "included); one more gets 429 (render_share).",
-        ge=1,
     )
     take_checks: Literal["off", "signal", "asr"] = _opt(
         "signal",
@@ -437,11 +432,10 @@ class Settings(BaseSettings):
         ge=0,
         le=5,
     )
-    synth_max_reply_mb: int = _opt(
+    synth_max_reply_mb: AtLeastOne = _opt(
         64,
         "Largest reply a synthesis worker process may send for one batch, in MiB; a larger one "
         "is refused unread and the worker replaced.",
-        ge=1,
     )
 
     # --- sentences and streaming ---
@@ -451,8 +445,8 @@ class Settings(BaseSettings):
         ge=0,
         le=5000,
     )
-    max_parallel_sentences: int = _opt(
-        8, "Sentences of one request submitted to the synthesis queue at the same time.", ge=1
+    max_parallel_sentences: AtLeastOne = _opt(
+        8, "Sentences of one request submitted to the synthesis queue at the same time."
     )
     max_sentence_chars: int = _opt(
         300,
@@ -472,16 +466,15 @@ class Settings(BaseSettings):
     access_log: bool = _opt(True, "Write one JSON line per request to stderr (buffered, <= 0.2 s).")
 
     # --- prompt catalogues ---
-    max_catalogue_prompts: int = _opt(1000, "Most prompts one POST /v1/prompts may carry.", ge=1)
-    catalogue_concurrency: int = _opt(
-        4, "Prompts rendered at once by voxgate warm and POST /v1/prompts.", ge=1
+    max_catalogue_prompts: AtLeastOne = _opt(1000, "Most prompts one POST /v1/prompts may carry.")
+    catalogue_concurrency: AtLeastOne = _opt(
+        4, "Prompts rendered at once by voxgate warm and POST /v1/prompts."
     )
-    pin_quota_mb: int = _opt(
+    pin_quota_mb: NonNegativeInt = _opt(
         1024,
         "Most MiB pinned in all (POST /v1/prompts, voxgate warm), counted for the whole host, or "
         "for every replica with Redis: each pinned entry's size plus its record. A catalogue "
         "past it is refused (413) and pins nothing. Keep it below Redis's maxmemory.",
-        ge=0,
     )
     revision_refresh_s: float = _opt(
         10.0,
@@ -491,11 +484,10 @@ class Settings(BaseSettings):
         ge=0,
         le=3600,
     )
-    pin_quota_mb_per_key: int = _opt(
+    pin_quota_mb_per_key: NonNegativeInt = _opt(
         256,
         "Most MiB the pins of one API key may take (within pin_quota_mb); pins made without a "
         "key (no keys file, voxgate warm) are bounded by pin_quota_mb alone.",
-        ge=0,
     )
 
     # --- Wyoming (Home Assistant) ---
@@ -511,18 +503,16 @@ class Settings(BaseSettings):
         "Address the Wyoming server listens on (empty: the same as host). The protocol has no "
         "authentication: listen only where Home Assistant, and nobody else, can reach it.",
     )
-    wyoming_max_connections: int = _opt(
+    wyoming_max_connections: AtLeastOne = _opt(
         64,
         "Wyoming connections served at once per gateway process; one more is sent an error "
         "event and closed.",
-        ge=1,
     )
-    wyoming_idle_timeout_s: float = _opt(
+    wyoming_idle_timeout_s: PositiveFloat = _opt(
         60.0,
         "Seconds a Wyoming connection may wait for the client's next event (or for the rest of "
         "one it began); beyond it the connection is closed. Home Assistant opens a connection "
         "per utterance, and streams a reply's text as a language model writes it.",
-        gt=0,
     )
     wyoming_samples_per_chunk: int = _opt(
         1024, "Samples in each audio-chunk event the Wyoming server sends.", ge=64
@@ -535,33 +525,29 @@ class Settings(BaseSettings):
         "POST /v1/prompts and voxgate sign-url are absolute when set, paths when empty.",
         pattern=r"^(https?://[^\s?#]+)?$",
     )
-    audio_max_age_s: int = _opt(
+    audio_max_age_s: NonNegativeInt = _opt(
         31536000,
         "Cache-Control max-age of content-address URLs (/v1/audio/{key}[.ext]): their bytes never "
         "change, so players may keep them long.",
-        ge=0,
     )
-    synthesis_max_age_s: int = _opt(
+    synthesis_max_age_s: NonNegativeInt = _opt(
         86400,
         "Cache-Control max-age of synthesis URLs players fetch with GET (/v1/say/..., "
         "/synthesize, GET /api/tts): a new model or voice changes what they answer.",
-        ge=0,
     )
     url_signing_secret: SecretStr = _opt(
         SecretStr(""),
         "HMAC key of signed say URLs (/v1/say/s/{signature}/...) for players that cannot send an "
         "API key; empty: signed URLs are refused. A secret: shown masked, never logged.",
     )
-    signed_url_ttl_s: int = _opt(
+    signed_url_ttl_s: AtLeastOne = _opt(
         30 * 86400,
         "Seconds a signed say URL stays valid when its signer names no expiry (POST /v1/say/sign "
         "without expires_in, voxgate sign-url without --expires-in). Every signed URL expires.",
-        ge=1,
     )
-    signed_url_max_s: int = _opt(
+    signed_url_max_s: AtLeastOne = _opt(
         365 * 86400,
         "Longest validity a signed say URL may be given, in seconds; a longer expires_in is a 400.",
-        ge=1,
     )
     public_audio_urls: bool = _opt(
         True,
