@@ -74,11 +74,6 @@ class APIKey:
     requests_per_minute: int = 0
     chars_per_minute: int = 0
 
-    @property
-    def limited(self) -> bool:
-        """True when either limit is set (only then is a rate check made)."""
-        return bool(self.requests_per_minute or self.chars_per_minute)
-
 
 def digest_of(secret: str) -> bytes:
     """The SHA-256 digest of a presented secret."""

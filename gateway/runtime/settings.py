@@ -844,10 +844,6 @@ class Settings(BaseSettings):
             cores=cores,
         )
 
-    def uses_cuda(self) -> bool:
-        """True when the engines run on CUDA devices."""
-        return any(d.startswith("cuda") for d in self.devices)
-
     def pool_workers(self) -> int:
         """Worker processes per model: one per CUDA device, else ``synth_workers`` (resolved)."""
         return self.topology().synth_workers
@@ -861,7 +857,7 @@ class Settings(BaseSettings):
         """``max_batch``, or what measured fastest on the device (CPU: 1, CUDA: 8)."""
         if self.max_batch:
             return self.max_batch
-        return 8 if self.uses_cuda() else 1
+        return 8 if any(d.startswith("cuda") for d in self.devices) else 1
 
 
 def _group_of_each(names: list[str]) -> dict[str, str]:
