@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 
 from gateway.runtime.accesslog import AccessLog
 
@@ -35,17 +36,9 @@ class RecordingStream:
 
 
 def record(log: AccessLog, n: int) -> None:
+    """``n`` answered requests, handed over one at a time (their bytes: 0 to n - 1)."""
     for i in range(n):
-        log.record(
-            route="/healthz",
-            method="GET",
-            status=200,
-            key=None,
-            cache="none",
-            seconds=0.001,
-            nbytes=i,
-            client=None,
-        )
+        log.extend([(time.time(), "/healthz", "GET", 200, "none", None, 0.001, 0.0, i, None, None)])
 
 
 async def test_lines_arrive_within_the_interval_written_by_another_thread() -> None:

@@ -422,7 +422,8 @@ def test_bench_keys_file_holds_n_keys_and_one_works(tmp_path: Path) -> None:
     ring = KeyRing.load(tmp_path / "keys.toml")
     assert len(ring.keys) == 100
     found = ring.identify(secret)
-    assert found is not None and found.scopes == {"speak", "read"} and not found.limited
+    assert found is not None and found.scopes == {"speak", "read"}
+    assert not (found.requests_per_minute or found.chars_per_minute)
 
 
 def test_sighup_reloads_the_keys_of_every_worker(tmp_path: Path) -> None:

@@ -113,39 +113,6 @@ class AccessLog:
         self._stamp = f"{self._prefix}.{milli - second * 1000:03d}+00:00"
         return self._stamp
 
-    def record(
-        self,
-        *,
-        route: str,
-        method: str,
-        status: int,
-        key: str | None,
-        cache: str,
-        seconds: float,
-        nbytes: int | None,
-        client: str | None = None,
-        request_id: str | None = None,
-    ) -> None:
-        """Queue one request's line."""
-        if self.enabled:
-            self.extend(
-                [
-                    (
-                        time.time(),
-                        route,
-                        method,
-                        status,
-                        cache,
-                        key,
-                        seconds,
-                        0.0,
-                        nbytes,
-                        client,
-                        request_id,
-                    )
-                ]
-            )
-
     def extend(self, observations: list[Observation]) -> None:
         """Queue one line per observation (:data:`Observation`; its time to first byte is not
         part of the line). The lines are formatted when they are handed to the writer."""

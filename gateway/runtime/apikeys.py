@@ -74,11 +74,6 @@ class APIKey:
     requests_per_minute: int = 0
     chars_per_minute: int = 0
 
-    @property
-    def limited(self) -> bool:
-        """True when either limit is set (only then is a rate check made)."""
-        return bool(self.requests_per_minute or self.chars_per_minute)
-
 
 def digest_of(secret: str) -> bytes:
     """The SHA-256 digest of a presented secret."""
@@ -237,11 +232,6 @@ class Authenticator:
         # Called with the new ring after each successful reload (what holds a key open, such as a
         # WebSocket, checks it is still valid).
         self.on_reload: list[Callable[[KeyRing], object]] = []
-
-    @property
-    def enabled(self) -> bool:
-        """True when a keys file is configured."""
-        return bool(self.path)
 
     async def load(self) -> KeyRing | None:
         """Read the keys file (at start): raises :class:`KeysFileError` when it cannot be used."""

@@ -13,9 +13,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
-import redis
 from limits.aio.storage import Storage
-from redis.driver_info import DriverInfo
 
 from cache.breaker import BreakerState, CircuitBreaker
 from cache.disk import DiskTier
@@ -26,7 +24,7 @@ from cache.redis_tier import RedisTier
 from cache.store import TieredStore
 from cache.tier import Tier
 from gateway.runtime.extras import check_extras
-from gateway.runtime.ratelimit import limits_storage_uri
+from gateway.runtime.ratelimit import limits_storage
 from gateway.runtime.settings import Settings
 from gateway.runtime.upstreams import upstream_configs
 from gateway.runtime.workers import POOL_SOCKET_ENV
@@ -126,8 +124,7 @@ def default_engine_specs(settings: Settings) -> dict[str, list[EngineSpec]]:
 
     Worker ``i`` runs on ``devices[i % len(devices)]``; in-process engines use ``devices[0]``.
     """
-    pooled = settings.pool_workers() >= 1
-    threads = settings.worker_threads() if pooled else settings.effective_intra_op_threads()
+    threads = settings.worker_threads()
     count = max(1, settings.pool_workers())
     devices = [settings.devices[i % len(settings.devices)] for i in range(count)]
     voices = [PiperVoiceFiles.from_spec(spec) for spec in settings.piper_voices]
@@ -395,18 +392,8 @@ def _rate_storage(settings: Settings) -> Storage | None:
     redis_url = settings.redis_url.get_secret_value()
     if not redis_url:
         return None
-    cls, uri, options = limits_storage_uri(redis_url)
-    options.update(
-        socket_timeout=settings.redis_timeout_ms / 1000,
-        socket_connect_timeout=settings.redis_timeout_ms / 1000,
-        driver_info=DriverInfo(name="redis-py", lib_version=redis.__version__),
-    )
-    return cls(
-        uri,
-        wrap_exceptions=True,
-        implementation="redispy",
-        key_prefix=f"{settings.redis_prefix}upstream",
-        **options,
+    return limits_storage(
+        redis_url, f"{settings.redis_prefix}upstream", settings.redis_timeout_ms / 1000
     )
 
 

@@ -202,12 +202,11 @@ class HostTable:
             if at is None:
                 return None
             if words[at + 1] != expiry or words[at + 2] != window:
-                previous = words[at + 4] if words[at + 2] == window - 1 else 0
-                if words[at + 1] != expiry:
-                    previous = 0
+                # The current window's count becomes the previous one's when it is the next.
+                follows = words[at + 1] == expiry and words[at + 2] == window - 1
+                words[at + 3] = words[at + 4] if follows else 0
                 words[at + 1] = expiry
                 words[at + 2] = window
-                words[at + 3] = previous
                 words[at + 4] = 0
             previous, current = int(words[at + 3]), int(words[at + 4])
             if (

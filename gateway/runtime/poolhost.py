@@ -13,7 +13,6 @@ syntheses of the host.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -53,7 +52,7 @@ async def serve_pool(settings: Settings, path: str, parent_pid: int | None) -> N
 
         loop.add_signal_handler(signal.SIGHUP, reload)
         # A socket file left by a pool process that was killed would make the bind fail.
-        await asyncio.to_thread(_unlink, path)
+        await asyncio.to_thread(Path(path).unlink, missing_ok=True)
         listener = await asyncio.start_unix_server(server.handle, path)
         os.chmod(path, 0o600)  # only this user's gateway processes submit work
         log.info(
@@ -69,15 +68,10 @@ async def serve_pool(settings: Settings, path: str, parent_pid: int | None) -> N
             listener.close()
             await server.close()
             await listener.wait_closed()
-            await asyncio.to_thread(_unlink, path)
+            await asyncio.to_thread(Path(path).unlink, missing_ok=True)
     if orphan_watch is not None:
         orphan_watch.cancel()
     log.info("synthesis pool stopped")
-
-
-def _unlink(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        Path(path).unlink()
 
 
 def _workers(runner: object) -> int:

@@ -74,6 +74,22 @@ def limits_storage_uri(redis_url: str) -> tuple[type[LimitsRedisStorage], str, d
     return LimitsRedisStorage, f"async+{scheme}://{rest}", {}
 
 
+def limits_storage(redis_url: str, key_prefix: str, timeout_s: float) -> LimitsRedisStorage:
+    """A ``limits`` storage in the Redis of ``redis_url``, its keys under ``key_prefix``; nothing
+    connects yet. Blocking: ``limits`` imports its Redis clients when the first one is made."""
+    cls, uri, options = limits_storage_uri(redis_url)
+    options.update(
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        # Given explicitly: left out, redis-py 8 reads its version from the package metadata
+        # for every new connection, on the event loop (as cache/redis_tier.py notes).
+        driver_info=DriverInfo(name="redis-py", lib_version=redis.__version__),
+    )
+    return cls(
+        uri, wrap_exceptions=True, implementation="redispy", key_prefix=key_prefix, **options
+    )
+
+
 class KeyLimits:
     """Admits or refuses (429, ``TooManyRequests`` with Retry-After) a key's requests and
     characters; shared through Redis when one is configured."""
@@ -119,22 +135,8 @@ class KeyLimits:
         limited request does). Built in a thread: ``limits`` imports its Redis clients then."""
         if not self._redis_url or self._redis is not None:
             return
-        cls, uri, options = limits_storage_uri(self._redis_url)
-        options.update(
-            socket_timeout=self.timeout_s,
-            socket_connect_timeout=self.timeout_s,
-            # Given explicitly: left out, redis-py 8 reads its version from the package metadata
-            # for every new connection, on the event loop (as cache/redis_tier.py notes).
-            driver_info=DriverInfo(name="redis-py", lib_version=redis.__version__),
-        )
         storage = await asyncio.to_thread(
-            lambda: cls(
-                uri,
-                wrap_exceptions=True,
-                implementation="redispy",
-                key_prefix=f"{self._prefix}ratelimit",
-                **options,
-            )
+            limits_storage, self._redis_url, f"{self._prefix}ratelimit", self.timeout_s
         )
         self._redis = storage
         self._shared = SlidingWindowCounterRateLimiter(storage)
@@ -146,11 +148,6 @@ class KeyLimits:
         close = getattr(client, "aclose", None)
         if close is not None:
             await close()
-
-    @property
-    def shared(self) -> bool:
-        """True when the budgets live in Redis (one per key across replicas)."""
-        return self._shared is not None
 
     def _item(self, per_minute: int) -> RateLimitItem:
         item = self._items.get(per_minute)

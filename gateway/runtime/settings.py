@@ -1,8 +1,9 @@
 """One typed settings object: defaults < TOML file < ``VOXGATE_*`` environment < command-line flags.
 
 Built on pydantic-settings: each layer is one of its sources (flags are the init source), merged in
-its order and validated by pydantic. Every field carries its help text and its group; the README's
-settings table, ``voxgate config show`` and the ``--help`` of every command are made from them.
+its order and validated by pydantic. Every field carries its help text (its docstring, which
+pydantic reads from this file's source) and its group (:data:`GROUP_STARTS`); the README's settings
+table, ``voxgate config show`` and the ``--help`` of every command are made from them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     Field,
+    NonNegativeInt,
+    PositiveFloat,
     SecretStr,
     StringConstraints,
     ValidationError,
@@ -84,6 +87,22 @@ GROUPS: dict[str, str] = {
     "telephony": "Telephony: PBX-playable URLs, HTTP caching, signed say URLs, jambonz",
     "security": "Security: API keys, scopes and limits (docs/security.md)",
 }
+# The first setting of each group: a group is its first setting and those declared after it, up
+# to the next group's first.
+GROUP_STARTS = {
+    "host": "server",
+    "max_input_chars": "http",
+    "default_model": "api",
+    "cache_dir": "cache",
+    "redis_url": "redis",
+    "piper_voices": "synthesis",
+    "sentence_pause_ms": "sentences",
+    "log_level": "logging",
+    "max_catalogue_prompts": "catalogue",
+    "wyoming_port": "wyoming",
+    "public_url": "telephony",
+    "api_keys_file": "security",
+}
 
 
 class SettingsError(ValueError):
@@ -96,22 +115,13 @@ def default_cache_dir() -> Path:
     return Path(base) / "voxgate"
 
 
-def _opt(group: str, default: Any, help: str, **constraints: Any) -> Any:
-    """A field with its group and help text; ``default`` may be a factory."""
-    assert group in GROUPS, group
-    extra: dict[str, Any] = {"group": group}
-    if callable(default) and not isinstance(default, type):
-        return Field(
-            default_factory=default, description=help, json_schema_extra=extra, **constraints
-        )
-    return Field(default, description=help, json_schema_extra=extra, **constraints)
-
-
 # Comma-separated in env and flags ("cpu,cuda:0"), a list in TOML. NoDecode: pydantic-settings
 # would otherwise read a list-typed env value as JSON.
 Names = Annotated[tuple[str, ...], NoDecode]
 Aliases = Annotated[dict[str, str], NoDecode]
 Device = Annotated[str, StringConstraints(pattern=r"^(cpu|cuda(:\d+)?)$")]
+# The bounds most settings share (pydantic's own NonNegativeInt and PositiveFloat beside them).
+AtLeastOne = Annotated[int, Field(ge=1)]
 
 
 class Settings(BaseSettings):
@@ -127,600 +137,312 @@ class Settings(BaseSettings):
         frozen=True,
         coerce_numbers_to_str=True,  # `redis_prefix = 7` in TOML means "7"
         validate_default=True,
+        use_attribute_docstrings=True,  # each setting's help: the docstring below it
     )
 
     # --- server ---
-    host: str = _opt("server", "127.0.0.1", "Address to listen on.")
-    port: int = _opt("server", 8080, "TCP port to listen on.", ge=0, le=65535)
-    workers: Annotated[int, Field(ge=1, le=64)] | Literal["auto"] = _opt(
-        "server",
-        "auto",
-        "Gateway processes serving one port (SO_REUSEPORT); metrics are aggregated across them. "
-        "auto: one per core when synthesis runs in worker processes (they share one pool per "
-        "host), 1 when engines run in the gateway (synth_workers 0); the start log says what it "
-        "chose and why.",
-    )
-    event_loop: Literal["auto", "uvloop", "asyncio"] = _opt(
-        "server",
-        "auto",
-        "Event loop of the server: uvloop, asyncio, or auto (uvloop when installed, else asyncio).",
-    )
-    shutdown_timeout_s: int = _opt(
-        "server",
-        30,
-        "On SIGTERM, seconds to let in-flight requests finish before closing connections.",
-        ge=0,
-    )
-    keepalive_timeout_s: float = _opt(
-        "server",
-        75.0,
-        "Seconds a connection may sit idle, before its first request or between requests, "
-        "including one whose request headers have not all arrived (slow-header clients are "
-        "dropped after it). Keep it above a reverse proxy's upstream idle timeout.",
-        gt=0,
-    )
-    body_timeout_s: float = _opt(
-        "server",
-        30.0,
-        "Seconds a request body may take to arrive once its headers are in; beyond it a 408 and "
-        "the connection is closed.",
-        gt=0,
-    )
-    write_timeout_s: float = _opt(
-        "server",
-        30.0,
-        "Seconds one piece of a streamed answer (chunked audio, events, a WebSocket message, a "
-        "Wyoming event) may wait for a slow reader to take it; beyond it the connection is "
-        "dropped.",
-        gt=0,
-    )
-    max_connections: int = _opt(
-        "server",
-        1024,
-        "Connections served at once per gateway process; one more is answered 503 and closed, "
-        "except that 8 more may each ask for GET /healthz or /readyz (answered, then closed).",
-        ge=1,
-    )
-    fast_path: bool = _opt(
-        "server",
-        True,
-        "Memory hits written by the gateway itself, and repeated requests on kept connections "
-        "answered from their bytes before HTTP parsing (both read aiohttp internals); false: "
-        "aiohttp writes every response, as it ships (the same bytes, more CPU per hit).",
-    )
+    host: str = "127.0.0.1"
+    """Address to listen on."""
+    port: int = Field(8080, ge=0, le=65535)
+    """TCP port to listen on."""
+    workers: Annotated[int, Field(ge=1, le=64)] | Literal["auto"] = "auto"
+    """Gateway processes serving one port (SO_REUSEPORT); metrics are aggregated across them. auto:
+    one per core when synthesis runs in worker processes (they share one pool per host), 1 when
+    engines run in the gateway (synth_workers 0); the start log says what it chose and why."""
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+    """Event loop of the server: uvloop, asyncio, or auto (uvloop when installed, else asyncio)."""
+    shutdown_timeout_s: NonNegativeInt = 30
+    """On SIGTERM, seconds to let in-flight requests finish before closing connections."""
+    keepalive_timeout_s: PositiveFloat = 75.0
+    """Seconds a connection may sit idle, before its first request or between requests, including
+    one whose request headers have not all arrived (slow-header clients are dropped after it). Keep
+    it above a reverse proxy's upstream idle timeout."""
+    body_timeout_s: PositiveFloat = 30.0
+    """Seconds a request body may take to arrive once its headers are in; beyond it a 408 and the
+    connection is closed."""
+    write_timeout_s: PositiveFloat = 30.0
+    """Seconds one piece of a streamed answer (chunked audio, events, a WebSocket message, a Wyoming
+    event) may wait for a slow reader to take it; beyond it the connection is dropped."""
+    max_connections: AtLeastOne = 1024
+    """Connections served at once per gateway process; one more is answered 503 and closed, except
+    that 8 more may each ask for GET /healthz or /readyz (answered, then closed)."""
+    fast_path: bool = True
+    """Memory hits written by the gateway itself, and repeated requests on kept connections answered
+    from their bytes before HTTP parsing (both read aiohttp internals); false: aiohttp writes every
+    response, as it ships (the same bytes, more CPU per hit)."""
 
     # --- HTTP limits ---
-    max_input_chars: int = _opt("http", 4096, "Longest input text accepted, in characters.", ge=1)
-    max_body_kb: int = _opt("http", 256, "Largest request body accepted, in KiB.", ge=1)
-    max_audio_s: int = _opt(
-        "http",
-        600,
-        "Most seconds of audio one request may ask for, estimated up front from its characters "
-        "(symbols, emoji and digits weigh more: they are read out) and its speed; beyond it a "
-        "400 naming this limit.",
-        ge=1,
-    )
-    retry_after_s: int = _opt(
-        "http", 1, "Retry-After seconds sent with a 503 for a full queue.", ge=0
-    )
+    max_input_chars: AtLeastOne = 4096
+    """Longest input text accepted, in characters."""
+    max_body_kb: AtLeastOne = 256
+    """Largest request body accepted, in KiB."""
+    max_audio_s: AtLeastOne = 600
+    """Most seconds of audio one request may ask for, estimated up front from its characters
+    (symbols, emoji and digits weigh more: they are read out) and its speed; beyond it a 400 naming
+    this limit."""
+    retry_after_s: NonNegativeInt = 1
+    """Retry-After seconds sent with a 503 for a full queue."""
 
     # --- request defaults and aliases ---
-    default_model: str = _opt(
-        "api",
-        "piper",
-        "Model of requests that name none (voxgate say, catalogues, /api/tts, /synthesize); "
-        "an OpenAI voice alias on another model speaks with that model's first voice.",
-    )
-    default_voice: str = _opt(
-        "api",
-        "joe",
-        "Voice of requests that name none (voxgate say, catalogues, /api/tts).",
-    )
-    default_format: str = _opt(
-        "api", "mp3", "response_format when a request gives none (OpenAI's is mp3)."
-    )
-    model_aliases: Aliases = _opt(
-        "api",
-        lambda: dict(DEFAULT_MODEL_ALIASES),
-        "Model aliases added to OpenAI's names (tts-1, tts-1-hd, gpt-4o-mini-tts map to piper); "
-        "an alias of the same name replaces OpenAI's. Env/flag form: alias=model,alias=model.",
-    )
-    voice_aliases: Aliases = _opt(
-        "api",
-        lambda: dict(DEFAULT_VOICE_ALIASES),
-        "Voice aliases added to OpenAI's voices (alloy, ash, ... verse map to joe); an alias of "
-        "the same name replaces OpenAI's. Env/flag form: alias=voice,alias=voice.",
-    )
+    default_model: str = "piper"
+    """Model of requests that name none (voxgate say, catalogues, /api/tts, /synthesize); an OpenAI
+    voice alias on another model speaks with that model's first voice."""
+    default_voice: str = "joe"
+    """Voice of requests that name none (voxgate say, catalogues, /api/tts)."""
+    default_format: str = "mp3"
+    """response_format when a request gives none (OpenAI's is mp3)."""
+    model_aliases: Aliases = Field(default_factory=lambda: dict(DEFAULT_MODEL_ALIASES))
+    """Model aliases added to OpenAI's names (tts-1, tts-1-hd, gpt-4o-mini-tts map to piper); an
+    alias of the same name replaces OpenAI's. Env/flag form: alias=model,alias=model."""
+    voice_aliases: Aliases = Field(default_factory=lambda: dict(DEFAULT_VOICE_ALIASES))
+    """Voice aliases added to OpenAI's voices (alloy, ash, ... verse map to joe); an alias of the
+    same name replaces OpenAI's. Env/flag form: alias=voice,alias=voice."""
 
-    normalize: Literal["none", "llm", "numbers"] = _opt(
-        "api",
-        "none",
-        "Text front end of requests that choose none (their `normalize` field): none (the text "
-        "as it is), llm (Markdown emphasis, code fences, links, emoji and URLs made speakable "
-        "before the content address is computed; docs/api.md) or numbers (numbers, amounts, "
-        "dates, times and phone numbers written out in the voice's language; docs/ssml.md).",
-    )
-    ssml_max_depth: int = _opt(
-        "api", 32, "Deepest element nesting an SSML document may have (docs/ssml.md).", ge=1
-    )
-    ssml_max_elements: int = _opt(
-        "api", 1000, "Most elements an SSML document may have (docs/ssml.md).", ge=1
-    )
-    ssml_max_expanded_chars: int = _opt(
-        "api",
-        8192,
-        "Longest text an SSML document may expand to (say-as, sub), in characters.",
-        ge=1,
-    )
-    ssml_unknown_tags: Literal["refuse", "strip"] = _opt(
-        "api",
-        "refuse",
-        "An SSML tag voxgate does not know: refuse (400) or strip (its text is spoken).",
-    )
-    strict_instructions: bool = _opt(
-        "api",
-        False,
-        "Answer 400 to OpenAI's `instructions` on a model that cannot follow them (off: they are "
-        "accepted, ignored, kept out of the content address, and named in X-Ignored-Fields).",
-    )
-    strict_fields: bool = _opt(
-        "api",
-        False,
-        "Answer 400 to fields /v1/audio/speech does not know (off: they are ignored and named in "
-        "X-Ignored-Fields, so fields that later OpenAI API versions add do not break clients).",
-    )
+    normalize: Literal["none", "llm", "numbers"] = "none"
+    """Text front end of requests that choose none (their `normalize` field): none (the text as it
+    is), llm (Markdown emphasis, code fences, links, emoji and URLs made speakable before the
+    content address is computed; docs/api.md) or numbers (numbers, amounts, dates, times and phone
+    numbers written out in the voice's language; docs/ssml.md)."""
+    ssml_max_depth: AtLeastOne = 32
+    """Deepest element nesting an SSML document may have (docs/ssml.md)."""
+    ssml_max_elements: AtLeastOne = 1000
+    """Most elements an SSML document may have (docs/ssml.md)."""
+    ssml_max_expanded_chars: AtLeastOne = 8192
+    """Longest text an SSML document may expand to (say-as, sub), in characters."""
+    ssml_unknown_tags: Literal["refuse", "strip"] = "refuse"
+    """An SSML tag voxgate does not know: refuse (400) or strip (its text is spoken)."""
+    strict_instructions: bool = False
+    """Answer 400 to OpenAI's `instructions` on a model that cannot follow them (off: they are
+    accepted, ignored, kept out of the content address, and named in X-Ignored-Fields)."""
+    strict_fields: bool = False
+    """Answer 400 to fields /v1/audio/speech does not know (off: they are ignored and named in
+    X-Ignored-Fields, so fields that later OpenAI API versions add do not break clients)."""
 
     # --- cache tiers ---
-    cache_dir: Path = _opt("cache", default_cache_dir, "Directory of the disk tier (diskcache).")
-    memory_cache_mb: int = _opt(
-        "cache", 256, "Byte bound of the in-process LRU tier, in MiB (0 turns it off).", ge=0
-    )
-    disk_cache_mb: int = _opt(
-        "cache", 4096, "Size bound of the disk tier, in MiB (0 turns it off).", ge=0
-    )
-    quarantine_takes: int = _opt(
-        "cache",
-        200,
-        "Most refused takes kept for review under cache_dir/quarantine (the oldest go first; "
-        "docs/takes-review.md).",
-        ge=1,
-    )
-    quarantine_mb: int = _opt(
-        "cache", 64, "Most MiB of refused takes kept for review (the oldest go first).", ge=1
-    )
-    quarantine_ttl_h: float = _opt(
-        "cache", 168.0, "Hours a refused take is kept for review before it is dropped.", gt=0
-    )
+    cache_dir: Path = Field(default_factory=default_cache_dir)
+    """Directory of the disk tier (diskcache)."""
+    memory_cache_mb: NonNegativeInt = 256
+    """Byte bound of the in-process LRU tier, in MiB (0 turns it off)."""
+    disk_cache_mb: NonNegativeInt = 4096
+    """Size bound of the disk tier, in MiB (0 turns it off)."""
+    quarantine_takes: AtLeastOne = 200
+    """Most refused takes kept for review under cache_dir/quarantine (the oldest go first;
+    docs/takes-review.md)."""
+    quarantine_mb: AtLeastOne = 64
+    """Most MiB of refused takes kept for review (the oldest go first)."""
+    quarantine_ttl_h: PositiveFloat = 168.0
+    """Hours a refused take is kept for review before it is dropped."""
 
     # --- Redis tier and scale-out ---
-    redis_url: SecretStr = _opt(
-        "redis",
-        SecretStr(""),
-        "Redis shared by all replicas (empty: no Redis tier): redis://[user:password@]host:port/db, "
-        "rediss:// (TLS), unix:///path.sock, redis+cluster://host:port for Redis Cluster, or "
-        "redis+sentinel://host:26379[,host:port]/<service>/<db> for Sentinel. A secret: shown "
-        "masked, never logged.",
-    )
-    cache_secret: SecretStr = _opt(
-        "redis",
-        SecretStr(""),
-        "Key of the HMAC-SHA256 every Redis value and lock carries, and that names the "
-        "rate-limit counters (at least 16 characters; required with redis_url; the same on "
-        "every replica): a value written without it, or moved to another key, is never served. "
-        "Generate one with `openssl rand -hex 32`. A secret: shown masked, never logged.",
-    )
-    redis_prefix: str = _opt("redis", "voxgate:", "Prefix of every Redis key voxgate writes.")
-    redis_ttl_s: int = _opt(
-        "redis",
-        7 * 24 * 3600,
-        "TTL of unpinned Redis entries, in seconds (0: none; pinned: never).",
-        ge=0,
-    )
-    redis_max_entry_mb: int = _opt(
-        "redis",
-        16,
-        "Largest entry written to or read from Redis, in MiB (a larger value is refused before "
-        "it is buffered).",
-        ge=1,
-    )
-    redis_timeout_ms: int = _opt(
-        "redis", 500, "Timeout of one Redis operation, in ms (then: a miss).", ge=1
-    )
-    redis_breaker_failures: int = _opt(
-        "redis",
-        5,
-        "Consecutive Redis failures that open the circuit breaker (Redis then skipped).",
-        ge=1,
-    )
-    redis_breaker_reset_ms: int = _opt(
-        "redis",
-        2000,
-        "How long an open Redis breaker skips Redis before probing it again, in ms.",
-        ge=1,
-    )
-    redis_lock_ttl_ms: int = _opt(
-        "redis",
-        30000,
-        "TTL of a cross-replica synthesis lock (renewed while held), in ms.",
-        ge=100,
-    )
-    redis_lock_wait_s: int = _opt(
-        "redis",
-        60,
-        "Longest wait on another replica's synthesis before synthesizing here, in seconds.",
-        ge=1,
-    )
-    redis_lean_reads: bool = _opt(
-        "redis",
-        True,
-        "Read entries over voxgate's own pipelined RESP reader (redis:// and unix:// URLs; half "
-        "the CPU per GET of redis-py or less); false: through redis-py, like every other command.",
-    )
+    redis_url: SecretStr = SecretStr("")
+    """Redis shared by all replicas (empty: no Redis tier): redis://[user:password@]host:port/db,
+    rediss:// (TLS), unix:///path.sock, redis+cluster://host:port for Redis Cluster, or
+    redis+sentinel://host:26379[,host:port]/<service>/<db> for Sentinel. A secret: shown masked,
+    never logged."""
+    cache_secret: SecretStr = SecretStr("")
+    """Key of the HMAC-SHA256 every Redis value and lock carries, and that names the rate-limit
+    counters (at least 16 characters; required with redis_url; the same on every replica): a value
+    written without it, or moved to another key, is never served. Generate one with `openssl rand
+    -hex 32`. A secret: shown masked, never logged."""
+    redis_prefix: str = "voxgate:"
+    """Prefix of every Redis key voxgate writes."""
+    redis_ttl_s: NonNegativeInt = 7 * 24 * 3600
+    """TTL of unpinned Redis entries, in seconds (0: none; pinned: never)."""
+    redis_max_entry_mb: AtLeastOne = 16
+    """Largest entry written to or read from Redis, in MiB (a larger value is refused before it is
+    buffered)."""
+    redis_timeout_ms: AtLeastOne = 500
+    """Timeout of one Redis operation, in ms (then: a miss)."""
+    redis_breaker_failures: AtLeastOne = 5
+    """Consecutive Redis failures that open the circuit breaker (Redis then skipped)."""
+    redis_breaker_reset_ms: AtLeastOne = 2000
+    """How long an open Redis breaker skips Redis before probing it again, in ms."""
+    redis_lock_ttl_ms: int = Field(30000, ge=100)
+    """TTL of a cross-replica synthesis lock (renewed while held), in ms."""
+    redis_lock_wait_s: AtLeastOne = 60
+    """Longest wait on another replica's synthesis before synthesizing here, in seconds."""
+    redis_lean_reads: bool = True
+    """Read entries over voxgate's own pipelined RESP reader (redis:// and unix:// URLs; half the
+    CPU per GET of redis-py or less); false: through redis-py, like every other command."""
 
     # --- synthesis ---
-    piper_voices: Names = _opt(
-        "synthesis",
-        ("joe",),
-        "Piper voices: 'joe' (bundled) or name=/path/model.onnx (config beside it), comma-separated.",
-        min_length=1,
-    )
-    coqui_model: str = _opt(
-        "synthesis",
-        "",
-        "Coqui TTS model: a zoo name (e.g. tts_models/en/ljspeech/vits; Coqui downloads it once) "
-        "or a local checkpoint path; empty serves no Coqui model.",
-    )
-    coqui_config: str = _opt(
-        "synthesis",
-        "",
-        "config.json of a local Coqui checkpoint (default: config.json beside the checkpoint).",
-    )
-    coqui_name: str = _opt(
-        "synthesis",
-        "coqui",
-        "Model name the Coqui model is served under in the API.",
-        min_length=1,
-    )
-    coqui_mode: Literal["torch", "onnx", "int8", "fp16", "bf16"] = _opt(
-        "synthesis",
-        "torch",
-        "Coqui execution mode: torch (eager fp32), onnx (Coqui's VITS ONNX export in ONNX "
-        "Runtime), int8 (dynamic quantization of Linear/LSTM layers; a no-op for VITS), "
-        "fp16 or bf16 (autocast; fp16 needs CUDA).",
-    )
-    speech_marks: bool = _opt(
-        "synthesis",
-        True,
-        "Compute speech marks (each word's time, from the engine's phoneme durations) beside "
-        "synthesis for voices whose engine gives them (Piper; Coqui VITS): docs/speech-marks.md. "
-        "false: no voice has marks, and audio made then has none after it is turned back on.",
-    )
-    synthesis_precision: Literal["fp32", "int8"] = _opt(
-        "synthesis",
-        "fp32",
-        "Precision of the ONNX Runtime graphs (Piper voices; Coqui in coqui_mode onnx): fp32, or "
-        "int8 (static QDQ quantization of the convolutions, derived once per model into "
-        "cache_dir; its own content addresses). docs/synthesis.md has the measured speed and "
-        "distance from fp32.",
-    )
-    upstreams_file: str = _opt(
-        "synthesis",
-        "",
-        "TOML file of upstreams: remote TTS services and other TTS servers (OpenAI or any "
-        "OpenAI-compatible server, another voxgate) served as models of the same store, each "
-        "under its own name ([[upstream]] entries: docs/upstreams.md); their tunables are "
-        "reloaded on SIGHUP. Empty: none.",
-    )
-    devices: Annotated[tuple[Device, ...], NoDecode] = _opt(
-        "synthesis",
-        ("cpu",),
-        "Devices the engines run on, comma-separated: cpu, or cuda:0,cuda:1.",
-        min_length=1,
-    )
-    synth_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = _opt(
-        "synthesis",
-        "auto",
-        "Synthesis worker processes per model (0: engines run in-process threads). auto: one per "
-        "core shared by the gateway processes (measured fastest for Piper), one per device on "
-        "CUDA; voxgate tune measures this machine. On CUDA devices the pool has one worker per "
-        "device.",
-    )
-    synth_threads: int = _opt(
-        "synthesis", 1, "Batches one model runs at a time (in-process engine threads).", ge=1
-    )
-    intra_op_threads: Annotated[int, Field(ge=0)] | Literal["auto"] = _opt(
-        "synthesis",
-        "auto",
-        "ONNX Runtime / torch threads per engine (auto or 0: cores / engines running at once).",
-    )
-    queue_size: int = _opt(
-        "synthesis",
-        64,
-        "Synthesis items that may wait per model; beyond it a miss gets 503.",
-        ge=1,
-    )
-    max_batch: int = _opt(
-        "synthesis",
-        0,
-        "Most items per engine batch (0: auto, 1 on CPU where batching measured slower, 8 on "
-        "CUDA). Engines that cannot split a batch exactly (Piper, Coqui onnx) always run 1.",
-        ge=0,
-    )
-    max_wait_ms: int = _opt(
-        "synthesis",
-        5,
-        "Milliseconds a batch waits for compatible items to join it (with max_batch > 1).",
-        ge=0,
-    )
-    batch_timeout_s: int = _opt(
-        "synthesis",
-        120,
-        "Seconds one batch may run: a worker process past it is killed and replaced; an "
-        "in-process engine's batch is abandoned (its thread cannot be killed) and answered 503.",
-        ge=1,
-    )
-    queue_per_client: int = _opt(
-        "synthesis",
-        16,
-        "Synthesis items one client (its API key's name when keys are on, else its address) may "
-        "have waiting per model, so no one client fills the queue; beyond it a miss gets 429. "
-        "At least max_parallel_sentences is used, so one long text never trips it alone.",
-        ge=1,
-    )
-    renders_per_client: int = _opt(
-        "synthesis",
-        16,
-        "Renditions one client may have in the making at once (each new text, format or sample "
-        "rate it asks for: transcodes of stored audio, which no synthesis queue bounds, "
-        "included); one more gets 429 (render_share).",
-        ge=1,
-    )
-    take_checks: Literal["off", "signal", "asr"] = _opt(
-        "synthesis",
-        "signal",
-        "Checks every new take (from every engine and upstream) passes before it is stored "
-        "(docs/takes.md): signal (duration for the text and speed, speech present, no holes, "
-        "clipping, NaN or DC offset; under a hundredth of a local synthesis's CPU), asr (signal plus a "
-        "speech-recognition round trip for English voices; needs the asr extra), or off. A "
-        "refused take is never stored or served.",
-    )
-    take_limits: dict[str, dict[str, Any]] = _opt(
-        "synthesis",
-        lambda: {},
-        "Take checks loosened per model or per voice: 'model' or 'model/voice' to the limits it "
-        'changes (docs/takes.md lists them), e.g. {"piper/joe": {"max_hole_s": 3}, '
-        '"openai": {"skip": ["speed_ignored"]}}: a voice whose long pause or whisper is '
-        "intended. Env/flag form: JSON.",
-    )
-    take_retries: int = _opt(
-        "synthesis",
-        2,
-        "New takes drawn after a refused one (a provider is called again, billed); when these "
-        "are refused too the request gets 502 take_rejected naming the reasons.",
-        ge=0,
-        le=5,
-    )
-    synth_max_reply_mb: int = _opt(
-        "synthesis",
-        64,
-        "Largest reply a synthesis worker process may send for one batch, in MiB; a larger one "
-        "is refused unread and the worker replaced.",
-        ge=1,
-    )
+    piper_voices: Names = Field(("joe",), min_length=1)
+    """Piper voices: 'joe' (bundled) or name=/path/model.onnx (config beside it),
+    comma-separated."""
+    coqui_model: str = ""
+    """Coqui TTS model: a zoo name (e.g. tts_models/en/ljspeech/vits; Coqui downloads it once) or a
+    local checkpoint path; empty serves no Coqui model."""
+    coqui_config: str = ""
+    """config.json of a local Coqui checkpoint (default: config.json beside the checkpoint)."""
+    coqui_name: str = Field("coqui", min_length=1)
+    """Model name the Coqui model is served under in the API."""
+    coqui_mode: Literal["torch", "onnx", "int8", "fp16", "bf16"] = "torch"
+    """Coqui execution mode: torch (eager fp32), onnx (Coqui's VITS ONNX export in ONNX Runtime),
+    int8 (dynamic quantization of Linear/LSTM layers; a no-op for VITS), fp16 or bf16 (autocast;
+    fp16 needs CUDA)."""
+    speech_marks: bool = True
+    """Compute speech marks (each word's time, from the engine's phoneme durations) beside synthesis
+    for voices whose engine gives them (Piper; Coqui VITS): docs/speech-marks.md. false: no voice
+    has marks, and audio made then has none after it is turned back on."""
+    synthesis_precision: Literal["fp32", "int8"] = "fp32"
+    """Precision of the ONNX Runtime graphs (Piper voices; Coqui in coqui_mode onnx): fp32, or int8
+    (static QDQ quantization of the convolutions, derived once per model into cache_dir; its own
+    content addresses). docs/synthesis.md has the measured speed and distance from fp32."""
+    upstreams_file: str = ""
+    """TOML file of upstreams: remote TTS services and other TTS servers (OpenAI or any
+    OpenAI-compatible server, another voxgate) served as models of the same store, each under its
+    own name ([[upstream]] entries: docs/upstreams.md); their tunables are reloaded on SIGHUP.
+    Empty: none."""
+    devices: Annotated[tuple[Device, ...], NoDecode] = Field(("cpu",), min_length=1)
+    """Devices the engines run on, comma-separated: cpu, or cuda:0,cuda:1."""
+    synth_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
+    """Synthesis worker processes per model (0: engines run in-process threads). auto: one per core
+    shared by the gateway processes (measured fastest for Piper), one per device on CUDA; voxgate
+    tune measures this machine. On CUDA devices the pool has one worker per device."""
+    synth_threads: AtLeastOne = 1
+    """Batches one model runs at a time (in-process engine threads)."""
+    intra_op_threads: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
+    """ONNX Runtime / torch threads per engine (auto or 0: cores / engines running at once)."""
+    queue_size: AtLeastOne = 64
+    """Synthesis items that may wait per model; beyond it a miss gets 503."""
+    max_batch: NonNegativeInt = 0
+    """Most items per engine batch (0: auto, 1 on CPU where batching measured slower, 8 on CUDA).
+    Engines that cannot split a batch exactly (Piper, Coqui onnx) always run 1."""
+    max_wait_ms: NonNegativeInt = 5
+    """Milliseconds a batch waits for compatible items to join it (with max_batch > 1)."""
+    batch_timeout_s: AtLeastOne = 120
+    """Seconds one batch may run: a worker process past it is killed and replaced; an in-process
+    engine's batch is abandoned (its thread cannot be killed) and answered 503."""
+    queue_per_client: AtLeastOne = 16
+    """Synthesis items one client (its API key's name when keys are on, else its address) may have
+    waiting per model, so no one client fills the queue; beyond it a miss gets 429. At least
+    max_parallel_sentences is used, so one long text never trips it alone."""
+    renders_per_client: AtLeastOne = 16
+    """Renditions one client may have in the making at once (each new text, format or sample rate it
+    asks for: transcodes of stored audio, which no synthesis queue bounds, included); one more gets
+    429 (render_share)."""
+    take_checks: Literal["off", "signal", "asr"] = "signal"
+    """Checks every new take (from every engine and upstream) passes before it is stored
+    (docs/takes.md): signal (duration for the text and speed, speech present, no holes, clipping,
+    NaN or DC offset; under a hundredth of a local synthesis's CPU), asr (signal plus a
+    speech-recognition round trip for English voices; needs the asr extra), or off. A refused take
+    is never stored or served."""
+    take_limits: dict[str, dict[str, Any]] = Field(default_factory=lambda: {})
+    """Take checks loosened per model or per voice: 'model' or 'model/voice' to the limits it
+    changes (docs/takes.md lists them), e.g. {"piper/joe": {"max_hole_s": 3}, "openai": {"skip":
+    ["speed_ignored"]}}: a voice whose long pause or whisper is intended. Env/flag form: JSON."""
+    take_retries: int = Field(2, ge=0, le=5)
+    """New takes drawn after a refused one (a provider is called again, billed); when these are
+    refused too the request gets 502 take_rejected naming the reasons."""
+    synth_max_reply_mb: AtLeastOne = 64
+    """Largest reply a synthesis worker process may send for one batch, in MiB; a larger one is
+    refused unread and the worker replaced."""
 
     # --- sentences and streaming ---
-    sentence_pause_ms: int = _opt(
-        "sentences",
-        250,
-        "Silence between sentences when a text's per-sentence audio is joined, in ms.",
-        ge=0,
-        le=5000,
-    )
-    max_parallel_sentences: int = _opt(
-        "sentences",
-        8,
-        "Sentences of one request submitted to the synthesis queue at the same time.",
-        ge=1,
-    )
-    max_sentence_chars: int = _opt(
-        "sentences",
-        300,
-        "Longest sentence synthesized as one piece, in characters; a longer one is cut at "
-        "clause, then word boundaries (each piece is its own cache entry).",
-        ge=20,
-        le=100_000,
-    )
+    sentence_pause_ms: int = Field(250, ge=0, le=5000)
+    """Silence between sentences when a text's per-sentence audio is joined, in ms."""
+    max_parallel_sentences: AtLeastOne = 8
+    """Sentences of one request submitted to the synthesis queue at the same time."""
+    max_sentence_chars: int = Field(300, ge=20, le=100_000)
+    """Longest sentence synthesized as one piece, in characters; a longer one is cut at clause, then
+    word boundaries (each piece is its own cache entry)."""
 
     # --- logging ---
-    log_level: Literal["debug", "info", "warning", "error"] = _opt(
-        "logging", "info", "Log level: debug, info, warning, error."
-    )
-    log_format: Literal["json", "text"] = _opt(
-        "logging",
-        "json",
-        "Log line format: json (one JSON object a line) or text (for a terminal).",
-    )
-    access_log: bool = _opt(
-        "logging",
-        True,
-        "Write one JSON line per request to stderr (buffered, <= 0.2 s).",
-    )
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Log level: debug, info, warning, error."""
+    log_format: Literal["json", "text"] = "json"
+    """Log line format: json (one JSON object a line) or text (for a terminal)."""
+    access_log: bool = True
+    """Write one JSON line per request to stderr (buffered, <= 0.2 s)."""
 
     # --- prompt catalogues ---
-    max_catalogue_prompts: int = _opt(
-        "catalogue", 1000, "Most prompts one POST /v1/prompts may carry.", ge=1
-    )
-    catalogue_concurrency: int = _opt(
-        "catalogue", 4, "Prompts rendered at once by voxgate warm and POST /v1/prompts.", ge=1
-    )
-    pin_quota_mb: int = _opt(
-        "catalogue",
-        1024,
-        "Most MiB pinned in all (POST /v1/prompts, voxgate warm), counted for the whole host, or "
-        "for every replica with Redis: each pinned entry's size plus its record. A catalogue "
-        "past it is refused (413) and pins nothing. Keep it below Redis's maxmemory.",
-        ge=0,
-    )
-    revision_refresh_s: float = _opt(
-        "catalogue",
-        10.0,
-        "Seconds between two reads of the models' address revisions in the pin registry (what "
-        "voxgate rollout switches): how soon a running gateway serves a rolled-out revision. "
-        "0: read at start only.",
-        ge=0,
-        le=3600,
-    )
-    pin_quota_mb_per_key: int = _opt(
-        "catalogue",
-        256,
-        "Most MiB the pins of one API key may take (within pin_quota_mb); pins made without a "
-        "key (no keys file, voxgate warm) are bounded by pin_quota_mb alone.",
-        ge=0,
-    )
+    max_catalogue_prompts: AtLeastOne = 1000
+    """Most prompts one POST /v1/prompts may carry."""
+    catalogue_concurrency: AtLeastOne = 4
+    """Prompts rendered at once by voxgate warm and POST /v1/prompts."""
+    pin_quota_mb: NonNegativeInt = 1024
+    """Most MiB pinned in all (POST /v1/prompts, voxgate warm), counted for the whole host, or for
+    every replica with Redis: each pinned entry's size plus its record. A catalogue past it is
+    refused (413) and pins nothing. Keep it below Redis's maxmemory."""
+    revision_refresh_s: float = Field(10.0, ge=0, le=3600)
+    """Seconds between two reads of the models' address revisions in the pin registry (what voxgate
+    rollout switches): how soon a running gateway serves a rolled-out revision. 0: read at start
+    only."""
+    pin_quota_mb_per_key: NonNegativeInt = 256
+    """Most MiB the pins of one API key may take (within pin_quota_mb); pins made without a key (no
+    keys file, voxgate warm) are bounded by pin_quota_mb alone."""
 
     # --- Wyoming (Home Assistant) ---
-    wyoming_port: int = _opt(
-        "wyoming",
-        0,
-        "TCP port of the Wyoming server Home Assistant connects to (0: off; wyoming-piper uses "
-        "10200).",
-        ge=0,
-        le=65535,
-    )
-    wyoming_host: str = _opt(
-        "wyoming",
-        "",
-        "Address the Wyoming server listens on (empty: the same as host). The protocol has no "
-        "authentication: listen only where Home Assistant, and nobody else, can reach it.",
-    )
-    wyoming_max_connections: int = _opt(
-        "wyoming",
-        64,
-        "Wyoming connections served at once per gateway process; one more is sent an error "
-        "event and closed.",
-        ge=1,
-    )
-    wyoming_idle_timeout_s: float = _opt(
-        "wyoming",
-        60.0,
-        "Seconds a Wyoming connection may wait for the client's next event (or for the rest of "
-        "one it began); beyond it the connection is closed. Home Assistant opens a connection "
-        "per utterance, and streams a reply's text as a language model writes it.",
-        gt=0,
-    )
-    wyoming_samples_per_chunk: int = _opt(
-        "wyoming", 1024, "Samples in each audio-chunk event the Wyoming server sends.", ge=64
-    )
+    wyoming_port: int = Field(0, ge=0, le=65535)
+    """TCP port of the Wyoming server Home Assistant connects to (0: off; wyoming-piper uses
+    10200)."""
+    wyoming_host: str = ""
+    """Address the Wyoming server listens on (empty: the same as host). The protocol has no
+    authentication: listen only where Home Assistant, and nobody else, can reach it."""
+    wyoming_max_connections: AtLeastOne = 64
+    """Wyoming connections served at once per gateway process; one more is sent an error event and
+    closed."""
+    wyoming_idle_timeout_s: PositiveFloat = 60.0
+    """Seconds a Wyoming connection may wait for the client's next event (or for the rest of one it
+    began); beyond it the connection is closed. Home Assistant opens a connection per utterance, and
+    streams a reply's text as a language model writes it."""
+    wyoming_samples_per_chunk: int = Field(1024, ge=64)
+    """Samples in each audio-chunk event the Wyoming server sends."""
 
     # --- telephony ---
-    public_url: str = _opt(
-        "telephony",
-        "",
-        "Base URL players reach this gateway at (e.g. http://tts.example:8080): URLs returned by "
-        "POST /v1/prompts and voxgate sign-url are absolute when set, paths when empty.",
-        pattern=r"^(https?://[^\s?#]+)?$",
-    )
-    audio_max_age_s: int = _opt(
-        "telephony",
-        31536000,
-        "Cache-Control max-age of content-address URLs (/v1/audio/{key}[.ext]): their bytes never "
-        "change, so players may keep them long.",
-        ge=0,
-    )
-    synthesis_max_age_s: int = _opt(
-        "telephony",
-        86400,
-        "Cache-Control max-age of synthesis URLs players fetch with GET (/v1/say/..., "
-        "/synthesize, GET /api/tts): a new model or voice changes what they answer.",
-        ge=0,
-    )
-    url_signing_secret: SecretStr = _opt(
-        "telephony",
-        SecretStr(""),
-        "HMAC key of signed say URLs (/v1/say/s/{signature}/...) for players that cannot send an "
-        "API key; empty: signed URLs are refused. A secret: shown masked, never logged.",
-    )
-    signed_url_ttl_s: int = _opt(
-        "telephony",
-        30 * 86400,
-        "Seconds a signed say URL stays valid when its signer names no expiry (POST /v1/say/sign "
-        "without expires_in, voxgate sign-url without --expires-in). Every signed URL expires.",
-        ge=1,
-    )
-    signed_url_max_s: int = _opt(
-        "telephony",
-        365 * 86400,
-        "Longest validity a signed say URL may be given, in seconds; a longer expires_in is a 400.",
-        ge=1,
-    )
-    public_audio_urls: bool = _opt(
-        "telephony",
-        True,
-        "With API keys on, content-address URLs (/v1/audio/{key}[.ext]) are read without a key: "
-        "a key is a 256-bit capability only the gateway hands out.",
-    )
+    public_url: str = Field("", pattern=r"^(https?://[^\s?#]+)?$")
+    """Base URL players reach this gateway at (e.g. http://tts.example:8080): URLs returned by POST
+    /v1/prompts and voxgate sign-url are absolute when set, paths when empty."""
+    audio_max_age_s: NonNegativeInt = 31536000
+    """Cache-Control max-age of content-address URLs (/v1/audio/{key}[.ext]): their bytes never
+    change, so players may keep them long."""
+    synthesis_max_age_s: NonNegativeInt = 86400
+    """Cache-Control max-age of synthesis URLs players fetch with GET (/v1/say/..., /synthesize, GET
+    /api/tts): a new model or voice changes what they answer."""
+    url_signing_secret: SecretStr = SecretStr("")
+    """HMAC key of signed say URLs (/v1/say/s/{signature}/...) for players that cannot send an API
+    key; empty: signed URLs are refused. A secret: shown masked, never logged."""
+    signed_url_ttl_s: AtLeastOne = 30 * 86400
+    """Seconds a signed say URL stays valid when its signer names no expiry (POST /v1/say/sign
+    without expires_in, voxgate sign-url without --expires-in). Every signed URL expires."""
+    signed_url_max_s: AtLeastOne = 365 * 86400
+    """Longest validity a signed say URL may be given, in seconds; a longer expires_in is a 400."""
+    public_audio_urls: bool = True
+    """With API keys on, content-address URLs (/v1/audio/{key}[.ext]) are read without a key: a key
+    is a 256-bit capability only the gateway hands out."""
     jambonz_content_type: Literal["audio/l16;rate=8000", "audio/l16;rate=16000", "audio/wav"] = (
-        _opt(
-            "telephony",
-            "audio/l16;rate=8000",
-            "Encoding of POST /v1/jambonz/tts answers: raw 16-bit PCM at 8 or 16 kHz, or 8 kHz "
-            "PCM WAV.",
-        )
+        "audio/l16;rate=8000"
     )
-    jambonz_unknown_voice: Literal["default", "reject"] = _opt(
-        "telephony",
-        "default",
-        "A jambonz voice (and language) that names no voice or alias: speak with the default "
-        "voice, or reject it with 400.",
-    )
+    """Encoding of POST /v1/jambonz/tts answers: raw 16-bit PCM at 8 or 16 kHz, or 8 kHz PCM WAV."""
+    jambonz_unknown_voice: Literal["default", "reject"] = "default"
+    """A jambonz voice (and language) that names no voice or alias: speak with the default voice, or
+    reject it with 400."""
 
     # --- security (docs/security.md) ---
-    api_keys_file: str = _opt(
-        "security",
-        "",
-        "TOML file of API keys (names, SHA-256 hashes of their secrets, scopes, per-minute "
-        "limits; `voxgate keys add` writes it), reloaded on SIGHUP. Empty: no keys, every "
-        "route is open.",
-    )
-    api_keys_init: bool = _opt(
-        "security",
-        False,
-        "At start, when api_keys_file does not exist, make it (0600) with a key named admin "
-        "(scopes admin, speak, read) and print that key's secret once on stderr; the file holds "
-        "hashes only. For a container's first start (the Docker image turns it on).",
-    )
-    api_keys_init_metrics_secret: SecretStr = _opt(
-        "security",
-        SecretStr(""),
-        "With api_keys_init: the secret of a key named prometheus (scope metrics: GET /metrics "
-        "only) put in the keys file it makes, for the Prometheus that scrapes with metrics_auth "
-        "on (at least 16 characters). A secret: shown masked, never logged.",
-    )
-    require_json_content_type: bool = _opt(
-        "security",
-        True,
-        "Routes whose body is JSON only (those with a 415 in /openapi.json) need Content-Type "
-        "application/json, else 415: a browser page cannot send them cross-origin without a "
-        "CORS preflight.",
-    )
-    allowed_hosts: Names = _opt(
-        "security",
-        (),
-        "Host names (Host header, port ignored) the gateway answers, comma-separated; another "
-        "gets 421 (against DNS rebinding). Empty: any host.",
-    )
-    cors_origins: Names = _opt(
-        "security",
-        (),
-        "Origins (https://app.example) whose browser pages may call the gateway, comma-separated; "
-        "their preflights (OPTIONS) are answered. Empty: CORS off.",
-    )
-    metrics_auth: bool = _opt(
-        "security",
-        False,
-        "With API keys on, GET /metrics needs a key with the admin or metrics scope (off: it is "
-        "open, like /healthz).",
-    )
+    api_keys_file: str = ""
+    """TOML file of API keys (names, SHA-256 hashes of their secrets, scopes, per-minute limits;
+    `voxgate keys add` writes it), reloaded on SIGHUP. Empty: no keys, every route is open."""
+    api_keys_init: bool = False
+    """At start, when api_keys_file does not exist, make it (0600) with a key named admin (scopes
+    admin, speak, read) and print that key's secret once on stderr; the file holds hashes only. For
+    a container's first start (the Docker image turns it on)."""
+    api_keys_init_metrics_secret: SecretStr = SecretStr("")
+    """With api_keys_init: the secret of a key named prometheus (scope metrics: GET /metrics only)
+    put in the keys file it makes, for the Prometheus that scrapes with metrics_auth on (at least 16
+    characters). A secret: shown masked, never logged."""
+    require_json_content_type: bool = True
+    """Routes whose body is JSON only (those with a 415 in /openapi.json) need Content-Type
+    application/json, else 415: a browser page cannot send them cross-origin without a CORS
+    preflight."""
+    allowed_hosts: Names = ()
+    """Host names (Host header, port ignored) the gateway answers, comma-separated; another gets 421
+    (against DNS rebinding). Empty: any host."""
+    cors_origins: Names = ()
+    """Origins (https://app.example) whose browser pages may call the gateway, comma-separated;
+    their preflights (OPTIONS) are answered. Empty: CORS off."""
+    metrics_auth: bool = False
+    """With API keys on, GET /metrics needs a key with the admin or metrics scope (off: it is open,
+    like /healthz)."""
 
     # ---- parsing the forms env and flags use --------------------------------------------------
 
@@ -786,15 +508,13 @@ class Settings(BaseSettings):
             out[alias.strip()] = target.strip()
         return out
 
-    @field_validator("model_aliases")
+    @field_validator("model_aliases", "voice_aliases")
     @classmethod
-    def _add_openai_models(cls, value: dict[str, str]) -> dict[str, str]:
-        return {**DEFAULT_MODEL_ALIASES, **value}
-
-    @field_validator("voice_aliases")
-    @classmethod
-    def _add_openai_voices(cls, value: dict[str, str]) -> dict[str, str]:
-        return {**DEFAULT_VOICE_ALIASES, **value}
+    def _add_openai_names(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        openai = (
+            DEFAULT_MODEL_ALIASES if info.field_name == "model_aliases" else DEFAULT_VOICE_ALIASES
+        )
+        return {**openai, **value}
 
     @field_validator("allowed_hosts")
     @classmethod
@@ -850,14 +570,13 @@ class Settings(BaseSettings):
                 "(--cache-secret or VOXGATE_CACHE_SECRET; the same on every replica; e.g. "
                 "`openssl rand -hex 32`)"
             )
-        if secret and len(secret.encode()) < 16:
-            raise ValueError("must be at least 16 characters")
         return value
 
-    @field_validator("api_keys_init_metrics_secret")
+    @field_validator("cache_secret", "api_keys_init_metrics_secret")
     @classmethod
-    def _metrics_secret_length(cls, value: SecretStr) -> SecretStr:
-        if value.get_secret_value() and len(value.get_secret_value().encode()) < 16:
+    def _secret_length(cls, value: SecretStr) -> SecretStr:
+        secret = value.get_secret_value()
+        if secret and len(secret.encode()) < 16:
             raise ValueError("must be at least 16 characters")
         return value
 
@@ -888,9 +607,7 @@ class Settings(BaseSettings):
     @classmethod
     def group_of(cls, name: str) -> str:
         """The group (a key of :data:`GROUPS`) the setting ``name`` belongs to."""
-        extra = cls.model_fields[name].json_schema_extra
-        assert isinstance(extra, dict)
-        return str(extra["group"])
+        return _GROUP_OF[name]
 
     @classmethod
     def load(
@@ -963,27 +680,35 @@ class Settings(BaseSettings):
             cores=cores,
         )
 
-    def effective_intra_op_threads(self) -> int:
-        """Threads per engine so that engines x threads fits the cores."""
-        return self.topology().intra_op_threads
-
-    def uses_cuda(self) -> bool:
-        """True when the engines run on CUDA devices."""
-        return any(d.startswith("cuda") for d in self.devices)
-
     def pool_workers(self) -> int:
         """Worker processes per model: one per CUDA device, else ``synth_workers`` (resolved)."""
         return self.topology().synth_workers
 
     def worker_threads(self) -> int:
-        """Intra-op threads per worker process, so that workers x threads fits the cores."""
+        """Intra-op threads per engine (a worker process or an in-process engine), so that
+        engines x threads fits the cores."""
         return self.topology().intra_op_threads
 
     def effective_max_batch(self) -> int:
         """``max_batch``, or what measured fastest on the device (CPU: 1, CUDA: 8)."""
         if self.max_batch:
             return self.max_batch
-        return 8 if self.uses_cuda() else 1
+        return 8 if any(d.startswith("cuda") for d in self.devices) else 1
+
+
+def _group_of_each(names: list[str]) -> dict[str, str]:
+    """Each setting's group (:data:`GROUP_STARTS`), in declaration order."""
+    group, out = "", {}
+    for name in names:
+        group = GROUP_STARTS.get(name, group)
+        out[name] = group
+    return out
+
+
+_GROUP_OF = _group_of_each(Settings.names())
+# Each help text is one line: its docstring breaks only where the source wraps it.
+for _field in Settings.model_fields.values():
+    _field.description = " ".join((_field.description or "").split())
 
 
 class MappingEnvSource(EnvSettingsSource):

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import NoReturn, Protocol
+from typing import NoReturn
 
 from prometheus_client import multiprocess, values
 
@@ -90,60 +90,43 @@ def prepare_metrics_dir() -> tuple[str, bool]:
     return str(path), False
 
 
-class Child(Protocol):
-    """A process the supervisor runs: the part of :class:`subprocess.Popen` it uses."""
-
-    @property
-    def pid(self) -> int: ...
-
-    def poll(self) -> int | None: ...
-
-    def wait(self, timeout: float | None = None) -> int: ...
-
-    def send_signal(self, sig: int) -> None: ...
-
-    def kill(self) -> None: ...
-
-
 class ForkedChild:
     """A gateway process forked from the supervisor, watched as :class:`subprocess.Popen` would."""
 
     def __init__(self, pid: int) -> None:
-        self._pid = pid
+        self.pid = pid
         self.returncode: int | None = None
-
-    @property
-    def pid(self) -> int:
-        return self._pid
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            pid, status = os.waitpid(self._pid, os.WNOHANG)
-            if pid == self._pid:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid == self.pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         if timeout is None:
-            _, status = os.waitpid(self._pid, 0)
+            _, status = os.waitpid(self.pid, 0)
             self.returncode = os.waitstatus_to_exitcode(status)
             return self.returncode
         deadline = time.monotonic() + timeout
         # Popen.wait(timeout) polls the same way: waitpid has no timeout of its own.
         while (rc := self.poll()) is None:
             if time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(f"pid {self._pid}", timeout)
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
             time.sleep(0.02)
         return rc
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
-            os.kill(self._pid, sig)
+            os.kill(self.pid, sig)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
 
+# A process the supervisor runs: the synthesis pool process, or a forked gateway process.
+Child = subprocess.Popen[bytes] | ForkedChild
 # A gateway process's entry point: ``voxgate ARGV`` (``serve`` and its flags); the exit status.
 Entry = Callable[[Sequence[str]], int]
 
@@ -296,13 +279,12 @@ class Supervisor:
             multiprocess.mark_process_dead(proc.pid, self.metrics_dir)  # type: ignore[no-untyped-call]
             lived = time.monotonic() - self.started[i]
             self.fast_failures[i] = self.fast_failures[i] + 1 if lived < FAST_FAILURE_S else 0
+            what = "synthesis pool process" if i == self.gateways else f"worker {i}"
             if self.fast_failures[i] >= MAX_FAST_FAILURES:
-                what = "synthesis pool process" if i == self.gateways else f"worker {i}"
                 log.error("%s keeps failing (exit %s); stopping", what, rc)
                 self.failed = True
                 self.stopping = True
                 return
-            what = "synthesis pool process" if i == self.gateways else f"worker {i}"
             log.error("%s (pid %d) exited with %s; restarting", what, proc.pid, rc)
             if self.fast_failures[i]:
                 time.sleep(1.0)
