@@ -332,10 +332,18 @@ class RedisTier:
         def unframe(value: bytes | memoryview) -> Entry:
             return self.seal.unframe(name, value)
 
+        async def lean_get(reader: RespReader) -> Entry | None:
+            try:
+                return await reader.get(name, unframe)
+            except ReplyTooLarge as exc:
+                # Never written by a gateway (put skips entries over the bound): a corrupt
+                # entry, deleted like one, not a failing Redis.
+                raise CorruptEntry("redis value over redis_max_entry_mb") from exc
+
         if reader is not None:
             # unframe runs as the reply lands (a CorruptEntry it raises comes out of the call);
             # a reply declaring more than max_entry_bytes is refused before a buffer is made.
-            return await self.guarded("get", lambda: self._lean_get(reader, name, unframe))
+            return await self.guarded("get", lambda: lean_get(reader))
         blob = await self.guarded("get", lambda: self.client.get(name))
         if blob is None:
             return None
@@ -345,17 +353,6 @@ class RedisTier:
             # redis-py has read it already (it cannot be told a bound); it is still not served.
             raise CorruptEntry("redis value larger than redis_max_entry_mb")
         return unframe(blob)
-
-    @staticmethod
-    async def _lean_get(
-        reader: RespReader, name: bytes, unframe: Callable[[memoryview], Entry]
-    ) -> Entry | None:
-        try:
-            return await reader.get(name, unframe)
-        except ReplyTooLarge as exc:
-            # Never written by a gateway (put skips entries over the bound): a corrupt entry,
-            # deleted like one, not a failing Redis.
-            raise CorruptEntry("redis value over redis_max_entry_mb") from exc
 
     async def put(self, key: str, entry: Entry) -> None:
         name = self.entry_key(key)
@@ -423,29 +420,27 @@ class RedisTier:
         if match.matches(meta):
             doomed.append(name)
 
-    async def _purge_batch(self, names: list[str], match: PurgeFilter) -> int:
-        async def heads() -> list[Any]:
+    async def _heads(self, spans: list[tuple[str, int]]) -> list[Any]:
+        """The first ``end`` bytes of each ``(name, end)``, in one pipeline."""
+
+        async def read() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
-            for name in names:
-                pipe.getrange(name, 0, _META_HEAD - 1)
+            for name, end in spans:
+                pipe.getrange(name, 0, end - 1)
             return list(await pipe.execute())
 
+        return await self.guarded("purge", read)
+
+    async def _purge_batch(self, names: list[str], match: PurgeFilter) -> int:
         doomed: list[str] = []
         # Metadata longer than the first read (an entry with speech marks): read again, as far
         # as it says, once.
         longer: list[tuple[str, int]] = []
-        for name, head in zip(names, await self.guarded("purge", heads), strict=True):
+        heads = await self._heads([(name, _META_HEAD) for name in names])
+        for name, head in zip(names, heads, strict=True):
             self._judge(name, head, match, doomed, longer)
         if longer:
-
-            async def rest() -> list[Any]:
-                pipe = self.client.pipeline(transaction=False)
-                for name, end in longer:
-                    pipe.getrange(name, 0, end - 1)
-                return list(await pipe.execute())
-
-            fetched = await self.guarded("purge", rest)
-            for (name, _), head in zip(longer, fetched, strict=True):
+            for (name, _), head in zip(longer, await self._heads(longer), strict=True):
                 self._judge(name, head, match, doomed, None)
         if not doomed:
             return 0
@@ -478,13 +473,6 @@ class RedisTier:
             size = sum(int(v) for v in size.values())
         used = _used_memory(info)
         return TierStats(self.name, int(size), used, None)
-
-    async def ping(self) -> bool:
-        """True when Redis answers now (for readiness reports)."""
-        try:
-            return bool(await self.guarded("ping", lambda: self.client.ping()))
-        except TierError:
-            return False
 
     async def close(self) -> None:
         if self.reader is not None:
