@@ -347,19 +347,14 @@ class RespReader:
         :class:`ResponseError` when Redis answers with an error, and :class:`ReplyTooLarge` for a
         value over ``max_bulk``.
         """
-        reply: T | None = await self.call(encode_command(b"GET", key), decode)
-        return reply
-
-    async def call(self, command: bytes, decode: Decode | None = None) -> Any:
-        """Send one encoded command and return its reply (an error reply is raised)."""
         loop = asyncio.get_running_loop()
         conn = self._conn
         if conn is None or not conn.usable or loop is not self._loop:
             conn = await self._connect(loop)
         sent = loop.time()
-        waiter = conn.request(command, decode)
+        waiter = conn.request(encode_command(b"GET", key), decode)
         try:
-            reply = await waiter
+            reply: T | None = await waiter
         except asyncio.CancelledError:
             if loop.time() - sent >= self.stall_s:
                 conn.close()  # a reply this late: Redis is in trouble; start afresh
