@@ -43,6 +43,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from cache.entry import CorruptEntry, Entry
@@ -218,10 +219,7 @@ class CrossReplicaFlight:
             while True:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.poll_max_s)
-                try:
-                    entry = await self.tier.get(key)
-                except CorruptEntry:
-                    entry = None  # the holder's put will overwrite it, or a takeover will
+                entry = await self._stored(key)
                 if entry is not None:
                     outcome = "result"
                     return await adopt(entry)
@@ -235,10 +233,7 @@ class CrossReplicaFlight:
                     # The holder may have stored its entry and released the lock between this
                     # poll's read and the acquire: read once more under the lock, so a finished
                     # production is adopted rather than made again.
-                    try:
-                        entry = await self.tier.get(key)
-                    except CorruptEntry:
-                        entry = None
+                    entry = await self._stored(key)
                     if entry is not None:
                         await self._release(lock)
                         outcome = "result"
@@ -255,6 +250,12 @@ class CrossReplicaFlight:
             if outcome != "takeover":
                 self._observe_wait(outcome, loop.time() - started)
         return await produce()
+
+    async def _stored(self, key: str) -> Entry | None:
+        try:
+            return await self.tier.get(key)
+        except CorruptEntry:
+            return None  # the holder's put will overwrite it, or a takeover will
 
     async def _evict_squatter(self, lock: _Lock) -> bool:
         """True when the lock held was not a live replica's (see the module's point 5) and this
@@ -299,15 +300,13 @@ class CrossReplicaFlight:
             self.metrics.redis_lock_wait_seconds.observe(seconds)
 
 
+@dataclass(slots=True)
 class _Lock:
     """One attempt's lock: its Redis key and the value this call wrote there last (empty until
     it holds the lock; replaced at each renewal)."""
 
-    __slots__ = ("name", "token")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.token = ""
+    name: str
+    token: str = ""
 
 
 # Deletes a key only if it still holds the value read: a replica that took the lock between the
