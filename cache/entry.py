@@ -170,12 +170,9 @@ class EntryMeta:
 
     def __post_init__(self) -> None:
         # JSON gives a list back; keep the frozen value hashable and equal to what was stored.
-        if not isinstance(self.parts, tuple):
-            object.__setattr__(self, "parts", tuple(self.parts))
-        if not isinstance(self.gaps_ms, tuple):
-            object.__setattr__(self, "gaps_ms", tuple(self.gaps_ms))
-        if not isinstance(self.trims, tuple):
-            object.__setattr__(self, "trims", tuple(self.trims))
+        for name in ("parts", "gaps_ms", "trims"):
+            if not isinstance(getattr(self, name), tuple):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
 
 
 _META_NAMES = tuple(EntryMeta.__dataclass_fields__)  # in field order
@@ -286,14 +283,10 @@ class Entry:
         own way (the Redis tier frames each blob with a CRC-32C).
         """
         try:
-            (n,) = _LEN.unpack_from(blob, 0)
-            if _LEN.size + n > len(blob):
-                raise CorruptEntry("entry metadata longer than the entry")
-            meta = _checked_meta(json.loads(bytes(blob[_LEN.size : _LEN.size + n])))
-        except (struct.error, ValueError, TypeError, RecursionError) as exc:
-            if isinstance(exc, CorruptEntry):
-                raise
-            raise CorruptEntry(f"unreadable entry: {type(exc).__name__}") from exc
+            meta = read_meta(blob)
+        except HeadTooShort:
+            raise CorruptEntry("entry metadata longer than the entry") from None
+        (n,) = _LEN.unpack_from(blob, 0)
         entry = cls(audio=bytes(blob[_LEN.size + n :]), meta=meta)
         if verify:
             entry.verify()
@@ -313,7 +306,7 @@ class HeadTooShort(CorruptEntry):
 MAX_META_BYTES = 64 * 1024 + 2 * 4 * MAX_MARKS_CHARS
 
 
-def read_meta(head: bytes) -> EntryMeta:
+def read_meta(head: bytes | memoryview) -> EntryMeta:
     """The metadata of a blob from its first bytes only (a purge scan need not fetch the audio).
 
     Raises :class:`CorruptEntry` when ``head`` is unreadable or too short to hold the metadata.
@@ -322,7 +315,7 @@ def read_meta(head: bytes) -> EntryMeta:
         (n,) = _LEN.unpack_from(head, 0)
         if len(head) < _LEN.size + n:
             raise HeadTooShort(_LEN.size + n)
-        return _checked_meta(json.loads(head[_LEN.size : _LEN.size + n]))
+        return _checked_meta(json.loads(bytes(head[_LEN.size : _LEN.size + n])))
     except (struct.error, ValueError, TypeError, RecursionError) as exc:
         if isinstance(exc, CorruptEntry):
             raise
