@@ -64,17 +64,13 @@ class MemoryTier:
         return entry
 
     def _evict(self) -> None:
-        evicted = 0
         if self._bytes <= self.max_bytes:
             return
-        for key in list(self._items):
+        evicted = 0
+        for key in [k for k, e in self._items.items() if not e.meta.pinned]:
             if self._bytes <= self.max_bytes:
                 break
-            entry = self._items[key]
-            if entry.meta.pinned:
-                continue
-            del self._items[key]
-            self._bytes -= entry.size
+            self._forget(key)
             evicted += 1
         if evicted and self._on_evict is not None:
             self._on_evict(evicted)
@@ -85,7 +81,7 @@ class MemoryTier:
     async def purge(self, match: PurgeFilter) -> int:
         doomed = [k for k, e in self._items.items() if match.matches(e.meta)]
         for key in doomed:
-            await self.delete(key)
+            self._forget(key)
         return len(doomed)
 
     async def stats(self) -> TierStats:
