@@ -137,7 +137,7 @@ class RawBytesDisk(diskcache.Disk):  # type: ignore[misc]  # diskcache ships no 
         """
         parts = _path_parts(filename)
         with ExitStack() as fds:
-            folder = _walk_folders(self._directory, parts, fds)
+            folder = _walk_folders(self._directory, parts, fds)[-1]
             try:
                 fd = os.open(parts[-1], _FILE_FLAGS, dir_fd=folder)
             except OSError as exc:
@@ -168,11 +168,9 @@ class RawBytesDisk(diskcache.Disk):  # type: ignore[misc]  # diskcache ships no 
             return
         with ExitStack() as fds:
             try:
-                folders = [_open_folder(self._directory, fds)]
-                for part in parts[:-1]:
-                    folders.append(_open_folder(part, fds, folders[-1]))
+                folders = _walk_folders(self._directory, parts, fds)
                 os.unlink(parts[-1], dir_fd=folders[-1])
-            except OSError:
+            except (OSError, CorruptEntry):
                 return
             # Empty folders go, deepest first, up to (not including) the cache directory.
             for depth in range(len(parts) - 1, 0, -1):
@@ -214,18 +212,18 @@ def _open_folder(name: str, fds: ExitStack, parent: int | None = None) -> int:
     return fd
 
 
-def _walk_folders(directory: str, parts: list[str], fds: ExitStack) -> int:
-    """The fd of the folder holding ``parts[-1]``, reached from ``directory`` one folder at a
-    time; :class:`CorruptEntry` when one on the way is a link or not a folder."""
-    folder = _open_folder(directory, fds)
+def _walk_folders(directory: str, parts: list[str], fds: ExitStack) -> list[int]:
+    """The fds of ``directory`` and of each folder on the way to ``parts[-1]``, reached one
+    folder at a time; :class:`CorruptEntry` when one on the way is a link or not a folder."""
+    folders = [_open_folder(directory, fds)]
     for part in parts[:-1]:
         try:
-            folder = _open_folder(part, fds, folder)
+            folders.append(_open_folder(part, fds, folders[-1]))
         except OSError as exc:
             if exc.errno in _LINK_ERRNOS:
                 raise CorruptEntry("a disk row whose path leads through a link") from None
             raise
-    return folder
+    return folders
 
 
 def _read_exactly(fd: int, size: int) -> bytes:
@@ -333,29 +331,22 @@ class DiskTier:
     async def put(self, key: str, entry: Entry) -> None:
         await self._run(self._put_sync, key, entry)
 
-    def _delete_sync(self, key: str) -> bool:
-        a = bool(self._cache.delete(key))
-        b = bool(self._pinned.delete(key))
-        return a or b
-
     async def delete(self, key: str) -> bool:
-        return await self._run(self._delete_sync, key)
+        deleted = await self._run(lambda: [c.delete(key) for c in (self._cache, self._pinned)])
+        return any(deleted)
+
+    def _sides(self, pinned: bool | None) -> list[diskcache.Cache]:
+        """The bounded side, the pinned side or both (``pinned`` None)."""
+        return [c for c, p in ((self._cache, False), (self._pinned, True)) if pinned in (None, p)]
 
     def iter_keys_sync(self, *, pinned: bool | None = None) -> Iterator[str]:
         """Iterate keys (synchronously; call from a thread). ``pinned`` selects one side."""
-        if pinned in (None, False):
-            yield from _keys(self._cache)
-        if pinned in (None, True):
-            yield from _keys(self._pinned)
+        for cache in self._sides(pinned):
+            yield from _keys(cache)
 
     def _purge_sync(self, match: PurgeFilter) -> int:
         removed = 0
-        sides = []
-        if match.pinned in (None, False):
-            sides.append(self._cache)
-        if match.pinned in (None, True):
-            sides.append(self._pinned)
-        for cache in sides:
+        for cache in self._sides(match.pinned):
             for key in list(_keys(cache)):
                 try:
                     blob = cache.get(key)
@@ -378,18 +369,11 @@ class DiskTier:
         except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
             raise TierError(f"disk tier purge: {exc}") from exc
 
-    def _stats_sync(self) -> TierStats:
-        n_lru, n_pin = len(self._cache), len(self._pinned)
-        return TierStats(
-            self.name,
-            n_lru + n_pin,
-            int(self._cache.volume()) + int(self._pinned.volume()),
-            self.max_bytes,
-            n_pin,
-        )
-
     async def stats(self) -> TierStats:
-        return await self._run(self._stats_sync)
+        sides = self._cache, self._pinned
+        sizes = await self._run(lambda: [(len(c), int(c.volume())) for c in sides])
+        (n_lru, lru_bytes), (n_pin, pin_bytes) = sizes
+        return TierStats(self.name, n_lru + n_pin, lru_bytes + pin_bytes, self.max_bytes, n_pin)
 
     def path_of(self, key: str) -> Path | None:
         """Where diskcache keeps a large value on disk (tests use it to corrupt an entry)."""
