@@ -348,13 +348,19 @@ class HostPinRegistry:
                 out[owner] = n
         return out
 
-    def _reserve_sync(
-        self, owner: str, items: list[PinItem], labels: Mapping[str, bytes], quota: PinQuota
+    async def reserve(
+        self,
+        owner: str,
+        items: Sequence[PinItem],
+        labels: Mapping[str, bytes],
+        quota: PinQuota,
     ) -> int:
+        unique, labels = _unique(items), dict(labels)
+
         def reserve(db: sqlite3.Connection) -> int:
             fresh = [
                 i
-                for i in items
+                for i in unique
                 if db.execute("SELECT 1 FROM pins WHERE key = ?", (i.key,)).fetchone() is None
             ]
             charges = [charge_of(i, labels.get(i.key)) for i in fresh]
@@ -381,22 +387,10 @@ class HostPinRegistry:
             )
             return needed
 
-        return self._write(reserve)
-
-    async def reserve(
-        self,
-        owner: str,
-        items: Sequence[PinItem],
-        labels: Mapping[str, bytes],
-        quota: PinQuota,
-    ) -> int:
-        return await self._run(self._reserve_sync, owner, _unique(items), dict(labels), quota)
-
-    def _usage_sync(self) -> PinUsage:
-        return PinUsage(self._owners(self._conn()))
+        return await self._run(self._write, reserve)
 
     async def usage(self) -> PinUsage:
-        return await self._run(self._usage_sync)
+        return await self._run(lambda: PinUsage(self._owners(self._conn())))
 
     def _listing_sync(self, limit: int) -> list[dict[str, object]]:
         db = self._conn()
@@ -423,7 +417,7 @@ class HostPinRegistry:
     async def listing(self, limit: int = LISTING_LIMIT) -> list[dict[str, object]]:
         return await self._run(self._listing_sync, limit)
 
-    def _forget_sync(self, match: PurgeFilter) -> int:
+    async def forget(self, match: PurgeFilter) -> int:
         def forget(db: sqlite3.Connection) -> int:
             doomed: list[tuple[object, object, object]] = []
             for key, owner, n, voice, model, created in db.execute(
@@ -445,10 +439,7 @@ class HostPinRegistry:
             db.execute("DELETE FROM owners WHERE bytes <= 0")
             return len(doomed)
 
-        return self._write(forget)
-
-    async def forget(self, match: PurgeFilter) -> int:
-        return await self._run(self._forget_sync, match)
+        return await self._run(self._write, forget)
 
     def _revisions_sync(self) -> dict[tuple[str, str], str]:
         out: dict[tuple[str, str], str] = {}
@@ -462,18 +453,11 @@ class HostPinRegistry:
     async def revisions(self) -> dict[tuple[str, str], str]:
         return await self._run(self._revisions_sync)
 
-    def _set_revision_sync(self, model: str, fingerprint: str, revision: str) -> None:
-        self._write(
-            lambda db: db.execute(
-                "INSERT OR REPLACE INTO revisions (model, fingerprint, revision, at) "
-                "VALUES (?, ?, ?, ?)",
-                (model, fingerprint, revision, time.time()),
-            )
-        )
-
     async def set_revision(self, model: str, fingerprint: str, revision: str) -> None:
         check_revision(model, fingerprint, revision)
-        await self._run(self._set_revision_sync, model, fingerprint, revision)
+        sql = "INSERT OR REPLACE INTO revisions (model, fingerprint, revision, at) VALUES (?,?,?,?)"
+        row = (model, fingerprint, revision, time.time())
+        await self._run(self._write, lambda db: db.execute(sql, row))
 
     def _close_sync(self) -> None:
         if self._db is not None:
