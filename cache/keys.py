@@ -34,11 +34,10 @@ def normalize_text(text: str) -> str:
     return _WHITESPACE_RE.sub(" ", unicodedata.normalize("NFC", text)).strip()
 
 
-def _canonical(value: Mapping[str, Any]) -> bytes:
+def _address(value: Mapping[str, Any]) -> str:
     # Sorted keys, no whitespace, floats in repr form: one byte string per logical value.
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(
-        "utf-8"
-    )
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.blake2b(canonical.encode("utf-8"), digest_size=32).hexdigest()
 
 
 def master_key(
@@ -68,7 +67,7 @@ def master_key(
     }
     if expansion:
         material["expansion"] = [list(segment) for segment in expansion]
-    return hashlib.blake2b(_canonical(material), digest_size=32).hexdigest()
+    return _address(material)
 
 
 def rendition_key(master: str, *, fmt: str, sample_rate: int) -> str:
@@ -80,7 +79,7 @@ def rendition_key(master: str, *, fmt: str, sample_rate: int) -> str:
         "format": fmt,
         "rate": sample_rate,
     }
-    return hashlib.blake2b(_canonical(material), digest_size=32).hexdigest()
+    return _address(material)
 
 
 def is_key(value: str) -> bool:
