@@ -9,6 +9,7 @@ import re
 import struct
 import time
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from crc32c import crc32c
 
@@ -188,43 +189,18 @@ class Entry:
 
     @classmethod
     def create(
-        cls,
-        audio: bytes,
-        *,
-        content_type: str,
-        fmt: str,
-        sample_rate: int,
-        model: str = "",
-        voice: str = "",
-        pinned: bool = False,
-        duration_s: float = 0.0,
-        master: str = "",
-        parts: tuple[str, ...] = (),
-        pause_ms: int = 0,
-        gaps_ms: tuple[int, ...] = (),
-        trims: tuple[bool, ...] = (),
-        alignment: str = "",
-        marks: str = "",
+        cls, audio: bytes, *, fmt: str, alignment: str = "", marks: str = "", **fields: Any
     ) -> Entry:
-        """Build an entry, computing its checksums."""
+        """Build an entry, computing its checksums; ``fields`` are the rest of
+        :class:`EntryMeta`'s (``content_type`` and ``sample_rate`` are required)."""
         meta = EntryMeta(
-            content_type=content_type,
             format=fmt,
-            sample_rate=sample_rate,
             checksum=checksum(audio),
-            model=model,
-            voice=voice,
-            pinned=pinned,
-            duration_s=duration_s,
-            master=master,
-            parts=parts,
-            pause_ms=pause_ms,
-            gaps_ms=gaps_ms,
-            trims=trims,
             digest=body_digest(audio),
             alignment=alignment,
             marks=marks,
             marks_checksum=marks_checksum(alignment, marks) if alignment or marks else "",
+            **fields,
         )
         return cls(audio=audio, meta=meta)
 
