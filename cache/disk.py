@@ -273,26 +273,22 @@ class DiskTier:
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
         _private_dir(self.directory)
-        for side in ("lru", "pinned"):  # before diskcache makes them 0755
-            _private_dir(self.directory / side)
         # Two caches: the bounded one evicts least-recently-stored entries when full; the pinned
         # one (a prompt catalogue) has no size limit, so eviction can never touch it.
-        self._cache = diskcache.Cache(
-            str(self.directory / "lru"),
-            size_limit=max_bytes,
-            eviction_policy="least-recently-stored",
-            timeout=timeout_s,
-            disk=RawBytesDisk,
-        )
-        self._pinned = diskcache.Cache(
-            str(self.directory / "pinned"),
-            size_limit=2**62,
-            eviction_policy="none",
-            timeout=timeout_s,
-            disk=RawBytesDisk,
-        )
-        for cache in (self._cache, self._pinned):
+        sides = {"lru": (max_bytes, "least-recently-stored"), "pinned": (2**62, "none")}
+        caches: list[diskcache.Cache] = []
+        for side, (limit, policy) in sides.items():
+            _private_dir(self.directory / side)  # before diskcache makes it 0755
+            cache = diskcache.Cache(
+                str(self.directory / side),
+                size_limit=limit,
+                eviction_policy=policy,
+                timeout=timeout_s,
+                disk=RawBytesDisk,
+            )
             cache.disk.max_file_bytes = max_bytes
+            caches.append(cache)
+        self._cache, self._pinned = caches
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="disk-tier")
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
