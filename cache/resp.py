@@ -29,6 +29,7 @@ import collections
 import re
 import socket
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 from redis.asyncio.connection import SSLConnection, parse_url
@@ -137,9 +138,6 @@ class RespProtocol(asyncio.BufferedProtocol):
             self._body = None
             self._filled = 0
             self.close()
-
-    def eof_received(self) -> bool:
-        return False  # close the transport: Redis closed its side
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = exc or RedisConnectionError("Redis closed the connection")
@@ -285,6 +283,7 @@ class RespProtocol(asyncio.BufferedProtocol):
         return InvalidResponse(f"Protocol error from Redis: {why}")
 
 
+@dataclass(kw_only=True, eq=False)
 class RespReader:
     """GETs over one lean pipelined connection, opened on first use and reopened after a loss.
 
@@ -292,25 +291,18 @@ class RespReader:
     Cluster, Sentinel): the caller then reads through redis-py.
     """
 
-    def __init__(
-        self,
-        *,
-        host: str = "localhost",
-        port: int = 6379,
-        path: str | None = None,
-        username: str | None = None,
-        password: str | None = None,
-        db: int = 0,
-        stall_s: float = 0.5,
-        max_bulk: int = MAX_BULK,
-    ) -> None:
-        self.host, self.port, self.path = host, port, path
-        self.username, self.password, self.db = username, password, db
-        self.stall_s = stall_s
-        self.max_bulk = max_bulk
-        self._conn: RespProtocol | None = None
-        self._connecting: asyncio.Lock | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None  # the loop both belong to
+    host: str = "localhost"
+    port: int = 6379
+    path: str | None = None
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    db: int = 0
+    stall_s: float = 0.5
+    max_bulk: int = MAX_BULK
+    _conn: RespProtocol | None = field(default=None, init=False, repr=False)
+    _connecting: asyncio.Lock | None = field(default=None, init=False, repr=False)
+    # The loop both belong to.
+    _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def for_url(
@@ -387,12 +379,8 @@ class RespReader:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
                 if self.password is not None:
-                    auth = (
-                        (b"AUTH", self.username, self.password)
-                        if self.username
-                        else (b"AUTH", self.password)
-                    )
-                    await self._expect_ok(conn, encode_command(*auth))
+                    user = (self.username,) if self.username else ()
+                    await self._expect_ok(conn, encode_command(b"AUTH", *user, self.password))
                 if self.db:
                     await self._expect_ok(conn, encode_command(b"SELECT", self.db))
             except BaseException:
