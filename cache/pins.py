@@ -173,16 +173,6 @@ def decode_label(key: str, data: bytes | memoryview) -> dict[str, object]:
     return body
 
 
-def _record(owner: str, charge: int, item: PinItem) -> dict[str, Any]:
-    return {
-        "owner": owner,
-        "bytes": charge,
-        "voice": item.voice,
-        "model": item.model,
-        "created": item.created,
-    }
-
-
 def _selects(match: PurgeFilter, key: str, voice: str, model: str, created: float) -> bool:
     """Whether a purge with ``match`` removes a pinned entry of this address, voice, model and
     age."""
@@ -588,8 +578,15 @@ class RedisPinRegistry:
         args.append(len(unique))
         for item in unique:
             charge = charge_of(item, labels.get(item.key))
-            record = json.dumps(_record(owner, charge, item), separators=(",", ":")).encode()
-            args += [item.key, charge, self._seal(self.records, item.key, record)]
+            record = {
+                "owner": owner,
+                "bytes": charge,
+                "voice": item.voice,
+                "model": item.model,
+                "created": item.created,
+            }
+            data = json.dumps(record, separators=(",", ":")).encode()
+            args += [item.key, charge, self._seal(self.records, item.key, data)]
         now_ms = time.time() * 1000
         for n, (key, label) in enumerate(labels.items()):
             args += [key, now_ms + n * 1e-3, self._seal(self.labels, key, label)]
