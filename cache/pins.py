@@ -173,18 +173,6 @@ def decode_label(key: str, data: bytes | memoryview) -> dict[str, object]:
     return body
 
 
-def _selects(match: PurgeFilter, key: str, voice: str, model: str, created: float) -> bool:
-    """Whether a purge with ``match`` removes a pinned entry of this address, voice, model and
-    age."""
-    return (
-        match.pinned is not False
-        and (match.keys is None or key in match.keys)
-        and (match.voice is None or voice == match.voice)
-        and (match.model is None or model == match.model)
-        and (match.older_than is None or created < match.older_than)
-    )
-
-
 def _unique(items: Sequence[PinItem]) -> list[PinItem]:
     seen: dict[str, PinItem] = {}
     for item in items:
@@ -236,8 +224,6 @@ def charge_of(item: PinItem, label: bytes | None) -> int:
     """What pinning ``item`` (with ``label``) is charged."""
     return item.bytes + RECORD_BYTES + (len(label) if label is not None else 0)
 
-
-# ---- one host: SQLite in the cache directory ------------------------------------------------
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS pins (
@@ -419,7 +405,7 @@ class HostPinRegistry:
                     and isinstance(created, (int, float))
                 )
                 # A row of another shape is dropped: it names nothing a gateway pinned.
-                if not well_formed or _selects(match, key, voice, model, float(created)):
+                if not well_formed or match.selects(voice, model, float(created), True, key):
                     doomed.append((key, owner, n))
             for key, owner, n in doomed:
                 db.execute("DELETE FROM pins WHERE key = ?", (key,))
@@ -459,8 +445,6 @@ class HostPinRegistry:
         await loop.run_in_executor(self._pool, self._close_sync)
         await asyncio.to_thread(self._pool.shutdown, wait=True)
 
-
-# ---- every replica: Redis --------------------------------------------------------------------
 
 # KEYS: records, sums, labels, order. ARGV: owner, per-owner limit (-1: none), total limit, the
 # number of items N, N x (key, charge, record), then (key, score, label) triplets to the end.
@@ -540,19 +524,15 @@ class RedisPinRegistry:
         self._forget = tier.client.register_script(_FORGET)
 
     def _seal(self, hash_key: str, field: str, data: bytes) -> bytes:
-        return self._tag(hash_key, field, data) + data
-
-    def _tag(self, hash_key: str, field: str, data: bytes | memoryview) -> bytes:
-        return self.tier.seal.tag(f"{hash_key}\0{field}".encode(), data)
+        return self.tier.seal.tag(f"{hash_key}\0{field}".encode(), data) + data
 
     def _open(self, hash_key: str, field: str, value: object) -> bytes:
         """The data of a sealed value; ValueError when it does not verify."""
         if not isinstance(value, bytes) or len(value) < _TAG:
             raise ValueError("not a sealed pin value")
-        data = value[_TAG:]
-        if not hmac.compare_digest(self._tag(hash_key, field, data), value[:_TAG]):
+        if not hmac.compare_digest(self._seal(hash_key, field, value[_TAG:]), value):
             raise ValueError("pin value fails authentication")
-        return data
+        return value[_TAG:]
 
     async def _call(
         self, op: str, fn: Callable[[], Any], timeout_s: float = _SCRIPT_TIMEOUT_S
@@ -569,13 +549,9 @@ class RedisPinRegistry:
         labels: Mapping[str, bytes],
         quota: PinQuota,
     ) -> int:
-        args: list[str | bytes | int | float] = [
-            owner,
-            -1 if quota.per_owner is None else quota.per_owner,
-            quota.total,
-        ]
         unique = _unique(items)
-        args.append(len(unique))
+        per_owner = -1 if quota.per_owner is None else quota.per_owner
+        args: list[str | bytes | int | float] = [owner, per_owner, quota.total, len(unique)]
         for item in unique:
             charge = charge_of(item, labels.get(item.key))
             record = {
@@ -659,7 +635,7 @@ class RedisPinRegistry:
             except (ValueError, TypeError, KeyError):
                 doomed += [key, "", 0, value]  # planted or altered: dropped, its numbers unused
                 continue
-            if _selects(match, key, voice, model, created):
+            if match.selects(voice, model, created, True, key):
                 doomed += [key, owner, charge, value]
         dropped = 0
         for start in range(0, len(doomed), 4 * _SCAN_BATCH):
@@ -670,11 +646,9 @@ class RedisPinRegistry:
         return dropped
 
     async def revisions(self) -> dict[tuple[str, str], str]:
-        async def read() -> dict[Any, Any]:
-            return dict(await self.tier.client.hgetall(self.revision_hash))
-
+        read = await self._call("pins", lambda: self.tier.client.hgetall(self.revision_hash))
         out: dict[tuple[str, str], str] = {}
-        for raw, value in (await self._call("pins", read)).items():
+        for raw, value in dict(read).items():
             field = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
             try:
                 revision = self._open(self.revision_hash, field, value).decode()

@@ -80,11 +80,18 @@ class PurgeFilter:
         """True when ``meta`` is selected by this filter."""
         if self.keys is not None:
             raise ValueError("a tier purge does not select by content address")
+        return self.selects(meta.voice, meta.model, meta.created, meta.pinned)
+
+    def selects(
+        self, voice: str, model: str, created: float, pinned: bool, key: str | None = None
+    ) -> bool:
+        """True when an entry of this voice, model, age, pin and address is selected."""
         return (
-            (self.voice is None or meta.voice == self.voice)
-            and (self.model is None or meta.model == self.model)
-            and (self.older_than is None or meta.created < self.older_than)
-            and (self.pinned is None or meta.pinned == self.pinned)
+            (self.keys is None or key in self.keys)
+            and (self.voice is None or voice == self.voice)
+            and (self.model is None or model == self.model)
+            and (self.older_than is None or created < self.older_than)
+            and (self.pinned is None or pinned == self.pinned)
         )
 
 
