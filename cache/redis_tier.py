@@ -164,18 +164,14 @@ def _sentinel_master(url: str, common: dict[str, Any]) -> Redis:
     parts = [unquote(x) for x in parsed.path.split("/") if x]
     if not parts:
         raise ValueError("redis+sentinel:// URL needs a service name: .../<service>[/<db>]")
-    kwargs = dict(common)
-    kwargs["db"] = int(parts[1]) if len(parts) > 1 else 0
-    if parsed.username:
-        kwargs["username"] = unquote(parsed.username)
-    if parsed.password:
-        kwargs["password"] = unquote(parsed.password)
-    ssl = parsed.scheme.lower().startswith("rediss")
     sentinel = Sentinel(
         sentinels,
         sentinel_kwargs={k: v for k, v in common.items() if k.startswith("socket_")},
-        ssl=ssl,
-        **kwargs,
+        ssl=parsed.scheme.lower().startswith("rediss"),
+        db=int(parts[1]) if len(parts) > 1 else 0,
+        username=unquote(parsed.username) if parsed.username else None,
+        password=unquote(parsed.password) if parsed.password else None,
+        **common,
     )
     master: Redis = sentinel.master_for(parts[0], retry=Retry(NoBackoff(), 1))
     return master
@@ -291,8 +287,6 @@ class RedisTier:
         """The Redis key of content key ``key``."""
         return f"{self.prefix}e:{key}"
 
-    # ---- the guarded call ----------------------------------------------------------------------
-
     async def guarded(
         self, op: str, call: Callable[[], Awaitable[T]], *, timeout_s: float | None = None
     ) -> T:
@@ -322,8 +316,6 @@ class RedisTier:
     def _skipped(self, op: str, reason: str) -> None:
         if self.metrics is not None:
             self.metrics.redis_skipped.labels(op, reason).inc()
-
-    # ---- Tier protocol -------------------------------------------------------------------------
 
     async def get(self, key: str) -> Entry | None:
         reader = self.reader
@@ -460,13 +452,9 @@ class RedisTier:
         """
 
         async def both() -> tuple[Any, Any]:
-            if isinstance(self.client, RedisCluster):  # every primary, not one random node
-                every = RedisCluster.PRIMARIES
-                return (
-                    await self.client.dbsize(target_nodes=every),
-                    await self.client.info("memory", target_nodes=every),
-                )
-            return await self.client.dbsize(), await self.client.info("memory")
+            # On a cluster: every primary, not one random node.
+            kw = {"target_nodes": RedisCluster.PRIMARIES} if self.is_cluster else {}
+            return await self.client.dbsize(**kw), await self.client.info("memory", **kw)
 
         size, info = await self.guarded("stats", both)
         if isinstance(size, dict):  # some cluster replies are per node
