@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import re
 import socket
 from collections.abc import Callable
@@ -110,8 +111,6 @@ class RespProtocol(asyncio.BufferedProtocol):
         self._spare: bytearray | None = None  # the last large reply's buffer, for reuse
         self._lost: BaseException | None = None
 
-    # ---- asyncio protocol ----------------------------------------------------------------------
-
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # (uvloop's transports are not asyncio.Transport subclasses, but have its methods)
         self._transport = cast(asyncio.Transport, transport)
@@ -150,8 +149,6 @@ class RespProtocol(asyncio.BufferedProtocol):
             if not waiter.done():
                 waiter.set_exception(error)
 
-    # ---- requests ------------------------------------------------------------------------------
-
     @property
     def usable(self) -> bool:
         """True while the connection is open."""
@@ -178,8 +175,6 @@ class RespProtocol(asyncio.BufferedProtocol):
         """Close the connection; requests in flight fail."""
         if self._transport is not None:
             self._transport.close()
-
-    # ---- parsing -------------------------------------------------------------------------------
 
     def _parse(self) -> None:
         buf = self._scratch
@@ -367,9 +362,7 @@ class RespReader:
             if self._conn is not None and self._conn.usable:
                 return self._conn
 
-            def protocol() -> RespProtocol:
-                return RespProtocol(self.max_bulk)
-
+            protocol = functools.partial(RespProtocol, self.max_bulk)
             if self.path:
                 _, conn = await loop.create_unix_connection(protocol, self.path)
             else:
