@@ -345,15 +345,13 @@ class DiskTier:
         for cache in self._sides(match.pinned):
             for key in list(_keys(cache)):
                 try:
-                    blob = cache.get(key)
-                    if blob is None:
-                        continue  # gone since the listing
-                    meta = unframe(blob).meta
+                    blob = cache.get(key)  # None: gone since the listing
+                    doomed = blob is not None and match.matches(unframe(blob).meta)
                 except CorruptEntry:
                     cache.delete(key)  # unreadable: it could never be served anyway
                     removed += 1
                     continue
-                if match.matches(meta) and cache.delete(key):
+                if doomed and cache.delete(key):
                     removed += 1
         return removed
 

@@ -47,8 +47,7 @@ class MemoryTier:
                 return  # over the bound even with everything unpinned gone: a lower tier keeps it
         elif entry.size > self.max_bytes:
             return  # would evict everything else; a lower tier keeps it
-        if old is not None:
-            self._forget(key)
+        self._forget(key)
         self._items[key] = entry
         self._bytes += entry.size
         if entry.meta.pinned:
