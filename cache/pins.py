@@ -407,27 +407,24 @@ class HostPinRegistry:
                 # A row of another shape is dropped: it names nothing a gateway pinned.
                 if not well_formed or match.selects(voice, model, float(created), True, key):
                     doomed.append((key, owner, n))
-            for key, owner, n in doomed:
-                db.execute("DELETE FROM pins WHERE key = ?", (key,))
-                db.execute("DELETE FROM labels WHERE key = ?", (key,))
-                if type(n) is int:
-                    db.execute("UPDATE owners SET bytes = bytes - ? WHERE owner = ?", (n, owner))
+            keys = [(key,) for key, _, _ in doomed]
+            db.executemany("DELETE FROM pins WHERE key = ?", keys)
+            db.executemany("DELETE FROM labels WHERE key = ?", keys)
+            charges = [(n, owner) for _, owner, n in doomed if type(n) is int]
+            db.executemany("UPDATE owners SET bytes = bytes - ? WHERE owner = ?", charges)
             db.execute("DELETE FROM owners WHERE bytes <= 0")
             return len(doomed)
 
         return await self._run(self._write, forget)
 
-    def _revisions_sync(self) -> dict[tuple[str, str], str]:
-        out: dict[tuple[str, str], str] = {}
-        for model, fingerprint, revision in (
-            self._conn().execute("SELECT model, fingerprint, revision FROM revisions").fetchall()
-        ):
-            if all(isinstance(v, str) for v in (model, fingerprint, revision)):
-                out[(model, fingerprint)] = revision
-        return out
-
     async def revisions(self) -> dict[tuple[str, str], str]:
-        return await self._run(self._revisions_sync)
+        # Text only: a row of another type was not written by a gateway.
+        sql = (
+            "SELECT model, fingerprint, revision FROM revisions WHERE typeof(model) = 'text' "
+            "AND typeof(fingerprint) = 'text' AND typeof(revision) = 'text'"
+        )
+        rows = await self._run(lambda: self._conn().execute(sql).fetchall())
+        return {(model, fingerprint): revision for model, fingerprint, revision in rows}
 
     async def set_revision(self, model: str, fingerprint: str, revision: str) -> None:
         check_revision(model, fingerprint, revision)
