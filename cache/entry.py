@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -209,17 +210,11 @@ class Entry:
         """Bytes of audio held (and of speech marks: a memory tier bounds both)."""
         return len(self.audio) + len(self.meta.alignment) + len(self.meta.marks)
 
-    @property
+    @functools.cached_property
     def etag(self) -> str:
         """The strong entity tag of these bytes (from :func:`body_digest`; hashed here, once,
         for an entry stored before the digest was kept)."""
-        digest = self.meta.digest
-        if not digest:
-            digest = self.__dict__.get("_digest", "")
-            if not digest:
-                digest = body_digest(self.audio)
-                object.__setattr__(self, "_digest", digest)  # frozen, but this is a cache
-        return f'"{digest}"'
+        return f'"{self.meta.digest or body_digest(self.audio)}"'
 
     def pinned_copy(self) -> Entry:
         """The same entry, pinned."""

@@ -357,8 +357,7 @@ class RedisTier:
         await self.guarded("put", lambda: self.client.set(name, blob, px=ttl_ms))
 
     async def delete(self, key: str) -> bool:
-        n = await self.guarded("delete", lambda: self.client.delete(self.entry_key(key)))
-        return bool(n)
+        return bool(await self.guarded("delete", lambda: self.client.delete(self.entry_key(key))))
 
     async def purge(self, match: PurgeFilter) -> int:
         """Remove matching entries: SCAN the prefix (never KEYS), read each entry's metadata head,
