@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-from redis.asyncio.connection import SSLConnection, parse_url
+from redis.asyncio.connection import parse_url
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse, ResponseError
 
@@ -280,11 +280,7 @@ class RespProtocol(asyncio.BufferedProtocol):
 
 @dataclass(kw_only=True, eq=False)
 class RespReader:
-    """GETs over one lean pipelined connection, opened on first use and reopened after a loss.
-
-    Build it with :meth:`for_url`, which returns ``None`` for what it does not cover (TLS,
-    Cluster, Sentinel): the caller then reads through redis-py.
-    """
+    """GETs over one lean pipelined connection, opened on first use and reopened after a loss."""
 
     host: str = "localhost"
     port: int = 6379
@@ -312,8 +308,6 @@ class RespReader:
         if scheme not in ("redis", "unix"):
             return None
         kw: dict[str, Any] = dict(parse_url(url))
-        if kw.get("connection_class") is SSLConnection:
-            return None
         return cls(
             host=str(kw.get("host") or "localhost"),
             port=int(kw.get("port") or 6379),
@@ -326,14 +320,9 @@ class RespReader:
         )
 
     async def get(self, key: bytes, decode: Callable[[memoryview], T]) -> T | None:
-        """``decode`` of the value at ``key``, or ``None`` when there is none.
-
-        ``decode`` gets a view of the reply's buffer as soon as it has landed (see
-        :meth:`RespProtocol.request`); what it raises is raised here. Raises
-        :class:`~redis.exceptions.RedisError` (or ``OSError`` while connecting) on failure,
-        :class:`ResponseError` when Redis answers with an error, and :class:`ReplyTooLarge` for a
-        value over ``max_bulk``.
-        """
+        """``decode`` of the value at ``key`` (as it lands: :meth:`RespProtocol.request`; what it
+        raises is raised here), or ``None`` when there is none. Raises a Redis error (``OSError``
+        while connecting) on failure, :class:`ReplyTooLarge` for a value over ``max_bulk``."""
         loop = asyncio.get_running_loop()
         conn = self._conn
         if conn is None or not conn.usable or loop is not self._loop:
