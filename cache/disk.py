@@ -78,14 +78,9 @@ def unframe(value: bytes) -> Entry:
 
 
 class RawBytesDisk(diskcache.Disk):  # type: ignore[misc]  # diskcache ships no type hints
-    """A diskcache ``Disk`` that stores and reads ``str`` keys and ``bytes`` values only.
-
-    diskcache's own ``Disk`` pickles anything else and unpickles any row whose mode says so; a
-    row planted in the cache directory then runs code when read. Here a pickle or text row, a key
-    stored pickled, or a value that is not bytes is refused with :class:`CorruptEntry` (a miss,
-    and the store deletes it); nothing from disk is ever unpickled. A row's value file is
-    read and removed only inside the cache directory (see the module's notes).
-    """
+    """A diskcache ``Disk`` of ``str`` keys and ``bytes`` values only (see the module's notes):
+    a pickle or text row, a key stored pickled, or a value that is not bytes is refused with
+    :class:`CorruptEntry` (a miss, and the store deletes it), never unpickled."""
 
     # The largest value file read (the tier sets its own bound): a bigger one is corrupt, so a
     # planted file costs no more memory than a genuine value could.

@@ -24,9 +24,6 @@ deleted). Records in Redis carry the same HMAC, checked before a purge acts on t
 per-owner sums a quota is checked against are plain integers that only the reservation and the
 purge scripts change: whoever could forge them could as well write unbounded values into Redis
 directly, which Redis's password and network isolation prevent, not the cache secret.
-
-The charge of one pin is the entry's size, plus :data:`RECORD_BYTES` for its record, plus the
-size of its label when it has one, so the registry's own size is within the quota too.
 """
 
 from __future__ import annotations
@@ -221,7 +218,8 @@ class PinRegistry(Protocol):
 
 
 def charge_of(item: PinItem, label: bytes | None) -> int:
-    """What pinning ``item`` (with ``label``) is charged."""
+    """What pinning ``item`` (with ``label``) is charged: its record and label too, so the
+    registry's own size is within the quota."""
     return item.bytes + RECORD_BYTES + (len(label) if label is not None else 0)
 
 

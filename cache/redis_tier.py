@@ -290,11 +290,8 @@ class RedisTier:
     async def guarded(
         self, op: str, call: Callable[[], Awaitable[T]], *, timeout_s: float | None = None
     ) -> T:
-        """Run one Redis operation under the breaker and the per-operation timeout.
-
-        Raises :class:`TierUnavailable` when the breaker is open and :class:`TierError` when the
-        call fails or times out (counted in ``voxgate_redis_errors_total``).
-        """
+        """Run one Redis operation under the breaker and the per-operation timeout (see the
+        module); a failure is counted in ``voxgate_redis_errors_total``."""
         if not self.breaker.allow():
             self._skipped(op, "breaker_open")
             raise TierUnavailable("redis tier skipped: circuit breaker open")

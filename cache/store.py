@@ -92,10 +92,9 @@ class TieredStore:
                 self.metrics.cache_lookups.labels(tier.name, "error").inc()
                 log.warning("tier error on get key=%s tier=%s: %s", key, tier.name, exc)
                 continue
+            self.metrics.cache_lookups.labels(tier.name, "miss" if entry is None else "hit").inc()
             if entry is None:
-                self.metrics.cache_lookups.labels(tier.name, "miss").inc()
                 continue
-            self.metrics.cache_lookups.labels(tier.name, "hit").inc()
             if depth:
                 await self._promote(key, entry, self.tiers[:depth])
             return Lookup(entry, tier.name)
