@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from cache.entry import CorruptEntry, Entry, ForgedEntry
 from cache.memory import MemoryTier
@@ -105,12 +104,9 @@ class TieredStore:
             if isinstance(tier, MemoryTier):
                 await tier.put(key, entry)  # in-process and instant: do it before answering
             else:
-                self._spawn(self._put_one(tier, key, entry))
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+                task = asyncio.ensure_future(self._put_one(tier, key, entry))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
 
     async def _put_one(self, tier: Tier, key: str, entry: Entry) -> None:
         try:
