@@ -529,11 +529,11 @@ class RedisPinRegistry:
             raise ValueError("pin value fails authentication")
         return value[_TAG:]
 
-    async def _call(
-        self, op: str, fn: Callable[[], Any], timeout_s: float = _SCRIPT_TIMEOUT_S
-    ) -> Any:
+    async def _call(self, fn: Callable[[], Any], timeout_s: float = _SCRIPT_TIMEOUT_S) -> Any:
         try:
-            return await self.tier.guarded(op, fn, timeout_s=max(timeout_s, self.tier.timeout_s))
+            return await self.tier.guarded(
+                "pins", fn, timeout_s=max(timeout_s, self.tier.timeout_s)
+            )
         except TierError as exc:
             raise PinRegistryError(f"pin registry: {exc}") from exc
 
@@ -561,7 +561,7 @@ class RedisPinRegistry:
         now_ms = time.time() * 1000
         for n, (key, label) in enumerate(labels.items()):
             args += [key, now_ms + n * 1e-3, self._seal(self.labels, key, label)]
-        reply = await self._call("pins", lambda: self._reserve(keys=self._keys, args=args))
+        reply = await self._call(lambda: self._reserve(keys=self._keys, args=args))
         ok, needed, have, total = (int(x) for x in reply)
         if not ok:
             check_room(owner, needed, have, total, quota)  # names the limit the script hit
@@ -569,7 +569,7 @@ class RedisPinRegistry:
         return needed
 
     async def usage(self) -> PinUsage:
-        raw = await self._call("pins", lambda: self.tier.client.hgetall(self.sums), 0.0)
+        raw = await self._call(lambda: self.tier.client.hgetall(self.sums), 0.0)
         owners: dict[str, int] = {}
         for name, value in dict(raw).items():
             owner = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
@@ -587,7 +587,7 @@ class RedisPinRegistry:
             values = list(await self.tier.client.hmget(self.labels, keys)) if keys else []
             return keys, values
 
-        keys, values = await self._call("pins", read)
+        keys, values = await self._call(read)
         out: list[dict[str, object]] = []
         bad: list[str] = []
         for raw, value in zip(keys, values, strict=True):
@@ -605,7 +605,7 @@ class RedisPinRegistry:
                 pipe.zrem(self.order, *bad)
                 await pipe.execute()
 
-            await self._call("pins", drop)
+            await self._call(drop)
         out.reverse()
         return out
 
@@ -619,7 +619,7 @@ class RedisPinRegistry:
                 key = field.decode(errors="replace") if isinstance(field, bytes) else str(field)
                 rows.append((key, value if isinstance(value, bytes) else b""))
 
-        await self._call("pins", scan, 30.0)
+        await self._call(scan, 30.0)
         doomed: list[str | int | bytes] = []
         for key, value in rows:
             try:
@@ -636,12 +636,12 @@ class RedisPinRegistry:
         for start in range(0, len(doomed), 4 * _SCAN_BATCH):
             batch = doomed[start : start + 4 * _SCAN_BATCH]
             dropped += int(
-                await self._call("pins", lambda b=batch: self._forget(keys=self._keys, args=b))  # type: ignore[misc]
+                await self._call(lambda b=batch: self._forget(keys=self._keys, args=b))  # type: ignore[misc]
             )
         return dropped
 
     async def revisions(self) -> dict[tuple[str, str], str]:
-        read = await self._call("pins", lambda: self.tier.client.hgetall(self.revision_hash))
+        read = await self._call(lambda: self.tier.client.hgetall(self.revision_hash))
         out: dict[tuple[str, str], str] = {}
         for raw, value in dict(read).items():
             field = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
@@ -657,7 +657,7 @@ class RedisPinRegistry:
         check_revision(model, fingerprint, revision)
         field = f"{model}\n{fingerprint}"
         value = self._seal(self.revision_hash, field, revision.encode())
-        await self._call("pins", lambda: self.tier.client.hset(self.revision_hash, field, value))
+        await self._call(lambda: self.tier.client.hset(self.revision_hash, field, value))
 
     async def close(self) -> None:
         """Nothing of its own: the client is the Redis tier's (closed with the store)."""
