@@ -268,8 +268,6 @@ class DiskTier:
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
         _private_dir(self.directory)
-        # Two caches: the bounded one evicts least-recently-stored entries when full; the pinned
-        # one (a prompt catalogue) has no size limit, so eviction can never touch it.
         sides = {"lru": (max_bytes, "least-recently-stored"), "pinned": (2**62, "none")}
         caches: list[diskcache.Cache] = []
         for side, (limit, policy) in sides.items():

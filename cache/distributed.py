@@ -283,8 +283,7 @@ class CrossReplicaFlight:
         return await self._acquire(lock)
 
     def _held_by_a_replica(self, name: str, value: bytes, pttl: object) -> bool:
-        """Whether a lock value and its TTL are what a live holder keeps: a value made with the
-        cache secret for this key, its expiry ahead, a TTL no longer than ``lock_ttl_s``."""
+        """Whether a lock value and its TTL are what a live holder keeps (the module's point 5)."""
         if not isinstance(pttl, int) or not 0 < pttl <= self._ttl_ms():
             return False
         expires = self.tier.seal.lock_token_expiry(name, value)
@@ -315,8 +314,7 @@ _DELETE_IF_EQUAL = (
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 )
 
-# Renews a lock with a new value (a new expiry under its tag) only while it still holds ours: a
-# lock that expired and was taken by another replica is left to it.
+# See CrossReplicaFlight._renew.
 _RENEW_IF_EQUAL = (
     "if redis.call('get', KEYS[1]) == ARGV[1] then "
     "redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end return 0"

@@ -248,11 +248,8 @@ class Entry:
 
     @classmethod
     def from_blob(cls, blob: bytes | memoryview, *, verify: bool = True) -> Entry:
-        """Parse a blob written by :meth:`to_blob` and verify its checksum.
-
-        ``verify=False`` is for a tier that has already checked the whole blob's integrity its
-        own way (the Redis tier frames each blob with a CRC-32C).
-        """
+        """Parse a blob written by :meth:`to_blob` and verify its checksums (``verify=False``:
+        the tier checked the whole blob its own way, the disk's CRC-32C or Redis's HMAC)."""
         try:
             meta = read_meta(blob)
         except HeadTooShort:

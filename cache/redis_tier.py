@@ -1,8 +1,8 @@
 """The shared tier: Redis (single node, Sentinel-fronted, or Cluster) on ``redis.asyncio``.
 
 One key per entry holds the whole blob (metadata + audio, :meth:`Entry.to_blob`, framed with an
-HMAC-SHA256 tag under the cache secret: :class:`EntrySeal`), so a lookup is one GET, one round trip. Keys are ``<prefix>e:<content key>``: they carry the content address only,
-never the text. Unpinned entries get a TTL; pinned entries get none, and with the eviction policy
+HMAC-SHA256 tag under the cache secret: :class:`EntrySeal`), so a lookup is one GET, one round
+trip. Keys are ``<prefix>e:<content key>``: they carry the content address only, never the text. Unpinned entries get a TTL; pinned entries get none, and with the eviction policy
 ``volatile-lru`` (or ``volatile-lfu``/``volatile-ttl``) Redis only ever evicts keys that have a
 TTL, so pinned entries are never evicted.
 
@@ -10,10 +10,8 @@ Every command is bounded by a per-operation timeout and goes through a :class:`C
 an error or timeout raises :class:`TierError` (the store counts a miss), and while the breaker is
 open the tier is skipped at once (:class:`TierUnavailable`).
 
-URLs: ``redis://``, ``rediss://`` (TLS), ``unix://`` with optional ``user:password@``; a
-``redis+cluster://`` (or ``rediss+cluster://``) URL selects Redis Cluster via
-:class:`redis.asyncio.cluster.RedisCluster` (any node of the cluster as the seed); a
-``redis+sentinel://h1:26379,h2:26379/<service>/<db>`` URL asks Sentinel for the master.
+URLs: ``redis://``, ``rediss://`` (TLS), ``unix://``, ``redis+cluster://`` (any node of the
+cluster as the seed) and ``redis+sentinel://`` (:func:`connect`).
 """
 
 from __future__ import annotations
@@ -256,12 +254,8 @@ class RedisTier:
         lean_reads: bool = True,
         **kw: Any,
     ) -> RedisTier:
-        """Connect to ``url`` (lazily: the first command opens the connection).
-
-        With ``lean_reads`` (the default) entry GETs on a ``redis://`` or ``unix://`` URL go
-        through :class:`~cache.resp.RespReader`; everything else, and every other URL, through
-        redis-py.
-        """
+        """Connect to ``url`` (lazily); with ``lean_reads``, entry GETs on a ``redis://`` or
+        ``unix://`` URL go through :class:`~cache.resp.RespReader`, all else through redis-py."""
         return cls(
             connect(url, timeout_s=timeout_s),
             timeout_s=timeout_s,
