@@ -43,7 +43,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import TypeVar
 
 from cache.entry import CorruptEntry, Entry
@@ -56,25 +56,20 @@ log = logging.getLogger("voxgate.cache.distributed")
 T = TypeVar("T")
 
 
+@dataclass(eq=False)
 class CrossReplicaFlight:
     """Produce each key once across every replica that shares ``tier``'s Redis."""
 
-    def __init__(
-        self,
-        tier: RedisTier,
-        *,
-        lock_ttl_s: float = 30.0,
-        max_wait_s: float = 60.0,
-        poll_min_s: float = 0.02,
-        poll_max_s: float = 0.25,
-        metrics: Metrics | None = None,
-    ) -> None:
-        self.tier = tier
-        self.lock_ttl_s = max(0.001, lock_ttl_s)
-        self.max_wait_s = max_wait_s
-        self.poll_min_s = poll_min_s
-        self.poll_max_s = poll_max_s
-        self.metrics = metrics
+    tier: RedisTier
+    _: KW_ONLY
+    lock_ttl_s: float = 30.0
+    max_wait_s: float = 60.0
+    poll_min_s: float = 0.02
+    poll_max_s: float = 0.25
+    metrics: Metrics | None = None
+
+    def __post_init__(self) -> None:
+        self.lock_ttl_s = max(0.001, self.lock_ttl_s)
 
     @classmethod
     def for_tiers(cls, tiers: Sequence[Tier], **kw: object) -> CrossReplicaFlight | None:
