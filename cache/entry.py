@@ -74,10 +74,13 @@ _ADDRESS = re.compile(r"[0-9a-z]{64}")  # a content address (tests use other let
 _DIGEST = re.compile(r"[0-9a-f]{32}")
 _MAX_PARTS = 4096
 _MAX_RATE = 384_000
-_STR_FIELDS = ("content_type", "checksum", "model", "voice", "digest", "marks_checksum")
 # Speech marks stored with the audio: a master's word alignment (JSON) and a rendition's marks
 # (Polly's NDJSON). A minute of speech has about 1,000 marks of 60 bytes.
 MAX_MARKS_CHARS = 4 << 20
+# The longest value of each text field.
+_STR_FIELDS = dict.fromkeys(
+    ("content_type", "checksum", "model", "voice", "digest", "marks_checksum", "master"), _SHORT
+) | dict.fromkeys(("alignment", "marks"), MAX_MARKS_CHARS)
 
 
 def _checked_meta(raw: object) -> EntryMeta:
@@ -85,9 +88,9 @@ def _checked_meta(raw: object) -> EntryMeta:
     :class:`CorruptEntry`."""
     if not isinstance(raw, dict) or not raw.keys() <= _META_FIELDS:
         raise CorruptEntry("entry metadata: not an object of known fields")
-    for name in _STR_FIELDS:
+    for name, limit in _STR_FIELDS.items():
         value = raw.get(name, "")
-        if not isinstance(value, str) or len(value) > _SHORT:
+        if not isinstance(value, str) or len(value) > limit:
             raise CorruptEntry(f"entry metadata: bad {name}")
     fmt, rate = raw.get("format"), raw.get("sample_rate")
     if not isinstance(fmt, str) or not _FORMAT.fullmatch(fmt):
@@ -107,7 +110,7 @@ def _checked_meta(raw: object) -> EntryMeta:
     if digest and not _DIGEST.fullmatch(digest):  # it goes into an ETag header
         raise CorruptEntry("entry metadata: bad digest")
     master, parts = raw.get("master", ""), raw.get("parts", [])
-    if not isinstance(master, str) or (master and not _ADDRESS.fullmatch(master)):
+    if master and not _ADDRESS.fullmatch(master):
         raise CorruptEntry("entry metadata: bad master")
     if (
         not isinstance(parts, list)
@@ -125,10 +128,6 @@ def _checked_meta(raw: object) -> EntryMeta:
         or not all(type(t) is bool for t in trims)
     ):
         raise CorruptEntry("entry metadata: bad gaps_ms or trims")
-    for name in ("alignment", "marks"):
-        value = raw.get(name, "")
-        if not isinstance(value, str) or len(value) > MAX_MARKS_CHARS:
-            raise CorruptEntry(f"entry metadata: bad {name}")
     if (raw.get("alignment") or raw.get("marks")) and not raw.get("marks_checksum"):
         raise CorruptEntry("entry metadata: speech marks without their checksum")
     return EntryMeta(**raw)
