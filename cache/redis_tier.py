@@ -357,7 +357,6 @@ class RedisTier:
         Works on a cluster: the cluster client scans every primary, and each read or delete is a
         single-key command routed to its slot's node.
         """
-        removed = 0
         batch: list[str] = []
         pattern = f"{_glob_escape(self.prefix)}e:*"
 
@@ -367,9 +366,8 @@ class RedisTier:
 
         # One bounded call for the whole scan: a purge is not a request, give it more time.
         await self.guarded("purge", scan, timeout_s=max(30.0, self.timeout_s))
-        for start in range(0, len(batch), _SCAN_BATCH):
-            removed += await self._purge_batch(batch[start : start + _SCAN_BATCH], match)
-        return removed
+        chunks = [batch[i : i + _SCAN_BATCH] for i in range(0, len(batch), _SCAN_BATCH)]
+        return sum([await self._purge_batch(chunk, match) for chunk in chunks])
 
     @staticmethod
     def _judge(
