@@ -9,7 +9,7 @@ one pipelined connection. A Redis-tier hit through the gateway (the entry's HMAC
 2.1x the requests/s of the same gateway reading through redis-py with hiredis, at 2.6x less CPU
 per hit (docs/bench/handmade_resp.json, ``python -m bench.handmade``).
 
-It is deliberately small. It speaks what the hot path needs (AUTH, SELECT, GET, PING) over one
+It is deliberately small. It speaks what the hot path needs (AUTH, SELECT, GET) over one
 pipelined connection per event loop: Redis answers in order, so each request is a future in a
 FIFO. Everything else the tier does (SET, locks, pub/sub, purge, stats), and every deployment it
 does not cover (TLS, Cluster, Sentinel), stays on redis-py, which also parses the URL, so both
