@@ -33,7 +33,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, Literal, cast, get_args
 
 from aiohttp import web
 from pydantic import Field
@@ -105,12 +105,7 @@ class SpeechErrorEvent(TypedDict):
 SpeechEvent = (
     SpeechAudioDeltaEvent | SpeechMarksDeltaEvent | SpeechAudioDoneEvent | SpeechErrorEvent
 )
-EVENTS: tuple[type, ...] = (
-    SpeechAudioDeltaEvent,
-    SpeechMarksDeltaEvent,
-    SpeechAudioDoneEvent,
-    SpeechErrorEvent,
-)
+EVENTS: tuple[type, ...] = get_args(SpeechEvent)
 
 
 def event(payload: SpeechEvent) -> bytes:
@@ -151,10 +146,15 @@ def error_event(exc: Exception) -> bytes:
     return event({"type": "error", "error": error})
 
 
-async def _open(request: web.Request, headers: dict[str, str]) -> web.StreamResponse:
-    headers = {**headers, "Content-Type": CONTENT_TYPE, "Cache-Control": "no-store"}
-    # The events are not the stored audio's bytes: no ETag (X-Audio-Key names the stored audio).
-    headers.pop("ETag", None)
+async def open_stream(
+    request: web.Request, headers: dict[str, str], content_type: str | None = None
+) -> web.StreamResponse:
+    """Send the headers of a chunked answer (``content_type``, when given, replacing the
+    audio's) that no cache keeps: its bytes are not the stored rendition's, so it carries no
+    ETag (X-Audio-Key names the stored audio for a later GET)."""
+    headers = {**headers, "Cache-Control": "no-store"}
+    if content_type is not None:
+        headers["Content-Type"] = content_type
     resp = web.StreamResponse(headers=headers)
     resp.enable_chunked_encoding()
     request[keys.FIRST_BYTE_AT] = time.perf_counter()
@@ -171,7 +171,7 @@ async def send_whole(
     marks: bool = False,
 ) -> web.StreamResponse:
     """Stored audio as events: its marks (with ``marks``), every delta at once, then done."""
-    resp = await _open(request, headers)
+    resp = await open_stream(request, headers, CONTENT_TYPE)
     timeout_s = request.app[keys.SETTINGS].write_timeout_s
     try:
         if marks and entry.meta.marks:
@@ -196,7 +196,7 @@ async def send_stream(
 ) -> web.StreamResponse:
     """A stream being made as events: a delta per sentence as it is ready (after its marks,
     with ``marks``), then done."""
-    resp = await _open(request, headers)
+    resp = await open_stream(request, headers, CONTENT_TYPE)
     timeout_s = request.app[keys.SETTINGS].write_timeout_s
 
     async def events() -> None:
