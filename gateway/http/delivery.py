@@ -14,7 +14,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from gateway.http import keys, sse
-from gateway.http.conditional import audio_response, http_date
+from gateway.http.conditional import audio_response
 from gateway.http.connections import write_within
 from gateway.http.hits import Again, PreparedHit, hit_response
 from gateway.http.observe import RequestObserver
@@ -23,7 +23,6 @@ from gateway.speech.assembly import SpeechStream
 from gateway.speech.caller import ask_as
 from gateway.speech.request import SpeechRequest
 from gateway.speech.service import SpeechService
-from synth import audio
 
 log = logging.getLogger("voxgate.gateway")
 
@@ -180,31 +179,3 @@ async def _stream(
         return await sse.counted(request, resp, stream.key, "stream", chunks())
     finally:
         stream.close()  # this reader no longer waits for the production
-
-
-async def serve_stored(request: web.Request, key: str) -> web.StreamResponse | None:
-    """``GET /v1/audio/{key}``: the stored entry with ETag/304 and Range/206/416, or None."""
-    store = request.app[keys.STORE]
-    entry = store.get_memory(key)
-    if entry is None:
-        found = await store.get(key)
-        if found is None:
-            return None
-        entry = found.entry
-    # The type comes from the stored format, never from the stored content_type text: a value
-    # someone else wrote must not make the gateway's origin serve text/html.
-    fmt = audio.FORMATS.get(entry.meta.format)
-    if fmt is None:
-        log.warning("stored entry of unknown format deleted key=%s", key)
-        await store.delete(key)
-        return None
-    request[keys.CACHE_RESULT] = "hit"
-    request[keys.AUDIO_KEY] = key
-    headers = {
-        "ETag": entry.etag,
-        "Cache-Control": request.app[keys.PRESENTATIONS].stored.cache_control,
-        "Content-Type": fmt.content_type,
-        "X-Audio-Sample-Rate": str(entry.meta.sample_rate),
-        "Last-Modified": http_date(entry.meta.created),
-    }
-    return audio_response(request, entry.audio, headers, ranges=True, created=entry.meta.created)
