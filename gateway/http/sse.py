@@ -113,8 +113,11 @@ def event(payload: SpeechEvent) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
-def deltas(data: bytes) -> Iterator[bytes]:
-    """``speech.audio.delta`` events for ``data``, in pieces of at most :data:`DELTA_BYTES`."""
+def deltas(data: bytes, marks: list[Mark] | None = None) -> Iterator[bytes]:
+    """``speech.audio.delta`` events for ``data``, in pieces of at most :data:`DELTA_BYTES`,
+    after a ``speech.marks.delta`` event of its ``marks`` (when there are any)."""
+    if marks:
+        yield marks_event(marks)
     for start in range(0, len(data), DELTA_BYTES):
         piece = base64.b64encode(data[start : start + DELTA_BYTES]).decode("ascii")
         yield event({"type": "speech.audio.delta", "audio": piece})
@@ -174,10 +177,8 @@ async def send_whole(
     resp = await open_stream(request, headers, CONTENT_TYPE)
     timeout_s = request.app[keys.SETTINGS].write_timeout_s
     try:
-        if marks and entry.meta.marks:
-            found = speech_marks.from_ndjson(entry.meta.marks)
-            await write_within(request, resp, marks_event(found), timeout_s)
-        for chunk in deltas(entry.audio):
+        found = speech_marks.from_ndjson(entry.meta.marks) if marks and entry.meta.marks else None
+        for chunk in deltas(entry.audio, found):
             await write_within(request, resp, chunk, timeout_s)
         await write_within(request, resp, done(characters, entry.meta.duration_s), timeout_s)
         await resp.write_eof()
@@ -202,9 +203,7 @@ async def send_stream(
     async def events() -> None:
         async for data in pieces(request, stream):
             found, stream.piece_marks = stream.piece_marks, []
-            if marks and found:
-                await write_within(request, resp, marks_event(found), timeout_s)
-            for chunk in deltas(data):
+            for chunk in deltas(data, found if marks else None):
                 await write_within(request, resp, chunk, timeout_s)
         await write_within(request, resp, done(characters, stream.audio_s), timeout_s)
 
