@@ -196,11 +196,7 @@ def create_app(
         finally:
             await server.close()
 
-    app.cleanup_ctx.append(host_ctx)
-    app.cleanup_ctx.append(auth_ctx)
-    app.cleanup_ctx.append(access_log_ctx)
-    app.cleanup_ctx.append(speech_ctx)
-    app.cleanup_ctx.append(studio_ctx)
+    app.cleanup_ctx.extend([host_ctx, auth_ctx, access_log_ctx, speech_ctx, studio_ctx])
     if settings.wyoming_port:
         app.cleanup_ctx.append(wyoming_ctx)
     add_routes(

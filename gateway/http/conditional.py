@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from gateway.errors import BadRequest
-from gateway.http.errors import error_body
+from gateway.http.errors import error_response
 
 
 def cache_control(max_age_s: int, *, immutable: bool = False) -> str:
@@ -152,17 +152,9 @@ def audio_response(
     try:
         span = parse_range(header, size)
     except RangeError:
-        return web.Response(
-            status=416,
-            body=error_body(
-                f"range not satisfiable: the audio is {size} bytes",
-                BadRequest.type,
-                "Range",
-                "range_not_satisfiable",
-            ),
-            content_type="application/json",
-            headers={"Content-Range": f"bytes */{size}", "ETag": etag},
-        )
+        message = f"range not satisfiable: the audio is {size} bytes"
+        error = BadRequest(message, param="Range", code="range_not_satisfiable")
+        return error_response(error, 416, {"Content-Range": f"bytes */{size}", "ETag": etag})
     if span is None:
         return web.Response(body=body, headers=headers)
     first, last = span

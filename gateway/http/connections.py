@@ -33,7 +33,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web import RequestHandler
 
 from gateway.errors import Unavailable
-from gateway.http.errors import error_body
+from gateway.http.errors import error_response
 from gateway.http.hits import RequestFunction, wrap_requests
 from gateway.runtime.settings import Settings
 from metrics import Metrics
@@ -125,12 +125,17 @@ async def write_within(
         ) from None
 
 
-def _refusal() -> bytes:
-    body = error_body(
+def _too_many() -> Unavailable:
+    return Unavailable(
         "too many connections to this gateway (max_connections); retry",
-        Unavailable.type,
         code="too_many_connections",
+        retry_after_s=1.0,
     )
+
+
+def _refusal() -> bytes:
+    body = error_response(_too_many()).body
+    assert isinstance(body, bytes)
     head = (
         "HTTP/1.1 503 Service Unavailable\r\n"
         "Content-Type: application/json\r\n"
@@ -142,7 +147,6 @@ def _refusal() -> bytes:
 
 
 REFUSAL = _refusal()
-REFUSAL_BODY = REFUSAL.partition(b"\r\n\r\n")[2]
 # Connections past the cap that are kept for a health probe, how long one may take to send its
 # request: anything but a probe (or nothing in time) gets the cap's 503.
 PROBE_SLOTS = 8
@@ -192,12 +196,7 @@ def cap_connections(
                 resp = await inner(request)
             else:
                 refused.inc()
-                resp = web.Response(
-                    status=503,
-                    body=REFUSAL_BODY,
-                    content_type="application/json",
-                    headers={"Retry-After": "1"},
-                )
+                resp = error_response(_too_many())
             resp.force_close()  # the slot is for the next probe
             return resp
 

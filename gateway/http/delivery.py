@@ -9,59 +9,29 @@ rendition is stored for them), else its sentences not yet queued are dropped.
 from __future__ import annotations
 
 import logging
-import time
 
 from aiohttp import web
 from multidict import CIMultiDict
 
-from cache.entry import Entry
 from gateway.http import keys, sse
-from gateway.http.conditional import audio_response, http_date
+from gateway.http.conditional import audio_response
 from gateway.http.connections import write_within
 from gateway.http.hits import Again, PreparedHit, hit_response
 from gateway.http.observe import RequestObserver
 from gateway.http.presentation import Presentation, audio_headers
-from gateway.memo import BoundedMemo
 from gateway.speech.assembly import SpeechStream
 from gateway.speech.caller import ask_as
 from gateway.speech.request import SpeechRequest
 from gateway.speech.service import SpeechService
-from synth import audio
 
 log = logging.getLogger("voxgate.gateway")
-
-
-# The response headers of a memory hit, built and serialized once per entry
-# (gateway.http.hits): a function of the content address (which fixes the format and rate) and of
-# the bytes held (the ETag). Checked against the entry's digest and size: other bytes may be
-# stored under the key later (see gateway.http.conditional).
-_hit_headers: BoundedMemo[str, PreparedHit] = BoundedMemo(8192)
-
-
-def _hit_headers_for(key: str, fmt: audio.AudioFormat, entry: Entry) -> PreparedHit:
-    found = _hit_headers.get(key)
-    digest = entry.meta.digest or entry.etag
-    if found is None or found.digest != digest or found.size != len(entry.audio):
-        made = audio_headers(key, fmt, entry.meta.sample_rate, "hit", entry.etag)
-        found = PreparedHit(digest, made, len(entry.audio))
-        _hit_headers.put(key, found)
-    return found
-
-
-def _prepared_hit(
-    key: str, fmt: audio.AudioFormat, entry: Entry, present: Presentation | None
-) -> PreparedHit:
-    """A memory hit's headers: a GET route's presentation's, else the API's."""
-    if present is not None:
-        return present.hit_headers(key, fmt, entry)
-    return _hit_headers_for(key, fmt, entry)
 
 
 def _again(
     service: SpeechService,
     observer: RequestObserver,
     req: SpeechRequest,
-    present: Presentation | None,
+    present: Presentation,
 ) -> Again:
     """How the fast path answers ``req`` again (gateway.http.hits.FastPath): as the memory hit
     of :func:`serve_speech` does, counted the same way."""
@@ -74,7 +44,7 @@ def _again(
             return None
         key, entry = hit
         count(model, voice, fmt.name, "hit")
-        return key, _prepared_hit(key, fmt, entry, present), entry.audio
+        return key, present.hit_headers(key, fmt, entry), entry.audio
 
     return again
 
@@ -121,11 +91,13 @@ async def serve_speech(
     Content-Type."""
     app = request.app
     service = app[keys.SPEECH]
+    if present is None:
+        present = app[keys.PRESENTATIONS].api
     asked = request.headers
     if (
         "If-None-Match" not in asked
         and not sse
-        and (present is None or "If-Modified-Since" not in asked)
+        and (not present.dated or "If-Modified-Since" not in asked)
     ):
         # The hot path, a memory hit: no awaits, no intermediate objects. (Stored audio goes out
         # whole, streaming asked or not.)
@@ -133,7 +105,7 @@ async def serve_speech(
         if hit is not None:
             key, entry = hit
             _record(request, req, key, "hit", app)
-            prepared = _prepared_hit(key, req.fmt, entry, present)
+            prepared = present.hit_headers(key, req.fmt, entry)
             if ignored:
                 headers = CIMultiDict(prepared.headers)
                 headers[IGNORED_FIELDS] = ", ".join(ignored)
@@ -159,14 +131,11 @@ async def serve_speech(
         return await _stream(request, req, answer, extra)
     _record(request, req, answer.key, answer.cache, app)
     meta = answer.entry.meta
-    etag = answer.entry.etag
-    if present is not None:
-        made = present.headers(
-            answer.key, req.fmt, meta.sample_rate, answer.cache, meta.created, etag
-        )
-        return audio_response(request, answer.entry.audio, {**made, **extra}, created=meta.created)
-    made = audio_headers(answer.key, req.fmt, meta.sample_rate, answer.cache, etag)
-    return audio_response(request, answer.entry.audio, {**made, **extra})
+    made = present.headers(
+        answer.key, req.fmt, meta.sample_rate, answer.cache, meta.created, answer.entry.etag
+    )
+    created = meta.created if present.dated else None
+    return audio_response(request, answer.entry.audio, {**made, **extra}, created=created)
 
 
 async def _events(
@@ -175,18 +144,16 @@ async def _events(
     """OpenAI's ``stream_format: "sse"``: the audio as ``speech.audio.delta`` events, sentence by
     sentence as it is made (stored audio at once), then ``speech.audio.done``."""
     answer = await request.app[keys.SPEECH].answer(req, stream=True)
+    _record(request, req, answer.key, answer.cache, request.app)
+    rate = answer.rate if isinstance(answer, SpeechStream) else answer.entry.meta.sample_rate
+    headers = {**audio_headers(answer.key, req.fmt, rate, answer.cache, None), **extra}
     if isinstance(answer, SpeechStream):
-        _record(request, req, answer.key, answer.cache, request.app)
-        headers = {**audio_headers(answer.key, req.fmt, answer.rate, answer.cache, None), **extra}
         try:
             return await sse.send_stream(
                 request, headers, answer, characters=len(req.text), marks=marks
             )
         finally:
             answer.close()  # this reader no longer waits for the production
-    _record(request, req, answer.key, answer.cache, request.app)
-    rate = answer.entry.meta.sample_rate
-    headers = {**audio_headers(answer.key, req.fmt, rate, answer.cache, None), **extra}
     return await sse.send_whole(
         request, headers, answer.entry, characters=len(req.text), marks=marks
     )
@@ -196,58 +163,19 @@ async def _stream(
     request: web.Request, req: SpeechRequest, stream: SpeechStream, extra: dict[str, str]
 ) -> web.StreamResponse:
     try:
-        return await _send_stream(request, req, stream, extra)
+        _record(request, req, stream.key, stream.cache, request.app)
+        # The streamed bytes are not the stored rendition's bytes (a WAV header of unknown
+        # length, MP3/AAC frames per sentence): sse.open_stream sends no ETag.
+        headers = {**audio_headers(stream.key, req.fmt, stream.rate, stream.cache, None), **extra}
+        resp = await sse.open_stream(request, headers)
+        timeout_s = request.app[keys.SETTINGS].write_timeout_s
+
+        async def chunks() -> None:
+            async for chunk in sse.pieces(request, stream):
+                await write_within(request, resp, chunk, timeout_s)
+
+        # The status line is gone: the only way left to say "incomplete" is to drop the
+        # connection before the terminating chunk.
+        return await sse.counted(request, resp, stream.key, "stream", chunks())
     finally:
         stream.close()  # this reader no longer waits for the production
-
-
-async def _send_stream(
-    request: web.Request, req: SpeechRequest, stream: SpeechStream, extra: dict[str, str]
-) -> web.StreamResponse:
-    key = stream.key
-    _record(request, req, key, stream.cache, request.app)
-    # The streamed bytes are not the stored rendition's bytes (a WAV header of unknown length,
-    # MP3/AAC frames per sentence): no ETag; the key names the stored audio for a later GET.
-    headers = {**audio_headers(key, req.fmt, stream.rate, stream.cache, None), **extra}
-    headers["Cache-Control"] = "no-store"
-    resp = web.StreamResponse(headers=headers)
-    resp.enable_chunked_encoding()
-    request[keys.FIRST_BYTE_AT] = time.perf_counter()
-    await resp.prepare(request)
-    timeout_s = request.app[keys.SETTINGS].write_timeout_s
-
-    async def chunks() -> None:
-        async for chunk in sse.pieces(request, stream):
-            await write_within(request, resp, chunk, timeout_s)
-
-    # The status line is gone: the only way left to say "incomplete" is to drop the connection
-    # before the terminating chunk.
-    return await sse.counted(request, resp, key, "stream", chunks())
-
-
-async def serve_stored(request: web.Request, key: str) -> web.StreamResponse | None:
-    """``GET /v1/audio/{key}``: the stored entry with ETag/304 and Range/206/416, or None."""
-    store = request.app[keys.STORE]
-    entry = store.get_memory(key)
-    if entry is None:
-        found = await store.get(key)
-        if found is None:
-            return None
-        entry = found.entry
-    # The type comes from the stored format, never from the stored content_type text: a value
-    # someone else wrote must not make the gateway's origin serve text/html.
-    fmt = audio.FORMATS.get(entry.meta.format)
-    if fmt is None:
-        log.warning("stored entry of unknown format deleted key=%s", key)
-        await store.delete(key)
-        return None
-    request[keys.CACHE_RESULT] = "hit"
-    request[keys.AUDIO_KEY] = key
-    headers = {
-        "ETag": entry.etag,
-        "Cache-Control": request.app[keys.PRESENTATIONS].stored.cache_control,
-        "Content-Type": fmt.content_type,
-        "X-Audio-Sample-Rate": str(entry.meta.sample_rate),
-        "Last-Modified": http_date(entry.meta.created),
-    }
-    return audio_response(request, entry.audio, headers, ranges=True, created=entry.meta.created)

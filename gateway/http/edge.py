@@ -49,37 +49,30 @@ def edge(route: str, handler: Handler, observer: RequestObserver, ids: RequestId
             # it, then let the cancellation go on.
             prepared = request.get(PREPARED)
             if prepared is not None:
-                elapsed = time.perf_counter() - started
-                get = request.get
-                observe(
-                    route,
-                    request.method,
-                    prepared.status,
-                    get(keys.CACHE_RESULT, "none"),
-                    get(keys.AUDIO_KEY),
-                    elapsed,
-                    prepared.body_length,
-                    get(keys.FIRST_BYTE_AT, started + elapsed) - started,
-                    get(keys.CLIENT_NAME),
-                    rid,
-                )
+                record(request, prepared, started, rid)
             raise
-        elapsed = time.perf_counter() - started
         if response.status >= 400:
             # Every 4xx its input caused is counted here, once (a 416 is answered, not raised).
             reason = rejection_reason(response.status, failure)
             if reason is not None:
                 request.app[keys.METRICS].bad_requests.labels(route, reason).inc()
+        record(request, response, started, rid)
+        return response
+
+    def record(
+        request: web.Request, response: web.StreamResponse, started: float, rid: str
+    ) -> None:
+        elapsed = time.perf_counter() - started
+        get = request.get
         if response.prepared:
             # Streamed: its headers went out when the handler prepared it (gateway.http.delivery
             # notes when), and its body has been sent by now.
-            ttfb = request.get(keys.FIRST_BYTE_AT, started + elapsed) - started
+            ttfb = get(keys.FIRST_BYTE_AT, started + elapsed) - started
             sent = response.body_length
         else:
             # A plain response's headers and body go out right after this returns.
             ttfb = elapsed
             sent = response.content_length or 0
-        get = request.get
         observe(
             route,
             request.method,
@@ -92,7 +85,6 @@ def edge(route: str, handler: Handler, observer: RequestObserver, ids: RequestId
             get(keys.CLIENT_NAME),  # the API key's name, set by gateway.http.auth
             rid,
         )
-        return response
 
     wrapped.__name__ = getattr(handler, "__name__", "handler")
     wrapped.__doc__ = handler.__doc__

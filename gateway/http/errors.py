@@ -83,9 +83,12 @@ def error_body(
     return json.dumps(body).encode()
 
 
-def error_response(exc: VoxgateError, status: int | None = None) -> web.Response:
-    """The HTTP response for ``exc`` (with ``status`` instead of its own, where given)."""
-    headers = {}
+def error_response(
+    exc: VoxgateError, status: int | None = None, headers: dict[str, str] | None = None
+) -> web.Response:
+    """The HTTP response for ``exc`` (with ``status`` instead of its own, and ``headers``, where
+    given)."""
+    headers = {**(headers or {})}
     if exc.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
     if isinstance(exc, MethodNotAllowed):
@@ -119,8 +122,7 @@ def from_synthesis_error(exc: SynthesisError) -> VoxgateError:
     if isinstance(exc, (EngineDead, SynthesisTimeout)):
         return Unavailable(str(exc), code="engine_unavailable", retry_after_s=exc.retry_after_s)
     if isinstance(exc, EngineError):
-        err = VoxgateError(str(exc), code="engine_error")
-        return err
+        return VoxgateError(str(exc), code="engine_error")
     return VoxgateError("synthesis failed", code="engine_error")
 
 
@@ -136,8 +138,6 @@ def _upstream_error(exc: UpstreamError) -> VoxgateError:
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-_HTTP_TYPES: dict[int, ErrorType] = {404: NotFound.type}
 
 # The reason a 4xx without an error code of ours is counted under (a bounded set).
 _REASONS = {
@@ -180,11 +180,8 @@ def error_response_for(request: web.Request, exc: Exception) -> web.Response:
         message = exc.text or exc.reason
         if exc.status == 413:
             message = "request body too large"
-        return web.Response(
-            status=exc.status,
-            body=error_body(message, _HTTP_TYPES.get(exc.status, BadRequest.type)),
-            content_type="application/json",
-        )
+        error = NotFound(message) if exc.status == 404 else BadRequest(message)
+        return error_response(error, exc.status)
     if isinstance(exc, web.RequestPayloadError):
         # The body as aiohttp decodes it, failing: a Content-Encoding that does not decode
         # (gzip that is not gzip), chunked framing that breaks mid-body. The client's fault.

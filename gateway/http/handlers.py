@@ -4,6 +4,7 @@ description."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any, Literal, NotRequired, cast
@@ -12,13 +13,16 @@ from aiohttp import web
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from cache.keys import KEY_PATTERN, is_key
-from gateway.api.parsing import front_end_may_run, parse_speech_body, read_body
-from gateway.errors import BadRequest, NotFound
+from cache.keys import KEY_PATTERN
+from gateway.errors import NotFound
 from gateway.http import keys, ops
-from gateway.http.delivery import serve_speech, serve_stored
+from gateway.http.conditional import audio_response, http_date
+from gateway.http.delivery import serve_speech
+from gateway.http.marks import audio_key, speech_call, stored_entry
 from metrics import CONTENT_TYPE_LATEST, exposition
 from synth import audio
+
+log = logging.getLogger("voxgate.gateway")
 
 ContentKey = Annotated[str, Field(pattern=KEY_PATTERN)]
 
@@ -114,18 +118,7 @@ class Health(TypedDict):
 
 async def speech(request: web.Request) -> web.StreamResponse:
     """``POST /v1/audio/speech``: OpenAI-compatible text to speech."""
-    app = request.app
-    settings = app[keys.SETTINGS]
-    raw = await read_body(request, settings.max_body_kb * 1024, settings.body_timeout_s)
-    memo = app[keys.REQUEST_MEMO]
-    call = memo.get(raw)
-    if call is None:
-        words, expansions = app[keys.VOCABULARY], app[keys.EXPANSIONS]
-        if front_end_may_run(settings, raw):
-            call = await asyncio.to_thread(parse_speech_body, raw, settings, words, expansions)
-        else:
-            call = parse_speech_body(raw, settings, words, expansions)
-        memo.put(raw, call)
+    call = (await speech_call(request))[1]
     # ETag / If-None-Match, Content-Length, and streaming: gateway.http.delivery.
     return await serve_speech(
         request, call.req, stream=call.stream, sse=call.sse, ignored=call.ignored, marks=call.marks
@@ -161,24 +154,33 @@ async def studio_ctx(app: web.Application) -> AsyncIterator[None]:
 async def ssml_explain(request: web.Request) -> web.Response:
     """``POST /v1/ssml/explain``: a speech body's expansion and content address, nothing
     synthesized (the prompt studio and ``voxgate say --explain`` show it)."""
-    app = request.app
-    settings, service = app[keys.SETTINGS], app[keys.SPEECH]
-    raw = await read_body(request, settings.max_body_kb * 1024, settings.body_timeout_s)
-    words, expansions = app[keys.VOCABULARY], app[keys.EXPANSIONS]
-    call = await asyncio.to_thread(parse_speech_body, raw, settings, words, expansions)
-    body = cast(Explanation, await service.explain(call.req))
+    call = (await speech_call(request))[1]
+    body = cast(Explanation, await request.app[keys.SPEECH].explain(call.req))
     return web.json_response(body)
 
 
 async def audio_by_key(request: web.Request) -> web.StreamResponse:
-    """``GET /v1/audio/{key}``: stored audio by content address (immutable; 304, Range/206)."""
-    key = request.match_info["key"]
-    if not is_key(key):
-        raise BadRequest("malformed audio key: expected 64 lowercase hex digits", param="key")
-    response = await serve_stored(request, key)
-    if response is None:
+    """``GET /v1/audio/{key}``: stored audio by content address, with ETag/304 and
+    Range/206/416."""
+    key = audio_key(request)
+    entry = await stored_entry(request, key)
+    # The type comes from the stored format, never from the stored content_type text: a value
+    # someone else wrote must not make the gateway's origin serve text/html.
+    fmt = audio.FORMATS.get(entry.meta.format)
+    if fmt is None:
+        log.warning("stored entry of unknown format deleted key=%s", key)
+        await request.app[keys.STORE].delete(key)
         raise NotFound(f"no audio stored under key {key}", param="key")
-    return response
+    request[keys.CACHE_RESULT] = "hit"
+    request[keys.AUDIO_KEY] = key
+    headers = {
+        "ETag": entry.etag,
+        "Cache-Control": request.app[keys.PRESENTATIONS].stored.cache_control,
+        "Content-Type": fmt.content_type,
+        "X-Audio-Sample-Rate": str(entry.meta.sample_rate),
+        "Last-Modified": http_date(entry.meta.created),
+    }
+    return audio_response(request, entry.audio, headers, ranges=True, created=entry.meta.created)
 
 
 async def voices(request: web.Request) -> web.Response:
@@ -228,6 +230,4 @@ async def metrics_handler(request: web.Request) -> web.Response:
         await service.store.stats()
     await ops.report_pins(request.app)
     m.flush_pending()  # this process's tallies (gateway.http.observe), before any exposition
-    resp = web.Response(body=exposition(m.registry))
-    resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
-    return resp
+    return web.Response(body=exposition(m.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})

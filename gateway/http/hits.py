@@ -47,7 +47,7 @@ import re
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import aiohttp
 from aiohttp import HttpVersion11, http_writer, web
@@ -337,16 +337,13 @@ _NOT_REPLAYED = (
 Again = Callable[[], "tuple[str, PreparedHit, bytes] | None"]
 
 
-class Repeat:
+class Repeat(NamedTuple):
     """A request's exact bytes were answered with a memory hit: how to answer them again."""
 
-    __slots__ = ("again", "method", "route", "v11")
-
-    def __init__(self, route: str, method: str, v11: bool, again: Again) -> None:
-        self.route = route
-        self.method = method
-        self.v11 = v11
-        self.again = again
+    route: str
+    method: str
+    v11: bool
+    again: Again
 
 
 class FastPath:

@@ -69,10 +69,8 @@ async def jambonz_stream(request: web.Request) -> web.StreamResponse:
     """
     app = request.app
     settings = app[keys.SETTINGS]
-    service = app[keys.SPEECH]
     # A bad query is a 400 before the upgrade, while a status can still say so.
-    words = app[keys.VOCABULARY]
-    model, voice, rate = parse_stream_query(dict(request.query), settings, words)
+    model, voice, rate = parse_stream_query(dict(request.query), settings, app[keys.VOCABULARY])
     ws = web.WebSocketResponse(max_msg_size=app[keys.MAX_BODY_BYTES], heartbeat=30.0)
     await ws.prepare(request)
     request[keys.CACHE_RESULT] = "stream"
@@ -84,7 +82,7 @@ async def jambonz_stream(request: web.Request) -> web.StreamResponse:
     if opened_by is not None:
         sockets.add(ws, opened_by)
     await ws.send_json({"type": "connect", "data": {"sample_rate": rate, "base64_encoding": False}})
-    stream = _Stream(request, ws, service, Voice(model, voice, rate), settings)
+    stream = _Stream(request, ws, Voice(model, voice, rate))
     text = TextBuffer(SentenceSplitter(), settings.max_input_chars)
     try:
         async for msg in ws:
@@ -134,18 +132,11 @@ class _Stream:
     by :data:`BACKLOG_CHARS`), then up to :data:`STREAM_AHEAD` sentences being made, sent in
     order by one task."""
 
-    def __init__(
-        self,
-        request: web.Request,
-        ws: web.WebSocketResponse,
-        service: SpeechService,
-        voice: Voice,
-        settings: Settings,
-    ) -> None:
-        self.service = service
-        self.words = request.app[keys.VOCABULARY]
+    def __init__(self, request: web.Request, ws: web.WebSocketResponse, voice: Voice) -> None:
+        app = request.app
+        self.service, self.words = app[keys.SPEECH], app[keys.VOCABULARY]
+        self.settings = settings = app[keys.SETTINGS]
         self.voice = voice
-        self.settings = settings
         self.ws = ws
         self.backlog: collections.deque[str] = collections.deque()
         self.backlog_chars = 0

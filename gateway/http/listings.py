@@ -17,8 +17,6 @@ from aiohttp import web
 from typing_extensions import TypedDict
 
 from gateway.http import keys
-from gateway.runtime.settings import Settings
-from gateway.speech.service import SpeechService
 
 
 class OpenAIModel(TypedDict):
@@ -64,8 +62,9 @@ class AudioVoices(TypedDict):
     voices: list[AudioVoice]
 
 
-def model_names(settings: Settings, speech: SpeechService) -> list[tuple[str, str]]:
+def model_names(app: web.Application) -> list[tuple[str, str]]:
     """``(name, served model)``: every served model, then every alias of a served one."""
+    settings, speech = app[keys.SETTINGS], app[keys.SPEECH]
     names = [(m, m) for m in speech.models]
     names += [(a, m) for a, m in settings.model_aliases.items() if m in speech.models]
     return names
@@ -73,12 +72,11 @@ def model_names(settings: Settings, speech: SpeechService) -> list[tuple[str, st
 
 async def openai_models(request: web.Request) -> web.Response:
     """``GET /v1/models``: OpenAI's model list (``{"object": "list", "data": [...]}``)."""
-    settings, speech = request.app[keys.SETTINGS], request.app[keys.SPEECH]
     body: ModelList = {
         "object": "list",
         "data": [
             {"id": name, "object": "model", "created": 0, "owned_by": "voxgate"}
-            for name, _ in model_names(settings, speech)
+            for name, _ in model_names(request.app)
         ],
     }
     return web.json_response(body)
@@ -86,11 +84,10 @@ async def openai_models(request: web.Request) -> web.Response:
 
 async def audio_models(request: web.Request) -> web.Response:
     """``GET /v1/audio/models``: ``{"models": [{"id", "name"}]}``."""
-    settings, speech = request.app[keys.SETTINGS], request.app[keys.SPEECH]
     body: AudioModels = {
         "models": [
             {"id": name, "name": name if name == model else f"{name} ({model})"}
-            for name, model in model_names(settings, speech)
+            for name, model in model_names(request.app)
         ]
     }
     return web.json_response(body)

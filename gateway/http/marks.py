@@ -1,7 +1,8 @@
 """Speech marks over HTTP (docs/speech-marks.md): ``GET /v1/audio/{key}.marks`` (Polly's NDJSON),
 ``.vtt`` and ``.srt`` (captions), and ``POST /v1/audio/speech/with-timestamps`` (ElevenLabs'
 response shape plus the marks). The marks are stored with the audio (:mod:`gateway.speech.marks`):
-a hit reads them, nothing is computed again.
+a hit reads them, nothing is computed again. (Stored audio by its key, which every
+``/v1/audio/{key}`` route reads: :func:`stored_entry`.)
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ from typing_extensions import TypedDict
 from cache.entry import Entry
 from cache.keys import is_key
 from gateway.api import ssml
-from gateway.api.parsing import parse_speech_body, read_body, ssml_limits
+from gateway.api.parsing import (
+    SpeechCall,
+    front_end_may_run,
+    parse_speech_body,
+    read_body,
+    ssml_limits,
+)
 from gateway.errors import BadRequest, NotFound
 from gateway.http import keys
 from gateway.http.errors import Handler
@@ -73,6 +80,26 @@ class TimedSpeech(TypedDict):
     duration_s: float
 
 
+def audio_key(request: web.Request) -> str:
+    """The ``{key}`` of a stored-audio URL: 400 unless it is a content address."""
+    key = request.match_info["key"]
+    if not is_key(key):
+        raise BadRequest("malformed audio key: expected 64 lowercase hex digits", param="key")
+    return key
+
+
+async def stored_entry(request: web.Request, key: str) -> Entry:
+    """The entry stored under ``key`` (the memory tier first): 404 when there is none."""
+    store = request.app[keys.STORE]
+    entry = store.get_memory(key)
+    if entry is None:
+        found = await store.get(key)
+        if found is None:
+            raise NotFound(f"no audio stored under key {key}", param="key")
+        entry = found.entry
+    return entry
+
+
 def _no_marks(model: str, voice: str, why: str = "") -> BadRequest:
     return BadRequest(
         f"voice '{voice}' of model '{model}' gives no speech marks{why}; GET /v1/voices says "
@@ -82,16 +109,9 @@ def _no_marks(model: str, voice: str, why: str = "") -> BadRequest:
     )
 
 
-async def _stored(request: web.Request, key: str) -> Entry:
-    if not is_key(key):
-        raise BadRequest("malformed audio key: expected 64 lowercase hex digits", param="key")
-    store = request.app[keys.STORE]
-    entry = store.get_memory(key)
-    if entry is None:
-        found = await store.get(key)
-        if found is None:
-            raise NotFound(f"no audio stored under key {key}", param="key")
-        entry = found.entry
+async def _stored(request: web.Request) -> tuple[str, Entry]:
+    key = audio_key(request)
+    entry = await stored_entry(request, key)
     meta = entry.meta
     if not meta.marks:
         stored_before = request.app[keys.SPEECH].has_marks(meta.model, meta.voice)
@@ -100,7 +120,7 @@ async def _stored(request: web.Request, key: str) -> Entry:
         )
     request[keys.CACHE_RESULT] = "hit"
     request[keys.AUDIO_KEY] = key
-    return entry
+    return key, entry
 
 
 def _text_response(body: str, content_type: str, key: str) -> web.Response:
@@ -122,8 +142,7 @@ def marks_by_key(content_type: str) -> Handler:
             raise BadRequest(
                 f"{exc}; types are {', '.join(speech_marks.MARK_TYPES)}", param="types"
             ) from exc
-        key = request.match_info["key"]
-        entry = await _stored(request, key)
+        key, entry = await _stored(request)
         body = entry.meta.marks
         if types is not None:
             found = speech_marks.chosen(speech_marks.from_ndjson(body), types)
@@ -138,8 +157,7 @@ def captions_by_key(write: Callable[[list[speech_marks.Cue]], str], content_type
     renders its cues, sent as ``content_type`` (what its route declares)."""
 
     async def captions_by_key(request: web.Request) -> web.Response:
-        key = request.match_info["key"]
-        entry = await _stored(request, key)
+        key, entry = await _stored(request)
         found = speech_marks.from_ndjson(entry.meta.marks)
         cues = speech_marks.cues(found, round(entry.meta.duration_s * 1000))
         return _text_response(write(cues), content_type, key)
@@ -183,14 +201,30 @@ def _ssml_map(
     )
 
 
+async def speech_call(request: web.Request) -> tuple[bytes, SpeechCall]:
+    """The body of a request that takes ``POST /v1/audio/speech``'s body, and its validated call
+    (the app's memo of them first; off the event loop when a text front end may run)."""
+    app = request.app
+    settings = app[keys.SETTINGS]
+    raw = await read_body(request, settings.max_body_kb * 1024, settings.body_timeout_s)
+    memo = app[keys.REQUEST_MEMO]
+    call = memo.get(raw)
+    if call is None:
+        words, expansions = app[keys.VOCABULARY], app[keys.EXPANSIONS]
+        if front_end_may_run(settings, raw):
+            call = await asyncio.to_thread(parse_speech_body, raw, settings, words, expansions)
+        else:
+            call = parse_speech_body(raw, settings, words, expansions)
+        memo.put(raw, call)
+    return raw, call
+
+
 async def speech_with_timestamps(request: web.Request) -> web.Response:
     """``POST /v1/audio/speech/with-timestamps``: the speech body's audio, whole, base64 in
     JSON, with ElevenLabs' character alignment and Polly's marks."""
     app = request.app
     settings, service = app[keys.SETTINGS], app[keys.SPEECH]
-    raw = await read_body(request, settings.max_body_kb * 1024, settings.body_timeout_s)
-    words, expansions = app[keys.VOCABULARY], app[keys.EXPANSIONS]
-    call = await asyncio.to_thread(parse_speech_body, raw, settings, words, expansions)
+    raw, call = await speech_call(request)
     # (The answer is whole JSON: the streaming fields of the speech body have no effect here.)
     req = call.req
     if not service.has_marks(req.model, req.voice):
@@ -218,11 +252,12 @@ def _timed_body(
     found = speech_marks.from_ndjson(entry.meta.marks)
     duration_ms = round(entry.meta.duration_s * 1000)
     in_ssml = _ssml_map(req, raw, settings, words)
+    normalized = speech_marks.character_alignment(req.text, found, duration_ms)
     if in_ssml is not None:
         # The characters are aligned over the spoken text (markup has no time); the marks
         # index the document, as Polly's do for SSML input.
         moved = in_ssml.marks(found)
-        alignment = speech_marks.character_alignment(req.text, found, duration_ms)
+        alignment = normalized
     else:
         source = speech_marks.SourceMap(req.text, _fields_of(raw)[0])
         moved = [source.mark(m) for m in found]
@@ -231,9 +266,7 @@ def _timed_body(
     return {
         "audio_base64": base64.b64encode(entry.audio).decode("ascii"),
         "alignment": cast(CharacterAlignment, alignment),
-        "normalized_alignment": cast(
-            CharacterAlignment, speech_marks.character_alignment(req.text, found, duration_ms)
-        ),
+        "normalized_alignment": cast(CharacterAlignment, normalized),
         "normalized_text": req.text,
         "marks": marks_json,
         "key": key,

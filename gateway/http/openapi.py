@@ -197,15 +197,7 @@ def query_parameters(model: type[RequestModel]) -> list[Any]:
     for name, prop in schema["properties"].items():
         prop = _without_null({k: v for k, v in prop.items() if k != "title"})
         description = prop.pop("description", "")
-        params.append(
-            {
-                "name": name,
-                "in": "query",
-                "required": name in required,
-                "description": description,
-                "schema": prop,
-            }
-        )
+        params.append(_param(Param(name, "query", prop, description, name in required)))
     return params
 
 

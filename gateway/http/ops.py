@@ -124,11 +124,6 @@ def pin_owner(settings: Settings) -> tuple[str, PinQuota]:
     return key.name, PinQuota(total, settings.pin_quota_mb_per_key * MIB)
 
 
-def quota_error(exc: PinQuotaExceeded) -> PayloadTooLarge:
-    """The 413 a catalogue over its pin quota gets: the limit, its setting and the numbers."""
-    return PayloadTooLarge(quota_message(exc), param="prompts", code="pin_quota_exceeded")
-
-
 def registry_down(exc: PinRegistryError) -> Unavailable:
     """The 503 when the pin registry cannot be read or written (Redis down, disk failing)."""
     return Unavailable(
@@ -195,19 +190,18 @@ async def prompts(request: web.Request) -> web.Response:
         )
     except PinQuotaExceeded as exc:
         metrics.pins_refused.labels("per_key" if exc.limit == "per_owner" else "total").inc()
-        raise quota_error(exc) from None
+        # (The limit, its setting and the numbers.)
+        message = quota_message(exc)
+        raise PayloadTooLarge(message, param="prompts", code="pin_quota_exceeded") from None
     except PinRegistryError as exc:
         raise registry_down(exc) from exc
     answers = [r.as_json() for r in summary.results]
-    for prompt, answer in zip(parsed, answers, strict=True):
+    for i, (prompt, answer) in enumerate(zip(parsed, answers, strict=True)):
         if prompt.id is not None:
             answer["id"] = prompt.id
-    for i, answer in enumerate(answers):
-        key = answer["key"]
         for ext_name in encodings.get(i, {}):
-            answer.setdefault("urls", {})[ext_name] = (
-                f"{settings.public_url}/v1/audio/{key}.{ext_name}"
-            )
+            url = f"{settings.public_url}/v1/audio/{answer['key']}.{ext_name}"
+            answer.setdefault("urls", {})[ext_name] = url
     return web.json_response({"prompts": answers, "summary": summary.as_json()})
 
 

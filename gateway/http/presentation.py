@@ -44,12 +44,14 @@ class Presentation:
     presentations share (``hits``, keyed by this presentation's ``tag`` and the key, checked
     against the entry's digest): one bound for the headers of every route and extension."""
 
-    cache_control: str
+    cache_control: str  # (empty: none sent)
     content_type: str | None = None
     hits: BoundedMemo[tuple[int, str], PreparedHit] = field(
         default_factory=lambda: BoundedMemo(HIT_HEADERS), repr=False
     )
     tag: int = 0
+    # Whether Last-Modified is sent (and If-Modified-Since answered): not by the POST APIs.
+    dated: bool = True
 
     def headers(
         self,
@@ -62,10 +64,11 @@ class Presentation:
     ) -> dict[str, str]:
         """The response headers for audio ``key`` whose bytes have ``etag``."""
         out = audio_headers(key, fmt, rate, cache, etag)
-        out["Cache-Control"] = self.cache_control
+        if self.cache_control:
+            out["Cache-Control"] = self.cache_control
         if self.content_type is not None:
             out["Content-Type"] = self.content_type
-        if created is not None:
+        if created is not None and self.dated:
             out["Last-Modified"] = http_date(created)
         return out
 
@@ -93,6 +96,7 @@ class Presentations:
     say: dict[str, Presentation]  # GET /v1/say/...{ext}, by extension
     by_key: dict[str, Presentation]  # GET /v1/audio/{key}.{ext}, by extension
     jambonz: Presentation  # POST /v1/jambonz/tts: jambonz caches by its own rules
+    api: Presentation  # every other route: the audio's own headers, no Cache-Control
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Presentations:
@@ -115,4 +119,5 @@ class Presentations:
             say={name: present(today, e.content_type) for name, e in EXTENSIONS.items()},
             by_key={name: present(forever, e.content_type) for name, e in EXTENSIONS.items()},
             jambonz=present("no-store", settings.jambonz_content_type),
+            api=Presentation("", dated=False),
         )

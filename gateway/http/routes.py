@@ -255,6 +255,7 @@ def common_answers(settings: Settings) -> dict[int, Common]:
 # ---- parameters -------------------------------------------------------------------------------
 
 KEY_PARAM = Param("key", "path", KEY)
+TAKE_ID = Param("id", "path", {"type": "string", "pattern": "^[0-9a-f]{16}$"}, "The take's id.")
 _MARK_TYPE = "(" + "|".join(MARK_TYPES) + ")"
 MARK_TYPES_PATTERN = rf"^\s*({_MARK_TYPE}\s*(,\s*{_MARK_TYPE}\s*)*)?$"
 EXT_PARAM = Param(
@@ -625,11 +626,7 @@ def route_table(settings: Settings) -> RouteTable:
             ADMIN,
             tag="operations",
             summary="Listen to a refused take",
-            params=(
-                Param(
-                    "id", "path", {"type": "string", "pattern": "^[0-9a-f]{16}$"}, "The take's id."
-                ),
-            ),
+            params=(TAKE_ID,),
             answers={
                 200: Answer(
                     "The take's audio, as it would have been stored.",
@@ -646,11 +643,7 @@ def route_table(settings: Settings) -> RouteTable:
             tag="operations",
             summary="Approve a refused take into the store under its key",
             description="No check runs: the admin heard it. Logged with the key.",
-            params=(
-                Param(
-                    "id", "path", {"type": "string", "pattern": "^[0-9a-f]{16}$"}, "The take's id."
-                ),
-            ),
+            params=(TAKE_ID,),
             answers={200: json_answer("Stored.", review.Settled)},
             common=(400, 404),
         ),
@@ -661,11 +654,7 @@ def route_table(settings: Settings) -> RouteTable:
             ADMIN,
             tag="operations",
             summary="Discard a refused take",
-            params=(
-                Param(
-                    "id", "path", {"type": "string", "pattern": "^[0-9a-f]{16}$"}, "The take's id."
-                ),
-            ),
+            params=(TAKE_ID,),
             answers={200: json_answer("Dropped.", review.Settled)},
             common=(400, 404),
         ),

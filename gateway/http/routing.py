@@ -197,13 +197,6 @@ def wrapper_statuses(route: Route, *, require_json: bool, host_check: bool) -> t
     return tuple(statuses)
 
 
-def _names(headers: Iterable[Header]) -> list[str]:
-    seen: dict[str, None] = {}
-    for header in headers:
-        seen.setdefault(header.name, None)
-    return list(seen)
-
-
 def cors_request_headers(routes: Iterable[Route]) -> str:
     """The request headers a cross-origin page may send (``Access-Control-Allow-Headers``):
     the key headers where a route asks for a key, Content-Type where one takes a body, every
@@ -212,7 +205,7 @@ def cors_request_headers(routes: Iterable[Route]) -> str:
     names = ["Authorization", "X-API-Key"] if any(r.keyed for r in routes) else []
     if any(r.body is not None for r in routes):
         names.append("Content-Type")
-    names += _names(h for r in routes for h in r.headers)
+    names += [h.name for r in routes for h in r.headers]
     return ", ".join(dict.fromkeys([*names, str(REQUEST_ID_HEADER)]))
 
 
@@ -227,6 +220,6 @@ def cors_response_headers(table: RouteTable) -> str:
     every header an answer of the table states, and X-Request-Id."""
     answers = [a for r in table.routes for a in r.answers.values()]
     answers += [c.answer for c in table.common.values()]
-    names = _names(h for a in answers for h in a.headers)
+    names = [h.name for a in answers for h in a.headers]
     names = [n for n in names if n.lower() not in _READABLE | _HOP_BY_HOP]
     return ", ".join(dict.fromkeys([*names, str(REQUEST_ID_HEADER)]))

@@ -33,7 +33,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, Literal, cast, get_args
 
 from aiohttp import web
 from pydantic import Field
@@ -105,12 +105,7 @@ class SpeechErrorEvent(TypedDict):
 SpeechEvent = (
     SpeechAudioDeltaEvent | SpeechMarksDeltaEvent | SpeechAudioDoneEvent | SpeechErrorEvent
 )
-EVENTS: tuple[type, ...] = (
-    SpeechAudioDeltaEvent,
-    SpeechMarksDeltaEvent,
-    SpeechAudioDoneEvent,
-    SpeechErrorEvent,
-)
+EVENTS: tuple[type, ...] = get_args(SpeechEvent)
 
 
 def event(payload: SpeechEvent) -> bytes:
@@ -118,8 +113,11 @@ def event(payload: SpeechEvent) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
-def deltas(data: bytes) -> Iterator[bytes]:
-    """``speech.audio.delta`` events for ``data``, in pieces of at most :data:`DELTA_BYTES`."""
+def deltas(data: bytes, marks: list[Mark] | None = None) -> Iterator[bytes]:
+    """``speech.audio.delta`` events for ``data``, in pieces of at most :data:`DELTA_BYTES`,
+    after a ``speech.marks.delta`` event of its ``marks`` (when there are any)."""
+    if marks:
+        yield marks_event(marks)
     for start in range(0, len(data), DELTA_BYTES):
         piece = base64.b64encode(data[start : start + DELTA_BYTES]).decode("ascii")
         yield event({"type": "speech.audio.delta", "audio": piece})
@@ -151,10 +149,15 @@ def error_event(exc: Exception) -> bytes:
     return event({"type": "error", "error": error})
 
 
-async def _open(request: web.Request, headers: dict[str, str]) -> web.StreamResponse:
-    headers = {**headers, "Content-Type": CONTENT_TYPE, "Cache-Control": "no-store"}
-    # The events are not the stored audio's bytes: no ETag (X-Audio-Key names the stored audio).
-    headers.pop("ETag", None)
+async def open_stream(
+    request: web.Request, headers: dict[str, str], content_type: str | None = None
+) -> web.StreamResponse:
+    """Send the headers of a chunked answer (``content_type``, when given, replacing the
+    audio's) that no cache keeps: its bytes are not the stored rendition's, so it carries no
+    ETag (X-Audio-Key names the stored audio for a later GET)."""
+    headers = {**headers, "Cache-Control": "no-store"}
+    if content_type is not None:
+        headers["Content-Type"] = content_type
     resp = web.StreamResponse(headers=headers)
     resp.enable_chunked_encoding()
     request[keys.FIRST_BYTE_AT] = time.perf_counter()
@@ -171,13 +174,11 @@ async def send_whole(
     marks: bool = False,
 ) -> web.StreamResponse:
     """Stored audio as events: its marks (with ``marks``), every delta at once, then done."""
-    resp = await _open(request, headers)
+    resp = await open_stream(request, headers, CONTENT_TYPE)
     timeout_s = request.app[keys.SETTINGS].write_timeout_s
     try:
-        if marks and entry.meta.marks:
-            found = speech_marks.from_ndjson(entry.meta.marks)
-            await write_within(request, resp, marks_event(found), timeout_s)
-        for chunk in deltas(entry.audio):
+        found = speech_marks.from_ndjson(entry.meta.marks) if marks and entry.meta.marks else None
+        for chunk in deltas(entry.audio, found):
             await write_within(request, resp, chunk, timeout_s)
         await write_within(request, resp, done(characters, entry.meta.duration_s), timeout_s)
         await resp.write_eof()
@@ -196,15 +197,13 @@ async def send_stream(
 ) -> web.StreamResponse:
     """A stream being made as events: a delta per sentence as it is ready (after its marks,
     with ``marks``), then done."""
-    resp = await _open(request, headers)
+    resp = await open_stream(request, headers, CONTENT_TYPE)
     timeout_s = request.app[keys.SETTINGS].write_timeout_s
 
     async def events() -> None:
         async for data in pieces(request, stream):
             found, stream.piece_marks = stream.piece_marks, []
-            if marks and found:
-                await write_within(request, resp, marks_event(found), timeout_s)
-            for chunk in deltas(data):
+            for chunk in deltas(data, found if marks else None):
                 await write_within(request, resp, chunk, timeout_s)
         await write_within(request, resp, done(characters, stream.audio_s), timeout_s)
 

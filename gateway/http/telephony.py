@@ -9,6 +9,7 @@ the URL, so the text does not reach the logs.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Annotated
 
@@ -16,7 +17,6 @@ from aiohttp import web
 from pydantic import Field
 from typing_extensions import TypedDict
 
-from cache.keys import is_key
 from gateway.api.models import models_for
 from gateway.api.parsing import read_json_object
 from gateway.api.say import SayParsed, parse_say, signed_say_path, signer_of, verify
@@ -26,6 +26,7 @@ from gateway.http.charging import charged
 from gateway.http.conditional import audio_response
 from gateway.http.delivery import client_of, serve_speech
 from gateway.http.hits import hit_response
+from gateway.http.marks import audio_key
 from gateway.speech.caller import ask_as, caller
 from gateway.speech.telephony import extension
 
@@ -42,10 +43,8 @@ class SignedUrl(TypedDict):
 async def audio_by_key_ext(request: web.Request) -> web.StreamResponse:
     """``GET /v1/audio/{key}.{ext}``: the audio stored under ``key`` in the encoding ``ext``
     names, transcoded from its masters (never synthesized) and stored for the next player."""
-    key = request.match_info["key"]
     ext = extension(request.match_info["ext"])
-    if not is_key(key):
-        raise BadRequest("malformed audio key: expected 64 lowercase hex digits", param="key")
+    key = audio_key(request)
     app = request.app
     ask_as(client_of(request))  # a transcode made for it takes this client's share
     present = app[keys.PRESENTATIONS].by_key[ext.name]
@@ -81,16 +80,13 @@ async def say(request: web.Request) -> web.StreamResponse:
 
     A repeated URL is one memo lookup by the path exactly as sent (one string: no segments to
     pick out and hash), then the memory hit of :func:`serve_speech`."""
-    app = request.app
     raw = request.raw_path
-    memo = app[keys.SAY_MEMO]
+    memo = request.app[keys.SAY_MEMO]
     parsed = memo.get(raw)
     if parsed is None:
-        match = request.match_info
-        parsed = _parse(request, match["voice"], match["text"], match["ext"])
+        parsed = _parse(request)
         memo.put(raw, parsed)
-    req, ext = parsed
-    return await serve_speech(request, req, present=app[keys.PRESENTATIONS].say[ext.name])
+    return await _play(request, parsed)
 
 
 async def say_signed(request: web.Request) -> web.StreamResponse:
@@ -104,18 +100,14 @@ async def say_signed(request: web.Request) -> web.StreamResponse:
     parsed = memo.get(raw)
     if parsed is None:
         signed = verify(_secret(request), token, voice, text, ext_name)
-        parsed = _parse(request, voice, text, ext_name)
+        parsed = _parse(request)
         memo.put(raw, parsed)
     else:
         # (Remembered only once verified: what is left to check is the clock.)
         signed = signer_of(token)
         if time.time() > signed.expires:
             raise Forbidden("the signed say URL has expired", param="token", code="url_expired")
-    req, ext = parsed
-
-    async def play(request: web.Request) -> web.StreamResponse:
-        return await serve_speech(request, req, present=app[keys.PRESENTATIONS].say[ext.name])
-
+    play = functools.partial(_play, parsed=parsed)
     ring = app[keys.AUTH].ring
     if ring is None:
         return await play(request)
@@ -169,7 +161,13 @@ def _secret(request: web.Request) -> str:
     return request.app[keys.SETTINGS].url_signing_secret.get_secret_value()
 
 
-def _parse(request: web.Request, voice: str, text: str, ext: str) -> SayParsed:
+def _parse(request: web.Request) -> SayParsed:
     app = request.app
     settings, words, expansions = app[keys.SETTINGS], app[keys.VOCABULARY], app[keys.EXPANSIONS]
-    return parse_say(voice, text, ext, settings, words, expansions)
+    match = request.match_info
+    return parse_say(match["voice"], match["text"], match["ext"], settings, words, expansions)
+
+
+async def _play(request: web.Request, parsed: SayParsed) -> web.StreamResponse:
+    req, ext = parsed
+    return await serve_speech(request, req, present=request.app[keys.PRESENTATIONS].say[ext.name])
