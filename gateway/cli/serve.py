@@ -107,9 +107,7 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
         # out of the collector's sight, a full collection no longer walks it (about 25 ms for
         # a gateway's 100,000 objects, a pause every request in flight would wait out).
         gc.freeze()
-        log.info(
-            "voxgate ready on %s (cache: %s)", ", ".join(addresses) or site.name, settings.cache_dir
-        )
+        log.info("voxgate ready on %s (cache: %s)", listening, settings.cache_dir)
         await stopped
     else:
         ready.cancel()

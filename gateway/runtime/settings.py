@@ -74,37 +74,29 @@ REDIS_SCHEMES = (
     "rediss+sentinel",
 )
 
-# Settings by concern, in the order --help, the README and `voxgate config show` list them.
-GROUPS: dict[str, str] = {
-    "server": "Server: where and how the gateway listens",
-    "http": "HTTP limits: what one request may ask for",
-    "api": "Request defaults and aliases",
-    "cache": "Cache tiers in this process and on local disk",
-    "redis": "Redis tier shared by replicas",
-    "synthesis": "Synthesis: models, devices, queues and batches",
-    "sentences": "Sentences and streaming",
-    "logging": "Logging",
-    "catalogue": "Prompt catalogues (voxgate warm, POST /v1/prompts)",
-    "wyoming": "Wyoming protocol (Home Assistant)",
-    "telephony": "Telephony: PBX-playable URLs, HTTP caching, signed say URLs, jambonz",
-    "security": "Security: API keys, scopes and limits (docs/security.md)",
-}
-# The first setting of each group: a group is its first setting and those declared after it, up
-# to the next group's first.
-GROUP_STARTS = {
-    "host": "server",
-    "max_input_chars": "http",
-    "default_model": "api",
-    "cache_dir": "cache",
-    "redis_url": "redis",
-    "piper_voices": "synthesis",
-    "sentence_pause_ms": "sentences",
-    "log_level": "logging",
-    "max_catalogue_prompts": "catalogue",
-    "wyoming_port": "wyoming",
-    "public_url": "telephony",
-    "api_keys_file": "security",
-}
+# Settings by concern, in the order --help, the README and `voxgate config show` list them: each
+# group's name, first setting and title. A group is its first setting and those declared after it,
+# up to the next group's first.
+_GROUP_TABLE = (
+    ("server", "host", "Server: where and how the gateway listens"),
+    ("http", "max_input_chars", "HTTP limits: what one request may ask for"),
+    ("api", "default_model", "Request defaults and aliases"),
+    ("cache", "cache_dir", "Cache tiers in this process and on local disk"),
+    ("redis", "redis_url", "Redis tier shared by replicas"),
+    ("synthesis", "piper_voices", "Synthesis: models, devices, queues and batches"),
+    ("sentences", "sentence_pause_ms", "Sentences and streaming"),
+    ("logging", "log_level", "Logging"),
+    ("catalogue", "max_catalogue_prompts", "Prompt catalogues (voxgate warm, POST /v1/prompts)"),
+    ("wyoming", "wyoming_port", "Wyoming protocol (Home Assistant)"),
+    (
+        "telephony",
+        "public_url",
+        "Telephony: PBX-playable URLs, HTTP caching, signed say URLs, jambonz",
+    ),
+    ("security", "api_keys_file", "Security: API keys, scopes and limits (docs/security.md)"),
+)
+GROUPS = {group: title for group, _, title in _GROUP_TABLE}
+GROUP_STARTS = {first: group for group, first, _ in _GROUP_TABLE}
 
 
 class SettingsError(ValueError):
@@ -671,11 +663,6 @@ class Settings(BaseSettings):
     def pool_workers(self) -> int:
         """Worker processes per model: one per CUDA device, else ``synth_workers`` (resolved)."""
         return self.topology().synth_workers
-
-    def worker_threads(self) -> int:
-        """Intra-op threads per engine (a worker process or an in-process engine), so that
-        engines x threads fits the cores."""
-        return self.topology().intra_op_threads
 
     def effective_max_batch(self) -> int:
         """``max_batch``, or what measured fastest on the device (CPU: 1, CUDA: 8)."""
