@@ -56,29 +56,25 @@ async def _cache_stats(settings: Settings) -> list[dict[str, Any]]:
         }
     ]
     redis_url = settings.redis_url.get_secret_value()
-    redis = None
-    if redis_url:
-        # The memory tier lives inside each server process: its figures are on /metrics.
-        redis = RedisTier.from_url(
-            redis_url,
-            secret=settings.cache_secret.get_secret_value().encode(),
-            prefix=settings.redis_prefix,
-            timeout_s=settings.redis_timeout_ms / 1000,
-        )
+    if not redis_url:
+        return [*rows, await _pins_row(settings, [])]
+    # The memory tier lives inside each server process: its figures are on /metrics.
+    redis = RedisTier.from_url(
+        redis_url,
+        secret=settings.cache_secret.get_secret_value().encode(),
+        prefix=settings.redis_prefix,
+        timeout_s=settings.redis_timeout_ms / 1000,
+    )
+    row: dict[str, Any] = {"tier": "redis", "url": _safe_url(redis_url)}
     try:
-        if redis is not None:
-            row: dict[str, Any] = {"tier": "redis", "url": _safe_url(redis_url)}
-            try:
-                r = await redis.stats()
-                row.update(keys=r.entries, used_memory_bytes=r.bytes)
-            except TierError as exc:
-                row["error"] = str(exc)
-            rows.append(row)
-        rows.append(await _pins_row(settings, [redis] if redis is not None else []))
+        try:
+            r = await redis.stats()
+            row.update(keys=r.entries, used_memory_bytes=r.bytes)
+        except TierError as exc:
+            row["error"] = str(exc)
+        return [*rows, row, await _pins_row(settings, [redis])]
     finally:
-        if redis is not None:
-            await redis.close()
-    return rows
+        await redis.close()
 
 
 async def _pins_row(settings: Settings, tiers: list[Any]) -> dict[str, Any]:

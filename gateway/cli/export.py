@@ -32,10 +32,8 @@ async def run_export(
     formats = plan_formats([f.strip() for f in args.format.split(",") if f.strip()], args.layout)
     prompts = await asyncio.to_thread(read_catalogue, Path(args.catalogue))
     check_ids(prompts, required=True)
-    defaults: dict[str, Any] = {"response_format": "wav"}
-    for name, value in (("model", args.model), ("voice", args.voice), ("speed", args.speed)):
-        if value is not None:
-            defaults[name] = value
+    given = {"model": args.model, "voice": args.voice, "speed": args.speed}
+    defaults = {"response_format": "wav", **{k: v for k, v in given.items() if v is not None}}
     metrics = Metrics()
     async with open_speech(settings, metrics, engines, wait_ready=True) as service:
         requests = to_requests(prompts, defaults, settings, service.vocabulary)

@@ -50,9 +50,6 @@ async def run_rollout(
         ) as bar:
             counts = {"rendered": 0, "already": 0, "failed": 0}
 
-            def total(n: int) -> None:
-                bar.reset(total=n)
-
             def done(result: PromptResult) -> None:
                 state = {"miss": "rendered", "coalesced": "rendered", "hit": "already"}
                 counts[state.get(result.cache, "failed")] += 1
@@ -70,7 +67,7 @@ async def run_rollout(
                 concurrency=args.concurrency or settings.catalogue_concurrency,
                 metrics=metrics,
                 allow_unrenderable=args.allow_unrenderable,
-                on_total=total,
+                on_total=lambda n: bar.reset(total=n),
                 on_done=done,
             )
     return report.as_json()

@@ -62,8 +62,7 @@ def cmd_say(args: argparse.Namespace) -> int:
     setup_logging("warning" if settings.log_level == "info" else settings.log_level)
     if args.output is None and not args.explain:
         raise Refused("-o/--output is required (or --explain)")
-    fmt = args.format or Path(args.output or "").suffix.lstrip(".") or "wav"
-    args.format = fmt
+    args.format = args.format or Path(args.output or "").suffix.lstrip(".") or "wav"
     info = asyncio.run(_say(settings, args))
     print(json.dumps(info, indent=2 if args.explain else None, ensure_ascii=False))
     return 0

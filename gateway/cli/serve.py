@@ -59,14 +59,13 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
     def reload_keys() -> None:
         # The files are read off the loop; the tasks are kept until done (the loop holds only a
         # weak reference to them).
-        task = asyncio.ensure_future(app[keys.AUTH].reload())
-        reloads.add(task)
-        task.add_done_callback(reloads.discard)
+        jobs = [app[keys.AUTH].reload()]
         if settings.upstreams_file:
             from gateway.runtime.upstreams import reload_upstreams
 
-            models = app[keys.SPEECH].models
-            task = asyncio.ensure_future(reload_upstreams(settings, models))
+            jobs.append(reload_upstreams(settings, app[keys.SPEECH].models))
+        for job in jobs:
+            task = asyncio.ensure_future(job)
             reloads.add(task)
             task.add_done_callback(reloads.discard)
 
@@ -108,9 +107,7 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
         # out of the collector's sight, a full collection no longer walks it (about 25 ms for
         # a gateway's 100,000 objects, a pause every request in flight would wait out).
         gc.freeze()
-        log.info(
-            "voxgate ready on %s (cache: %s)", ", ".join(addresses) or site.name, settings.cache_dir
-        )
+        log.info("voxgate ready on %s (cache: %s)", listening, settings.cache_dir)
         await stopped
     else:
         ready.cancel()

@@ -37,7 +37,6 @@ SENTENCES = (
     "Please hold while we connect you to the next available agent.",
     "Your appointment is confirmed for nine thirty tomorrow morning.",
 )
-TUNED_KEYS = ("synth_workers", "intra_op_threads")
 
 
 @dataclass(frozen=True)

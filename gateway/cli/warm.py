@@ -22,18 +22,15 @@ async def _warm(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
 
     prompts = read_catalogue(Path(args.file))
     check_ids(prompts)  # ids are optional here; a bad one is refused before any work
-    defaults: dict[str, Any] = {}
-    for name, value in (
-        ("model", args.model),
-        ("voice", args.voice),
-        ("response_format", args.format),
-        ("sample_rate", args.rate),
-        ("speed", args.speed),
-    ):
-        if value is not None:
-            defaults[name] = value
-    if "response_format" not in defaults:
-        defaults["response_format"] = settings.default_format
+    given = {
+        "model": args.model,
+        "voice": args.voice,
+        "response_format": args.format,
+        "sample_rate": args.rate,
+        "speed": args.speed,
+    }
+    defaults = {name: value for name, value in given.items() if value is not None}
+    defaults.setdefault("response_format", settings.default_format)
     metrics = Metrics()
     async with (
         open_speech(settings, metrics, wait_ready=True) as service,

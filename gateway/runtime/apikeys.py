@@ -122,29 +122,25 @@ class KeyRing:
                 for err in exc.errors(include_url=False, include_input=False)
             )
             raise KeysFileError(f"API keys file {path}: {problems}") from None
-        keys: list[APIKey] = []
-        names: set[str] = set()
+        keys: dict[str, APIKey] = {}
         digests: set[bytes] = set()
-        for entry in parsed.key:
-            digest = bytes.fromhex(entry.sha256)
-            if entry.name in names:
-                raise KeysFileError(f"API keys file {path}: key name {entry.name!r} used twice")
-            if digest in digests:
-                raise KeysFileError(
-                    f"API keys file {path}: key {entry.name!r} has the hash of another key"
-                )
-            names.add(entry.name)
-            digests.add(digest)
-            keys.append(
-                APIKey(
-                    name=entry.name,
-                    digest=digest,
-                    scopes=frozenset(entry.scopes),
-                    requests_per_minute=entry.requests_per_minute,
-                    chars_per_minute=entry.chars_per_minute,
-                )
+        for e in parsed.key:
+            key = APIKey(
+                e.name,
+                bytes.fromhex(e.sha256),
+                frozenset(e.scopes),
+                e.requests_per_minute,
+                e.chars_per_minute,
             )
-        return cls(keys)
+            if key.name in keys:
+                raise KeysFileError(f"API keys file {path}: key name {key.name!r} used twice")
+            if key.digest in digests:
+                raise KeysFileError(
+                    f"API keys file {path}: key {key.name!r} has the hash of another key"
+                )
+            keys[key.name] = key
+            digests.add(key.digest)
+        return cls(list(keys.values()))
 
 
 def new_secret() -> str:

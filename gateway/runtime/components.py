@@ -13,8 +13,6 @@ import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
-from limits.aio.storage import Storage
-
 from cache.breaker import BreakerState, CircuitBreaker
 from cache.disk import DiskTier
 from cache.distributed import CrossReplicaFlight
@@ -124,8 +122,9 @@ def default_engine_specs(settings: Settings) -> dict[str, list[EngineSpec]]:
 
     Worker ``i`` runs on ``devices[i % len(devices)]``; in-process engines use ``devices[0]``.
     """
-    threads = settings.worker_threads()
-    count = max(1, settings.pool_workers())
+    topology = settings.topology()
+    threads = topology.intra_op_threads
+    count = max(1, topology.synth_workers)
     devices = [settings.devices[i % len(settings.devices)] for i in range(count)]
     voices = [PiperVoiceFiles.from_spec(spec) for spec in settings.piper_voices]
     specs = {
@@ -322,7 +321,7 @@ def _runner_for(
         engine,
         specs,
         metrics,
-        threads=settings.worker_threads(),
+        threads=settings.topology().intra_op_threads,
         batch_timeout_s=float(settings.batch_timeout_s),
         max_reply_bytes=settings.synth_max_reply_mb * MIB,
         # Worker lines in the gateway's format: with log_format json every line stays one object.
@@ -374,27 +373,17 @@ def _upstream_runner(
         config.breaker_reset_s,
         on_change=lambda state: gauge.set(state),
     )
-    # Always made (0: no limit), so a reload may set a limit.
+    # Always made (0: no limit), so a reload may set a limit; with Redis, every replica's.
+    redis_url = settings.redis_url.get_secret_value()
+    timeout_s = settings.redis_timeout_ms / 1000
+    prefix = f"{settings.redis_prefix}upstream"
+    shared = limits_storage(redis_url, prefix, timeout_s) if redis_url else None
     rate = RequestRate(
-        name,
-        config.requests_per_minute,
-        metrics,
-        shared=_rate_storage(settings),
-        timeout_s=settings.redis_timeout_ms / 1000,
+        name, config.requests_per_minute, metrics, shared=shared, timeout_s=timeout_s
     )
     provider = build_provider(config, check_config(config, os.environ))
     runner = UpstreamRunner(engine, provider, metrics, breaker=breaker, rate=rate)
     return runner, engine, concurrency
-
-
-def _rate_storage(settings: Settings) -> Storage | None:
-    """The ``limits`` storage in Redis that every replica shares (None without ``redis_url``)."""
-    redis_url = settings.redis_url.get_secret_value()
-    if not redis_url:
-        return None
-    return limits_storage(
-        redis_url, f"{settings.redis_prefix}upstream", settings.redis_timeout_ms / 1000
-    )
 
 
 def _max_batch(settings: Settings, engine: Engine) -> int:

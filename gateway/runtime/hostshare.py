@@ -223,21 +223,25 @@ class HostTable:
             reset = min(reset, current_left % expiry)
         return False, max(1.0, 0.0 if math.isinf(reset) else reset)
 
+    def _share_row(self, client: str, insert: bool) -> int | None:
+        """The first word of ``client``'s share row (made from an empty row or one with nothing
+        waiting when ``insert``); None when absent (or no room). Called with the lock held."""
+        words, width = self._words, self._share_words
+        return self._row(
+            self._shares,
+            self.share_rows,
+            width,
+            self._tag_of(client),
+            lambda at: not any(words[at + 1 : at + width]),
+            insert,
+        )
+
     def take_share(self, client: str, limit: int) -> bool | None:
         """Count one item waiting for ``client`` if the host has fewer than ``limit`` waiting
         for it (True), else refuse (False); None when the table has no room for the client."""
-        tag = self._tag_of(client)
-        words = self._words
-        width = self._share_words
+        words, width = self._words, self._share_words
         with self._locked():
-            at = self._row(
-                self._shares,
-                self.share_rows,
-                width,
-                tag,
-                lambda at: not any(words[at + 1 : at + width]),
-                insert=True,
-            )
+            at = self._share_row(client, insert=True)
             if at is None:
                 return None
             if sum(words[at + 1 : at + width]) >= limit:
@@ -247,30 +251,22 @@ class HostTable:
 
     def give_share(self, client: str) -> None:
         """One item of ``client`` (taken by this process) no longer waits."""
-        tag = self._tag_of(client)
         words = self._words
-        width = self._share_words
         with self._locked():
-            at = self._row(self._shares, self.share_rows, width, tag, _never, insert=False)
+            at = self._share_row(client, insert=False)
             if at is not None and words[at + 1 + self.process] > 0:
                 words[at + 1 + self.process] -= 1
 
     def waiting_for(self, client: str) -> int:
         """Items ``client`` has waiting on the whole host."""
-        tag = self._tag_of(client)
-        width = self._share_words
         with self._locked():
-            at = self._row(self._shares, self.share_rows, width, tag, _never, insert=False)
-            return 0 if at is None else sum(self._words[at + 1 : at + width])
+            at = self._share_row(client, insert=False)
+            return 0 if at is None else sum(self._words[at + 1 : at + self._share_words])
 
 
 def _header(rows: int, processes: int) -> bytes:
     """magic, window rows, share rows, processes (native int64, as the table is read)."""
     return struct.pack("=4q", _MAGIC, rows, rows, processes)
-
-
-def _never(at: int) -> bool:
-    return False
 
 
 _ZEROS: dict[int, memoryview] = {}

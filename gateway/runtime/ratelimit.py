@@ -56,22 +56,14 @@ def limits_storage_uri(redis_url: str) -> tuple[type[LimitsRedisStorage], str, d
     """The ``limits`` storage class, URI and options for one of voxgate's Redis URLs."""
     scheme, _, rest = redis_url.partition("://")
     scheme = scheme.lower()
-    if scheme in ("redis+cluster", "rediss+cluster"):
-        return RedisClusterStorage, f"async+{scheme}://{rest}", {}
-    if scheme in ("redis+sentinel", "rediss+sentinel"):
+    if scheme.endswith("+sentinel"):
         # voxgate's form is host:port[,host:port]/<service>/<db>; limits takes the service apart.
         parts = urlsplit(redis_url)
-        segments = [s for s in parts.path.split("/") if s]
-        service = segments[0] if segments else None
-        netloc = parts.netloc
-        return (
-            RedisSentinelStorage,
-            f"async+{scheme}://{netloc}",
-            {"service_name": service} if service else {},
-        )
-    if scheme == "unix":
-        return LimitsRedisStorage, f"async+redis+unix://{rest}", {}
-    return LimitsRedisStorage, f"async+{scheme}://{rest}", {}
+        service = next((s for s in parts.path.split("/") if s), None)
+        options = {"service_name": service} if service else {}
+        return RedisSentinelStorage, f"async+{scheme}://{parts.netloc}", options
+    cls = RedisClusterStorage if scheme.endswith("+cluster") else LimitsRedisStorage
+    return cls, f"async+{'redis+unix' if scheme == 'unix' else scheme}://{rest}", {}
 
 
 def limits_storage(redis_url: str, key_prefix: str, timeout_s: float) -> LimitsRedisStorage:

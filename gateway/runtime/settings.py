@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
+    AfterValidator,
+    BeforeValidator,
     Field,
     NonNegativeInt,
     PositiveFloat,
@@ -72,37 +74,29 @@ REDIS_SCHEMES = (
     "rediss+sentinel",
 )
 
-# Settings by concern, in the order --help, the README and `voxgate config show` list them.
-GROUPS: dict[str, str] = {
-    "server": "Server: where and how the gateway listens",
-    "http": "HTTP limits: what one request may ask for",
-    "api": "Request defaults and aliases",
-    "cache": "Cache tiers in this process and on local disk",
-    "redis": "Redis tier shared by replicas",
-    "synthesis": "Synthesis: models, devices, queues and batches",
-    "sentences": "Sentences and streaming",
-    "logging": "Logging",
-    "catalogue": "Prompt catalogues (voxgate warm, POST /v1/prompts)",
-    "wyoming": "Wyoming protocol (Home Assistant)",
-    "telephony": "Telephony: PBX-playable URLs, HTTP caching, signed say URLs, jambonz",
-    "security": "Security: API keys, scopes and limits (docs/security.md)",
-}
-# The first setting of each group: a group is its first setting and those declared after it, up
-# to the next group's first.
-GROUP_STARTS = {
-    "host": "server",
-    "max_input_chars": "http",
-    "default_model": "api",
-    "cache_dir": "cache",
-    "redis_url": "redis",
-    "piper_voices": "synthesis",
-    "sentence_pause_ms": "sentences",
-    "log_level": "logging",
-    "max_catalogue_prompts": "catalogue",
-    "wyoming_port": "wyoming",
-    "public_url": "telephony",
-    "api_keys_file": "security",
-}
+# Settings by concern, in the order --help, the README and `voxgate config show` list them: each
+# group's name, first setting and title. A group is its first setting and those declared after it,
+# up to the next group's first.
+_GROUP_TABLE = (
+    ("server", "host", "Server: where and how the gateway listens"),
+    ("http", "max_input_chars", "HTTP limits: what one request may ask for"),
+    ("api", "default_model", "Request defaults and aliases"),
+    ("cache", "cache_dir", "Cache tiers in this process and on local disk"),
+    ("redis", "redis_url", "Redis tier shared by replicas"),
+    ("synthesis", "piper_voices", "Synthesis: models, devices, queues and batches"),
+    ("sentences", "sentence_pause_ms", "Sentences and streaming"),
+    ("logging", "log_level", "Logging"),
+    ("catalogue", "max_catalogue_prompts", "Prompt catalogues (voxgate warm, POST /v1/prompts)"),
+    ("wyoming", "wyoming_port", "Wyoming protocol (Home Assistant)"),
+    (
+        "telephony",
+        "public_url",
+        "Telephony: PBX-playable URLs, HTTP caching, signed say URLs, jambonz",
+    ),
+    ("security", "api_keys_file", "Security: API keys, scopes and limits (docs/security.md)"),
+)
+GROUPS = {group: title for group, _, title in _GROUP_TABLE}
+GROUP_STARTS = {first: group for group, first, _ in _GROUP_TABLE}
 
 
 class SettingsError(ValueError):
@@ -115,13 +109,60 @@ def default_cache_dir() -> Path:
     return Path(base) / "voxgate"
 
 
+def _comma_list(value: Any) -> Any:
+    if isinstance(value, str):
+        return tuple(s.strip() for s in value.split(",") if s.strip())
+    return value
+
+
+def _alias_pairs(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    out: dict[str, str] = {}
+    for pair in value.split(","):
+        if not pair.strip():
+            continue
+        alias, sep, target = pair.partition("=")
+        if not sep:
+            raise ValueError("expected alias=target pairs, comma-separated")
+        out[alias.strip()] = target.strip()
+    return out
+
+
+def _origins(value: tuple[str, ...]) -> tuple[str, ...]:
+    out = []
+    for origin in value:
+        origin = origin.rstrip("/").lower()
+        if origin != "*" and re.fullmatch(r"https?://[^/\s?#]+", origin) is None:
+            raise ValueError(f"{origin!r} is not an origin (scheme://host[:port]) or *")
+        out.append(origin)
+    return tuple(out)
+
+
+def _redis_scheme(value: SecretStr) -> SecretStr:
+    url = value.get_secret_value()
+    if url and url.split("://", 1)[0].lower() not in REDIS_SCHEMES:
+        raise ValueError(
+            "must start with redis://, rediss://, unix://, redis+cluster:// or redis+sentinel://"
+        )
+    return value
+
+
+def _secret_length(value: SecretStr) -> SecretStr:
+    secret = value.get_secret_value()
+    if secret and len(secret.encode()) < 16:
+        raise ValueError("must be at least 16 characters")
+    return value
+
+
 # Comma-separated in env and flags ("cpu,cuda:0"), a list in TOML. NoDecode: pydantic-settings
 # would otherwise read a list-typed env value as JSON.
-Names = Annotated[tuple[str, ...], NoDecode]
-Aliases = Annotated[dict[str, str], NoDecode]
+Names = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_comma_list)]
+Aliases = Annotated[dict[str, str], NoDecode, BeforeValidator(_alias_pairs)]
 Device = Annotated[str, StringConstraints(pattern=r"^(cpu|cuda(:\d+)?)$")]
 # The bounds most settings share (pydantic's own NonNegativeInt and PositiveFloat beside them).
 AtLeastOne = Annotated[int, Field(ge=1)]
+LongSecret = Annotated[SecretStr, AfterValidator(_secret_length)]
 
 
 class Settings(BaseSettings):
@@ -234,12 +275,12 @@ class Settings(BaseSettings):
     """Hours a refused take is kept for review before it is dropped."""
 
     # --- Redis tier and scale-out ---
-    redis_url: SecretStr = SecretStr("")
+    redis_url: Annotated[SecretStr, AfterValidator(_redis_scheme)] = SecretStr("")
     """Redis shared by all replicas (empty: no Redis tier): redis://[user:password@]host:port/db,
     rediss:// (TLS), unix:///path.sock, redis+cluster://host:port for Redis Cluster, or
     redis+sentinel://host:26379[,host:port]/<service>/<db> for Sentinel. A secret: shown masked,
     never logged."""
-    cache_secret: SecretStr = SecretStr("")
+    cache_secret: LongSecret = SecretStr("")
     """Key of the HMAC-SHA256 every Redis value and lock carries, and that names the rate-limit
     counters (at least 16 characters; required with redis_url; the same on every replica): a value
     written without it, or moved to another key, is never served. Generate one with `openssl rand
@@ -293,7 +334,9 @@ class Settings(BaseSettings):
     OpenAI-compatible server, another voxgate) served as models of the same store, each under its
     own name ([[upstream]] entries: docs/upstreams.md); their tunables are reloaded on SIGHUP.
     Empty: none."""
-    devices: Annotated[tuple[Device, ...], NoDecode] = Field(("cpu",), min_length=1)
+    devices: Annotated[tuple[Device, ...], NoDecode, BeforeValidator(_comma_list)] = Field(
+        ("cpu",), min_length=1
+    )
     """Devices the engines run on, comma-separated: cpu, or cuda:0,cuda:1."""
     synth_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
     """Synthesis worker processes per model (0: engines run in-process threads). auto: one per core
@@ -426,7 +469,7 @@ class Settings(BaseSettings):
     """At start, when api_keys_file does not exist, make it (0600) with a key named admin (scopes
     admin, speak, read) and print that key's secret once on stderr; the file holds hashes only. For
     a container's first start (the Docker image turns it on)."""
-    api_keys_init_metrics_secret: SecretStr = SecretStr("")
+    api_keys_init_metrics_secret: LongSecret = SecretStr("")
     """With api_keys_init: the secret of a key named prometheus (scope metrics: GET /metrics only)
     put in the keys file it makes, for the Prometheus that scrapes with metrics_auth on (at least 16
     characters). A secret: shown masked, never logged."""
@@ -434,10 +477,10 @@ class Settings(BaseSettings):
     """Routes whose body is JSON only (those with a 415 in /openapi.json) need Content-Type
     application/json, else 415: a browser page cannot send them cross-origin without a CORS
     preflight."""
-    allowed_hosts: Names = ()
+    allowed_hosts: Annotated[Names, AfterValidator(lambda hs: tuple(h.lower() for h in hs))] = ()
     """Host names (Host header, port ignored) the gateway answers, comma-separated; another gets 421
     (against DNS rebinding). Empty: any host."""
-    cors_origins: Names = ()
+    cors_origins: Annotated[Names, AfterValidator(_origins)] = ()
     """Origins (https://app.example) whose browser pages may call the gateway, comma-separated;
     their preflights (OPTIONS) are answered. Empty: CORS off."""
     metrics_auth: bool = False
@@ -453,13 +496,6 @@ class Settings(BaseSettings):
         field = cls.model_fields[info.field_name] if info.field_name else None
         if isinstance(value, bool) and field is not None and _counts(field.annotation):
             raise ValueError("expected an integer, got a boolean")
-        return value
-
-    @field_validator("piper_voices", "devices", "allowed_hosts", "cors_origins", mode="before")
-    @classmethod
-    def _comma_list(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return tuple(s.strip() for s in value.split(",") if s.strip())
         return value
 
     @field_validator("take_checks")
@@ -493,45 +529,6 @@ class Settings(BaseSettings):
                 raise ValueError(f"{name}: {exc}") from None
         return value
 
-    @field_validator("model_aliases", "voice_aliases", mode="before")
-    @classmethod
-    def _alias_pairs(cls, value: Any) -> Any:
-        if not isinstance(value, str):
-            return value
-        out: dict[str, str] = {}
-        for pair in value.split(","):
-            if not pair.strip():
-                continue
-            alias, sep, target = pair.partition("=")
-            if not sep:
-                raise ValueError("expected alias=target pairs, comma-separated")
-            out[alias.strip()] = target.strip()
-        return out
-
-    @field_validator("model_aliases", "voice_aliases")
-    @classmethod
-    def _add_openai_names(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
-        openai = (
-            DEFAULT_MODEL_ALIASES if info.field_name == "model_aliases" else DEFAULT_VOICE_ALIASES
-        )
-        return {**openai, **value}
-
-    @field_validator("allowed_hosts")
-    @classmethod
-    def _lower_hosts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(h.lower() for h in value)
-
-    @field_validator("cors_origins")
-    @classmethod
-    def _origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        out = []
-        for origin in value:
-            origin = origin.rstrip("/").lower()
-            if origin != "*" and re.fullmatch(r"https?://[^/\s?#]+", origin) is None:
-                raise ValueError(f"{origin!r} is not an origin (scheme://host[:port]) or *")
-            out.append(origin)
-        return tuple(out)
-
     @field_validator("public_url")
     @classmethod
     def _no_trailing_slash(cls, value: str) -> str:
@@ -547,16 +544,13 @@ class Settings(BaseSettings):
     def _expand_home(cls, value: Path) -> Path:
         return value.expanduser()
 
-    @field_validator("redis_url")
+    @field_validator("model_aliases", "voice_aliases")
     @classmethod
-    def _redis_scheme(cls, value: SecretStr) -> SecretStr:
-        url = value.get_secret_value()
-        if url and url.split("://", 1)[0].lower() not in REDIS_SCHEMES:
-            raise ValueError(
-                "must start with redis://, rediss://, unix://, redis+cluster:// or "
-                "redis+sentinel://"
-            )
-        return value
+    def _add_openai_names(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        openai = (
+            DEFAULT_MODEL_ALIASES if info.field_name == "model_aliases" else DEFAULT_VOICE_ALIASES
+        )
+        return {**openai, **value}
 
     @field_validator("cache_secret")
     @classmethod
@@ -570,14 +564,6 @@ class Settings(BaseSettings):
                 "(--cache-secret or VOXGATE_CACHE_SECRET; the same on every replica; e.g. "
                 "`openssl rand -hex 32`)"
             )
-        return value
-
-    @field_validator("cache_secret", "api_keys_init_metrics_secret")
-    @classmethod
-    def _secret_length(cls, value: SecretStr) -> SecretStr:
-        secret = value.get_secret_value()
-        if secret and len(secret.encode()) < 16:
-            raise ValueError("must be at least 16 characters")
         return value
 
     # ---- loading ---------------------------------------------------------------------------
@@ -656,16 +642,10 @@ class Settings(BaseSettings):
 
     def shown(self) -> dict[str, Any]:
         """The effective settings for display (JSON types), grouped in order, secrets masked."""
-        out: dict[str, Any] = {}
-        for name in self.names():
-            value = getattr(self, name)
-            if isinstance(value, SecretStr):
-                value = "****" if value.get_secret_value() else ""
-            elif isinstance(value, Path):
-                value = str(value)
-            elif isinstance(value, tuple):
-                value = list(value)
-            out[name] = value
+        out = self.model_dump(mode="json")
+        for name, value in out.items():
+            if isinstance(getattr(self, name), SecretStr) and value:
+                out[name] = "****"
         return out
 
     def topology(self, cores: int | None = None) -> Topology:
@@ -683,11 +663,6 @@ class Settings(BaseSettings):
     def pool_workers(self) -> int:
         """Worker processes per model: one per CUDA device, else ``synth_workers`` (resolved)."""
         return self.topology().synth_workers
-
-    def worker_threads(self) -> int:
-        """Intra-op threads per engine (a worker process or an in-process engine), so that
-        engines x threads fits the cores."""
-        return self.topology().intra_op_threads
 
     def effective_max_batch(self) -> int:
         """``max_batch``, or what measured fastest on the device (CPU: 1, CUDA: 8)."""
