@@ -61,9 +61,6 @@ class ProviderConfig(Protocol):
     voice_settings: dict[str, float | bool]
     max_audio_mb: int
 
-    @property
-    def streams_pcm(self) -> bool: ...
-
 
 class ProviderError(Exception):
     """One call to a provider failed. ``kind`` is one of :data:`synth.errors.UPSTREAM_ERROR_KINDS`;
@@ -94,11 +91,9 @@ class ProviderError(Exception):
 
 
 class Provider(Protocol):
-    """A client of one provider's API, made from a :class:`ProviderConfig`. One whose
-    ``passes_pcm`` is true hands each piece of its raw 16-bit pcm answer to ``item.sink`` (when
-    set) as it arrives."""
-
-    passes_pcm: bool
+    """A client of one provider's API, made from a :class:`ProviderConfig`. It hands each piece
+    of its raw 16-bit pcm answer to ``item.sink`` (when set: only for an entry that
+    streams pcm) as it arrives."""
 
     async def synthesize(self, item: SynthesisItem, timeout_s: float) -> Audio:
         """The audio of ``item`` (one call, no retry); :class:`ProviderError` when there is none."""

@@ -74,9 +74,6 @@ class HttpProvider:
 
     def __init__(self, config: ProviderConfig, api_key: str, environ: Mapping[str, str]) -> None:
         self.config = config
-        # The answer's body is the raw 16-bit pcm itself (not JSON, as Google's is): its pieces
-        # can go to a stream.
-        self.passes_pcm = config.streams_pcm
         self.api_key = api_key
         self._session: aiohttp.ClientSession | None = None
 
@@ -100,8 +97,7 @@ class HttpProvider:
     async def answer(self, item: SynthesisItem, resp: aiohttp.ClientResponse) -> Audio:
         """The audio of a successful answer (16-bit pcm at ``sample_rate`` here, or what the
         body is: :class:`~synth.providers.base.AnswerReader`)."""
-        sink = item.sink if self.passes_pcm else None
-        reader = AnswerReader(self.config, item, sink, resp.headers.get("Content-Type", ""))
+        reader = AnswerReader(self.config, item, item.sink, resp.headers.get("Content-Type", ""))
         return await reader.read(resp.content.iter_chunked(64 * 1024))
 
     def _client(self) -> aiohttp.ClientSession:

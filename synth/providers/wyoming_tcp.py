@@ -42,8 +42,6 @@ class WyomingProvider:
 
     def __init__(self, config: ProviderConfig, api_key: str, environ: Mapping[str, str]) -> None:
         self.config = config
-        # Audio-chunk events carry raw pcm: each can go to a stream as it comes.
-        self.passes_pcm = config.streams_pcm
         parts = urlsplit(config.base_url)
         self.host = parts.hostname or ""
         self.port = parts.port or 0
@@ -60,7 +58,6 @@ class WyomingProvider:
         size = 0
         rate = 0
         seconds = answer_seconds(item, self.config.language)
-        sink = item.sink if self.passes_pcm else None
         try:
             async with AsyncTcpClient(self.host, self.port) as client:
                 voice = SynthesizeVoice(name=item.voice)
@@ -101,8 +98,8 @@ class WyomingProvider:
                         rate = chunk.rate
                         chunks.append(data)
                         # Pieces at the rate a stream expects only (the entry's).
-                        if sink is not None and rate == self.config.sample_rate and data:
-                            sink(data)
+                        if item.sink is not None and rate == self.config.sample_rate and data:
+                            item.sink(data)
                     elif AudioStop.is_type(event.type):
                         break
                     elif Error.is_type(event.type):
