@@ -15,7 +15,7 @@ from __future__ import annotations
 from xml.sax.saxutils import escape, quoteattr
 
 from synth.engine import SynthesisItem
-from synth.providers.base import PCM_RATES, ProviderError, ProviderSpec
+from synth.providers.base import PCM_RATES, ProviderSpec
 from synth.providers.http_api import HttpCall, HttpProvider, voice_language
 
 
@@ -32,11 +32,10 @@ def output_format(rate: int) -> str:
 class AzureProvider(HttpProvider):
     """The provider of Azure's text to speech REST endpoint."""
 
+    speeds = (0.5, 2.0)
+    speed_refusal = "Azure speaks at 0.5 to 2 times the normal rate"
+
     def request(self, item: SynthesisItem) -> HttpCall:
-        if not 0.5 <= item.speed <= 2.0:
-            raise ProviderError(
-                "refused", "Azure speaks at 0.5 to 2 times the normal rate", sent=False
-            )
         lang = voice_language(item.voice)
         text = escape(item.text)
         if item.speed != 1.0:

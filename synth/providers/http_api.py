@@ -11,6 +11,7 @@ aiohttp is a dependency of every install: these kinds need no extra.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -71,6 +72,11 @@ class HttpProvider:
     # Statuses that mean the caller's request was wrong for this provider (its 400) beyond the
     # ones every provider shares (400, 413, 422): a provider's "no such voice" status.
     refusal_statuses: frozenset[int] = frozenset()
+    # Where a JSON error body holds the message (json_error_message's paths); none: its text.
+    error_paths: tuple[tuple[str, ...], ...] = ()
+    # The speeds it takes, and what a request at another is told (refused before the call).
+    speeds: tuple[float, float] = (0.0, math.inf)
+    speed_refusal = ""
 
     def __init__(self, config: ProviderConfig, api_key: str, environ: Mapping[str, str]) -> None:
         self.config = config
@@ -84,6 +90,8 @@ class HttpProvider:
 
     def error_message(self, body: bytes) -> str:
         """The provider's message in an error answer's body."""
+        if self.error_paths:
+            return json_error_message(body, *self.error_paths)
         return body[:300].decode("utf-8", "replace")
 
     def error_of(self, status: int, headers: dict[str, str], body: bytes) -> ProviderError:
@@ -107,6 +115,9 @@ class HttpProvider:
         return self._session
 
     async def synthesize(self, item: SynthesisItem, timeout_s: float) -> Audio:
+        low, high = self.speeds
+        if not low <= item.speed <= high:
+            raise ProviderError("refused", self.speed_refusal, sent=False)
         call = self.request(item)
         try:
             async with self._client().post(
