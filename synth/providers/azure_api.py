@@ -19,16 +19,6 @@ from synth.providers.base import PCM_RATES, ProviderSpec
 from synth.providers.http_api import HttpCall, HttpProvider, voice_language
 
 
-def output_format(rate: int) -> str:
-    """Azure's raw PCM format at ``rate`` (one of PCM_RATES): raw-24khz-16bit-mono-pcm,
-    raw-22050hz-16bit-mono-pcm."""
-    return (
-        f"raw-{rate // 1000}khz-16bit-mono-pcm"
-        if rate % 1000 == 0
-        else f"raw-{rate}hz-16bit-mono-pcm"
-    )
-
-
 class AzureProvider(HttpProvider):
     """The provider of Azure's text to speech REST endpoint."""
 
@@ -37,6 +27,10 @@ class AzureProvider(HttpProvider):
 
     def request(self, item: SynthesisItem) -> HttpCall:
         lang = voice_language(item.voice)
+        # Azure's raw PCM format names a rate in kHz where it can: raw-24khz-16bit-mono-pcm,
+        # raw-22050hz-16bit-mono-pcm.
+        rate = self.config.sample_rate
+        hz = f"{rate // 1000}khz" if rate % 1000 == 0 else f"{rate}hz"
         text = escape(item.text)
         if item.speed != 1.0:
             text = f"<prosody rate={quoteattr(f'{item.speed:g}')}>{text}</prosody>"
@@ -49,7 +43,7 @@ class AzureProvider(HttpProvider):
             headers={
                 "Ocp-Apim-Subscription-Key": self.api_key,
                 "Content-Type": "application/ssml+xml",
-                "X-Microsoft-OutputFormat": output_format(self.config.sample_rate),
+                "X-Microsoft-OutputFormat": f"raw-{hz}-16bit-mono-pcm",
                 "User-Agent": "voxgate",
             },
             data=ssml.encode(),
