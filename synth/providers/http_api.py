@@ -2,9 +2,9 @@
 loop, a bounded read of the answer, the provider's error body turned into a
 :class:`~synth.providers.base.ProviderError` (with ``Retry-After``), connection failures retried.
 
-A provider module says how to ask (:meth:`HttpProvider.request`), how its errors read
-(:meth:`HttpProvider.error_message`) and, when it is not audio, what its answer holds
-(:meth:`HttpProvider.answer`).
+A provider module says how to ask (:meth:`HttpProvider.request`), the speeds it takes and how
+its errors read (class data, or :meth:`HttpProvider.error_message`) and, when it is not audio,
+what its answer holds (:meth:`HttpProvider.answer`).
 aiohttp is a dependency of every install: these kinds need no extra.
 """
 
