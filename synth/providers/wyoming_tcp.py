@@ -30,6 +30,7 @@ from synth.providers.base import (
     ProviderError,
     ProviderSpec,
     answer_seconds,
+    pcm16_audio,
     provider_message,
     refused_take,
 )
@@ -110,8 +111,7 @@ class WyomingProvider:
         data = b"".join(chunks)
         if not data or len(data) % 2:
             raise ProviderError("bad_reply", f"{len(data)} bytes of 16-bit audio")
-        samples = np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
-        return Audio(samples, rate)
+        return pcm16_audio(data, rate)
 
     async def close(self) -> None:
         """Nothing held between calls: one connection per call."""
