@@ -395,8 +395,7 @@ class RequestRate:
     ) -> None:
         self.upstream = upstream
         self.metrics = metrics
-        self.per_minute = per_minute
-        self.item: RateLimitItem = RateLimitItemPerMinute(max(1, per_minute))
+        self.set_limit(per_minute)
         self._local = MovingWindowRateLimiter(MemoryStorage())
         self._shared = MovingWindowRateLimiter(shared) if shared is not None else None
         self.timeout_s = timeout_s
@@ -430,7 +429,7 @@ class RequestRate:
     def set_limit(self, per_minute: int) -> None:
         """Calls per minute from now on (0: no limit)."""
         self.per_minute = per_minute
-        self.item = RateLimitItemPerMinute(max(1, per_minute))
+        self.item: RateLimitItem = RateLimitItemPerMinute(max(1, per_minute))
 
     async def acquire(self, deadline: float) -> bool:
         """Take a slot, waiting for one until ``deadline`` (loop time); False if none freed."""
@@ -493,7 +492,8 @@ class UpstreamRunner:
         self.rate = rate
         self._slots = asyncio.Semaphore(self.config.max_concurrency)
         self._listed = frozenset(v.name for v in engine.voices())
-        name = self.config.name
+        # The upstream's model name (a reload that changes it takes a restart).
+        self.name = name = self.config.name
         self._calls_ok = metrics.upstream_calls.labels(name, "ok")
         self._billed = metrics.upstream_chars_billed.labels(name)
         self._latency = metrics.upstream_call_seconds.labels(name)
@@ -501,14 +501,9 @@ class UpstreamRunner:
         metrics.upstream_price.labels(name).set(self.config.price_per_million_chars)
 
     @property
-    def name(self) -> str:
-        """The upstream's model name."""
-        return self.config.name
-
-    @property
     def passes_pcm(self) -> bool:
         """Whether an item's ``sink`` receives the provider's raw pcm as it arrives."""
-        return self.provider.passes_pcm
+        return self.config.streams_pcm
 
     def reconfigure(self, config: UpstreamConfig) -> str:
         """Take ``config``'s tunables for the calls that start from now on (concurrency,
@@ -592,9 +587,9 @@ class UpstreamRunner:
         earlier: ProviderError | None = None
         # Pieces of the answer went to a stream already: a retry would say them twice.
         passed = False
-        call_item = item
-        if item.sink is not None:
-            sink = item.sink
+        call_item = item if self.passes_pcm else dataclasses.replace(item, sink=None)
+        if call_item.sink is not None:
+            sink = call_item.sink
 
             def passing(data: bytes) -> None:
                 nonlocal passed
@@ -621,17 +616,12 @@ class UpstreamRunner:
             try:
                 async with asyncio.timeout_at(deadline):
                     audio = await self.provider.synthesize(call_item, left)
-            except TimeoutError:
-                self._count_call("timeout", started)
-                self._breaker_failed()
-                if earlier is not None:
-                    raise self._error_of(earlier) from None
-                raise self._fail(
-                    "timeout", f"upstream {name!r} did not answer within {self.config.timeout_s:g}s"
-                ) from None
-            except ProviderError as exc:
+            except (ProviderError, TimeoutError) as caught:
+                # Our deadline is a provider timeout: counted, told and never retried as one.
+                exc = caught if isinstance(caught, ProviderError) else ProviderError("timeout", "")
                 if exc.sent:
-                    self._count_call(exc.kind, started)
+                    self.metrics.upstream_calls.labels(name, exc.kind).inc()
+                    self._latency.observe(time.perf_counter() - started)
                 delay = None if passed else self._retry_delay(exc, attempt)
                 if delay is not None and loop.time() + delay < deadline:
                     attempt += 1
@@ -648,8 +638,8 @@ class UpstreamRunner:
                     # Backoff: the provider asked for (or is owed) this pause before a retry.
                     await asyncio.sleep(delay)
                     continue
-                if exc.kind != "refused":
-                    self._breaker_failed()
+                if exc.kind != "refused" and self.breaker is not None:
+                    self.breaker.failure()
                 if exc.kind == "timeout" and earlier is not None:
                     raise self._error_of(earlier) from None
                 raise self._error_of(exc) from None
@@ -659,14 +649,6 @@ class UpstreamRunner:
             if self.breaker is not None:
                 self.breaker.success()
             return audio
-
-    def _count_call(self, result: str, started: float) -> None:
-        self.metrics.upstream_calls.labels(self.name, result).inc()
-        self._latency.observe(time.perf_counter() - started)
-
-    def _breaker_failed(self) -> None:
-        if self.breaker is not None:
-            self.breaker.failure()
 
     def _retry_delay(self, exc: ProviderError, attempt: int) -> float | None:
         """Seconds before the next try of a call that failed with ``exc``; None: no retry."""
@@ -708,17 +690,11 @@ def check_config(config: UpstreamConfig, environ: Mapping[str, str]) -> str:
     naming the variable when it, or another its kind needs, is named but unset."""
     if not config.api_key_env:
         return ""
-    for field, holds in config.spec.secret_envs:
+    for field, holds in (*config.spec.secret_envs, ("api_key_env", "")):
         variable = getattr(config, field)
         if not environ.get(variable, ""):
             raise ValueError(
                 f"upstream {config.name!r}: the environment variable {variable} "
-                f"({field}: {holds}) is not set"
+                f"({field}{': ' if holds else ''}{holds}) is not set"
             )
-    key = environ.get(config.api_key_env, "")
-    if not key:
-        raise ValueError(
-            f"upstream {config.name!r}: the environment variable {config.api_key_env} "
-            "(api_key_env) is not set"
-        )
-    return key
+    return environ[config.api_key_env]

@@ -15,29 +15,22 @@ from __future__ import annotations
 from xml.sax.saxutils import escape, quoteattr
 
 from synth.engine import SynthesisItem
-from synth.providers.base import PCM_RATES, ProviderError, ProviderSpec
+from synth.providers.base import PCM_RATES, ProviderSpec
 from synth.providers.http_api import HttpCall, HttpProvider, voice_language
-
-
-def output_format(rate: int) -> str:
-    """Azure's raw PCM format at ``rate`` (one of PCM_RATES): raw-24khz-16bit-mono-pcm,
-    raw-22050hz-16bit-mono-pcm."""
-    return (
-        f"raw-{rate // 1000}khz-16bit-mono-pcm"
-        if rate % 1000 == 0
-        else f"raw-{rate}hz-16bit-mono-pcm"
-    )
 
 
 class AzureProvider(HttpProvider):
     """The provider of Azure's text to speech REST endpoint."""
 
+    speeds = (0.5, 2.0)
+    speed_refusal = "Azure speaks at 0.5 to 2 times the normal rate"
+
     def request(self, item: SynthesisItem) -> HttpCall:
-        if not 0.5 <= item.speed <= 2.0:
-            raise ProviderError(
-                "refused", "Azure speaks at 0.5 to 2 times the normal rate", sent=False
-            )
         lang = voice_language(item.voice)
+        # Azure's raw PCM format names a rate in kHz where it can: raw-24khz-16bit-mono-pcm,
+        # raw-22050hz-16bit-mono-pcm.
+        rate = self.config.sample_rate
+        hz = f"{rate // 1000}khz" if rate % 1000 == 0 else f"{rate}hz"
         text = escape(item.text)
         if item.speed != 1.0:
             text = f"<prosody rate={quoteattr(f'{item.speed:g}')}>{text}</prosody>"
@@ -50,7 +43,7 @@ class AzureProvider(HttpProvider):
             headers={
                 "Ocp-Apim-Subscription-Key": self.api_key,
                 "Content-Type": "application/ssml+xml",
-                "X-Microsoft-OutputFormat": output_format(self.config.sample_rate),
+                "X-Microsoft-OutputFormat": f"raw-{hz}-16bit-mono-pcm",
                 "User-Agent": "voxgate",
             },
             data=ssml.encode(),

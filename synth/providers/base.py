@@ -61,9 +61,6 @@ class ProviderConfig(Protocol):
     voice_settings: dict[str, float | bool]
     max_audio_mb: int
 
-    @property
-    def streams_pcm(self) -> bool: ...
-
 
 class ProviderError(Exception):
     """One call to a provider failed. ``kind`` is one of :data:`synth.errors.UPSTREAM_ERROR_KINDS`;
@@ -94,11 +91,9 @@ class ProviderError(Exception):
 
 
 class Provider(Protocol):
-    """A client of one provider's API, made from a :class:`ProviderConfig`. One whose
-    ``passes_pcm`` is true hands each piece of its raw 16-bit pcm answer to ``item.sink`` (when
-    set) as it arrives."""
-
-    passes_pcm: bool
+    """A client of one provider's API, made from a :class:`ProviderConfig`. It hands each piece
+    of its raw 16-bit pcm answer to ``item.sink`` (when set: only for an entry that
+    streams pcm) as it arrives."""
 
     async def synthesize(self, item: SynthesisItem, timeout_s: float) -> Audio:
         """The audio of ``item`` (one call, no retry); :class:`ProviderError` when there is none."""
@@ -138,15 +133,18 @@ class ProviderSpec:
     check: Callable[[ProviderConfig], None] | None = None
 
 
-def error_for_status(status: int, message: str, retry_after_s: float | None) -> ProviderError:
+def error_for_status(
+    status: int, message: str, retry_after_s: float | None, throttled: bool = False
+) -> ProviderError:
     """The :class:`ProviderError` of an HTTP answer ``status`` with the provider's ``message``.
 
-    429, 408, 409 and 5xx may pass (retried); 401 and 403 are our key's fault (502, counted
-    against the breaker); 400, 413 and 422 are the request's (the caller's 400, with the
-    provider's message); anything else is a provider failure.
+    429 (or any status the provider says is ``throttled``), 408, 409 and 5xx may pass
+    (retried); 401 and 403 are our key's fault (502, counted against the breaker); 400, 413 and
+    422 are the request's (the caller's 400, with the provider's message); anything else is a
+    provider failure.
     """
     text = provider_message(message)
-    if status == 429:
+    if status == 429 or throttled:
         return ProviderError(
             "rate_limited", text, status=status, retryable=True, retry_after_s=retry_after_s
         )

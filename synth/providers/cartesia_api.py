@@ -19,8 +19,8 @@ session every HTTP kind shares makes with the runner's retries.
 from __future__ import annotations
 
 from synth.engine import SynthesisItem
-from synth.providers.base import PCM_RATES, ProviderError, ProviderSpec
-from synth.providers.http_api import HttpCall, HttpProvider, json_error_message
+from synth.providers.base import PCM_RATES, ProviderSpec
+from synth.providers.http_api import HttpCall, HttpProvider
 
 API_VERSION = "2025-04-16"
 
@@ -30,13 +30,12 @@ class CartesiaProvider(HttpProvider):
 
     # An unknown voice id: 404 on a well-formed request, the caller's to fix.
     refusal_statuses = frozenset({404})
+    error_paths = (("message",), ("title",), ("error",))
+    speeds = (0.6, 1.5)
+    speed_refusal = "Cartesia speaks at 0.6 to 1.5 times the normal rate"
 
     def request(self, item: SynthesisItem) -> HttpCall:
         c = self.config
-        if not 0.6 <= item.speed <= 1.5:
-            raise ProviderError(
-                "refused", "Cartesia speaks at 0.6 to 1.5 times the normal rate", sent=False
-            )
         body: dict[str, object] = {
             "model_id": c.model,
             "transcript": item.text,
@@ -56,9 +55,6 @@ class CartesiaProvider(HttpProvider):
             headers={"X-API-Key": self.api_key, "Cartesia-Version": API_VERSION},
             json=body,
         )
-
-    def error_message(self, body: bytes) -> str:
-        return json_error_message(body, ("message",), ("title",), ("error",))
 
 
 SPEC = ProviderSpec(

@@ -11,18 +11,18 @@ rate) is refused before the call.
 from __future__ import annotations
 
 from synth.engine import SynthesisItem
-from synth.providers.base import ProviderError, ProviderSpec
-from synth.providers.http_api import HttpCall, HttpProvider, json_error_message
+from synth.providers.base import ProviderSpec
+from synth.providers.http_api import HttpCall, HttpProvider
 
 
 class DeepgramProvider(HttpProvider):
     """The provider of Deepgram's ``/v1/speak``."""
 
+    error_paths = (("err_msg",), ("message",))
+    speeds = (1.0, 1.0)
+    speed_refusal = "this Deepgram upstream speaks at speed 1 only"
+
     def request(self, item: SynthesisItem) -> HttpCall:
-        if item.speed != 1.0:
-            raise ProviderError(
-                "refused", "this Deepgram upstream speaks at speed 1 only", sent=False
-            )
         return HttpCall(
             url=f"{self.config.base_url}/v1/speak",
             headers={"Authorization": f"Token {self.api_key}"},
@@ -34,9 +34,6 @@ class DeepgramProvider(HttpProvider):
             },
             json={"text": item.text},
         )
-
-    def error_message(self, body: bytes) -> str:
-        return json_error_message(body, ("err_msg",), ("message",))
 
 
 # The linear16 sample rates Deepgram offers.

@@ -23,20 +23,6 @@ from synth.providers.base import PCM_RATES, ProviderSpec
 from synth.providers.http_api import HttpCall, HttpProvider
 
 
-def detail_message(body: bytes) -> str:
-    """The message of an ElevenLabs error body (either of its shapes), else the raw text."""
-    try:
-        value = json.loads(body)
-    except ValueError:
-        return body[:300].decode("utf-8", "replace")
-    detail = value.get("detail") if isinstance(value, dict) else None
-    if isinstance(detail, dict):
-        return str(detail.get("message") or detail.get("status") or detail)
-    if isinstance(detail, list) and detail and isinstance(detail[0], dict):
-        return "; ".join(str(d.get("msg", d)) for d in detail[:3])
-    return str(detail if detail is not None else value)
-
-
 class ElevenLabsProvider(HttpProvider):
     """The provider of ElevenLabs' text-to-speech endpoint."""
 
@@ -58,7 +44,17 @@ class ElevenLabsProvider(HttpProvider):
         )
 
     def error_message(self, body: bytes) -> str:
-        return detail_message(body)
+        """The message of an ElevenLabs error body (either of its shapes), else the raw text."""
+        try:
+            value = json.loads(body)
+        except ValueError:
+            return body[:300].decode("utf-8", "replace")
+        detail = value.get("detail") if isinstance(value, dict) else None
+        if isinstance(detail, dict):
+            return str(detail.get("message") or detail.get("status") or detail)
+        if isinstance(detail, list) and detail and isinstance(detail[0], dict):
+            return "; ".join(str(d.get("msg", d)) for d in detail[:3])
+        return str(detail if detail is not None else value)
 
 
 # output_format pcm_<rate> at these rates; voice_settings are this kind's alone.

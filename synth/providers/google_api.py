@@ -24,23 +24,22 @@ from synth.providers.base import (
     MAX_BYTES_PER_S,
     MAX_WAV_HEADER,
     MIB,
-    ProviderError,
     ProviderSpec,
     answer_seconds,
     refused_take,
     wav_audio,
 )
-from synth.providers.http_api import HttpCall, HttpProvider, json_error_message, voice_language
+from synth.providers.http_api import HttpCall, HttpProvider, voice_language
 
 
 class GoogleProvider(HttpProvider):
     """The provider of Google Cloud Text-to-Speech's ``text:synthesize``."""
 
+    error_paths = (("error", "message"),)
+    speeds = (0.25, 4.0)
+    speed_refusal = "Google speaks at 0.25 to 4 times the normal rate"
+
     def request(self, item: SynthesisItem) -> HttpCall:
-        if not 0.25 <= item.speed <= 4.0:
-            raise ProviderError(
-                "refused", "Google speaks at 0.25 to 4 times the normal rate", sent=False
-            )
         audio_config: dict[str, object] = {
             "audioEncoding": "LINEAR16",
             "sampleRateHertz": self.config.sample_rate,
@@ -56,9 +55,6 @@ class GoogleProvider(HttpProvider):
                 "audioConfig": audio_config,
             },
         )
-
-    def error_message(self, body: bytes) -> str:
-        return json_error_message(body, ("error", "message"))
 
     async def answer(self, item: SynthesisItem, resp: aiohttp.ClientResponse) -> Audio:
         # Base64 of a WAV in JSON: bounded by the text's longest plausible take as such.

@@ -2,15 +2,16 @@
 loop, a bounded read of the answer, the provider's error body turned into a
 :class:`~synth.providers.base.ProviderError` (with ``Retry-After``), connection failures retried.
 
-A provider module says how to ask (:meth:`HttpProvider.request`), how its errors read
-(:meth:`HttpProvider.error_message`) and, when it is not audio, what its answer holds
-(:meth:`HttpProvider.answer`).
+A provider module says how to ask (:meth:`HttpProvider.request`), the speeds it takes and how
+its errors read (class data, or :meth:`HttpProvider.error_message`) and, when it is not audio,
+what its answer holds (:meth:`HttpProvider.answer`).
 aiohttp is a dependency of every install: these kinds need no extra.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -71,12 +72,14 @@ class HttpProvider:
     # Statuses that mean the caller's request was wrong for this provider (its 400) beyond the
     # ones every provider shares (400, 413, 422): a provider's "no such voice" status.
     refusal_statuses: frozenset[int] = frozenset()
+    # Where a JSON error body holds the message (json_error_message's paths); none: its text.
+    error_paths: tuple[tuple[str, ...], ...] = ()
+    # The speeds it takes, and what a request at another is told (refused before the call).
+    speeds: tuple[float, float] = (0.0, math.inf)
+    speed_refusal = ""
 
     def __init__(self, config: ProviderConfig, api_key: str, environ: Mapping[str, str]) -> None:
         self.config = config
-        # The answer's body is the raw 16-bit pcm itself (not JSON, as Google's is): its pieces
-        # can go to a stream.
-        self.passes_pcm = config.streams_pcm
         self.api_key = api_key
         self._session: aiohttp.ClientSession | None = None
 
@@ -87,6 +90,8 @@ class HttpProvider:
 
     def error_message(self, body: bytes) -> str:
         """The provider's message in an error answer's body."""
+        if self.error_paths:
+            return json_error_message(body, *self.error_paths)
         return body[:300].decode("utf-8", "replace")
 
     def error_of(self, status: int, headers: dict[str, str], body: bytes) -> ProviderError:
@@ -100,8 +105,7 @@ class HttpProvider:
     async def answer(self, item: SynthesisItem, resp: aiohttp.ClientResponse) -> Audio:
         """The audio of a successful answer (16-bit pcm at ``sample_rate`` here, or what the
         body is: :class:`~synth.providers.base.AnswerReader`)."""
-        sink = item.sink if self.passes_pcm else None
-        reader = AnswerReader(self.config, item, sink, resp.headers.get("Content-Type", ""))
+        reader = AnswerReader(self.config, item, item.sink, resp.headers.get("Content-Type", ""))
         return await reader.read(resp.content.iter_chunked(64 * 1024))
 
     def _client(self) -> aiohttp.ClientSession:
@@ -111,6 +115,9 @@ class HttpProvider:
         return self._session
 
     async def synthesize(self, item: SynthesisItem, timeout_s: float) -> Audio:
+        low, high = self.speeds
+        if not low <= item.speed <= high:
+            raise ProviderError("refused", self.speed_refusal, sent=False)
         call = self.request(item)
         try:
             async with self._client().post(

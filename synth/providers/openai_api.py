@@ -36,8 +36,6 @@ class OpenAIProvider:
         import openai
 
         self.config = config
-        # pcm comes as headerless 16-bit samples: each piece can go to a stream as it arrives.
-        self.passes_pcm = config.streams_pcm
         # The SDK logs each request's options, text included, at DEBUG: never, whatever the
         # gateway's log level (request text is never logged).
         logging.getLogger("openai").setLevel(logging.INFO)
@@ -70,9 +68,8 @@ class OpenAIProvider:
                 timeout=timeout_s,
                 **extra,  # type: ignore[arg-type]
             ) as response:
-                sink = item.sink if self.passes_pcm else None
                 kind = response.headers.get("content-type", "")
-                return await AnswerReader(c, item, sink, kind).read(response.iter_bytes())
+                return await AnswerReader(c, item, item.sink, kind).read(response.iter_bytes())
         except openai.APIStatusError as exc:
             headers = {k.lower(): v for k, v in exc.response.headers.items()}
             raise error_for_status(exc.status_code, exc.message, retry_after_of(headers)) from None

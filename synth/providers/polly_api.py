@@ -88,13 +88,12 @@ def check(config: ProviderConfig) -> None:
         raise ValueError("kind polly needs region, or a base_url host polly.<region>.amazonaws.com")
 
 
-def language_code(language: str) -> str:
-    """A voxgate language (``en_US``) as Polly's LanguageCode (``en-US``)."""
-    return language.replace("_", "-")
-
-
 class PollyProvider(HttpProvider):
     """The provider of Polly's SynthesizeSpeech."""
+
+    error_paths = (("message",), ("Message",))
+    speeds = (0.2, 2.0)
+    speed_refusal = "Polly speaks at 0.2 to 2 times the normal rate"
 
     def __init__(self, config: ProviderConfig, api_key: str, environ: Mapping[str, str]) -> None:
         # botocore comes with the polly extra: imported once an upstream of kind polly is made.
@@ -108,10 +107,6 @@ class PollyProvider(HttpProvider):
 
     def request(self, item: SynthesisItem) -> HttpCall:
         c = self.config
-        if not 0.2 <= item.speed <= 2.0:
-            raise ProviderError(
-                "refused", "Polly speaks at 0.2 to 2 times the normal rate", sent=False
-            )
         body: dict[str, object] = {
             "OutputFormat": "pcm",
             "SampleRate": str(c.sample_rate),
@@ -127,7 +122,7 @@ class PollyProvider(HttpProvider):
         if c.model:
             body["Engine"] = c.model
         if c.language:
-            body["LanguageCode"] = language_code(c.language)
+            body["LanguageCode"] = c.language.replace("_", "-")  # en_US is Polly's en-US
         from botocore.auth import SigV4Auth
         from botocore.awsrequest import AWSRequest
 
@@ -139,26 +134,16 @@ class PollyProvider(HttpProvider):
         SigV4Auth(self._credentials, "polly", self._region).add_auth(signed)
         return HttpCall(url=url, headers=dict(signed.headers.items()), data=data)
 
-    def error_message(self, body: bytes) -> str:
-        return json_error_message(body, ("message",), ("Message",))
-
     def error_of(self, status: int, headers: dict[str, str], body: bytes) -> ProviderError:
         code = error_code(headers, body)
         message = provider_message(self.error_message(body))
         if code:
             message = provider_message(f"{code}: {message}")
-        if code in THROTTLING:
-            return ProviderError(
-                "rate_limited",
-                message,
-                status=status,
-                retryable=True,
-                retry_after_s=retry_after_of(headers),
-            )
-        if status == 404:
+        throttled = code in THROTTLING
+        if status == 404 and not throttled:
             # LexiconNotFoundException: the request named what the account does not have.
             return ProviderError("refused", message, status=status)
-        return error_for_status(status, message, retry_after_of(headers))
+        return error_for_status(status, message, retry_after_of(headers), throttled)
 
 
 SPEC = ProviderSpec(

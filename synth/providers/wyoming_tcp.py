@@ -30,6 +30,7 @@ from synth.providers.base import (
     ProviderError,
     ProviderSpec,
     answer_seconds,
+    pcm16_audio,
     provider_message,
     refused_take,
 )
@@ -42,8 +43,6 @@ class WyomingProvider:
 
     def __init__(self, config: ProviderConfig, api_key: str, environ: Mapping[str, str]) -> None:
         self.config = config
-        # Audio-chunk events carry raw pcm: each can go to a stream as it comes.
-        self.passes_pcm = config.streams_pcm
         parts = urlsplit(config.base_url)
         self.host = parts.hostname or ""
         self.port = parts.port or 0
@@ -60,7 +59,6 @@ class WyomingProvider:
         size = 0
         rate = 0
         seconds = answer_seconds(item, self.config.language)
-        sink = item.sink if self.passes_pcm else None
         try:
             async with AsyncTcpClient(self.host, self.port) as client:
                 voice = SynthesizeVoice(name=item.voice)
@@ -101,8 +99,8 @@ class WyomingProvider:
                         rate = chunk.rate
                         chunks.append(data)
                         # Pieces at the rate a stream expects only (the entry's).
-                        if sink is not None and rate == self.config.sample_rate and data:
-                            sink(data)
+                        if item.sink is not None and rate == self.config.sample_rate and data:
+                            item.sink(data)
                     elif AudioStop.is_type(event.type):
                         break
                     elif Error.is_type(event.type):
@@ -113,8 +111,7 @@ class WyomingProvider:
         data = b"".join(chunks)
         if not data or len(data) % 2:
             raise ProviderError("bad_reply", f"{len(data)} bytes of 16-bit audio")
-        samples = np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
-        return Audio(samples, rate)
+        return pcm16_audio(data, rate)
 
     async def close(self) -> None:
         """Nothing held between calls: one connection per call."""
