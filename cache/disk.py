@@ -167,7 +167,6 @@ class RawBytesDisk(diskcache.Disk):  # type: ignore[misc]  # diskcache ships no 
                 os.unlink(parts[-1], dir_fd=folders[-1])
             except (OSError, CorruptEntry):
                 return
-            # Empty folders go, deepest first, up to (not including) the cache directory.
             for depth in range(len(parts) - 1, 0, -1):
                 try:
                     os.rmdir(parts[depth - 1], dir_fd=folders[depth - 1])

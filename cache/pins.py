@@ -236,7 +236,6 @@ CREATE TABLE IF NOT EXISTS revisions (
     PRIMARY KEY (model, fingerprint)
 ) WITHOUT ROWID;
 """
-# The longest model name, fingerprint and revision a revision record holds.
 _REVISION_FIELD_MAX = 128
 
 

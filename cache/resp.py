@@ -181,7 +181,6 @@ class RespProtocol(asyncio.BufferedProtocol):
         pos = 0
         while pos < self._filled:
             if self._skip:
-                # The rest of a refused reply: read past, never kept.
                 taken = min(self._skip, self._filled - pos)
                 self._skip -= taken
                 pos += taken
@@ -215,7 +214,6 @@ class RespProtocol(asyncio.BufferedProtocol):
                     pos += length + 2
                     self._deliver_bulk(body)
                     continue
-                # The rest of this reply has not arrived: give it a buffer of its own.
                 self._body = self._body_buffer(length + 2)
                 self._body[:available] = memoryview(buf)[pos : self._filled]
                 self._body_got = available
@@ -231,8 +229,7 @@ class RespProtocol(asyncio.BufferedProtocol):
                 self._deliver(int(line))
             else:
                 raise self._protocol_error(f"unexpected reply type {chr(kind)!r}")
-        # Keep what is left of an unfinished reply at the start of the scratch buffer. (Same-size
-        # slice assignment: the transport still holds a view of the buffer, so it cannot resize.)
+        # Same-size slice assignment: the transport holds a view of the buffer, so it cannot resize.
         rest = self._filled - pos
         if rest and pos:
             buf[:rest] = buf[pos : self._filled]
