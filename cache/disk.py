@@ -324,7 +324,6 @@ class DiskTier:
         return any(deleted)
 
     def _sides(self, pinned: bool | None) -> list[diskcache.Cache]:
-        """The bounded side, the pinned side or both (``pinned`` None)."""
         return [c for c, p in ((self._cache, False), (self._pinned, True)) if pinned in (None, p)]
 
     def iter_keys_sync(self, *, pinned: bool | None = None) -> Iterator[str]:

@@ -521,7 +521,6 @@ class RedisPinRegistry:
         return self.tier.seal.tag(f"{hash_key}\0{field}".encode(), data) + data
 
     def _open(self, hash_key: str, field: str, value: object) -> bytes:
-        """The data of a sealed value; ValueError when it does not verify."""
         if not isinstance(value, bytes) or len(value) < _TAG:
             raise ValueError("not a sealed pin value")
         if not hmac.compare_digest(self._seal(hash_key, field, value[_TAG:]), value):

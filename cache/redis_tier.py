@@ -401,8 +401,6 @@ class RedisTier:
             doomed.append(name)
 
     async def _heads(self, spans: list[tuple[str, int]]) -> list[Any]:
-        """The first ``end`` bytes of each ``(name, end)``, in one pipeline."""
-
         async def read() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
             for name, end in spans:
@@ -469,5 +467,4 @@ def _used_memory(info: Any) -> int:
 
 
 def _glob_escape(text: str) -> str:
-    """Escape SCAN MATCH glob characters in a literal prefix."""
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
