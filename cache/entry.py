@@ -83,8 +83,7 @@ _STR_FIELDS = dict.fromkeys(
 
 
 def _checked_meta(raw: object) -> EntryMeta:
-    """``EntryMeta`` from parsed JSON, every field's type and size checked; else
-    :class:`CorruptEntry`."""
+    """``EntryMeta`` from parsed JSON, each field's type and size checked, or CorruptEntry."""
     if not isinstance(raw, dict) or not raw.keys() <= _META_FIELDS:
         raise CorruptEntry("entry metadata: not an object of known fields")
     for name, limit in _STR_FIELDS.items():

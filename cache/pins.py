@@ -89,8 +89,7 @@ class PinItem:
 
 @dataclass(frozen=True)
 class PinQuota:
-    """Most bytes pinned in all (``total``) and by one owner (``per_owner``; None: only the
-    total bounds this owner)."""
+    """Most bytes pinned in all (``total``) and by one owner (``per_owner``; None: no bound)."""
 
     total: int
     per_owner: int | None = None
