@@ -174,8 +174,7 @@ class RawBytesDisk(diskcache.Disk):  # type: ignore[misc]  # diskcache ships no 
                     return
 
 
-# A value file is opened without following a link and without waiting on a FIFO's writer; folders
-# on the way are opened as folders, without following a link either.
+# O_NOFOLLOW: no link, as file or folder; O_NONBLOCK: opening a FIFO waits for no writer.
 _FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 _FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # What open() answers for a link where O_NOFOLLOW forbids one (ELOOP), or a link or file where

@@ -74,8 +74,7 @@ _ADDRESS = re.compile(r"[0-9a-z]{64}")  # a content address (tests use other let
 _DIGEST = re.compile(r"[0-9a-f]{32}")
 _MAX_PARTS = 4096
 _MAX_RATE = 384_000
-# Speech marks stored with the audio: a master's word alignment (JSON) and a rendition's marks
-# (Polly's NDJSON). A minute of speech has about 1,000 marks of 60 bytes.
+# Speech marks (EntryMeta's): a minute of speech has about 1,000 marks of 60 bytes.
 MAX_MARKS_CHARS = 4 << 20
 _STR_FIELDS = dict.fromkeys(
     ("content_type", "checksum", "model", "voice", "digest", "marks_checksum", "master"), _SHORT

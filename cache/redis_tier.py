@@ -230,7 +230,6 @@ class RedisTier:
     ) -> None:
         self.client = client
         self.seal = EntrySeal(secret)
-        # GETs of entries go through the lean reader when there is one (cache/resp.py says why).
         self.reader = reader
         self.prefix = prefix
         self.ttl_s = ttl_s

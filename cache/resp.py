@@ -45,7 +45,6 @@ class ReplyTooLarge(InvalidResponse):
 
 Reply = memoryview | int | str | ResponseError | ReplyTooLarge | None
 T = TypeVar("T")
-# Turns a bulk reply into what the caller wants, as the reply lands (see RespProtocol.request).
 Decode = Callable[[memoryview], Any]
 
 # Replies that fit are parsed out of the scratch buffer; a larger bulk reply gets a buffer of its
@@ -289,7 +288,6 @@ class RespReader:
     max_bulk: int = MAX_BULK
     _conn: RespProtocol | None = field(default=None, init=False, repr=False)
     _connecting: asyncio.Lock | None = field(default=None, init=False, repr=False)
-    # The loop both belong to.
     _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)
 
     @classmethod
