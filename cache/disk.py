@@ -167,7 +167,6 @@ class RawBytesDisk(diskcache.Disk):  # type: ignore[misc]  # diskcache ships no 
                 os.unlink(parts[-1], dir_fd=folders[-1])
             except (OSError, CorruptEntry):
                 return
-            # Empty folders go, deepest first, up to (not including) the cache directory.
             for depth in range(len(parts) - 1, 0, -1):
                 try:
                     os.rmdir(parts[depth - 1], dir_fd=folders[depth - 1])
@@ -175,8 +174,7 @@ class RawBytesDisk(diskcache.Disk):  # type: ignore[misc]  # diskcache ships no 
                     return
 
 
-# A value file is opened without following a link and without waiting on a FIFO's writer; folders
-# on the way are opened as folders, without following a link either.
+# O_NOFOLLOW: no link, as file or folder; O_NONBLOCK: opening a FIFO waits for no writer.
 _FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 _FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # What open() answers for a link where O_NOFOLLOW forbids one (ELOOP), or a link or file where
@@ -325,7 +323,6 @@ class DiskTier:
         return any(deleted)
 
     def _sides(self, pinned: bool | None) -> list[diskcache.Cache]:
-        """The bounded side, the pinned side or both (``pinned`` None)."""
         return [c for c, p in ((self._cache, False), (self._pinned, True)) if pinned in (None, p)]
 
     def iter_keys_sync(self, *, pinned: bool | None = None) -> Iterator[str]:

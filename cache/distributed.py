@@ -253,8 +253,7 @@ class CrossReplicaFlight:
             return None  # the holder's put will overwrite it, or a takeover will
 
     async def _evict_squatter(self, lock: _Lock) -> bool:
-        """True when the lock held was not a live replica's (see the module's point 5) and this
-        call now holds it instead."""
+        """True when the lock was no live replica's (the module's point 5) and this call has it."""
         name = lock.name
         client = self.tier.client
 

@@ -68,24 +68,21 @@ class ForgedEntry(CorruptEntry):
 # What stored metadata may hold, checked on every read from disk or Redis: a value written by
 # someone else must not smuggle a type the code does not expect (a list where a str goes), a
 # megabyte of "voice", or a rate of 10**400 into the request path.
-_SHORT = 256  # model, voice, content type, checksum
+_SHORT = 256
 _FORMAT = re.compile(r"[a-z0-9_]{1,16}")
 _ADDRESS = re.compile(r"[0-9a-z]{64}")  # a content address (tests use other letters)
 _DIGEST = re.compile(r"[0-9a-f]{32}")
 _MAX_PARTS = 4096
 _MAX_RATE = 384_000
-# Speech marks stored with the audio: a master's word alignment (JSON) and a rendition's marks
-# (Polly's NDJSON). A minute of speech has about 1,000 marks of 60 bytes.
+# Speech marks (EntryMeta's): a minute of speech has about 1,000 marks of 60 bytes.
 MAX_MARKS_CHARS = 4 << 20
-# The longest value of each text field.
 _STR_FIELDS = dict.fromkeys(
     ("content_type", "checksum", "model", "voice", "digest", "marks_checksum", "master"), _SHORT
 ) | dict.fromkeys(("alignment", "marks"), MAX_MARKS_CHARS)
 
 
 def _checked_meta(raw: object) -> EntryMeta:
-    """``EntryMeta`` from parsed JSON, every field's type and size checked; else
-    :class:`CorruptEntry`."""
+    """``EntryMeta`` from parsed JSON, each field's type and size checked, or CorruptEntry."""
     if not isinstance(raw, dict) or not raw.keys() <= _META_FIELDS:
         raise CorruptEntry("entry metadata: not an object of known fields")
     for name, limit in _STR_FIELDS.items():

@@ -89,8 +89,7 @@ class PinItem:
 
 @dataclass(frozen=True)
 class PinQuota:
-    """Most bytes pinned in all (``total``) and by one owner (``per_owner``; None: only the
-    total bounds this owner)."""
+    """Most bytes pinned in all (``total``) and by one owner (``per_owner``; None: no bound)."""
 
     total: int
     per_owner: int | None = None
@@ -236,7 +235,6 @@ CREATE TABLE IF NOT EXISTS revisions (
     PRIMARY KEY (model, fingerprint)
 ) WITHOUT ROWID;
 """
-# The longest model name, fingerprint and revision a revision record holds.
 _REVISION_FIELD_MAX = 128
 
 
@@ -522,7 +520,6 @@ class RedisPinRegistry:
         return self.tier.seal.tag(f"{hash_key}\0{field}".encode(), data) + data
 
     def _open(self, hash_key: str, field: str, value: object) -> bytes:
-        """The data of a sealed value; ValueError when it does not verify."""
         if not isinstance(value, bytes) or len(value) < _TAG:
             raise ValueError("not a sealed pin value")
         if not hmac.compare_digest(self._seal(hash_key, field, value[_TAG:]), value):

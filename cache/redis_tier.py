@@ -230,7 +230,6 @@ class RedisTier:
     ) -> None:
         self.client = client
         self.seal = EntrySeal(secret)
-        # GETs of entries go through the lean reader when there is one (cache/resp.py says why).
         self.reader = reader
         self.prefix = prefix
         self.ttl_s = ttl_s
@@ -401,8 +400,6 @@ class RedisTier:
             doomed.append(name)
 
     async def _heads(self, spans: list[tuple[str, int]]) -> list[Any]:
-        """The first ``end`` bytes of each ``(name, end)``, in one pipeline."""
-
         async def read() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
             for name, end in spans:
@@ -469,5 +466,4 @@ def _used_memory(info: Any) -> int:
 
 
 def _glob_escape(text: str) -> str:
-    """Escape SCAN MATCH glob characters in a literal prefix."""
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)

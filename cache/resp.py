@@ -45,7 +45,6 @@ class ReplyTooLarge(InvalidResponse):
 
 Reply = memoryview | int | str | ResponseError | ReplyTooLarge | None
 T = TypeVar("T")
-# Turns a bulk reply into what the caller wants, as the reply lands (see RespProtocol.request).
 Decode = Callable[[memoryview], Any]
 
 # Replies that fit are parsed out of the scratch buffer; a larger bulk reply gets a buffer of its
@@ -181,7 +180,6 @@ class RespProtocol(asyncio.BufferedProtocol):
         pos = 0
         while pos < self._filled:
             if self._skip:
-                # The rest of a refused reply: read past, never kept.
                 taken = min(self._skip, self._filled - pos)
                 self._skip -= taken
                 pos += taken
@@ -215,7 +213,6 @@ class RespProtocol(asyncio.BufferedProtocol):
                     pos += length + 2
                     self._deliver_bulk(body)
                     continue
-                # The rest of this reply has not arrived: give it a buffer of its own.
                 self._body = self._body_buffer(length + 2)
                 self._body[:available] = memoryview(buf)[pos : self._filled]
                 self._body_got = available
@@ -231,8 +228,7 @@ class RespProtocol(asyncio.BufferedProtocol):
                 self._deliver(int(line))
             else:
                 raise self._protocol_error(f"unexpected reply type {chr(kind)!r}")
-        # Keep what is left of an unfinished reply at the start of the scratch buffer. (Same-size
-        # slice assignment: the transport still holds a view of the buffer, so it cannot resize.)
+        # Same-size slice assignment: the transport holds a view of the buffer, so it cannot resize.
         rest = self._filled - pos
         if rest and pos:
             buf[:rest] = buf[pos : self._filled]
@@ -292,7 +288,6 @@ class RespReader:
     max_bulk: int = MAX_BULK
     _conn: RespProtocol | None = field(default=None, init=False, repr=False)
     _connecting: asyncio.Lock | None = field(default=None, init=False, repr=False)
-    # The loop both belong to.
     _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)
 
     @classmethod

@@ -57,8 +57,7 @@ class TieredStore:
         return entry
 
     async def find(self, key: str) -> Entry | None:
-        """The entry under ``key``: from memory without an await when it is there, else looked
-        up top-down (:meth:`get`)."""
+        """The entry under ``key``: from memory without an await when there, else :meth:`get`."""
         entry = self.get_memory(key)
         if entry is None:
             found = await self.get(key)
