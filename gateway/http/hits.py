@@ -316,8 +316,6 @@ def hit_response(request: web.Request, audio: bytes, hit: PreparedHit) -> web.St
     return web.Response(body=audio, headers=hit.headers)
 
 
-# --- Repeats answered from their bytes -------------------------------------------------------
-
 # Request headers after which the answer is not the plain 200 of the stored bytes (conditional and
 # range requests, an expectation, a protocol switch, a chunked body) or would echo the client's
 # own value (its request id): a request with one is never answered from its bytes.

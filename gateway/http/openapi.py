@@ -107,9 +107,6 @@ def _info() -> dict[str, Any]:
     }
 
 
-# ---- schemas ----------------------------------------------------------------------------------
-
-
 @functools.cache
 def _schema_text(model: type[RequestModel]) -> str:
     return json.dumps(model.model_json_schema(ref_template="#/components/schemas/{model}"))
@@ -173,9 +170,6 @@ def typed_schemas(answers: Iterable[Answer]) -> dict[str, Any]:
     types += [t for u in unions for t in u.types]
     schemas: dict[str, Any] = json.loads(_typed_schemas_text(tuple(dict.fromkeys(types)), unions))
     return schemas
-
-
-# ---- operations -------------------------------------------------------------------------------
 
 
 def _without_null(schema: dict[str, Any]) -> dict[str, Any]:
