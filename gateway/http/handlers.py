@@ -119,7 +119,6 @@ class Health(TypedDict):
 async def speech(request: web.Request) -> web.StreamResponse:
     """``POST /v1/audio/speech``: OpenAI-compatible text to speech."""
     call = (await speech_call(request))[1]
-    # ETag / If-None-Match, Content-Length, and streaming: gateway.http.delivery.
     return await serve_speech(
         request, call.req, stream=call.stream, sse=call.sse, ignored=call.ignored, marks=call.marks
     )
@@ -190,8 +189,7 @@ async def voices(request: web.Request) -> web.Response:
         "models": cast(list[ModelEntry], list(request.app[keys.SPEECH].voice_listing())),
         "model_aliases": settings.model_aliases,
         "voice_aliases": settings.voice_aliases,
-        # What each response_format is, and its rate when none is asked for (null: the
-        # voice's own): `pcm` is OpenAI's 24 kHz, whatever the voice's rate.
+        # `pcm` is OpenAI's 24 kHz, whatever the voice's rate.
         "formats": {
             f.name: {
                 "content_type": f.content_type,

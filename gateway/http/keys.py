@@ -33,7 +33,6 @@ SPEECH = web.AppKey("speech", SpeechService)
 MAX_BODY_BYTES = web.AppKey("max_body_bytes", int)
 ACCESS_LOG = web.AppKey("access_log", AccessLog)
 REQUEST_MEMO = web.AppKey("request_memo", RequestMemo)
-# Repeated requests answered from their bytes (gateway.http.hits.FastPath).
 FAST_PATH = web.AppKey("fast_path", FastPath)
 # What requests may name (set with SPEECH), and parsing's memo of SSML documents expanded.
 VOCABULARY = web.AppKey("vocabulary", Vocabulary)

@@ -147,7 +147,7 @@ def _typed_schemas_text(types: tuple[type, ...], unions: tuple[Events, ...]) -> 
     for schema in schemas.values():  # docstrings mark code ``so``; the document's Markdown `so`
         if "description" in schema:
             schema["description"] = schema["description"].replace("``", "`")
-    for union in unions:  # any one of the events, told apart by their `type`
+    for union in unions:
         kinds = {
             t.__name__: schemas[t.__name__]["properties"]["type"]["const"] for t in union.types
         }
