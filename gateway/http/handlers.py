@@ -1,5 +1,4 @@
-"""The gateway's own endpoints: speech, stored audio, voices, health, metrics, the API
-description."""
+"""The gateway's own endpoints: speech, stored audio, voices, health, metrics, OpenAPI."""
 
 from __future__ import annotations
 
@@ -159,8 +158,7 @@ async def ssml_explain(request: web.Request) -> web.Response:
 
 
 async def audio_by_key(request: web.Request) -> web.StreamResponse:
-    """``GET /v1/audio/{key}``: stored audio by content address, with ETag/304 and
-    Range/206/416."""
+    """``GET /v1/audio/{key}``: stored audio by content address, with ETag/304 and Range/206/416."""
     key = audio_key(request)
     entry = await stored_entry(request, key)
     # The type comes from the stored format, never from the stored content_type text: a value

@@ -234,7 +234,6 @@ def date_line() -> bytes:
 
 
 def _head(hit: PreparedHit, v11: bool, keep_alive: bool, rid: str | None) -> bytes:
-    """A hit's status line and headers, as aiohttp would write them."""
     return b"".join(
         (
             _STATUS[v11],

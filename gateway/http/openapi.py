@@ -231,8 +231,7 @@ def _media(name: str, media: Media) -> dict[str, Any]:
 
 
 def _answer(answer: Answer) -> dict[str, Any]:
-    """A response object; every answer carries the request's X-Request-Id
-    (:mod:`gateway.http.requestid`)."""
+    """A response object, with the request's X-Request-Id (:mod:`gateway.http.requestid`)."""
     headers = {h.name: _header(h) for h in answer.headers}
     out: dict[str, Any] = {
         "description": answer.description,
