@@ -45,9 +45,6 @@ WYOMING = web.AppKey("wyoming", WyomingServer)
 CACHE_RESULT = web.RequestKey("cache_result", str)
 AUDIO_KEY = web.RequestKey("audio_key", str)
 
-# The request's id (X-Request-Id; gateway.http.requestid), picked by the edge: REQUEST_ID above.
-# Whether a memory hit may be written by gateway.http.hits's own writer: FAST_HITS above.
-
 # --- operations ---
 # perf_counter() when a streamed response's headers were sent (time to first byte).
 FIRST_BYTE_AT = web.RequestKey("first_byte_at", float)
