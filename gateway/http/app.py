@@ -85,7 +85,7 @@ def create_app(
     add_request_ids(app, request_ids)
     # The hit writer (with fast_path) writes the request id, nothing else a receiver would add.
     app[keys.FAST_HITS] = settings.fast_path and len(app.on_response_prepare) == 1
-    # Repeated requests answered from their bytes (`voxgate serve` installs it on its server).
+    # `voxgate serve` installs it on its server.
     fast = FastPath(
         app[keys.OBSERVER].observe,
         request_ids,

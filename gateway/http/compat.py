@@ -66,7 +66,6 @@ Parser = Callable[[Any, Settings, Vocabulary, ExpansionMemo], SpeechRequest]
 
 
 async def _parse(request: web.Request, parse: Parser, values: Mapping[str, Any]) -> SpeechRequest:
-    """``parse(values)``, off the event loop when a text front end may run."""
     app = request.app
     settings, words, expansions = app[keys.SETTINGS], app[keys.VOCABULARY], app[keys.EXPANSIONS]
     if front_end_may_run(settings):

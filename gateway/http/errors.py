@@ -86,8 +86,7 @@ def error_body(
 def error_response(
     exc: VoxgateError, status: int | None = None, headers: dict[str, str] | None = None
 ) -> web.Response:
-    """The HTTP response for ``exc`` (with ``status`` instead of its own, and ``headers``, where
-    given)."""
+    """The HTTP response for ``exc`` (``status`` replacing its own, and ``headers``, if given)."""
     headers = {**(headers or {})}
     if exc.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))

@@ -1,5 +1,4 @@
-"""The gateway's own endpoints: speech, stored audio, voices, health, metrics, the API
-description."""
+"""The gateway's own endpoints: speech, stored audio, voices, health, metrics, OpenAPI."""
 
 from __future__ import annotations
 
@@ -119,7 +118,6 @@ class Health(TypedDict):
 async def speech(request: web.Request) -> web.StreamResponse:
     """``POST /v1/audio/speech``: OpenAI-compatible text to speech."""
     call = (await speech_call(request))[1]
-    # ETag / If-None-Match, Content-Length, and streaming: gateway.http.delivery.
     return await serve_speech(
         request, call.req, stream=call.stream, sse=call.sse, ignored=call.ignored, marks=call.marks
     )
@@ -160,8 +158,7 @@ async def ssml_explain(request: web.Request) -> web.Response:
 
 
 async def audio_by_key(request: web.Request) -> web.StreamResponse:
-    """``GET /v1/audio/{key}``: stored audio by content address, with ETag/304 and
-    Range/206/416."""
+    """``GET /v1/audio/{key}``: stored audio by content address, with ETag/304 and Range/206/416."""
     key = audio_key(request)
     entry = await stored_entry(request, key)
     # The type comes from the stored format, never from the stored content_type text: a value
@@ -190,8 +187,7 @@ async def voices(request: web.Request) -> web.Response:
         "models": cast(list[ModelEntry], list(request.app[keys.SPEECH].voice_listing())),
         "model_aliases": settings.model_aliases,
         "voice_aliases": settings.voice_aliases,
-        # What each response_format is, and its rate when none is asked for (null: the
-        # voice's own): `pcm` is OpenAI's 24 kHz, whatever the voice's rate.
+        # `pcm` is OpenAI's 24 kHz, whatever the voice's rate.
         "formats": {
             f.name: {
                 "content_type": f.content_type,

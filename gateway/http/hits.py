@@ -234,7 +234,6 @@ def date_line() -> bytes:
 
 
 def _head(hit: PreparedHit, v11: bool, keep_alive: bool, rid: str | None) -> bytes:
-    """A hit's status line and headers, as aiohttp would write them."""
     return b"".join(
         (
             _STATUS[v11],
@@ -315,8 +314,6 @@ def hit_response(request: web.Request, audio: bytes, hit: PreparedHit) -> web.St
         return HitResponse(audio, hit)
     return web.Response(body=audio, headers=hit.headers)
 
-
-# --- Repeats answered from their bytes -------------------------------------------------------
 
 # Request headers after which the answer is not the plain 200 of the stored bytes (conditional and
 # range requests, an expectation, a protocol switch, a chunked body) or would echo the client's

@@ -111,7 +111,6 @@ async def jambonz_stream(request: web.Request) -> web.StreamResponse:
                     break
                 else:
                     raise BadRequest("expected a message of type stream, flush or stop")
-                # Waits only while more than BACKLOG_CHARS of text are not yet queued.
                 await stream.add(sentences)
             except (ValueError, RecursionError, VoxgateError) as exc:
                 # (RecursionError: a message nested thousands deep)

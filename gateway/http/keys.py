@@ -33,7 +33,6 @@ SPEECH = web.AppKey("speech", SpeechService)
 MAX_BODY_BYTES = web.AppKey("max_body_bytes", int)
 ACCESS_LOG = web.AppKey("access_log", AccessLog)
 REQUEST_MEMO = web.AppKey("request_memo", RequestMemo)
-# Repeated requests answered from their bytes (gateway.http.hits.FastPath).
 FAST_PATH = web.AppKey("fast_path", FastPath)
 # What requests may name (set with SPEECH), and parsing's memo of SSML documents expanded.
 VOCABULARY = web.AppKey("vocabulary", Vocabulary)
@@ -45,9 +44,6 @@ WYOMING = web.AppKey("wyoming", WyomingServer)
 # Per-request values the handlers leave for the edge wrapper (gateway.http.edge) to record.
 CACHE_RESULT = web.RequestKey("cache_result", str)
 AUDIO_KEY = web.RequestKey("audio_key", str)
-
-# The request's id (X-Request-Id; gateway.http.requestid), picked by the edge: REQUEST_ID above.
-# Whether a memory hit may be written by gateway.http.hits's own writer: FAST_HITS above.
 
 # --- operations ---
 # perf_counter() when a streamed response's headers were sent (time to first byte).

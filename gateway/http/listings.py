@@ -94,8 +94,7 @@ async def audio_models(request: web.Request) -> web.Response:
 
 
 async def audio_voices(request: web.Request) -> web.Response:
-    """``GET /v1/audio/voices``: ``{"voices": [{"id", "name", "language"}]}``: every served
-    voice, then the voice aliases that resolve to one."""
+    """``GET /v1/audio/voices``: the voices as Open WebUI reads them (docs/api.md)."""
     settings, speech = request.app[keys.SETTINGS], request.app[keys.SPEECH]
     voices: dict[str, AudioVoice] = {}
     for handle in speech.models.values():

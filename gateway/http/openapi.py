@@ -107,9 +107,6 @@ def _info() -> dict[str, Any]:
     }
 
 
-# ---- schemas ----------------------------------------------------------------------------------
-
-
 @functools.cache
 def _schema_text(model: type[RequestModel]) -> str:
     return json.dumps(model.model_json_schema(ref_template="#/components/schemas/{model}"))
@@ -150,7 +147,7 @@ def _typed_schemas_text(types: tuple[type, ...], unions: tuple[Events, ...]) -> 
     for schema in schemas.values():  # docstrings mark code ``so``; the document's Markdown `so`
         if "description" in schema:
             schema["description"] = schema["description"].replace("``", "`")
-    for union in unions:  # any one of the events, told apart by their `type`
+    for union in unions:
         kinds = {
             t.__name__: schemas[t.__name__]["properties"]["type"]["const"] for t in union.types
         }
@@ -173,9 +170,6 @@ def typed_schemas(answers: Iterable[Answer]) -> dict[str, Any]:
     types += [t for u in unions for t in u.types]
     schemas: dict[str, Any] = json.loads(_typed_schemas_text(tuple(dict.fromkeys(types)), unions))
     return schemas
-
-
-# ---- operations -------------------------------------------------------------------------------
 
 
 def _without_null(schema: dict[str, Any]) -> dict[str, Any]:
@@ -237,8 +231,7 @@ def _media(name: str, media: Media) -> dict[str, Any]:
 
 
 def _answer(answer: Answer) -> dict[str, Any]:
-    """A response object; every answer carries the request's X-Request-Id
-    (:mod:`gateway.http.requestid`)."""
+    """A response object, with the request's X-Request-Id (:mod:`gateway.http.requestid`)."""
     headers = {h.name: _header(h) for h in answer.headers}
     out: dict[str, Any] = {
         "description": answer.description,

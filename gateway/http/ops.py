@@ -148,8 +148,6 @@ async def prompts(request: web.Request) -> web.Response:
     service = app[keys.SPEECH]
     registry = app[keys.PINS]
     raw = await read_json_object(request, settings.max_body_kb * 1024, settings.body_timeout_s)
-    # Shape and bounds (gateway.api.models.PromptsBody); every prompt is then validated as a
-    # speech body with the defaults applied (to_requests).
     body = models_for(settings).prompts.check(raw)
     base = {}
     if body.defaults is not None:
@@ -190,7 +188,6 @@ async def prompts(request: web.Request) -> web.Response:
         )
     except PinQuotaExceeded as exc:
         metrics.pins_refused.labels("per_key" if exc.limit == "per_owner" else "total").inc()
-        # (The limit, its setting and the numbers.)
         message = quota_message(exc)
         raise PayloadTooLarge(message, param="prompts", code="pin_quota_exceeded") from None
     except PinRegistryError as exc:

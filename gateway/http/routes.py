@@ -82,8 +82,6 @@ IF_RANGE = Header(
 )
 CONDITIONS = (IF_NONE_MATCH, IF_MODIFIED_SINCE)
 
-# ---- response headers -------------------------------------------------------------------------
-
 KEY = {"type": "string", "pattern": KEY_PATTERN}
 AUDIO_HEADERS = (
     Header(
@@ -116,8 +114,6 @@ PLAYER_HEADERS = (
 )
 CONTENT_RANGE = Header("Content-Range")
 RETRY_AFTER = Header("Retry-After", {"type": "integer"})
-
-# ---- answers ----------------------------------------------------------------------------------
 
 BINARY, TEXT = Binary(), Text()
 AUDIO_TYPES = tuple(sorted({f.content_type for f in audio.FORMATS.values()}))
@@ -251,8 +247,6 @@ def common_answers(settings: Settings) -> dict[int, Common]:
         ),
     }
 
-
-# ---- parameters -------------------------------------------------------------------------------
 
 KEY_PARAM = Param("key", "path", KEY)
 TAKE_ID = Param("id", "path", {"type": "string", "pattern": "^[0-9a-f]{16}$"}, "The take's id.")

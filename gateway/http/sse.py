@@ -101,7 +101,6 @@ class SpeechErrorEvent(TypedDict):
     error: ErrorObject
 
 
-# Every event this module sends (the OpenAPI document describes each, from these types).
 SpeechEvent = (
     SpeechAudioDeltaEvent | SpeechMarksDeltaEvent | SpeechAudioDoneEvent | SpeechErrorEvent
 )
