@@ -47,8 +47,6 @@ class KeysFileError(ValueError):
 
 
 class _KeyEntry(BaseModel):
-    """One ``[[key]]`` table of the file."""
-
     model_config = ConfigDict(extra="forbid", strict=True)
 
     name: Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
