@@ -656,7 +656,6 @@ class Settings(BaseSettings):
 
 
 def _group_of_each(names: list[str]) -> dict[str, str]:
-    """Each setting's group (:data:`GROUP_STARTS`), in declaration order."""
     group, out = "", {}
     for name in names:
         group = GROUP_STARTS.get(name, group)

@@ -181,7 +181,6 @@ class Supervisor:
         # With a synthesis pool, the last process is the host's one pool process:
         # started first, stopped last, restarted like the others.
         self.pool_socket = pool_socket
-        # The table the gateways share key budgets and queue shares in (gateway.runtime.hostshare).
         self.host_table = host_table
         self.gateways = settings.topology().gateway_processes
         self.procs: list[Child] = []
@@ -219,9 +218,8 @@ class Supervisor:
             proc = subprocess.Popen([sys.executable, "-m", "gateway", *args], env=env)
             log.info("synthesis pool process started (pid %d)", proc.pid)
             return proc
-        # What every forked gateway process imports to serve, imported before the first fork (no
-        # threads, loops or engines come with these imports), after the pool process is started:
-        # the gateways wait for its socket, so its start overlaps with these imports.
+        # Before the first fork (no threads, loops or engines come with these imports), after the
+        # pool process is started: the gateways wait for its socket, so its start overlaps them.
         for module in GATEWAY_MODULES:
             importlib.import_module(module)
         env[WORKER_INDEX_ENV] = str(index)
