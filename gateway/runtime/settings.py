@@ -561,12 +561,8 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Direct construction and :meth:`replace` read their arguments only.
-
-        The process environment, the TOML file and the flags are layered by :meth:`load`; a
-        ``Settings(...)`` made in code (tests, ``replace``) must not pick up a stray
-        ``VOXGATE_*`` variable or ``.env`` file.
-        """
+        """Only the arguments: a ``Settings(...)`` made in code (tests, :meth:`replace`) must not
+        pick up a stray ``VOXGATE_*`` variable or ``.env`` file; :meth:`load` layers the rest."""
         return (init_settings,)
 
     @classmethod
