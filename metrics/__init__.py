@@ -4,9 +4,6 @@ Nothing here imports the rest of voxgate: the gateway, the store and the synthes
 :class:`Metrics` instance and record into it. Tests build one on a fresh ``CollectorRegistry`` so
 they can read exact counts without seeing other tests' traffic.
 
-Metrics are declared in groups (HTTP, cache, synthesis, upstream, keys, Wyoming), each buildable
-alone against a registry; :class:`Metrics` is all of them, each metric under its own name.
-
 Label values always come from bounded sets (route templates, tier names, model and voice names,
 format names, cache results); never from request text or content keys.
 """
@@ -61,8 +58,6 @@ def _named(spec: str) -> tuple[str, list[str]]:
 
 
 class _Declare:
-    """Makes metrics on one registry, each from its ``name{labels}`` and help text."""
-
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
 
@@ -450,8 +445,7 @@ class WyomingMetrics:
 class Metrics(
     HttpMetrics, CacheMetrics, SynthesisMetrics, UpstreamMetrics, KeyMetrics, WyomingMetrics
 ):
-    """The complete set of voxgate metrics, registered on ``registry``: every group's, each under
-    its own name (``metrics.coalesced``)."""
+    """Every group's metrics on ``registry``, each under its own name (``metrics.coalesced``)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = r = registry if registry is not None else CollectorRegistry()

@@ -1,15 +1,4 @@
-"""``voxgate audit``: run the take checks over what the stores already hold (docs/takes-review.md).
-
-Walks the disk tier and, when configured, the Redis tier; each entry is read through its tier
-(frame, checksum and, for Redis, its authentication verified before anything else), decoded in
-its format and checked by :class:`~synth.takecheck.TakeChecker` at the ``signal`` level. A JSON
-line per entry on stdout, a progress bar on stderr; exit 1 when any entry is bad. ``--evict``
-deletes the bad ones; pinned ones only with ``--evict-pinned`` as well.
-
-Entries carry no text: the checks that need it (duration for the text and speed) run only for
-pinned prompts, whose text the pin registry recorded whole; the others get the text-free checks,
-and their line says so (``"text": false``).
-"""
+"""``voxgate audit``: run the take checks over the stored audio (docs/takes-review.md)."""
 
 from __future__ import annotations
 

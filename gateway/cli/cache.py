@@ -78,7 +78,6 @@ async def _cache_stats(settings: Settings) -> list[dict[str, Any]]:
 
 
 async def _pins_row(settings: Settings, tiers: list[Any]) -> dict[str, Any]:
-    """The pin registry's figures: bytes pinned in all and per owner, against the quotas."""
     from cache.pins import PinRegistryError, registry_for
 
     registry = registry_for(tiers, settings.cache_dir)

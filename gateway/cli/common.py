@@ -1,10 +1,4 @@
-"""What every command shares: registering it, one ``--flag`` per setting, loading settings,
-log set-up, running its work, and one exit status per kind of error.
-
-Exit statuses, the same in every command (README.md, "Command line"): 0 done; 1 the command ran
-but part of its work failed (a prompt, a file, a tier, the pin registry); 2 refused, nothing (more)
-done (an argument, a setting, a catalogue, a request the gateway would refuse, a pin quota).
-"""
+"""What every command shares; exit statuses, the same in every command: README, "Command line"."""
 
 from __future__ import annotations
 

@@ -19,8 +19,7 @@ from gateway.runtime.settings import Settings
 async def run_rollout(
     settings: Settings, args: argparse.Namespace, engines: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
-    """The rollout ``args`` ask for, with the models of ``settings`` (or ``engines``); its
-    JSON report."""
+    """The rollout ``args`` ask for on ``settings``' models (or ``engines``); its JSON report."""
     from cache.pins import PinQuota
     from gateway.api.catalogue import Prompt, to_requests
     from gateway.runtime.components import open_pins, open_speech

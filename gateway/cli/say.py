@@ -1,7 +1,6 @@
 """``voxgate say TEXT -o FILE``: one synthesis through the same store as the server.
 
-``--ssml`` reads TEXT as SSML (a text starting with ``<speak`` is SSML anyway); ``--explain``
-prints the expansion and the content address instead, and synthesizes nothing."""
+``--ssml`` and ``--explain``: docs/ssml.md."""
 
 from __future__ import annotations
 

@@ -119,8 +119,7 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
 
 
 def init_keys_file(settings: Settings) -> None:
-    """``api_keys_init``: make the keys file when there is none (a container's first start) and
-    show its admin secret, once, on stderr: it is kept nowhere else (the file holds hashes)."""
+    """``api_keys_init``: make the keys file if there is none; show its admin secret on stderr."""
     from gateway.runtime.apikeys import INIT_ADMIN, KeysFileError, create_keys_file
 
     path = settings.api_keys_file

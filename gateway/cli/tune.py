@@ -1,12 +1,6 @@
 """``voxgate tune``: measure this machine's synthesis split, write the best one to the config file.
 
-For every configured engine it runs a worker pool of each split of the cores into synthesis
-processes x intra-op threads (all splits that use every core, plus 1 x 1), keeps each busy with
-short IVR sentences for its share of ``--seconds``, and counts syntheses per second. The fastest
-split for the default model becomes ``synth_workers`` and ``intra_op_threads`` in the config file
-(``--config``, else ``$VOXGATE_CONFIG``, else ``./voxgate.toml``), which ``voxgate serve`` and
-``voxgate config show`` then read. Starting each pool (spawning, loading, warming) is not
-measured and not counted in the budget.
+See docs/deploy.md ("voxgate tune: measure this machine").
 """
 
 from __future__ import annotations
@@ -153,7 +147,6 @@ def write_config(path: Path, values: dict[str, int]) -> None:
     data = tomllib.loads(text) if text else {}
     lines = text.splitlines()
     in_table = isinstance(data.get("voxgate"), dict)
-    # The region the settings live in: from the [voxgate] header (or the top) to the next header.
     start = 0
     if in_table:
         start = next(i for i, ln in enumerate(lines) if re.match(r"\s*\[voxgate\]\s*(#.*)?$", ln))

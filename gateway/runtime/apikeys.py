@@ -1,13 +1,6 @@
 """API keys: the keys file, read into a :class:`KeyRing` that finds a key by its secret.
 
-The file holds SHA-256 hashes, never secrets::
-
-    [[key]]
-    name = "ivr-prod"                 # in logs and metrics; the secret never is
-    sha256 = "<hex SHA-256 of the secret>"
-    scopes = ["speak", "read"]        # speak | read | admin | metrics
-    requests_per_minute = 600         # 0 or absent: unlimited
-    chars_per_minute = 0              # characters sent to synthesis (misses); 0: unlimited
+The file holds SHA-256 hashes, never secrets (its format: docs/security.md, "API keys").
 
 A presented secret is hashed and looked up in a dict by its digest; the stored digest is then
 compared with :func:`hmac.compare_digest`. The lookup's timing depends on the digest only, which an
@@ -47,8 +40,6 @@ class KeysFileError(ValueError):
 
 
 class _KeyEntry(BaseModel):
-    """One ``[[key]]`` table of the file."""
-
     model_config = ConfigDict(extra="forbid", strict=True)
 
     name: Annotated[str, StringConstraints(pattern=NAME_PATTERN)]

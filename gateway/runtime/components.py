@@ -200,8 +200,7 @@ async def open_models(
 
     Each handle's ``ready`` event is set once its engine is warm. With ``wait_ready`` the context
     is entered only after every engine is ready (the CLI); the server enters at once so that
-    ``/readyz`` can answer 503 while models load. An :class:`UpstreamConfig` is a remote
-    provider's model (:mod:`synth.upstream`).
+    ``/readyz`` can answer 503 while models load.
     """
     if engines is None:
         # Reads configs (and may resolve a zoo name): off the loop.

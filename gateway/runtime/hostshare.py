@@ -224,8 +224,7 @@ class HostTable:
         return False, max(1.0, 0.0 if math.isinf(reset) else reset)
 
     def _share_row(self, client: str, insert: bool) -> int | None:
-        """The first word of ``client``'s share row (made from an empty row or one with nothing
-        waiting when ``insert``); None when absent (or no room). Called with the lock held."""
+        """:meth:`_row` for ``client``'s share row; called with the lock held."""
         words, width = self._words, self._share_words
         return self._row(
             self._shares,

@@ -4,10 +4,8 @@ The supervisor starts it before the gateway processes (``python -m gateway serve
 PATH``): it opens the models exactly as a single gateway would (worker processes per model, one
 scheduler each, so crash and hang handling are :mod:`synth.pool`'s), and only once every engine is
 warm listens on the Unix socket ``PATH``, where each gateway process's
-:class:`synth.shared_pool.RemotePool` connects. Identical items from any gateway process are
-synthesized once (:class:`synth.shared_pool.PoolServer`). Its metrics go to the supervisor's
-multiprocess directory, so ``voxgate_syntheses_total`` on any gateway's ``/metrics`` counts the
-syntheses of the host.
+:class:`synth.shared_pool.RemotePool` connects; what it does for them: docs/deploy.md ("Several
+processes on one host") and :class:`synth.shared_pool.PoolServer`.
 """
 
 from __future__ import annotations

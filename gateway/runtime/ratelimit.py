@@ -123,8 +123,7 @@ class KeyLimits:
         metrics.before_collect(self.flush_counts)
 
     async def start(self) -> None:
-        """Make the Redis storage when one is configured (nothing connects yet: the first
-        limited request does). Built in a thread: ``limits`` imports its Redis clients then."""
+        """Make the Redis storage when one is configured, in a thread (:func:`limits_storage`)."""
         if not self._redis_url or self._redis is not None:
             return
         storage = await asyncio.to_thread(

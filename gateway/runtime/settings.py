@@ -181,7 +181,6 @@ class Settings(BaseSettings):
         use_attribute_docstrings=True,  # each setting's help: the docstring below it
     )
 
-    # --- server ---
     host: str = "127.0.0.1"
     """Address to listen on."""
     port: int = Field(8080, ge=0, le=65535)
@@ -212,7 +211,6 @@ class Settings(BaseSettings):
     from their bytes before HTTP parsing (both read aiohttp internals); false: aiohttp writes every
     response, as it ships (the same bytes, more CPU per hit)."""
 
-    # --- HTTP limits ---
     max_input_chars: AtLeastOne = 4096
     """Longest input text accepted, in characters."""
     max_body_kb: AtLeastOne = 256
@@ -224,7 +222,6 @@ class Settings(BaseSettings):
     retry_after_s: NonNegativeInt = 1
     """Retry-After seconds sent with a 503 for a full queue."""
 
-    # --- request defaults and aliases ---
     default_model: str = "piper"
     """Model of requests that name none (voxgate say, catalogues, /api/tts, /synthesize); an OpenAI
     voice alias on another model speaks with that model's first voice."""
@@ -259,7 +256,6 @@ class Settings(BaseSettings):
     """Answer 400 to fields /v1/audio/speech does not know (off: they are ignored and named in
     X-Ignored-Fields, so fields that later OpenAI API versions add do not break clients)."""
 
-    # --- cache tiers ---
     cache_dir: Path = Field(default_factory=default_cache_dir)
     """Directory of the disk tier (diskcache)."""
     memory_cache_mb: NonNegativeInt = 256
@@ -274,7 +270,6 @@ class Settings(BaseSettings):
     quarantine_ttl_h: PositiveFloat = 168.0
     """Hours a refused take is kept for review before it is dropped."""
 
-    # --- Redis tier and scale-out ---
     redis_url: Annotated[SecretStr, AfterValidator(_redis_scheme)] = SecretStr("")
     """Redis shared by all replicas (empty: no Redis tier): redis://[user:password@]host:port/db,
     rediss:// (TLS), unix:///path.sock, redis+cluster://host:port for Redis Cluster, or
@@ -306,7 +301,6 @@ class Settings(BaseSettings):
     """Read entries over voxgate's own pipelined RESP reader (redis:// and unix:// URLs; half the
     CPU per GET of redis-py or less); false: through redis-py, like every other command."""
 
-    # --- synthesis ---
     piper_voices: Names = Field(("joe",), min_length=1)
     """Piper voices: 'joe' (bundled) or name=/path/model.onnx (config beside it),
     comma-separated."""
@@ -381,7 +375,6 @@ class Settings(BaseSettings):
     """Largest reply a synthesis worker process may send for one batch, in MiB; a larger one is
     refused unread and the worker replaced."""
 
-    # --- sentences and streaming ---
     sentence_pause_ms: int = Field(250, ge=0, le=5000)
     """Silence between sentences when a text's per-sentence audio is joined, in ms."""
     max_parallel_sentences: AtLeastOne = 8
@@ -390,7 +383,6 @@ class Settings(BaseSettings):
     """Longest sentence synthesized as one piece, in characters; a longer one is cut at clause, then
     word boundaries (each piece is its own cache entry)."""
 
-    # --- logging ---
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Log level: debug, info, warning, error."""
     log_format: Literal["json", "text"] = "json"
@@ -398,7 +390,6 @@ class Settings(BaseSettings):
     access_log: bool = True
     """Write one JSON line per request to stderr (buffered, <= 0.2 s)."""
 
-    # --- prompt catalogues ---
     max_catalogue_prompts: AtLeastOne = 1000
     """Most prompts one POST /v1/prompts may carry."""
     catalogue_concurrency: AtLeastOne = 4
@@ -415,7 +406,6 @@ class Settings(BaseSettings):
     """Most MiB the pins of one API key may take (within pin_quota_mb); pins made without a key (no
     keys file, voxgate warm) are bounded by pin_quota_mb alone."""
 
-    # --- Wyoming (Home Assistant) ---
     wyoming_port: int = Field(0, ge=0, le=65535)
     """TCP port of the Wyoming server Home Assistant connects to (0: off; wyoming-piper uses
     10200)."""
@@ -432,7 +422,6 @@ class Settings(BaseSettings):
     wyoming_samples_per_chunk: int = Field(1024, ge=64)
     """Samples in each audio-chunk event the Wyoming server sends."""
 
-    # --- telephony ---
     public_url: str = Field("", pattern=r"^(https?://[^\s?#]+)?$")
     """Base URL players reach this gateway at (e.g. http://tts.example:8080): URLs returned by POST
     /v1/prompts and voxgate sign-url are absolute when set, paths when empty."""
@@ -461,7 +450,6 @@ class Settings(BaseSettings):
     """A jambonz voice (and language) that names no voice or alias: speak with the default voice, or
     reject it with 400."""
 
-    # --- security (docs/security.md) ---
     api_keys_file: str = ""
     """TOML file of API keys (names, SHA-256 hashes of their secrets, scopes, per-minute limits;
     `voxgate keys add` writes it), reloaded on SIGHUP. Empty: no keys, every route is open."""
@@ -486,8 +474,6 @@ class Settings(BaseSettings):
     metrics_auth: bool = False
     """With API keys on, GET /metrics needs a key with the admin or metrics scope (off: it is open,
     like /healthz)."""
-
-    # ---- parsing the forms env and flags use --------------------------------------------------
 
     @field_validator("*", mode="before")
     @classmethod
@@ -566,8 +552,6 @@ class Settings(BaseSettings):
             )
         return value
 
-    # ---- loading ---------------------------------------------------------------------------
-
     @classmethod
     def settings_customise_sources(
         cls,
@@ -577,12 +561,8 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Direct construction and :meth:`replace` read their arguments only.
-
-        The process environment, the TOML file and the flags are layered by :meth:`load`; a
-        ``Settings(...)`` made in code (tests, ``replace``) must not pick up a stray
-        ``VOXGATE_*`` variable or ``.env`` file.
-        """
+        """Only the arguments: a ``Settings(...)`` made in code (tests, :meth:`replace`) must not
+        pick up a stray ``VOXGATE_*`` variable or ``.env`` file; :meth:`load` layers the rest."""
         return (init_settings,)
 
     @classmethod
@@ -672,7 +652,6 @@ class Settings(BaseSettings):
 
 
 def _group_of_each(names: list[str]) -> dict[str, str]:
-    """Each setting's group (:data:`GROUP_STARTS`), in declaration order."""
     group, out = "", {}
     for name in names:
         group = GROUP_STARTS.get(name, group)

@@ -1,16 +1,7 @@
 """How many processes and threads this host runs: the ``auto`` settings resolved at start.
 
-``workers`` (gateway processes), ``synth_workers`` (synthesis processes per model) and
-``intra_op_threads`` default to ``auto``; :func:`resolve_topology` turns them into numbers from the
-cores this process may use and the devices configured, and says why for each, so the start log can
-name what it chose. Numbers given explicitly (by a flag, the environment, or the config file that
-``voxgate tune`` writes) are kept as they are.
-
-The rules follow measurements on this project's 2-core reference box (docs/bench/engines.json):
-Piper in ONNX Runtime ran 4.33 syntheses/s as 2 processes x 1 intra-op thread, 3.92 as 1 process x
-2 threads and 2.15 as 1 x 1, so on CPU the auto pool is one synthesis process per core with one
-thread each; on CUDA it is one process per device. ``voxgate tune`` measures the machine it runs
-on and writes numbers that override these rules.
+The rules and the measurements they follow (docs/bench/engines.json): docs/deploy.md ("Process and
+thread counts: auto").
 """
 
 from __future__ import annotations

@@ -51,12 +51,9 @@ def upstream_configs(settings: Settings, local: Sequence[str] = ()) -> dict[str,
 
 
 async def reload_upstreams(settings: Settings, handles: Mapping[str, ModelHandle]) -> bool:
-    """Read the upstreams file again (on SIGHUP) and give each served upstream its new tunables
-    (concurrency, requests per minute, timeout, retries, breaker, price) for the calls that
-    start from then on. What would change content addresses (kind, base URL, provider model,
-    format, rate, revision, split, voice settings), the voices, and entries added or removed
-    take a restart: logged, and the entry keeps serving as it was. A file that no longer loads
-    changes nothing (False, logged)."""
+    """Read the upstreams file again (on SIGHUP) and give each served upstream what can change
+    under load; the rest takes a restart (docs/upstreams.md, "Configure"). False, logged, and
+    nothing changed when the file no longer loads."""
     if not settings.upstreams_file:
         return True
     local = [name for name, h in handles.items() if not isinstance(h.engine, UpstreamEngine)]

@@ -1,16 +1,10 @@
 """``voxgate serve --workers N``: N gateway processes on one port, supervised by this one.
 
-Each worker is a full gateway (``python -m gateway serve`` with the same arguments) that binds the
-port with SO_REUSEPORT, so the kernel spreads incoming connections across them. They share the
-disk tier (diskcache is safe across processes: SQLite plus atomic file writes) and write their
-metrics to one directory in prometheus-client's multiprocess mode, so ``/metrics`` on any worker
-answers the sum over all of them. Each API key's budget and each client's queue share are the
-host's: the workers count them in one table in shared memory
-(:mod:`gateway.runtime.hostshare`).
-
-The supervisor restarts a worker that dies, forwards SIGTERM/SIGINT to every worker (each drains
-its in-flight requests) and SIGHUP (each reloads its API keys), and exits 0 when all of them
-exited 0.
+Each worker is a full gateway (``python -m gateway serve`` with the same arguments). How they
+share the port, the disk tier (diskcache is safe across processes: SQLite plus atomic file writes)
+and the metrics, and how the supervisor restarts and stops them: docs/deploy.md ("Several
+processes on one host"); it forwards SIGHUP too (each worker reloads its API keys). Key budgets
+and queue shares are the host's: :mod:`gateway.runtime.hostshare`.
 
 The gateway processes are forked from the supervisor once it has imported the gateway (the
 supervisor is single-threaded and has no event loop, sockets or engines open, so a fork holds
@@ -187,7 +181,6 @@ class Supervisor:
         # With a synthesis pool, the last process is the host's one pool process:
         # started first, stopped last, restarted like the others.
         self.pool_socket = pool_socket
-        # The table the gateways share key budgets and queue shares in (gateway.runtime.hostshare).
         self.host_table = host_table
         self.gateways = settings.topology().gateway_processes
         self.procs: list[Child] = []
@@ -225,9 +218,8 @@ class Supervisor:
             proc = subprocess.Popen([sys.executable, "-m", "gateway", *args], env=env)
             log.info("synthesis pool process started (pid %d)", proc.pid)
             return proc
-        # What every forked gateway process imports to serve, imported before the first fork (no
-        # threads, loops or engines come with these imports), after the pool process is started:
-        # the gateways wait for its socket, so its start overlaps with these imports.
+        # Before the first fork (no threads, loops or engines come with these imports), after the
+        # pool process is started: the gateways wait for its socket, so its start overlaps them.
         for module in GATEWAY_MODULES:
             importlib.import_module(module)
         env[WORKER_INDEX_ENV] = str(index)
