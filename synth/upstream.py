@@ -2,11 +2,10 @@
 
 An upstream is configured in the upstreams file (TOML, ``[[upstream]]`` entries, see
 docs/upstreams.md) and served under its ``name`` like any local model. It is two parts, like a
-pooled local engine: an :class:`UpstreamEngine` that only answers metadata (voices, sample rate,
-the fingerprint that goes into every content address) and an :class:`UpstreamRunner`, the
-:class:`~synth.scheduler.BatchRunner` that calls the provider. Everything in front of it is the
-gateway's as for a local model: the store, the in-process and cross-replica single flight, the
-sentence masters, every format, rate and telephony URL made by transcoding one stored master.
+pooled local engine: :class:`UpstreamEngine` (the metadata) and :class:`UpstreamRunner` (the calls).
+Everything in front of it is the gateway's as for a local model: the store, the in-process and
+cross-replica single flight, the sentence masters, every format, rate and telephony URL made by
+transcoding one stored master.
 
 The runner is what a paying customer of the provider expects of a client: at most
 ``max_concurrency`` calls in flight, at most ``requests_per_minute`` started (in Redis when one is
@@ -367,7 +366,7 @@ class Breaker(Protocol):
 class RequestRate:
     """``requests_per_minute`` of one upstream: a moving window (no more calls started in any
     60 s than the provider allows) in ``shared`` storage (Redis: one budget for every replica)
-    when given, else in this process. A call waits for a free slot up to its deadline.
+    when given, else in this process.
 
     A shared storage that fails is left for 5 s and the window kept here
     meanwhile (looser, never off); counted in ``voxgate_upstream_rate_fallbacks_total``.
