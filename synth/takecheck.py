@@ -267,7 +267,6 @@ _TOKEN = re.compile(r"\S+")
 _SYLLABIC = frozenset(("zh", "ja", "ko", "yue"))
 
 
-# English digit names, for a digit run read digit by digit ("0042" as "zero zero four two").
 _DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 _DIGIT_RUN = re.compile(r"[0-9]+")
 # Longer runs are not read as one number: they keep the per-digit weights.
@@ -521,8 +520,6 @@ def _verdict(reasons: list[Reason], measured: dict[str, float], limits: Limits) 
     return Verdict(tuple(r for r in dict.fromkeys(reasons) if r not in limits.skip), measured)
 
 
-# ---- the signal, as the detector hears it ------------------------------------------------------
-#
 # The voice-activity detector is WebRTC's (webrtcvad-wheels, MIT, an 83 KB wheel, no
 # dependencies), on 30 ms frames of the take resampled to 16 kHz. Measured on the bundled voice
 # (docs/takes.md has the table): it costs 0.13 ms of CPU per second of audio, against 5.1 ms for
@@ -710,9 +707,6 @@ def _starts_with_container(pcm: npt.NDArray[np.float32]) -> bool:
 
 
 _MAGICS = frozenset((b"RIFF", b"OggS", b"fLaC", b"\x1a\x45\xdf\xa3", b"ID3\x03", b"ID3\x04"))
-
-
-# ---- the recognizer (``asr`` level) -------------------------------------------------------------
 
 
 def _require_pocketsphinx() -> None:

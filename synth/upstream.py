@@ -2,11 +2,10 @@
 
 An upstream is configured in the upstreams file (TOML, ``[[upstream]]`` entries, see
 docs/upstreams.md) and served under its ``name`` like any local model. It is two parts, like a
-pooled local engine: an :class:`UpstreamEngine` that only answers metadata (voices, sample rate,
-the fingerprint that goes into every content address) and an :class:`UpstreamRunner`, the
-:class:`~synth.scheduler.BatchRunner` that calls the provider. Everything in front of it is the
-gateway's as for a local model: the store, the in-process and cross-replica single flight, the
-sentence masters, every format, rate and telephony URL made by transcoding one stored master.
+pooled local engine: :class:`UpstreamEngine` (the metadata) and :class:`UpstreamRunner` (the calls).
+Everything in front of it is the gateway's as for a local model: the store, the in-process and
+cross-replica single flight, the sentence masters, every format, rate and telephony URL made by
+transcoding one stored master.
 
 The runner is what a paying customer of the provider expects of a client: at most
 ``max_concurrency`` calls in flight, at most ``requests_per_minute`` started (in Redis when one is
@@ -65,7 +64,6 @@ if TYPE_CHECKING:
     Kind = str
 else:
     Kind = Literal[tuple(SPECS)]
-# What base_url must be, by the scheme a kind's spec names.
 SCHEMES = {"http": (("http", "https"), "an http(s):// URL"), "tcp": (("tcp",), "tcp://host:port")}
 
 
@@ -173,7 +171,6 @@ class UpstreamConfig(BaseModel):
 
     @model_validator(mode="after")
     def _fits_its_kind(self) -> UpstreamConfig:
-        """The rules of the entry's kind, as its spec states them."""
         spec, kind = self.spec, self.kind
         url = urlsplit(self.base_url)
         schemes, shape = SCHEMES[spec.scheme]
@@ -277,9 +274,6 @@ def load_upstreams(path: str | Path) -> list[UpstreamConfig]:
     return entries
 
 
-# ---- metadata -----------------------------------------------------------------------------------
-
-
 class UpstreamEngine:
     """The metadata side of an upstream (the :class:`~synth.engine.Engine` protocol): voices,
     sample rate and the fingerprint every content address of it carries. It synthesizes
@@ -301,8 +295,7 @@ class UpstreamEngine:
         return self._voices
 
     def reconfigure(self, config: UpstreamConfig) -> str:
-        """Take ``config``'s tunables (the price here); "" when done, else why it needs a
-        restart: a change of what is in the content address, of the voices or the name."""
+        """Take ``config``'s tunables (the price here); "" when done, else what needs a restart."""
         old = self.config
         if config.name != old.name or config.address_material() != old.address_material():
             return "a change of what is in the content address"
@@ -319,9 +312,7 @@ class UpstreamEngine:
 
     @property
     def capabilities(self) -> EngineCapabilities:
-        """A provider's: it says what it is asked (the listed voices, or any with ``*``),
-        whole texts with ``split = "whole"``, instructions where configured, at its price
-        (the current config's: a reload may change it)."""
+        """Read from the current config each time: a reload may change the price."""
         config = self.config
         return EngineCapabilities(
             takes_instructions=config.instructions,
@@ -359,9 +350,6 @@ class UpstreamEngine:
         }
 
 
-# ---- politeness ---------------------------------------------------------------------------------
-
-
 class Breaker(Protocol):
     """A circuit breaker (``cache.breaker.CircuitBreaker`` is one; the gateway passes it in)."""
 
@@ -378,7 +366,7 @@ class Breaker(Protocol):
 class RequestRate:
     """``requests_per_minute`` of one upstream: a moving window (no more calls started in any
     60 s than the provider allows) in ``shared`` storage (Redis: one budget for every replica)
-    when given, else in this process. A call waits for a free slot up to its deadline.
+    when given, else in this process.
 
     A shared storage that fails is left for 5 s and the window kept here
     meanwhile (looser, never off); counted in ``voxgate_upstream_rate_fallbacks_total``.
@@ -448,9 +436,6 @@ class RequestRate:
             await asyncio.sleep(wait)
 
 
-# ---- the runner ---------------------------------------------------------------------------------
-
-# What a caller is told of a provider's failure, by its kind.
 _TOLD = {
     "refused": "upstream {name!r} refused the request: {message}",
     "rate_limited": "upstream {name!r} is rate limiting voxgate (429) past its retries",
@@ -506,9 +491,8 @@ class UpstreamRunner:
         return self.config.streams_pcm
 
     def reconfigure(self, config: UpstreamConfig) -> str:
-        """Take ``config``'s tunables for the calls that start from now on (concurrency,
-        requests per minute, timeout, retries, breaker, price); "" when done, else why it needs
-        a restart (see :meth:`UpstreamEngine.reconfigure`)."""
+        """Take ``config``'s tunables for the calls that start from now on; "" when done, else
+        why it needs a restart (see :meth:`UpstreamEngine.reconfigure`)."""
         reason = self.engine.reconfigure(config)
         if reason:
             return reason
@@ -635,7 +619,6 @@ class UpstreamRunner:
                         attempt,
                         delay,
                     )
-                    # Backoff: the provider asked for (or is owed) this pause before a retry.
                     await asyncio.sleep(delay)
                     continue
                 if exc.kind != "refused" and self.breaker is not None:

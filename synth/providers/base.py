@@ -38,7 +38,6 @@ MIB = 1024 * 1024
 VOICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@+\-]{0,127}")
 # The pcm rates most providers offer.
 PCM_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
-# The longest provider message passed on to a client (it is the provider's words, clipped).
 MAX_PROVIDER_MESSAGE = 300
 
 
@@ -107,7 +106,7 @@ class Provider(Protocol):
 @dataclass(frozen=True)
 class ProviderSpec:
     """One provider kind, as the entry's checks, the runner's builder and the content address
-    see it. Each provider module declares its own (``SPEC``)."""
+    see it."""
 
     kind: str
     # The client of an entry: (entry, API key, environment holding any further credentials).

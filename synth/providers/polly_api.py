@@ -78,8 +78,7 @@ def aws_region(config: ProviderConfig) -> str:
 
 
 def check(config: ProviderConfig) -> None:
-    """What an entry of kind polly needs beyond the spec's rules: an Engine it has, the key
-    pair, and a region."""
+    """What an entry of kind polly needs beyond the spec's rules."""
     if config.model not in ("", *ENGINES):
         raise ValueError("the model of kind polly is its Engine: " + ", ".join(ENGINES))
     if not config.api_key_env:

@@ -98,7 +98,6 @@ class WyomingProvider:
                             )
                         rate = chunk.rate
                         chunks.append(data)
-                        # Pieces at the rate a stream expects only (the entry's).
                         if item.sink is not None and rate == self.config.sample_rate and data:
                             item.sink(data)
                     elif AudioStop.is_type(event.type):
