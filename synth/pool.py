@@ -46,9 +46,11 @@ from synth.engine import Audio, Engine, SynthesisItem
 from synth.errors import (
     EngineDead,
     EngineError,
+    Overloaded,
     SynthesisError,
     SynthesisTimeout,
     UnspeakableInput,
+    UpstreamError,
 )
 from synth.scheduler import BatchClock
 
@@ -96,13 +98,8 @@ class LogSetup:
 _MAX_MESSAGE_CHARS = 500  # error texts from a worker are cut to this before they reach a client
 # The errors an "error" reply may name (by class name); any other kind reads as an EngineError.
 _ERRORS: dict[str, type[SynthesisError]] = {
-    e.__name__: e for e in (EngineDead, SynthesisTimeout, UnspeakableInput)
+    e.__name__: e for e in (EngineDead, Overloaded, SynthesisTimeout, UnspeakableInput)
 }
-
-
-def reply_error(kind: str, message: str) -> SynthesisError:
-    """The error an "error" reply of ``kind`` stands for."""
-    return _ERRORS.get(kind, EngineError)(message)
 
 
 def encode_ok(outputs: Sequence[Audio], **header: Any) -> bytes:
@@ -201,6 +198,21 @@ def decode_reply(data: bytes, expected_items: int) -> tuple[str, Any]:
     if kind == b"failed":
         return "failed", str(header.get("message", ""))[:_MAX_MESSAGE_CHARS]
     raise BadReply("reply of an unknown kind")
+
+
+def reply_audios(data: bytes, expected_items: int) -> list[Audio]:
+    """The audio of an "ok" reply; the error an "error" reply names is raised, and
+    :class:`BadReply` for a reply of any other kind."""
+    kind, value = decode_reply(data, expected_items)
+    if kind == "ok":
+        audios: list[Audio] = value
+        return audios
+    if kind != "error":
+        raise BadReply(f"unexpected {kind!r} reply during a batch")
+    error_kind, message, header = value
+    if error_kind == "UpstreamError":
+        raise UpstreamError.from_wire(message, header)
+    raise _ERRORS.get(error_kind, EngineError)(message)
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:
@@ -383,14 +395,7 @@ class _Worker:
             data = self._receive()
         except EOFError as exc:
             raise WorkerDied(f"synthesis worker {self.index} died") from exc
-        kind, value = decode_reply(data, len(items))
-        if kind == "ok":
-            audios: list[Audio] = value
-            return audios
-        if kind != "error":
-            raise BadReply(f"unexpected {kind!r} message during a batch")
-        kind, message, _ = value
-        raise reply_error(kind, message)
+        return reply_audios(data, len(items))
 
     def _close_pipe(self) -> None:
         with self._closing:

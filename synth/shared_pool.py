@@ -65,7 +65,7 @@ from synth.errors import (
     UpstreamError,
 )
 from synth.pieces import Pieces
-from synth.pool import BadReply, decode_reply, encode_ok, encode_reply, reply_error
+from synth.pool import BadReply, encode_ok, encode_reply, reply_audios
 from synth.scheduler import Scheduler
 
 log = logging.getLogger("voxgate.synth.shared_pool")
@@ -294,20 +294,18 @@ class PoolServer:
             self._connections.add(me)
         running: dict[int, asyncio.Task[None]] = {}
 
-        async def write_piece(rid: int, index: int, data: bytes) -> None:
-            if writer.is_closing():
-                return  # the gateway process went away: its stream reads nothing more
-            head = json.dumps({"id": rid, "piece": index}).encode()
-            write_frame(writer, head + b"\n" + data)
+        async def send(head: dict[str, int], data: bytes) -> None:
+            write_frame(writer, json.dumps(head).encode() + b"\n" + data)
             with contextlib.suppress(ConnectionError):
-                await writer.drain()
+                await writer.drain()  # a gateway process that went away reads nothing more
+
+        async def write_piece(rid: int, index: int, data: bytes) -> None:
+            if not writer.is_closing():  # else the gateway process went away
+                await send({"id": rid, "piece": index}, data)
 
         async def serve(rid: int, model: str, items: list[SynthesisItem], wanted: set[int]) -> None:
             writers = {i: functools.partial(write_piece, rid, i) for i in wanted}
-            reply = await self._answer(model, items, writers)
-            write_frame(writer, json.dumps({"id": rid}).encode() + b"\n" + reply)
-            with contextlib.suppress(ConnectionError):
-                await writer.drain()  # a gateway process that went away reads no reply
+            await send({"id": rid}, await self._answer(model, items, writers))
 
         try:
             while True:
@@ -502,20 +500,9 @@ class RemotePool:
             self._pending.pop(rid, None)
             raise EngineDead("the synthesis pool process is not reachable") from None
         try:
-            kind, value = decode_reply(reply, len(items))
+            return reply_audios(reply, len(items))
         except BadReply as exc:
             raise EngineError(f"the synthesis pool sent an unusable reply ({exc})") from None
-        if kind == "ok":
-            audios: list[Audio] = value
-            return audios
-        if kind != "error":
-            raise EngineError(f"unexpected {kind!r} reply from the synthesis pool")
-        error_kind, message, header = value
-        if error_kind == "Overloaded":
-            raise Overloaded(message)
-        if error_kind == "UpstreamError":
-            raise UpstreamError.from_wire(message, header)
-        raise reply_error(error_kind, message)
 
     async def close(self) -> None:
         """Close the connection (the pool process itself belongs to the supervisor)."""
