@@ -55,8 +55,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pydantic
+
 from synth.cancellation import cancel_and_wait
-from synth.engine import Audio, Engine, SynthesisItem
+from synth.engine import Audio, Engine, ParamValue, SynthesisItem
 from synth.errors import (
     EngineDead,
     EngineError,
@@ -114,27 +116,21 @@ def item_to_json(item: SynthesisItem) -> dict[str, Any]:
     return value
 
 
+class _ItemJson(pydantic.BaseModel, strict=True):
+    """An item as a request carries it (strict: a bool is no number, a number no string)."""
+
+    text: str
+    voice: str
+    speed: float
+    params: dict[str, ParamValue]
+    phonemes: bool = False
+    take: int = pydantic.Field(0, ge=0, le=MAX_TAKE)
+
+
 def item_from_json(value: Any) -> SynthesisItem:
-    """The item a request carries; ``ValueError`` for anything that is not one."""
-    if not isinstance(value, dict):
-        raise ValueError("item is not an object")
-    text, voice, speed, params = (value.get(k) for k in ("text", "voice", "speed", "params"))
-    if not isinstance(text, str) or not isinstance(voice, str):
-        raise ValueError("item without text and voice")
-    if not isinstance(speed, int | float) or isinstance(speed, bool):
-        raise ValueError("item without a speed")
-    if not isinstance(params, dict):
-        raise ValueError("item without params")
-    for v in params.values():
-        if v is not None and type(v) not in (str, int, float, bool):
-            raise ValueError("item parameter of an unexpected type")
-    phonemes = value.get("phonemes", False)
-    if type(phonemes) is not bool:
-        raise ValueError("item phonemes flag is not a boolean")
-    take = value.get("take", 0)
-    if type(take) is not int or not 0 <= take <= MAX_TAKE:
-        raise ValueError("item take is not a small whole number")
-    return SynthesisItem(text, voice, float(speed), params, phonemes, take)
+    """The item a request carries; ``ValueError`` (pydantic's) for anything that is not one."""
+    item = _ItemJson.model_validate(value)
+    return SynthesisItem(item.text, item.voice, item.speed, item.params, item.phonemes, item.take)
 
 
 def identity(model: str, item: SynthesisItem) -> str:
@@ -159,10 +155,6 @@ def _wanted_pieces(value: Any, count: int) -> set[int]:
     if not isinstance(value, list) or any(type(i) is not int or not 0 <= i < count for i in value):
         raise ValueError("pieces is not a list of item indices")
     return set(value)
-
-
-def _drop(running: dict[int, asyncio.Task[None]], rid: int, _: object) -> None:
-    running.pop(rid, None)
 
 
 async def _stop_all(tasks: Any) -> None:
@@ -333,7 +325,7 @@ class PoolServer:
                     return
                 task = asyncio.ensure_future(serve(rid, model, items, wanted))
                 running[rid] = task
-                task.add_done_callback(functools.partial(_drop, running, rid))
+                task.add_done_callback(functools.partial(lambda r, _: running.pop(r, None), rid))
         except FrameTooLarge as exc:
             log.error("shared pool: %s; closing the connection", exc)
         finally:
@@ -351,17 +343,11 @@ class PoolServer:
 
 @dataclasses.dataclass
 class _Request:
-    """A request in flight from a gateway process: its reply to come, and where each item's
-    pieces go (None: not wanted)."""
+    """A request in flight from a gateway process: its reply to come, and where the pieces of
+    each item that wants them go (by the item's index)."""
 
     future: asyncio.Future[bytes]
-    sinks: list[Callable[[bytes], None] | None]
-
-    def sink(self, index: object) -> Callable[[bytes], None] | None:
-        """Item ``index``'s sink; None for an index it does not have."""
-        if type(index) is not int or not 0 <= index < len(self.sinks):
-            return None
-        return self.sinks[index]
+    sinks: dict[int, Callable[[bytes], None]]
 
 
 class RemotePool:
@@ -446,9 +432,8 @@ class RemotePool:
                     continue
                 if index is not None:
                     request = self._pending.get(rid)
-                    sink = request.sink(index) if request is not None else None
-                    if sink is not None:
-                        sink(reply)
+                    if request is not None and type(index) is int and index in request.sinks:
+                        request.sinks[index](reply)
                     continue
                 pending = self._pending.pop(rid, None)
                 if pending is not None and not pending.future.done():
@@ -477,16 +462,15 @@ class RemotePool:
             raise EngineDead("the synthesis pool process is not reachable") from None
         rid = next(self._ids)
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        sinks = [item.sink if self.passes_pcm else None for item in items]
+        sinks = {i: item.sink for i, item in enumerate(items) if item.sink and self.passes_pcm}
         self._pending[rid] = _Request(future, sinks)
         request: dict[str, Any] = {
             "id": rid,
             "model": self.model,
             "items": [item_to_json(i) for i in items],
         }
-        wanted = [i for i, sink in enumerate(sinks) if sink is not None]
-        if wanted:
-            request["pieces"] = wanted
+        if sinks:
+            request["pieces"] = list(sinks)
         try:
             write_frame(writer, json.dumps(request).encode())
             await writer.drain()
