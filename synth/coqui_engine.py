@@ -33,7 +33,6 @@ import functools
 import importlib.util
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -59,8 +58,8 @@ from synth.onnx_quant import (
     CALIBRATION_TEXTS,
     PRECISIONS,
     derived_int8,
-    file_lock,
     int8_fingerprint,
+    made_once,
 )
 
 log = logging.getLogger("voxgate.synth.coqui")
@@ -190,12 +189,11 @@ class CoquiEngine:
 
     def _voices_from_config(self) -> dict[str, tuple[str | None, str | None]]:
         args = self._config.get("model_args", {}) or {}
-        speakers = self._read_names(
-            self._config.get("speakers_file") or args.get("speakers_file")
-        ) or list(self._config.get("speakers", []) or [])
-        languages = self._read_names(
-            self._config.get("language_ids_file") or args.get("language_ids_file")
-        ) or list(self._config.get("languages", []) or [])
+        speakers, languages = (
+            self._read_names(self._config.get(file) or args.get(file))
+            or list(self._config.get(names, []) or [])
+            for file, names in (("speakers_file", "speakers"), ("language_ids_file", "languages"))
+        )
         multilingual = bool(args.get("use_language_embedding")) and len(languages) > 1
         out: dict[str, tuple[str | None, str | None]] = {}
         for spk in speakers if speakers else [None]:
@@ -320,17 +318,15 @@ class CoquiEngine:
         # ".conv2d": the export after synth.onnx_layout's rewrite; ".speed": with the speed
         # input of synth.exact_speed (files from before either differ).
         path = self.onnx_dir / f"{self.source_fingerprint}.conv2d.speed.onnx"
-        if not path.is_file():
-            self.onnx_dir.mkdir(parents=True, exist_ok=True)
-            with file_lock(self.onnx_dir / f"{self.source_fingerprint}.lock"):
-                if not path.is_file():  # another worker may have exported while we waited
-                    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                    log.info("exporting coqui model to ONNX (once per fingerprint): %s", path)
-                    model.export_onnx(output_path=str(tmp), verbose=False)
-                    changed = rewrite_file(str(tmp), str(tmp))
-                    log.info("coqui onnx: %d 1-D convolutions recast as 2-D", changed)
-                    tmp.write_bytes(rescaled_graph(tmp.read_bytes()))
-                    tmp.replace(path)
+
+        def export_to(tmp: Path) -> None:
+            log.info("exporting coqui model to ONNX (once per fingerprint): %s", path)
+            model.export_onnx(output_path=str(tmp), verbose=False)
+            changed = rewrite_file(str(tmp), str(tmp))
+            log.info("coqui onnx: %d 1-D convolutions recast as 2-D", changed)
+            tmp.write_bytes(rescaled_graph(tmp.read_bytes()))
+
+        made_once(path, export_to)
         if self.precision == "int8":
             export = path
             path = derived_int8(
@@ -359,13 +355,11 @@ class CoquiEngine:
 
         names = {i.name for i in onnx.load(str(export), load_external_data=False).graph.input}
         voice = next(iter(self._voices))
-        out = []
-        for text in CALIBRATION_TEXTS:
-            item = SynthesisItem(text, voice, params={"noise_scale": 0.0})
-            feeds = self._onnx_feeds(item, names)
-            feeds["scales"][2] = 0.0  # noise_scale_dp
-            out.append(feeds)
-        return out
+        noise_off = {"noise_scale": 0.0, "noise_scale_dp": 0.0}
+        return [
+            self._onnx_feeds(SynthesisItem(text, voice, params=noise_off), names)
+            for text in CALIBRATION_TEXTS
+        ]
 
     def warm_up(self) -> None:
         voice = next(iter(self._voices))
@@ -441,13 +435,10 @@ class CoquiEngine:
         noise, length, noise_dp = self._scales(items[0])
         encoded = [self._ids(item) for item in items]
         device = next(model.parameters()).device
-        longest = max(len(ids) for ids, _, _ in encoded)
-        x = torch.zeros((len(items), longest), dtype=torch.long)
-        for row, (ids, _, _) in enumerate(encoded):
-            x[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        x_lengths = torch.tensor([len(ids) for ids, _, _ in encoded], dtype=torch.long)
-        sids = [s for _, s, _ in encoded]
-        lids = [lang for _, _, lang in encoded]
+        rows = [torch.tensor(ids, dtype=torch.long) for ids, _, _ in encoded]
+        x = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+        x_lengths = torch.tensor([len(row) for row in rows], dtype=torch.long)
+        _, sids, lids = zip(*encoded, strict=True)
         aux: dict[str, Any] = {
             "x_lengths": x_lengths.to(device),
             "d_vectors": None,
