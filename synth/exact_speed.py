@@ -118,11 +118,11 @@ def _strings(node: Buffer, number: int) -> list[str]:
     return [bytes(_payload(raw)).decode() for n, w, raw in _fields(node) if n == number and w == 2]
 
 
-def _node(op: str, inputs: list[str], outputs: list[str]) -> bytes:
+def _node(op: str, inputs: list[str], outputs: list[str], attribute: bytes = b"") -> bytes:
     body = b"".join(_ld(_NODE_INPUT, i.encode()) for i in inputs)
     body += b"".join(_ld(_NODE_OUTPUT, o.encode()) for o in outputs)
     body += _ld(_NODE_NAME, (_PREFIX + outputs[0]).encode()) + _ld(_NODE_OP_TYPE, op.encode())
-    return _ld(_GRAPH_NODE, body)
+    return _ld(_GRAPH_NODE, body + (_ld(_NODE_ATTRIBUTE, attribute) if attribute else b""))
 
 
 def _speed_input() -> bytes:
@@ -139,9 +139,7 @@ def _last_axis(name: str) -> bytes:
     """A ``Constant`` node making ``name``: the int64 scalar -1."""
     tensor = _int(2, _INT64) + _ld(9, struct.pack("<q", -1))  # data_type, raw_data
     attribute = _ld(1, b"value") + _ld(5, tensor) + _int(20, _ATTRIBUTE_TENSOR)
-    body = _ld(_NODE_OUTPUT, name.encode()) + _ld(_NODE_NAME, (_PREFIX + name).encode())
-    body += _ld(_NODE_OP_TYPE, b"Constant") + _ld(_NODE_ATTRIBUTE, attribute)
-    return _ld(_GRAPH_NODE, body)
+    return _node("Constant", [], [name], attribute)
 
 
 def _rescale_nodes(w: str, out: str) -> bytes:

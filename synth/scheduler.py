@@ -21,7 +21,7 @@ import contextlib
 import logging
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -57,24 +57,21 @@ class LocalShares:
     """:class:`ClientShares` of this process alone."""
 
     def __init__(self) -> None:
-        self._counts: dict[str, int] = {}
+        self._counts: Counter[str] = Counter()
 
     def take(self, client: str, limit: int) -> bool:
-        count = self._counts.get(client, 0)
-        if count >= limit:
+        if self._counts[client] >= limit:
             return False
-        self._counts[client] = count + 1
+        self._counts[client] += 1
         return True
 
     def give(self, client: str) -> None:
-        left = self._counts.get(client, 0) - 1
-        if left > 0:
-            self._counts[client] = left
-        else:
-            self._counts.pop(client, None)
+        self._counts[client] -= 1
+        if self._counts[client] <= 0:
+            del self._counts[client]
 
     def waiting_for(self, client: str) -> int:
-        return self._counts.get(client, 0)
+        return self._counts[client]
 
 
 class BatchRunner(Protocol):
@@ -336,16 +333,13 @@ class Scheduler:
                 return  # abandoned by every waiter, not a shutdown of this loop
             _fail(batch, Overloaded("server is shutting down"))
             raise
-        except UnspeakableInput as exc:
-            if len(batch) == 1:
+        except SynthesisError as exc:
+            if not isinstance(exc, UnspeakableInput) or len(batch) == 1:
                 self._failed(batch, exc, counts)
                 return
             # One item with nothing to speak must not fail the others batched with it: run
             # each alone, so only that one gets its 400.
             outputs = None
-        except SynthesisError as exc:
-            self._failed(batch, exc, counts)
-            return
         except Exception as exc:  # an engine bug must fail its futures, never hang them
             log.exception("synthesis batch failed model=%s size=%d", self.model, len(batch))
             self._failed(batch, EngineError(f"synthesis failed: {type(exc).__name__}"), counts)
