@@ -415,9 +415,7 @@ class StreamEncoder:
         if self._resampler is not None:
             rest = self._resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
             tail = self._encode(np.asarray(rest, dtype=np.float32))
-        if self._codec is None:
-            return tail
-        return tail + self._codec.finish()
+        return tail + (self._codec.finish() if self._codec is not None else b"")
 
 
 # A streamed WAV's samples: the headerless format of its subtype.

@@ -84,7 +84,7 @@ def missing_modules() -> list[str]:
     return [name for name in REQUIRED_MODULES if importlib.util.find_spec(name) is None]
 
 
-def resolve_model_files(model: str, config: str | None = None) -> tuple[Path, Path]:
+def resolve_model_files(model: str, config: str | Path | None = None) -> tuple[Path, Path]:
     """``(checkpoint, config)`` for a local checkpoint path or a Coqui zoo name.
 
     A path that exists is a local checkpoint; its config is ``config`` or ``config.json`` beside it.
@@ -135,9 +135,7 @@ class CoquiEngine:
             raise ValueError(
                 "coqui mode int8 runs on cpu only (dynamic quantization has no CUDA kernels)"
             )
-        self.model_path, self.config_path = resolve_model_files(
-            str(model_path), str(config_path) if config_path else None
-        )
+        self.model_path, self.config_path = resolve_model_files(str(model_path), config_path)
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         self.mode = mode
@@ -173,9 +171,7 @@ class CoquiEngine:
     def _read_names(self, path_value: object) -> list[str]:
         if not path_value:
             return []
-        path = Path(str(path_value))
-        if not path.is_absolute():
-            path = self.config_path.parent / path
+        path = self.config_path.parent / str(path_value)  # (an absolute path stays itself)
         if not path.is_file():
             path = self.config_path.parent / path.name  # zoo configs carry training-machine paths
         if not path.is_file():

@@ -88,10 +88,8 @@ def _libc_trim() -> Any:
     return getattr(libc, "malloc_trim", None)  # glibc only
 
 
-def release_freed_memory() -> bool:
-    """Hand the C heap's free pages back to the OS (glibc ``malloc_trim``); False elsewhere."""
+def release_freed_memory() -> None:
+    """Hand the C heap's free pages back to the OS (glibc ``malloc_trim``; elsewhere nothing)."""
     trim = _libc_trim()
-    if trim is None:
-        return False
-    trim(0)
-    return True
+    if trim is not None:
+        trim(0)

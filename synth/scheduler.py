@@ -267,8 +267,7 @@ class Scheduler:
             group = first.item.batch_group()
             deadline = time.perf_counter() + self.max_wait_s
             while len(batch) < self.max_batch:
-                taken = self._take_compatible(group, self.max_batch - len(batch))
-                batch.extend(taken)
+                batch.extend(self._take_compatible(group, self.max_batch - len(batch)))
                 remaining = deadline - time.perf_counter()
                 if len(batch) >= self.max_batch or remaining <= 0:
                     break

@@ -282,8 +282,8 @@ class PoolServer:
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One gateway process's connection: requests in, replies out, until it closes."""
         me = asyncio.current_task()
-        if me is not None:
-            self._connections.add(me)
+        assert me is not None  # (a connection is served in a task of its own)
+        self._connections.add(me)
         running: dict[int, asyncio.Task[None]] = {}
 
         async def send(head: dict[str, int], data: bytes) -> None:
@@ -333,8 +333,7 @@ class PoolServer:
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
-            if me is not None:
-                self._connections.discard(me)
+            self._connections.discard(me)
 
     async def close(self) -> None:
         """Stop serving the open connections."""
