@@ -164,18 +164,15 @@ def align_words(
             owner[b + k] = owner_of_sym[a + k]
     # Monotone: a stray match that would put a word before its predecessor is dropped.
     last = -1
-    for j, maybe in enumerate(owner):
-        if maybe is not None:
-            if maybe < last:
-                owner[j] = None
-            else:
-                last = maybe
-    # Unmatched sounds between two words' matches go to a word that matched nothing there, or
-    # else to the word before them (a sound espeak added in context: a linking r, a longer vowel).
     owned: list[list[int]] = [[] for _ in spans]
     for j, maybe in enumerate(owner):
-        if maybe is not None:
+        if maybe is not None and maybe < last:
+            owner[j] = None
+        elif maybe is not None:
+            last = maybe
             owned[maybe].append(j)
+    # Unmatched sounds between two words' matches go to a word that matched nothing there, or
+    # else to the word before them (a sound espeak added in context: a linking r, a longer vowel).
     for w in range(len(spans)):
         if owned[w]:
             continue
