@@ -53,14 +53,11 @@ class NotAVitsGraph(ValueError):
 
 def _varint(value: int) -> bytes:
     out = bytearray()
-    while True:
-        byte = value & 0x7F
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
         value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+    out.append(value)
+    return bytes(out)
 
 
 def _read_varint(data: Buffer, pos: int) -> tuple[int, int]:

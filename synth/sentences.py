@@ -125,14 +125,9 @@ def bound_length(sentence: str, max_chars: int) -> list[str]:
 
 
 def _words(clause: str, max_chars: int) -> list[str]:
-    out: list[str] = []
-    for word in clause.split(" "):
-        while len(word) > max_chars:
-            out.append(word[:max_chars])
-            word = word[max_chars:]
-        if word:
-            out.append(word)
-    return out
+    """The words of ``clause``, a word longer than ``max_chars`` cut into pieces that fit."""
+    words = clause.split(" ")
+    return [word[i : i + max_chars] for word in words for i in range(0, len(word), max_chars)]
 
 
 # Weights by Unicode category, measured as phonemes per character with the joe voice (espeak-ng):
