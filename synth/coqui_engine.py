@@ -497,10 +497,7 @@ class CoquiEngine:
         """Each id's symbol: None for the interspersed blank, "" for BOS/EOS/pad."""
         characters = self._synth.tts_model.tokenizer.characters
         blank = characters.blank_id if characters.blank else None
-        silent = {getattr(characters, n, None) for n in ("bos_id", "eos_id", "pad_id")} - {
-            None,
-            blank,
-        }
+        silent = {getattr(characters, n, None) for n in ("bos_id", "eos_id", "pad_id")}
         return [
             None if i == blank else "" if i in silent else str(characters.id_to_char(i))
             for i in ids
