@@ -227,7 +227,6 @@ def _worker_main(
     conn: multiprocessing.connection.Connection,
     log_setup: LogSetup | None = None,
 ) -> None:
-    """Entry point of a worker process: build, load, warm, then serve batches until EOF."""
     # Before torch / ONNX Runtime load: their thread pools read these once.
     for name in _THREAD_ENV:
         os.environ[name] = str(threads)
@@ -268,8 +267,6 @@ class WorkerDied(Exception):
 
 
 class _Worker:
-    """One worker process of ``pool`` (worker ``index``) and the parent's end of its pipe."""
-
     def __init__(self, index: int, pool: WorkerPool) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.index = index
@@ -487,7 +484,6 @@ class WorkerPool:
     passes_pcm = False  # a worker's reply is one message
 
     def _offer(self, worker: _Worker, slots: int = 1) -> None:
-        """Make ``slots`` of ``worker``'s pipeline free for batches."""
         for _ in range(slots):
             self._idle.put_nowait(worker)
 
@@ -589,7 +585,6 @@ class WorkerPool:
             return
 
     async def _acquire(self) -> _Worker:
-        """An idle live worker; a dead one found idle is replaced and skipped."""
         deadline = time.monotonic() + self.batch_timeout_s
         while True:
             try:

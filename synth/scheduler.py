@@ -360,14 +360,11 @@ class Scheduler:
         m.batch_size.labels(self.model).observe(len(batch))
 
     def _failed(self, batch: list[_Pending], exc: Exception, counts: bool) -> None:
-        """Every item of ``batch`` fails with ``exc`` (counted as errors when ``counts``)."""
         if counts:
             self.metrics.syntheses.labels(self.model, "error").inc(len(batch))
         _fail(batch, exc)
 
     def _succeeded(self, batch: list[_Pending], outputs: list[Audio], counts: bool) -> None:
-        """Every item of ``batch`` gets its audio; the batch counted as its runner leaves to
-        this process."""
         m = self.metrics
         if counts:
             m.syntheses.labels(self.model, "ok").inc(len(batch))
@@ -379,7 +376,6 @@ class Scheduler:
 
 
 def _fail(batch: list[_Pending], exc: BaseException) -> None:
-    """Fail the futures of ``batch`` not yet done with ``exc``."""
     for p in batch:
         if not p.future.done():
             p.future.set_exception(exc)

@@ -151,7 +151,6 @@ async def _all_or_none(calls: Sequence[Any]) -> list[Audio]:
 
 
 def _wanted_pieces(value: Any, count: int) -> set[int]:
-    """The item indices a request wants the pieces of; ``ValueError`` for anything else."""
     if not isinstance(value, list) or any(type(i) is not int or not 0 <= i < count for i in value):
         raise ValueError("pieces is not a list of item indices")
     return set(value)
@@ -244,8 +243,7 @@ class PoolServer:
         self._remember(key, shared.task.result())
 
     def _remember(self, key: str, audio: Audio) -> None:
-        """Keep ``audio`` for ``RECENT_S``: a gateway process whose cache lookup missed just
-        before another one stored this master submits it moments after its synthesis ended."""
+        """Keep ``audio`` for ``RECENT_S``, within ``RECENT_BYTES`` (see the module docstring)."""
         now = time.monotonic()
         old = self._recent.pop(key, None)
         if old is not None:
@@ -262,8 +260,6 @@ class PoolServer:
     async def _answer(
         self, model: str, items: Sequence[SynthesisItem], writers: Mapping[int, PieceWriter]
     ) -> bytes:
-        """The reply to a request for ``items``; ``writers`` (by index) send the pieces of the
-        items whose pcm is wanted as it comes."""
         try:
             audios = await _all_or_none(
                 [self._one(model, item, writers.get(i)) for i, item in enumerate(items)]
@@ -342,9 +338,6 @@ class PoolServer:
 
 @dataclasses.dataclass
 class _Request:
-    """A request in flight from a gateway process: its reply to come, and where the pieces of
-    each item that wants them go (by the item's index)."""
-
     future: asyncio.Future[bytes]
     sinks: dict[int, Callable[[bytes], None]]
 
