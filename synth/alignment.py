@@ -74,8 +74,7 @@ class WordTiming:
 
 
 def timings_to_json(words: Sequence[WordTiming]) -> list[Any]:
-    """``words`` in the compact form that crosses the worker boundary and is stored with a
-    master."""
+    """``words`` in compact form: what crosses the worker boundary and is stored with a master."""
     return [[w.start, w.end, w.t0, w.t1, [[p, t] for p, t in w.phonemes]] for w in words]
 
 

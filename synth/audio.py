@@ -49,7 +49,6 @@ _OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
 # MPEG-1/2/2.5 layer III and AAC (ADTS sampling-frequency index) share this set.
 _MPEG_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
 
-# G.711: 8 kHz unless asked, lossy, streamable.
 _g711 = functools.partial(AudioFormat, default_rate=8000, lossless=False, streamable=True)
 # G.711 naming: `mulaw` / `alaw` are WAV files (format tag 7 / 6) that any player opens; `ulaw` /
 # `alaw-raw` are the headerless 8-bit streams Asterisk (`.ulaw`, `.alaw`) and FreeSWITCH (`.PCMU`,
@@ -234,15 +233,12 @@ def decode_master(data: bytes) -> tuple[FloatPCM, int]:
     return np.asarray(pcm, dtype=np.float32), int(rate)
 
 
-# ---- streaming ------------------------------------------------------------------------------
-
 # A WAV header whose RIFF and data sizes say "unknown, read to the end" (0xFFFFFFFF), as streaming
 # servers send it: the length is not known when the first sentence goes out.
 _UNKNOWN_SIZE = 0xFFFFFFFF
 _WAV_TAGS = {"PCM_16": (1, 16), "ULAW": (7, 8), "ALAW": (6, 8)}
 
 
-# Our container tag -> (PyAV encoder, FFmpeg muxer).
 _AV_CODECS = {"MP3": ("libmp3lame", "mp3"), "ADTS": ("aac", "adts")}
 
 

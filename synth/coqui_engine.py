@@ -22,8 +22,7 @@ Execution modes (``mode``):
 (:mod:`synth.onnx_quant`), derived once from the export and cached beside it; it has its own
 fingerprint. Other modes ignore ``precision``.
 
-Voices: a single-speaker model serves one voice, ``default``; a multi-speaker model serves its
-speakers; a multilingual one serves ``speaker@language`` pairs.
+Voices: docs/synthesis.md.
 """
 
 from __future__ import annotations
@@ -166,8 +165,6 @@ class CoquiEngine:
         # The model's noise/length scales are attributes set per batch: one batch at a time.
         self._lock = threading.Lock()
 
-    # ---- metadata (no torch needed) --------------------------------------------------------
-
     def _read_names(self, path_value: object) -> list[str]:
         if not path_value:
             return []
@@ -252,8 +249,6 @@ class CoquiEngine:
         if self.mode == "int8" and self._synth is not None:
             out["quantized_layers"] = self._quantized_layers
         return out
-
-    # ---- loading -----------------------------------------------------------------------------
 
     def load(self) -> None:
         if self._synth is not None:
@@ -346,7 +341,6 @@ class CoquiEngine:
         return onnxruntime.InferenceSession(graph, sess_options=opts, providers=providers)
 
     def _calibration_feeds(self, export: Path) -> list[dict[str, np.ndarray[Any, Any]]]:
-        """The export's inputs for :data:`CALIBRATION_TEXTS`, noise off, first voice."""
         import onnx
 
         names = {i.name for i in onnx.load(str(export), load_external_data=False).graph.input}
@@ -360,8 +354,6 @@ class CoquiEngine:
     def warm_up(self) -> None:
         voice = next(iter(self._voices))
         self.synthesize_batch([SynthesisItem("Warming up the model.", voice)])
-
-    # ---- synthesis ---------------------------------------------------------------------------
 
     def synthesize_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]:
         if self._synth is None:

@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-# What the wire-format readers take: bytes, or views of a model's bytes.
 Buffer = bytes | memoryview
 
 SPEED_INPUT = "speed"
@@ -46,9 +45,6 @@ _ATTRIBUTE_TENSOR = 4  # AttributeProto.AttributeType.TENSOR
 
 class NotAVitsGraph(ValueError):
     """The model's graph has not exactly one ``Ceil`` (the VITS durations' rounding)."""
-
-
-# ---- the protobuf wire format (only what these messages use) -------------------------------
 
 
 def _varint(value: int) -> bytes:
@@ -127,9 +123,6 @@ def _speed_input() -> bytes:
     dim = _ld(1, _int(1, 1))  # TensorShapeProto.dim { dim_value: 1 }
     tensor = _int(1, _FLOAT) + _ld(2, dim)  # TypeProto.Tensor { elem_type, shape }
     return _ld(_GRAPH_INPUT, _ld(1, SPEED_INPUT.encode()) + _ld(2, _ld(1, tensor)))
-
-
-# ---- the rewrite -----------------------------------------------------------------------------
 
 
 def _last_axis(name: str) -> bytes:

@@ -51,7 +51,6 @@ class ShrinkingSession:
 
         self.session = session
         self.keep_ids = keep_ids
-        # Options that return the CPU arena's free blocks at the end of a run, and the default.
         self.run_options = onnxruntime.RunOptions()
         self.run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         self.keep_options = onnxruntime.RunOptions()

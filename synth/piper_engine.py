@@ -241,7 +241,6 @@ class PiperEngine:
         return Audio(pcm, self.sample_rate, words)
 
     def _phonemes_alone(self, voice: str, word: str) -> list[str]:
-        """``word``'s phonemes said alone by ``voice`` (for the speech marks)."""
         return [p for sentence in self._voices[voice].phonemize(word) for p in sentence]
 
     @staticmethod
@@ -342,8 +341,7 @@ def _phoneme_stream(
 
 
 def _bounded_runs(phonemes: list[str], limit: int) -> Iterator[list[str]]:
-    """``phonemes`` in runs of at most ``limit``, cut after a word (a space phoneme) where one
-    falls in the run, else at the limit."""
+    """Runs of at most ``limit`` phonemes, each cut after its last word (space) if it has one."""
     start = 0
     while len(phonemes) - start > limit:
         end = start + limit

@@ -125,7 +125,6 @@ def bound_length(sentence: str, max_chars: int) -> list[str]:
 
 
 def _words(clause: str, max_chars: int) -> list[str]:
-    """The words of ``clause``, a word longer than ``max_chars`` cut into pieces that fit."""
     words = clause.split(" ")
     return [word[i : i + max_chars] for word in words for i in range(0, len(word), max_chars)]
 
@@ -172,7 +171,6 @@ def join(parts: Sequence[FloatPCM], sample_rate: int, pause_s: float) -> FloatPC
 
 
 def _pauses(parts: int, pause_s: float) -> list[float]:
-    """:func:`join`'s layout as :func:`join_gaps` takes it: ``pause_s`` between parts only."""
     return [0.0, *[pause_s] * (parts - 1), 0.0]
 
 
