@@ -1,11 +1,6 @@
 """int8 versions of ONNX voice graphs (``synthesis_precision = "int8"``).
 
-ONNX Runtime's static quantization (``onnxruntime.quantization.quantize_static``) in QDQ format:
-the weights of every ``Conv``/``ConvTranspose`` per output channel as signed int8, their input
-activations as unsigned int8 with ranges calibrated (min/max) on :data:`CALIBRATION_TEXTS` with
-the voice's noise off. ONNX Runtime fuses each QuantizeLinear/DequantizeLinear pair around a
-convolution into one integer ``QLinearConv``. Everything else (attention ``MatMul``s, the flows'
-arithmetic, the duration predictor's output) stays fp32.
+The recipe (docs/synthesis.md, "Precision"): static QDQ int8 of every convolution, the rest fp32.
 
 Why this recipe (measured on the joe voice, docs/synthesis.md "int8"): dynamic quantization
 (``quantize_dynamic``) turns convolutions into ``ConvInteger``, which ONNX Runtime's CPU provider
