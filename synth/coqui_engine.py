@@ -475,8 +475,7 @@ class CoquiEngine:
         id_samples: np.ndarray[Any, Any],
         samples: int,
     ) -> tuple[WordTiming, ...] | None:
-        """Where each word of ``item``'s text is heard, from the samples of each input id
-        (:mod:`synth.alignment`, as for Piper); None where they do not add up to the audio."""
+        """Where each word of ``item``'s text is heard, from each input id's samples."""
         if not self.speech_marks:
             return None
         counts = np.rint(id_samples).astype(np.int64)

@@ -328,9 +328,8 @@ class _Worker:
     def call(self, items: Sequence[SynthesisItem]) -> list[Audio]:
         """Run one batch (blocking). ``WorkerDied`` on death (or when the pipe broke under an
         earlier batch), ``TimeoutError`` past the bound, :class:`BadReply` for a reply that
-        cannot be trusted. The batch timeout counts from this batch's turn: when the reply before
-        it has been read, which is when the worker starts on it; the batch's clock starts then,
-        and ends when the reply is in."""
+        cannot be trusted. The timeout and the batch's clock count from this batch's turn: when
+        the reply before it has been read, which is when the worker starts on it."""
         with self._order:
             if self.broken:
                 raise WorkerDied(f"synthesis worker {self.index} is being replaced")

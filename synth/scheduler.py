@@ -208,7 +208,6 @@ class Scheduler:
         return self.shares.waiting_for(client)
 
     def _dequeued(self, p: _Pending) -> None:
-        """``p`` no longer waits (taken into a batch, dropped, or cancelled): free its share."""
         if not p.waiting:
             return
         p.waiting = False
