@@ -45,13 +45,9 @@ class WordTiming:
     t1: int
     phonemes: tuple[tuple[str, int], ...] = ()
 
-    def to_json(self) -> list[Any]:
-        """The compact form that crosses the worker boundary and is stored with a master."""
-        return [self.start, self.end, self.t0, self.t1, [[p, t] for p, t in self.phonemes]]
-
     @classmethod
     def from_json(cls, raw: object, samples: int, chars: int) -> WordTiming:
-        """A timing from :meth:`to_json`'s form, every value checked against the audio's
+        """A timing from :func:`timings_to_json`'s form, every value checked against the audio's
         ``samples`` and the text's ``chars``; ``ValueError`` for anything else."""
         if not isinstance(raw, list) or len(raw) != 5:
             raise ValueError("word timing is not [start, end, t0, t1, phonemes]")
@@ -78,8 +74,8 @@ class WordTiming:
 
 
 def timings_to_json(words: Sequence[WordTiming]) -> list[Any]:
-    """``words`` in their compact form."""
-    return [w.to_json() for w in words]
+    """``words`` in compact form: what crosses the worker boundary and is stored with a master."""
+    return [[w.start, w.end, w.t0, w.t1, [[p, t] for p, t in w.phonemes]] for w in words]
 
 
 def timings_from_json(raw: object, samples: int, chars: int) -> tuple[WordTiming, ...]:
@@ -126,20 +122,16 @@ def word_spans(text: str) -> list[tuple[int, int]]:
     punctuation around them; a token of punctuation only is no word."""
     spans = []
     for match in _TOKEN.finditer(text):
-        start, end = match.span()
-        while start < end and text[start] in _AROUND:
-            start += 1
-        while end > start and text[end - 1] in _AROUND:
-            end -= 1
+        token = match.group()
+        start = match.start() + len(token) - len(token.lstrip(_AROUND))
+        end = match.start() + len(token.rstrip(_AROUND))
         if start < end:
             spans.append((start, end))
     return spans
 
 
 # Punctuation around a word that is not said (a "%" or "#" is: it stays in the word).
-_AROUND = frozenset(
-    ".,;:!?\"'()[]{}<>\u00ab\u00bb\u201c\u201d\u2018\u2019\u2026\u2014\u2013-\u00bf\u00a1*_"
-)
+_AROUND = ".,;:!?\"'()[]{}<>\u00ab\u00bb\u201c\u201d\u2018\u2019\u2026\u2014\u2013-\u00bf\u00a1*_"
 
 
 def align_words(
@@ -171,18 +163,15 @@ def align_words(
             owner[b + k] = owner_of_sym[a + k]
     # Monotone: a stray match that would put a word before its predecessor is dropped.
     last = -1
-    for j, maybe in enumerate(owner):
-        if maybe is not None:
-            if maybe < last:
-                owner[j] = None
-            else:
-                last = maybe
-    # Unmatched sounds between two words' matches go to a word that matched nothing there, or
-    # else to the word before them (a sound espeak added in context: a linking r, a longer vowel).
     owned: list[list[int]] = [[] for _ in spans]
     for j, maybe in enumerate(owner):
-        if maybe is not None:
+        if maybe is not None and maybe < last:
+            owner[j] = None
+        elif maybe is not None:
+            last = maybe
             owned[maybe].append(j)
+    # Unmatched sounds between two words' matches go to a word that matched nothing there, or
+    # else to the word before them (a sound espeak added in context: a linking r, a longer vowel).
     for w in range(len(spans)):
         if owned[w]:
             continue

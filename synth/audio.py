@@ -8,6 +8,7 @@ them off the event loop.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import io
 import os
@@ -48,6 +49,7 @@ _OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
 # MPEG-1/2/2.5 layer III and AAC (ADTS sampling-frequency index) share this set.
 _MPEG_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
 
+_g711 = functools.partial(AudioFormat, default_rate=8000, lossless=False, streamable=True)
 # G.711 naming: `mulaw` / `alaw` are WAV files (format tag 7 / 6) that any player opens; `ulaw` /
 # `alaw-raw` are the headerless 8-bit streams Asterisk (`.ulaw`, `.alaw`) and FreeSWITCH (`.PCMU`,
 # `.PCMA`) play directly. `alaw` stays the WAV form so that the two WAV names mirror each other.
@@ -69,24 +71,10 @@ FORMATS: dict[str, AudioFormat] = {
             streamable=True,
         ),
         AudioFormat("opus", "audio/ogg", "OGG", "OPUS", lossless=False, rates=_OPUS_RATES),
-        AudioFormat(
-            "mulaw", "audio/wav", "WAV", "ULAW", default_rate=8000, lossless=False, streamable=True
-        ),
-        AudioFormat(
-            "alaw", "audio/wav", "WAV", "ALAW", default_rate=8000, lossless=False, streamable=True
-        ),
-        AudioFormat(
-            "ulaw", "audio/basic", "RAW", "ULAW", default_rate=8000, lossless=False, streamable=True
-        ),
-        AudioFormat(
-            "alaw-raw",
-            "audio/x-alaw-basic",
-            "RAW",
-            "ALAW",
-            default_rate=8000,
-            lossless=False,
-            streamable=True,
-        ),
+        _g711("mulaw", "audio/wav", "WAV", "ULAW"),
+        _g711("alaw", "audio/wav", "WAV", "ALAW"),
+        _g711("ulaw", "audio/basic", "RAW", "ULAW"),
+        _g711("alaw-raw", "audio/x-alaw-basic", "RAW", "ALAW"),
         # libsndfile has no AAC; PyAV's wheels carry FFmpeg's native AAC encoder (no system
         # ffmpeg needed). ADTS framing: every frame self-describing, so it streams as well.
         AudioFormat(
@@ -245,23 +233,12 @@ def decode_master(data: bytes) -> tuple[FloatPCM, int]:
     return np.asarray(pcm, dtype=np.float32), int(rate)
 
 
-# ---- streaming ------------------------------------------------------------------------------
-
 # A WAV header whose RIFF and data sizes say "unknown, read to the end" (0xFFFFFFFF), as streaming
 # servers send it: the length is not known when the first sentence goes out.
 _UNKNOWN_SIZE = 0xFFFFFFFF
 _WAV_TAGS = {"PCM_16": (1, 16), "ULAW": (7, 8), "ALAW": (6, 8)}
 
 
-# Bit rates (CBR), the same for whole files and streams: MP3 by output rate (MPEG-2/2.5 below
-# 32 kHz); AAC-LC mono at 64 kbps. For speech they come within a few percent of the VBR files
-# libsndfile wrote before (22.05 kHz: 46.8 vs 45.5 KB for 5.8 s), and CBR keeps a stream's rate
-# steady.
-def _mp3_bit_rate(rate: int) -> int:
-    return 32_000 if rate <= 16_000 else 64_000 if rate <= 24_000 else 96_000
-
-
-# Our container tag -> (PyAV encoder, FFmpeg muxer).
 _AV_CODECS = {"MP3": ("libmp3lame", "mp3"), "ADTS": ("aac", "adts")}
 
 
@@ -324,9 +301,12 @@ class CodecWriter:
         stream = self._container.add_stream(codec, rate=rate, layout="mono")
         assert isinstance(stream, av.AudioStream)  # (for mypy: an audio codec's stream)
         self._stream = stream
-        self._stream.codec_context.bit_rate = (
-            _mp3_bit_rate(rate) if codec == "libmp3lame" else 64_000
-        )
+        # Bit rates (CBR), the same for whole files and streams: MP3 by output rate (MPEG-2/2.5
+        # below 32 kHz); AAC-LC mono at 64 kbps. For speech they come within a few percent of the
+        # VBR files libsndfile wrote before (22.05 kHz: 46.8 vs 45.5 KB for 5.8 s), and CBR keeps
+        # a stream's rate steady.
+        mp3 = 32_000 if rate <= 16_000 else 64_000 if rate <= 24_000 else 96_000
+        stream.codec_context.bit_rate = mp3 if codec == "libmp3lame" else 64_000
 
     def encode(self, pcm: FloatPCM) -> bytes:
         """Encode ``pcm`` (at the writer's rate); the stream's next bytes (a file's: none)."""
@@ -431,9 +411,7 @@ class StreamEncoder:
         if self._resampler is not None:
             rest = self._resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
             tail = self._encode(np.asarray(rest, dtype=np.float32))
-        if self._codec is None:
-            return tail
-        return tail + self._codec.finish()
+        return tail + (self._codec.finish() if self._codec is not None else b"")
 
 
 # A streamed WAV's samples: the headerless format of its subtype.

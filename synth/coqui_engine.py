@@ -22,8 +22,7 @@ Execution modes (``mode``):
 (:mod:`synth.onnx_quant`), derived once from the export and cached beside it; it has its own
 fingerprint. Other modes ignore ``precision``.
 
-Voices: a single-speaker model serves one voice, ``default``; a multi-speaker model serves its
-speakers; a multilingual one serves ``speaker@language`` pairs.
+Voices: docs/synthesis.md.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ import functools
 import importlib.util
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -59,8 +57,8 @@ from synth.onnx_quant import (
     CALIBRATION_TEXTS,
     PRECISIONS,
     derived_int8,
-    file_lock,
     int8_fingerprint,
+    made_once,
 )
 
 log = logging.getLogger("voxgate.synth.coqui")
@@ -85,7 +83,7 @@ def missing_modules() -> list[str]:
     return [name for name in REQUIRED_MODULES if importlib.util.find_spec(name) is None]
 
 
-def resolve_model_files(model: str, config: str | None = None) -> tuple[Path, Path]:
+def resolve_model_files(model: str, config: str | Path | None = None) -> tuple[Path, Path]:
     """``(checkpoint, config)`` for a local checkpoint path or a Coqui zoo name.
 
     A path that exists is a local checkpoint; its config is ``config`` or ``config.json`` beside it.
@@ -136,9 +134,7 @@ class CoquiEngine:
             raise ValueError(
                 "coqui mode int8 runs on cpu only (dynamic quantization has no CUDA kernels)"
             )
-        self.model_path, self.config_path = resolve_model_files(
-            str(model_path), str(config_path) if config_path else None
-        )
+        self.model_path, self.config_path = resolve_model_files(str(model_path), config_path)
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         self.mode = mode
@@ -169,14 +165,10 @@ class CoquiEngine:
         # The model's noise/length scales are attributes set per batch: one batch at a time.
         self._lock = threading.Lock()
 
-    # ---- metadata (no torch needed) --------------------------------------------------------
-
     def _read_names(self, path_value: object) -> list[str]:
         if not path_value:
             return []
-        path = Path(str(path_value))
-        if not path.is_absolute():
-            path = self.config_path.parent / path
+        path = self.config_path.parent / str(path_value)  # (an absolute path stays itself)
         if not path.is_file():
             path = self.config_path.parent / path.name  # zoo configs carry training-machine paths
         if not path.is_file():
@@ -190,12 +182,11 @@ class CoquiEngine:
 
     def _voices_from_config(self) -> dict[str, tuple[str | None, str | None]]:
         args = self._config.get("model_args", {}) or {}
-        speakers = self._read_names(
-            self._config.get("speakers_file") or args.get("speakers_file")
-        ) or list(self._config.get("speakers", []) or [])
-        languages = self._read_names(
-            self._config.get("language_ids_file") or args.get("language_ids_file")
-        ) or list(self._config.get("languages", []) or [])
+        speakers, languages = (
+            self._read_names(self._config.get(file) or args.get(file))
+            or list(self._config.get(names, []) or [])
+            for file, names in (("speakers_file", "speakers"), ("language_ids_file", "languages"))
+        )
         multilingual = bool(args.get("use_language_embedding")) and len(languages) > 1
         out: dict[str, tuple[str | None, str | None]] = {}
         for spk in speakers if speakers else [None]:
@@ -259,8 +250,6 @@ class CoquiEngine:
             out["quantized_layers"] = self._quantized_layers
         return out
 
-    # ---- loading -----------------------------------------------------------------------------
-
     def load(self) -> None:
         if self._synth is not None:
             return  # load() is idempotent
@@ -320,17 +309,15 @@ class CoquiEngine:
         # ".conv2d": the export after synth.onnx_layout's rewrite; ".speed": with the speed
         # input of synth.exact_speed (files from before either differ).
         path = self.onnx_dir / f"{self.source_fingerprint}.conv2d.speed.onnx"
-        if not path.is_file():
-            self.onnx_dir.mkdir(parents=True, exist_ok=True)
-            with file_lock(self.onnx_dir / f"{self.source_fingerprint}.lock"):
-                if not path.is_file():  # another worker may have exported while we waited
-                    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                    log.info("exporting coqui model to ONNX (once per fingerprint): %s", path)
-                    model.export_onnx(output_path=str(tmp), verbose=False)
-                    changed = rewrite_file(str(tmp), str(tmp))
-                    log.info("coqui onnx: %d 1-D convolutions recast as 2-D", changed)
-                    tmp.write_bytes(rescaled_graph(tmp.read_bytes()))
-                    tmp.replace(path)
+
+        def export_to(tmp: Path) -> None:
+            log.info("exporting coqui model to ONNX (once per fingerprint): %s", path)
+            model.export_onnx(output_path=str(tmp), verbose=False)
+            changed = rewrite_file(str(tmp), str(tmp))
+            log.info("coqui onnx: %d 1-D convolutions recast as 2-D", changed)
+            tmp.write_bytes(rescaled_graph(tmp.read_bytes()))
+
+        made_once(path, export_to)
         if self.precision == "int8":
             export = path
             path = derived_int8(
@@ -354,24 +341,19 @@ class CoquiEngine:
         return onnxruntime.InferenceSession(graph, sess_options=opts, providers=providers)
 
     def _calibration_feeds(self, export: Path) -> list[dict[str, np.ndarray[Any, Any]]]:
-        """The export's inputs for :data:`CALIBRATION_TEXTS`, noise off, first voice."""
         import onnx
 
         names = {i.name for i in onnx.load(str(export), load_external_data=False).graph.input}
         voice = next(iter(self._voices))
-        out = []
-        for text in CALIBRATION_TEXTS:
-            item = SynthesisItem(text, voice, params={"noise_scale": 0.0})
-            feeds = self._onnx_feeds(item, names)
-            feeds["scales"][2] = 0.0  # noise_scale_dp
-            out.append(feeds)
-        return out
+        noise_off = {"noise_scale": 0.0, "noise_scale_dp": 0.0}
+        return [
+            self._onnx_feeds(SynthesisItem(text, voice, params=noise_off), names)
+            for text in CALIBRATION_TEXTS
+        ]
 
     def warm_up(self) -> None:
         voice = next(iter(self._voices))
         self.synthesize_batch([SynthesisItem("Warming up the model.", voice)])
-
-    # ---- synthesis ---------------------------------------------------------------------------
 
     def synthesize_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]:
         if self._synth is None:
@@ -441,13 +423,10 @@ class CoquiEngine:
         noise, length, noise_dp = self._scales(items[0])
         encoded = [self._ids(item) for item in items]
         device = next(model.parameters()).device
-        longest = max(len(ids) for ids, _, _ in encoded)
-        x = torch.zeros((len(items), longest), dtype=torch.long)
-        for row, (ids, _, _) in enumerate(encoded):
-            x[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        x_lengths = torch.tensor([len(ids) for ids, _, _ in encoded], dtype=torch.long)
-        sids = [s for _, s, _ in encoded]
-        lids = [lang for _, _, lang in encoded]
+        rows = [torch.tensor(ids, dtype=torch.long) for ids, _, _ in encoded]
+        x = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+        x_lengths = torch.tensor([len(row) for row in rows], dtype=torch.long)
+        _, sids, lids = zip(*encoded, strict=True)
         aux: dict[str, Any] = {
             "x_lengths": x_lengths.to(device),
             "d_vectors": None,
@@ -496,8 +475,7 @@ class CoquiEngine:
         id_samples: np.ndarray[Any, Any],
         samples: int,
     ) -> tuple[WordTiming, ...] | None:
-        """Where each word of ``item``'s text is heard, from the samples of each input id
-        (:mod:`synth.alignment`, as for Piper); None where they do not add up to the audio."""
+        """Where each word of ``item``'s text is heard, from each input id's samples."""
         if not self.speech_marks:
             return None
         counts = np.rint(id_samples).astype(np.int64)
@@ -510,10 +488,7 @@ class CoquiEngine:
         """Each id's symbol: None for the interspersed blank, "" for BOS/EOS/pad."""
         characters = self._synth.tts_model.tokenizer.characters
         blank = characters.blank_id if characters.blank else None
-        silent = {getattr(characters, n, None) for n in ("bos_id", "eos_id", "pad_id")} - {
-            None,
-            blank,
-        }
+        silent = {getattr(characters, n, None) for n in ("bos_id", "eos_id", "pad_id")}
         return [
             None if i == blank else "" if i in silent else str(characters.id_to_char(i))
             for i in ids

@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-# What the wire-format readers take: bytes, or views of a model's bytes.
 Buffer = bytes | memoryview
 
 SPEED_INPUT = "speed"
@@ -48,19 +47,13 @@ class NotAVitsGraph(ValueError):
     """The model's graph has not exactly one ``Ceil`` (the VITS durations' rounding)."""
 
 
-# ---- the protobuf wire format (only what these messages use) -------------------------------
-
-
 def _varint(value: int) -> bytes:
     out = bytearray()
-    while True:
-        byte = value & 0x7F
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
         value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+    out.append(value)
+    return bytes(out)
 
 
 def _read_varint(data: Buffer, pos: int) -> tuple[int, int]:
@@ -118,11 +111,11 @@ def _strings(node: Buffer, number: int) -> list[str]:
     return [bytes(_payload(raw)).decode() for n, w, raw in _fields(node) if n == number and w == 2]
 
 
-def _node(op: str, inputs: list[str], outputs: list[str]) -> bytes:
+def _node(op: str, inputs: list[str], outputs: list[str], attribute: bytes = b"") -> bytes:
     body = b"".join(_ld(_NODE_INPUT, i.encode()) for i in inputs)
     body += b"".join(_ld(_NODE_OUTPUT, o.encode()) for o in outputs)
     body += _ld(_NODE_NAME, (_PREFIX + outputs[0]).encode()) + _ld(_NODE_OP_TYPE, op.encode())
-    return _ld(_GRAPH_NODE, body)
+    return _ld(_GRAPH_NODE, body + (_ld(_NODE_ATTRIBUTE, attribute) if attribute else b""))
 
 
 def _speed_input() -> bytes:
@@ -132,16 +125,11 @@ def _speed_input() -> bytes:
     return _ld(_GRAPH_INPUT, _ld(1, SPEED_INPUT.encode()) + _ld(2, _ld(1, tensor)))
 
 
-# ---- the rewrite -----------------------------------------------------------------------------
-
-
 def _last_axis(name: str) -> bytes:
     """A ``Constant`` node making ``name``: the int64 scalar -1."""
     tensor = _int(2, _INT64) + _ld(9, struct.pack("<q", -1))  # data_type, raw_data
     attribute = _ld(1, b"value") + _ld(5, tensor) + _int(20, _ATTRIBUTE_TENSOR)
-    body = _ld(_NODE_OUTPUT, name.encode()) + _ld(_NODE_NAME, (_PREFIX + name).encode())
-    body += _ld(_NODE_OP_TYPE, b"Constant") + _ld(_NODE_ATTRIBUTE, attribute)
-    return _ld(_GRAPH_NODE, body)
+    return _node("Constant", [], [name], attribute)
 
 
 def _rescale_nodes(w: str, out: str) -> bytes:

@@ -35,8 +35,7 @@ def _attrs_2d(node: Any) -> dict[str, Any]:
 def conv1d_as_conv2d(model: Any) -> int:
     """Rewrite ``model`` (an ``onnx.ModelProto``, in place); returns how many nodes changed.
 
-    Only convolutions whose weight is a constant 3-D initializer change (their shapes are
-    known); the rest are left as they are.
+    Only convolutions whose weight is a constant 3-D initializer change (their shapes are known).
     """
     from onnx import helper, numpy_helper
 

@@ -51,7 +51,6 @@ class ShrinkingSession:
 
         self.session = session
         self.keep_ids = keep_ids
-        # Options that return the CPU arena's free blocks at the end of a run, and the default.
         self.run_options = onnxruntime.RunOptions()
         self.run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         self.keep_options = onnxruntime.RunOptions()
@@ -88,10 +87,8 @@ def _libc_trim() -> Any:
     return getattr(libc, "malloc_trim", None)  # glibc only
 
 
-def release_freed_memory() -> bool:
-    """Hand the C heap's free pages back to the OS (glibc ``malloc_trim``); False elsewhere."""
+def release_freed_memory() -> None:
+    """Hand the C heap's free pages back to the OS (glibc ``malloc_trim``; elsewhere nothing)."""
     trim = _libc_trim()
-    if trim is None:
-        return False
-    trim(0)
-    return True
+    if trim is not None:
+        trim(0)

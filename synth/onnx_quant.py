@@ -1,11 +1,6 @@
 """int8 versions of ONNX voice graphs (``synthesis_precision = "int8"``).
 
-ONNX Runtime's static quantization (``onnxruntime.quantization.quantize_static``) in QDQ format:
-the weights of every ``Conv``/``ConvTranspose`` per output channel as signed int8, their input
-activations as unsigned int8 with ranges calibrated (min/max) on :data:`CALIBRATION_TEXTS` with
-the voice's noise off. ONNX Runtime fuses each QuantizeLinear/DequantizeLinear pair around a
-convolution into one integer ``QLinearConv``. Everything else (attention ``MatMul``s, the flows'
-arithmetic, the duration predictor's output) stays fp32.
+The recipe (docs/synthesis.md, "Precision"): static QDQ int8 of every convolution, the rest fp32.
 
 Why this recipe (measured on the joe voice, docs/synthesis.md "int8"): dynamic quantization
 (``quantize_dynamic``) turns convolutions into ``ConvInteger``, which ONNX Runtime's CPU provider
@@ -22,7 +17,6 @@ one content address is the same.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.metadata
 import logging
@@ -30,7 +24,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,17 +75,25 @@ def int8_fingerprint(source_fingerprint: str) -> str:
     return h.hexdigest()
 
 
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock on ``path`` (workers derive a model once between them)."""
+def made_once(path: Path, make: Callable[[Path], None]) -> Path:
+    """``path``, made by ``make`` into a temporary file (then renamed) unless it is there: the
+    workers that start together make it once between them (an exclusive lock on the file
+    ``<path's first name>.lock`` beside it)."""
     import fcntl
 
-    with path.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    if path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.with_name(f"{path.name.split('.')[0]}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not path.is_file():  # another worker made it while this one waited
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            try:
+                make(tmp)
+                tmp.replace(path)
+            finally:
+                tmp.unlink(missing_ok=True)
+    return path
 
 
 class _Feeds:
@@ -154,21 +156,12 @@ def derived_int8(
 
     ``feeds`` is called only when the graph is derived here: a cached graph costs one stat.
     """
-    fingerprint = int8_fingerprint(source_fingerprint)
-    path = directory / f"{fingerprint}.int8.onnx"
-    if path.is_file():
-        return path
-    directory.mkdir(parents=True, exist_ok=True)
-    with file_lock(directory / f"{fingerprint}.lock"):
-        if path.is_file():  # another worker derived it while this one waited
-            return path
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    path = directory / f"{int8_fingerprint(source_fingerprint)}.int8.onnx"
+
+    def derive(tmp: Path) -> None:
         started = time.perf_counter()
         log.info("deriving the int8 graph of %s (once per model): %s", source.name, path)
-        try:
-            count = quantize_file(source, tmp, feeds())
-            tmp.replace(path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        count = quantize_file(source, tmp, feeds())
         log.info("int8: %d convolutions quantized in %.1fs", count, time.perf_counter() - started)
-    return path
+
+    return made_once(path, derive)

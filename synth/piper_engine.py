@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from synth.alignment import WordTiming, align_words
+from synth.alignment import WordTiming, align_words, token_stream
 from synth.engine import (
     Audio,
     EngineCapabilities,
@@ -39,12 +39,6 @@ MIN_RUN_PHONEMES = 40
 WORD_PHONEMES_MEMO = 4096
 
 log = logging.getLogger("voxgate.synth.piper")
-
-
-def default_derived_dir() -> Path:
-    """Where derived (int8) graphs go when no directory is given: the user's cache."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "voxgate" / "piper-int8"
 
 
 @dataclass(frozen=True)
@@ -104,13 +98,14 @@ class PiperEngine:
         # (docs/speech-marks.md).
         self.speech_marks = speech_marks
         self.capabilities = EngineCapabilities(takes_phonemes=True, speech_marks=speech_marks)
-        self.derived_dir = Path(derived_dir) if derived_dir else default_derived_dir()
+        if not derived_dir:  # derived (int8) graphs go to the user's cache
+            cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+            derived_dir = Path(cache) / "voxgate" / "piper-int8"
+        self.derived_dir = Path(derived_dir)
         self._files = {v.name: v for v in voices}
         self.intra_op_threads = intra_op_threads
         self.use_cuda = use_cuda
         self._voices: dict[str, Any] = {}
-        # Voices whose graph gives phoneme durations (a graph without the Ceil node gives none).
-        self._aligned: set[str] = set()
         self._configs: dict[str, dict[str, Any]] = {}
         self._word_phonemes = functools.lru_cache(WORD_PHONEMES_MEMO)(self._phonemes_alone)
         for v in voices:
@@ -174,8 +169,6 @@ class PiperEngine:
                 sess_options=opts,
                 providers=providers,
             )
-            if self.speech_marks:
-                self._aligned.add(name)
             self._voices[name] = PiperVoice(session=ShrinkingSession(session), config=config)
         log.info("piper voices loaded: %s", ", ".join(self._files))
 
@@ -219,7 +212,7 @@ class PiperEngine:
         )
         ipa = item.phonemes
         sentences = [self._ipa(voice, item.text)] if ipa else voice.phonemize(item.text)
-        aligned = item.voice in self._aligned
+        aligned = self.speech_marks  # (each voice's graph then gives its phoneme durations)
         chunks: list[np.ndarray[Any, Any]] = []
         # (phoneme, first sample, samples) of the whole item, for the word timings.
         stream: list[tuple[str, int, int]] = []
@@ -248,7 +241,6 @@ class PiperEngine:
         return Audio(pcm, self.sample_rate, words)
 
     def _phonemes_alone(self, voice: str, word: str) -> list[str]:
-        """``word``'s phonemes said alone by ``voice`` (for the speech marks)."""
         return [p for sentence in self._voices[voice].phonemize(word) for p in sentence]
 
     @staticmethod
@@ -326,37 +318,30 @@ def _run_graph(
 
 def _phoneme_stream(
     voice: Any, run: list[str], durations: np.ndarray[Any, Any], at: int
-) -> Iterator[tuple[str, int, int]]:
+) -> list[tuple[str, int, int]]:
     """``(phoneme, first sample, samples)`` of each phoneme of ``run`` whose audio starts at
-    sample ``at``, from the frames of each phoneme id (``phonemes_to_ids`` puts BOS and a pad
+    sample ``at``, from the samples of each phoneme id (``phonemes_to_ids`` puts BOS and a pad
     first, a pad after each known phoneme, EOS last; a phoneme the voice has no id for is
-    skipped there and here)."""
-    from piper.const import BOS, PAD
+    skipped there and here). A phoneme is heard from the pad before it to the end of its own
+    ids (:func:`synth.alignment.token_stream`): measured on ten words after breaks
+    (tests/test_speech_marks.py), words started 0-28 ms before their first id's frames, and
+    0-11 ms from the blank before it (half the blank: 0-17 ms)."""
+    from piper.const import BOS, EOS, PAD
 
     id_map = voice.config.phoneme_id_map
-    pad = len(id_map[PAD])
-    cumulative = np.concatenate([[0], np.cumsum(durations)]).astype(np.int64)
-    cursor = len(id_map[BOS]) + pad
-    for phoneme in run:
-        ids = id_map.get(phoneme)
-        if ids is None:
-            continue
-        end = cursor + len(ids) + pad
-        if end >= len(cumulative):
-            return
-        # A phoneme is heard from the blank (pad) before it to the end of its own frames: VITS
-        # makes the transition into a sound in the blank before it. Measured on ten words after
-        # breaks (tests/test_speech_marks.py): words started 0-28 ms before their first id's
-        # frames, and 0-11 ms from the blank before it (half the blank: 0-17 ms).
-        first = int(cumulative[cursor - pad])
-        last = int(cumulative[end - pad])
-        yield phoneme, at + first, last - first
-        cursor = end
+    known = [p for p in run if p in id_map]
+    groups: list[tuple[str, str | None]] = [(BOS, ""), (PAD, None)]
+    groups += [g for p in known for g in ((p, p), (PAD, None))] + [(EOS, "")]
+    ends = np.cumsum([len(id_map[key]) for key, _ in groups])
+    if ends[-1] != len(durations):
+        return []  # not this run's ids
+    cumulative = np.concatenate([[0], np.cumsum(durations)])
+    samples = np.diff(cumulative[[0, *ends]])
+    return token_stream([symbol for _, symbol in groups], samples.tolist(), at)
 
 
 def _bounded_runs(phonemes: list[str], limit: int) -> Iterator[list[str]]:
-    """``phonemes`` in runs of at most ``limit``, cut after a word (a space phoneme) where one
-    falls in the run, else at the limit."""
+    """Runs of at most ``limit`` phonemes, each cut after its last word (space) if it has one."""
     start = 0
     while len(phonemes) - start > limit:
         end = start + limit

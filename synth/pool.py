@@ -16,8 +16,7 @@ parsed, not executed. A reply is one framed message (a JSON header, then the flo
 read with a size bound (``max_reply_bytes``) before anything is allocated for it, and checked
 field by field. A reply that is too large, malformed, or fails in any other unexpected way gets its
 worker replaced (its pipe may hold the rest of a message) and fails the batch with
-:class:`EngineError`; before, any exception other than the four expected kinds left the worker
-neither idle nor replaced, and every later request waited out the batch timeout.
+:class:`EngineError`, so no worker is left neither idle nor replaced.
 """
 
 from __future__ import annotations
@@ -46,9 +45,11 @@ from synth.engine import Audio, Engine, SynthesisItem
 from synth.errors import (
     EngineDead,
     EngineError,
+    Overloaded,
     SynthesisError,
     SynthesisTimeout,
     UnspeakableInput,
+    UpstreamError,
 )
 from synth.scheduler import BatchClock
 
@@ -96,13 +97,8 @@ class LogSetup:
 _MAX_MESSAGE_CHARS = 500  # error texts from a worker are cut to this before they reach a client
 # The errors an "error" reply may name (by class name); any other kind reads as an EngineError.
 _ERRORS: dict[str, type[SynthesisError]] = {
-    e.__name__: e for e in (EngineDead, SynthesisTimeout, UnspeakableInput)
+    e.__name__: e for e in (EngineDead, Overloaded, SynthesisTimeout, UnspeakableInput)
 }
-
-
-def reply_error(kind: str, message: str) -> SynthesisError:
-    """The error an "error" reply of ``kind`` stands for."""
-    return _ERRORS.get(kind, EngineError)(message)
 
 
 def encode_ok(outputs: Sequence[Audio], **header: Any) -> bytes:
@@ -131,7 +127,7 @@ class BadReply(Exception):
 
 
 def decode_reply(data: bytes, expected_items: int) -> tuple[str, Any]:
-    """``("ok", [Audio...])``, ``("error", (kind, message, header))``, ``("ready", pid)`` or
+    """``("ok", [Audio...])``, ``("error", (kind, message, header))``, ``("ready", None)`` or
     ``("failed", message)`` from one worker message; :class:`BadReply` for anything else.
     An error's ``header`` is its whole JSON object (an upstream's error carries more fields)."""
     # Offsets, not partition(): a reply is hundreds of KB of samples, and each partition copied
@@ -194,13 +190,25 @@ def decode_reply(data: bytes, expected_items: int) -> tuple[str, Any]:
             raise BadReply("error reply without kind and message")
         return "error", (error_kind, message[:_MAX_MESSAGE_CHARS], header)
     if kind == b"ready":
-        pid = header.get("pid")
-        if type(pid) is not int:
-            raise BadReply("ready message without a pid")
-        return "ready", pid
+        return "ready", None
     if kind == b"failed":
         return "failed", str(header.get("message", ""))[:_MAX_MESSAGE_CHARS]
     raise BadReply("reply of an unknown kind")
+
+
+def reply_audios(data: bytes, expected_items: int) -> list[Audio]:
+    """The audio of an "ok" reply; the error an "error" reply names is raised, and
+    :class:`BadReply` for a reply of any other kind."""
+    kind, value = decode_reply(data, expected_items)
+    if kind == "ok":
+        audios: list[Audio] = value
+        return audios
+    if kind != "error":
+        raise BadReply(f"unexpected {kind!r} reply during a batch")
+    error_kind, message, header = value
+    if error_kind == "UpstreamError":
+        raise UpstreamError.from_wire(message, header)
+    raise _ERRORS.get(error_kind, EngineError)(message)
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:
@@ -219,7 +227,6 @@ def _worker_main(
     conn: multiprocessing.connection.Connection,
     log_setup: LogSetup | None = None,
 ) -> None:
-    """Entry point of a worker process: build, load, warm, then serve batches until EOF."""
     # Before torch / ONNX Runtime load: their thread pools read these once.
     for name in _THREAD_ENV:
         os.environ[name] = str(threads)
@@ -238,7 +245,7 @@ def _worker_main(
             message = f"{type(exc).__name__}: {exc}"
             conn.send_bytes(encode_reply("failed", {"message": message}))
         raise
-    conn.send_bytes(encode_reply("ready", {"pid": os.getpid()}))
+    conn.send_bytes(encode_reply("ready", {}))
     while True:
         try:
             items = conn.recv()
@@ -260,19 +267,10 @@ class WorkerDied(Exception):
 
 
 class _Worker:
-    """One worker process and the parent's end of its pipe."""
-
-    def __init__(
-        self,
-        index: int,
-        spec: EngineSpec,
-        threads: int,
-        max_reply_bytes: int,
-        log_setup: LogSetup | None = None,
-    ) -> None:
+    def __init__(self, index: int, pool: WorkerPool) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.index = index
-        self.max_reply_bytes = max_reply_bytes
+        self.pool = pool
         self.conn, child = ctx.Pipe()
         # kill() and stop() may run at once on two threads (a cancelled batch replaces its worker
         # while close() kills what is left): the pipe must be closed once, or the second close
@@ -290,15 +288,16 @@ class _Worker:
         self.replaced = False  # the pool has retired it (event loop only)
         self.process = ctx.Process(
             target=_worker_main,
-            args=(spec, threads, child, log_setup),
+            args=(pool.specs[index], pool.threads, child, pool.log_setup),
             name=f"synth-worker-{index}",
             daemon=True,
         )
         self.process.start()
         child.close()  # only the child holds its end: its death then reads as EOF here
 
-    def wait_ready(self, timeout_s: float) -> None:
+    def wait_ready(self) -> None:
         """Block until the worker reports ready; raise if it fails or dies first."""
+        timeout_s = self.pool.start_timeout_s
         if not self.conn.poll(timeout_s):
             self.kill()
             raise TimeoutError(f"synthesis worker {self.index} not ready in {timeout_s:.0f}s")
@@ -316,24 +315,21 @@ class _Worker:
     def _receive(self) -> bytes:
         """One message, refused before it is read when it declares more than the bound."""
         try:
-            return self.conn.recv_bytes(self.max_reply_bytes)
+            return self.conn.recv_bytes(self.pool.max_reply_bytes)
         except OSError as exc:
             # multiprocessing raises OSError("bad message length") for a message over the bound,
             # before reading it; any other OSError is a broken pipe: the worker is gone.
             if "bad message length" in str(exc):
                 raise BadReply(
-                    f"reply larger than the {self.max_reply_bytes} bytes allowed"
+                    f"reply larger than the {self.pool.max_reply_bytes} bytes allowed"
                 ) from None
             raise WorkerDied(f"synthesis worker {self.index} died") from exc
 
-    def call(
-        self, items: Sequence[SynthesisItem], timeout_s: float, clock: BatchClock
-    ) -> list[Audio]:
+    def call(self, items: Sequence[SynthesisItem]) -> list[Audio]:
         """Run one batch (blocking). ``WorkerDied`` on death (or when the pipe broke under an
         earlier batch), ``TimeoutError`` past the bound, :class:`BadReply` for a reply that
-        cannot be trusted. ``timeout_s`` counts from this batch's turn: when the reply before it
-        has been read, which is when the worker starts on it; ``clock`` is told then and when
-        the reply is in."""
+        cannot be trusted. The timeout and the batch's clock count from this batch's turn: when
+        the reply before it has been read, which is when the worker starts on it."""
         with self._order:
             if self.broken:
                 raise WorkerDied(f"synthesis worker {self.index} is being replaced")
@@ -349,9 +345,10 @@ class _Worker:
             if self.broken:
                 raise WorkerDied(f"synthesis worker {self.index} died under an earlier batch")
         clean = ok = False
+        clock = BatchClock(self.pool.metrics, self.pool.model)
         clock.start()
         try:
-            result = self._reply(items, timeout_s)
+            result = self._reply(items)
             clean = ok = True
         except SynthesisError:
             clean = True  # the engine refused this batch: a whole, well-formed reply was read
@@ -370,10 +367,10 @@ class _Worker:
             self.broken = True
             self._order.notify_all()
 
-    def _reply(self, items: Sequence[SynthesisItem], timeout_s: float) -> list[Audio]:
+    def _reply(self, items: Sequence[SynthesisItem]) -> list[Audio]:
         """Read and check this batch's reply (its turn has come)."""
         try:
-            answered = self.conn.poll(timeout_s)
+            answered = self.conn.poll(self.pool.batch_timeout_s)
         except (EOFError, OSError) as exc:
             raise WorkerDied(f"synthesis worker {self.index} died") from exc
         if not answered:
@@ -383,14 +380,7 @@ class _Worker:
             data = self._receive()
         except EOFError as exc:
             raise WorkerDied(f"synthesis worker {self.index} died") from exc
-        kind, value = decode_reply(data, len(items))
-        if kind == "ok":
-            audios: list[Audio] = value
-            return audios
-        if kind != "error":
-            raise BadReply(f"unexpected {kind!r} message during a batch")
-        kind, message, _ = value
-        raise reply_error(kind, message)
+        return reply_audios(data, len(items))
 
     def _close_pipe(self) -> None:
         with self._closing:
@@ -411,8 +401,7 @@ class _Worker:
         self._break()
         self.process.join(timeout_s)
         if self.process.is_alive():
-            self.process.kill()
-            self.process.join(5)
+            self.kill()
 
 
 def _kill_when_started(future: asyncio.Future[_Worker]) -> None:
@@ -494,7 +483,6 @@ class WorkerPool:
     passes_pcm = False  # a worker's reply is one message
 
     def _offer(self, worker: _Worker, slots: int = 1) -> None:
-        """Make ``slots`` of ``worker``'s pipeline free for batches."""
         for _ in range(slots):
             self._idle.put_nowait(worker)
 
@@ -505,15 +493,7 @@ class WorkerPool:
 
     async def _spawn(self, index: int) -> _Worker:
         loop = asyncio.get_running_loop()
-        starting = loop.run_in_executor(
-            self._threads,
-            _Worker,
-            index,
-            self.specs[index],
-            self.threads,
-            self.max_reply_bytes,
-            self.log_setup,
-        )
+        starting = loop.run_in_executor(self._threads, _Worker, index, self)
         try:
             worker = await asyncio.shield(starting)
         except asyncio.CancelledError:
@@ -523,7 +503,7 @@ class WorkerPool:
             self._orphans.add(starting)
             raise
         try:
-            await loop.run_in_executor(self._threads, worker.wait_ready, self.start_timeout_s)
+            await loop.run_in_executor(self._threads, worker.wait_ready)
         except BaseException:
             await loop.run_in_executor(self._threads, worker.kill)
             raise
@@ -590,8 +570,6 @@ class WorkerPool:
         while not self._closed:
             try:
                 worker = await self._spawn(old.index)
-            except asyncio.CancelledError:
-                raise
             except Exception:
                 log.exception("replacement for synthesis worker %d failed; retrying", old.index)
                 await asyncio.sleep(delay)
@@ -606,7 +584,6 @@ class WorkerPool:
             return
 
     async def _acquire(self) -> _Worker:
-        """An idle live worker; a dead one found idle is replaced and skipped."""
         deadline = time.monotonic() + self.batch_timeout_s
         while True:
             try:
@@ -629,13 +606,7 @@ class WorkerPool:
             worker = await self._acquire()
             healthy = False
             try:
-                result = await loop.run_in_executor(
-                    self._threads,
-                    worker.call,
-                    list(items),
-                    self.batch_timeout_s,
-                    BatchClock(self.metrics, self.model),
-                )
+                result = await loop.run_in_executor(self._threads, worker.call, list(items))
                 healthy = True
                 return result
             except WorkerDied:

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -57,24 +57,21 @@ class LocalShares:
     """:class:`ClientShares` of this process alone."""
 
     def __init__(self) -> None:
-        self._counts: dict[str, int] = {}
+        self._counts: Counter[str] = Counter()
 
     def take(self, client: str, limit: int) -> bool:
-        count = self._counts.get(client, 0)
-        if count >= limit:
+        if self._counts[client] >= limit:
             return False
-        self._counts[client] = count + 1
+        self._counts[client] += 1
         return True
 
     def give(self, client: str) -> None:
-        left = self._counts.get(client, 0) - 1
-        if left > 0:
-            self._counts[client] = left
-        else:
-            self._counts.pop(client, None)
+        self._counts[client] -= 1
+        if self._counts[client] <= 0:
+            del self._counts[client]
 
     def waiting_for(self, client: str) -> int:
-        return self._counts.get(client, 0)
+        return self._counts[client]
 
 
 class BatchRunner(Protocol):
@@ -211,7 +208,6 @@ class Scheduler:
         return self.shares.waiting_for(client)
 
     def _dequeued(self, p: _Pending) -> None:
-        """``p`` no longer waits (taken into a batch, dropped, or cancelled): free its share."""
         if not p.waiting:
             return
         p.waiting = False
@@ -270,8 +266,7 @@ class Scheduler:
             group = first.item.batch_group()
             deadline = time.perf_counter() + self.max_wait_s
             while len(batch) < self.max_batch:
-                taken = self._take_compatible(group, self.max_batch - len(batch))
-                batch.extend(taken)
+                batch.extend(self._take_compatible(group, self.max_batch - len(batch)))
                 remaining = deadline - time.perf_counter()
                 if len(batch) >= self.max_batch or remaining <= 0:
                     break
@@ -336,16 +331,13 @@ class Scheduler:
                 return  # abandoned by every waiter, not a shutdown of this loop
             _fail(batch, Overloaded("server is shutting down"))
             raise
-        except UnspeakableInput as exc:
-            if len(batch) == 1:
+        except SynthesisError as exc:
+            if not isinstance(exc, UnspeakableInput) or len(batch) == 1:
                 self._failed(batch, exc, counts)
                 return
             # One item with nothing to speak must not fail the others batched with it: run
             # each alone, so only that one gets its 400.
             outputs = None
-        except SynthesisError as exc:
-            self._failed(batch, exc, counts)
-            return
         except Exception as exc:  # an engine bug must fail its futures, never hang them
             log.exception("synthesis batch failed model=%s size=%d", self.model, len(batch))
             self._failed(batch, EngineError(f"synthesis failed: {type(exc).__name__}"), counts)
@@ -367,14 +359,11 @@ class Scheduler:
         m.batch_size.labels(self.model).observe(len(batch))
 
     def _failed(self, batch: list[_Pending], exc: Exception, counts: bool) -> None:
-        """Every item of ``batch`` fails with ``exc`` (counted as errors when ``counts``)."""
         if counts:
             self.metrics.syntheses.labels(self.model, "error").inc(len(batch))
         _fail(batch, exc)
 
     def _succeeded(self, batch: list[_Pending], outputs: list[Audio], counts: bool) -> None:
-        """Every item of ``batch`` gets its audio; the batch counted as its runner leaves to
-        this process."""
         m = self.metrics
         if counts:
             m.syntheses.labels(self.model, "ok").inc(len(batch))
@@ -386,7 +375,6 @@ class Scheduler:
 
 
 def _fail(batch: list[_Pending], exc: BaseException) -> None:
-    """Fail the futures of ``batch`` not yet done with ``exc``."""
     for p in batch:
         if not p.future.done():
             p.future.set_exception(exc)

@@ -112,36 +112,21 @@ def bound_length(sentence: str, max_chars: int) -> list[str]:
         return [sentence]
     pieces: list[str] = []
     for clause in _CLAUSE_END.split(sentence):
-        if len(clause) > max_chars:
-            # Cut between words, starting a piece of its own: a cut at the clause boundary
-            # before it sounds more natural than one inside the clause.
-            pieces.extend(_pack(_words(clause, max_chars), max_chars))
-        elif pieces and len(pieces[-1]) + 1 + len(clause) <= max_chars:
-            pieces[-1] = f"{pieces[-1]} {clause}"
-        else:
-            pieces.append(clause)
+        too_long = len(clause) > max_chars
+        for i, unit in enumerate(_words(clause, max_chars) if too_long else [clause]):
+            fits = bool(pieces) and len(pieces[-1]) + 1 + len(unit) <= max_chars
+            # A clause too long is cut between words, starting a piece of its own: a cut at the
+            # clause boundary before it sounds more natural than one inside the clause.
+            if fits and not (too_long and i == 0):
+                pieces[-1] = f"{pieces[-1]} {unit}"
+            else:
+                pieces.append(unit)
     return pieces
 
 
-def _pack(units: list[str], max_chars: int) -> list[str]:
-    packed: list[str] = []
-    for unit in units:
-        if packed and len(packed[-1]) + 1 + len(unit) <= max_chars:
-            packed[-1] = f"{packed[-1]} {unit}"
-        else:
-            packed.append(unit)
-    return packed
-
-
 def _words(clause: str, max_chars: int) -> list[str]:
-    out: list[str] = []
-    for word in clause.split(" "):
-        while len(word) > max_chars:
-            out.append(word[:max_chars])
-            word = word[max_chars:]
-        if word:
-            out.append(word)
-    return out
+    words = clause.split(" ")
+    return [word[i : i + max_chars] for word in words for i in range(0, len(word), max_chars)]
 
 
 # Weights by Unicode category, measured as phonemes per character with the joe voice (espeak-ng):
@@ -186,7 +171,6 @@ def join(parts: Sequence[FloatPCM], sample_rate: int, pause_s: float) -> FloatPC
 
 
 def _pauses(parts: int, pause_s: float) -> list[float]:
-    """:func:`join`'s layout as :func:`join_gaps` takes it: ``pause_s`` between parts only."""
     return [0.0, *[pause_s] * (parts - 1), 0.0]
 
 

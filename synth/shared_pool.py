@@ -55,8 +55,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pydantic
+
 from synth.cancellation import cancel_and_wait
-from synth.engine import Audio, Engine, SynthesisItem
+from synth.engine import Audio, Engine, ParamValue, SynthesisItem
 from synth.errors import (
     EngineDead,
     EngineError,
@@ -65,7 +67,7 @@ from synth.errors import (
     UpstreamError,
 )
 from synth.pieces import Pieces
-from synth.pool import BadReply, decode_reply, encode_ok, encode_reply, reply_error
+from synth.pool import BadReply, encode_ok, encode_reply, reply_audios
 from synth.scheduler import Scheduler
 
 log = logging.getLogger("voxgate.synth.shared_pool")
@@ -114,27 +116,21 @@ def item_to_json(item: SynthesisItem) -> dict[str, Any]:
     return value
 
 
+class _ItemJson(pydantic.BaseModel, strict=True):
+    """An item as a request carries it (strict: a bool is no number, a number no string)."""
+
+    text: str
+    voice: str
+    speed: float
+    params: dict[str, ParamValue]
+    phonemes: bool = False
+    take: int = pydantic.Field(0, ge=0, le=MAX_TAKE)
+
+
 def item_from_json(value: Any) -> SynthesisItem:
-    """The item a request carries; ``ValueError`` for anything that is not one."""
-    if not isinstance(value, dict):
-        raise ValueError("item is not an object")
-    text, voice, speed, params = (value.get(k) for k in ("text", "voice", "speed", "params"))
-    if not isinstance(text, str) or not isinstance(voice, str):
-        raise ValueError("item without text and voice")
-    if not isinstance(speed, int | float) or isinstance(speed, bool):
-        raise ValueError("item without a speed")
-    if not isinstance(params, dict):
-        raise ValueError("item without params")
-    for v in params.values():
-        if v is not None and type(v) not in (str, int, float, bool):
-            raise ValueError("item parameter of an unexpected type")
-    phonemes = value.get("phonemes", False)
-    if type(phonemes) is not bool:
-        raise ValueError("item phonemes flag is not a boolean")
-    take = value.get("take", 0)
-    if type(take) is not int or not 0 <= take <= MAX_TAKE:
-        raise ValueError("item take is not a small whole number")
-    return SynthesisItem(text, voice, float(speed), params, phonemes, take)
+    """The item a request carries; ``ValueError`` (pydantic's) for anything that is not one."""
+    item = _ItemJson.model_validate(value)
+    return SynthesisItem(item.text, item.voice, item.speed, item.params, item.phonemes, item.take)
 
 
 def identity(model: str, item: SynthesisItem) -> str:
@@ -155,14 +151,9 @@ async def _all_or_none(calls: Sequence[Any]) -> list[Audio]:
 
 
 def _wanted_pieces(value: Any, count: int) -> set[int]:
-    """The item indices a request wants the pieces of; ``ValueError`` for anything else."""
     if not isinstance(value, list) or any(type(i) is not int or not 0 <= i < count for i in value):
         raise ValueError("pieces is not a list of item indices")
     return set(value)
-
-
-def _drop(running: dict[int, asyncio.Task[None]], rid: int, _: object) -> None:
-    running.pop(rid, None)
 
 
 async def _stop_all(tasks: Any) -> None:
@@ -252,8 +243,7 @@ class PoolServer:
         self._remember(key, shared.task.result())
 
     def _remember(self, key: str, audio: Audio) -> None:
-        """Keep ``audio`` for ``RECENT_S``: a gateway process whose cache lookup missed just
-        before another one stored this master submits it moments after its synthesis ended."""
+        """Keep ``audio`` for ``RECENT_S``, within ``RECENT_BYTES`` (see the module docstring)."""
         now = time.monotonic()
         old = self._recent.pop(key, None)
         if old is not None:
@@ -270,8 +260,6 @@ class PoolServer:
     async def _answer(
         self, model: str, items: Sequence[SynthesisItem], writers: Mapping[int, PieceWriter]
     ) -> bytes:
-        """The reply to a request for ``items``; ``writers`` (by index) send the pieces of the
-        items whose pcm is wanted as it comes."""
         try:
             audios = await _all_or_none(
                 [self._one(model, item, writers.get(i)) for i, item in enumerate(items)]
@@ -290,24 +278,22 @@ class PoolServer:
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One gateway process's connection: requests in, replies out, until it closes."""
         me = asyncio.current_task()
-        if me is not None:
-            self._connections.add(me)
+        assert me is not None  # (a connection is served in a task of its own)
+        self._connections.add(me)
         running: dict[int, asyncio.Task[None]] = {}
 
-        async def write_piece(rid: int, index: int, data: bytes) -> None:
-            if writer.is_closing():
-                return  # the gateway process went away: its stream reads nothing more
-            head = json.dumps({"id": rid, "piece": index}).encode()
-            write_frame(writer, head + b"\n" + data)
+        async def send(head: dict[str, int], data: bytes) -> None:
+            write_frame(writer, json.dumps(head).encode() + b"\n" + data)
             with contextlib.suppress(ConnectionError):
-                await writer.drain()
+                await writer.drain()  # a gateway process that went away reads nothing more
+
+        async def write_piece(rid: int, index: int, data: bytes) -> None:
+            if not writer.is_closing():  # else the gateway process went away
+                await send({"id": rid, "piece": index}, data)
 
         async def serve(rid: int, model: str, items: list[SynthesisItem], wanted: set[int]) -> None:
             writers = {i: functools.partial(write_piece, rid, i) for i in wanted}
-            reply = await self._answer(model, items, writers)
-            write_frame(writer, json.dumps({"id": rid}).encode() + b"\n" + reply)
-            with contextlib.suppress(ConnectionError):
-                await writer.drain()  # a gateway process that went away reads no reply
+            await send({"id": rid}, await self._answer(model, items, writers))
 
         try:
             while True:
@@ -335,7 +321,7 @@ class PoolServer:
                     return
                 task = asyncio.ensure_future(serve(rid, model, items, wanted))
                 running[rid] = task
-                task.add_done_callback(functools.partial(_drop, running, rid))
+                task.add_done_callback(functools.partial(lambda r, _: running.pop(r, None), rid))
         except FrameTooLarge as exc:
             log.error("shared pool: %s; closing the connection", exc)
         finally:
@@ -343,8 +329,7 @@ class PoolServer:
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
-            if me is not None:
-                self._connections.discard(me)
+            self._connections.discard(me)
 
     async def close(self) -> None:
         """Stop serving the open connections."""
@@ -353,17 +338,8 @@ class PoolServer:
 
 @dataclasses.dataclass
 class _Request:
-    """A request in flight from a gateway process: its reply to come, and where each item's
-    pieces go (None: not wanted)."""
-
     future: asyncio.Future[bytes]
-    sinks: list[Callable[[bytes], None] | None]
-
-    def sink(self, index: object) -> Callable[[bytes], None] | None:
-        """Item ``index``'s sink; None for an index it does not have."""
-        if type(index) is not int or not 0 <= index < len(self.sinks):
-            return None
-        return self.sinks[index]
+    sinks: dict[int, Callable[[bytes], None]]
 
 
 class RemotePool:
@@ -448,9 +424,8 @@ class RemotePool:
                     continue
                 if index is not None:
                     request = self._pending.get(rid)
-                    sink = request.sink(index) if request is not None else None
-                    if sink is not None:
-                        sink(reply)
+                    if request is not None and type(index) is int and index in request.sinks:
+                        request.sinks[index](reply)
                     continue
                 pending = self._pending.pop(rid, None)
                 if pending is not None and not pending.future.done():
@@ -479,16 +454,15 @@ class RemotePool:
             raise EngineDead("the synthesis pool process is not reachable") from None
         rid = next(self._ids)
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        sinks = [item.sink if self.passes_pcm else None for item in items]
+        sinks = {i: item.sink for i, item in enumerate(items) if item.sink and self.passes_pcm}
         self._pending[rid] = _Request(future, sinks)
         request: dict[str, Any] = {
             "id": rid,
             "model": self.model,
             "items": [item_to_json(i) for i in items],
         }
-        wanted = [i for i, sink in enumerate(sinks) if sink is not None]
-        if wanted:
-            request["pieces"] = wanted
+        if sinks:
+            request["pieces"] = list(sinks)
         try:
             write_frame(writer, json.dumps(request).encode())
             await writer.drain()
@@ -502,20 +476,9 @@ class RemotePool:
             self._pending.pop(rid, None)
             raise EngineDead("the synthesis pool process is not reachable") from None
         try:
-            kind, value = decode_reply(reply, len(items))
+            return reply_audios(reply, len(items))
         except BadReply as exc:
             raise EngineError(f"the synthesis pool sent an unusable reply ({exc})") from None
-        if kind == "ok":
-            audios: list[Audio] = value
-            return audios
-        if kind != "error":
-            raise EngineError(f"unexpected {kind!r} reply from the synthesis pool")
-        error_kind, message, header = value
-        if error_kind == "Overloaded":
-            raise Overloaded(message)
-        if error_kind == "UpstreamError":
-            raise UpstreamError.from_wire(message, header)
-        raise reply_error(error_kind, message)
 
     async def close(self) -> None:
         """Close the connection (the pool process itself belongs to the supervisor)."""
