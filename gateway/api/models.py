@@ -113,8 +113,16 @@ _MESSAGES: dict[str, str] = {
     "dict_type": "'{field}' must be an object",
     "list_type": "'{field}' must be a list",
 }
+# (field, pydantic error type) -> (message, code): a field's own words, formatted like the above.
+Messages = dict[tuple[str, str], tuple[str, str | None]]
 _RANGE = ("greater_than_equal", "less_than_equal", "finite_number")
 _CODES = {"string_too_long": "input_too_long"}
+
+
+def unsupported(**codes: str) -> Messages:
+    """A value outside the field's enum in the generic words, with the error ``code`` given
+    for each field."""
+    return {(field, "literal_error"): (_MESSAGES["literal_error"], c) for field, c in codes.items()}
 
 
 def control_character(field: str, found: re.Match[str]) -> BadRequest:
@@ -138,9 +146,8 @@ class RequestModel(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, regex_engine="python-re")
 
-    # (field, pydantic error type) -> (message, code) where a field needs its own words; the
-    # message is formatted like those of _MESSAGES.
-    messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {}
+    # A field's own words where it needs them (see Messages).
+    messages: ClassVar[Messages] = {}
     # The route named in "unsupported field" messages; None: OpenAI's wording.
     route: ClassVar[str | None] = None
 
@@ -276,20 +283,11 @@ class SpeechBody(RequestModel):
     )
     # The format of a body that names none (set on each configuration's model).
     default_format: ClassVar[str | None] = None
-    messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {
-        ("response_format", "literal_error"): (
-            "unsupported response_format {shown}; supported: {expected}",
-            "unsupported_format",
-        ),
-        ("stream_format", "literal_error"): (
-            "unsupported stream_format {shown}; supported: {expected}",
-            "unsupported_stream_format",
-        ),
-        ("normalize", "literal_error"): (
-            "unsupported normalize {shown}; supported: {expected}",
-            "unsupported_normalize",
-        ),
-    }
+    messages: ClassVar[Messages] = unsupported(
+        response_format="unsupported_format",
+        stream_format="unsupported_stream_format",
+        normalize="unsupported_normalize",
+    )
 
     model: str = Field(description="A served model (see /v1/voices) or an alias.")
     input: str
@@ -351,7 +349,7 @@ class PromptFields(RequestModel):
     model_config = ConfigDict(
         title="Prompt", json_schema_extra={"examples": [{"input": "Welcome."}]}
     )
-    messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {
+    messages: ClassVar[Messages] = {
         ("id", "string_pattern_mismatch"): (
             "'id' is not a safe file name: use letters, digits and _ - . (not first), at most "
             "128 characters",
@@ -421,15 +419,8 @@ class PromptsBody(RequestModel):
         errors = exc.errors(include_url=False)
         for error in errors:
             loc = error["loc"]
-            if loc[:1] == ("defaults",) and error["type"] == "extra_forbidden" and len(loc) == 2:
-                return BadRequest(
-                    f"defaults: unknown field {clip(loc[1], 32)}; expected one of "
-                    f"{', '.join(PromptFields.model_fields)}",
-                    param="defaults",
-                )
             if loc[:1] == ("defaults",) and len(loc) == 2:
-                inner = PromptFields.describe(error, str(loc[1]))
-                return BadRequest(f"defaults: {inner.message}", param="defaults", code=inner.code)
+                return _prompt_error("defaults", error, str(loc[1]), "defaults", "defaults")
         items = [e for e in errors if e["loc"][:1] == ("prompts",) and len(e["loc"]) >= 2]
         if not items:
             first = errors[0]
@@ -444,6 +435,7 @@ class PromptsBody(RequestModel):
                 return BadRequest("'prompts' must be a non-empty list", param="prompts")
             return super().bad_request(exc)
         index = int(items[0]["loc"][1])
+        where = f"prompt {index}"
         # A string item fails only as "not a string": the object branch says what is wrong.
         inside = [e for e in items if e["loc"][1] == index and len(e["loc"]) >= 4]
         text = [
@@ -453,26 +445,29 @@ class PromptsBody(RequestModel):
         ]
         if text:
             # A string item that is a string but not acceptable text.
-            inner = PromptFields.describe(text[0], "input")
-            return BadRequest(
-                f"prompt {index}: {inner.message}", param=f"prompts[{index}].input", code=inner.code
-            )
+            return _prompt_error(where, text[0], "input", "", f"prompts[{index}].input")
         if not inside:
-            return BadRequest(
-                f"prompt {index}: expected a string or an object", param=f"prompts[{index}]"
-            )
-        unknown = sorted(str(e["loc"][3]) for e in inside if e["type"] == "extra_forbidden")
-        if unknown:
-            return BadRequest(
-                f"prompt {index}: unknown field {clip(unknown[0], 32)}; expected one of "
-                f"{', '.join(PromptFields.model_fields)}",
-                param="prompts",
-            )
-        field = str(inside[0]["loc"][3])
-        inner = PromptFields.describe(inside[0], field)
-        return BadRequest(
-            f"prompt {index}: {inner.message}", param=f"prompts[{index}].{field}", code=inner.code
+            return BadRequest(f"{where}: expected a string or an object", param=f"prompts[{index}]")
+        unknown = sorted(
+            (e for e in inside if e["type"] == "extra_forbidden"), key=lambda e: str(e["loc"][3])
         )
+        first = (unknown or inside)[0]
+        field = str(first["loc"][3])
+        return _prompt_error(where, first, field, "prompts", f"prompts[{index}].{field}")
+
+
+def _prompt_error(
+    where: str, error: ErrorDetails, field: str, unknown_param: str, param: str
+) -> BadRequest:
+    """The error for ``field`` of a prompt object (or of the defaults), prefixed by ``where``."""
+    if error["type"] == "extra_forbidden":
+        return BadRequest(
+            f"{where}: unknown field {clip(field, 32)}; expected one of "
+            f"{', '.join(PromptFields.model_fields)}",
+            param=unknown_param,
+        )
+    inner = PromptFields.describe(error, field)
+    return BadRequest(f"{where}: {inner.message}", param=param, code=inner.code)
 
 
 class CoquiFields(RequestModel):
@@ -480,7 +475,7 @@ class CoquiFields(RequestModel):
 
     model_config = ConfigDict(title="CoquiRequest")
     route: ClassVar[str | None] = "/api/tts"
-    messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {
+    messages: ClassVar[Messages] = {
         ("text", "missing"): ("'text' is missing or empty: send the text to speak", None),
         **{
             (name, "string_pattern_mismatch"): (
@@ -510,12 +505,9 @@ class SynthesizeQuery(RequestModel):
 
     model_config = ConfigDict(title="SynthesizeQuery", strict=False)
     route: ClassVar[str | None] = "/synthesize"
-    messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {
+    messages: ClassVar[Messages] = {
         ("text", "missing"): ("'text' is missing or empty: send the text to speak", None),
-        ("format", "literal_error"): (
-            "unsupported format {shown}; supported: {expected}",
-            "unsupported_format",
-        ),
+        **unsupported(format="unsupported_format"),
     }
 
     text: str
@@ -531,7 +523,7 @@ class PiperBody(RequestModel):
 
     model_config = ConfigDict(title="PiperRequest")
     route: ClassVar[str | None] = "POST /"
-    messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {
+    messages: ClassVar[Messages] = {
         ("text", "missing"): ("'text' is missing or empty: send the text to speak", None),
         ("speaker_id", "less_than_equal"): (
             "the served voices have one speaker each (id 0); got speaker_id {shown}",
@@ -590,7 +582,7 @@ class JambonzBody(RequestModel):
     # this body, and a 400 would silence every prompt of an upgraded jambonz at once.
     model_config = ConfigDict(title="JambonzRequest", extra="ignore")
     route: ClassVar[str | None] = "/v1/jambonz/tts"
-    messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {
+    messages: ClassVar[Messages] = {
         ("type", "literal_error"): (
             "unsupported type {shown}; jambonz sends 'text' or 'ssml'",
             "unsupported_type",
@@ -613,11 +605,8 @@ class SignBody(RequestModel):
 
     model_config = ConfigDict(title="SignRequest")
     route: ClassVar[str | None] = "/v1/say/sign"
-    messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {
-        ("ext", "literal_error"): (
-            "unsupported ext {shown}; supported: {expected}",
-            "unsupported_format",
-        ),
+    messages: ClassVar[Messages] = {
+        **unsupported(ext="unsupported_format"),
         ("expires_in", "less_than_equal"): (
             "expires_in {shown} is longer than this gateway signs for ({le} s, signed_url_max_s)",
             None,
@@ -646,18 +635,6 @@ class RequestModels:
     jambonz: type[JambonzBody]
     sign: type[SignBody]
 
-    def all(self) -> tuple[type[RequestModel], ...]:
-        """Every model whose schema the document carries."""
-        return (
-            self.speech,
-            self.prompts,
-            self.coqui,
-            self.synthesize,
-            self.piper,
-            self.jambonz,
-            self.sign,
-        )
-
 
 def models_for(settings: Settings) -> RequestModels:
     """The request models for ``settings`` (built once per distinct set of values they use)."""
@@ -682,6 +659,10 @@ def request_models(
 ) -> RequestModels:
     """The models with the configured bounds and defaults filled in."""
     bounds: dict[str, Any] = {"min_length": 1, "max_length": max_input_chars, "pattern": SPEAKABLE}
+
+    def text(description: str = "Text to speak.", example: str = "Hello.") -> Any:
+        return (str, Field(description=description, examples=[example], **bounds))
+
     speech = create_model(
         "SpeechRequest",
         __base__=SpeechBody,
@@ -693,12 +674,7 @@ def request_models(
                 examples=[OPENAI_MODELS[0]],
             ),
         ),
-        input=(
-            str,
-            Field(
-                description="Text to speak (split into sentences).", examples=["Hello."], **bounds
-            ),
-        ),
+        input=text("Text to speak (split into sentences)."),
         voice=(
             str,
             Field(
@@ -743,35 +719,17 @@ def request_models(
             Field(None, description="Fields applied to every prompt."),
         ),
     )
+
     coqui = create_model(
-        "CoquiRequest",
-        __base__=CoquiFields,
-        text=(
-            str,
-            Field(
-                description="Text to speak (or the `text` header).", examples=["Hello."], **bounds
-            ),
-        ),
+        "CoquiRequest", __base__=CoquiFields, text=text("Text to speak (or the `text` header).")
     )
-    synthesize = create_model(
-        "SynthesizeQuery",
-        __base__=SynthesizeQuery,
-        text=(str, Field(description="Text to speak.", examples=["Hello."], **bounds)),
-    )
-    piper = create_model(
-        "PiperRequest",
-        __base__=PiperBody,
-        text=(str, Field(description="Text to speak.", examples=["Hello."], **bounds)),
-    )
-    jambonz = create_model(
-        "JambonzRequest",
-        __base__=JambonzBody,
-        text=(str, Field(description="Text to speak.", examples=["Hello."], **bounds)),
-    )
+    synthesize = create_model("SynthesizeQuery", __base__=SynthesizeQuery, text=text())
+    piper = create_model("PiperRequest", __base__=PiperBody, text=text())
+    jambonz = create_model("JambonzRequest", __base__=JambonzBody, text=text())
     sign = create_model(
         "SignRequest",
         __base__=SignBody,
-        text=(str, Field(description="Text to speak.", examples=["Press one."], **bounds)),
+        text=text(example="Press one."),
         expires_in=(
             cast(Any, Annotated[int, Field(ge=1, le=signed_url_max_s), INTEGRAL] | None),
             Field(
