@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.api.models import MAX_SPEED, MIN_SPEED, models_for
+from gateway.api.models import MAX_SPEED, MIN_SPEED, CoquiFields, models_for
 from gateway.api.parsing import (
     ExpansionMemo,
     build_request,
@@ -25,15 +25,9 @@ from gateway.speech.vocabulary import Vocabulary
 from synth import audio
 from synth.engine import ParamValue
 
-# Coqui's server reads each field from a header first, then from the query string or form.
-# (The fields themselves, their types and bounds: gateway.api.models.CoquiFields.)
-COQUI_HEADERS = {
-    "text": "text",
-    "speaker_id": "speaker-id",
-    "language_id": "language-id",
-    "style_wav": "style-wav",
-    "speaker_wav": "speaker-wav",
-}
+# Coqui's server reads each field from a header first, then from the query string or form: the
+# header is the field's name with dashes (the fields, their types and bounds: CoquiFields).
+COQUI_HEADERS = {name: name.replace("_", "-") for name in CoquiFields.model_fields}
 
 
 def default_voice(model: str, settings: Settings, words: Vocabulary) -> str:
