@@ -21,18 +21,6 @@ from num2words import CONVERTER_CLASSES, num2words
 
 from gateway.errors import BadRequest
 
-SAY_AS_KINDS = (
-    "characters",
-    "spell-out",
-    "digits",
-    "cardinal",
-    "number",
-    "ordinal",
-    "telephone",
-    "currency",
-    "date",
-    "time",
-)
 DATE_FORMATS = ("mdy", "dmy", "ymd", "ydm", "md", "dm", "ym", "my", "y", "m", "d")
 
 # Currency symbols a prompt writes, by ISO code (num2words speaks codes).
@@ -335,6 +323,21 @@ def date_order(text: str) -> str:
     return "mdy"
 
 
+_SAY_AS: dict[str, Callable[[str, str], str]] = {
+    "characters": characters,
+    "spell-out": characters,
+    "digits": digits,
+    "cardinal": cardinal,
+    "number": cardinal,
+    "ordinal": ordinal,
+    "telephone": telephone,
+    "currency": currency,
+    "date": date,
+    "time": time,
+}
+SAY_AS_KINDS = tuple(_SAY_AS)
+
+
 def say_as(kind: str, text: str, lang: str, fmt: str = "") -> str:
     """``text`` said as ``kind`` (one of :data:`SAY_AS_KINDS`) in num2words language ``lang``."""
     if kind == "date":
@@ -347,28 +350,17 @@ def say_as(kind: str, text: str, lang: str, fmt: str = "") -> str:
     return handler(text, lang)
 
 
-_SAY_AS: dict[str, Callable[[str, str], str]] = {
-    "characters": characters,
-    "spell-out": characters,
-    "digits": digits,
-    "cardinal": cardinal,
-    "number": cardinal,
-    "ordinal": ordinal,
-    "telephone": telephone,
-    "currency": currency,
-    "time": time,
-}
-
 # Plain-text normalization ("normalize": "numbers"): the written forms a prompt commonly holds,
-# tried in this order (a phone number before its digit groups are read as cardinals).
+# tried in this order (a phone number before its digit groups are read as cardinals), each group
+# named by the say-as kind that says it (an ISO date: year first).
 _PLAIN = re.compile(
-    r"(?P<phone>\+\d{1,3}(?:[ \-.]\d{2,5}){2,5}\b)"
-    r"|(?P<money>[$€£]\s?\d[\d,]*(?:\.\d+)?)"
+    r"(?P<telephone>\+\d{1,3}(?:[ \-.]\d{2,5}){2,5}\b)"
+    r"|(?P<currency>[$€£]\s?\d[\d,]*(?:\.\d+)?)"
     r"|(?P<date>\b\d{1,4}/\d{1,2}/\d{2,4}\b)"
     r"|(?P<isodate>\b\d{4}-\d{2}-\d{2}\b)"
     r"|(?P<time>\b\d{1,2}:\d{2}(?:\s?[ap]\.?m\.?\b)?)"
     r"|(?P<ordinal>\b\d+(?:st|nd|rd|th)\b)"
-    r"|(?P<number>(?<![\w.])-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w])|(?<![\w.])-?\d+(?:\.\d+)?(?![\w]))",
+    r"|(?P<cardinal>(?<![\w.])-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w])|(?<![\w.])-?\d+(?:\.\d+)?(?![\w]))",
     re.IGNORECASE,
 )
 
@@ -383,25 +375,14 @@ def normalize_numbers(text: str, lang: str, date_format: str = "") -> str:
     order = date_format or ("mdy" if lang == "en" else "dmy")
 
     def spoken(match: re.Match[str]) -> str:
-        kind = match.lastgroup or "number"
+        kind = match.lastgroup or "cardinal"
         value = match.group(0)
         try:
-            if kind == "phone":
-                return telephone(value, lang)
-            if kind == "money":
-                return currency(value, lang)
-            if kind == "date":
-                parts = value.split("/")
-                if len(parts[0]) == 4:
-                    return date(value, lang, "ymd")
+            if kind == "date" and len(value.split("/")[0]) != 4:
                 return date(value, lang, order)
-            if kind == "isodate":
+            if kind in ("date", "isodate"):
                 return date(value, lang, "ymd")
-            if kind == "time":
-                return time(value, lang)
-            if kind == "ordinal":
-                return ordinal(value, lang)
-            return cardinal(value, lang)
+            return _SAY_AS[kind](value, lang)
         except BadRequest:
             return value  # not a well-formed instance of its kind: leave it to the voice
 
