@@ -69,7 +69,6 @@ MAX_MARK_NAME = 128
 CONTAINER_TAGS = frozenset({"speak", "p", "s", "paragraph", "sentence"})
 # Tags whose purpose is to fetch something: refused whatever the unknown-tag setting says.
 FETCHING_TAGS = frozenset({"audio", "lexicon", "lookup"})
-UNKNOWN_TAG_MODES = ("refuse", "strip")
 # Sentence-final punctuation (optionally closed by quotes or brackets): two segments with the
 # default pause between them, the first ending so, say the same as their words joined.
 _SENTENCE_END = re.compile(r"[.!?\u2026\u3002\uff01\uff1f][\"'\u201d\u2019)\]]*$")

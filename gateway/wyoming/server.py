@@ -149,29 +149,22 @@ async def _read_rest(reader: asyncio.StreamReader, line: bytes, max_data: int) -
         raise BadEvent("data_length and payload_length must be integers", fatal=True)
     if data_length < 0 or payload_length < 0:
         raise BadEvent("data_length and payload_length must not be negative", fatal=True)
-    data = header.get("data") or {}
-    too_big = data_length > max_data
-    if data_length:
-        if too_big:
-            await _discard(reader, data_length)
-        else:
-            raw = await reader.readexactly(data_length)
-            try:
-                extra = json.loads(raw)
-            except (ValueError, RecursionError) as exc:
-                await _discard(reader, payload_length)
-                raise BadEvent("event data is not a JSON object") from exc
-            if not isinstance(extra, dict) or not isinstance(data, dict):
-                await _discard(reader, payload_length)
-                raise BadEvent("event data must be a JSON object")
-            data = {**data, **extra}
-    # A TTS server reads no payload: it is consumed without being kept.
-    await _discard(reader, payload_length)
-    if too_big:
+    # Everything the event declared is consumed before it is judged. A TTS server reads no
+    # payload: it is consumed without being kept, and so is data over the limit.
+    raw = await reader.readexactly(data_length) if data_length <= max_data else b""
+    await _discard(reader, payload_length + (data_length if data_length > max_data else 0))
+    if data_length > max_data:
         raise BadEvent(f"event data is {data_length} bytes; the limit is {max_data}")
-    if not isinstance(data, dict):
+    data = header.get("data") or {}
+    extra: Any = {}
+    if raw:
+        try:
+            extra = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            raise BadEvent("event data is not a JSON object") from exc
+    if not isinstance(extra, dict) or not isinstance(data, dict):
         raise BadEvent("event data must be a JSON object")
-    return Event(type=header["type"], data=data)
+    return Event(type=header["type"], data={**data, **extra})
 
 
 async def _discard(reader: asyncio.StreamReader, length: int) -> None:
@@ -549,7 +542,6 @@ class WyomingServer:
                     description=v.description or v.name,
                     version=None,
                     languages=[v.language] if v.language else [],
-                    speakers=None,
                 )
                 for v in handle.engine.voices()
             ]
