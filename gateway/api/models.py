@@ -74,10 +74,10 @@ def _integral(value: Any) -> Any:
 # bounds into the JSON schema as "ge"/"le", which no JSON Schema validator reads).
 INTEGRAL = BeforeValidator(_integral)
 
-Speed = Annotated[
-    float,
-    Field(ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False, description="Speaking rate."),
-]
+# A speed factor (Piper's length_scale: its inverse), and Piper's noise scales.
+SpeedRange = Annotated[float, Field(ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False)]
+Speed = Annotated[SpeedRange, Field(description="Speaking rate.")]
+Noise = Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)]
 SampleRate = Annotated[
     int,
     Field(
@@ -289,12 +289,11 @@ class SpeechBody(RequestModel):
         normalize="unsupported_normalize",
     )
 
-    model: str = Field(description="A served model (see /v1/voices) or an alias.")
+    # model, input, voice and response_format: described per configuration (request_models).
+    model: str
     input: str
-    voice: str = Field(description="A voice of the model or an alias.")
-    response_format: FormatName | None = Field(
-        None, description="Output format; see the format table in the API description."
-    )
+    voice: str
+    response_format: FormatName | None = None
     speed: Speed = 1.0
     sample_rate: SampleRate | None = None
     stream: bool | None = Field(
@@ -550,27 +549,16 @@ class PiperBody(RequestModel):
         None,
         description="Speaker id (overrides speaker): the served voices have one speaker, id 0.",
     )
-    length_scale: float | None = Field(
+    length_scale: SpeedRange | None = Field(
         None,
-        ge=MIN_SPEED,
-        le=MAX_SPEED,
-        allow_inf_nan=False,
         description="Phoneme length: the voice's own (1.0 for most) is normal speed; "
         "mapped to speed = the voice's length_scale / this, which must lie in 0.25-4.",
     )
-    noise_scale: float | None = Field(
-        None,
-        ge=0,
-        le=2,
-        allow_inf_nan=False,
-        description="Generator noise; part of the content address (Piper voices only).",
+    noise_scale: Noise | None = Field(
+        None, description="Generator noise; part of the content address (Piper voices only)."
     )
-    noise_w_scale: float | None = Field(
-        None,
-        ge=0,
-        le=2,
-        allow_inf_nan=False,
-        description="Phoneme width noise; part of the content address (Piper voices only).",
+    noise_w_scale: Noise | None = Field(
+        None, description="Phoneme width noise; part of the content address (Piper voices only)."
     )
 
 
@@ -616,11 +604,7 @@ class SignBody(RequestModel):
     voice: str = Field(description="A voice of the default model, or an alias.", examples=["joe"])
     text: str
     ext: ExtensionName = Field(description="Extension of the URL (see GET /v1/audio/{key}.{ext}).")
-    expires_in: Annotated[int, Field(ge=1, le=10 * 365 * 86400), INTEGRAL] | None = Field(
-        None,
-        description="Seconds the URL stays valid: at most signed_url_max_s; absent: "
-        "signed_url_ttl_s (30 days by default). Every signed URL expires.",
-    )
+    expires_in: int | None = None  # bounded by signed_url_max_s (request_models)
 
 
 @dataclass(frozen=True)
