@@ -13,7 +13,6 @@ from gateway.api.models import MAX_SPEED, MIN_SPEED, CoquiFields, models_for
 from gateway.api.parsing import (
     ExpansionMemo,
     build_request,
-    resolve_format,
     resolve_model,
     resolve_voice,
     speech_text,
@@ -101,15 +100,12 @@ def parse_synthesize(
     spoken = speech_text(
         fields.text, settings, words, model, voice, param="text", expansions=expansions
     )
-    try:
-        fmt = resolve_format(fields.format)
-    except BadRequest as exc:
-        raise BadRequest(exc.message, param="format", code=exc.code) from exc
+    # (The model refused any format that is not one: its Literal is the format table.)
     return build_request(
         spoken,
         model=model,
         voice=voice,
-        fmt=fmt,
+        fmt=audio.FORMATS[fields.format],
         speed=fields.speed,
         sample_rate=fields.sample_rate,
     )

@@ -723,12 +723,4 @@ def request_models(
             ),
         ),
     )
-    return RequestModels(
-        speech=speech,
-        prompts=prompts,
-        coqui=coqui,
-        synthesize=synthesize,
-        piper=piper,
-        jambonz=jambonz,
-        sign=sign,
-    )
+    return RequestModels(speech, prompts, coqui, synthesize, piper, jambonz, sign)
