@@ -244,30 +244,29 @@ def _streaming_rules(schema: dict[str, Any], model: type[BaseModel]) -> None:
         formats["required"] = ["response_format"]
     schema["allOf"] = [
         {
-            "if": {"required": ["stream"], "properties": {"stream": {"const": False}}},
+            "if": _has("stream", {"const": False}),
             "then": {"properties": {"stream_format": {"type": "null"}}},
         },
         {
             "if": {
                 "anyOf": [
-                    {"required": ["stream"], "properties": {"stream": {"const": True}}},
-                    {
-                        "required": ["stream_format"],
-                        "properties": {"stream_format": {"type": "string"}},
-                    },
+                    _has("stream", {"const": True}),
+                    _has("stream_format", {"type": "string"}),
                 ]
             },
             "then": formats,
         },
+        # Speech marks events are events of the event stream.
         {
-            # Speech marks events are events of the event stream.
-            "if": {"required": ["speech_marks"], "properties": {"speech_marks": {"const": True}}},
-            "then": {
-                "required": ["stream_format"],
-                "properties": {"stream_format": {"const": "sse"}},
-            },
+            "if": _has("speech_marks", {"const": True}),
+            "then": _has("stream_format", {"const": "sse"}),
         },
     ]
+
+
+def _has(field: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """The JSON schema of an object that has ``field``, matching ``schema``."""
+    return {"required": [field], "properties": {field: schema}}
 
 
 class SpeechBody(RequestModel):
@@ -382,18 +381,11 @@ def _catalogue_rules(schema: dict[str, Any]) -> None:
     (``input`` or ``text``) unless the defaults give it, and the defaults name no ``id`` (an id
     names one prompt; null is no id)."""
     has_text = [{"required": ["input"]}, {"required": ["text"]}]
-    schema["if"] = {
-        "required": ["defaults"],
-        "properties": {"defaults": {"type": "object", "anyOf": has_text}},
-    }
+    schema["if"] = _has("defaults", {"type": "object", "anyOf": has_text})
     schema["else"] = {
         "properties": {"prompts": {"items": {"anyOf": [{"type": "string"}, {"anyOf": has_text}]}}}
     }
-    schema["properties"]["defaults"]["not"] = {
-        "type": "object",
-        "required": ["id"],
-        "properties": {"id": {"type": "string"}},
-    }
+    schema["properties"]["defaults"]["not"] = {"type": "object", **_has("id", {"type": "string"})}
 
 
 class PromptsBody(RequestModel):
