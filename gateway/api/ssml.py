@@ -259,12 +259,6 @@ class _Expander:
         else:
             self.leading = _combine(self.leading, pause)
 
-    def phoneme_piece(self, ph: str, rate: float, spans: Sequence[Span] = ()) -> None:
-        self.boundary(_TIGHT)
-        if self.positions is not None and len(spans) == len(ph):
-            self.trace.extend(zip(ph, spans, strict=True))
-        self.pieces.append(_Piece(normalize_text(ph), _TIGHT, rate, phonemes=True))
-
     # ---- walking --------------------------------------------------------------------------
 
     def walk(self, element: ET.Element, depth: int, rate: float) -> None:
@@ -343,7 +337,10 @@ class _Expander:
         if not ph or not ph.strip():
             raise _bad("<phoneme> needs a ph attribute")
         _only_text(element, "phoneme")
-        self.phoneme_piece(ph, rate, self._content(index, ph))
+        self.boundary(_TIGHT)
+        if self.positions is not None:
+            self.trace.extend(zip(ph, self._content(index, ph), strict=True))
+        self.pieces.append(_Piece(normalize_text(ph), _TIGHT, rate, phonemes=True))
 
     # ---- result ---------------------------------------------------------------------------
 
