@@ -194,7 +194,6 @@ class SpeechEventHandler(AsyncEventHandler):
     ) -> None:
         super().__init__(reader, writer)
         self.server = server
-        self.service = server.service
         self.words = server.words
         self.settings = server.settings
         self.metrics = server.metrics
@@ -276,8 +275,7 @@ class SpeechEventHandler(AsyncEventHandler):
         elif Synthesize.is_type(event.type):
             if self._stream_voice is not None:
                 return  # sent inside a stream for servers without streaming: the stream speaks
-            text = _text(event.data)
-            await self._speak(await self._request_off_loop(text, _voice(event.data)))
+            await self._speak(_text(event.data), _voice(event.data))
         elif SynthesizeStart.is_type(event.type):
             self._stream_voice = _voice(event.data)
             self._pending = ""
@@ -291,7 +289,7 @@ class SpeechEventHandler(AsyncEventHandler):
             voice, rest = self._stream_voice, self._pending
             self._stream_voice, self._pending = None, ""
             if rest.strip():
-                await self._speak(await self._request_off_loop(rest, voice))
+                await self._speak(rest, voice)
             await self.write_event(SynthesizeStopped().event())
         else:
             raise BadRequest(
@@ -325,14 +323,7 @@ class SpeechEventHandler(AsyncEventHandler):
         tail = " " if self._pending[-1:].isspace() else ""
         self._pending = sentences[-1] + tail
         for sentence in sentences[:-1]:
-            await self._speak(await self._request_off_loop(sentence, self._stream_voice))
-
-    async def _request_off_loop(self, text: str, voice: dict[str, Any]) -> SpeechRequest:
-        """:meth:`_request`, in a thread when a text front end may run (tens of milliseconds
-        for a long Markdown text: not on the event loop)."""
-        if front_end_may_run(self.settings):
-            return await asyncio.to_thread(self._request, text, voice)
-        return self._request(text, voice)
+            await self._speak(sentence, self._stream_voice)
 
     def _request(self, text: str, voice: dict[str, Any]) -> SpeechRequest:
         name = voice.get("name")
@@ -384,9 +375,15 @@ class SpeechEventHandler(AsyncEventHandler):
             code="unsupported_language",
         )
 
-    async def _speak(self, req: SpeechRequest) -> None:
-        """``audio-start``, the audio as ``audio-chunk``s as it is made, ``audio-stop``."""
-        answer = await self.service.answer(req, stream=True)
+    async def _speak(self, text: str, voice: dict[str, Any]) -> None:
+        """``audio-start``, the audio of ``text`` as ``audio-chunk``s as it is made,
+        ``audio-stop``. The request is made in a thread when a text front end may run (tens of
+        milliseconds for a long Markdown text: not on the event loop)."""
+        if front_end_may_run(self.settings):
+            req = await asyncio.to_thread(self._request, text, voice)
+        else:
+            req = self._request(text, voice)
+        answer = await self.server.service.answer(req, stream=True)
         if isinstance(answer, SpeechStream):
             try:
                 await self.write_event(
