@@ -155,16 +155,14 @@ class RequestModel(BaseModel):
     def unknown_fields(cls, names: list[str]) -> BadRequest:
         """The error for fields the model does not have (``names`` sorted, never empty)."""
         # A client may send thousands of names, each as long as the body: a few are named, cut.
-        shown = ", ".join(n if len(n) <= 32 and n.isprintable() else clip(n, 32) for n in names[:8])
-        if len(names) > 8:
-            shown += f" and {len(names) - 8} more"
-        param = clip(names[0], 32) if len(names[0]) > 32 or not names[0].isprintable() else names[0]
+        safe = [n if len(n) <= 32 and n.isprintable() else clip(n, 32) for n in names[:8]]
+        shown = ", ".join(safe) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
         if cls.route is None:
-            return BadRequest(f"unrecognized request argument: {shown}", param=param)
+            return BadRequest(f"unrecognized request argument: {shown}", param=safe[0])
         known = ", ".join(cls.model_fields)
         return BadRequest(
             f"unsupported field{'s' if len(names) > 1 else ''} {shown}: {cls.route} takes {known}",
-            param=param,
+            param=safe[0],
         )
 
     @classmethod

@@ -300,10 +300,7 @@ def time(text: str, lang: str) -> str:
         return "midnight" if not minute else time(f"12:{minute:02d} am", lang)
     words = [_words(hour, lang)]
     if minute:
-        if english and minute < 10:
-            words.append(f"oh {_words(minute, lang)}")
-        else:
-            words.append(_words(minute, lang))
+        words.append(("oh " if english and minute < 10 else "") + _words(minute, lang))
     elif english and not match.group("ap"):
         words.append("o'clock" if hour <= 12 else "hundred")
     if match.group("ap"):

@@ -382,10 +382,9 @@ class _Expander:
                 code="ssml_break_too_long",
             )
         names = self.mark_names
-        if (isinstance(leading, int) and leading > 0) or leading_marks:
-            _, at_start = _take_marks(leading_marks, names)
-            pause_ms = leading if isinstance(leading, int) and leading > 0 else None
-            out.append(Segment("", pause_ms, 1.0, marks=at_start))
+        lead_ms = leading if isinstance(leading, int) and leading > 0 else None
+        if lead_ms or leading_marks:
+            out.append(Segment("", lead_ms, 1.0, marks=_take_marks(leading_marks, names)[1]))
         for i, piece in enumerate(merged):
             pause = piece.pause
             if isinstance(pause, _Tight):
