@@ -425,13 +425,10 @@ class PromptsBody(RequestModel):
             return super().bad_request(exc)
         index = int(items[0]["loc"][1])
         where = f"prompt {index}"
+        mine = [e for e in items if e["loc"][1] == index]
         # A string item fails only as "not a string": the object branch says what is wrong.
-        inside = [e for e in items if e["loc"][1] == index and len(e["loc"]) >= 4]
-        text = [
-            e
-            for e in items
-            if e["loc"][1] == index and len(e["loc"]) == 3 and isinstance(e.get("input"), str)
-        ]
+        inside = [e for e in mine if len(e["loc"]) >= 4]
+        text = [e for e in mine if len(e["loc"]) == 3 and isinstance(e.get("input"), str)]
         if text:
             # A string item that is a string but not acceptable text.
             return _prompt_error(where, text[0], "input", "", f"prompts[{index}].input")

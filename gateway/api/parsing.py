@@ -354,18 +354,6 @@ def resolve_voice(name: str, model: str, settings: Settings, words: Vocabulary) 
     )
 
 
-def resolve_format(name: str) -> audio.AudioFormat:
-    """The output format called ``name``."""
-    fmt = audio.FORMATS.get(name)
-    if fmt is None:
-        raise BadRequest(
-            f"unsupported response_format {clip(name)}; supported: {', '.join(audio.FORMATS)}",
-            param="response_format",
-            code="unsupported_format",
-        )
-    return fmt
-
-
 def build_request(
     spoken: Spoken,
     *,
@@ -464,7 +452,14 @@ def speech_request(
         ssml=ssml,
         expansions=expansions,
     )
-    fmt = resolve_format(body.response_format or settings.default_format)
+    name = body.response_format or settings.default_format
+    fmt = audio.FORMATS.get(name)
+    if fmt is None:  # (a default_format setting that names no format: the field is checked)
+        raise BadRequest(
+            f"unsupported response_format {clip(name)}; supported: {', '.join(audio.FORMATS)}",
+            param="response_format",
+            code="unsupported_format",
+        )
     stream, sse = streams(body, fmt)
     req = build_request(
         spoken,

@@ -326,12 +326,10 @@ class SpeechEventHandler(AsyncEventHandler):
             await self._speak(sentence, self._stream_voice)
 
     def _request(self, text: str, voice: dict[str, Any]) -> SpeechRequest:
-        name = voice.get("name")
-        language = voice.get("language")
-        speaker = voice.get("speaker")
-        for field, value in (("name", name), ("language", language), ("speaker", speaker)):
-            if value is not None and not isinstance(value, str):
+        for field in ("name", "language", "speaker"):
+            if not isinstance(voice.get(field), str | None):
                 raise BadRequest(f"voice {field} must be a string", param=f"voice.{field}")
+        name, language, speaker = voice.get("name"), voice.get("language"), voice.get("speaker")
         model, chosen = (
             find_voice(name, self.settings, self.words)
             if name or not language
