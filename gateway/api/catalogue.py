@@ -90,8 +90,6 @@ def parse_catalogue(text: str, kind: str) -> list[Prompt]:
     prompts: list[Prompt] = []
     if kind == "csv":
         reader = csv.DictReader(io.StringIO(text))
-        if reader.fieldnames is None:
-            return []
         for row in reader:
             where = f"line {reader.line_num}"
             if None in row:
@@ -180,8 +178,6 @@ def to_requests(
     defaults: Mapping[str, Any],
     settings: Settings,
     words: Vocabulary,
-    *,
-    param_prefix: str = "prompts",
 ) -> list[SpeechRequest]:
     """Validate every prompt (all of them before any is rendered) into requests.
 
@@ -196,7 +192,7 @@ def to_requests(
         except BadRequest as exc:
             raise BadRequest(
                 f"{prompt.where}: {exc.message}",
-                param=f"{param_prefix}[{i}].{exc.param}" if exc.param else f"{param_prefix}[{i}]",
+                param=f"prompts[{i}].{exc.param}" if exc.param else f"prompts[{i}]",
                 code=exc.code,
             ) from exc
         out.append(req)
