@@ -132,23 +132,6 @@ def find_voice(name: str | None, settings: Settings, words: Vocabulary) -> tuple
     )
 
 
-def check_speaker(speaker: str | None, speaker_id: int | None, voice: str) -> None:
-    """The served voices have one speaker each: accept only its id 0, or no speaker (Piper's
-    ``POST /`` body states the same in its model, :class:`gateway.api.models.PiperBody`)."""
-    if speaker_id not in (None, 0):
-        raise BadRequest(
-            f"voice '{voice}' has one speaker (id 0); got speaker_id {clip(speaker_id, 24)}",
-            param="speaker_id",
-            code="speaker_not_found",
-        )
-    if speaker:
-        raise BadRequest(
-            f"voice '{voice}' has one speaker and no speaker names; omit 'speaker'",
-            param="speaker",
-            code="speaker_not_found",
-        )
-
-
 # Piper's field names -> the engine parameters they set (synth.piper_engine.default_params).
 PIPER_NOISE = {"noise_scale": "noise_scale", "noise_w_scale": "noise_w"}
 

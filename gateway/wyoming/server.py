@@ -58,7 +58,7 @@ from wyoming.tts import (
 )
 
 from cache.keys import normalize_text
-from gateway.api.compat import check_language, check_speaker, find_voice
+from gateway.api.compat import check_language, find_voice
 from gateway.api.parsing import ExpansionMemo, build_request, front_end_may_run, speech_text
 from gateway.errors import BadRequest, VoxgateError
 from gateway.runtime.buildinfo import version
@@ -337,7 +337,12 @@ class SpeechEventHandler(AsyncEventHandler):
         )
         if name and language:
             check_language(language, model, chosen, self.words)
-        check_speaker(speaker, None, chosen)
+        if speaker:  # (the served voices have one speaker each, and no speaker names)
+            raise BadRequest(
+                f"voice '{chosen}' has one speaker and no speaker names; omit 'speaker'",
+                param="speaker",
+                code="speaker_not_found",
+            )
         # Home Assistant's TTS may send SSML (<speak>...) like any HTTP client.
         spoken = speech_text(
             text,
