@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import os
 from functools import partial
 from typing import Any
@@ -109,9 +108,7 @@ class Dropped(Exception):
         self.reason = reason
 
 
-async def read_event(
-    reader: asyncio.StreamReader, max_data: int, idle_s: float = math.inf
-) -> Event | None:
+async def read_event(reader: asyncio.StreamReader, max_data: int, idle_s: float) -> Event | None:
     """The next event, or None at the end of the stream; :class:`BadEvent` for one that breaks
     the rules (the bytes it declared are consumed, so the next event can still be read);
     :class:`Dropped` when no header line comes within ``idle_s``, or the rest of the event
