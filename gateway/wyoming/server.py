@@ -310,8 +310,7 @@ class SpeechEventHandler(AsyncEventHandler):
         pending = normalize_text(self._pending)
         if not pending:
             return
-        splitter = self.server.splitter
-        sentences = await asyncio.to_thread(splitter.split, pending)
+        sentences = await asyncio.to_thread(self.server.splitter.split, pending)
         if len(sentences) < 2:
             return
         # The sentences joined by single spaces are the normalized text (SentenceSplitter's
