@@ -387,10 +387,8 @@ class _Expander:
             out.append(Segment("", lead_ms, 1.0, marks=_take_marks(leading_marks, names)[1]))
         for i, piece in enumerate(merged):
             pause = piece.pause
-            if isinstance(pause, _Tight):
+            if isinstance(pause, _Tight) or pause == 0:
                 pause = None if i == len(merged) - 1 else 0
-            elif pause == 0 and i == len(merged) - 1:
-                pause = None
             words, marks = _take_marks(piece.words, names) if names else (piece.words, ())
             if piece.after_marks:
                 marks += tuple((n, len(words)) for n, _ in _take_marks(piece.after_marks, names)[1])
