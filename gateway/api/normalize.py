@@ -359,14 +359,13 @@ _PLAIN = re.compile(
 )
 
 
-def normalize_numbers(text: str, lang: str, date_format: str = "") -> str:
+def normalize_numbers(text: str, lang: str) -> str:
     """Plain ``text`` with its numbers, amounts, dates, times, ordinals and international
-    telephone numbers written out in ``lang``. A date's order is ``date_format``, else month
-    first for US English and day first otherwise."""
+    telephone numbers written out in ``lang``; a date month first in ``en``, else day first."""
     if not any(ch.isdigit() for ch in text):
         return text
     lang = _need_language(lang, "normalize 'numbers'")
-    order = date_format or ("mdy" if lang == "en" else "dmy")
+    order = "mdy" if lang == "en" else "dmy"
 
     def spoken(match: re.Match[str]) -> str:
         kind = match.lastgroup or "cardinal"
