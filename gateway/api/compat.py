@@ -44,18 +44,13 @@ def _voice(name: str, model: str, param: str, settings: Settings, words: Vocabul
         raise BadRequest(exc.message, param=param, code=exc.code) from exc
 
 
-def _norm_language(tag: str) -> str:
-    return tag.strip().lower().replace("-", "_")
-
-
 def check_language(language: str, model: str, voice: str, words: Vocabulary) -> None:
     """Accept ``language`` when it is the voice's language or its primary subtag (``en`` for
     ``en_US``); the voices served here speak one language each."""
     if not language:
         return
     spoken = next((v.language for v in words.models[model].voices() if v.name == voice), "")
-    asked = _norm_language(language)
-    have = _norm_language(spoken)
+    asked, have = (tag.strip().lower().replace("-", "_") for tag in (language, spoken))
     if have and (asked == have or have.split("_")[0] == asked):
         return
     raise BadRequest(
