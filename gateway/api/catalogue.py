@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from gateway.api.models import PROMPT_ID
+from gateway.api.models import PROMPT_ID, PromptFields
 from gateway.api.parsing import parse_openai_speech
 from gateway.errors import BadRequest
 from gateway.runtime.settings import Settings
@@ -30,16 +30,8 @@ from gateway.speech.vocabulary import Vocabulary
 
 # Short column names accepted in files, mapped to the OpenAI field names.
 ALIASES = {"text": "input", "format": "response_format", "rate": "sample_rate"}
-FIELDS = (
-    "input",
-    "voice",
-    "model",
-    "response_format",
-    "speed",
-    "sample_rate",
-    "input_type",
-    "normalize",
-)
+# The speech fields a prompt takes: the request model's, less the short names and the id.
+FIELDS = tuple(f for f in PromptFields.model_fields if f not in ALIASES and f != "id")
 # A prompt's id names its exported files (Asterisk: sounds/<id>.ulaw): letters, digits, and
 # "_", "-", "." inside, never leading (no hidden files, no "..": no way out of the directory).
 ID_PATTERN = re.compile(PROMPT_ID)
@@ -98,8 +90,6 @@ def parse_catalogue(text: str, kind: str) -> list[Prompt]:
     prompts: list[Prompt] = []
     if kind == "csv":
         reader = csv.DictReader(io.StringIO(text))
-        if reader.fieldnames is None:
-            return []
         for row in reader:
             where = f"line {reader.line_num}"
             if None in row:
@@ -188,8 +178,6 @@ def to_requests(
     defaults: Mapping[str, Any],
     settings: Settings,
     words: Vocabulary,
-    *,
-    param_prefix: str = "prompts",
 ) -> list[SpeechRequest]:
     """Validate every prompt (all of them before any is rendered) into requests.
 
@@ -204,7 +192,7 @@ def to_requests(
         except BadRequest as exc:
             raise BadRequest(
                 f"{prompt.where}: {exc.message}",
-                param=f"{param_prefix}[{i}].{exc.param}" if exc.param else f"{param_prefix}[{i}]",
+                param=f"prompts[{i}].{exc.param}" if exc.param else f"prompts[{i}]",
                 code=exc.code,
             ) from exc
         out.append(req)

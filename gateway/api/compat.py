@@ -9,11 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.api.models import MAX_SPEED, MIN_SPEED, models_for
+from gateway.api.models import MAX_SPEED, MIN_SPEED, CoquiFields, models_for
 from gateway.api.parsing import (
     ExpansionMemo,
     build_request,
-    resolve_format,
     resolve_model,
     resolve_voice,
     speech_text,
@@ -25,15 +24,9 @@ from gateway.speech.vocabulary import Vocabulary
 from synth import audio
 from synth.engine import ParamValue
 
-# Coqui's server reads each field from a header first, then from the query string or form.
-# (The fields themselves, their types and bounds: gateway.api.models.CoquiFields.)
-COQUI_HEADERS = {
-    "text": "text",
-    "speaker_id": "speaker-id",
-    "language_id": "language-id",
-    "style_wav": "style-wav",
-    "speaker_wav": "speaker-wav",
-}
+# Coqui's server reads each field from a header first, then from the query string or form: the
+# header is the field's name with dashes (the fields, their types and bounds: CoquiFields).
+COQUI_HEADERS = {name: name.replace("_", "-") for name in CoquiFields.model_fields}
 
 
 def default_voice(model: str, settings: Settings, words: Vocabulary) -> str:
@@ -51,18 +44,13 @@ def _voice(name: str, model: str, param: str, settings: Settings, words: Vocabul
         raise BadRequest(exc.message, param=param, code=exc.code) from exc
 
 
-def _norm_language(tag: str) -> str:
-    return tag.strip().lower().replace("-", "_")
-
-
 def check_language(language: str, model: str, voice: str, words: Vocabulary) -> None:
     """Accept ``language`` when it is the voice's language or its primary subtag (``en`` for
     ``en_US``); the voices served here speak one language each."""
     if not language:
         return
     spoken = next((v.language for v in words.models[model].voices() if v.name == voice), "")
-    asked = _norm_language(language)
-    have = _norm_language(spoken)
+    asked, have = (tag.strip().lower().replace("-", "_") for tag in (language, spoken))
     if have and (asked == have or have.split("_")[0] == asked):
         return
     raise BadRequest(
@@ -107,15 +95,12 @@ def parse_synthesize(
     spoken = speech_text(
         fields.text, settings, words, model, voice, param="text", expansions=expansions
     )
-    try:
-        fmt = resolve_format(fields.format)
-    except BadRequest as exc:
-        raise BadRequest(exc.message, param="format", code=exc.code) from exc
+    # (The model refused any format that is not one: its Literal is the format table.)
     return build_request(
         spoken,
         model=model,
         voice=voice,
-        fmt=fmt,
+        fmt=audio.FORMATS[fields.format],
         speed=fields.speed,
         sample_rate=fields.sample_rate,
     )
@@ -140,23 +125,6 @@ def find_voice(name: str | None, settings: Settings, words: Vocabulary) -> tuple
         param="voice",
         code="voice_not_found",
     )
-
-
-def check_speaker(speaker: str | None, speaker_id: int | None, voice: str) -> None:
-    """The served voices have one speaker each: accept only its id 0, or no speaker (Piper's
-    ``POST /`` body states the same in its model, :class:`gateway.api.models.PiperBody`)."""
-    if speaker_id not in (None, 0):
-        raise BadRequest(
-            f"voice '{voice}' has one speaker (id 0); got speaker_id {clip(speaker_id, 24)}",
-            param="speaker_id",
-            code="speaker_not_found",
-        )
-    if speaker:
-        raise BadRequest(
-            f"voice '{voice}' has one speaker and no speaker names; omit 'speaker'",
-            param="speaker",
-            code="speaker_not_found",
-        )
 
 
 # Piper's field names -> the engine parameters they set (synth.piper_engine.default_params).

@@ -5,8 +5,7 @@ chooses. The front end runs before :func:`cache.keys.normalize_text`, so its out
 text, is the content address: two replies that differ only in markup share one entry.
 
 - ``none``: the text as it is;
-- ``llm``: a language model's Markdown reply as plain words (:mod:`gateway.api.llmtext`).
-
+- ``llm``: a language model's Markdown reply as plain words (:mod:`gateway.api.llmtext`);
 - ``numbers``: numbers, amounts, dates, times and phone numbers as words, in the voice's
   language (:mod:`gateway.api.normalize`).
 
@@ -21,19 +20,10 @@ from collections.abc import Callable
 from gateway.api.llmtext import speakable
 from gateway.api.normalize import normalize_numbers
 
-
-def _as_is(text: str, language: str) -> str:
-    return text
-
-
-def _llm(text: str, language: str) -> str:
-    return speakable(text)
-
-
 # front end(text, num2words language of the voice) -> text
 FRONT_ENDS: dict[str, Callable[[str, str], str]] = {
-    "none": _as_is,
-    "llm": _llm,
+    "none": lambda text, language: text,
+    "llm": lambda text, language: speakable(text),
     "numbers": normalize_numbers,
 }
 NORMALIZE_MODES = tuple(FRONT_ENDS)

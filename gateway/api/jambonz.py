@@ -43,9 +43,7 @@ def jambonz_voice(
 ) -> str:
     """Our voice for a jambonz voice and language: the voice (or its alias), else the language
     as an alias (``en-US=joe``), else the default voice or a 400 (``jambonz_unknown_voice``)."""
-    for name in (voice, language):
-        if not name:
-            continue
+    for name in filter(None, (voice, language)):
         try:
             return resolve_voice(name, model, settings, words)
         except BadRequest:

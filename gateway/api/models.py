@@ -74,10 +74,10 @@ def _integral(value: Any) -> Any:
 # bounds into the JSON schema as "ge"/"le", which no JSON Schema validator reads).
 INTEGRAL = BeforeValidator(_integral)
 
-Speed = Annotated[
-    float,
-    Field(ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False, description="Speaking rate."),
-]
+# A speed factor (Piper's length_scale: its inverse), and Piper's noise scales.
+SpeedRange = Annotated[float, Field(ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False)]
+Speed = Annotated[SpeedRange, Field(description="Speaking rate.")]
+Noise = Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)]
 SampleRate = Annotated[
     int,
     Field(
@@ -113,8 +113,16 @@ _MESSAGES: dict[str, str] = {
     "dict_type": "'{field}' must be an object",
     "list_type": "'{field}' must be a list",
 }
+# (field, pydantic error type) -> (message, code): a field's own words, formatted like the above.
+Messages = dict[tuple[str, str], tuple[str, str | None]]
 _RANGE = ("greater_than_equal", "less_than_equal", "finite_number")
 _CODES = {"string_too_long": "input_too_long"}
+
+
+def unsupported(**codes: str) -> Messages:
+    """A value outside the field's enum in the generic words, with the error ``code`` given
+    for each field."""
+    return {(field, "literal_error"): (_MESSAGES["literal_error"], c) for field, c in codes.items()}
 
 
 def control_character(field: str, found: re.Match[str]) -> BadRequest:
@@ -138,9 +146,8 @@ class RequestModel(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, regex_engine="python-re")
 
-    # (field, pydantic error type) -> (message, code) where a field needs its own words; the
-    # message is formatted like those of _MESSAGES.
-    messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {}
+    # A field's own words where it needs them (see Messages).
+    messages: ClassVar[Messages] = {}
     # The route named in "unsupported field" messages; None: OpenAI's wording.
     route: ClassVar[str | None] = None
 
@@ -148,16 +155,14 @@ class RequestModel(BaseModel):
     def unknown_fields(cls, names: list[str]) -> BadRequest:
         """The error for fields the model does not have (``names`` sorted, never empty)."""
         # A client may send thousands of names, each as long as the body: a few are named, cut.
-        shown = ", ".join(n if len(n) <= 32 and n.isprintable() else clip(n, 32) for n in names[:8])
-        if len(names) > 8:
-            shown += f" and {len(names) - 8} more"
-        param = clip(names[0], 32) if len(names[0]) > 32 or not names[0].isprintable() else names[0]
+        safe = [n if len(n) <= 32 and n.isprintable() else clip(n, 32) for n in names[:8]]
+        shown = ", ".join(safe) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
         if cls.route is None:
-            return BadRequest(f"unrecognized request argument: {shown}", param=param)
+            return BadRequest(f"unrecognized request argument: {shown}", param=safe[0])
         known = ", ".join(cls.model_fields)
         return BadRequest(
             f"unsupported field{'s' if len(names) > 1 else ''} {shown}: {cls.route} takes {known}",
-            param=param,
+            param=safe[0],
         )
 
     @classmethod
@@ -237,30 +242,29 @@ def _streaming_rules(schema: dict[str, Any], model: type[BaseModel]) -> None:
         formats["required"] = ["response_format"]
     schema["allOf"] = [
         {
-            "if": {"required": ["stream"], "properties": {"stream": {"const": False}}},
+            "if": _has("stream", {"const": False}),
             "then": {"properties": {"stream_format": {"type": "null"}}},
         },
         {
             "if": {
                 "anyOf": [
-                    {"required": ["stream"], "properties": {"stream": {"const": True}}},
-                    {
-                        "required": ["stream_format"],
-                        "properties": {"stream_format": {"type": "string"}},
-                    },
+                    _has("stream", {"const": True}),
+                    _has("stream_format", {"type": "string"}),
                 ]
             },
             "then": formats,
         },
+        # Speech marks events are events of the event stream.
         {
-            # Speech marks events are events of the event stream.
-            "if": {"required": ["speech_marks"], "properties": {"speech_marks": {"const": True}}},
-            "then": {
-                "required": ["stream_format"],
-                "properties": {"stream_format": {"const": "sse"}},
-            },
+            "if": _has("speech_marks", {"const": True}),
+            "then": _has("stream_format", {"const": "sse"}),
         },
     ]
+
+
+def _has(field: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """The JSON schema of an object that has ``field``, matching ``schema``."""
+    return {"required": [field], "properties": {field: schema}}
 
 
 class SpeechBody(RequestModel):
@@ -276,27 +280,17 @@ class SpeechBody(RequestModel):
     )
     # The format of a body that names none (set on each configuration's model).
     default_format: ClassVar[str | None] = None
-    messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {
-        ("response_format", "literal_error"): (
-            "unsupported response_format {shown}; supported: {expected}",
-            "unsupported_format",
-        ),
-        ("stream_format", "literal_error"): (
-            "unsupported stream_format {shown}; supported: {expected}",
-            "unsupported_stream_format",
-        ),
-        ("normalize", "literal_error"): (
-            "unsupported normalize {shown}; supported: {expected}",
-            "unsupported_normalize",
-        ),
-    }
-
-    model: str = Field(description="A served model (see /v1/voices) or an alias.")
-    input: str
-    voice: str = Field(description="A voice of the model or an alias.")
-    response_format: FormatName | None = Field(
-        None, description="Output format; see the format table in the API description."
+    messages: ClassVar[Messages] = unsupported(
+        response_format="unsupported_format",
+        stream_format="unsupported_stream_format",
+        normalize="unsupported_normalize",
     )
+
+    # model, input, voice and response_format: described per configuration (request_models).
+    model: str
+    input: str
+    voice: str
+    response_format: FormatName | None = None
     speed: Speed = 1.0
     sample_rate: SampleRate | None = None
     stream: bool | None = Field(
@@ -351,7 +345,7 @@ class PromptFields(RequestModel):
     model_config = ConfigDict(
         title="Prompt", json_schema_extra={"examples": [{"input": "Welcome."}]}
     )
-    messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {
+    messages: ClassVar[Messages] = {
         ("id", "string_pattern_mismatch"): (
             "'id' is not a safe file name: use letters, digits and _ - . (not first), at most "
             "128 characters",
@@ -385,18 +379,11 @@ def _catalogue_rules(schema: dict[str, Any]) -> None:
     (``input`` or ``text``) unless the defaults give it, and the defaults name no ``id`` (an id
     names one prompt; null is no id)."""
     has_text = [{"required": ["input"]}, {"required": ["text"]}]
-    schema["if"] = {
-        "required": ["defaults"],
-        "properties": {"defaults": {"type": "object", "anyOf": has_text}},
-    }
+    schema["if"] = _has("defaults", {"type": "object", "anyOf": has_text})
     schema["else"] = {
         "properties": {"prompts": {"items": {"anyOf": [{"type": "string"}, {"anyOf": has_text}]}}}
     }
-    schema["properties"]["defaults"]["not"] = {
-        "type": "object",
-        "required": ["id"],
-        "properties": {"id": {"type": "string"}},
-    }
+    schema["properties"]["defaults"]["not"] = {"type": "object", **_has("id", {"type": "string"})}
 
 
 class PromptsBody(RequestModel):
@@ -421,15 +408,8 @@ class PromptsBody(RequestModel):
         errors = exc.errors(include_url=False)
         for error in errors:
             loc = error["loc"]
-            if loc[:1] == ("defaults",) and error["type"] == "extra_forbidden" and len(loc) == 2:
-                return BadRequest(
-                    f"defaults: unknown field {clip(loc[1], 32)}; expected one of "
-                    f"{', '.join(PromptFields.model_fields)}",
-                    param="defaults",
-                )
             if loc[:1] == ("defaults",) and len(loc) == 2:
-                inner = PromptFields.describe(error, str(loc[1]))
-                return BadRequest(f"defaults: {inner.message}", param="defaults", code=inner.code)
+                return _prompt_error("defaults", error, str(loc[1]), "defaults", "defaults")
         items = [e for e in errors if e["loc"][:1] == ("prompts",) and len(e["loc"]) >= 2]
         if not items:
             first = errors[0]
@@ -444,35 +424,36 @@ class PromptsBody(RequestModel):
                 return BadRequest("'prompts' must be a non-empty list", param="prompts")
             return super().bad_request(exc)
         index = int(items[0]["loc"][1])
+        where = f"prompt {index}"
+        mine = [e for e in items if e["loc"][1] == index]
         # A string item fails only as "not a string": the object branch says what is wrong.
-        inside = [e for e in items if e["loc"][1] == index and len(e["loc"]) >= 4]
-        text = [
-            e
-            for e in items
-            if e["loc"][1] == index and len(e["loc"]) == 3 and isinstance(e.get("input"), str)
-        ]
+        inside = [e for e in mine if len(e["loc"]) >= 4]
+        text = [e for e in mine if len(e["loc"]) == 3 and isinstance(e.get("input"), str)]
         if text:
             # A string item that is a string but not acceptable text.
-            inner = PromptFields.describe(text[0], "input")
-            return BadRequest(
-                f"prompt {index}: {inner.message}", param=f"prompts[{index}].input", code=inner.code
-            )
+            return _prompt_error(where, text[0], "input", "", f"prompts[{index}].input")
         if not inside:
-            return BadRequest(
-                f"prompt {index}: expected a string or an object", param=f"prompts[{index}]"
-            )
-        unknown = sorted(str(e["loc"][3]) for e in inside if e["type"] == "extra_forbidden")
-        if unknown:
-            return BadRequest(
-                f"prompt {index}: unknown field {clip(unknown[0], 32)}; expected one of "
-                f"{', '.join(PromptFields.model_fields)}",
-                param="prompts",
-            )
-        field = str(inside[0]["loc"][3])
-        inner = PromptFields.describe(inside[0], field)
-        return BadRequest(
-            f"prompt {index}: {inner.message}", param=f"prompts[{index}].{field}", code=inner.code
+            return BadRequest(f"{where}: expected a string or an object", param=f"prompts[{index}]")
+        unknown = sorted(
+            (e for e in inside if e["type"] == "extra_forbidden"), key=lambda e: str(e["loc"][3])
         )
+        first = (unknown or inside)[0]
+        field = str(first["loc"][3])
+        return _prompt_error(where, first, field, "prompts", f"prompts[{index}].{field}")
+
+
+def _prompt_error(
+    where: str, error: ErrorDetails, field: str, unknown_param: str, param: str
+) -> BadRequest:
+    """The error for ``field`` of a prompt object (or of the defaults), prefixed by ``where``."""
+    if error["type"] == "extra_forbidden":
+        return BadRequest(
+            f"{where}: unknown field {clip(field, 32)}; expected one of "
+            f"{', '.join(PromptFields.model_fields)}",
+            param=unknown_param,
+        )
+    inner = PromptFields.describe(error, field)
+    return BadRequest(f"{where}: {inner.message}", param=param, code=inner.code)
 
 
 class CoquiFields(RequestModel):
@@ -480,7 +461,7 @@ class CoquiFields(RequestModel):
 
     model_config = ConfigDict(title="CoquiRequest")
     route: ClassVar[str | None] = "/api/tts"
-    messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {
+    messages: ClassVar[Messages] = {
         ("text", "missing"): ("'text' is missing or empty: send the text to speak", None),
         **{
             (name, "string_pattern_mismatch"): (
@@ -510,12 +491,9 @@ class SynthesizeQuery(RequestModel):
 
     model_config = ConfigDict(title="SynthesizeQuery", strict=False)
     route: ClassVar[str | None] = "/synthesize"
-    messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {
+    messages: ClassVar[Messages] = {
         ("text", "missing"): ("'text' is missing or empty: send the text to speak", None),
-        ("format", "literal_error"): (
-            "unsupported format {shown}; supported: {expected}",
-            "unsupported_format",
-        ),
+        **unsupported(format="unsupported_format"),
     }
 
     text: str
@@ -531,7 +509,7 @@ class PiperBody(RequestModel):
 
     model_config = ConfigDict(title="PiperRequest")
     route: ClassVar[str | None] = "POST /"
-    messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {
+    messages: ClassVar[Messages] = {
         ("text", "missing"): ("'text' is missing or empty: send the text to speak", None),
         ("speaker_id", "less_than_equal"): (
             "the served voices have one speaker each (id 0); got speaker_id {shown}",
@@ -558,27 +536,16 @@ class PiperBody(RequestModel):
         None,
         description="Speaker id (overrides speaker): the served voices have one speaker, id 0.",
     )
-    length_scale: float | None = Field(
+    length_scale: SpeedRange | None = Field(
         None,
-        ge=MIN_SPEED,
-        le=MAX_SPEED,
-        allow_inf_nan=False,
         description="Phoneme length: the voice's own (1.0 for most) is normal speed; "
         "mapped to speed = the voice's length_scale / this, which must lie in 0.25-4.",
     )
-    noise_scale: float | None = Field(
-        None,
-        ge=0,
-        le=2,
-        allow_inf_nan=False,
-        description="Generator noise; part of the content address (Piper voices only).",
+    noise_scale: Noise | None = Field(
+        None, description="Generator noise; part of the content address (Piper voices only)."
     )
-    noise_w_scale: float | None = Field(
-        None,
-        ge=0,
-        le=2,
-        allow_inf_nan=False,
-        description="Phoneme width noise; part of the content address (Piper voices only).",
+    noise_w_scale: Noise | None = Field(
+        None, description="Phoneme width noise; part of the content address (Piper voices only)."
     )
 
 
@@ -590,7 +557,7 @@ class JambonzBody(RequestModel):
     # this body, and a 400 would silence every prompt of an upgraded jambonz at once.
     model_config = ConfigDict(title="JambonzRequest", extra="ignore")
     route: ClassVar[str | None] = "/v1/jambonz/tts"
-    messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {
+    messages: ClassVar[Messages] = {
         ("type", "literal_error"): (
             "unsupported type {shown}; jambonz sends 'text' or 'ssml'",
             "unsupported_type",
@@ -613,11 +580,8 @@ class SignBody(RequestModel):
 
     model_config = ConfigDict(title="SignRequest")
     route: ClassVar[str | None] = "/v1/say/sign"
-    messages: ClassVar[dict[tuple[str, str], tuple[str, str | None]]] = {
-        ("ext", "literal_error"): (
-            "unsupported ext {shown}; supported: {expected}",
-            "unsupported_format",
-        ),
+    messages: ClassVar[Messages] = {
+        **unsupported(ext="unsupported_format"),
         ("expires_in", "less_than_equal"): (
             "expires_in {shown} is longer than this gateway signs for ({le} s, signed_url_max_s)",
             None,
@@ -627,11 +591,7 @@ class SignBody(RequestModel):
     voice: str = Field(description="A voice of the default model, or an alias.", examples=["joe"])
     text: str
     ext: ExtensionName = Field(description="Extension of the URL (see GET /v1/audio/{key}.{ext}).")
-    expires_in: Annotated[int, Field(ge=1, le=10 * 365 * 86400), INTEGRAL] | None = Field(
-        None,
-        description="Seconds the URL stays valid: at most signed_url_max_s; absent: "
-        "signed_url_ttl_s (30 days by default). Every signed URL expires.",
-    )
+    expires_in: int | None = None  # bounded by signed_url_max_s (request_models)
 
 
 @dataclass(frozen=True)
@@ -645,18 +605,6 @@ class RequestModels:
     piper: type[PiperBody]
     jambonz: type[JambonzBody]
     sign: type[SignBody]
-
-    def all(self) -> tuple[type[RequestModel], ...]:
-        """Every model whose schema the document carries."""
-        return (
-            self.speech,
-            self.prompts,
-            self.coqui,
-            self.synthesize,
-            self.piper,
-            self.jambonz,
-            self.sign,
-        )
 
 
 def models_for(settings: Settings) -> RequestModels:
@@ -682,6 +630,10 @@ def request_models(
 ) -> RequestModels:
     """The models with the configured bounds and defaults filled in."""
     bounds: dict[str, Any] = {"min_length": 1, "max_length": max_input_chars, "pattern": SPEAKABLE}
+
+    def text(description: str = "Text to speak.", example: str = "Hello.") -> Any:
+        return (str, Field(description=description, examples=[example], **bounds))
+
     speech = create_model(
         "SpeechRequest",
         __base__=SpeechBody,
@@ -693,12 +645,7 @@ def request_models(
                 examples=[OPENAI_MODELS[0]],
             ),
         ),
-        input=(
-            str,
-            Field(
-                description="Text to speak (split into sentences).", examples=["Hello."], **bounds
-            ),
-        ),
+        input=text("Text to speak (split into sentences)."),
         voice=(
             str,
             Field(
@@ -743,35 +690,17 @@ def request_models(
             Field(None, description="Fields applied to every prompt."),
         ),
     )
+
     coqui = create_model(
-        "CoquiRequest",
-        __base__=CoquiFields,
-        text=(
-            str,
-            Field(
-                description="Text to speak (or the `text` header).", examples=["Hello."], **bounds
-            ),
-        ),
+        "CoquiRequest", __base__=CoquiFields, text=text("Text to speak (or the `text` header).")
     )
-    synthesize = create_model(
-        "SynthesizeQuery",
-        __base__=SynthesizeQuery,
-        text=(str, Field(description="Text to speak.", examples=["Hello."], **bounds)),
-    )
-    piper = create_model(
-        "PiperRequest",
-        __base__=PiperBody,
-        text=(str, Field(description="Text to speak.", examples=["Hello."], **bounds)),
-    )
-    jambonz = create_model(
-        "JambonzRequest",
-        __base__=JambonzBody,
-        text=(str, Field(description="Text to speak.", examples=["Hello."], **bounds)),
-    )
+    synthesize = create_model("SynthesizeQuery", __base__=SynthesizeQuery, text=text())
+    piper = create_model("PiperRequest", __base__=PiperBody, text=text())
+    jambonz = create_model("JambonzRequest", __base__=JambonzBody, text=text())
     sign = create_model(
         "SignRequest",
         __base__=SignBody,
-        text=(str, Field(description="Text to speak.", examples=["Press one."], **bounds)),
+        text=text(example="Press one."),
         expires_in=(
             cast(Any, Annotated[int, Field(ge=1, le=signed_url_max_s), INTEGRAL] | None),
             Field(
@@ -781,12 +710,4 @@ def request_models(
             ),
         ),
     )
-    return RequestModels(
-        speech=speech,
-        prompts=prompts,
-        coqui=coqui,
-        synthesize=synthesize,
-        piper=piper,
-        jambonz=jambonz,
-        sign=sign,
-    )
+    return RequestModels(speech, prompts, coqui, synthesize, piper, jambonz, sign)

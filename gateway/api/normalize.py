@@ -15,24 +15,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation, localcontext
+from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
 
 from num2words import CONVERTER_CLASSES, num2words
 
 from gateway.errors import BadRequest
 
-SAY_AS_KINDS = (
-    "characters",
-    "spell-out",
-    "digits",
-    "cardinal",
-    "number",
-    "ordinal",
-    "telephone",
-    "currency",
-    "date",
-    "time",
-)
 DATE_FORMATS = ("mdy", "dmy", "ymd", "ydm", "md", "dm", "ym", "my", "y", "m", "d")
 
 # Currency symbols a prompt writes, by ISO code (num2words speaks codes).
@@ -170,10 +158,7 @@ def _decimal(text: str, what: str) -> Decimal:
     cleaned = text.strip().replace(",", "").replace("\u2212", "-")
     if not re.fullmatch(r"[+-]?(\d+(\.\d*)?|\.\d+)", cleaned):
         raise _bad(f"say-as {what}: not a number")
-    try:
-        return Decimal(cleaned)
-    except InvalidOperation as exc:  # the pattern above makes this unreachable; kept honest
-        raise _bad(f"say-as {what}: not a number") from exc
+    return Decimal(cleaned)  # (the pattern admits only what Decimal reads)
 
 
 def _digit_words(text: str, lang: str) -> str:
@@ -315,10 +300,7 @@ def time(text: str, lang: str) -> str:
         return "midnight" if not minute else time(f"12:{minute:02d} am", lang)
     words = [_words(hour, lang)]
     if minute:
-        if english and minute < 10:
-            words.append(f"oh {_words(minute, lang)}")
-        else:
-            words.append(_words(minute, lang))
+        words.append(("oh " if english and minute < 10 else "") + _words(minute, lang))
     elif english and not match.group("ap"):
         words.append("o'clock" if hour <= 12 else "hundred")
     if match.group("ap"):
@@ -335,6 +317,21 @@ def date_order(text: str) -> str:
     return "mdy"
 
 
+_SAY_AS: dict[str, Callable[[str, str], str]] = {
+    "characters": characters,
+    "spell-out": characters,
+    "digits": digits,
+    "cardinal": cardinal,
+    "number": cardinal,
+    "ordinal": ordinal,
+    "telephone": telephone,
+    "currency": currency,
+    "date": date,
+    "time": time,
+}
+SAY_AS_KINDS = tuple(_SAY_AS)
+
+
 def say_as(kind: str, text: str, lang: str, fmt: str = "") -> str:
     """``text`` said as ``kind`` (one of :data:`SAY_AS_KINDS`) in num2words language ``lang``."""
     if kind == "date":
@@ -347,61 +344,38 @@ def say_as(kind: str, text: str, lang: str, fmt: str = "") -> str:
     return handler(text, lang)
 
 
-_SAY_AS: dict[str, Callable[[str, str], str]] = {
-    "characters": characters,
-    "spell-out": characters,
-    "digits": digits,
-    "cardinal": cardinal,
-    "number": cardinal,
-    "ordinal": ordinal,
-    "telephone": telephone,
-    "currency": currency,
-    "time": time,
-}
-
 # Plain-text normalization ("normalize": "numbers"): the written forms a prompt commonly holds,
-# tried in this order (a phone number before its digit groups are read as cardinals).
+# tried in this order (a phone number before its digit groups are read as cardinals), each group
+# named by the say-as kind that says it (an ISO date: year first).
 _PLAIN = re.compile(
-    r"(?P<phone>\+\d{1,3}(?:[ \-.]\d{2,5}){2,5}\b)"
-    r"|(?P<money>[$€£]\s?\d[\d,]*(?:\.\d+)?)"
+    r"(?P<telephone>\+\d{1,3}(?:[ \-.]\d{2,5}){2,5}\b)"
+    r"|(?P<currency>[$€£]\s?\d[\d,]*(?:\.\d+)?)"
     r"|(?P<date>\b\d{1,4}/\d{1,2}/\d{2,4}\b)"
     r"|(?P<isodate>\b\d{4}-\d{2}-\d{2}\b)"
     r"|(?P<time>\b\d{1,2}:\d{2}(?:\s?[ap]\.?m\.?\b)?)"
     r"|(?P<ordinal>\b\d+(?:st|nd|rd|th)\b)"
-    r"|(?P<number>(?<![\w.])-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w])|(?<![\w.])-?\d+(?:\.\d+)?(?![\w]))",
+    r"|(?P<cardinal>(?<![\w.])-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w])|(?<![\w.])-?\d+(?:\.\d+)?(?![\w]))",
     re.IGNORECASE,
 )
 
 
-def normalize_numbers(text: str, lang: str, date_format: str = "") -> str:
+def normalize_numbers(text: str, lang: str) -> str:
     """Plain ``text`` with its numbers, amounts, dates, times, ordinals and international
-    telephone numbers written out in ``lang``. A date's order is ``date_format``, else month
-    first for US English and day first otherwise."""
+    telephone numbers written out in ``lang``; a date month first in ``en``, else day first."""
     if not any(ch.isdigit() for ch in text):
         return text
     lang = _need_language(lang, "normalize 'numbers'")
-    order = date_format or ("mdy" if lang == "en" else "dmy")
+    order = "mdy" if lang == "en" else "dmy"
 
     def spoken(match: re.Match[str]) -> str:
-        kind = match.lastgroup or "number"
+        kind = match.lastgroup or "cardinal"
         value = match.group(0)
         try:
-            if kind == "phone":
-                return telephone(value, lang)
-            if kind == "money":
-                return currency(value, lang)
-            if kind == "date":
-                parts = value.split("/")
-                if len(parts[0]) == 4:
-                    return date(value, lang, "ymd")
+            if kind == "date" and len(value.split("/")[0]) != 4:
                 return date(value, lang, order)
-            if kind == "isodate":
+            if kind in ("date", "isodate"):
                 return date(value, lang, "ymd")
-            if kind == "time":
-                return time(value, lang)
-            if kind == "ordinal":
-                return ordinal(value, lang)
-            return cardinal(value, lang)
+            return _SAY_AS[kind](value, lang)
         except BadRequest:
             return value  # not a well-formed instance of its kind: leave it to the voice
 

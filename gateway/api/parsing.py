@@ -66,15 +66,11 @@ def json_depth_exceeds(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Iterable[Any] = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children)
+        if isinstance(item, dict | list):
+            if depth > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
     return False
 
 
@@ -266,57 +262,45 @@ def speech_text(
     plain text with no segments, so it shares plain text's content address.
     """
     try:
-        return _speech_text(raw, settings, words, model, voice, param, normalize, ssml, expansions)
+        handle = words.models[model]
+        language = handle.voice_language(voice)
+        if not (ssml if ssml is not None else is_ssml(raw)):
+            return Spoken(validate_text(raw, settings, param, normalize, language))
+        _check_raw(raw, settings, param)
+        document = raw if is_ssml(raw) else f"<speak>{raw}</speak>"
+        mode = normalize or settings.normalize
+        limits = ssml_limits(settings)
+        memo_key = (raw, model, voice, mode, limits)
+        segments = expansions.get(memo_key) if expansions is not None else None
+        if segments is None:
+            segments = expand(
+                document,
+                language=language,
+                engine=handle.engine_name,
+                takes_phonemes=handle.capabilities.takes_phonemes,
+                limits=limits,
+            )
+            if mode == "numbers":
+                lang = language_of(language)
+                segments = tuple(
+                    s
+                    if s.phonemes or not s.words
+                    else dataclasses.replace(
+                        s, words=normalize_text(normalize_numbers(s.words, lang))
+                    )
+                    for s in segments
+                )
+            if expansions is not None and len(raw) <= EXPANSION_MEMO_MAX_CHARS:
+                expansions.put(memo_key, segments)
+        plain = plain_text(segments)
+        if plain is not None:
+            return Spoken(plain)
+        return Spoken(joined_words(segments), segments)
     except BadRequest as exc:
         if exc.param != "input" or param == "input":
             raise
         # The SSML and number front ends name 'input'; this route calls the field otherwise.
         raise BadRequest(exc.message, param=param, code=exc.code) from exc
-
-
-def _speech_text(
-    raw: str,
-    settings: Settings,
-    words: Vocabulary,
-    model: str,
-    voice: str,
-    param: str,
-    normalize: str | None,
-    ssml: bool | None,
-    expansions: ExpansionMemo | None,
-) -> Spoken:
-    handle = words.models[model]
-    language = handle.voice_language(voice)
-    if not (ssml if ssml is not None else is_ssml(raw)):
-        return Spoken(validate_text(raw, settings, param, normalize, language))
-    _check_raw(raw, settings, param)
-    document = raw if is_ssml(raw) else f"<speak>{raw}</speak>"
-    mode = normalize or settings.normalize
-    limits = ssml_limits(settings)
-    memo_key = (raw, model, voice, mode, limits)
-    segments = expansions.get(memo_key) if expansions is not None else None
-    if segments is None:
-        segments = expand(
-            document,
-            language=language,
-            engine=handle.engine_name,
-            takes_phonemes=handle.capabilities.takes_phonemes,
-            limits=limits,
-        )
-        if mode == "numbers":
-            lang = language_of(language)
-            segments = tuple(
-                s
-                if s.phonemes or not s.words
-                else dataclasses.replace(s, words=normalize_text(normalize_numbers(s.words, lang)))
-                for s in segments
-            )
-        if expansions is not None and len(raw) <= EXPANSION_MEMO_MAX_CHARS:
-            expansions.put(memo_key, segments)
-    plain = plain_text(segments)
-    if plain is not None:
-        return Spoken(plain)
-    return Spoken(joined_words(segments), segments)
 
 
 def resolve_model(name: str, settings: Settings, words: Vocabulary) -> str:
@@ -364,18 +348,6 @@ def resolve_voice(name: str, model: str, settings: Settings, words: Vocabulary) 
         param="voice",
         code="voice_not_found",
     )
-
-
-def resolve_format(name: str) -> audio.AudioFormat:
-    """The output format called ``name``."""
-    fmt = audio.FORMATS.get(name)
-    if fmt is None:
-        raise BadRequest(
-            f"unsupported response_format {clip(name)}; supported: {', '.join(audio.FORMATS)}",
-            param="response_format",
-            code="unsupported_format",
-        )
-    return fmt
 
 
 def build_request(
@@ -476,7 +448,14 @@ def speech_request(
         ssml=ssml,
         expansions=expansions,
     )
-    fmt = resolve_format(body.response_format or settings.default_format)
+    name = body.response_format or settings.default_format
+    fmt = audio.FORMATS.get(name)
+    if fmt is None:  # (a default_format setting that names no format: the field is checked)
+        raise BadRequest(
+            f"unsupported response_format {clip(name)}; supported: {', '.join(audio.FORMATS)}",
+            param="response_format",
+            code="unsupported_format",
+        )
     stream, sse = streams(body, fmt)
     req = build_request(
         spoken,

@@ -59,12 +59,6 @@ class SayMemo(BoundedMemo[str, SayParsed]):
             super().put(key, value)
 
 
-def say_path(voice: str, text: str, ext: str, token: str | None = None) -> str:
-    """The path of the say URL for ``text`` in ``voice`` as ``ext`` (signed with ``token``)."""
-    prefix = f"/v1/say/{SIGNED}/{token}/" if token else "/v1/say/"
-    return f"{prefix}{quote(voice, safe='')}/{quote(text, safe='')}.{ext}"
-
-
 def parse_say(
     voice: str,
     text: str,
@@ -122,7 +116,8 @@ def signed_say_path(
     secret: str, voice: str, text: str, ext: str, expires: int, key: str = ""
 ) -> str:
     """The path of a signed say URL (see :func:`sign`)."""
-    return say_path(voice, text, ext, sign(secret, voice, text, ext, expires, key))
+    token = sign(secret, voice, text, ext, expires, key)
+    return f"/v1/say/{SIGNED}/{token}/{quote(voice, safe='')}/{quote(text, safe='')}.{ext}"
 
 
 def verify(

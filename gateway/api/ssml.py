@@ -69,7 +69,6 @@ MAX_MARK_NAME = 128
 CONTAINER_TAGS = frozenset({"speak", "p", "s", "paragraph", "sentence"})
 # Tags whose purpose is to fetch something: refused whatever the unknown-tag setting says.
 FETCHING_TAGS = frozenset({"audio", "lexicon", "lookup"})
-UNKNOWN_TAG_MODES = ("refuse", "strip")
 # Sentence-final punctuation (optionally closed by quotes or brackets): two segments with the
 # default pause between them, the first ending so, say the same as their words joined.
 _SENTENCE_END = re.compile(r"[.!?\u2026\u3002\uff01\uff1f][\"'\u201d\u2019)\]]*$")
@@ -260,12 +259,6 @@ class _Expander:
         else:
             self.leading = _combine(self.leading, pause)
 
-    def phoneme_piece(self, ph: str, rate: float, spans: Sequence[Span] = ()) -> None:
-        self.boundary(_TIGHT)
-        if self.positions is not None and len(spans) == len(ph):
-            self.trace.extend(zip(ph, spans, strict=True))
-        self.pieces.append(_Piece(normalize_text(ph), _TIGHT, rate, phonemes=True))
-
     # ---- walking --------------------------------------------------------------------------
 
     def walk(self, element: ET.Element, depth: int, rate: float) -> None:
@@ -344,7 +337,10 @@ class _Expander:
         if not ph or not ph.strip():
             raise _bad("<phoneme> needs a ph attribute")
         _only_text(element, "phoneme")
-        self.phoneme_piece(ph, rate, self._content(index, ph))
+        self.boundary(_TIGHT)
+        if self.positions is not None:
+            self.trace.extend(zip(ph, self._content(index, ph), strict=True))
+        self.pieces.append(_Piece(normalize_text(ph), _TIGHT, rate, phonemes=True))
 
     # ---- result ---------------------------------------------------------------------------
 
@@ -386,16 +382,13 @@ class _Expander:
                 code="ssml_break_too_long",
             )
         names = self.mark_names
-        if (isinstance(leading, int) and leading > 0) or leading_marks:
-            _, at_start = _take_marks(leading_marks, names)
-            pause_ms = leading if isinstance(leading, int) and leading > 0 else None
-            out.append(Segment("", pause_ms, 1.0, marks=at_start))
+        lead_ms = leading if isinstance(leading, int) and leading > 0 else None
+        if lead_ms or leading_marks:
+            out.append(Segment("", lead_ms, 1.0, marks=_take_marks(leading_marks, names)[1]))
         for i, piece in enumerate(merged):
             pause = piece.pause
-            if isinstance(pause, _Tight):
+            if isinstance(pause, _Tight) or pause == 0:
                 pause = None if i == len(merged) - 1 else 0
-            elif pause == 0 and i == len(merged) - 1:
-                pause = None
             words, marks = _take_marks(piece.words, names) if names else (piece.words, ())
             if piece.after_marks:
                 marks += tuple((n, len(words)) for n, _ in _take_marks(piece.after_marks, names)[1])

@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import os
 from functools import partial
 from typing import Any
@@ -58,7 +57,7 @@ from wyoming.tts import (
 )
 
 from cache.keys import normalize_text
-from gateway.api.compat import check_language, check_speaker, find_voice
+from gateway.api.compat import check_language, find_voice
 from gateway.api.parsing import ExpansionMemo, build_request, front_end_may_run, speech_text
 from gateway.errors import BadRequest, VoxgateError
 from gateway.runtime.buildinfo import version
@@ -109,9 +108,7 @@ class Dropped(Exception):
         self.reason = reason
 
 
-async def read_event(
-    reader: asyncio.StreamReader, max_data: int, idle_s: float = math.inf
-) -> Event | None:
+async def read_event(reader: asyncio.StreamReader, max_data: int, idle_s: float) -> Event | None:
     """The next event, or None at the end of the stream; :class:`BadEvent` for one that breaks
     the rules (the bytes it declared are consumed, so the next event can still be read);
     :class:`Dropped` when no header line comes within ``idle_s``, or the rest of the event
@@ -149,29 +146,22 @@ async def _read_rest(reader: asyncio.StreamReader, line: bytes, max_data: int) -
         raise BadEvent("data_length and payload_length must be integers", fatal=True)
     if data_length < 0 or payload_length < 0:
         raise BadEvent("data_length and payload_length must not be negative", fatal=True)
-    data = header.get("data") or {}
-    too_big = data_length > max_data
-    if data_length:
-        if too_big:
-            await _discard(reader, data_length)
-        else:
-            raw = await reader.readexactly(data_length)
-            try:
-                extra = json.loads(raw)
-            except (ValueError, RecursionError) as exc:
-                await _discard(reader, payload_length)
-                raise BadEvent("event data is not a JSON object") from exc
-            if not isinstance(extra, dict) or not isinstance(data, dict):
-                await _discard(reader, payload_length)
-                raise BadEvent("event data must be a JSON object")
-            data = {**data, **extra}
-    # A TTS server reads no payload: it is consumed without being kept.
-    await _discard(reader, payload_length)
-    if too_big:
+    # Everything the event declared is consumed before it is judged. A TTS server reads no
+    # payload: it is consumed without being kept, and so is data over the limit.
+    raw = await reader.readexactly(data_length) if data_length <= max_data else b""
+    await _discard(reader, payload_length + (data_length if data_length > max_data else 0))
+    if data_length > max_data:
         raise BadEvent(f"event data is {data_length} bytes; the limit is {max_data}")
-    if not isinstance(data, dict):
+    data = header.get("data") or {}
+    extra: Any = {}
+    if raw:
+        try:
+            extra = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            raise BadEvent("event data is not a JSON object") from exc
+    if not isinstance(extra, dict) or not isinstance(data, dict):
         raise BadEvent("event data must be a JSON object")
-    return Event(type=header["type"], data=data)
+    return Event(type=header["type"], data={**data, **extra})
 
 
 async def _discard(reader: asyncio.StreamReader, length: int) -> None:
@@ -201,7 +191,6 @@ class SpeechEventHandler(AsyncEventHandler):
     ) -> None:
         super().__init__(reader, writer)
         self.server = server
-        self.service = server.service
         self.words = server.words
         self.settings = server.settings
         self.metrics = server.metrics
@@ -283,8 +272,7 @@ class SpeechEventHandler(AsyncEventHandler):
         elif Synthesize.is_type(event.type):
             if self._stream_voice is not None:
                 return  # sent inside a stream for servers without streaming: the stream speaks
-            text = _text(event.data)
-            await self._speak(await self._request_off_loop(text, _voice(event.data)))
+            await self._speak(_text(event.data), _voice(event.data))
         elif SynthesizeStart.is_type(event.type):
             self._stream_voice = _voice(event.data)
             self._pending = ""
@@ -298,7 +286,7 @@ class SpeechEventHandler(AsyncEventHandler):
             voice, rest = self._stream_voice, self._pending
             self._stream_voice, self._pending = None, ""
             if rest.strip():
-                await self._speak(await self._request_off_loop(rest, voice))
+                await self._speak(rest, voice)
             await self.write_event(SynthesizeStopped().event())
         else:
             raise BadRequest(
@@ -322,8 +310,7 @@ class SpeechEventHandler(AsyncEventHandler):
         pending = normalize_text(self._pending)
         if not pending:
             return
-        splitter = self.server.splitter
-        sentences = await asyncio.to_thread(splitter.split, pending)
+        sentences = await asyncio.to_thread(self.server.splitter.split, pending)
         if len(sentences) < 2:
             return
         # The sentences joined by single spaces are the normalized text (SentenceSplitter's
@@ -332,22 +319,13 @@ class SpeechEventHandler(AsyncEventHandler):
         tail = " " if self._pending[-1:].isspace() else ""
         self._pending = sentences[-1] + tail
         for sentence in sentences[:-1]:
-            await self._speak(await self._request_off_loop(sentence, self._stream_voice))
-
-    async def _request_off_loop(self, text: str, voice: dict[str, Any]) -> SpeechRequest:
-        """:meth:`_request`, in a thread when a text front end may run (tens of milliseconds
-        for a long Markdown text: not on the event loop)."""
-        if front_end_may_run(self.settings):
-            return await asyncio.to_thread(self._request, text, voice)
-        return self._request(text, voice)
+            await self._speak(sentence, self._stream_voice)
 
     def _request(self, text: str, voice: dict[str, Any]) -> SpeechRequest:
-        name = voice.get("name")
-        language = voice.get("language")
-        speaker = voice.get("speaker")
-        for field, value in (("name", name), ("language", language), ("speaker", speaker)):
-            if value is not None and not isinstance(value, str):
+        for field in ("name", "language", "speaker"):
+            if not isinstance(voice.get(field), str | None):
                 raise BadRequest(f"voice {field} must be a string", param=f"voice.{field}")
+        name, language, speaker = voice.get("name"), voice.get("language"), voice.get("speaker")
         model, chosen = (
             find_voice(name, self.settings, self.words)
             if name or not language
@@ -355,7 +333,12 @@ class SpeechEventHandler(AsyncEventHandler):
         )
         if name and language:
             check_language(language, model, chosen, self.words)
-        check_speaker(speaker, None, chosen)
+        if speaker:  # (the served voices have one speaker each, and no speaker names)
+            raise BadRequest(
+                f"voice '{chosen}' has one speaker and no speaker names; omit 'speaker'",
+                param="speaker",
+                code="speaker_not_found",
+            )
         # Home Assistant's TTS may send SSML (<speak>...) like any HTTP client.
         spoken = speech_text(
             text,
@@ -391,9 +374,15 @@ class SpeechEventHandler(AsyncEventHandler):
             code="unsupported_language",
         )
 
-    async def _speak(self, req: SpeechRequest) -> None:
-        """``audio-start``, the audio as ``audio-chunk``s as it is made, ``audio-stop``."""
-        answer = await self.service.answer(req, stream=True)
+    async def _speak(self, text: str, voice: dict[str, Any]) -> None:
+        """``audio-start``, the audio of ``text`` as ``audio-chunk``s as it is made,
+        ``audio-stop``. The request is made in a thread when a text front end may run (tens of
+        milliseconds for a long Markdown text: not on the event loop)."""
+        if front_end_may_run(self.settings):
+            req = await asyncio.to_thread(self._request, text, voice)
+        else:
+            req = self._request(text, voice)
+        answer = await self.server.service.answer(req, stream=True)
         if isinstance(answer, SpeechStream):
             try:
                 await self.write_event(
@@ -549,7 +538,6 @@ class WyomingServer:
                     description=v.description or v.name,
                     version=None,
                     languages=[v.language] if v.language else [],
-                    speakers=None,
                 )
                 for v in handle.engine.voices()
             ]
