@@ -67,10 +67,6 @@ class Production:
     # Started by a stream: the first sentence is synthesized alone (see ``Assembler._run``).
     first_alone: bool = False
 
-    async def sentence_parts(self) -> list[asyncio.Future[Audio]]:
-        """The per-sentence futures (await each through :func:`asyncio.shield`)."""
-        return await asyncio.shield(self.parts)
-
     async def made(self) -> Made:
         """Wait for the finished, stored rendition (a cancelled waiter does not cancel it)."""
         assert self.result is not None
@@ -247,10 +243,19 @@ class Layout:
         gap_s = self.gaps_ms[i] / 1000.0
         return sentences.leading_pause(pcm, rate, gap_s) if gap_s > 0 else pcm
 
-    def join(self, parts: list[audio.FloatPCM], rate: int) -> audio.FloatPCM:
-        """The sentences joined."""
-        gaps = [g / 1000.0 for g in self.gaps_ms]
-        return sentences.join_gaps(parts, rate, gaps, self.trims)
+
+def join_parts(
+    pcms: list[audio.FloatPCM],
+    rate: int,
+    gaps_ms: tuple[int, ...],
+    trims: tuple[bool, ...],
+    pause_ms: int,
+) -> audio.FloatPCM:
+    """Sentences joined as a rendition joins them: at the exact ``gaps_ms`` of a
+    :attr:`Layout.exact` join (as its recipe stores them), else ``pause_ms`` between each."""
+    if gaps_ms:
+        return sentences.join_gaps(pcms, rate, [g / 1000.0 for g in gaps_ms], trims)
+    return sentences.join(pcms, rate, pause_ms / 1000.0)
 
 
 def plan(
@@ -470,9 +475,10 @@ class Assembler:
         helps)."""
         prod, leader = self.join(req, key, rate, first_alone=True)
         try:
-            parts = await prod.sentence_parts()
+            parts = await asyncio.shield(prod.parts)  # (await each through a shield too)
             assert prod.layout is not None  # set before the parts
             keys = self._passing_keys(req, rate, prod)
+            whole = False
             if whole_if_one:
                 # Every sentence answered from the store or queued (lookups, no synthesis): a
                 # stored one has resolved by then, so "all done" means nothing is synthesized.
@@ -483,19 +489,15 @@ class Assembler:
                     await turn.wait()
                     if not part.done():
                         break
-                if len(parts) == 1 or all(part.done() for part in parts):
-                    passing = None
-                    if keys is not None and not parts[0].done():
-                        passing = await self._pass_through(req, prod, keys, leader)
-                    if passing is not None:
-                        return passing
-                    made = await prod.made()
-                    self.leave(prod)
-                    return made, leader
-            if keys is not None:
+                whole = len(parts) == 1 or all(part.done() for part in parts)
+            if keys is not None and not (whole and parts[0].done()):
                 passing = await self._pass_through(req, prod, keys, leader)
                 if passing is not None:
                     return passing
+            if whole:
+                made = await prod.made()
+                self.leave(prod)
+                return made, leader
             first = await asyncio.shield(parts[0])
             pcm = prod.layout.piece(0, first.pcm, first.sample_rate)
             encoder, data = await asyncio.get_running_loop().run_in_executor(
@@ -550,19 +552,20 @@ class Assembler:
         opening = Opening(first, encoder, rate, len(first) / 2 / rate, keys, pieces, call)
         return SpeechStream(prod, self, opening, leader=leader)
 
+    async def split(self, req: SpeechRequest) -> tuple[list[SpeechRequest], Layout]:
+        """The one-sentence requests ``req`` is made of and how they join (:func:`plan`)."""
+        whole = self._masters.says_whole(req.model)
+        args = (req, self.splitter, self.max_sentence_chars, self.pause_ms, whole)
+        if not req.segments and (whole or self.splitter.whole(req.text, self.max_sentence_chars)):
+            # One sentence on its face: nothing to split, no trip to a thread and back.
+            return plan(*args)
+        return await asyncio.get_running_loop().run_in_executor(self.encode_pool, plan, *args)
+
     async def _run(self, prod: Production) -> Made:
         req = prod.req
         loop = asyncio.get_running_loop()
         try:
-            whole = self._masters.says_whole(req.model)
-            args = (req, self.splitter, self.max_sentence_chars, self.pause_ms, whole)
-            if not req.segments and (
-                whole or self.splitter.whole(req.text, self.max_sentence_chars)
-            ):
-                # One sentence on its face: nothing to split, no trip to a thread and back.
-                texts, layout = plan(*args)
-            else:
-                texts, layout = await loop.run_in_executor(self.encode_pool, plan, *args)
+            texts, layout = await self.split(req)
         except BaseException as exc:
             prod.parts.set_exception(exc)
             raise
@@ -659,12 +662,9 @@ def _rendition_entry(
     loop; with the joined samples."""
     rate_in = masters[0].sample_rate
     pcms = [m.pcm for m in masters]
-    if layout.exact:
-        pcm = layout.join(pcms, rate_in)
-        gaps: list[float] | None = [g / 1000.0 for g in layout.gaps_ms]
-    else:
-        pcm = sentences.join(pcms, rate_in, layout.pause_ms / 1000.0)
-        gaps = None
+    gaps_ms = layout.gaps_ms if layout.exact else ()
+    pcm = join_parts(pcms, rate_in, gaps_ms, layout.trims, layout.pause_ms)
+    gaps = [g / 1000.0 for g in gaps_ms] if gaps_ms else None
     data = audio.render(pcm, rate_in, req.fmt, rate)
     found = marks.compose(
         req.text,

@@ -19,7 +19,7 @@ from cache.keys import rendition_key
 from cache.store import TieredStore
 from gateway.errors import BadRequest
 from gateway.memo import BoundedMemo
-from gateway.speech.assembly import Assembler, SpeechStream, plan
+from gateway.speech.assembly import Assembler, SpeechStream
 from gateway.speech.ledger import Ledger, Made
 from gateway.speech.masters import Masters, ModelHandle
 from gateway.speech.quarantine import Quarantine
@@ -32,7 +32,6 @@ from gateway.speech.request import (
 from gateway.speech.telephony import Transcoder
 from gateway.speech.vocabulary import Vocabulary
 from synth import audio, sentences
-from synth.engine import Engine
 
 log = logging.getLogger("voxgate.speech")
 
@@ -163,16 +162,13 @@ class SpeechService:
         )
         keys = self._key_memo.get(memo_key)
         if keys is None:
-            keys = self._compute_keys(req, engine)
+            assembled = self.masters.master_key(req, sentence_pause_ms=self.sentence_pause_ms)
+            rate = audio.output_rate(req.fmt, engine.sample_rate, req.sample_rate)
+            rk = rendition_key(assembled, fmt=req.fmt.name, sample_rate=rate)
+            keys = self.masters.master_key(req), rk, rate
             self._key_memo.put(memo_key, keys)
         object.__setattr__(req, "keys_cache", (self._addressing, keys))
         return keys
-
-    def _compute_keys(self, req: SpeechRequest, engine: Engine) -> tuple[str, str, int]:
-        mk = self.masters.master_key(req)
-        assembled = self.masters.master_key(req, sentence_pause_ms=self.sentence_pause_ms)
-        rate = audio.output_rate(req.fmt, engine.sample_rate, req.sample_rate)
-        return mk, rendition_key(assembled, fmt=req.fmt.name, sample_rate=rate), rate
 
     # ---- serving ----------------------------------------------------------------------------
 
@@ -233,15 +229,14 @@ class SpeechService:
         """Whether ``req`` may be made of more than one sentence master (what streaming by
         default needs to help): cheap, on the loop. A text that is not one sentence on its face
         counts as several (it may still split into one)."""
-        if self.masters.says_whole(req.model):
-            return len([seg for seg in req.segments if seg.words]) > 1
-        if not req.segments:
-            return not self.assembler.splitter.whole(req.text, self.assembler.max_sentence_chars)
         spoken = [seg for seg in req.segments if seg.words]
-        limit = self.assembler.max_sentence_chars
+        if self.masters.says_whole(req.model):
+            return len(spoken) > 1
+        whole, limit = self.assembler.splitter.whole, self.assembler.max_sentence_chars
+        if not req.segments:
+            return not whole(req.text, limit)
         return len(spoken) > 1 or any(
-            not seg.phonemes and not self.assembler.splitter.whole(seg.words, limit)
-            for seg in spoken
+            not seg.phonemes and not whole(seg.words, limit) for seg in spoken
         )
 
     def check_budget(self, req: SpeechRequest) -> None:
@@ -264,16 +259,7 @@ class SpeechService:
         expansion (segments), the sentences it is made of (each a cached master) and how they
         join, and its content address (``key``: the ``X-Audio-Key`` of its answer)."""
         mk, rk, rate = self.keys_for(req)
-        loop = asyncio.get_running_loop()
-        parts, layout = await loop.run_in_executor(
-            self._encode_pool,
-            plan,
-            req,
-            self.assembler.splitter,
-            self.assembler.max_sentence_chars,
-            self.sentence_pause_ms,
-            self.masters.says_whole(req.model),
-        )
+        parts, layout = await self.assembler.split(req)
         segments = req.segments or (Segment(req.text),)
         return {
             "key": rk,
@@ -305,23 +291,21 @@ class SpeechService:
 
     def voice_listing(self) -> Sequence[Mapping[str, object]]:
         """Models with their voices, for ``GET /v1/voices``."""
-        out = []
-        for name, handle in self.models.items():
-            out.append(
-                {
-                    "id": name,
-                    "ready": handle.ready.is_set(),
-                    "sample_rate": handle.engine.sample_rate,
-                    "voices": [
-                        {
-                            "id": v.name,
-                            "language": v.language,
-                            "description": v.description,
-                            "speech_marks": self.has_marks(name, v.name),
-                        }
-                        for v in handle.engine.voices()
-                    ],
-                    "execution": dict(handle.engine.describe()),
-                }
-            )
-        return out
+        return [
+            {
+                "id": name,
+                "ready": handle.ready.is_set(),
+                "sample_rate": handle.engine.sample_rate,
+                "voices": [
+                    {
+                        "id": v.name,
+                        "language": v.language,
+                        "description": v.description,
+                        "speech_marks": self.has_marks(name, v.name),
+                    }
+                    for v in handle.engine.voices()
+                ],
+                "execution": dict(handle.engine.describe()),
+            }
+            for name, handle in self.models.items()
+        ]

@@ -30,11 +30,11 @@ from cache.singleflight import SingleFlight
 from cache.store import TieredStore
 from gateway.errors import BadRequest, NotFound
 from gateway.memo import BoundedMemo
-from gateway.speech.assembly import RenderShare
+from gateway.speech.assembly import RenderShare, join_parts
 from gateway.speech.ledger import Ledger
 from gateway.speech.request import CacheResult
 from gateway.speech.takes import Take, accept_take
-from synth import audio, sentences
+from synth import audio
 from synth.engine import Engine
 
 log = logging.getLogger("voxgate.speech.telephony")
@@ -243,12 +243,7 @@ class Transcoder:
                     pcms = [d for d in decoded if not isinstance(d, BaseException)]
                     rate = pcms[0][1]
                     found = [pcm for pcm, _ in pcms]
-                    if meta.gaps_ms:
-                        gaps = [g / 1000.0 for g in meta.gaps_ms]
-                        joined = sentences.join_gaps(found, rate, gaps, meta.trims)
-                    else:
-                        joined = sentences.join(found, rate, meta.pause_ms / 1000.0)
-                    return joined, rate
+                    return join_parts(found, rate, meta.gaps_ms, meta.trims, meta.pause_ms), rate
         if meta.format in ("wav", "flac", "pcm"):
             try:
                 return await loop.run_in_executor(self.encode_pool, _decode_lossless, source)
