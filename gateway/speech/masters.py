@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -111,10 +112,7 @@ class Masters:
         """The fingerprint ``model``'s content addresses carry: its engine's, joined with the
         address revision a rollout switched it to (none: the engine's own, as before any
         rollout)."""
-        found = self._address_fingerprints.get(model)
-        if found is not None:
-            return found
-        return self.models[model].engine.fingerprint
+        return self._address_fingerprints.get(model) or self.models[model].engine.fingerprint
 
     def revision_of(self, model: str) -> str:
         """The address revision ``model`` is served at ("" before any rollout)."""
@@ -188,7 +186,7 @@ class Masters:
     async def master(
         self,
         req: SpeechRequest,
-        on_queued: Callable[[], None] | None = None,
+        on_queued: Callable[[], None],
         hold: Callable[[], Awaitable[object]] | None = None,
     ) -> tuple[Audio, CacheResult]:
         """The master audio of ``req`` (one sentence) and how it was had: ``"hit"`` (stored),
@@ -202,14 +200,12 @@ class Masters:
         found = await self.store.get(mk)
         decoded = None if found is None else await self._decode_stored(mk, found.entry, found.tier)
         if found is not None and decoded is not None:
-            if on_queued is not None:
-                on_queued()
+            on_queued()
             return decoded, "hit"
         if hold is not None and not self._flight.running(mk):
             await hold()
         if self._flight.running(mk):
-            if on_queued is not None:
-                on_queued()  # joining a synthesis already queued
+            on_queued()  # joining a synthesis already queued
         elif self.admit_synthesis is not None:
             # Charged before the master's shared production starts, not inside it: a refusal
             # (429) then fails this caller's text only, never others that join the master.
@@ -220,22 +216,17 @@ class Masters:
         return stored, "miss" if leader and made_here else "coalesced"
 
     async def _synthesize_once(
-        self, req: SpeechRequest, mk: str, on_queued: Callable[[], None] | None = None
+        self, req: SpeechRequest, mk: str, on_queued: Callable[[], None]
     ) -> tuple[Audio, bool]:
         """Master ``mk`` as stored, synthesized once; once across all replicas when Redis is
         configured: another replica's master is adopted from Redis, decoded exactly as
         :func:`audio.master_of` renders a fresh one, so every replica sends the same bytes.
         The flag is True when this process synthesized it, False when it was adopted or the
         host's pool process joined it to another process's synthesis."""
-
-        async def produce() -> tuple[Audio, bool]:
-            made = await self._synthesize(req, mk, on_queued)
-            return made, not made.joined
-
+        produce = functools.partial(self._synthesize, req, mk, on_queued)
         if self.cross_replica is None:
             return await produce()
-        if on_queued is not None:
-            on_queued()  # across replicas the order is not ours to keep: do not hold the rest
+        on_queued()  # across replicas the order is not ours to keep: do not hold the rest
 
         async def adopt(entry: Entry) -> tuple[Audio, bool]:
             decoded = await self._decode_stored(mk, entry, "redis")  # adopted from Redis
@@ -261,10 +252,11 @@ class Masters:
         return Audio(pcm, rate, words)
 
     async def _synthesize(
-        self, req: SpeechRequest, mk: str, on_queued: Callable[[], None] | None = None
-    ) -> Audio:
+        self, req: SpeechRequest, mk: str, on_queued: Callable[[], None]
+    ) -> tuple[Audio, bool]:
         """Synthesize ``req`` (one sentence), store its master under ``mk`` and return the
-        audio as stored (:func:`audio.master_of`). A take the checks refuse is never stored:
+        audio as stored (:func:`audio.master_of`), and whether this process made it (not
+        joined to another's by the host's pool process). A take the checks refuse is never stored:
         another is drawn (a provider is asked again), up to ``take_retries`` times, then
         :class:`TakeRejected` names the reasons."""
         handle = self.models[req.model]
@@ -273,9 +265,9 @@ class Masters:
         takes = 1 + (self.takes.retries if self.takes is not None and self.takes.on else 0)
         reasons: dict[str, None] = {}
         for n in range(takes):
-            made = await self._take(req, mk, handle, n, on_queued if n == 0 else None)
+            made = await self._take(req, mk, handle, n, on_queued)
             if isinstance(made, Audio):
-                return made
+                return made, not made.joined
             reasons.update(dict.fromkeys(made.reasons))
         raise TakeRejected(tuple(reasons), takes)
 
@@ -285,7 +277,7 @@ class Masters:
         mk: str,
         handle: ModelHandle,
         n: int,
-        on_queued: Callable[[], None] | None,
+        on_queued: Callable[[], None],
     ) -> Audio | Verdict:
         """Take ``n`` of ``req`` (0 the first): stored under ``mk`` and returned as stored, or
         the verdict that refused it."""
@@ -295,9 +287,9 @@ class Masters:
         item = SynthesisItem(
             req.text, req.voice, req.speed, dict(req.params), req.phonemes, n, sink=partial
         )
-        if on_queued is not None:
-            # submit() queues the item before its first suspension; this runs right after.
-            asyncio.get_running_loop().call_soon(on_queued)
+        # submit() queues the item before its first suspension; this runs right after (a
+        # retake's turn was given by the first take: setting it again changes nothing).
+        asyncio.get_running_loop().call_soon(on_queued)
         try:
             result = await handle.scheduler.submit(item, caller().client)
         finally:
