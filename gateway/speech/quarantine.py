@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import json
 import logging
 import math
@@ -101,8 +100,7 @@ class Quarantine:
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="quarantine")
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, functools.partial(fn, *args))
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     # ---- Rejects ---------------------------------------------------------------------------
 
