@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cache.entry import Entry, EntryMeta
+from cache.entry import Entry
 from cache.keys import rendition_key
 from cache.singleflight import SingleFlight
 from cache.store import TieredStore
@@ -32,7 +32,7 @@ from gateway.errors import BadRequest, NotFound
 from gateway.memo import BoundedMemo
 from gateway.speech.assembly import RenderShare, join_parts
 from gateway.speech.ledger import Ledger
-from gateway.speech.request import CacheResult
+from gateway.speech.request import SpeechResult
 from gateway.speech.takes import Take, accept_take
 from synth import audio
 from synth.engine import Engine
@@ -102,22 +102,6 @@ def extension(name: str, param: str = "ext") -> Extension:
     return found
 
 
-class MasterGone(NotFound):
-    """The stored audio names masters that are no longer stored, and is itself lossy: no other
-    encoding can be made of it without a synthesis."""
-
-
-@dataclass(frozen=True)
-class Transcoded:
-    """An encoding of stored audio: its key, the entry, and how it was had: ``hit`` (stored, or
-    transcoded now: no synthesis either way, as :meth:`SpeechService.speak` reports it) or
-    ``coalesced`` (joined a transcode in flight)."""
-
-    key: str
-    entry: Entry
-    cache: CacheResult
-
-
 class Transcoder:
     """Other encodings of audio stored under a content address (a transcode of its masters)."""
 
@@ -144,35 +128,31 @@ class Transcoder:
         """The derived key of ``key`` in ``ext`` if it was computed before (no I/O)."""
         return self._derived.get((key, ext.name))
 
-    def derived_key(self, key: str, meta: EntryMeta, ext: Extension) -> tuple[str, int]:
-        """``(key, rate)`` of ``ext``'s encoding of the audio stored under ``key``.
-
-        From the rendition's format-free master when it names one (the key a speech request for
-        that encoding computes), else from ``key`` itself (audio stored before masters were
-        recorded)."""
-        engine = self.engines.get(meta.model)
-        base_rate = engine.sample_rate if engine is not None else meta.sample_rate
-        rate = audio.output_rate(ext.fmt, base_rate, ext.rate)
-        return rendition_key(meta.master or key, fmt=ext.fmt.name, sample_rate=rate), rate
-
-    async def get(self, key: str, ext: Extension) -> Transcoded | None:
+    async def get(self, key: str, ext: Extension) -> SpeechResult | None:
         """``ext``'s encoding of the audio under ``key``: stored, or transcoded now and stored
-        (unpinned, even when the source is pinned: only a catalogue pins, within its quota).
-        None when nothing is stored under ``key``; :class:`MasterGone` when it cannot be made
-        without a synthesis."""
-        known = self._derived.get((key, ext.name))
+        (unpinned, even when the source is pinned: only a catalogue pins, within its quota),
+        ``hit`` (no synthesis either way, as :meth:`SpeechService.speak` reports it) unless it
+        joined a transcode in flight. None when nothing is stored under ``key``; a 404
+        ``master_not_stored`` when it names masters no longer stored and is itself lossy: no
+        other encoding can be made of it without a synthesis."""
+        known = self.known_key(key, ext)
         if known is not None:
             entry = await self.store.find(known)
             if entry is not None:
-                return Transcoded(known, entry, "hit")
+                return SpeechResult(entry, known, "hit")
         source = await self.store.find(key)
         if source is None:
             return None
-        derived, rate = self.derived_key(key, source.meta, ext)
+        # Derived from the rendition's format-free master when it names one (the key a speech
+        # request for that encoding computes), else from ``key`` (stored before masters were).
+        meta, engine = source.meta, self.engines.get(source.meta.model)
+        base_rate = engine.sample_rate if engine is not None else meta.sample_rate
+        rate = audio.output_rate(ext.fmt, base_rate, ext.rate)
+        derived = rendition_key(meta.master or key, fmt=ext.fmt.name, sample_rate=rate)
         self._derived.put((key, ext.name), derived)
         entry = await self.store.find(derived)
         if entry is not None:
-            return Transcoded(derived, entry, "hit")
+            return SpeechResult(entry, derived, "hit")
         share = self.render_share
         release = share.take() if share is not None and not self._flight.running(derived) else None
         try:
@@ -182,7 +162,7 @@ class Transcoder:
         finally:
             if release is not None:
                 release()
-        return Transcoded(derived, made, "hit" if leader else "coalesced")
+        return SpeechResult(made, derived, "hit" if leader else "coalesced")
 
     async def _make(self, source: Entry, ext: Extension, rate: int, key: str) -> Entry:
         meta = source.meta
@@ -249,7 +229,7 @@ class Transcoder:
                 return await loop.run_in_executor(self.encode_pool, _decode_lossless, source)
             except audio.UndecodableAudio:
                 log.warning("stored audio does not decode; treated as gone")
-        raise MasterGone(
+        raise NotFound(
             "the masters of this audio are no longer stored and it is lossy: ask for it again "
             "through /v1/audio/speech or a say URL (that synthesizes it once more)",
             param="key",
