@@ -520,11 +520,7 @@ class Assembler:
         pass (another format than raw pcm, another rate than the provider's, a model whose
         calls do not come in pieces here)."""
         layout = prod.layout
-        if (
-            layout is None
-            or req.fmt.name != "pcm"
-            or not self._masters.passes_through(req.model, rate)
-        ):
+        if layout is None or not self._masters.passes_through(req, rate):
             return None
         return [
             None if layout.trims[i] or layout.trims[i + 1] else self._masters.master_key(sentence)

@@ -139,11 +139,16 @@ class Masters:
                 self._address_fingerprints.pop(name, None)
         return changed
 
-    def passes_through(self, model: str, rate: int) -> bool:
-        """Whether ``model``'s pcm may go to a stream as it arrives at output ``rate``: its
-        runner (here, or the host's pool process for it) hands it on in pieces, at that rate."""
-        handle = self.models[model]
-        return handle.scheduler.runner.passes_pcm and handle.engine.sample_rate == rate
+    def passes_through(self, req: SpeechRequest, rate: int) -> bool:
+        """Whether ``req``'s pcm may go to a stream as it arrives at output ``rate``: raw pcm,
+        and its model's runner (here, or the host's pool process for it) hands it on in pieces,
+        at that rate."""
+        handle = self.models[req.model]
+        return (
+            req.fmt.name == "pcm"
+            and handle.scheduler.runner.passes_pcm
+            and handle.engine.sample_rate == rate
+        )
 
     # ---- addressing -------------------------------------------------------------------------
 

@@ -60,14 +60,6 @@ def estimated_request_s(req: SpeechRequest) -> float:
     return total
 
 
-def _explained(seg: Segment) -> dict[str, object]:
-    """A segment as ``explain`` shows it (its SSML marks only when it has some)."""
-    shown = dataclasses.asdict(seg)
-    if not seg.marks:
-        del shown["marks"]
-    return shown
-
-
 class SpeechService:
     """Answers speech requests from the store, synthesizing each distinct master once."""
 
@@ -81,7 +73,7 @@ class SpeechService:
         transcoder: Transcoder,
         ledger: Ledger,
         encode_pool: concurrent.futures.ThreadPoolExecutor,
-        vocabulary: Vocabulary | None = None,
+        vocabulary: Vocabulary,
         max_audio_s: float | None = None,
         rejects: Quarantine | None = None,
     ) -> None:
@@ -107,9 +99,7 @@ class SpeechService:
             KEY_MEMO_SIZE
         )
         # What requests may name, for parsing (gateway.api), which never sees this service.
-        self.vocabulary = vocabulary or Vocabulary(
-            {name: handle.engine for name, handle in self.models.items()}
-        )
+        self.vocabulary = vocabulary
         # ``_addressing`` is replaced at every switch of an address revision (voxgate rollout),
         # so a request carrying keys computed before it computes them again.
         self._addressing = object()
@@ -220,10 +210,7 @@ class SpeechService:
         """Whether a miss of ``req`` may pass its provider's pcm on as it arrives (raw ``pcm``
         at the rate of an upstream that streams): then streaming helps even one sentence, whose
         first bytes go out before the provider's last. Cheap, on the loop."""
-        if req.fmt.name != "pcm":
-            return False
-        _, _, rate = self.keys_for(req)
-        return self.masters.passes_through(req.model, rate)
+        return self.masters.passes_through(req, self.keys_for(req)[2])
 
     def several_sentences(self, req: SpeechRequest) -> bool:
         """Whether ``req`` may be made of more than one sentence master (what streaming by
@@ -269,7 +256,11 @@ class SpeechService:
             "format": req.fmt.name,
             "sample_rate": rate,
             "text": req.text,
-            "expansion": [_explained(seg) for seg in segments],
+            # Each segment's fields (its SSML marks only when it has some).
+            "expansion": [
+                {k: v for k, v in dataclasses.asdict(seg).items() if k != "marks" or seg.marks}
+                for seg in segments
+            ],
             "sentences": [
                 {
                     "text": part.text,
