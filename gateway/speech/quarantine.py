@@ -27,7 +27,7 @@ import diskcache
 
 from cache.disk import RawBytesDisk, _keys
 from cache.entry import CorruptEntry, Entry
-from gateway.speech.takes import Rejects, Take
+from gateway.speech.takes import Take
 from synth.takecheck import REASONS, Verdict
 
 log = logging.getLogger("voxgate")
@@ -200,8 +200,3 @@ class Quarantine:
 
     async def close(self) -> None:
         await asyncio.to_thread(self._close_sync)
-
-
-# The take seam (gateway/speech/takes.py) hands a refused take to a ``Rejects``; stated here so
-# that mypy holds the quarantine to that protocol's signature.
-_REJECTS: type[Rejects] = Quarantine
