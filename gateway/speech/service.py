@@ -95,7 +95,7 @@ class SpeechService:
         self.sentence_pause_ms = assembler.pause_ms
         # Content addresses of recent requests: hashing the canonical JSON is most of a hit's CPU
         # cost, and the same few thousand prompts repeat. Bounded; evicts oldest first.
-        self._key_memo: BoundedMemo[tuple[object, ...], tuple[str, str, int]] = BoundedMemo(
+        self._key_memo: BoundedMemo[tuple[SpeechRequest, str], tuple[str, str, int]] = BoundedMemo(
             KEY_MEMO_SIZE
         )
         # What requests may name, for parsing (gateway.api), which never sees this service.
@@ -137,21 +137,11 @@ class SpeechService:
         cached = req.keys_cache
         if cached is not None and cached[0] is self._addressing:
             return cached[1]
-        engine = self.models[req.model].engine
-        memo_key = (
-            req.text,
-            req.model,
-            req.voice,
-            req.fmt.name,
-            req.speed,
-            req.sample_rate,
-            req.params,
-            self.masters.fingerprint_of(req.model),
-            req.segments,
-            req.phonemes,
-        )
+        # The request's value (every field; ``keys_cache`` is none) and its model's fingerprint.
+        memo_key = (req, self.masters.fingerprint_of(req.model))
         keys = self._key_memo.get(memo_key)
         if keys is None:
+            engine = self.models[req.model].engine
             assembled = self.masters.master_key(req, sentence_pause_ms=self.sentence_pause_ms)
             rate = audio.output_rate(req.fmt, engine.sample_rate, req.sample_rate)
             rk = rendition_key(assembled, fmt=req.fmt.name, sample_rate=rate)
