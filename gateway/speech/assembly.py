@@ -54,13 +54,15 @@ class Production:
     req: SpeechRequest
     rate: int
     parts: asyncio.Future[list[asyncio.Future[Audio]]]
-    result: asyncio.Task[Made] | None = None
+    # Set as soon as the production is built (it runs with the production in hand).
+    result: asyncio.Task[Made] = dataclasses.field(init=False)
     # Readers and whole-answer waiters following this production; at 0 it is abandoned.
     waiters: int = 0
     # One event per sentence, set once it is answered from the store or queued for synthesis.
     queued: list[asyncio.Event] = dataclasses.field(default_factory=list)
-    # How the sentences are joined, and the one-sentence requests (set with ``parts``).
-    layout: Layout | None = None
+    # How the sentences are joined, and the one-sentence requests (set with ``parts``, before
+    # anything reads them).
+    layout: Layout = dataclasses.field(init=False)
     sentences: list[SpeechRequest] = dataclasses.field(default_factory=list)
     # How each sentence was had ("hit", "miss", "coalesced"), by index, once it has been.
     outcomes: dict[int, CacheResult] = dataclasses.field(default_factory=dict)
@@ -69,7 +71,6 @@ class Production:
 
     async def made(self) -> Made:
         """Wait for the finished, stored rendition (a cancelled waiter does not cancel it)."""
-        assert self.result is not None
         return await asyncio.shield(self.result)
 
 
@@ -126,7 +127,6 @@ class SpeechStream:
         what was streamed before it; ``piece_marks`` holds them until the next piece."""
         prod = self._production
         layout = prod.layout
-        assert layout is not None  # set before the parts
         offsets = sentences.part_offsets(
             [sentence.pcm],
             sentence.sample_rate,
@@ -135,15 +135,14 @@ class SpeechStream:
         )
         at, head, kept = offsets[0]
         found = None
-        if i < len(prod.sentences):
-            text, whole = prod.sentences[i].text, prod.req.text
-            start = whole.find(text, self._cursor)
-            if start >= 0:
-                self._cursor = start + len(text)
-                # The rendition's text up to this sentence, so offsets index the whole text.
-                found = marks.compose(
-                    whole, [text], [sentence], [(self._samples + at, head, kept)], cursor=start
-                )
+        text, whole = prod.sentences[i].text, prod.req.text
+        start = whole.find(text, self._cursor)
+        if start >= 0:
+            self._cursor = start + len(text)
+            # The rendition's text up to this sentence, so offsets index the whole text.
+            found = marks.compose(
+                whole, [text], [sentence], [(self._samples + at, head, kept)], cursor=start
+            )
         self.piece_marks = found or []
         self._samples += piece_samples
 
@@ -159,7 +158,6 @@ class SpeechStream:
         loop = asyncio.get_running_loop()
         prod, opening = self._production, self._opening
         layout, parts = prod.layout, prod.parts.result()
-        assert layout is not None
         encoder, rate = opening.encoder, opening.source_rate
         if opening.first_rest is not None:
             async for piece in opening.first_rest:
@@ -422,7 +420,7 @@ class Assembler:
         """One follower fewer; the last one out abandons what is not yet queued."""
         prod.waiters -= 1
         self.ledger.metrics.rendition_waiters.dec()
-        if prod.waiters > 0 or prod.result is None or prod.result.done():
+        if prod.waiters > 0 or prod.result.done():
             return
         if prod.parts.done():
             pending = [
@@ -450,8 +448,7 @@ class Assembler:
     def cancel_all(self) -> None:
         """Stop every production in flight (shutdown: nobody is left to store for)."""
         for prod in list(self._inflight.values()):
-            if prod.result is not None:
-                prod.result.cancel()
+            prod.result.cancel()
 
     async def produce(self, req: SpeechRequest, key: str, rate: int) -> tuple[Made, bool]:
         """Make (or join the making of) rendition ``key``: its :class:`Made` and whether this
@@ -476,7 +473,6 @@ class Assembler:
         prod, leader = self.join(req, key, rate, first_alone=True)
         try:
             parts = await asyncio.shield(prod.parts)  # (await each through a shield too)
-            assert prod.layout is not None  # set before the parts
             keys = self._passing_keys(req, rate, prod)
             whole = False
             if whole_if_one:
@@ -520,7 +516,7 @@ class Assembler:
         pass (another format than raw pcm, another rate than the provider's, a model whose
         calls do not come in pieces here)."""
         layout = prod.layout
-        if layout is None or not self._masters.passes_through(req, rate):
+        if not self._masters.passes_through(req, rate):
             return None
         return [
             None if layout.trims[i] or layout.trims[i + 1] else self._masters.master_key(sentence)
@@ -533,7 +529,7 @@ class Assembler:
         """``prod`` as a stream whose first sentence passes the provider's pcm on as it
         arrives; None when that sentence comes whole (stored, or its call sent no piece)."""
         layout, mk, rate = prod.layout, keys[0], prod.rate
-        if layout is None or mk is None:
+        if mk is None:
             return None
         call = await self.partials.sentence(mk, prod.parts.result()[0])
         if call is None:

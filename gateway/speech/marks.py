@@ -394,8 +394,6 @@ class SsmlSourceMap:
         mark_spans: Sequence[tuple[int, int]],
         shift: int = 0,
     ) -> None:
-        self.spoken = spoken
-        self.given = given
         self.exact = False
         self._mark_spans = list(mark_spans)
         self._shift = shift
