@@ -131,10 +131,8 @@ class Transcoder:
     async def get(self, key: str, ext: Extension) -> SpeechResult | None:
         """``ext``'s encoding of the audio under ``key``: stored, or transcoded now and stored
         (unpinned, even when the source is pinned: only a catalogue pins, within its quota),
-        ``hit`` (no synthesis either way, as :meth:`SpeechService.speak` reports it) unless it
-        joined a transcode in flight. None when nothing is stored under ``key``; a 404
-        ``master_not_stored`` when it names masters no longer stored and is itself lossy: no
-        other encoding can be made of it without a synthesis."""
+        ``hit`` (no synthesis either way) unless it joined a transcode in flight. None when
+        nothing is stored under ``key``; a 404 when it cannot be made without a synthesis."""
         known = self.known_key(key, ext)
         if known is not None:
             entry = await self.store.find(known)
@@ -197,33 +195,32 @@ class Transcoder:
         them), else the source itself when it is lossless."""
         meta = source.meta
         loop = asyncio.get_running_loop()
-        if meta.parts:
-            parts = await asyncio.gather(*(self.store.find(k) for k in meta.parts))
-            if all(p is not None for p in parts):
-                decoded = await asyncio.gather(
-                    *(
-                        loop.run_in_executor(self.encode_pool, audio.decode_master, p.audio)
-                        for p in parts
-                        if p is not None
-                    ),
-                    return_exceptions=True,
-                )
-                # A master that does not decode is corrupt: deleted, so the next speech request
-                # for it synthesizes it anew (this one falls back as if it were gone).
-                bad = []
-                for k, d in zip(meta.parts, decoded, strict=True):
-                    if isinstance(d, audio.UndecodableAudio):
-                        bad.append(k)
-                    elif isinstance(d, BaseException):
-                        raise d
-                for k in bad:
-                    log.warning("stored master deleted key=%s: it does not decode", k)
-                    await self.store.delete(k)
-                if not bad:
-                    pcms = [d for d in decoded if not isinstance(d, BaseException)]
-                    rate = pcms[0][1]
-                    found = [pcm for pcm, _ in pcms]
-                    return join_parts(found, rate, meta.gaps_ms, meta.trims, meta.pause_ms), rate
+        parts = await asyncio.gather(*(self.store.find(k) for k in meta.parts))
+        if parts and all(p is not None for p in parts):
+            decoded = await asyncio.gather(
+                *(
+                    loop.run_in_executor(self.encode_pool, audio.decode_master, p.audio)
+                    for p in parts
+                    if p is not None
+                ),
+                return_exceptions=True,
+            )
+            # A master that does not decode is corrupt: deleted, so the next speech request for
+            # it synthesizes it anew (this one falls back as if it were gone).
+            bad = []
+            for k, d in zip(meta.parts, decoded, strict=True):
+                if isinstance(d, audio.UndecodableAudio):
+                    bad.append(k)
+                elif isinstance(d, BaseException):
+                    raise d
+            for k in bad:
+                log.warning("stored master deleted key=%s: it does not decode", k)
+                await self.store.delete(k)
+            if not bad:
+                pcms = [d for d in decoded if not isinstance(d, BaseException)]
+                rate = pcms[0][1]
+                found = [pcm for pcm, _ in pcms]
+                return join_parts(found, rate, meta.gaps_ms, meta.trims, meta.pause_ms), rate
         if meta.format in ("wav", "flac", "pcm"):
             try:
                 return await loop.run_in_executor(self.encode_pool, _decode_lossless, source)
