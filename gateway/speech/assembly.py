@@ -298,11 +298,10 @@ def plan(
                 )
                 gaps.append(0)
                 trims.append(False)
-        last = i == len(req.segments) - 1
         if seg.pause_ms is not None:
             gaps[-1] += seg.pause_ms
             trims[-1] = True
-        elif seg.words and not last:
+        elif seg.words and i < len(req.segments) - 1:  # (nothing after the last)
             gaps[-1] += pause_at_speed(pause_ms, segment_speed(req.speed, seg.rate))
     return parts, Layout(tuple(gaps), tuple(trims))
 
@@ -413,7 +412,6 @@ class Assembler:
     def _finished(self, key: str, prod: Production, task: asyncio.Task[Made]) -> None:
         if self._inflight.get(key) is prod:
             del self._inflight[key]
-        # Consume outcomes nobody awaited (every reader gone) so asyncio does not warn about them.
         _consume(task)
 
     def leave(self, prod: Production) -> None:
@@ -619,14 +617,7 @@ class Assembler:
             "trims": layout.trims if layout.exact else (),
         }
         entry, pcm = await loop.run_in_executor(
-            self.encode_pool,
-            _rendition_entry,
-            req,
-            masters,
-            layout,
-            prod.rate,
-            recipe,
-            [t.text for t in texts],
+            self.encode_pool, _rendition_entry, req, masters, layout, prod.rate, recipe, texts
         )
         await accept_take(
             self._store, prod.key, entry, Take(pcm, masters[0].sample_rate, req.text, req)
@@ -647,9 +638,10 @@ def _rendition_entry(
     layout: Layout,
     rate: int,
     recipe: dict[str, Any],
-    sentence_texts: list[str],
+    texts: list[SpeechRequest],
 ) -> tuple[Entry, audio.FloatPCM]:
-    """The rendition of ``req`` made of ``masters`` (in order) and the entry that stores it: the
+    """The rendition of ``req`` made of ``masters`` (of its sentences ``texts``, in order) and
+    the entry that stores it: the
     join, the encoding, its checksum and digest, and its speech marks, in one job off the
     loop; with the joined samples."""
     rate_in = masters[0].sample_rate
@@ -660,7 +652,7 @@ def _rendition_entry(
     data = audio.render(pcm, rate_in, req.fmt, rate)
     found = marks.compose(
         req.text,
-        sentence_texts,
+        [t.text for t in texts],
         masters,
         sentences.part_offsets(pcms, rate_in, gaps, layout.trims, layout.pause_ms / 1000.0),
         marks.ssml_positions(req.segments),

@@ -16,6 +16,7 @@ the request's own offsets (:class:`SourceMap`) where the request's text is at ha
 
 from __future__ import annotations
 
+import itertools
 import json
 import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
@@ -185,10 +186,7 @@ _ORDER = {"ssml": 0, "sentence": 1, "word": 2, "viseme": 3}
 
 def _byte_offsets(text: str) -> list[int]:
     """UTF-8 byte offset of each character of ``text``, and of its end."""
-    out = [0]
-    for ch in text:
-        out.append(out[-1] + len(ch.encode()))
-    return out
+    return list(itertools.accumulate((len(ch.encode()) for ch in text), initial=0))
 
 
 def to_ndjson(marks: Iterable[Mark]) -> str:
