@@ -62,8 +62,7 @@ def _record(raw: object) -> Rejected:
     """A record read back, every field's type checked; else :class:`CorruptEntry`."""
     if not isinstance(raw, dict) or set(raw) != set(Rejected.__dataclass_fields__):
         raise CorruptEntry("quarantine record: not an object of its fields")
-    strings = ("id", "key", "model", "voice", "text")
-    if not all(isinstance(raw[name], str) for name in strings):
+    if not all(isinstance(raw[name], str) for name in ("id", "key", "model", "voice", "text")):
         raise CorruptEntry("quarantine record: bad string field")
     reasons, measured, when = raw["reasons"], raw["measured"], raw["time"]
     if not isinstance(reasons, list) or not all(r in REASONS for r in reasons):

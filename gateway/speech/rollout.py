@@ -89,6 +89,7 @@ class RolloutPrompt:
 
     def as_json(self) -> dict[str, Any]:
         """The prompt's line of the JSON report."""
+        old, new = self.old_duration_s, self.new_duration_s
         out = {
             "id": self.id,
             "text": self.text,
@@ -97,20 +98,14 @@ class RolloutPrompt:
             "state": self.state,
             "old_key": self.old_key,
             "new_key": self.new_key,
-            "old_duration_s": _round(self.old_duration_s),
-            "new_duration_s": _round(self.new_duration_s),
-            "change_s": _round(self.change_s),
+            "old_duration_s": _round(old),
+            "new_duration_s": _round(new),
+            # New duration minus old (None when either is unknown).
+            "change_s": None if old is None or new is None else _round(new - old),
         }
         if self.error is not None:
             out["error"] = self.error
         return out
-
-    @property
-    def change_s(self) -> float | None:
-        """New duration minus old (None when either is unknown)."""
-        if self.old_duration_s is None or self.new_duration_s is None:
-            return None
-        return self.new_duration_s - self.old_duration_s
 
 
 def _round(value: float | None) -> float | None:

@@ -81,12 +81,8 @@ class SpeechService:
         # Where refused takes are kept for review (None: they are dropped).
         self.rejects = rejects
         self.models = dict(models)
-        # Each sentence's master, stored or synthesized once, below the assembler (the speech
-        # path flows one way: it never calls back up here).
         self.masters = masters
-        # The one registry of productions: renditions being made, whole answers and streams.
         self.assembler = assembler
-        # Other encodings of stored audio by content address (GET /v1/audio/{key}.{ext}).
         self.transcoder = transcoder
         self.ledger = ledger
         # Owned here: shut down with the service (the parts above share it).
@@ -237,7 +233,6 @@ class SpeechService:
         join, and its content address (``key``: the ``X-Audio-Key`` of its answer)."""
         mk, rk, rate = self.keys_for(req)
         parts, layout = await self.assembler.split(req)
-        segments = req.segments or (Segment(req.text),)
         return {
             "key": rk,
             "master": mk,
@@ -249,7 +244,7 @@ class SpeechService:
             # Each segment's fields (its SSML marks only when it has some).
             "expansion": [
                 {k: v for k, v in dataclasses.asdict(seg).items() if k != "marks" or seg.marks}
-                for seg in segments
+                for seg in req.segments or (Segment(req.text),)
             ],
             "sentences": [
                 {
