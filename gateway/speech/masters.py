@@ -31,7 +31,6 @@ from synth.engine import Audio, Engine, ParamValue, SynthesisItem
 from synth.errors import Overloaded, TakeRejected
 from synth.pieces import PiecesFeed
 from synth.scheduler import Scheduler
-from synth.takecheck import Verdict
 
 log = logging.getLogger("voxgate.speech")
 
@@ -261,65 +260,49 @@ class Masters:
     ) -> tuple[Audio, bool]:
         """Synthesize ``req`` (one sentence), store its master under ``mk`` and return the
         audio as stored (:func:`audio.master_of`), and whether this process made it (not
-        joined to another's by the host's pool process). A take the checks refuse is never stored:
-        another is drawn (a provider is asked again), up to ``take_retries`` times, then
-        :class:`TakeRejected` names the reasons."""
+        joined to another's by the host's pool process). A take the checks refuse is never
+        stored: another is drawn (a provider is asked again), up to ``take_retries`` times,
+        then :class:`TakeRejected` names the reasons."""
         handle = self.models[req.model]
         if not handle.ready.is_set():
             raise Overloaded(f"model '{req.model}' is still loading", retry_after_s=2.0)
         takes = 1 + (self.takes.retries if self.takes is not None and self.takes.on else 0)
         reasons: dict[str, None] = {}
-        for n in range(takes):
-            made = await self._take(req, mk, handle, n, on_queued)
-            if isinstance(made, Audio):
-                return made, not made.joined
-            reasons.update(dict.fromkeys(made.reasons))
-        raise TakeRejected(tuple(reasons), takes)
-
-    async def _take(
-        self,
-        req: SpeechRequest,
-        mk: str,
-        handle: ModelHandle,
-        n: int,
-        on_queued: Callable[[], None],
-    ) -> Audio | Verdict:
-        """Take ``n`` of ``req`` (0 the first): stored under ``mk`` and returned as stored, or
-        the verdict that refused it."""
-        feed = self.partials
-        # The provider's pcm, piece by piece, for streams that pass it on.
-        partial = feed.open(mk) if handle.scheduler.runner.passes_pcm else None
-        item = SynthesisItem(
-            req.text, req.voice, req.speed, dict(req.params), req.phonemes, n, sink=partial
-        )
-        # submit() queues the item before its first suspension; this runs right after (a
-        # retake's turn was given by the first take: setting it again changes nothing).
-        asyncio.get_running_loop().call_soon(on_queued)
-        try:
-            result = await handle.scheduler.submit(item, caller().client)
-        finally:
-            if partial is not None:
-                feed.close(mk, partial)
-        # One job off the loop: the 16-bit samples once, the FLAC master from them, its checksum
-        # and digest (a miss's CPU here is taken from the synthesis workers on the same cores).
-        stored, entry = await asyncio.get_running_loop().run_in_executor(
-            self.encode_pool, _master_entry, req, result
-        )
-        take = Take(stored.pcm, stored.sample_rate, req.text, req, self.language_of(req))
-        verdict = await accept_take(self.store, mk, entry, take, self.takes)
-        if not verdict.ok:
+        loop = asyncio.get_running_loop()
+        for n in range(takes):  # take n (0 the first)
+            # The provider's pcm, piece by piece, for streams that pass it on.
+            partial = self.partials.open(mk) if handle.scheduler.runner.passes_pcm else None
+            item = SynthesisItem(
+                req.text, req.voice, req.speed, dict(req.params), req.phonemes, n, sink=partial
+            )
+            # submit() queues the item before its first suspension; this runs right after (a
+            # retake's turn was given by the first take: setting it again changes nothing).
+            loop.call_soon(on_queued)
+            try:
+                result = await handle.scheduler.submit(item, caller().client)
+            finally:
+                if partial is not None:
+                    self.partials.close(mk, partial)
+            # One job off the loop: the 16-bit samples once, the FLAC master from them, its
+            # checksum and digest (a miss's CPU here is taken from the synthesis workers on the
+            # same cores).
+            stored, entry = await loop.run_in_executor(self.encode_pool, _master_entry, req, result)
+            take = Take(stored.pcm, stored.sample_rate, req.text, req, self.language_of(req))
+            verdict = await accept_take(self.store, mk, entry, take, self.takes)
+            if verdict.ok:
+                log.info(
+                    "synthesized key=%s model=%s voice=%s audio_s=%.2f",
+                    mk,
+                    req.model,
+                    req.voice,
+                    result.duration_s,
+                )
+                return stored, not stored.joined
             if partial is not None:
                 # A stream that passed these pieces on sent what is not kept: it ends in error.
                 partial.refused = verdict.reasons
-            return verdict
-        log.info(
-            "synthesized key=%s model=%s voice=%s audio_s=%.2f",
-            mk,
-            req.model,
-            req.voice,
-            result.duration_s,
-        )
-        return stored
+            reasons.update(dict.fromkeys(verdict.reasons))
+        raise TakeRejected(tuple(reasons), takes)
 
     def language_of(self, req: SpeechRequest) -> str:
         """The language code of ``req``'s voice ("" when its engine names none)."""
