@@ -54,40 +54,34 @@ class Extension:
     summary: str
 
 
-def _table() -> dict[str, Extension]:
-    f = audio.FORMATS
-    rows = [
-        # audio/x-wav: the one WAV type that Asterisk (format_wav), FreeSWITCH (mime.types),
-        # Twilio and jambonz all know; FreeSWITCH's mime.types has no audio/wav.
-        Extension("wav", f["wav"], 8000, "audio/x-wav", "wav", "PCM16 mono 8 kHz WAV"),
-        # Not audio/(x-)wav: Asterisk reads the Content-Type first, and would take the file as
-        # its 8 kHz-only `wav` format. RFC 2361's audio/vnd.wave maps to no Asterisk format, so
-        # it goes on to the `.wav16` extension.
-        Extension("wav16", f["wav"], 16000, "audio/vnd.wave", "wav16", "PCM16 mono 16 kHz WAV"),
-        Extension("ulaw", f["ulaw"], 8000, "audio/basic", "ulaw", "raw G.711 u-law 8 kHz"),
-        Extension("ul", f["ulaw"], 8000, "audio/basic", "ulaw", "raw G.711 u-law 8 kHz"),
-        Extension("pcmu", f["ulaw"], 8000, "audio/PCMU", "ulaw", "raw G.711 u-law 8 kHz"),
-        Extension(
-            "alaw", f["alaw-raw"], 8000, "audio/x-alaw-basic", "alaw", "raw G.711 A-law 8 kHz"
-        ),
-        Extension("al", f["alaw-raw"], 8000, "audio/x-alaw-basic", "alaw", "raw G.711 A-law 8 kHz"),
-        Extension("pcma", f["alaw-raw"], 8000, "audio/PCMA", "alaw", "raw G.711 A-law 8 kHz"),
-        # Little-endian samples (Asterisk's slin, jambonz's audio/l16), unlike RFC 2586's
-        # network order: the label is the players' convention.
-        Extension("sln", f["pcm"], 8000, "audio/L16;rate=8000", "sln", "raw s16le 8 kHz"),
-        Extension("raw", f["pcm"], 8000, "audio/L16;rate=8000", "sln", "raw s16le 8 kHz"),
-        Extension("sln16", f["pcm"], 16000, "audio/L16;rate=16000", "sln16", "raw s16le 16 kHz"),
-        Extension("sln24", f["pcm"], 24000, "audio/L16;rate=24000", "sln24", "raw s16le 24 kHz"),
-        Extension("sln48", f["pcm"], 48000, "audio/L16;rate=48000", "sln48", "raw s16le 48 kHz"),
-        Extension("gsm", f["gsm"], 8000, "audio/gsm", "gsm", "raw GSM 06.10, 33-byte frames"),
-        Extension("g722", f["g722"], 16000, "audio/G722", "g722", "raw G.722, 64 kbit/s"),
-        # Core Asterisk has no MP3 format (format_mp3 is an add-on).
-        Extension("mp3", f["mp3"], None, "audio/mpeg", None, "MP3 at the voice's rate"),
-    ]
-    return {e.name: e for e in rows if e.fmt.name in audio.FORMATS}
-
-
-EXTENSIONS: dict[str, Extension] = _table()
+_F = audio.FORMATS
+_ROWS = [
+    # audio/x-wav: the one WAV type that Asterisk (format_wav), FreeSWITCH (mime.types),
+    # Twilio and jambonz all know; FreeSWITCH's mime.types has no audio/wav.
+    Extension("wav", _F["wav"], 8000, "audio/x-wav", "wav", "PCM16 mono 8 kHz WAV"),
+    # Not audio/(x-)wav: Asterisk reads the Content-Type first, and would take the file as
+    # its 8 kHz-only `wav` format. RFC 2361's audio/vnd.wave maps to no Asterisk format, so
+    # it goes on to the `.wav16` extension.
+    Extension("wav16", _F["wav"], 16000, "audio/vnd.wave", "wav16", "PCM16 mono 16 kHz WAV"),
+    Extension("ulaw", _F["ulaw"], 8000, "audio/basic", "ulaw", "raw G.711 u-law 8 kHz"),
+    Extension("ul", _F["ulaw"], 8000, "audio/basic", "ulaw", "raw G.711 u-law 8 kHz"),
+    Extension("pcmu", _F["ulaw"], 8000, "audio/PCMU", "ulaw", "raw G.711 u-law 8 kHz"),
+    Extension("alaw", _F["alaw-raw"], 8000, "audio/x-alaw-basic", "alaw", "raw G.711 A-law 8 kHz"),
+    Extension("al", _F["alaw-raw"], 8000, "audio/x-alaw-basic", "alaw", "raw G.711 A-law 8 kHz"),
+    Extension("pcma", _F["alaw-raw"], 8000, "audio/PCMA", "alaw", "raw G.711 A-law 8 kHz"),
+    # Little-endian samples (Asterisk's slin, jambonz's audio/l16), unlike RFC 2586's
+    # network order: the label is the players' convention.
+    Extension("sln", _F["pcm"], 8000, "audio/L16;rate=8000", "sln", "raw s16le 8 kHz"),
+    Extension("raw", _F["pcm"], 8000, "audio/L16;rate=8000", "sln", "raw s16le 8 kHz"),
+    Extension("sln16", _F["pcm"], 16000, "audio/L16;rate=16000", "sln16", "raw s16le 16 kHz"),
+    Extension("sln24", _F["pcm"], 24000, "audio/L16;rate=24000", "sln24", "raw s16le 24 kHz"),
+    Extension("sln48", _F["pcm"], 48000, "audio/L16;rate=48000", "sln48", "raw s16le 48 kHz"),
+    Extension("gsm", _F["gsm"], 8000, "audio/gsm", "gsm", "raw GSM 06.10, 33-byte frames"),
+    Extension("g722", _F["g722"], 16000, "audio/G722", "g722", "raw G.722, 64 kbit/s"),
+    # Core Asterisk has no MP3 format (format_mp3 is an add-on).
+    Extension("mp3", _F["mp3"], None, "audio/mpeg", None, "MP3 at the voice's rate"),
+]
+EXTENSIONS: dict[str, Extension] = {e.name: e for e in _ROWS if e.fmt.name in _F}
 
 
 def extension(name: str, param: str = "ext") -> Extension:
