@@ -54,26 +54,23 @@ class Production:
     req: SpeechRequest
     rate: int
     parts: asyncio.Future[list[asyncio.Future[Audio]]]
-    result: asyncio.Task[Made] | None = None
+    # Set as soon as the production is built (it runs with the production in hand).
+    result: asyncio.Task[Made] = dataclasses.field(init=False)
     # Readers and whole-answer waiters following this production; at 0 it is abandoned.
     waiters: int = 0
     # One event per sentence, set once it is answered from the store or queued for synthesis.
     queued: list[asyncio.Event] = dataclasses.field(default_factory=list)
-    # How the sentences are joined, and the one-sentence requests (set with ``parts``).
-    layout: Layout | None = None
+    # How the sentences are joined, and the one-sentence requests (set with ``parts``, before
+    # anything reads them).
+    layout: Layout = dataclasses.field(init=False)
     sentences: list[SpeechRequest] = dataclasses.field(default_factory=list)
     # How each sentence was had ("hit", "miss", "coalesced"), by index, once it has been.
     outcomes: dict[int, CacheResult] = dataclasses.field(default_factory=dict)
     # Started by a stream: the first sentence is synthesized alone (see ``Assembler._run``).
     first_alone: bool = False
 
-    async def sentence_parts(self) -> list[asyncio.Future[Audio]]:
-        """The per-sentence futures (await each through :func:`asyncio.shield`)."""
-        return await asyncio.shield(self.parts)
-
     async def made(self) -> Made:
         """Wait for the finished, stored rendition (a cancelled waiter does not cancel it)."""
-        assert self.result is not None
         return await asyncio.shield(self.result)
 
 
@@ -130,7 +127,6 @@ class SpeechStream:
         what was streamed before it; ``piece_marks`` holds them until the next piece."""
         prod = self._production
         layout = prod.layout
-        assert layout is not None  # set before the parts
         offsets = sentences.part_offsets(
             [sentence.pcm],
             sentence.sample_rate,
@@ -139,15 +135,14 @@ class SpeechStream:
         )
         at, head, kept = offsets[0]
         found = None
-        if i < len(prod.sentences):
-            text, whole = prod.sentences[i].text, prod.req.text
-            start = whole.find(text, self._cursor)
-            if start >= 0:
-                self._cursor = start + len(text)
-                # The rendition's text up to this sentence, so offsets index the whole text.
-                found = marks.compose(
-                    whole, [text], [sentence], [(self._samples + at, head, kept)], cursor=start
-                )
+        text, whole = prod.sentences[i].text, prod.req.text
+        start = whole.find(text, self._cursor)
+        if start >= 0:
+            self._cursor = start + len(text)
+            # The rendition's text up to this sentence, so offsets index the whole text.
+            found = marks.compose(
+                whole, [text], [sentence], [(self._samples + at, head, kept)], cursor=start
+            )
         self.piece_marks = found or []
         self._samples += piece_samples
 
@@ -163,7 +158,6 @@ class SpeechStream:
         loop = asyncio.get_running_loop()
         prod, opening = self._production, self._opening
         layout, parts = prod.layout, prod.parts.result()
-        assert layout is not None
         encoder, rate = opening.encoder, opening.source_rate
         if opening.first_rest is not None:
             async for piece in opening.first_rest:
@@ -247,10 +241,19 @@ class Layout:
         gap_s = self.gaps_ms[i] / 1000.0
         return sentences.leading_pause(pcm, rate, gap_s) if gap_s > 0 else pcm
 
-    def join(self, parts: list[audio.FloatPCM], rate: int) -> audio.FloatPCM:
-        """The sentences joined."""
-        gaps = [g / 1000.0 for g in self.gaps_ms]
-        return sentences.join_gaps(parts, rate, gaps, self.trims)
+
+def join_parts(
+    pcms: list[audio.FloatPCM],
+    rate: int,
+    gaps_ms: tuple[int, ...],
+    trims: tuple[bool, ...],
+    pause_ms: int,
+) -> audio.FloatPCM:
+    """Sentences joined as a rendition joins them: at the exact ``gaps_ms`` of a
+    :attr:`Layout.exact` join (as its recipe stores them), else ``pause_ms`` between each."""
+    if gaps_ms:
+        return sentences.join_gaps(pcms, rate, [g / 1000.0 for g in gaps_ms], trims)
+    return sentences.join(pcms, rate, pause_ms / 1000.0)
 
 
 def plan(
@@ -295,11 +298,10 @@ def plan(
                 )
                 gaps.append(0)
                 trims.append(False)
-        last = i == len(req.segments) - 1
         if seg.pause_ms is not None:
             gaps[-1] += seg.pause_ms
             trims[-1] = True
-        elif seg.words and not last:
+        elif seg.words and i < len(req.segments) - 1:  # (nothing after the last)
             gaps[-1] += pause_at_speed(pause_ms, segment_speed(req.speed, seg.rate))
     return parts, Layout(tuple(gaps), tuple(trims))
 
@@ -410,14 +412,13 @@ class Assembler:
     def _finished(self, key: str, prod: Production, task: asyncio.Task[Made]) -> None:
         if self._inflight.get(key) is prod:
             del self._inflight[key]
-        # Consume outcomes nobody awaited (every reader gone) so asyncio does not warn about them.
         _consume(task)
 
     def leave(self, prod: Production) -> None:
         """One follower fewer; the last one out abandons what is not yet queued."""
         prod.waiters -= 1
         self.ledger.metrics.rendition_waiters.dec()
-        if prod.waiters > 0 or prod.result is None or prod.result.done():
+        if prod.waiters > 0 or prod.result.done():
             return
         if prod.parts.done():
             pending = [
@@ -445,8 +446,7 @@ class Assembler:
     def cancel_all(self) -> None:
         """Stop every production in flight (shutdown: nobody is left to store for)."""
         for prod in list(self._inflight.values()):
-            if prod.result is not None:
-                prod.result.cancel()
+            prod.result.cancel()
 
     async def produce(self, req: SpeechRequest, key: str, rate: int) -> tuple[Made, bool]:
         """Make (or join the making of) rendition ``key``: its :class:`Made` and whether this
@@ -470,9 +470,9 @@ class Assembler:
         helps)."""
         prod, leader = self.join(req, key, rate, first_alone=True)
         try:
-            parts = await prod.sentence_parts()
-            assert prod.layout is not None  # set before the parts
+            parts = await asyncio.shield(prod.parts)  # (await each through a shield too)
             keys = self._passing_keys(req, rate, prod)
+            whole = False
             if whole_if_one:
                 # Every sentence answered from the store or queued (lookups, no synthesis): a
                 # stored one has resolved by then, so "all done" means nothing is synthesized.
@@ -483,19 +483,15 @@ class Assembler:
                     await turn.wait()
                     if not part.done():
                         break
-                if len(parts) == 1 or all(part.done() for part in parts):
-                    passing = None
-                    if keys is not None and not parts[0].done():
-                        passing = await self._pass_through(req, prod, keys, leader)
-                    if passing is not None:
-                        return passing
-                    made = await prod.made()
-                    self.leave(prod)
-                    return made, leader
-            if keys is not None:
+                whole = len(parts) == 1 or all(part.done() for part in parts)
+            if keys is not None and not (whole and parts[0].done()):
                 passing = await self._pass_through(req, prod, keys, leader)
                 if passing is not None:
                     return passing
+            if whole:
+                made = await prod.made()
+                self.leave(prod)
+                return made, leader
             first = await asyncio.shield(parts[0])
             pcm = prod.layout.piece(0, first.pcm, first.sample_rate)
             encoder, data = await asyncio.get_running_loop().run_in_executor(
@@ -518,11 +514,7 @@ class Assembler:
         pass (another format than raw pcm, another rate than the provider's, a model whose
         calls do not come in pieces here)."""
         layout = prod.layout
-        if (
-            layout is None
-            or req.fmt.name != "pcm"
-            or not self._masters.passes_through(req.model, rate)
-        ):
+        if not self._masters.passes_through(req, rate):
             return None
         return [
             None if layout.trims[i] or layout.trims[i + 1] else self._masters.master_key(sentence)
@@ -535,7 +527,7 @@ class Assembler:
         """``prod`` as a stream whose first sentence passes the provider's pcm on as it
         arrives; None when that sentence comes whole (stored, or its call sent no piece)."""
         layout, mk, rate = prod.layout, keys[0], prod.rate
-        if layout is None or mk is None:
+        if mk is None:
             return None
         call = await self.partials.sentence(mk, prod.parts.result()[0])
         if call is None:
@@ -550,19 +542,20 @@ class Assembler:
         opening = Opening(first, encoder, rate, len(first) / 2 / rate, keys, pieces, call)
         return SpeechStream(prod, self, opening, leader=leader)
 
+    async def split(self, req: SpeechRequest) -> tuple[list[SpeechRequest], Layout]:
+        """The one-sentence requests ``req`` is made of and how they join (:func:`plan`)."""
+        whole = self._masters.says_whole(req.model)
+        args = (req, self.splitter, self.max_sentence_chars, self.pause_ms, whole)
+        if not req.segments and (whole or self.splitter.whole(req.text, self.max_sentence_chars)):
+            # One sentence on its face: nothing to split, no trip to a thread and back.
+            return plan(*args)
+        return await asyncio.get_running_loop().run_in_executor(self.encode_pool, plan, *args)
+
     async def _run(self, prod: Production) -> Made:
         req = prod.req
         loop = asyncio.get_running_loop()
         try:
-            whole = self._masters.says_whole(req.model)
-            args = (req, self.splitter, self.max_sentence_chars, self.pause_ms, whole)
-            if not req.segments and (
-                whole or self.splitter.whole(req.text, self.max_sentence_chars)
-            ):
-                # One sentence on its face: nothing to split, no trip to a thread and back.
-                texts, layout = plan(*args)
-            else:
-                texts, layout = await loop.run_in_executor(self.encode_pool, plan, *args)
+            texts, layout = await self.split(req)
         except BaseException as exc:
             prod.parts.set_exception(exc)
             raise
@@ -624,14 +617,7 @@ class Assembler:
             "trims": layout.trims if layout.exact else (),
         }
         entry, pcm = await loop.run_in_executor(
-            self.encode_pool,
-            _rendition_entry,
-            req,
-            masters,
-            layout,
-            prod.rate,
-            recipe,
-            [t.text for t in texts],
+            self.encode_pool, _rendition_entry, req, masters, layout, prod.rate, recipe, texts
         )
         await accept_take(
             self._store, prod.key, entry, Take(pcm, masters[0].sample_rate, req.text, req)
@@ -652,23 +638,21 @@ def _rendition_entry(
     layout: Layout,
     rate: int,
     recipe: dict[str, Any],
-    sentence_texts: list[str],
+    texts: list[SpeechRequest],
 ) -> tuple[Entry, audio.FloatPCM]:
-    """The rendition of ``req`` made of ``masters`` (in order) and the entry that stores it: the
+    """The rendition of ``req`` made of ``masters`` (of its sentences ``texts``, in order) and
+    the entry that stores it: the
     join, the encoding, its checksum and digest, and its speech marks, in one job off the
     loop; with the joined samples."""
     rate_in = masters[0].sample_rate
     pcms = [m.pcm for m in masters]
-    if layout.exact:
-        pcm = layout.join(pcms, rate_in)
-        gaps: list[float] | None = [g / 1000.0 for g in layout.gaps_ms]
-    else:
-        pcm = sentences.join(pcms, rate_in, layout.pause_ms / 1000.0)
-        gaps = None
+    gaps_ms = layout.gaps_ms if layout.exact else ()
+    pcm = join_parts(pcms, rate_in, gaps_ms, layout.trims, layout.pause_ms)
+    gaps = [g / 1000.0 for g in gaps_ms] if gaps_ms else None
     data = audio.render(pcm, rate_in, req.fmt, rate)
     found = marks.compose(
         req.text,
-        sentence_texts,
+        [t.text for t in texts],
         masters,
         sentences.part_offsets(pcms, rate_in, gaps, layout.trims, layout.pause_ms / 1000.0),
         marks.ssml_positions(req.segments),

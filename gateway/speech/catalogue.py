@@ -19,6 +19,7 @@ A prompt is an OpenAI speech body (``input``, ``voice``, ``model``, ``response_f
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import time
@@ -151,18 +152,11 @@ async def render(
 
     await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, len(requests))))))
     summary.seconds = time.perf_counter() - started
-    for r in results:
-        assert r is not None  # every index was handed to a worker
-        summary.results.append(r)
-        summary.bytes += r.bytes
-        if r.cache == "miss":
-            summary.synthesized += 1
-        elif r.cache == "hit":
-            summary.cached += 1
-        elif r.cache == "coalesced":
-            summary.coalesced += 1
-        else:
-            summary.failed += 1
+    summary.results = [r for r in results if r is not None]  # (every index was handed out)
+    counts = collections.Counter(r.cache for r in summary.results)
+    summary.synthesized, summary.cached = counts["miss"], counts["hit"]
+    summary.coalesced, summary.failed = counts["coalesced"], counts["error"]
+    summary.bytes = sum(r.bytes for r in summary.results)
     return summary
 
 

@@ -200,19 +200,18 @@ async def export(
     started = time.perf_counter()
     summary = ExportSummary(prompts=len(items), files=len(items) * len(formats))
     old = await asyncio.to_thread(read_manifest, directory)
-    manifest: dict[str, Any] = {}
     jobs = iter([(item, ext) for item in items for ext in formats])
-
-    for item in items:
-        manifest[item.ident] = {
-            "key": service.masters.master_key(
-                item.req, sentence_pause_ms=service.sentence_pause_ms
-            ),
+    pause_ms = service.sentence_pause_ms
+    manifest: dict[str, Any] = {
+        item.ident: {
+            "key": service.masters.master_key(item.req, sentence_pause_ms=pause_ms),
             "text": item.req.text,
             "voice": item.req.voice,
             "model": item.req.model,
             "files": {},
         }
+        for item in items
+    }
 
     async def one(item: ExportItem, ext: Extension) -> FileResult:
         req = dataclasses.replace(item.req, fmt=ext.fmt, sample_rate=ext.rate)
@@ -240,12 +239,9 @@ async def export(
     async def worker() -> None:
         for item, ext in jobs:  # the shared iterator hands each file to one worker
             res = await one(item, ext)
-            if res.outcome == "written":
-                summary.written += 1
-            elif res.outcome == "unchanged":
-                summary.unchanged += 1
-            else:
-                summary.failed += 1
+            # (Each outcome is the name of its count.)
+            setattr(summary, res.outcome, getattr(summary, res.outcome) + 1)
+            if res.outcome == "failed":
                 summary.errors.append(
                     {"where": item.where, "file": res.path, "error": res.error or ""}
                 )

@@ -16,10 +16,11 @@ the request's own offsets (:class:`SourceMap`) where the request's text is at ha
 
 from __future__ import annotations
 
+import itertools
 import json
 import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from gateway.speech.request import Segment
@@ -68,14 +69,8 @@ class Mark:
     value: str
 
     def as_json(self) -> dict[str, Any]:
-        """The mark as Polly writes it."""
-        return {
-            "time": self.time,
-            "type": self.type,
-            "start": self.start,
-            "end": self.end,
-            "value": self.value,
-        }
+        """The mark as Polly writes it (its fields, in Polly's order)."""
+        return asdict(self)
 
 
 def alignment_json(words: Sequence[WordTiming]) -> str:
@@ -191,10 +186,7 @@ _ORDER = {"ssml": 0, "sentence": 1, "word": 2, "viseme": 3}
 
 def _byte_offsets(text: str) -> list[int]:
     """UTF-8 byte offset of each character of ``text``, and of its end."""
-    out = [0]
-    for ch in text:
-        out.append(out[-1] + len(ch.encode()))
-    return out
+    return list(itertools.accumulate((len(ch.encode()) for ch in text), initial=0))
 
 
 def to_ndjson(marks: Iterable[Mark]) -> str:
@@ -206,11 +198,8 @@ def to_ndjson(marks: Iterable[Mark]) -> str:
 
 def from_ndjson(data: str) -> list[Mark]:
     """Marks from stored NDJSON (written by :func:`to_ndjson`)."""
-    out = []
-    for line in data.splitlines():
-        raw = json.loads(line)
-        out.append(Mark(raw["time"], raw["type"], raw["start"], raw["end"], raw["value"]))
-    return out
+    raws = [json.loads(line) for line in data.splitlines()]
+    return [Mark(r["time"], r["type"], r["start"], r["end"], r["value"]) for r in raws]
 
 
 def parse_types(value: str | None) -> frozenset[str] | None:
@@ -276,25 +265,19 @@ def _stamp(ms: int, sep: str) -> str:
     return f"{hours:02d}:{minutes:02d}:{seconds:02d}{sep}{millis:03d}"
 
 
+def _cue_lines(cue: Cue, sep: str) -> list[str]:
+    return [f"{_stamp(cue.start_ms, sep)} --> {_stamp(cue.end_ms, sep)}", cue.text, ""]
+
+
 def webvtt(cue_list: Sequence[Cue]) -> str:
     """WebVTT (W3C WebVTT: a ``WEBVTT`` line, then cues ``00:00:00.000 --> 00:00:01.000``)."""
-    lines = ["WEBVTT", ""]
-    for cue in cue_list:
-        lines += [f"{_stamp(cue.start_ms, '.')} --> {_stamp(cue.end_ms, '.')}", cue.text, ""]
-    return "\n".join(lines)
+    return "\n".join(["WEBVTT", "", *(line for cue in cue_list for line in _cue_lines(cue, "."))])
 
 
 def subrip(cue_list: Sequence[Cue]) -> str:
     """SubRip: numbered cues, ``00:00:00,000 --> 00:00:01,000``."""
-    lines: list[str] = []
-    for n, cue in enumerate(cue_list, start=1):
-        lines += [
-            str(n),
-            f"{_stamp(cue.start_ms, ',')} --> {_stamp(cue.end_ms, ',')}",
-            cue.text,
-            "",
-        ]
-    return "\n".join(lines)
+    numbered = ([str(n), *_cue_lines(cue, ",")] for n, cue in enumerate(cue_list, start=1))
+    return "\n".join(line for lines in numbered for line in lines)
 
 
 # ---- ElevenLabs' character alignment ------------------------------------------------------------
@@ -409,8 +392,6 @@ class SsmlSourceMap:
         mark_spans: Sequence[tuple[int, int]],
         shift: int = 0,
     ) -> None:
-        self.spoken = spoken
-        self.given = given
         self.exact = False
         self._mark_spans = list(mark_spans)
         self._shift = shift

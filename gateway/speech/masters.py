@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -30,7 +31,6 @@ from synth.engine import Audio, Engine, ParamValue, SynthesisItem
 from synth.errors import Overloaded, TakeRejected
 from synth.pieces import PiecesFeed
 from synth.scheduler import Scheduler
-from synth.takecheck import Verdict
 
 log = logging.getLogger("voxgate.speech")
 
@@ -111,10 +111,7 @@ class Masters:
         """The fingerprint ``model``'s content addresses carry: its engine's, joined with the
         address revision a rollout switched it to (none: the engine's own, as before any
         rollout)."""
-        found = self._address_fingerprints.get(model)
-        if found is not None:
-            return found
-        return self.models[model].engine.fingerprint
+        return self._address_fingerprints.get(model) or self.models[model].engine.fingerprint
 
     def revision_of(self, model: str) -> str:
         """The address revision ``model`` is served at ("" before any rollout)."""
@@ -141,11 +138,16 @@ class Masters:
                 self._address_fingerprints.pop(name, None)
         return changed
 
-    def passes_through(self, model: str, rate: int) -> bool:
-        """Whether ``model``'s pcm may go to a stream as it arrives at output ``rate``: its
-        runner (here, or the host's pool process for it) hands it on in pieces, at that rate."""
-        handle = self.models[model]
-        return handle.scheduler.runner.passes_pcm and handle.engine.sample_rate == rate
+    def passes_through(self, req: SpeechRequest, rate: int) -> bool:
+        """Whether ``req``'s pcm may go to a stream as it arrives at output ``rate``: raw pcm,
+        and its model's runner (here, or the host's pool process for it) hands it on in pieces,
+        at that rate."""
+        handle = self.models[req.model]
+        return (
+            req.fmt.name == "pcm"
+            and handle.scheduler.runner.passes_pcm
+            and handle.engine.sample_rate == rate
+        )
 
     # ---- addressing -------------------------------------------------------------------------
 
@@ -188,7 +190,7 @@ class Masters:
     async def master(
         self,
         req: SpeechRequest,
-        on_queued: Callable[[], None] | None = None,
+        on_queued: Callable[[], None],
         hold: Callable[[], Awaitable[object]] | None = None,
     ) -> tuple[Audio, CacheResult]:
         """The master audio of ``req`` (one sentence) and how it was had: ``"hit"`` (stored),
@@ -202,14 +204,12 @@ class Masters:
         found = await self.store.get(mk)
         decoded = None if found is None else await self._decode_stored(mk, found.entry, found.tier)
         if found is not None and decoded is not None:
-            if on_queued is not None:
-                on_queued()
+            on_queued()
             return decoded, "hit"
         if hold is not None and not self._flight.running(mk):
             await hold()
         if self._flight.running(mk):
-            if on_queued is not None:
-                on_queued()  # joining a synthesis already queued
+            on_queued()  # joining a synthesis already queued
         elif self.admit_synthesis is not None:
             # Charged before the master's shared production starts, not inside it: a refusal
             # (429) then fails this caller's text only, never others that join the master.
@@ -220,22 +220,17 @@ class Masters:
         return stored, "miss" if leader and made_here else "coalesced"
 
     async def _synthesize_once(
-        self, req: SpeechRequest, mk: str, on_queued: Callable[[], None] | None = None
+        self, req: SpeechRequest, mk: str, on_queued: Callable[[], None]
     ) -> tuple[Audio, bool]:
         """Master ``mk`` as stored, synthesized once; once across all replicas when Redis is
         configured: another replica's master is adopted from Redis, decoded exactly as
         :func:`audio.master_of` renders a fresh one, so every replica sends the same bytes.
         The flag is True when this process synthesized it, False when it was adopted or the
         host's pool process joined it to another process's synthesis."""
-
-        async def produce() -> tuple[Audio, bool]:
-            made = await self._synthesize(req, mk, on_queued)
-            return made, not made.joined
-
+        produce = functools.partial(self._synthesize, req, mk, on_queued)
         if self.cross_replica is None:
             return await produce()
-        if on_queued is not None:
-            on_queued()  # across replicas the order is not ours to keep: do not hold the rest
+        on_queued()  # across replicas the order is not ours to keep: do not hold the rest
 
         async def adopt(entry: Entry) -> tuple[Audio, bool]:
             decoded = await self._decode_stored(mk, entry, "redis")  # adopted from Redis
@@ -261,68 +256,53 @@ class Masters:
         return Audio(pcm, rate, words)
 
     async def _synthesize(
-        self, req: SpeechRequest, mk: str, on_queued: Callable[[], None] | None = None
-    ) -> Audio:
+        self, req: SpeechRequest, mk: str, on_queued: Callable[[], None]
+    ) -> tuple[Audio, bool]:
         """Synthesize ``req`` (one sentence), store its master under ``mk`` and return the
-        audio as stored (:func:`audio.master_of`). A take the checks refuse is never stored:
-        another is drawn (a provider is asked again), up to ``take_retries`` times, then
-        :class:`TakeRejected` names the reasons."""
+        audio as stored (:func:`audio.master_of`), and whether this process made it (not
+        joined to another's by the host's pool process). A take the checks refuse is never
+        stored: another is drawn (a provider is asked again), up to ``take_retries`` times,
+        then :class:`TakeRejected` names the reasons."""
         handle = self.models[req.model]
         if not handle.ready.is_set():
             raise Overloaded(f"model '{req.model}' is still loading", retry_after_s=2.0)
         takes = 1 + (self.takes.retries if self.takes is not None and self.takes.on else 0)
         reasons: dict[str, None] = {}
-        for n in range(takes):
-            made = await self._take(req, mk, handle, n, on_queued if n == 0 else None)
-            if isinstance(made, Audio):
-                return made
-            reasons.update(dict.fromkeys(made.reasons))
-        raise TakeRejected(tuple(reasons), takes)
-
-    async def _take(
-        self,
-        req: SpeechRequest,
-        mk: str,
-        handle: ModelHandle,
-        n: int,
-        on_queued: Callable[[], None] | None,
-    ) -> Audio | Verdict:
-        """Take ``n`` of ``req`` (0 the first): stored under ``mk`` and returned as stored, or
-        the verdict that refused it."""
-        feed = self.partials
-        # The provider's pcm, piece by piece, for streams that pass it on.
-        partial = feed.open(mk) if handle.scheduler.runner.passes_pcm else None
-        item = SynthesisItem(
-            req.text, req.voice, req.speed, dict(req.params), req.phonemes, n, sink=partial
-        )
-        if on_queued is not None:
-            # submit() queues the item before its first suspension; this runs right after.
-            asyncio.get_running_loop().call_soon(on_queued)
-        try:
-            result = await handle.scheduler.submit(item, caller().client)
-        finally:
-            if partial is not None:
-                feed.close(mk, partial)
-        # One job off the loop: the 16-bit samples once, the FLAC master from them, its checksum
-        # and digest (a miss's CPU here is taken from the synthesis workers on the same cores).
-        stored, entry = await asyncio.get_running_loop().run_in_executor(
-            self.encode_pool, _master_entry, req, result
-        )
-        take = Take(stored.pcm, stored.sample_rate, req.text, req, self.language_of(req))
-        verdict = await accept_take(self.store, mk, entry, take, self.takes)
-        if not verdict.ok:
+        loop = asyncio.get_running_loop()
+        for n in range(takes):  # take n (0 the first)
+            # The provider's pcm, piece by piece, for streams that pass it on.
+            partial = self.partials.open(mk) if handle.scheduler.runner.passes_pcm else None
+            item = SynthesisItem(
+                req.text, req.voice, req.speed, dict(req.params), req.phonemes, n, sink=partial
+            )
+            # submit() queues the item before its first suspension; this runs right after (a
+            # retake's turn was given by the first take: setting it again changes nothing).
+            loop.call_soon(on_queued)
+            try:
+                result = await handle.scheduler.submit(item, caller().client)
+            finally:
+                if partial is not None:
+                    self.partials.close(mk, partial)
+            # One job off the loop: the 16-bit samples once, the FLAC master from them, its
+            # checksum and digest (a miss's CPU here is taken from the synthesis workers on the
+            # same cores).
+            stored, entry = await loop.run_in_executor(self.encode_pool, _master_entry, req, result)
+            take = Take(stored.pcm, stored.sample_rate, req.text, req, self.language_of(req))
+            verdict = await accept_take(self.store, mk, entry, take, self.takes)
+            if verdict.ok:
+                log.info(
+                    "synthesized key=%s model=%s voice=%s audio_s=%.2f",
+                    mk,
+                    req.model,
+                    req.voice,
+                    result.duration_s,
+                )
+                return stored, not stored.joined
             if partial is not None:
                 # A stream that passed these pieces on sent what is not kept: it ends in error.
                 partial.refused = verdict.reasons
-            return verdict
-        log.info(
-            "synthesized key=%s model=%s voice=%s audio_s=%.2f",
-            mk,
-            req.model,
-            req.voice,
-            result.duration_s,
-        )
-        return stored
+            reasons.update(dict.fromkeys(verdict.reasons))
+        raise TakeRejected(tuple(reasons), takes)
 
     def language_of(self, req: SpeechRequest) -> str:
         """The language code of ``req``'s voice ("" when its engine names none)."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import json
 import logging
 import math
@@ -28,7 +27,7 @@ import diskcache
 
 from cache.disk import RawBytesDisk, _keys
 from cache.entry import CorruptEntry, Entry
-from gateway.speech.takes import Rejects, Take
+from gateway.speech.takes import Take
 from synth.takecheck import REASONS, Verdict
 
 log = logging.getLogger("voxgate")
@@ -63,8 +62,7 @@ def _record(raw: object) -> Rejected:
     """A record read back, every field's type checked; else :class:`CorruptEntry`."""
     if not isinstance(raw, dict) or set(raw) != set(Rejected.__dataclass_fields__):
         raise CorruptEntry("quarantine record: not an object of its fields")
-    strings = ("id", "key", "model", "voice", "text")
-    if not all(isinstance(raw[name], str) for name in strings):
+    if not all(isinstance(raw[name], str) for name in ("id", "key", "model", "voice", "text")):
         raise CorruptEntry("quarantine record: bad string field")
     reasons, measured, when = raw["reasons"], raw["measured"], raw["time"]
     if not isinstance(reasons, list) or not all(r in REASONS for r in reasons):
@@ -101,8 +99,7 @@ class Quarantine:
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="quarantine")
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, functools.partial(fn, *args))
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     # ---- Rejects ---------------------------------------------------------------------------
 
@@ -202,8 +199,3 @@ class Quarantine:
 
     async def close(self) -> None:
         await asyncio.to_thread(self._close_sync)
-
-
-# The take seam (gateway/speech/takes.py) hands a refused take to a ``Rejects``; stated here so
-# that mypy holds the quarantine to that protocol's signature.
-_REJECTS: type[Rejects] = Quarantine

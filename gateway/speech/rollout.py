@@ -89,6 +89,7 @@ class RolloutPrompt:
 
     def as_json(self) -> dict[str, Any]:
         """The prompt's line of the JSON report."""
+        old, new = self.old_duration_s, self.new_duration_s
         out = {
             "id": self.id,
             "text": self.text,
@@ -97,20 +98,14 @@ class RolloutPrompt:
             "state": self.state,
             "old_key": self.old_key,
             "new_key": self.new_key,
-            "old_duration_s": _round(self.old_duration_s),
-            "new_duration_s": _round(self.new_duration_s),
-            "change_s": _round(self.change_s),
+            "old_duration_s": _round(old),
+            "new_duration_s": _round(new),
+            # New duration minus old (None when either is unknown).
+            "change_s": None if old is None or new is None else _round(new - old),
         }
         if self.error is not None:
             out["error"] = self.error
         return out
-
-    @property
-    def change_s(self) -> float | None:
-        """New duration minus old (None when either is unknown)."""
-        if self.old_duration_s is None or self.new_duration_s is None:
-            return None
-        return self.new_duration_s - self.old_duration_s
 
 
 def _round(value: float | None) -> float | None:
@@ -149,16 +144,6 @@ class RolloutReport:
         }
 
 
-def _identity(label: Mapping[str, object]) -> tuple[object, ...]:
-    return (
-        label.get("text"),
-        label.get("voice"),
-        label.get("format"),
-        label.get("sample_rate"),
-        label.get("speed", 1.0),
-    )
-
-
 def pinned_prompts(
     listing: Sequence[Mapping[str, object]], model: str
 ) -> list[list[Mapping[str, object]]]:
@@ -168,15 +153,9 @@ def pinned_prompts(
     groups: dict[tuple[object, ...], list[Mapping[str, object]]] = {}
     for label in listing:
         if label.get("model") == model and isinstance(label.get("text"), str):
-            groups.setdefault(_identity(label), []).append(label)
+            named = (label.get(name) for name in ("text", "voice", "format", "sample_rate"))
+            groups.setdefault((*named, label.get("speed", 1.0)), []).append(label)
     return list(groups.values())
-
-
-async def _duration_of(service: SpeechService, key: str | None) -> float | None:
-    if key is None:
-        return None
-    entry = await service.store.find(key)
-    return entry.meta.duration_s if entry is not None else None
 
 
 async def rollout(
@@ -210,11 +189,9 @@ async def rollout(
         report.reason = f"already at revision {revision}"
         return report
     groups = pinned_prompts(await registry.listing(LISTING_LIMIT), model)
-    ids: list[str | None] = []
     unrenderable = 0
-    lines: list[RolloutPrompt] = []
-    requests: list[SpeechRequest] = []
-    olds: list[list[Mapping[str, object]]] = []
+    # Each prompt to render: its report line, its request, and its labels (the old addresses).
+    todo: list[tuple[RolloutPrompt, SpeechRequest, list[Mapping[str, object]]]] = []
     for group in groups:
         label = group[-1]
         text = str(label["text"])
@@ -248,16 +225,14 @@ async def rollout(
         except VoxgateError as exc:
             line.error = exc.message
             continue
-        ids.append(line.id)
-        lines.append(line)
-        requests.append(req)
-        olds.append(group)
+        todo.append((line, req, group))
+    requests = [req for _, req, _ in todo]
     if on_total is not None:
         on_total(len(requests))
     # This process only: the gateways keep the old addresses until the switch below.
     service.apply_revisions({**table, (model, fingerprint): revision})
     summary = await render(service, requests, metrics, concurrency=concurrency, on_done=on_done)
-    for result, line, group in zip(summary.results, lines, olds, strict=True):
+    for result, (line, _, group) in zip(summary.results, todo, strict=True):
         if result.error is not None or result.entry is None:
             line.error = result.error
             continue
@@ -267,7 +242,9 @@ async def rollout(
         # The old audio: the newest label of this prompt at another address than the new one.
         old = [g.get("key") for g in group if g.get("key") != result.key]
         line.old_key = str(old[-1]) if old else None
-        line.old_duration_s = await _duration_of(service, line.old_key)
+        before = await service.store.find(line.old_key) if line.old_key is not None else None
+        line.old_duration_s = before.meta.duration_s if before is not None else None
+    ids = [line.id for line, _, _ in todo]
     await pin(service, registry, summary, requests, ids, owner=ANONYMOUS, quota=quota)
     await service.store.drain()
     failed = report.count("error")

@@ -19,7 +19,7 @@ from cache.keys import rendition_key
 from cache.store import TieredStore
 from gateway.errors import BadRequest
 from gateway.memo import BoundedMemo
-from gateway.speech.assembly import Assembler, SpeechStream, plan
+from gateway.speech.assembly import Assembler, SpeechStream
 from gateway.speech.ledger import Ledger, Made
 from gateway.speech.masters import Masters, ModelHandle
 from gateway.speech.quarantine import Quarantine
@@ -32,7 +32,6 @@ from gateway.speech.request import (
 from gateway.speech.telephony import Transcoder
 from gateway.speech.vocabulary import Vocabulary
 from synth import audio, sentences
-from synth.engine import Engine
 
 log = logging.getLogger("voxgate.speech")
 
@@ -61,14 +60,6 @@ def estimated_request_s(req: SpeechRequest) -> float:
     return total
 
 
-def _explained(seg: Segment) -> dict[str, object]:
-    """A segment as ``explain`` shows it (its SSML marks only when it has some)."""
-    shown = dataclasses.asdict(seg)
-    if not seg.marks:
-        del shown["marks"]
-    return shown
-
-
 class SpeechService:
     """Answers speech requests from the store, synthesizing each distinct master once."""
 
@@ -82,7 +73,7 @@ class SpeechService:
         transcoder: Transcoder,
         ledger: Ledger,
         encode_pool: concurrent.futures.ThreadPoolExecutor,
-        vocabulary: Vocabulary | None = None,
+        vocabulary: Vocabulary,
         max_audio_s: float | None = None,
         rejects: Quarantine | None = None,
     ) -> None:
@@ -90,12 +81,8 @@ class SpeechService:
         # Where refused takes are kept for review (None: they are dropped).
         self.rejects = rejects
         self.models = dict(models)
-        # Each sentence's master, stored or synthesized once, below the assembler (the speech
-        # path flows one way: it never calls back up here).
         self.masters = masters
-        # The one registry of productions: renditions being made, whole answers and streams.
         self.assembler = assembler
-        # Other encodings of stored audio by content address (GET /v1/audio/{key}.{ext}).
         self.transcoder = transcoder
         self.ledger = ledger
         # Owned here: shut down with the service (the parts above share it).
@@ -104,13 +91,11 @@ class SpeechService:
         self.sentence_pause_ms = assembler.pause_ms
         # Content addresses of recent requests: hashing the canonical JSON is most of a hit's CPU
         # cost, and the same few thousand prompts repeat. Bounded; evicts oldest first.
-        self._key_memo: BoundedMemo[tuple[object, ...], tuple[str, str, int]] = BoundedMemo(
+        self._key_memo: BoundedMemo[tuple[SpeechRequest, str], tuple[str, str, int]] = BoundedMemo(
             KEY_MEMO_SIZE
         )
         # What requests may name, for parsing (gateway.api), which never sees this service.
-        self.vocabulary = vocabulary or Vocabulary(
-            {name: handle.engine for name, handle in self.models.items()}
-        )
+        self.vocabulary = vocabulary
         # ``_addressing`` is replaced at every switch of an address revision (voxgate rollout),
         # so a request carrying keys computed before it computes them again.
         self._addressing = object()
@@ -148,31 +133,18 @@ class SpeechService:
         cached = req.keys_cache
         if cached is not None and cached[0] is self._addressing:
             return cached[1]
-        engine = self.models[req.model].engine
-        memo_key = (
-            req.text,
-            req.model,
-            req.voice,
-            req.fmt.name,
-            req.speed,
-            req.sample_rate,
-            req.params,
-            self.masters.fingerprint_of(req.model),
-            req.segments,
-            req.phonemes,
-        )
+        # The request's value (every field; ``keys_cache`` is none) and its model's fingerprint.
+        memo_key = (req, self.masters.fingerprint_of(req.model))
         keys = self._key_memo.get(memo_key)
         if keys is None:
-            keys = self._compute_keys(req, engine)
+            engine = self.models[req.model].engine
+            assembled = self.masters.master_key(req, sentence_pause_ms=self.sentence_pause_ms)
+            rate = audio.output_rate(req.fmt, engine.sample_rate, req.sample_rate)
+            rk = rendition_key(assembled, fmt=req.fmt.name, sample_rate=rate)
+            keys = self.masters.master_key(req), rk, rate
             self._key_memo.put(memo_key, keys)
         object.__setattr__(req, "keys_cache", (self._addressing, keys))
         return keys
-
-    def _compute_keys(self, req: SpeechRequest, engine: Engine) -> tuple[str, str, int]:
-        mk = self.masters.master_key(req)
-        assembled = self.masters.master_key(req, sentence_pause_ms=self.sentence_pause_ms)
-        rate = audio.output_rate(req.fmt, engine.sample_rate, req.sample_rate)
-        return mk, rendition_key(assembled, fmt=req.fmt.name, sample_rate=rate), rate
 
     # ---- serving ----------------------------------------------------------------------------
 
@@ -224,24 +196,20 @@ class SpeechService:
         """Whether a miss of ``req`` may pass its provider's pcm on as it arrives (raw ``pcm``
         at the rate of an upstream that streams): then streaming helps even one sentence, whose
         first bytes go out before the provider's last. Cheap, on the loop."""
-        if req.fmt.name != "pcm":
-            return False
-        _, _, rate = self.keys_for(req)
-        return self.masters.passes_through(req.model, rate)
+        return self.masters.passes_through(req, self.keys_for(req)[2])
 
     def several_sentences(self, req: SpeechRequest) -> bool:
         """Whether ``req`` may be made of more than one sentence master (what streaming by
         default needs to help): cheap, on the loop. A text that is not one sentence on its face
         counts as several (it may still split into one)."""
-        if self.masters.says_whole(req.model):
-            return len([seg for seg in req.segments if seg.words]) > 1
-        if not req.segments:
-            return not self.assembler.splitter.whole(req.text, self.assembler.max_sentence_chars)
         spoken = [seg for seg in req.segments if seg.words]
-        limit = self.assembler.max_sentence_chars
+        if self.masters.says_whole(req.model):
+            return len(spoken) > 1
+        whole, limit = self.assembler.splitter.whole, self.assembler.max_sentence_chars
+        if not req.segments:
+            return not whole(req.text, limit)
         return len(spoken) > 1 or any(
-            not seg.phonemes and not self.assembler.splitter.whole(seg.words, limit)
-            for seg in spoken
+            not seg.phonemes and not whole(seg.words, limit) for seg in spoken
         )
 
     def check_budget(self, req: SpeechRequest) -> None:
@@ -264,17 +232,7 @@ class SpeechService:
         expansion (segments), the sentences it is made of (each a cached master) and how they
         join, and its content address (``key``: the ``X-Audio-Key`` of its answer)."""
         mk, rk, rate = self.keys_for(req)
-        loop = asyncio.get_running_loop()
-        parts, layout = await loop.run_in_executor(
-            self._encode_pool,
-            plan,
-            req,
-            self.assembler.splitter,
-            self.assembler.max_sentence_chars,
-            self.sentence_pause_ms,
-            self.masters.says_whole(req.model),
-        )
-        segments = req.segments or (Segment(req.text),)
+        parts, layout = await self.assembler.split(req)
         return {
             "key": rk,
             "master": mk,
@@ -283,7 +241,11 @@ class SpeechService:
             "format": req.fmt.name,
             "sample_rate": rate,
             "text": req.text,
-            "expansion": [_explained(seg) for seg in segments],
+            # Each segment's fields (its SSML marks only when it has some).
+            "expansion": [
+                {k: v for k, v in dataclasses.asdict(seg).items() if k != "marks" or seg.marks}
+                for seg in req.segments or (Segment(req.text),)
+            ],
             "sentences": [
                 {
                     "text": part.text,
@@ -305,23 +267,21 @@ class SpeechService:
 
     def voice_listing(self) -> Sequence[Mapping[str, object]]:
         """Models with their voices, for ``GET /v1/voices``."""
-        out = []
-        for name, handle in self.models.items():
-            out.append(
-                {
-                    "id": name,
-                    "ready": handle.ready.is_set(),
-                    "sample_rate": handle.engine.sample_rate,
-                    "voices": [
-                        {
-                            "id": v.name,
-                            "language": v.language,
-                            "description": v.description,
-                            "speech_marks": self.has_marks(name, v.name),
-                        }
-                        for v in handle.engine.voices()
-                    ],
-                    "execution": dict(handle.engine.describe()),
-                }
-            )
-        return out
+        return [
+            {
+                "id": name,
+                "ready": handle.ready.is_set(),
+                "sample_rate": handle.engine.sample_rate,
+                "voices": [
+                    {
+                        "id": v.name,
+                        "language": v.language,
+                        "description": v.description,
+                        "speech_marks": self.has_marks(name, v.name),
+                    }
+                    for v in handle.engine.voices()
+                ],
+                "execution": dict(handle.engine.describe()),
+            }
+            for name, handle in self.models.items()
+        ]

@@ -24,17 +24,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cache.entry import Entry, EntryMeta
+from cache.entry import Entry
 from cache.keys import rendition_key
 from cache.singleflight import SingleFlight
 from cache.store import TieredStore
 from gateway.errors import BadRequest, NotFound
 from gateway.memo import BoundedMemo
-from gateway.speech.assembly import RenderShare
+from gateway.speech.assembly import RenderShare, join_parts
 from gateway.speech.ledger import Ledger
-from gateway.speech.request import CacheResult
+from gateway.speech.request import SpeechResult
 from gateway.speech.takes import Take, accept_take
-from synth import audio, sentences
+from synth import audio
 from synth.engine import Engine
 
 log = logging.getLogger("voxgate.speech.telephony")
@@ -54,40 +54,34 @@ class Extension:
     summary: str
 
 
-def _table() -> dict[str, Extension]:
-    f = audio.FORMATS
-    rows = [
-        # audio/x-wav: the one WAV type that Asterisk (format_wav), FreeSWITCH (mime.types),
-        # Twilio and jambonz all know; FreeSWITCH's mime.types has no audio/wav.
-        Extension("wav", f["wav"], 8000, "audio/x-wav", "wav", "PCM16 mono 8 kHz WAV"),
-        # Not audio/(x-)wav: Asterisk reads the Content-Type first, and would take the file as
-        # its 8 kHz-only `wav` format. RFC 2361's audio/vnd.wave maps to no Asterisk format, so
-        # it goes on to the `.wav16` extension.
-        Extension("wav16", f["wav"], 16000, "audio/vnd.wave", "wav16", "PCM16 mono 16 kHz WAV"),
-        Extension("ulaw", f["ulaw"], 8000, "audio/basic", "ulaw", "raw G.711 u-law 8 kHz"),
-        Extension("ul", f["ulaw"], 8000, "audio/basic", "ulaw", "raw G.711 u-law 8 kHz"),
-        Extension("pcmu", f["ulaw"], 8000, "audio/PCMU", "ulaw", "raw G.711 u-law 8 kHz"),
-        Extension(
-            "alaw", f["alaw-raw"], 8000, "audio/x-alaw-basic", "alaw", "raw G.711 A-law 8 kHz"
-        ),
-        Extension("al", f["alaw-raw"], 8000, "audio/x-alaw-basic", "alaw", "raw G.711 A-law 8 kHz"),
-        Extension("pcma", f["alaw-raw"], 8000, "audio/PCMA", "alaw", "raw G.711 A-law 8 kHz"),
-        # Little-endian samples (Asterisk's slin, jambonz's audio/l16), unlike RFC 2586's
-        # network order: the label is the players' convention.
-        Extension("sln", f["pcm"], 8000, "audio/L16;rate=8000", "sln", "raw s16le 8 kHz"),
-        Extension("raw", f["pcm"], 8000, "audio/L16;rate=8000", "sln", "raw s16le 8 kHz"),
-        Extension("sln16", f["pcm"], 16000, "audio/L16;rate=16000", "sln16", "raw s16le 16 kHz"),
-        Extension("sln24", f["pcm"], 24000, "audio/L16;rate=24000", "sln24", "raw s16le 24 kHz"),
-        Extension("sln48", f["pcm"], 48000, "audio/L16;rate=48000", "sln48", "raw s16le 48 kHz"),
-        Extension("gsm", f["gsm"], 8000, "audio/gsm", "gsm", "raw GSM 06.10, 33-byte frames"),
-        Extension("g722", f["g722"], 16000, "audio/G722", "g722", "raw G.722, 64 kbit/s"),
-        # Core Asterisk has no MP3 format (format_mp3 is an add-on).
-        Extension("mp3", f["mp3"], None, "audio/mpeg", None, "MP3 at the voice's rate"),
-    ]
-    return {e.name: e for e in rows if e.fmt.name in audio.FORMATS}
-
-
-EXTENSIONS: dict[str, Extension] = _table()
+_F = audio.FORMATS
+_ROWS = [
+    # audio/x-wav: the one WAV type that Asterisk (format_wav), FreeSWITCH (mime.types),
+    # Twilio and jambonz all know; FreeSWITCH's mime.types has no audio/wav.
+    Extension("wav", _F["wav"], 8000, "audio/x-wav", "wav", "PCM16 mono 8 kHz WAV"),
+    # Not audio/(x-)wav: Asterisk reads the Content-Type first, and would take the file as
+    # its 8 kHz-only `wav` format. RFC 2361's audio/vnd.wave maps to no Asterisk format, so
+    # it goes on to the `.wav16` extension.
+    Extension("wav16", _F["wav"], 16000, "audio/vnd.wave", "wav16", "PCM16 mono 16 kHz WAV"),
+    Extension("ulaw", _F["ulaw"], 8000, "audio/basic", "ulaw", "raw G.711 u-law 8 kHz"),
+    Extension("ul", _F["ulaw"], 8000, "audio/basic", "ulaw", "raw G.711 u-law 8 kHz"),
+    Extension("pcmu", _F["ulaw"], 8000, "audio/PCMU", "ulaw", "raw G.711 u-law 8 kHz"),
+    Extension("alaw", _F["alaw-raw"], 8000, "audio/x-alaw-basic", "alaw", "raw G.711 A-law 8 kHz"),
+    Extension("al", _F["alaw-raw"], 8000, "audio/x-alaw-basic", "alaw", "raw G.711 A-law 8 kHz"),
+    Extension("pcma", _F["alaw-raw"], 8000, "audio/PCMA", "alaw", "raw G.711 A-law 8 kHz"),
+    # Little-endian samples (Asterisk's slin, jambonz's audio/l16), unlike RFC 2586's
+    # network order: the label is the players' convention.
+    Extension("sln", _F["pcm"], 8000, "audio/L16;rate=8000", "sln", "raw s16le 8 kHz"),
+    Extension("raw", _F["pcm"], 8000, "audio/L16;rate=8000", "sln", "raw s16le 8 kHz"),
+    Extension("sln16", _F["pcm"], 16000, "audio/L16;rate=16000", "sln16", "raw s16le 16 kHz"),
+    Extension("sln24", _F["pcm"], 24000, "audio/L16;rate=24000", "sln24", "raw s16le 24 kHz"),
+    Extension("sln48", _F["pcm"], 48000, "audio/L16;rate=48000", "sln48", "raw s16le 48 kHz"),
+    Extension("gsm", _F["gsm"], 8000, "audio/gsm", "gsm", "raw GSM 06.10, 33-byte frames"),
+    Extension("g722", _F["g722"], 16000, "audio/G722", "g722", "raw G.722, 64 kbit/s"),
+    # Core Asterisk has no MP3 format (format_mp3 is an add-on).
+    Extension("mp3", _F["mp3"], None, "audio/mpeg", None, "MP3 at the voice's rate"),
+]
+EXTENSIONS: dict[str, Extension] = {e.name: e for e in _ROWS if e.fmt.name in _F}
 
 
 def extension(name: str, param: str = "ext") -> Extension:
@@ -100,22 +94,6 @@ def extension(name: str, param: str = "ext") -> Extension:
             code="unsupported_format",
         )
     return found
-
-
-class MasterGone(NotFound):
-    """The stored audio names masters that are no longer stored, and is itself lossy: no other
-    encoding can be made of it without a synthesis."""
-
-
-@dataclass(frozen=True)
-class Transcoded:
-    """An encoding of stored audio: its key, the entry, and how it was had: ``hit`` (stored, or
-    transcoded now: no synthesis either way, as :meth:`SpeechService.speak` reports it) or
-    ``coalesced`` (joined a transcode in flight)."""
-
-    key: str
-    entry: Entry
-    cache: CacheResult
 
 
 class Transcoder:
@@ -144,35 +122,29 @@ class Transcoder:
         """The derived key of ``key`` in ``ext`` if it was computed before (no I/O)."""
         return self._derived.get((key, ext.name))
 
-    def derived_key(self, key: str, meta: EntryMeta, ext: Extension) -> tuple[str, int]:
-        """``(key, rate)`` of ``ext``'s encoding of the audio stored under ``key``.
-
-        From the rendition's format-free master when it names one (the key a speech request for
-        that encoding computes), else from ``key`` itself (audio stored before masters were
-        recorded)."""
-        engine = self.engines.get(meta.model)
-        base_rate = engine.sample_rate if engine is not None else meta.sample_rate
-        rate = audio.output_rate(ext.fmt, base_rate, ext.rate)
-        return rendition_key(meta.master or key, fmt=ext.fmt.name, sample_rate=rate), rate
-
-    async def get(self, key: str, ext: Extension) -> Transcoded | None:
+    async def get(self, key: str, ext: Extension) -> SpeechResult | None:
         """``ext``'s encoding of the audio under ``key``: stored, or transcoded now and stored
-        (unpinned, even when the source is pinned: only a catalogue pins, within its quota).
-        None when nothing is stored under ``key``; :class:`MasterGone` when it cannot be made
-        without a synthesis."""
-        known = self._derived.get((key, ext.name))
+        (unpinned, even when the source is pinned: only a catalogue pins, within its quota),
+        ``hit`` (no synthesis either way) unless it joined a transcode in flight. None when
+        nothing is stored under ``key``; a 404 when it cannot be made without a synthesis."""
+        known = self.known_key(key, ext)
         if known is not None:
             entry = await self.store.find(known)
             if entry is not None:
-                return Transcoded(known, entry, "hit")
+                return SpeechResult(entry, known, "hit")
         source = await self.store.find(key)
         if source is None:
             return None
-        derived, rate = self.derived_key(key, source.meta, ext)
+        # Derived from the rendition's format-free master when it names one (the key a speech
+        # request for that encoding computes), else from ``key`` (stored before masters were).
+        meta, engine = source.meta, self.engines.get(source.meta.model)
+        base_rate = engine.sample_rate if engine is not None else meta.sample_rate
+        rate = audio.output_rate(ext.fmt, base_rate, ext.rate)
+        derived = rendition_key(meta.master or key, fmt=ext.fmt.name, sample_rate=rate)
         self._derived.put((key, ext.name), derived)
         entry = await self.store.find(derived)
         if entry is not None:
-            return Transcoded(derived, entry, "hit")
+            return SpeechResult(entry, derived, "hit")
         share = self.render_share
         release = share.take() if share is not None and not self._flight.running(derived) else None
         try:
@@ -182,7 +154,7 @@ class Transcoder:
         finally:
             if release is not None:
                 release()
-        return Transcoded(derived, made, "hit" if leader else "coalesced")
+        return SpeechResult(made, derived, "hit" if leader else "coalesced")
 
     async def _make(self, source: Entry, ext: Extension, rate: int, key: str) -> Entry:
         meta = source.meta
@@ -217,44 +189,38 @@ class Transcoder:
         them), else the source itself when it is lossless."""
         meta = source.meta
         loop = asyncio.get_running_loop()
-        if meta.parts:
-            parts = await asyncio.gather(*(self.store.find(k) for k in meta.parts))
-            if all(p is not None for p in parts):
-                decoded = await asyncio.gather(
-                    *(
-                        loop.run_in_executor(self.encode_pool, audio.decode_master, p.audio)
-                        for p in parts
-                        if p is not None
-                    ),
-                    return_exceptions=True,
-                )
-                # A master that does not decode is corrupt: deleted, so the next speech request
-                # for it synthesizes it anew (this one falls back as if it were gone).
-                bad = []
-                for k, d in zip(meta.parts, decoded, strict=True):
-                    if isinstance(d, audio.UndecodableAudio):
-                        bad.append(k)
-                    elif isinstance(d, BaseException):
-                        raise d
-                for k in bad:
-                    log.warning("stored master deleted key=%s: it does not decode", k)
-                    await self.store.delete(k)
-                if not bad:
-                    pcms = [d for d in decoded if not isinstance(d, BaseException)]
-                    rate = pcms[0][1]
-                    found = [pcm for pcm, _ in pcms]
-                    if meta.gaps_ms:
-                        gaps = [g / 1000.0 for g in meta.gaps_ms]
-                        joined = sentences.join_gaps(found, rate, gaps, meta.trims)
-                    else:
-                        joined = sentences.join(found, rate, meta.pause_ms / 1000.0)
-                    return joined, rate
+        parts = await asyncio.gather(*(self.store.find(k) for k in meta.parts))
+        if parts and all(p is not None for p in parts):
+            decoded = await asyncio.gather(
+                *(
+                    loop.run_in_executor(self.encode_pool, audio.decode_master, p.audio)
+                    for p in parts
+                    if p is not None
+                ),
+                return_exceptions=True,
+            )
+            # A master that does not decode is corrupt: deleted, so the next speech request for
+            # it synthesizes it anew (this one falls back as if it were gone).
+            bad = []
+            for k, d in zip(meta.parts, decoded, strict=True):
+                if isinstance(d, audio.UndecodableAudio):
+                    bad.append(k)
+                elif isinstance(d, BaseException):
+                    raise d
+            for k in bad:
+                log.warning("stored master deleted key=%s: it does not decode", k)
+                await self.store.delete(k)
+            if not bad:
+                pcms = [d for d in decoded if not isinstance(d, BaseException)]
+                rate = pcms[0][1]
+                found = [pcm for pcm, _ in pcms]
+                return join_parts(found, rate, meta.gaps_ms, meta.trims, meta.pause_ms), rate
         if meta.format in ("wav", "flac", "pcm"):
             try:
                 return await loop.run_in_executor(self.encode_pool, _decode_lossless, source)
             except audio.UndecodableAudio:
                 log.warning("stored audio does not decode; treated as gone")
-        raise MasterGone(
+        raise NotFound(
             "the masters of this audio are no longer stored and it is lossy: ask for it again "
             "through /v1/audio/speech or a say URL (that synthesizes it once more)",
             param="key",
