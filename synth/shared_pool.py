@@ -135,12 +135,6 @@ async def _all_or_none(calls: Sequence[Any]) -> list[Audio]:
         raise
 
 
-def _wanted_pieces(value: Any, count: int) -> set[int]:
-    if not isinstance(value, list) or any(type(i) is not int or not 0 <= i < count for i in value):
-        raise ValueError("pieces is not a list of item indices")
-    return set(value)
-
-
 async def _stop_all(tasks: Any) -> None:
     """Cancel ``tasks`` and wait for them, whatever they end with (a peer that went away makes
     a reply's write fail: nothing to report to anyone)."""
@@ -150,14 +144,14 @@ async def _stop_all(tasks: Any) -> None:
     await asyncio.gather(*pending, return_exceptions=True)
 
 
+@dataclasses.dataclass(eq=False)
 class _Shared:
     """One distinct item in flight at the pool: its synthesis, its pcm as it arrives (a model
     that passes pcm) and who still wants it."""
 
-    def __init__(self, task: asyncio.Task[Audio], pieces: Pieces | None) -> None:
-        self.task = task
-        self.pieces = pieces
-        self.interest = 0
+    task: asyncio.Task[Audio]
+    pieces: Pieces | None
+    interest: int = 0
 
 
 # Where a request's pieces of one item go: awaited, so a slow connection slows its follower only.
@@ -299,12 +293,16 @@ class PoolServer:
                     if type(rid) is not int or model not in self.schedulers:
                         raise ValueError("request without an id or for an unknown model")
                     items = [item_from_json(v) for v in message["items"]]
-                    wanted = _wanted_pieces(message.get("pieces", []), len(items))
+                    wanted = message.get("pieces", [])
+                    if not isinstance(wanted, list) or any(
+                        type(i) is not int or not 0 <= i < len(items) for i in wanted
+                    ):
+                        raise ValueError("pieces is not a list of item indices")
                 except (ValueError, KeyError, TypeError) as exc:
                     # Our own gateway sent something we cannot read: the stream is out of step.
                     log.error("shared pool: bad request frame (%s); closing the connection", exc)
                     return
-                task = asyncio.ensure_future(serve(rid, model, items, wanted))
+                task = asyncio.ensure_future(serve(rid, model, items, set(wanted)))
                 running[rid] = task
                 task.add_done_callback(functools.partial(lambda r, _: running.pop(r, None), rid))
         except FrameTooLarge as exc:
