@@ -540,13 +540,10 @@ class WorkerPool:
 
     def _withdraw(self, worker: _Worker) -> None:
         """Take ``worker``'s free slots out of the idle queue (the others keep their order)."""
-        kept = []
-        while not self._idle.empty():
-            slot = self._idle.get_nowait()
+        slots = [self._idle.get_nowait() for _ in range(self._idle.qsize())]
+        for slot in slots:
             if slot is not worker:
-                kept.append(slot)
-        for slot in kept:
-            self._idle.put_nowait(slot)
+                self._idle.put_nowait(slot)
 
     async def _respawn(self, old: _Worker) -> None:
         loop = asyncio.get_running_loop()
