@@ -1,13 +1,5 @@
-"""Word timings from an engine's phoneme durations (speech marks).
-
-A VITS voice (Piper's, Coqui's) predicts how many frames each phoneme id lasts; those durations
-are where each phoneme is heard, to the frame. What the engine phonemized is not the text word
-for word: espeak-ng joins words ("of the" is one phoneme word, ``ʌvðə``), expands numbers ("123"
-is three) and splits at abbreviations. So each text word is phonemized alone, and the words'
-phonemes are aligned to the sentence's phoneme stream by their symbols (difflib's longest
-matching blocks); a word owns the phonemes matched to it, and a word that matched nothing takes
-the unmatched phonemes between its neighbours. Times are never guessed beyond that: a word's
-time is the first sample of its first phoneme.
+"""Word timings from an engine's phoneme durations (speech marks): how a text's words are
+matched to the phonemes the engine said, docs/speech-marks.md, "Where they come from".
 
 Runs in the synthesis process, beside the engine (a sentence of ten words costs about 1 ms of
 phonemizing and matching, against 50-100 ms of synthesis).

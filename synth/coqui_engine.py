@@ -1,28 +1,11 @@
 """Coqui TTS models (coqui-tts) as an :class:`~synth.engine.Engine`.
 
-A model is named either by Coqui's model zoo (``tts_models/en/ljspeech/vits``: Coqui's own
-``ModelManager`` downloads it into its cache, so a zoo name needs the network once) or by a local
-checkpoint + ``config.json``. Both load through Coqui's ``Synthesizer``, the code path
-``tts --model_path`` takes, so a model that works with Coqui works here.
-
-Execution modes (``mode``):
-
-- ``torch``: eager fp32. VITS models run real batches (``x_lengths``), each item trimmed to its own
-  predicted length, so a batched item is the same audio as its single run (see
-  :meth:`CoquiEngine.synthesize_batch` for the one place they can differ).
-- ``onnx``: Coqui's own VITS ONNX export (``Vits.export_onnx``) run in ONNX Runtime, its 1-D
-  convolutions recast as 2-D (:mod:`synth.onnx_layout`: same output, faster CPU kernels). Exported
-  once into ``onnx_dir`` under the model fingerprint and reused by every worker and restart. The exported
-  graph returns only the padded waveform (no per-item lengths), so items run one at a time.
-- ``int8``: torch dynamic int8 quantization of ``Linear``/``LSTM`` layers. Applied only when the
-  model has such layers; VITS has none, so for VITS it is logged as a no-op and runs as ``torch``.
-- ``fp16`` / ``bf16``: eager under ``torch.autocast`` on the engine's device (fp16 needs CUDA).
-
-``precision="int8"`` (with ``mode="onnx"`` only) runs the export's int8 QDQ graph
-(:mod:`synth.onnx_quant`), derived once from the export and cached beside it; it has its own
-fingerprint. Other modes ignore ``precision``.
-
-Voices: docs/synthesis.md.
+A model is a zoo name or a local checkpoint + ``config.json``, loaded through Coqui's
+``Synthesizer``, the code path ``tts --model_path`` takes, so a model that works with Coqui works
+here. Models, voices, execution modes (``mode``) and ``precision``: docs/synthesis.md, "Coqui",
+"Execution modes" and "Precision". In ``onnx`` mode the export's 1-D convolutions are recast as
+2-D (:mod:`synth.onnx_layout`: same output, faster CPU kernels); where a batched item can differ
+from its single run: :meth:`CoquiEngine.synthesize_batch`.
 """
 
 from __future__ import annotations

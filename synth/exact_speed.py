@@ -1,17 +1,11 @@
 """Speech at exactly the speed asked, for VITS graphs (Piper voices, Coqui's VITS).
 
-VITS turns each input id's predicted duration ``w`` (frames, times the length scale) into whole
-frames with ``ceil(w)``. Dividing the length scale by the speed, as Piper and Coqui do, divides
-``w`` but not the ceiling's round-up: every id keeps at least one frame, and the blank ids between
-phonemes (most of them under a frame) cost a frame at any speed: fast speech stayed long and slow
-speech short (measured: docs/synthesis.md, "Speed").
-
-Here the durations are made at the voice's own length scale (speed 1's, bit for bit), then
-divided by the speed over their running total: ``d_i = round(C_i / s) - round(C_{i-1} / s)``
-where ``C`` is the cumulative sum of the speed-1 frames. Every id keeps its share, the total is
-speed 1's divided by ``s`` to within half a frame (11.6 ms at 22,050 Hz), and at speed 1 nothing
-changes. A fast id may get no frame at all; the alignment VITS builds from the running total
-skips it.
+Why dividing the length scale by the speed falls short (VITS rounds each id's duration up to a
+whole frame), the rule that replaces it, ``d_i = round(C_i / s) - round(C_{i-1} / s)`` over the
+running total ``C`` of the speed-1 frames, and what it measured: docs/synthesis.md, "Speed". The
+blank ids between phonemes (most of them under a frame) were what cost a frame at any speed; now
+every id keeps its share, and a fast id may get no frame at all: the alignment VITS builds from
+the running total skips it.
 
 :func:`rescaled_graph` rewrites a serialized ONNX model at the protobuf wire level (a VITS graph's
 one ``Ceil`` whose output feeds a ``CumSum``), adding an input ``speed`` (float ``[1]``; every run feeds

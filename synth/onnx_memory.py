@@ -1,24 +1,8 @@
-"""Giving memory back after a large synthesis.
-
-ONNX Runtime's CPU arena keeps every block it ever grew to: one long sentence at a slow speed
-(a minute of audio) grows a Piper process by as much as the run needed, and it stays there. Two
-levers, compared on the joe voice by the CPU time of ordinary sentences and the RSS above the
-resting value after such a run:
-
-- arena kept (ONNX Runtime's default): the least CPU, and the whole peak kept;
-- arena off (``enable_cpu_mem_arena = False``): more CPU, and glibc still keeps much of the
-  freed heap unless ``malloc_trim`` gives it back;
-- arena kept, shrunk after each run (run option ``memory.enable_memory_arena_shrinkage``) plus
-  ``malloc_trim``: about as much CPU as the arena off, and memory back near its resting value.
-
-voxgate keeps the arena for ordinary runs and shrinks it after a large one: a run whose input
-ids, stretched by the length scale and divided by the speed, exceed :data:`KEEP_ARENA_IDS` (about
-6 s of audio on the bundled voice) returns the arena's free blocks at its end, and glibc's heap
-is trimmed after a run that made long audio. Shrinking after every run cost 1.19x the CPU of an
-ordinary IVR sentence (``python -m bench.arena``, docs/bench/arena.json); keeping the arena for
-runs up to the bound holds at most that bound's peak per process (about 140 MB; the JSON has the
-figures), and a worker's memory is back near that once a large request is done (``python -m
-bench.soak`` records the RSS around two long requests in docs/bench/soak.json).
+"""Giving memory back after a large synthesis: ONNX Runtime's CPU arena keeps every block it
+ever grew to. The levers compared, the bound between keeping and shrinking it, and what each cost:
+docs/synthesis.md, "Memory per run". A worker's memory is back near the bound's peak once a large
+request is done (``python -m bench.soak`` records the RSS around two long requests in
+docs/bench/soak.json).
 """
 
 from __future__ import annotations

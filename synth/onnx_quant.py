@@ -1,18 +1,8 @@
 """int8 versions of ONNX voice graphs (``synthesis_precision = "int8"``).
 
-The recipe (docs/synthesis.md, "Precision"): static QDQ int8 of every convolution, the rest fp32.
-
-Why this recipe (measured on the joe voice, docs/synthesis.md "int8"): dynamic quantization
-(``quantize_dynamic``) turns convolutions into ``ConvInteger``, which ONNX Runtime's CPU provider
-runs without its fast kernels: 0.36x the fp32 speed. Static QDQ of only the HiFi-GAN decoder's
-convolutions was 1.12x; of every convolution, about 1.4x.
-
-The quantized graph is derived locally (nothing is downloaded) once per source model and cached
-under ``directory``, keyed by :func:`int8_fingerprint`: the fingerprint of the source files, the
-recipe and ONNX Runtime's minor version (its quantizer decides the int8 weights). Workers that
-start together derive it once between them (file lock, atomic rename). Calibration runs with the
-noise scales at 0, so two hosts derive the same graph from the same source and their audio under
-one content address is the same.
+The recipe (static QDQ int8 of every convolution, the rest fp32: about 1.4x the fp32 speed on the
+joe voice), the ones tried and left out, and how the graph is derived once, cached and
+fingerprinted: docs/synthesis.md, "Precision".
 """
 
 from __future__ import annotations

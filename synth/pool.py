@@ -1,22 +1,8 @@
 """Worker processes that each hold one warmed engine: the out-of-process :class:`BatchRunner`.
 
 Why processes: an engine crash (a segfault in a native runtime, an OOM kill) or a hang takes down
-one worker, never the gateway, and N processes x 1 intra-op thread measured faster than one process
-x N threads for Piper on 2 cores (4.33 vs 3.92 syntheses/s).
-
-Each worker is a ``spawn``ed interpreter (no forked torch/ONNX Runtime state) that builds its engine
-from a picklable :class:`EngineSpec`, loads and warms it, then reports ready. A batch goes to an idle
-worker over a pipe. A worker that dies mid-batch is replaced and the batch retried once on another
-worker; a second death fails the batch with :class:`EngineDead` (HTTP 503). A batch running past
-``batch_timeout_s`` gets its worker killed and replaced and fails with :class:`SynthesisTimeout`
-(not retried: a hanging input would hang the next worker too).
-
-Replies are not pickles: a worker runs an engine on untrusted text, so what it sends back is
-parsed, not executed. A reply is one framed message (a JSON header, then the float32 samples),
-read with a size bound (``max_reply_bytes``) before anything is allocated for it, and checked
-field by field. A reply that is too large, malformed, or fails in any other unexpected way gets its
-worker replaced (its pipe may hold the rest of a message) and fails the batch with
-:class:`EngineError`, so no worker is left neither idle nor replaced.
+one worker, never the gateway. How workers start, die, time out and are replaced, and why their
+replies are parsed, never unpickled: docs/synthesis.md, "Worker pool".
 """
 
 from __future__ import annotations
@@ -554,13 +540,10 @@ class WorkerPool:
 
     def _withdraw(self, worker: _Worker) -> None:
         """Take ``worker``'s free slots out of the idle queue (the others keep their order)."""
-        kept = []
-        while not self._idle.empty():
-            slot = self._idle.get_nowait()
+        slots = [self._idle.get_nowait() for _ in range(self._idle.qsize())]
+        for slot in slots:
             if slot is not worker:
-                kept.append(slot)
-        for slot in kept:
-            self._idle.put_nowait(slot)
+                self._idle.put_nowait(slot)
 
     async def _respawn(self, old: _Worker) -> None:
         loop = asyncio.get_running_loop()

@@ -1,17 +1,10 @@
 """The micro-batching scheduler: a bounded queue in the gateway process in front of a runner.
 
-Contract (after Ray Serve's ``@serve.batch``): one future per item; cancelled items are dropped
-before a batch runs; the runner must return exactly one output per input; on any error every future
-of the batch fails, none is left hanging; queue wait and batch size are histogrammed.
-
-Each client gets a bounded share of the queue: the caller names it in :meth:`Scheduler.submit`
-(the gateway names the client its request is for: an API key's name, else the client's
-address), and a client with ``max_per_client`` items waiting gets :class:`ClientQueueFull`
-(HTTP 429) for the next one, while other clients' misses still find room. An item waits until
-its batch starts, or, with a runner that ``queues_work`` (the host's pool process), until its
-call ends: its place in that runner's queue is not known here. The counts live in a
-:class:`ClientShares`: this process's by default; the gateway gives one that every gateway
-process of the host shares, so a client's share is the host's, not one per process.
+Its contract (after Ray Serve's ``@serve.batch``) and each client's share of the queue:
+docs/synthesis.md, "Micro-batching scheduler" (and, for a runner that ``queues_work``, the top of
+that page). The shares are counted in a :class:`ClientShares`: this process's by default; the
+gateway gives one that every gateway process of the host shares, so a client's share is the
+host's, not one per process.
 """
 
 from __future__ import annotations

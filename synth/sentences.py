@@ -7,10 +7,8 @@ callers run it off the loop and only on a miss; a text that is one sentence on i
 (:meth:`SentenceSplitter.whole`) skips it, and is cheap enough to split on the loop.
 
 A sentence longer than ``max_chars`` is cut further, at clause boundaries first (after ``,;:``
-and dashes), then between words, so no one engine run is asked for minutes of audio: an engine's
-peak memory grows with the audio of one run, so an unpunctuated paragraph at a slow speed would
-cost gigabytes in one run. Engines bound their runs too (Piper by phonemes), since characters are
-a loose measure of speech.
+and dashes), then between words (why: docs/synthesis.md, "Memory per run"). Engines bound their
+runs too (Piper by phonemes), since characters are a loose measure of speech.
 
 :func:`speech_weight` is the character count the request budget is estimated from: symbols and
 emoji are read out as names ("grinning face with big eyes", about 20 phonemes each) and long digit

@@ -2,33 +2,17 @@
 
 With ``serve --workers N`` the N gateway processes would otherwise each hold a pool of engines:
 N times the memory, the cores oversubscribed (a Piper synthesis took 0.38 s instead of 0.16 s
-with 2), and no coalescing between processes (320 syntheses for 300 prompts). Instead the
-supervisor starts one pool process; its schedulers and worker pools are the ones a single gateway
-would run (crash and hang handling as in :mod:`synth.pool`), and every gateway process submits to
-it through a :class:`RemotePool`, a :class:`~synth.scheduler.BatchRunner` like the others.
+with 2), and no coalescing between processes (320 syntheses for 300 prompts). How the pool
+process runs each distinct item once, answers it again from a recent result and cancels what
+nobody waits for: docs/architecture.md, "One pool per host". A reply names the items its request
+joined (``joined``: started by another request, or answered from a recent one), so only the
+gateway process whose request started a synthesis says MISS for it. This is the one layer that
+coalesces across the gateway processes of a host without Redis: each process's registry of
+productions (:class:`gateway.speech.assembly.Assembler`) sees its own requests only.
 
-Coalescing: :class:`PoolServer` runs each distinct item once however many requests ask for it
-(and answers it from its result for ``RECENT_S`` after, bounded in bytes: a gateway process whose
-lookup missed just before another stored the master submits it moments late). An
-item's identity is its model plus its canonical JSON (text, voice, speed, parameters): on one host
-every process serves the same engines, so this is the master's content address less the engine
-fingerprint, which is fixed here. Each request holds an interest in its items; a request that is
-cancelled (its gateway's client gone, see :class:`~synth.scheduler.Scheduler`) drops its interest,
-and an item nobody is interested in any more is cancelled too, which drops it from the pool's
-queue if it has not started: no synthesis for no one. A reply names the items its request joined
-(``joined``: started by another request, or answered from a recent one), so only the gateway
-process whose request started a synthesis says MISS for it. This is the one layer that coalesces
-across the gateway processes of a host without Redis: each process's registry of productions
-(:class:`gateway.speech.assembly.Assembler`) sees its own requests only.
-
-Streaming pass-through: a model whose runner ``passes_pcm`` (an upstream that streams) hands each
-piece of an item's raw pcm to a :class:`~synth.pieces.Pieces` of that item as the provider sends it. A request
-that names the item in its ``pieces`` gets every piece, those sent before it joined first, in
-frames of their own before its reply, so a gateway process streams them on before the call has
-ended, whichever process's request started it. The pieces are the provider's answer itself
-(the same bytes objects the provider keeps to make the whole), held only until the call ends;
-each request's follower writes them as fast as its connection drains, joining what arrived
-meanwhile into one frame, so a slow reader holds nothing more.
+Streaming pass-through (docs/architecture.md, "Upstreams"): the pieces a request gets are the
+provider's answer itself (the same bytes objects the provider keeps to make the whole), held only
+until the call ends; each request's follower joins what arrived while it wrote (:class:`Pieces`).
 
 Wire format (asyncio streams, both ways): frames of a 4-byte big-endian length then the payload,
 bounded on read (``MAX_REQUEST_BYTES`` at the pool, ``max_reply_bytes`` at the gateway) before
@@ -134,7 +118,8 @@ def item_from_json(value: Any) -> SynthesisItem:
 
 
 def identity(model: str, item: SynthesisItem) -> str:
-    """What makes two items one synthesis on this host (see the module docstring)."""
+    """What makes two items one synthesis on this host (docs/architecture.md, "One pool per
+    host": the master's content address less the engine fingerprint, fixed here)."""
     return json.dumps([model, item_to_json(item)], sort_keys=True, separators=(",", ":"))
 
 
@@ -150,12 +135,6 @@ async def _all_or_none(calls: Sequence[Any]) -> list[Audio]:
         raise
 
 
-def _wanted_pieces(value: Any, count: int) -> set[int]:
-    if not isinstance(value, list) or any(type(i) is not int or not 0 <= i < count for i in value):
-        raise ValueError("pieces is not a list of item indices")
-    return set(value)
-
-
 async def _stop_all(tasks: Any) -> None:
     """Cancel ``tasks`` and wait for them, whatever they end with (a peer that went away makes
     a reply's write fail: nothing to report to anyone)."""
@@ -165,14 +144,14 @@ async def _stop_all(tasks: Any) -> None:
     await asyncio.gather(*pending, return_exceptions=True)
 
 
+@dataclasses.dataclass(eq=False)
 class _Shared:
     """One distinct item in flight at the pool: its synthesis, its pcm as it arrives (a model
     that passes pcm) and who still wants it."""
 
-    def __init__(self, task: asyncio.Task[Audio], pieces: Pieces | None) -> None:
-        self.task = task
-        self.pieces = pieces
-        self.interest = 0
+    task: asyncio.Task[Audio]
+    pieces: Pieces | None
+    interest: int = 0
 
 
 # Where a request's pieces of one item go: awaited, so a slow connection slows its follower only.
@@ -243,7 +222,7 @@ class PoolServer:
         self._remember(key, shared.task.result())
 
     def _remember(self, key: str, audio: Audio) -> None:
-        """Keep ``audio`` for ``RECENT_S``, within ``RECENT_BYTES`` (see the module docstring)."""
+        """Keep ``audio`` for ``RECENT_S``, within ``RECENT_BYTES``."""
         now = time.monotonic()
         old = self._recent.pop(key, None)
         if old is not None:
@@ -314,12 +293,16 @@ class PoolServer:
                     if type(rid) is not int or model not in self.schedulers:
                         raise ValueError("request without an id or for an unknown model")
                     items = [item_from_json(v) for v in message["items"]]
-                    wanted = _wanted_pieces(message.get("pieces", []), len(items))
+                    wanted = message.get("pieces", [])
+                    if not isinstance(wanted, list) or any(
+                        type(i) is not int or not 0 <= i < len(items) for i in wanted
+                    ):
+                        raise ValueError("pieces is not a list of item indices")
                 except (ValueError, KeyError, TypeError) as exc:
                     # Our own gateway sent something we cannot read: the stream is out of step.
                     log.error("shared pool: bad request frame (%s); closing the connection", exc)
                     return
-                task = asyncio.ensure_future(serve(rid, model, items, wanted))
+                task = asyncio.ensure_future(serve(rid, model, items, set(wanted)))
                 running[rid] = task
                 task.add_done_callback(functools.partial(lambda r, _: running.pop(r, None), rid))
         except FrameTooLarge as exc:
