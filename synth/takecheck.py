@@ -1,12 +1,9 @@
 """Checks of a take before the store keeps it: is it audio, is its length plausible for its text,
 voice and speed, is there speech in it, and is the signal sound (no NaN, clipping or DC).
 
-A cache multiplies what it keeps, so every new take passes :meth:`TakeChecker.check` (off the
-event loop: it is CPU work) on the one seam, :func:`gateway.speech.takes.accept_take`. A take
-that fails names its reasons (:data:`REASONS`); the caller retakes it or refuses the request.
-
-Levels (``take_checks``): ``off`` checks nothing, ``signal`` (the default) runs the signal
-checks, ``asr`` adds a speech-recognition round trip for English voices.
+Why and where every new take passes :meth:`TakeChecker.check`, and the levels
+(``take_checks``): docs/takes.md, its opening and "Settings". A take that fails names its reasons
+(:data:`REASONS`).
 """
 
 from __future__ import annotations

@@ -2,19 +2,9 @@
 
 An upstream is configured in the upstreams file (TOML, ``[[upstream]]`` entries, see
 docs/upstreams.md) and served under its ``name`` like any local model. It is two parts, like a
-pooled local engine: :class:`UpstreamEngine` (the metadata) and :class:`UpstreamRunner` (the calls).
-Everything in front of it is the gateway's as for a local model: the store, the in-process and
-cross-replica single flight, the sentence masters, every format, rate and telephony URL made by
-transcoding one stored master.
-
-The runner is what a paying customer of the provider expects of a client: at most
-``max_concurrency`` calls in flight, at most ``requests_per_minute`` started (in Redis when one is
-configured, so every replica spends one budget), retries with exponential backoff on 429, 408 and
-5xx that honour ``Retry-After``, a circuit breaker that stops asking after repeated failures, and
-one deadline, ``timeout_s``, for the whole of it: a miss gets its audio or an
-:class:`~synth.errors.UpstreamError` (502/503 naming the upstream) within that time, never a hang.
-A refusal that is the caller's fault (an unknown voice, text the provider will not say) is not
-retried and keeps the provider's message (a 400).
+pooled local engine: :class:`UpstreamEngine` (the metadata) and :class:`UpstreamRunner` (the calls,
+under the policy of docs/upstreams.md, "How it treats the provider" and "What a client sees when
+it fails").
 
 What the provider is asked for is a lossless format (``pcm`` or ``wav``); the stored master is
 made from it, so every other format is a transcode, never a second call.
