@@ -456,8 +456,8 @@ class UpstreamRunner:
         provider: Provider,
         metrics: Metrics,
         *,
-        breaker: Breaker | None = None,
-        rate: RequestRate | None = None,
+        breaker: Breaker,
+        rate: RequestRate,
     ) -> None:
         self.engine = engine
         self.config = engine.config
@@ -490,11 +490,9 @@ class UpstreamRunner:
         if config.max_concurrency != old.max_concurrency:
             # Calls running finish under the old bound; new ones count against the new one.
             self._slots = asyncio.Semaphore(config.max_concurrency)
-        if self.rate is not None:
-            self.rate.set_limit(config.requests_per_minute)
-        if self.breaker is not None:
-            self.breaker.failures = config.breaker_failures
-            self.breaker.reset_s = config.breaker_reset_s
+        self.rate.set_limit(config.requests_per_minute)
+        self.breaker.failures = config.breaker_failures
+        self.breaker.reset_s = config.breaker_reset_s
         self.metrics.upstream_price.labels(self.name).set(config.price_per_million_chars)
         return ""
 
@@ -572,13 +570,13 @@ class UpstreamRunner:
 
             call_item = dataclasses.replace(item, sink=passing)
         while True:
-            if self.breaker is not None and not self.breaker.allow():
+            if not self.breaker.allow():
                 raise self._fail(
                     "breaker_open",
                     f"upstream {name!r} is unavailable: it failed repeatedly and is not asked "
                     "until its cool-down ends; stored audio is still served",
                 )
-            if self.rate is not None and not await self.rate.acquire(deadline):
+            if not await self.rate.acquire(deadline):
                 raise self._fail(
                     "rate_wait",
                     f"upstream {name!r} is at its requests_per_minute "
@@ -611,7 +609,7 @@ class UpstreamRunner:
                     )
                     await asyncio.sleep(delay)
                     continue
-                if exc.kind != "refused" and self.breaker is not None:
+                if exc.kind != "refused":
                     self.breaker.failure()
                 if exc.kind == "timeout" and earlier is not None:
                     raise self._error_of(earlier) from None
@@ -619,8 +617,7 @@ class UpstreamRunner:
             self._latency.observe(time.perf_counter() - started)
             self._calls_ok.inc()
             self._billed.inc(len(item.text))
-            if self.breaker is not None:
-                self.breaker.success()
+            self.breaker.success()
             return audio
 
     def _retry_delay(self, exc: ProviderError, attempt: int) -> float | None:
@@ -642,12 +639,10 @@ class UpstreamRunner:
         return self._fail(kind, told, asked, exc.reason)
 
 
-def build_provider(
-    config: UpstreamConfig, api_key: str, environ: Mapping[str, str] | None = None
-) -> Provider:
-    """The client of ``config``'s provider kind (its SDK imported only here); ``environ``
-    (default: the process's) holds any further credential its kind names (``secret_envs``)."""
-    return config.spec.factory(config, api_key, os.environ if environ is None else environ)
+def build_provider(config: UpstreamConfig, api_key: str) -> Provider:
+    """The client of ``config``'s provider kind (its SDK imported only here); the process's
+    environment holds any further credential its kind names (``secret_envs``)."""
+    return config.spec.factory(config, api_key, os.environ)
 
 
 def missing_sdk(config: UpstreamConfig) -> str:
