@@ -1,12 +1,9 @@
 """Checks of a take before the store keeps it: is it audio, is its length plausible for its text,
 voice and speed, is there speech in it, and is the signal sound (no NaN, clipping or DC).
 
-A cache multiplies what it keeps, so every new take passes :meth:`TakeChecker.check` (off the
-event loop: it is CPU work) on the one seam, :func:`gateway.speech.takes.accept_take`. A take
-that fails names its reasons (:data:`REASONS`); the caller retakes it or refuses the request.
-
-Levels (``take_checks``): ``off`` checks nothing, ``signal`` (the default) runs the signal
-checks, ``asr`` adds a speech-recognition round trip for English voices.
+Why and where every new take passes :meth:`TakeChecker.check`, and the levels
+(``take_checks``): docs/takes.md, its opening and "Settings". A take that fails names its reasons
+(:data:`REASONS`).
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ import threading
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -364,13 +361,19 @@ class TakeChecker:
     ``asr`` needs pocketsphinx (``pip install 'voxgate[asr]'``); without it the constructor
     raises :class:`ValueError` saying so, rather than every take failing later."""
 
-    def __init__(self, level: Level = "signal", rates: SpeakingRates | None = None) -> None:
+    def __init__(self, level: Level = "signal") -> None:
         if level not in LEVELS:
             raise ValueError(f"take_checks must be one of {', '.join(LEVELS)}, not {level!r}")
         if level == "asr":
-            _require_pocketsphinx()
+            import importlib.util
+
+            if importlib.util.find_spec("pocketsphinx") is None:
+                raise ValueError(
+                    "take_checks = 'asr' needs pocketsphinx, which is not installed: "
+                    "pip install 'voxgate[asr]' (or choose take_checks = 'signal')"
+                )
         self.level: Level = level
-        self.rates = rates or SpeakingRates()
+        self.rates = SpeakingRates()
         self._recognizers = threading.local()
 
     def check(self, facts: TakeFacts, limits: Limits = Limits()) -> Verdict:
@@ -402,7 +405,17 @@ class TakeChecker:
         if pcm.size and abs(float(np.mean(pcm))) > limits.max_dc_offset:
             reasons.append("dc_offset")
         signal = analyse(pcm, facts.sample_rate, limits.min_level_db)
-        measured.update(signal.measured())
+        measured |= {
+            "speech_s": signal.speech_frames * FRAME_S,
+            "speech_span_s": signal.span_s,
+            "longest_gap_s": signal.longest_gap_s,
+            "flatness": signal.flatness,
+            "tonality": signal.tonality,
+            "modulation_db": signal.modulation_db,
+            "level_db": signal.level_db,
+            "end_db": signal.end_db,
+            "end_quiet_s": signal.end_quiet_s,
+        }
         if signal.loud_frames == 0:
             reasons.append("silent")
             return _verdict(reasons, measured, limits)
@@ -480,7 +493,10 @@ class TakeChecker:
     def _wer(self, facts: TakeFacts) -> float:
         decoder = getattr(self._recognizers, "decoder", None)
         if decoder is None:
-            decoder = self._recognizers.decoder = _pocketsphinx_decoder()
+            from pocketsphinx import Config, Decoder
+
+            config = Config(loglevel="FATAL")  # its own model (en-us), shipped in the wheel
+            decoder = self._recognizers.decoder = Decoder(config)
         pcm16 = _to_rate(facts.pcm, facts.sample_rate, ASR_RATE)
         decoder.start_utt()
         decoder.process_raw(
@@ -579,19 +595,6 @@ class Signal:
     gaps: tuple[int, ...]  # the silences inside the speech, in frames (of two or more)
     dead_stops: int  # sounds inside the take that stop dead (see _dead_stops)
 
-    def measured(self) -> dict[str, float]:
-        return {
-            "speech_s": self.speech_frames * FRAME_S,
-            "speech_span_s": self.span_s,
-            "longest_gap_s": self.longest_gap_s,
-            "flatness": self.flatness,
-            "tonality": self.tonality,
-            "modulation_db": self.modulation_db,
-            "level_db": self.level_db,
-            "end_db": self.end_db,
-            "end_quiet_s": self.end_quiet_s,
-        }
-
 
 def analyse(pcm: npt.NDArray[np.float32], sample_rate: int, min_level_db: float) -> Signal:
     """Run the detector and the spectral measures over ``pcm``: vectorized numpy, one detector
@@ -600,8 +603,6 @@ def analyse(pcm: npt.NDArray[np.float32], sample_rate: int, min_level_db: float)
 
     x = _to_rate(pcm, sample_rate, VAD_RATE)
     count = x.size // FRAME
-    if count == 0:
-        return Signal(0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, -120.0, -120.0, 0.0, (), 0)
     frames = x[: count * FRAME].reshape(count, FRAME)
     level = 10.0 * np.log10(np.mean(frames * frames, axis=1) + 1e-12)
     loud = level > min_level_db
@@ -709,23 +710,6 @@ def _starts_with_container(pcm: npt.NDArray[np.float32]) -> bool:
 _MAGICS = frozenset((b"RIFF", b"OggS", b"fLaC", b"\x1a\x45\xdf\xa3", b"ID3\x03", b"ID3\x04"))
 
 
-def _require_pocketsphinx() -> None:
-    import importlib.util
-
-    if importlib.util.find_spec("pocketsphinx") is None:
-        raise ValueError(
-            "take_checks = 'asr' needs pocketsphinx, which is not installed: "
-            "pip install 'voxgate[asr]' (or choose take_checks = 'signal')"
-        )
-
-
-def _pocketsphinx_decoder() -> Any:
-    from pocketsphinx import Config, Decoder
-
-    config = Config(loglevel="FATAL")  # its own model (en-us), shipped in the wheel
-    return Decoder(config)
-
-
 _WORD = re.compile(r"[a-z0-9']+")
 # The recognizer reads English at 0.5x to 1.25x (at 1.5x one clean take of the bundled voice in
 # ten reads as badly as babble, at 2% slower), and a text of a word or two is a coin toss for it.
@@ -784,15 +768,11 @@ def sniff_container(data: bytes, content_type: str = "") -> Container:
     lowered = content_type.split(";")[0].strip().lower()
     if lowered.startswith("text/") or lowered.endswith(("json", "xml", "html")):
         return "text"
-    stripped = data[:64].lstrip()
-    if stripped[:1] in (b"{", b"[", b"<") and _printable(data[:256]):
-        return "text"
+    if data[:64].lstrip()[:1] in (b"{", b"[", b"<"):
+        try:
+            text = data[:256].decode("utf-8")
+        except UnicodeDecodeError:
+            return "unknown"
+        if all(c.isprintable() or c.isspace() for c in text):
+            return "text"
     return "unknown"
-
-
-def _printable(head: bytes) -> bool:
-    try:
-        text = head.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return all(c.isprintable() or c.isspace() for c in text)

@@ -2,19 +2,9 @@
 
 An upstream is configured in the upstreams file (TOML, ``[[upstream]]`` entries, see
 docs/upstreams.md) and served under its ``name`` like any local model. It is two parts, like a
-pooled local engine: :class:`UpstreamEngine` (the metadata) and :class:`UpstreamRunner` (the calls).
-Everything in front of it is the gateway's as for a local model: the store, the in-process and
-cross-replica single flight, the sentence masters, every format, rate and telephony URL made by
-transcoding one stored master.
-
-The runner is what a paying customer of the provider expects of a client: at most
-``max_concurrency`` calls in flight, at most ``requests_per_minute`` started (in Redis when one is
-configured, so every replica spends one budget), retries with exponential backoff on 429, 408 and
-5xx that honour ``Retry-After``, a circuit breaker that stops asking after repeated failures, and
-one deadline, ``timeout_s``, for the whole of it: a miss gets its audio or an
-:class:`~synth.errors.UpstreamError` (502/503 naming the upstream) within that time, never a hang.
-A refusal that is the caller's fault (an unknown voice, text the provider will not say) is not
-retried and keeps the provider's message (a 400).
+pooled local engine: :class:`UpstreamEngine` (the metadata) and :class:`UpstreamRunner` (the calls,
+under the policy of docs/upstreams.md, "How it treats the provider" and "What a client sees when
+it fails").
 
 What the provider is asked for is a lossless format (``pcm`` or ``wav``); the stored master is
 made from it, so every other format is a transcode, never a second call.
@@ -466,8 +456,8 @@ class UpstreamRunner:
         provider: Provider,
         metrics: Metrics,
         *,
-        breaker: Breaker | None = None,
-        rate: RequestRate | None = None,
+        breaker: Breaker,
+        rate: RequestRate,
     ) -> None:
         self.engine = engine
         self.config = engine.config
@@ -500,11 +490,9 @@ class UpstreamRunner:
         if config.max_concurrency != old.max_concurrency:
             # Calls running finish under the old bound; new ones count against the new one.
             self._slots = asyncio.Semaphore(config.max_concurrency)
-        if self.rate is not None:
-            self.rate.set_limit(config.requests_per_minute)
-        if self.breaker is not None:
-            self.breaker.failures = config.breaker_failures
-            self.breaker.reset_s = config.breaker_reset_s
+        self.rate.set_limit(config.requests_per_minute)
+        self.breaker.failures = config.breaker_failures
+        self.breaker.reset_s = config.breaker_reset_s
         self.metrics.upstream_price.labels(self.name).set(config.price_per_million_chars)
         return ""
 
@@ -582,13 +570,13 @@ class UpstreamRunner:
 
             call_item = dataclasses.replace(item, sink=passing)
         while True:
-            if self.breaker is not None and not self.breaker.allow():
+            if not self.breaker.allow():
                 raise self._fail(
                     "breaker_open",
                     f"upstream {name!r} is unavailable: it failed repeatedly and is not asked "
                     "until its cool-down ends; stored audio is still served",
                 )
-            if self.rate is not None and not await self.rate.acquire(deadline):
+            if not await self.rate.acquire(deadline):
                 raise self._fail(
                     "rate_wait",
                     f"upstream {name!r} is at its requests_per_minute "
@@ -621,7 +609,7 @@ class UpstreamRunner:
                     )
                     await asyncio.sleep(delay)
                     continue
-                if exc.kind != "refused" and self.breaker is not None:
+                if exc.kind != "refused":
                     self.breaker.failure()
                 if exc.kind == "timeout" and earlier is not None:
                     raise self._error_of(earlier) from None
@@ -629,8 +617,7 @@ class UpstreamRunner:
             self._latency.observe(time.perf_counter() - started)
             self._calls_ok.inc()
             self._billed.inc(len(item.text))
-            if self.breaker is not None:
-                self.breaker.success()
+            self.breaker.success()
             return audio
 
     def _retry_delay(self, exc: ProviderError, attempt: int) -> float | None:
@@ -652,12 +639,10 @@ class UpstreamRunner:
         return self._fail(kind, told, asked, exc.reason)
 
 
-def build_provider(
-    config: UpstreamConfig, api_key: str, environ: Mapping[str, str] | None = None
-) -> Provider:
-    """The client of ``config``'s provider kind (its SDK imported only here); ``environ``
-    (default: the process's) holds any further credential its kind names (``secret_envs``)."""
-    return config.spec.factory(config, api_key, os.environ if environ is None else environ)
+def build_provider(config: UpstreamConfig, api_key: str) -> Provider:
+    """The client of ``config``'s provider kind (its SDK imported only here); the process's
+    environment holds any further credential its kind names (``secret_envs``)."""
+    return config.spec.factory(config, api_key, os.environ)
 
 
 def missing_sdk(config: UpstreamConfig) -> str:

@@ -1,14 +1,5 @@
-"""kind = "azure": Azure AI Speech's text to speech REST API over aiohttp.
-
-As Microsoft Learn's "Text to speech REST API" page publishes it: ``POST
-{base_url}/cognitiveservices/v1`` (``base_url`` is ``https://<region>.tts.speech.microsoft.com``),
-the key in ``Ocp-Apim-Subscription-Key``, ``Content-Type: application/ssml+xml``,
-``X-Microsoft-OutputFormat: raw-<rate>-16bit-mono-pcm`` (16-bit mono PCM without a header:
-lossless, kept as the master) and a ``User-Agent``; the body is SSML naming the voice, its
-language taken from the voice name (``en-US-AvaNeural``: ``en-US``), the request's speed as a
-``prosody`` rate. voxgate expands SSML itself, so the text is escaped, never passed as markup.
-Errors come with an empty or plain-text body; 400 is a request Azure refuses.
-"""
+"""kind = "azure": Azure AI Speech's text to speech REST API over aiohttp, as docs/upstreams.md,
+"Providers", has it."""
 
 from __future__ import annotations
 

@@ -239,8 +239,7 @@ class WavLayout:
         if self.dtype == "<i3":
             b = np.frombuffer(data, dtype=np.uint8).reshape(-1, 3).astype(np.int32)
             ints = (b[:, 0] | b[:, 1] << 8 | b[:, 2] << 16) << 8  # sign from bit 31
-            samples = ints.reshape(-1, self.channels)[:, 0].astype(np.float32) / 2.0**31
-            return samples
+            return ints.reshape(-1, self.channels)[:, 0].astype(np.float32) / 2.0**31
         frames = np.frombuffer(data, dtype=self.dtype).reshape(-1, self.channels)[:, 0]
         if self.dtype[1] == "f":
             return np.nan_to_num(frames.astype(np.float32), nan=0.0, posinf=1.0, neginf=-1.0)

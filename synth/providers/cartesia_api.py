@@ -1,20 +1,5 @@
-"""kind = "cartesia": Cartesia's Text to Speech (Bytes) REST API over aiohttp.
-
-As Cartesia's API reference publishes it (docs.cartesia.ai, "Text to Speech (Bytes)", API
-version 2025-04-16, and "Make an API request"): ``POST {base_url}/tts/bytes``
-(``https://api.cartesia.ai``) with the key in ``X-API-Key``, ``Cartesia-Version: 2025-04-16``
-and JSON ``model_id`` (the entry's ``model``: ``sonic-2``), ``transcript``, ``voice``
-(``{"mode": "id", "id": <voice>}``), ``output_format`` (``{"container": "raw", "encoding":
-"pcm_s16le", "sample_rate"}``: 16-bit little-endian mono, lossless, kept as the master),
-``language`` (the entry's, ``en_US`` sent as ``en``) and, at another speed than 1,
-``generation_config.speed`` (0.6-1.5). Errors before version 2026-03-01 are plain text
-(``Title: Message``), from it JSON ``{"error_code", "title", "message", "request_id"}``: both are
-read.
-
-aiohttp rather than the ``cartesia`` SDK: its 4.x speaks API version 2026-08-14 with bearer
-tokens through a second HTTP client (httpx) and its own retries, for one POST that the aiohttp
-session every HTTP kind shares makes with the runner's retries.
-"""
+"""kind = "cartesia": Cartesia's Text to Speech (Bytes) REST API over aiohttp, as docs/upstreams.md,
+"Providers", has it (and why not their SDK); also their API reference's "Make an API request"."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""kind = "deepgram": Deepgram's text to speech (Aura) REST API over aiohttp.
-
-As Deepgram's API reference publishes it ("Single Text Request"): ``POST {base_url}/v1/speak``
-(``https://api.deepgram.com``) with ``Authorization: Token <key>``, the query ``model`` (the voice:
-``aura-2-thalia-en``), ``encoding=linear16``, ``sample_rate`` and ``container=none`` (raw 16-bit
-PCM: lossless, kept as the master), and JSON ``{"text"}``. Errors are ``{"err_code", "err_msg",
-"request_id"}``. Deepgram's REST call takes no speed here: a request at another speed (or an SSML
-rate) is refused before the call.
-"""
+"""kind = "deepgram": Deepgram's text to speech (Aura) REST API over aiohttp, as
+docs/upstreams.md, "Providers", has it."""
 
 from __future__ import annotations
 

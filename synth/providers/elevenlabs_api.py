@@ -1,17 +1,5 @@
-"""kind = "elevenlabs": ElevenLabs' text-to-speech API over aiohttp.
-
-The request is the one ElevenLabs publishes (their OpenAPI document, from which the official
-``elevenlabs`` SDK is generated: repository elevenlabs/elevenlabs-python,
-``text_to_speech/raw_client.py``): ``POST {base_url}/v1/text-to-speech/{voice_id}`` with the
-query ``output_format=pcm_<rate>`` (16-bit little-endian mono PCM, lossless: kept as the master),
-the key in the ``xi-api-key`` header, and a JSON body of ``text``, ``model_id`` and
-``voice_settings`` (the entry's, plus ``speed`` when the request's is not 1).
-
-aiohttp rather than the SDK: one POST needs none of the SDK's models, websockets or its own HTTP
-client, and the runner does retries itself. Errors come as ``{"detail": {"status", "message"}}``
-or, for a 422, FastAPI's ``{"detail": [{"msg"}]}``; an unknown voice id (404 on its path) is the
-caller's fault here.
-"""
+"""kind = "elevenlabs": ElevenLabs' text-to-speech API over aiohttp, as docs/upstreams.md,
+"Providers", has it (and why not their SDK)."""
 
 from __future__ import annotations
 
@@ -44,7 +32,8 @@ class ElevenLabsProvider(HttpProvider):
         )
 
     def error_message(self, body: bytes) -> str:
-        """The message of an ElevenLabs error body (either of its shapes), else the raw text."""
+        """The message of an ElevenLabs error body, ``{"detail": {"status", "message"}}`` or a
+        422's ``{"detail": [{"msg"}]}``, else the raw text."""
         try:
             value = json.loads(body)
         except ValueError:

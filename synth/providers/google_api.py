@@ -1,14 +1,5 @@
-"""kind = "google": Google Cloud Text-to-Speech's REST API over aiohttp.
-
-As its REST reference publishes it (``text.synthesize``, v1): ``POST
-{base_url}/v1/text:synthesize`` (``https://texttospeech.googleapis.com``) with an API key in
-``X-Goog-Api-Key``, JSON ``input.text``, ``voice`` (``languageCode`` from the voice name:
-``en-US-Neural2-F`` is ``en-US``, and ``name``) and ``audioConfig`` (``audioEncoding: LINEAR16``,
-``sampleRateHertz``, ``speakingRate`` when not 1); the answer is JSON whose ``audioContent`` is
-base64 of LINEAR16 audio, which Google sends with a WAV header: decoded, it is the master.
-Errors are ``{"error": {"code", "message", "status"}}``. Service-account (OAuth) credentials
-need google-auth and are not supported: use an API key restricted to this API.
-"""
+"""kind = "google": Google Cloud Text-to-Speech's REST API over aiohttp, as docs/upstreams.md,
+"Providers", has it (API keys only)."""
 
 from __future__ import annotations
 

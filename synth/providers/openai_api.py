@@ -1,15 +1,5 @@
-"""kind = "openai": any server that speaks OpenAI's ``POST {base_url}/audio/speech`` (OpenAI,
-Kokoro-FastAPI, speaches, another voxgate), through the official ``openai`` SDK (the
-``voxgate[openai]`` extra, imported once an entry of this kind is built).
-
-The request is OpenAI's ``CreateSpeechRequest`` (the OpenAPI document in the public repository
-openai/openai-openapi): ``model``, ``input``, ``voice``, ``response_format`` (``pcm`` or ``wav``
-here: lossless, kept as the master), ``speed`` (sent when not 1) and ``instructions`` (when the
-request has some). The SDK's own retries are off (``max_retries=0``): the runner retries, so
-every attempt is counted and all of them fit in one deadline. The answer is read in chunks as
-what it is (a server that answers WAV to a pcm request is read as WAV), bounded by its text's
-longest plausible take (:class:`~synth.providers.base.AnswerReader`).
-"""
+"""kind = "openai": OpenAI's ``CreateSpeechRequest`` through the ``openai`` SDK, as
+docs/upstreams.md, "Providers", has it."""
 
 from __future__ import annotations
 
@@ -44,6 +34,7 @@ class OpenAIProvider:
             # refuses to start without one.
             api_key=api_key or "no-key",
             base_url=config.base_url,
+            # The runner retries: every attempt is counted, and all of them fit in one deadline.
             max_retries=0,
             timeout=config.timeout_s,
         )

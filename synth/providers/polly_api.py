@@ -1,25 +1,5 @@
 """kind = "polly": Amazon Polly's SynthesizeSpeech over aiohttp, signed with botocore's SigV4
-signer (the ``voxgate[polly]`` extra: botocore alone).
-
-The request is the one Polly's service model publishes (``botocore/data/polly/2016-06-10/
-service-2.json``, protocol rest-json; the Amazon Polly API Reference, "SynthesizeSpeech"):
-``POST {base_url}/v1/speech`` (``https://polly.<region>.amazonaws.com``), a JSON body of
-``Text``, ``TextType``, ``VoiceId``, ``OutputFormat: "pcm"`` (signed 16-bit little-endian mono:
-lossless, kept as the master), ``SampleRate`` (``"8000"`` or ``"16000"``, a string), ``Engine``
-(the entry's ``model``) and ``LanguageCode`` (the entry's ``language``), signed with AWS
-Signature Version 4 (service ``polly``). Errors come as the status with ``x-amzn-ErrorType`` and
-a body ``{"message"}`` (or ``__type``/``Message``); a throttling code is retried like a 429.
-
-Why not aiobotocore: it installs cleanly (3.10 with its botocore against voxgate's aiohttp), but
-making its client reads the service model, endpoint rules and partitions from disk on the
-event loop (the suite's blockbuster stops it at ``os.stat``), pins botocore to a range of three
-patch releases, and brings its own retries and HTTP session; one signed POST through the
-aiohttp session every HTTP kind shares needs only botocore's signer.
-
-voxgate expands SSML itself (breaks, say-as, rates), so what reaches Polly is words; a rate (the
-request's speed or an SSML ``prosody rate``) goes as Polly SSML, ``<prosody rate="N%">``, with
-``TextType: "ssml"`` (20% to 200%); otherwise ``TextType: "text"``.
-"""
+signer, as docs/upstreams.md, "Providers", has it (and why not aiobotocore)."""
 
 from __future__ import annotations
 

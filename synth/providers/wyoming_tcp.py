@@ -1,16 +1,5 @@
-"""kind = "wyoming": a Wyoming TTS server (wyoming-piper, another voxgate's Wyoming port) over
-TCP, through the ``wyoming`` package's own client and events (a dependency of every install).
-
-One call is one connection: a ``synthesize`` event with the text and ``voice.name``, then the
-server's ``audio-start``, ``audio-chunk``s and ``audio-stop`` (or an ``error`` event). The chunks'
-PCM (16-bit, the first channel) at the rate they name is the master. Wyoming has no speed: a
-request at another speed than 1 (or an SSML rate) is refused before the call. The audio read is
-bounded by the text's longest plausible take and ``max_audio_mb``; a rate outside 8-48 kHz is
-refused. Each chunk at the entry's ``sample_rate`` goes to the item's
-``sink`` as it arrives (streaming pass-through); a server speaking at another rate passes
-nothing (its audio is resampled from the whole), and one that changes rate within an answer
-sent no usable audio.
-"""
+"""kind = "wyoming": a Wyoming TTS server over TCP, through the ``wyoming`` package's client, as
+docs/upstreams.md, "Providers" and "Streaming pass-through", has it."""
 
 from __future__ import annotations
 
