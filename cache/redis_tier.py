@@ -444,7 +444,11 @@ class RedisTier:
         size, info = await self.guarded("stats", both)
         if isinstance(size, dict):  # some cluster replies are per node
             size = sum(int(v) for v in size.values())
-        used = _used_memory(info)
+        used = 0
+        if isinstance(info, dict) and "used_memory" in info:
+            used = int(info["used_memory"])
+        elif isinstance(info, dict):  # cluster: {node: {...}}
+            used = sum(int(v.get("used_memory", 0)) for v in info.values() if isinstance(v, dict))
         return TierStats(self.name, int(size), used, None)
 
     async def close(self) -> None:
@@ -455,14 +459,6 @@ class RedisTier:
     def state(self) -> str:
         """The breaker state as a word: closed, half_open or open."""
         return BreakerState(self.breaker.state).name.lower()
-
-
-def _used_memory(info: Any) -> int:
-    if isinstance(info, dict) and "used_memory" in info:
-        return int(info["used_memory"])
-    if isinstance(info, dict):  # cluster: {node: {...}}
-        return sum(int(v.get("used_memory", 0)) for v in info.values() if isinstance(v, dict))
-    return 0
 
 
 def _glob_escape(text: str) -> str:
