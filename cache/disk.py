@@ -3,20 +3,8 @@
 diskcache is synchronous (SQLite + files), so every call runs in a small dedicated thread pool and
 the event loop only awaits it.
 
-What is on disk is data, never code: diskcache's own ``Disk`` unpickles any row whose mode says
-pickle, before voxgate could check that the value is bytes, so whoever could write one row to the
-cache directory ran code as the gateway. :class:`RawBytesDisk` stores and reads raw
-bytes only and refuses every other row. The directories are created 0700, and each value is framed
-with a CRC-32C over the whole blob, so a flipped bit in the metadata (its content type, its
-format) is caught like one in the audio.
-
-Nor is a row's *filename* trusted: diskcache joins it to the cache directory and opens or deletes
-whatever that names, so a planted ``../../x`` (or an absolute path) once made the clean-up of a
-corrupt row delete a file outside the cache directory, and a row naming a FIFO wedged a disk
-thread in ``open`` for good. :class:`RawBytesDisk` reaches a value file one folder at a time from
-the cache directory without following a symbolic link, opens it non-blocking and reads it only if
-it is a regular file; anything else is a corrupt row, and a filename that is not a plain relative
-path is never handed to the file system at all (see :func:`_path_parts`).
+Rows are data, never code, and a row's file name is not trusted (:class:`RawBytesDisk`), for
+the reasons in docs/security.md, "The cache", "Disk tier".
 """
 
 from __future__ import annotations
