@@ -2,16 +2,12 @@
 
 One key per entry holds the whole blob (metadata + audio, :meth:`Entry.to_blob`, framed with an
 HMAC-SHA256 tag under the cache secret: :class:`EntrySeal`), so a lookup is one GET, one round
-trip. Keys are ``<prefix>e:<content key>``: they carry the content address only, never the text. Unpinned entries get a TTL; pinned entries get none, and with the eviction policy
-``volatile-lru`` (or ``volatile-lfu``/``volatile-ttl``) Redis only ever evicts keys that have a
-TTL, so pinned entries are never evicted.
+trip. Keys are ``<prefix>e:<content key>``: they carry the content address only, never the text.
 
-Every command is bounded by a per-operation timeout and goes through a :class:`CircuitBreaker`:
-an error or timeout raises :class:`TierError` (the store counts a miss), and while the breaker is
-open the tier is skipped at once (:class:`TierUnavailable`).
-
-URLs: ``redis://``, ``rediss://`` (TLS), ``unix://``, ``redis+cluster://`` (any node of the
-cluster as the seed) and ``redis+sentinel://`` (:func:`connect`).
+Every command is bounded by a per-operation timeout and goes through a :class:`CircuitBreaker`
+(:meth:`RedisTier.guarded`). Why pinned entries get no TTL, what an outage costs and the URL forms
+(:func:`connect`): docs/scale-out.md, "Memory, eviction and pinning", "When Redis goes away" and
+"Running N replicas".
 """
 
 from __future__ import annotations
