@@ -182,28 +182,20 @@ def _path_parts(filename: object) -> list[str]:
     return parts
 
 
-def _open_folder(name: str, fds: ExitStack, parent: int | None = None) -> int:
-    """An fd of folder ``name`` (in ``parent``), closed with ``fds``; a link is not followed.
-    The cache directory itself (no ``parent``) is the operator's and may be reached by links."""
-    if parent is None:
-        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    else:
-        fd = os.open(name, _FOLDER_FLAGS, dir_fd=parent)
-    fds.callback(os.close, fd)
-    return fd
-
-
 def _walk_folders(directory: str, parts: list[str], fds: ExitStack) -> list[int]:
     """The fds of ``directory`` and of each folder on the way to ``parts[-1]``, reached one
-    folder at a time; :class:`CorruptEntry` when one on the way is a link or not a folder."""
-    folders = [_open_folder(directory, fds)]
+    folder at a time (closed with ``fds``); :class:`CorruptEntry` when one on the way is a link
+    or not a folder. ``directory`` itself is the operator's and may be reached by links."""
+    folders = [os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
+    fds.callback(os.close, folders[0])
     for part in parts[:-1]:
         try:
-            folders.append(_open_folder(part, fds, folders[-1]))
+            folders.append(os.open(part, _FOLDER_FLAGS, dir_fd=folders[-1]))
         except OSError as exc:
             if exc.errno in _LINK_ERRNOS:
                 raise CorruptEntry("a disk row whose path leads through a link") from None
             raise
+        fds.callback(os.close, folders[-1])
     return folders
 
 
