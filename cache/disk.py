@@ -234,14 +234,7 @@ class DiskTier:
 
     name = "disk"
 
-    def __init__(
-        self,
-        directory: str | Path,
-        max_bytes: int,
-        *,
-        timeout_s: float = 2.0,
-        threads: int = 4,
-    ) -> None:
+    def __init__(self, directory: str | Path, max_bytes: int, *, timeout_s: float = 2.0) -> None:
         self.directory = Path(directory)
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
@@ -260,7 +253,7 @@ class DiskTier:
             cache.disk.max_file_bytes = max_bytes
             caches.append(cache)
         self._cache, self._pinned = caches
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="disk-tier")
+        self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="disk-tier")
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
