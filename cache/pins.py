@@ -102,26 +102,20 @@ class PinUsage:
         return sum(self.owners.values())
 
 
+@dataclass(eq=False, repr=False)
 class PinQuotaExceeded(Exception):
     """Pinning would take ``owner`` past its quota (``limit`` is ``"per_owner"``) or everyone
     past the total (``"total"``). Nothing was pinned."""
 
-    def __init__(
-        self,
-        owner: str,
-        limit: str,
-        needed: int,
-        owner_bytes: int,
-        total_bytes: int,
-        quota: PinQuota,
-    ) -> None:
-        super().__init__(f"pin quota exceeded ({limit})")
-        self.owner = owner
-        self.limit = limit
-        self.needed = needed
-        self.owner_bytes = owner_bytes
-        self.total_bytes = total_bytes
-        self.quota = quota
+    owner: str
+    limit: str
+    needed: int
+    owner_bytes: int
+    total_bytes: int
+    quota: PinQuota
+
+    def __post_init__(self) -> None:
+        super().__init__(f"pin quota exceeded ({self.limit})")
 
 
 def check_room(
