@@ -99,14 +99,13 @@ class EntrySeal:
             raise ForgedEntry("redis value fails authentication")
         return Entry.from_blob(blob, verify=False)
 
-    def lock_token(self, name: str, ttl_s: float, *, now: float | None = None) -> str:
-        """A fresh lock value for lock key ``name``, good for ``ttl_s`` seconds from ``now``
-        (the wall clock: replicas on other hosts read it): a nonce, the expiry in Unix
+    def lock_token(self, name: str, ttl_s: float) -> str:
+        """A fresh lock value for lock key ``name``, good for ``ttl_s`` seconds from now (by
+        the wall clock: replicas on other hosts read it): a nonce, the expiry in Unix
         milliseconds and their tag, so a waiter can tell a lock a replica holds now from a key
         someone planted (no valid tag) or replayed (a captured value past its expiry)."""
-        issued = time.time() if now is None else now
         nonce = secrets.token_hex(16)
-        expires_ms = str(int((issued + ttl_s) * 1000))
+        expires_ms = str(int((time.time() + ttl_s) * 1000))
         return f"{nonce}.{expires_ms}.{self._lock_tag(name, nonce, expires_ms)}"
 
     def lock_token_expiry(self, name: str, value: bytes | str) -> float | None:
