@@ -30,8 +30,6 @@ class CircuitBreaker:
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[BreakerState], None] | None = None,
     ) -> None:
-        if failures < 1:
-            raise ValueError("failures must be >= 1")
         self.failures = failures
         self.reset_s = reset_s
         self._clock = clock
