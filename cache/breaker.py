@@ -1,10 +1,7 @@
 """A circuit breaker for a remote tier: after repeated failures, stop asking for a while.
 
-A Redis that is down or slow must cost each request as little as possible: without a breaker every
-lookup would wait for its own timeout. After ``failures`` consecutive errors the breaker *opens* and
-callers skip the tier at once; after ``reset_s`` it goes *half-open* and lets one probe through: a
-success closes it (the tier is used again, no restart needed), a failure opens it for another
-``reset_s``.
+What it spares a request while Redis is down or slow: docs/scale-out.md, "When Redis goes away".
+A failed half-open probe opens it for another ``reset_s``.
 """
 
 from __future__ import annotations
@@ -33,8 +30,6 @@ class CircuitBreaker:
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[BreakerState], None] | None = None,
     ) -> None:
-        if failures < 1:
-            raise ValueError("failures must be >= 1")
         self.failures = failures
         self.reset_s = reset_s
         self._clock = clock

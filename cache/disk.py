@@ -3,20 +3,8 @@
 diskcache is synchronous (SQLite + files), so every call runs in a small dedicated thread pool and
 the event loop only awaits it.
 
-What is on disk is data, never code: diskcache's own ``Disk`` unpickles any row whose mode says
-pickle, before voxgate could check that the value is bytes, so whoever could write one row to the
-cache directory ran code as the gateway. :class:`RawBytesDisk` stores and reads raw
-bytes only and refuses every other row. The directories are created 0700, and each value is framed
-with a CRC-32C over the whole blob, so a flipped bit in the metadata (its content type, its
-format) is caught like one in the audio.
-
-Nor is a row's *filename* trusted: diskcache joins it to the cache directory and opens or deletes
-whatever that names, so a planted ``../../x`` (or an absolute path) once made the clean-up of a
-corrupt row delete a file outside the cache directory, and a row naming a FIFO wedged a disk
-thread in ``open`` for good. :class:`RawBytesDisk` reaches a value file one folder at a time from
-the cache directory without following a symbolic link, opens it non-blocking and reads it only if
-it is a regular file; anything else is a corrupt row, and a filename that is not a plain relative
-path is never handed to the file system at all (see :func:`_path_parts`).
+Rows are data, never code, and a row's file name is not trusted (:class:`RawBytesDisk`), for
+the reasons in docs/security.md, "The cache", "Disk tier".
 """
 
 from __future__ import annotations
@@ -194,28 +182,20 @@ def _path_parts(filename: object) -> list[str]:
     return parts
 
 
-def _open_folder(name: str, fds: ExitStack, parent: int | None = None) -> int:
-    """An fd of folder ``name`` (in ``parent``), closed with ``fds``; a link is not followed.
-    The cache directory itself (no ``parent``) is the operator's and may be reached by links."""
-    if parent is None:
-        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    else:
-        fd = os.open(name, _FOLDER_FLAGS, dir_fd=parent)
-    fds.callback(os.close, fd)
-    return fd
-
-
 def _walk_folders(directory: str, parts: list[str], fds: ExitStack) -> list[int]:
     """The fds of ``directory`` and of each folder on the way to ``parts[-1]``, reached one
-    folder at a time; :class:`CorruptEntry` when one on the way is a link or not a folder."""
-    folders = [_open_folder(directory, fds)]
+    folder at a time (closed with ``fds``); :class:`CorruptEntry` when one on the way is a link
+    or not a folder. ``directory`` itself is the operator's and may be reached by links."""
+    folders = [os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
+    fds.callback(os.close, folders[0])
     for part in parts[:-1]:
         try:
-            folders.append(_open_folder(part, fds, folders[-1]))
+            folders.append(os.open(part, _FOLDER_FLAGS, dir_fd=folders[-1]))
         except OSError as exc:
             if exc.errno in _LINK_ERRNOS:
                 raise CorruptEntry("a disk row whose path leads through a link") from None
             raise
+        fds.callback(os.close, folders[-1])
     return folders
 
 
@@ -254,14 +234,7 @@ class DiskTier:
 
     name = "disk"
 
-    def __init__(
-        self,
-        directory: str | Path,
-        max_bytes: int,
-        *,
-        timeout_s: float = 2.0,
-        threads: int = 4,
-    ) -> None:
+    def __init__(self, directory: str | Path, max_bytes: int, *, timeout_s: float = 2.0) -> None:
         self.directory = Path(directory)
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
@@ -280,7 +253,7 @@ class DiskTier:
             cache.disk.max_file_bytes = max_bytes
             caches.append(cache)
         self._cache, self._pinned = caches
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="disk-tier")
+        self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="disk-tier")
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()

@@ -1,38 +1,15 @@
 """Cross-replica single flight: N gateways sharing one Redis synthesize each master once.
 
 The in-process :class:`cache.singleflight.SingleFlight` makes one task per key in a process; this
-makes one *replica* per key do the work:
-
-1. A lock per key (``SET <prefix>lock:<key> <token> NX PX <ttl>``): the replica that gets it
-   produces the value (and writes it to the store, Redis included). A keeper task renews the lock
-   every third of its TTL while the work runs, so a slow synthesis never loses it; a holder that
-   dies stops renewing and the lock expires after ``lock_ttl_s``.
-2. Renew and release are compare-token scripts: only the holder renews or deletes the lock, so a
-   lock that expired and was taken by another replica is never released by us.
-3. Other replicas poll the store key with exponential backoff. Between polls they try the lock
-   again: a holder that died (lock expired) or failed (lock released, no value) is taken over.
-4. A waiter gives up after ``max_wait_s`` and produces the value itself rather than hang.
-5. A lock value is a nonce and an expiry (Unix ms, at most ``lock_ttl_s`` after it was made),
-   both under one HMAC with the cache secret (:meth:`EntrySeal.lock_token`); each renewal writes
-   a fresh value with a new expiry, in the same script that checks the old one. A waiter treats
-   a lock as held only while its value verifies, its expiry is ahead and its TTL is at most
-   ``lock_ttl_s``. Anything else no live replica holds: a value written without the secret, a
-   captured value replayed after its expiry, a key with no TTL or a longer one. The waiter
-   deletes it (only if unchanged, so a holder that renewed meanwhile keeps its lock) and takes
-   the lock, so a squatted key delays a miss by one poll, not by ``max_wait_s``, and a replayed
-   value by at most what was left of its life when it was captured.
-
-Expiries are read on the waiter's clock: replicas' clocks must agree to better than two thirds
-of ``lock_ttl_s`` (a live lock always has that much left); a replica further ahead takes live
-locks over (the work is done twice, never wrong), one behind honours replayed values that much
-longer.
+makes one *replica* per key do the work. How, and what a lock value holds: docs/scale-out.md,
+"Cross-replica single flight", and docs/security.md, "Locks". Beyond those pages: between polls a
+waiter tries the lock again, so a holder that failed (lock released, no value) is taken over too;
+clocks must agree to two thirds of ``lock_ttl_s`` because a live lock always has that much left;
+and a replica whose clock is behind honours a replayed lock value that much longer.
 
 Polling rather than pub/sub: a waiter needs the value, which lives in the store anyway, and a
 subscription costs a dedicated connection per waiter (per cluster shard); the poll is at most
 ``poll_max_s`` late. Any Redis failure degrades to local work (counted), never to a failed request.
-
-Lock and data keys are single keys used one at a time (the lock's scripts touch one key), so every
-command is valid in Cluster mode.
 """
 
 from __future__ import annotations
@@ -253,7 +230,7 @@ class CrossReplicaFlight:
             return None  # the holder's put will overwrite it, or a takeover will
 
     async def _evict_squatter(self, lock: _Lock) -> bool:
-        """True when the lock was no live replica's (the module's point 5) and this call has it."""
+        """True when the lock was no live replica's (see the module) and this call has it."""
         name = lock.name
         client = self.tier.client
 
@@ -277,7 +254,7 @@ class CrossReplicaFlight:
         return await self._acquire(lock)
 
     def _held_by_a_replica(self, name: str, value: bytes, pttl: object) -> bool:
-        """Whether a lock value and its TTL are what a live holder keeps (the module's point 5)."""
+        """Whether a lock value and its TTL are what a live holder keeps (see the module)."""
         if not isinstance(pttl, int) or not 0 < pttl <= self._ttl_ms():
             return False
         expires = self.tier.seal.lock_token_expiry(name, value)

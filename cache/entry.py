@@ -23,13 +23,8 @@ _CRC32C = "crc32c:"
 
 
 def checksum(data: bytes | memoryview) -> str:
-    """The integrity check stored with each entry and verified on read: CRC-32C of ``data``.
-
-    It guards against corruption (a flipped bit, a truncated file), not against an attacker, so
-    it needs a checksum, not a cryptographic hash: CRC-32C runs in hardware (SSE 4.2 / ARMv8 CRC),
-    where the blake2b-128 used before cost more than the rest of a disk hit. Entries written with
-    the old blake2b checksum still verify.
-    """
+    """The integrity check stored with each entry and verified on read: CRC-32C of ``data``
+    (why CRC-32C, and not a hash: docs/architecture.md, "Store")."""
     return f"{_CRC32C}{crc32c(data):08x}"
 
 

@@ -20,9 +20,8 @@ from typing import Any
 # instead of being served for requests they were not made for.
 KEY_SCHEMA_VERSION = 1
 
-KEY_HEX_LENGTH = 64
 # A content address as a JSON Schema pattern (the API's documents state it so).
-KEY_PATTERN = f"^[0-9a-f]{{{KEY_HEX_LENGTH}}}$"
+KEY_PATTERN = "^[0-9a-f]{64}$"
 _KEY_RE = re.compile(KEY_PATTERN[1:-1])
 _WHITESPACE_RE = re.compile(r"\s+")
 

@@ -14,10 +14,8 @@ class MemoryTier:
     against the same bound: a pinned entry that would take the pinned bytes past it is not
     kept here (a lower tier keeps it). So the flag, which a promotion copies from a lower tier
     (Redis is shared), never lets an entry past the bound: once an 8 MiB entry marked pinned
-    entered a 1 MiB memory tier.
-
-    Entries are kept as objects, not blobs, and not re-verified on read: process memory is not a
-    medium that rots, and hashing 250 KB on every hit would cost more than the rest of the hit path.
+    entered a 1 MiB memory tier. Entries are kept as objects, not re-verified on read (why:
+    docs/architecture.md, "Store").
     """
 
     name = "memory"

@@ -17,13 +17,8 @@ Two homes, one contract (:class:`PinRegistry`):
 - :class:`RedisPinRegistry`: hashes in the Redis tier, shared by every replica; a reservation is
   one Lua script (atomic in Redis). The keys share a hash tag, so it runs on Redis Cluster too.
 
-Nothing read back is trusted before it is checked. A label is framed: a CRC-32C on disk (the
-directory is private, as the disk tier's), an HMAC-SHA256 under the cache secret in Redis (over
-the Redis key, the field and the value), so a label planted or moved is never listed (it is
-deleted). Records in Redis carry the same HMAC, checked before a purge acts on them. The
-per-owner sums a quota is checked against are plain integers that only the reservation and the
-purge scripts change: whoever could forge them could as well write unbounded values into Redis
-directly, which Redis's password and network isolation prevent, not the cache secret.
+Nothing read back is trusted before it is checked: docs/security.md, "Pinned entries and the
+pin quota".
 """
 
 from __future__ import annotations
@@ -107,26 +102,20 @@ class PinUsage:
         return sum(self.owners.values())
 
 
+@dataclass(eq=False, repr=False)
 class PinQuotaExceeded(Exception):
     """Pinning would take ``owner`` past its quota (``limit`` is ``"per_owner"``) or everyone
     past the total (``"total"``). Nothing was pinned."""
 
-    def __init__(
-        self,
-        owner: str,
-        limit: str,
-        needed: int,
-        owner_bytes: int,
-        total_bytes: int,
-        quota: PinQuota,
-    ) -> None:
-        super().__init__(f"pin quota exceeded ({limit})")
-        self.owner = owner
-        self.limit = limit
-        self.needed = needed
-        self.owner_bytes = owner_bytes
-        self.total_bytes = total_bytes
-        self.quota = quota
+    owner: str
+    limit: str
+    needed: int
+    owner_bytes: int
+    total_bytes: int
+    quota: PinQuota
+
+    def __post_init__(self) -> None:
+        super().__init__(f"pin quota exceeded ({self.limit})")
 
 
 def check_room(

@@ -2,16 +2,12 @@
 
 One key per entry holds the whole blob (metadata + audio, :meth:`Entry.to_blob`, framed with an
 HMAC-SHA256 tag under the cache secret: :class:`EntrySeal`), so a lookup is one GET, one round
-trip. Keys are ``<prefix>e:<content key>``: they carry the content address only, never the text. Unpinned entries get a TTL; pinned entries get none, and with the eviction policy
-``volatile-lru`` (or ``volatile-lfu``/``volatile-ttl``) Redis only ever evicts keys that have a
-TTL, so pinned entries are never evicted.
+trip. Keys are ``<prefix>e:<content key>``: they carry the content address only, never the text.
 
-Every command is bounded by a per-operation timeout and goes through a :class:`CircuitBreaker`:
-an error or timeout raises :class:`TierError` (the store counts a miss), and while the breaker is
-open the tier is skipped at once (:class:`TierUnavailable`).
-
-URLs: ``redis://``, ``rediss://`` (TLS), ``unix://``, ``redis+cluster://`` (any node of the
-cluster as the seed) and ``redis+sentinel://`` (:func:`connect`).
+Every command is bounded by a per-operation timeout and goes through a :class:`CircuitBreaker`
+(:meth:`RedisTier.guarded`). Why pinned entries get no TTL, what an outage costs and the URL forms
+(:func:`connect`): docs/scale-out.md, "Memory, eviction and pinning", "When Redis goes away" and
+"Running N replicas".
 """
 
 from __future__ import annotations
@@ -103,14 +99,13 @@ class EntrySeal:
             raise ForgedEntry("redis value fails authentication")
         return Entry.from_blob(blob, verify=False)
 
-    def lock_token(self, name: str, ttl_s: float, *, now: float | None = None) -> str:
-        """A fresh lock value for lock key ``name``, good for ``ttl_s`` seconds from ``now``
-        (the wall clock: replicas on other hosts read it): a nonce, the expiry in Unix
+    def lock_token(self, name: str, ttl_s: float) -> str:
+        """A fresh lock value for lock key ``name``, good for ``ttl_s`` seconds from now (by
+        the wall clock: replicas on other hosts read it): a nonce, the expiry in Unix
         milliseconds and their tag, so a waiter can tell a lock a replica holds now from a key
         someone planted (no valid tag) or replayed (a captured value past its expiry)."""
-        issued = time.time() if now is None else now
         nonce = secrets.token_hex(16)
-        expires_ms = str(int((issued + ttl_s) * 1000))
+        expires_ms = str(int((time.time() + ttl_s) * 1000))
         return f"{nonce}.{expires_ms}.{self._lock_tag(name, nonce, expires_ms)}"
 
     def lock_token_expiry(self, name: str, value: bytes | str) -> float | None:
@@ -444,7 +439,11 @@ class RedisTier:
         size, info = await self.guarded("stats", both)
         if isinstance(size, dict):  # some cluster replies are per node
             size = sum(int(v) for v in size.values())
-        used = _used_memory(info)
+        used = 0
+        if isinstance(info, dict) and "used_memory" in info:
+            used = int(info["used_memory"])
+        elif isinstance(info, dict):  # cluster: {node: {...}}
+            used = sum(int(v.get("used_memory", 0)) for v in info.values() if isinstance(v, dict))
         return TierStats(self.name, int(size), used, None)
 
     async def close(self) -> None:
@@ -455,14 +454,6 @@ class RedisTier:
     def state(self) -> str:
         """The breaker state as a word: closed, half_open or open."""
         return BreakerState(self.breaker.state).name.lower()
-
-
-def _used_memory(info: Any) -> int:
-    if isinstance(info, dict) and "used_memory" in info:
-        return int(info["used_memory"])
-    if isinstance(info, dict):  # cluster: {node: {...}}
-        return sum(int(v.get("used_memory", 0)) for v in info.values() if isinstance(v, dict))
-    return 0
 
 
 def _glob_escape(text: str) -> str:

@@ -1,25 +1,12 @@
 """A lean, pipelined RESP2 reader for the Redis tier's hot path: GET of an audio entry.
 
-Why it exists: redis-py's asyncio client copies a 250 KB reply four or five times on its way up
-(socket -> StreamReader buffer -> ``read()`` -> hiredis buffer -> ``bytes``), pauses and resumes
-the transport around the StreamReader's buffer limit, and takes a pooled connection per
-concurrent GET. This reader receives a bulk reply straight into one buffer of its exact size
-(:class:`asyncio.BufferedProtocol`): the kernel's copy is the only one, and concurrent GETs share
-one pipelined connection. A Redis-tier hit through the gateway (the entry's HMAC checked) served
-2.1x the requests/s of the same gateway reading through redis-py with hiredis, at 2.6x less CPU
-per hit (docs/bench/handmade_resp.json, ``python -m bench.handmade``).
-
-It is deliberately small. It speaks what the hot path needs (AUTH, SELECT, GET) over one
-pipelined connection per event loop: Redis answers in order, so each request is a future in a
-FIFO. Everything else the tier does (SET, locks, pub/sub, purge, stats), and every deployment it
-does not cover (TLS, Cluster, Sentinel), stays on redis-py, which also parses the URL, so both
-clients read a ``redis://`` or ``unix://`` URL the same way.
-
-Failure model: a lost connection fails every request in flight with :class:`ConnectionError`; the
-next request reconnects. A request cancelled after waiting ``stall_s`` or more (the tier's
-timeout) closes the connection, as redis-py does, because a reply that late means Redis is in
-trouble. One cancelled sooner (its HTTP client went away) leaves the connection alone: its reply
-is dropped when it lands, and the requests pipelined with it are not failed for it.
+Why it exists, what it speaks, how it fails and what it measured: docs/scale-out.md, "How entries
+are read". Beyond that page: redis-py's copies run socket -> StreamReader buffer -> ``read()`` ->
+hiredis buffer -> ``bytes``, and it pauses and resumes the transport around the StreamReader's
+buffer limit; here the kernel's copy is the only one (:class:`asyncio.BufferedProtocol`). Redis
+answers in order, so each request is a future in a FIFO. A request cancelled before ``stall_s``
+(the tier's timeout) leaves the connection alone: its reply is dropped when it lands, and the
+requests pipelined with it are not failed for it; one cancelled later closes it, as redis-py does.
 """
 
 from __future__ import annotations

@@ -32,8 +32,6 @@ class TieredStore:
     """
 
     def __init__(self, tiers: Sequence[Tier], metrics: Metrics) -> None:
-        if not tiers:
-            raise ValueError("a store needs at least one tier")
         self.tiers = list(tiers)
         self.metrics = metrics
         first = self.tiers[0]
