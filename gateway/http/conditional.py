@@ -1,12 +1,11 @@
 """HTTP caching semantics for audio responses: ETag, If-None-Match (304), If-Modified-Since,
 Cache-Control, Range (206 / 416).
 
-The ETag names the bytes, not the content address (:meth:`cache.entry.Entry.etag`, a digest kept
-with each entry): two replicas without a shared store, or one that synthesizes a key again after
-an eviction, make different bytes for one address (Piper samples noise), and one ETag must never
-name two bodies. So a matching ``If-None-Match`` is answered 304 only against the entry held now,
-and byte ranges of a stored entry are always consistent with one another. ``Last-Modified`` is when the
-entry was stored: players that revalidate by date (Twilio) get a 304 from it.
+Why the ETag names the bytes, not the content address (:meth:`cache.entry.Entry.etag`):
+docs/api.md, "Caching headers and conditional requests". So a matching ``If-None-Match`` is
+answered 304 only against the entry held now, and byte ranges of a stored entry are always
+consistent with one another. ``Last-Modified`` (when the entry was stored) is for players that
+revalidate by date (Twilio).
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Per-request observation: Prometheus counters and timers plus the access-log line.
 
-A cache hit is answered in tens of microseconds, and recording it through prometheus-client
-directly (a lock per counter, a Python loop over the buckets per histogram: five metric updates per
-hit) cost about as much as the rest of the gateway's own work on it. So requests are tallied in
-plain numbers per label set, on the event loop, and added to the Prometheus metrics in bulk: before
-every collection of the registry (``/metrics``, tests' ``get_sample_value``) and at most
-``FLUSH_AFTER_S`` after a request, so a multi-process scrape (which reads each process's own files)
-lags by no more than that. An idle server schedules nothing. A request is kept as one tuple
-until then (an :data:`~gateway.runtime.accesslog.Observation`): the tallies and its access-log line
-are made at the flush, for all the requests since the last one together.
+Requests are kept as one tuple each (an :data:`~gateway.runtime.accesslog.Observation`) and
+tallied in plain numbers, added to the Prometheus metrics and made into access-log lines in bulk,
+and why: docs/architecture.md, "Hit path cost". The flush runs before every collection of the
+registry and at most ``FLUSH_AFTER_S`` after a request, so a multi-process scrape lags by no more
+than that; an idle server schedules nothing.
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """OpenAI's ``stream_format: "sse"``: speech as server-sent events.
 
-The body is ``text/event-stream``; each event is one ``data:`` line holding a JSON object, then a
-blank line (OpenAI's speech events carry no ``event:`` line: their ``type`` field names them):
-
-- ``{"type": "speech.audio.delta", "audio": "<base64>"}``, in order: the audio's bytes in the
-  asked format, sentence by sentence as each is ready (stored audio goes out at once, in pieces);
-  the deltas joined are the audio stream;
-- with ``speech_marks: true`` in the body, ``{"type": "speech.marks.delta", "marks": [...]}``
-  before the audio deltas they cover (an event OpenAI's stream does not have: only on request),
-  for voices with speech marks (Polly's marks: docs/speech-marks.md); stored audio sends them all
-  at once, a stream one event per sentence;
-- ``{"type": "speech.audio.done", "usage": {...}}`` last. ``usage`` has OpenAI's shape
-  (``input_tokens``, ``output_tokens``, ``total_tokens``) and voxgate's own measures
-  (``input_characters``, ``audio_seconds``). The served engines have no tokens: input tokens
-  count the input's characters (what OpenAI bills tts-1 by) and output tokens are 0.
+The events, their order and ``usage``: docs/api.md, "Streaming" (server-sent events). OpenAI's
+speech events carry no ``event:`` line: their ``type`` field names them.
 
 Shapes from OpenAI's API reference (``SpeechAudioDeltaEvent``, ``SpeechAudioDoneEvent``) and what
 the clients parse: LiveKit's OpenAI plugin reads ``data:`` lines, ``type``, ``audio`` and
 ``usage.input_tokens``/``output_tokens``. A failure after the first event cannot change the
-status: an ``{"type": "error", "error": {"message", "type", "param", "code"}}`` event (OpenAI's
-error object) is sent and the connection is dropped before the stream's end, like a failed audio
-stream.
+status: an error event is sent and the connection dropped (docs/api.md), like a failed audio stream.
 
 The OpenAPI document describes each event (``itemSchema``) from the types below.
 """
