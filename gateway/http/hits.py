@@ -347,7 +347,7 @@ class FastPath:
     depends only on them and on settings fixed at start, as
     :class:`gateway.api.parsing.RequestMemo` notes; docs/architecture.md, "Hit path cost").
 
-    Bounded: at most ``size`` requests of at most ``max_request`` bytes, ``max_bytes`` in all.
+    Bounded: at most 4,096 requests of at most 8 KiB each, 16 MiB in all.
     ``allowed`` says whether answering from bytes is allowed now (checked on every answer: API
     keys switched on by a reload need every request checked).
     """
@@ -359,11 +359,8 @@ class FastPath:
         allowed: Callable[[], bool],
         *,
         counter: Counter | None = None,
-        size: int = 4096,
-        max_request: int = 8192,
-        max_bytes: int = 16 * 1024 * 1024,
     ) -> None:
-        self.memo: BytesMemo[Repeat] = BytesMemo(size, max_request, max_bytes)
+        self.memo: BytesMemo[Repeat] = BytesMemo(4096, 8192, 16 * 1024 * 1024)
         self.observe = observe
         self.ids = ids
         self.allowed = allowed
