@@ -102,16 +102,11 @@ def deltas(data: bytes, marks: list[Mark] | None = None) -> Iterator[bytes]:
     """``speech.audio.delta`` events for ``data``, in pieces of at most :data:`DELTA_BYTES`,
     after a ``speech.marks.delta`` event of its ``marks`` (when there are any)."""
     if marks:
-        yield marks_event(marks)
+        listed = cast(list[SpeechMark], [m.as_json() for m in marks])
+        yield event({"type": "speech.marks.delta", "marks": listed})
     for start in range(0, len(data), DELTA_BYTES):
         piece = base64.b64encode(data[start : start + DELTA_BYTES]).decode("ascii")
         yield event({"type": "speech.audio.delta", "audio": piece})
-
-
-def marks_event(found: list[Mark]) -> bytes:
-    """A ``speech.marks.delta`` event of ``found``."""
-    listed = cast(list[SpeechMark], [m.as_json() for m in found])
-    return event({"type": "speech.marks.delta", "marks": listed})
 
 
 def done(characters: int, audio_s: float) -> bytes:
