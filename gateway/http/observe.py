@@ -132,18 +132,6 @@ class RequestObserver:
             tally.ttfb_sum += first
             tally.ttfb_buckets[bisect_left(bounds, first)] += 1
 
-    def _resolve(self, k: tuple[str, str, int, str]) -> tuple[Any, Any, Any, Any]:
-        route, method, status, cache = k
-        m = self.metrics
-        children = (
-            m.requests.labels(route, method, str(status)),
-            m.request_seconds.labels(route, cache),
-            m.time_to_first_byte.labels(route, cache),
-            m.response_bytes.labels(route),
-        )
-        self._children[k] = children
-        return children
-
     def flush(self) -> None:
         """Add everything observed since the last flush to the Prometheus metrics, and queue
         its access-log lines."""
@@ -155,7 +143,14 @@ class RequestObserver:
         for k, tally in tallies.items():
             children = self._children.get(k)
             if children is None:
-                children = self._resolve(k)
+                route, method, status, cache = k
+                m = self.metrics
+                children = self._children[k] = (
+                    m.requests.labels(route, method, str(status)),
+                    m.request_seconds.labels(route, cache),
+                    m.time_to_first_byte.labels(route, cache),
+                    m.response_bytes.labels(route),
+                )
             counter, timer, first, sent = children
             counter.inc(tally.count)
             add_to_histogram(timer, tally.seconds_sum, tally.seconds_buckets)
