@@ -204,7 +204,7 @@ def create_app(
         table.routes,
         require_json=settings.require_json_content_type,
         allowed_hosts=frozenset(settings.allowed_hosts),
-        request_ids=request_ids,
+        ids=request_ids,
     )
     return app
 

@@ -3,10 +3,8 @@
 needs a key is wrapped, at registration, by :func:`guarded`.
 
 Open routes get no wrapper at all, so they pay nothing; with no keys file every guard is one
-attribute read. A guarded request presents its secret as ``Authorization: Bearer <secret>`` or
-``X-API-Key: <secret>``; the key's scopes must include one of the route's. Secrets are never
-logged: the key's *name* is what the access log (``client``), the metrics and the per-client
-queue share see.
+attribute read. The key's scopes must include one of the route's. How a key is sent, and that
+only its *name* reaches the logs and metrics, never the secret: docs/security.md, "API keys".
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 """HTTP caching semantics for audio responses: ETag, If-None-Match (304), If-Modified-Since,
 Cache-Control, Range (206 / 416).
 
-The ETag names the bytes, not the content address (:meth:`cache.entry.Entry.etag`, a digest kept
-with each entry): two replicas without a shared store, or one that synthesizes a key again after
-an eviction, make different bytes for one address (Piper samples noise), and one ETag must never
-name two bodies. So a matching ``If-None-Match`` is answered 304 only against the entry held now,
-and byte ranges of a stored entry are always consistent with one another. ``Last-Modified`` is when the
-entry was stored: players that revalidate by date (Twilio) get a 304 from it.
+Why the ETag names the bytes, not the content address (:meth:`cache.entry.Entry.etag`):
+docs/api.md, "Caching headers and conditional requests". So a matching ``If-None-Match`` is
+answered 304 only against the entry held now, and byte ranges of a stored entry are always
+consistent with one another. ``Last-Modified`` (when the entry was stored) is for players that
+revalidate by date (Twilio).
 """
 
 from __future__ import annotations
@@ -20,12 +19,12 @@ from gateway.errors import BadRequest
 from gateway.http.errors import error_response
 
 
-def cache_control(max_age_s: int, *, immutable: bool = False) -> str:
+def cache_control(max_age_s: int) -> str:
     """``Cache-Control`` for audio players may keep ``max_age_s`` seconds (Asterisk, FreeSWITCH,
     Twilio and Bandwidth keep a fetched file fresh only with ``max-age``)."""
     if max_age_s <= 0:
         return "no-cache"
-    return f"public, max-age={max_age_s}" + (", immutable" if immutable else "")
+    return f"public, max-age={max_age_s}"
 
 
 def http_date(timestamp: float) -> str:
@@ -49,23 +48,13 @@ def not_modified_since(request: web.Request, created: float) -> bool:
     return int(created) <= since.timestamp()
 
 
-def none_match(request: web.Request, etag: str, *, exists: bool = True) -> bool:
-    """True when ``If-None-Match`` names ``etag`` (or ``*`` and the audio exists): answer 304.
+def none_match(request: web.Request, etag: str) -> bool:
+    """True when ``If-None-Match`` names ``etag`` (or is ``*``: the audio exists): answer 304.
 
     If-None-Match uses the weak comparison (RFC 9110 13.1.2), so ``W/"key"`` matches too.
     """
-    header = request.headers.get("If-None-Match")
-    if not header:
-        return False
-    for raw in header.split(","):
-        tag = raw.strip()
-        if tag == "*":
-            return exists
-        if tag.startswith("W/"):
-            tag = tag[2:]
-        if tag == etag:
-            return True
-    return False
+    tags = (raw.strip() for raw in request.headers.get("If-None-Match", "").split(","))
+    return any(tag == "*" or tag.removeprefix("W/") == etag for tag in tags)
 
 
 def not_modified(headers: Mapping[str, str]) -> web.Response:
@@ -123,7 +112,6 @@ def audio_response(
     headers: dict[str, str],
     *,
     ranges: bool = False,
-    conditional: bool = True,
     created: float | None = None,
 ) -> web.Response:
     """A full (200), partial (206), 304 or 416 response for immutable ``body``: aiohttp's own
@@ -132,12 +120,11 @@ def audio_response(
     docs/bench/handmade_send.json; a memory hit has its own writer, :mod:`gateway.http.hits`.)
 
     ``headers`` must carry the ``ETag``. ``Content-Length`` is always set (aiohttp does it for a
-    bytes body). With ``ranges`` the response advertises and honours byte ranges. Without
-    ``conditional`` If-None-Match was already evaluated by the caller. With ``created`` (when
-    the entry was stored) an If-Modified-Since at or after it is answered 304.
+    bytes body). With ``ranges`` the response advertises and honours byte ranges. With ``created``
+    (when the entry was stored) an If-Modified-Since at or after it is answered 304.
     """
     etag = headers["ETag"]
-    if conditional and none_match(request, etag):
+    if none_match(request, etag):
         return not_modified(headers)
     if created is not None and not_modified_since(request, created):
         return not_modified(headers)

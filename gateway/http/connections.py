@@ -1,21 +1,16 @@
 """Connection hygiene: slow or idle clients are dropped and connections are
 capped, so a few sockets cannot hold the gateway.
 
-- Idle and header time: aiohttp's keep-alive timer, armed when a connection opens and after each
-  response, closes a connection still waiting for a complete request when it fires; so
-  ``keepalive_timeout_s`` bounds both an idle keep-alive connection and a client trickling its
-  request headers (aiohttp's default is 3,630 s).
-- Body time: ``body_timeout_s`` around every body read (:func:`gateway.api.parsing.read_body`).
-- Write time: :func:`write_within` bounds each write of a streamed answer; a reader that does
-  not take a piece within ``write_timeout_s`` is cut off (a 1 byte/s reader was kept forever).
-- A cap: :func:`cap_connections` answers a connection beyond ``max_connections`` with a 503 and
-  closes it, except in a few slots kept for health probes: a full gateway still answers the
-  routes the route table marks as probes (``GET /healthz``, ``GET /readyz``; an orchestrator
-  whose liveness probe got 503 would restart a gateway that is only busy).
-- Requests aiohttp's parser refuses (a header with a control byte, an oversized line, a bad
-  request line) are logged by :class:`RefusedRequests`: a warning naming the error's kind and
-  the peer, at most one line per ``REFUSALS_LOGGED_EVERY_S``; never the raw line, which holds
-  whatever the client sent (API keys included).
+The settings and what each bounds: docs/security.md, "Connections and browsers". Here:
+:func:`write_within` bounds each write of a streamed answer (a 1 byte/s reader was kept forever);
+:func:`cap_connections` keeps the probe slots for the routes the route table marks as probes (an
+orchestrator whose liveness probe got 503 would restart a gateway that is only busy); the body
+read's bound is :func:`gateway.api.parsing.read_body`'s.
+
+Requests aiohttp's parser refuses (a header with a control byte, an oversized line, a bad
+request line) are logged by :class:`RefusedRequests`: a warning naming the error's kind and the
+peer, at most one line per ``REFUSALS_LOGGED_EVERY_S``; never the raw line, which holds whatever
+the client sent (API keys included).
 """
 
 from __future__ import annotations

@@ -24,12 +24,8 @@ def edge(route: str, handler: Handler, observer: RequestObserver, ids: RequestId
     error (the server keeps serving), and every request is counted, timed and logged by the
     app's ``observer`` (one JSON access-log line, never the text), under its request id
     (``ids``: the client's ``X-Request-Id``, or one made here; gateway.http.requestid puts it on
-    the response).
-
-    This wraps each route rather than being an aiohttp middleware: with any middleware at all,
-    aiohttp builds a chain and adds a frame of its own to every request, which was a tenth of a
-    cache hit's CPU time. Unknown paths and methods reach wrapped fallback routes instead
-    (:func:`add_routes`), so they are answered and counted the same way.
+    the response). Why each route is wrapped, not a middleware: docs/architecture.md, "Hit path
+    cost"; unknown paths and methods reach wrapped fallbacks (:func:`add_routes`).
     """
     observe = observer.observe  # (the app's, fixed when it is built: no lookup per request)
     request_id = ids.of
@@ -145,23 +141,22 @@ def add_routes(
     app: web.Application,
     routes: Sequence[Route],
     *,
-    require_json: bool = True,
-    allowed_hosts: frozenset[str] = frozenset(),
-    request_ids: RequestIds | None = None,
+    require_json: bool,
+    allowed_hosts: frozenset[str],
+    ids: RequestIds,
 ) -> None:
     """Register ``routes`` (gateway.http.routes), each handler wrapped once: behind its access
     check (:func:`gateway.http.auth.guarded`: none for an open route; with ``require_json``, a
     JSON Content-Type check for a JSON-only body), behind the Host allow-list when
     ``allowed_hosts`` is set, and by :func:`edge`. Every path answers its other methods with 405
     (and CORS preflights), and unknown paths get 404 (both counted as usual). The app's observer
-    (``keys.OBSERVER``) must be set first; ``request_ids`` names the requests (gateway.http.app
+    (``keys.OBSERVER``) must be set first; ``ids`` names the requests (gateway.http.app
     passes the ones its response-prepare stamp uses)."""
 
     def outer(handler: Handler) -> Handler:
         return host_checked(allowed_hosts, handler) if allowed_hosts else handler
 
     observer = app[keys.OBSERVER]
-    ids = request_ids if request_ids is not None else RequestIds()
     methods: dict[str, list[str]] = {}
     for route in routes:
         inner = guarded(route.access, route.handler, json_body=require_json and route.json_only)

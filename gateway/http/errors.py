@@ -75,14 +75,6 @@ def error_object(
     return {"message": message, "type": type_, "param": param, "code": code}
 
 
-def error_body(
-    message: str, type_: ErrorType, param: str | None = None, code: str | None = None
-) -> bytes:
-    """Serialize an error in OpenAI's shape: ``{"error": {...}}``."""
-    body: Error = {"error": error_object(message, type_, param, code)}
-    return json.dumps(body).encode()
-
-
 def error_response(
     exc: VoxgateError, status: int | None = None, headers: dict[str, str] | None = None
 ) -> web.Response:
@@ -96,9 +88,10 @@ def error_response(
         headers["WWW-Authenticate"] = 'Bearer realm="voxgate"'
     elif isinstance(exc, RequestTimeout):
         headers["Connection"] = "close"  # the rest of the body may still be on its way
+    body: Error = {"error": error_object(exc.message, exc.type, exc.param, exc.code)}
     return web.Response(
         status=status or exc.status,
-        body=error_body(exc.message, exc.type, exc.param, exc.code),
+        body=json.dumps(body).encode(),
         content_type="application/json",
         headers=headers,
     )

@@ -1,24 +1,14 @@
 """A memory hit's response: its header block serialized once per stored entry, then written to
 the transport with the audio in one call.
 
-A bare aiohttp handler that returns stored bytes pays for a ``Response`` (a header multidict
-copied, the body checked), then ``prepare``: content length, ``Date``, ``Server`` and
-``Connection`` worked out and the headers serialized, then ``write_eof``: four more coroutine
-frames before the bytes reach the transport. For a hit on stored audio every one of these is the
-same for every request but ``Date`` and ``Connection``, so :class:`PreparedHit` keeps the
-serialized block per entry (with the header multidict the rest of the gateway reads) and
-:class:`HitResponse` writes status line + block + ``Date`` (+ ``Connection``) + body itself, as
-aiohttp would have written them (same headers, same framing: ``Content-Length``, HTTP/1.0 and
-keep-alive answered as aiohttp answers them, no body for ``HEAD``). That is a hand-written
-sliver of HTTP/1.1 on purpose: aiohttp offers no lower-cost way to send a fixed response, and
-this was most of what separated a gateway hit from bare aiohttp serving the same bytes
-(docs/architecture.md, "Hit path cost").
-
-It is used only where nothing else may change the response: no ``on_response_prepare``
-receivers on the app but the request-id stamp, whose ``X-Request-Id`` line it writes itself
-(:data:`FAST_HITS`, set by the app; the CORS headers of ``cors_origins`` are added by another
-receiver: with CORS on, hits go out as ordinary responses), and only for a plain 200
-(conditional and range requests take the ordinary path).
+Why, what each request still writes (status line, ``Date``, ``X-Request-Id``, ``Connection``)
+and where hits go out as ordinary responses instead (another ``on_response_prepare`` receiver than
+the request-id stamp: CORS): docs/architecture.md, "Hit path cost". :class:`PreparedHit` keeps
+the serialized block per entry (with the header multidict the rest of the gateway reads) and
+:class:`HitResponse` writes it as aiohttp would have: a hand-written sliver of HTTP/1.1 on
+purpose, as aiohttp offers no lower-cost way to send a fixed response. Only a plain 200 goes so
+(conditional and range requests take the ordinary path), and only with :data:`FAST_HITS` (set by
+the app).
 
 A request whose exact bytes were answered so before is answered again from its bytes, ahead of
 aiohttp's parsing and routing (:class:`FastPath`, :class:`FastHandler`: the repeats of bots and
@@ -357,7 +347,7 @@ class FastPath:
     depends only on them and on settings fixed at start, as
     :class:`gateway.api.parsing.RequestMemo` notes; docs/architecture.md, "Hit path cost").
 
-    Bounded: at most ``size`` requests of at most ``max_request`` bytes, ``max_bytes`` in all.
+    Bounded: at most 4,096 requests of at most 8 KiB each, 16 MiB in all.
     ``allowed`` says whether answering from bytes is allowed now (checked on every answer: API
     keys switched on by a reload need every request checked).
     """
@@ -369,11 +359,8 @@ class FastPath:
         allowed: Callable[[], bool],
         *,
         counter: Counter | None = None,
-        size: int = 4096,
-        max_request: int = 8192,
-        max_bytes: int = 16 * 1024 * 1024,
     ) -> None:
-        self.memo: BytesMemo[Repeat] = BytesMemo(size, max_request, max_bytes)
+        self.memo: BytesMemo[Repeat] = BytesMemo(4096, 8192, 16 * 1024 * 1024)
         self.observe = observe
         self.ids = ids
         self.allowed = allowed

@@ -2,12 +2,8 @@
 encoding ``jambonz_content_type`` names) and the streaming protocol at ``GET /v1/jambonz/stream``
 (a WebSocket, sentence by sentence from the cache). Parsing: :mod:`gateway.api.jambonz`.
 
-The streaming protocol, as jambonz's custom-speech-example (``lib/tts/streaming/elevenlabs.js``)
-serves it: the query carries ``voice``, ``language`` and ``sampleRate``; the server first sends
-``{"type": "connect", "data": {"sample_rate", "base64_encoding": false}}``; jambonz then sends
-``{"type": "stream", "text"}`` (text as it comes, e.g. from an LLM), ``{"type": "flush"}`` (speak
-what is buffered) and ``{"type": "stop"}``; audio goes back as binary messages of raw 16-bit PCM
-at ``sample_rate``; a failure as ``{"error": message}``.
+The streaming protocol (jambonz's custom-speech-example, ``lib/tts/streaming/elevenlabs.js``):
+docs/telephony.md, "jambonz"; a failure goes back as ``{"error": message}``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Per-request observation: Prometheus counters and timers plus the access-log line.
 
-A cache hit is answered in tens of microseconds, and recording it through prometheus-client
-directly (a lock per counter, a Python loop over the buckets per histogram: five metric updates per
-hit) cost about as much as the rest of the gateway's own work on it. So requests are tallied in
-plain numbers per label set, on the event loop, and added to the Prometheus metrics in bulk: before
-every collection of the registry (``/metrics``, tests' ``get_sample_value``) and at most
-``FLUSH_AFTER_S`` after a request, so a multi-process scrape (which reads each process's own files)
-lags by no more than that. An idle server schedules nothing. A request is kept as one tuple
-until then (an :data:`~gateway.runtime.accesslog.Observation`): the tallies and its access-log line
-are made at the flush, for all the requests since the last one together.
+Requests are kept as one tuple each (an :data:`~gateway.runtime.accesslog.Observation`) and
+tallied in plain numbers, added to the Prometheus metrics and made into access-log lines in bulk,
+and why: docs/architecture.md, "Hit path cost". The flush runs before every collection of the
+registry and at most ``FLUSH_AFTER_S`` after a request, so a multi-process scrape lags by no more
+than that; an idle server schedules nothing.
 """
 
 from __future__ import annotations
@@ -136,18 +132,6 @@ class RequestObserver:
             tally.ttfb_sum += first
             tally.ttfb_buckets[bisect_left(bounds, first)] += 1
 
-    def _resolve(self, k: tuple[str, str, int, str]) -> tuple[Any, Any, Any, Any]:
-        route, method, status, cache = k
-        m = self.metrics
-        children = (
-            m.requests.labels(route, method, str(status)),
-            m.request_seconds.labels(route, cache),
-            m.time_to_first_byte.labels(route, cache),
-            m.response_bytes.labels(route),
-        )
-        self._children[k] = children
-        return children
-
     def flush(self) -> None:
         """Add everything observed since the last flush to the Prometheus metrics, and queue
         its access-log lines."""
@@ -159,7 +143,14 @@ class RequestObserver:
         for k, tally in tallies.items():
             children = self._children.get(k)
             if children is None:
-                children = self._resolve(k)
+                route, method, status, cache = k
+                m = self.metrics
+                children = self._children[k] = (
+                    m.requests.labels(route, method, str(status)),
+                    m.request_seconds.labels(route, cache),
+                    m.time_to_first_byte.labels(route, cache),
+                    m.response_bytes.labels(route),
+                )
             counter, timer, first, sent = children
             counter.inc(tally.count)
             add_to_histogram(timer, tally.seconds_sum, tally.seconds_buckets)

@@ -1,19 +1,13 @@
 """The OpenAPI 3.2 description of the gateway, served at ``/openapi.json``: generated from the
 route table (:mod:`gateway.http.routes`), as FastAPI generates its document from its routes.
 
-Each route's operation comes from its declaration (:class:`gateway.http.routing.Route`): its
-parameters and request body from the request models the server validates with
-(:mod:`gateway.api.models`), its answers from the types the code builds the bodies as (TypedDicts:
-errors, readiness, listings, speech events...), and what its access and wrappers add (a key:
-``security`` and 401/403/429; a JSON-only body: 415; a body: 408/413; the Host allow-list: 421)
-from the same facts the registration reads. This module adds the prose around it. 3.2, not 3.1,
-for ``itemSchema``: an event stream is described event by event.
-
-``tests/test_openapi.py`` checks the document describes exactly the routes the app registers and
-that ``docs/openapi.json`` equals what a default server serves; ``tests/test_request_schemas.py``
-sends each schema's boundary values; every JSON and event-stream body the suite's gateways answer
-is validated against the document (``tests/conformance.py``). Regenerate the saved copy with
-``python -m gateway.http.openapi docs/openapi.json``.
+What each part is generated from, and the tests that hold the document to the server: docs/api.md
+(its opening); ``tests/test_openapi.py`` also checks it describes exactly the routes the app
+registers. Each route's operation comes from its declaration (:class:`gateway.http.routing.Route`),
+and what its access and wrappers add (a key: ``security`` and 401/403/429; a JSON-only body: 415;
+a body: 408/413; the Host allow-list: 421) from the same facts the registration reads. This
+module adds the prose around it. 3.2, not 3.1, for ``itemSchema``: an event stream is described
+event by event. Regenerate the saved copy with ``python -m gateway.http.openapi docs/openapi.json``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """What a browser may make the gateway do.
 
-- **JSON content type**: a browser page may POST ``text/plain``, form or multipart bodies to any
-  origin without a CORS preflight (a "simple" request), so a JSON route that parsed any body as
-  JSON could be driven from any web page a user of the network opens. JSON routes require
-  ``application/json`` (or ``application/*+json``) and answer 415 otherwise; a real JSON POST
-  from another origin needs a preflight, which only ``cors_origins`` pass.
-- **Host allow-list** (``allowed_hosts``): a DNS-rebinding page reaches the gateway under the
-  attacker's host name; a Host not in the list gets 421.
-- **CORS** (``cors_origins``, off by default): allowed origins get ``Access-Control-Allow-*``
-  headers on every response and their preflights answered. The headers a page may send and read
-  are those the route table declares (:mod:`gateway.http.routing`).
+Each check (``require_json_content_type``: 415; ``allowed_hosts``: 421; ``cors_origins``) and
+what it protects against: docs/security.md, "Connections and browsers". The headers a page may
+send and read are those the route table declares (:mod:`gateway.http.routing`).
 
 Each check is a wrapper chosen at route registration (none when its setting is off), in keeping
 with the edge's no-middleware rule (:mod:`gateway.http.edge`).

@@ -43,8 +43,8 @@ class RequestIds:
 
     __slots__ = ("_next", "prefix")
 
-    def __init__(self, prefix: str | None = None) -> None:
-        self.prefix = (secrets.token_hex(6) if prefix is None else prefix) + "-"
+    def __init__(self) -> None:
+        self.prefix = secrets.token_hex(6) + "-"
         self._next = itertools.count(1).__next__
 
     def new(self) -> str:

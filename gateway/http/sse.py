@@ -1,26 +1,12 @@
 """OpenAI's ``stream_format: "sse"``: speech as server-sent events.
 
-The body is ``text/event-stream``; each event is one ``data:`` line holding a JSON object, then a
-blank line (OpenAI's speech events carry no ``event:`` line: their ``type`` field names them):
-
-- ``{"type": "speech.audio.delta", "audio": "<base64>"}``, in order: the audio's bytes in the
-  asked format, sentence by sentence as each is ready (stored audio goes out at once, in pieces);
-  the deltas joined are the audio stream;
-- with ``speech_marks: true`` in the body, ``{"type": "speech.marks.delta", "marks": [...]}``
-  before the audio deltas they cover (an event OpenAI's stream does not have: only on request),
-  for voices with speech marks (Polly's marks: docs/speech-marks.md); stored audio sends them all
-  at once, a stream one event per sentence;
-- ``{"type": "speech.audio.done", "usage": {...}}`` last. ``usage`` has OpenAI's shape
-  (``input_tokens``, ``output_tokens``, ``total_tokens``) and voxgate's own measures
-  (``input_characters``, ``audio_seconds``). The served engines have no tokens: input tokens
-  count the input's characters (what OpenAI bills tts-1 by) and output tokens are 0.
+The events, their order and ``usage``: docs/api.md, "Streaming" (server-sent events). OpenAI's
+speech events carry no ``event:`` line: their ``type`` field names them.
 
 Shapes from OpenAI's API reference (``SpeechAudioDeltaEvent``, ``SpeechAudioDoneEvent``) and what
 the clients parse: LiveKit's OpenAI plugin reads ``data:`` lines, ``type``, ``audio`` and
 ``usage.input_tokens``/``output_tokens``. A failure after the first event cannot change the
-status: an ``{"type": "error", "error": {"message", "type", "param", "code"}}`` event (OpenAI's
-error object) is sent and the connection is dropped before the stream's end, like a failed audio
-stream.
+status: an error event is sent and the connection dropped (docs/api.md), like a failed audio stream.
 
 The OpenAPI document describes each event (``itemSchema``) from the types below.
 """
@@ -116,16 +102,11 @@ def deltas(data: bytes, marks: list[Mark] | None = None) -> Iterator[bytes]:
     """``speech.audio.delta`` events for ``data``, in pieces of at most :data:`DELTA_BYTES`,
     after a ``speech.marks.delta`` event of its ``marks`` (when there are any)."""
     if marks:
-        yield marks_event(marks)
+        listed = cast(list[SpeechMark], [m.as_json() for m in marks])
+        yield event({"type": "speech.marks.delta", "marks": listed})
     for start in range(0, len(data), DELTA_BYTES):
         piece = base64.b64encode(data[start : start + DELTA_BYTES]).decode("ascii")
         yield event({"type": "speech.audio.delta", "audio": piece})
-
-
-def marks_event(found: list[Mark]) -> bytes:
-    """A ``speech.marks.delta`` event of ``found``."""
-    listed = cast(list[SpeechMark], [m.as_json() for m in found])
-    return event({"type": "speech.marks.delta", "marks": listed})
 
 
 def done(characters: int, audio_s: float) -> bytes:
