@@ -273,21 +273,17 @@ class KeyedSockets:
         """The key ``ws`` speaks for now (its new limits after a reload)."""
         return self._open.get(ws)
 
-    def rekey(self, ring: KeyRing | None) -> int:
+    def rekey(self, ring: KeyRing | None) -> None:
         """After a reload: each socket speaks for its key as the new ring has it; a socket whose
-        key is gone (or lost every scope it was opened with) is closed with 1008. The number
-        closed."""
-        closed = 0
+        key is gone (or lost every scope it was opened with) is closed with 1008."""
         for ws, key in list(self._open.items()):
             now = ring.named(key.name) if ring is not None else None
             if now is not None and now.digest == key.digest and now.scopes & key.scopes:
                 self._open[ws] = now
                 continue
             del self._open[ws]
-            closed += 1
             task = asyncio.ensure_future(
                 ws.close(code=POLICY_VIOLATION, message=b"API key revoked")
             )
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
-        return closed
