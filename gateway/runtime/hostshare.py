@@ -55,13 +55,6 @@ _MAX_PROBE = 32
 DEFAULT_ROWS = 4096
 
 
-def _tag(identity: str) -> int:
-    tag = int.from_bytes(
-        hashlib.blake2b(identity.encode(), digest_size=8).digest(), "little", signed=True
-    )
-    return tag or 1
-
-
 class HostTable:
     """Rate windows and queue shares in a table every gateway process of the host maps."""
 
@@ -148,7 +141,8 @@ class HostTable:
         if tag is None:
             if len(self._tags) > 65536:
                 self._tags.clear()
-            tag = self._tags[identity] = _tag(identity)
+            digest = hashlib.blake2b(identity.encode(), digest_size=8).digest()
+            tag = self._tags[identity] = int.from_bytes(digest, "little", signed=True) or 1
         return tag
 
     def _row(
