@@ -10,9 +10,8 @@ never on the event loop; one thread keeps batches in order.
 Lines waiting for that thread are bounded (``max_backlog_lines``): while stderr is blocked, newer
 lines are dropped and counted, and the count is written once the stream drains, so a stuck log
 reader costs bounded memory. The lines have the shape of every other log line
-(:mod:`gateway.runtime.logs`). The request text is never part of a line: only the route template,
-status, content key, cache result, timing, bytes, client id and request id (``X-Request-Id``: the
-client's, if made of safe characters only, or one the gateway made; gateway.http.requestid).
+(:mod:`gateway.runtime.logs`); what they hold, never the request text: docs/observability.md,
+"Logs".
 """
 
 from __future__ import annotations
