@@ -11,6 +11,7 @@ never waits on a socket.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import logging
@@ -37,6 +38,8 @@ log = logging.getLogger("voxgate.auth")
 
 # Counter identities kept (key names of the keys file, over its reloads).
 _MAX_IDENTITIES = 4096
+# Each limit's item, made once: limits come from the keys file (a bounded set).
+_per_minute = functools.cache(RateLimitItemPerMinute)
 
 
 def limits_storage_uri(redis_url: str) -> tuple[type[LimitsRedisStorage], str, dict[str, Any]]:
@@ -101,7 +104,6 @@ class KeyLimits:
         self._char_ids: dict[str, str] = {}
         # Redis is skipped until this monotonic time after a failure (0: in use).
         self._redis_down_until = 0.0
-        self._items: dict[int, RateLimitItem] = {}
         self._children: dict[tuple[str, ...], Any] = {}
         # Requests counted since the last flush, by (key, result): a Prometheus increment (a
         # lock) per request was a cost of every keyed hit. Added to the counter before every
@@ -126,12 +128,6 @@ class KeyLimits:
         close = getattr(client, "aclose", None)
         if close is not None:
             await close()
-
-    def _item(self, per_minute: int) -> RateLimitItem:
-        item = self._items.get(per_minute)
-        if item is None:
-            item = self._items[per_minute] = RateLimitItemPerMinute(per_minute)
-        return item
 
     def _identity(self, kind: str, name: str, known: dict[str, str]) -> str:
         """The counter identity of key ``name`` for limit ``kind`` ("r" or "c"): the name
@@ -223,7 +219,7 @@ class KeyLimits:
     async def admit_request(self, key: APIKey) -> None:
         """Count one request of ``key`` against its ``requests_per_minute`` (429 beyond)."""
         identity = self._identity("r", key.name, self._request_ids)
-        ok, retry = await self._hit(self._item(key.requests_per_minute), identity, 1)
+        ok, retry = await self._hit(_per_minute(key.requests_per_minute), identity, 1)
         if not ok:
             self.count(key.name, "rate_limited")
             raise TooManyRequests(
@@ -249,7 +245,7 @@ class KeyLimits:
                 code="chars_per_minute",
             )
         identity = self._identity("c", key.name, self._char_ids)
-        ok, retry = await self._hit(self._item(key.chars_per_minute), identity, chars)
+        ok, retry = await self._hit(_per_minute(key.chars_per_minute), identity, chars)
         if not ok:
             self.metrics.api_key_chars_limited.labels(key.name).inc()
             raise TooManyRequests(
