@@ -490,9 +490,6 @@ class _BeforeCollect(Collector):
     def __init__(self, hooks: list[Callable[[], None]]) -> None:
         self._hooks = hooks
 
-    def describe(self) -> list[Metric]:
-        return []
-
     def collect(self) -> list[Metric]:
         for hook in self._hooks:
             hook()
