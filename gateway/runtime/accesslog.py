@@ -145,7 +145,13 @@ class AccessLog:
             # formatted once.
             parts = known.get((route, method, status, cache))
             if parts is None:
-                parts = self._json_parts(route, method, status, cache)
+                parts = (
+                    f'","level":"info","logger":"{LOGGER}","pid":{self._pid},"msg":"request",'
+                    f'"route":"{route}","method":"{method}","status":{status},"key":',
+                    f',"cache":"{cache}","ms":',
+                )
+                if len(known) < 4096:  # kept: they are bounded sets
+                    known[(route, method, status, cache)] = parts
             head, tail = parts
             add(
                 f'{{"ts":"{timestamp(now)}{head}'
@@ -155,17 +161,6 @@ class AccessLog:
                 f'"request_id":{"null" if rid is None else chr(34) + rid + chr(34)}}}'
             )
         return lines
-
-    def _json_parts(self, route: str, method: str, status: int, cache: str) -> tuple[str, str]:
-        """The text around a JSON line's key that its labels fix (kept: they are bounded sets)."""
-        parts = (
-            f'","level":"info","logger":"{LOGGER}","pid":{self._pid},"msg":"request",'
-            f'"route":"{route}","method":"{method}","status":{status},"key":',
-            f',"cache":"{cache}","ms":',
-        )
-        if len(self._parts) < 4096:
-            self._parts[(route, method, status, cache)] = parts
-        return parts
 
     def flush(self) -> None:
         """Hand what is queued to the writer thread (one write call there); returns at once."""
