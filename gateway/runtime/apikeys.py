@@ -168,11 +168,8 @@ def key_table(
     )
 
 
-# The key a keys file made at first start holds (create_keys_file), and its scopes.
+# The key a keys file made at first start holds (create_keys_file).
 INIT_ADMIN = "admin"
-INIT_ADMIN_SCOPES = ["admin", "speak", "read"]
-# With a metrics secret given, the key Prometheus scrapes with: /metrics and nothing else.
-INIT_METRICS = "prometheus"
 
 
 def create_keys_file(path: str | Path, metrics_secret: str = "") -> str | None:
@@ -190,9 +187,10 @@ def create_keys_file(path: str | Path, metrics_secret: str = "") -> str | None:
     if target.exists():
         return None
     secret = new_secret()
-    text = key_table(INIT_ADMIN, secret, INIT_ADMIN_SCOPES)
+    text = key_table(INIT_ADMIN, secret, ["admin", "speak", "read"])
     if metrics_secret:
-        text += "\n" + key_table(INIT_METRICS, metrics_secret, ["metrics"])
+        # The key Prometheus scrapes with: /metrics and nothing else.
+        text += "\n" + key_table("prometheus", metrics_secret, ["metrics"])
     target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
