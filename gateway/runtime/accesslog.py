@@ -183,25 +183,22 @@ class AccessLog:
         with self._count_lock:
             dropped, self._unreported = self._unreported, 0
         text = "\n".join(lines) + "\n"
-        if dropped:
-            text += self._dropped_line(dropped) + "\n"
+        if dropped:  # a warning line in the log's own format
+            now = datetime.datetime.now(datetime.UTC)
+            msg = "access log lines dropped while the log stream was blocked"
+            if self.fmt == "json":
+                ts = now.isoformat(timespec="milliseconds")
+                text += (
+                    f'{{"ts":"{ts}","level":"warning","logger":"{LOGGER}","pid":{self._pid},'
+                    f'"msg":"{msg}","dropped":{dropped}}}\n'
+                )
+            else:
+                text += f"{now:%Y-%m-%d %H:%M:%S} WARNING {LOGGER} {msg} dropped={dropped}\n"
         with contextlib.suppress(ValueError, OSError):  # a closed stream must not fail requests
             self.stream.write(text)
             self.stream.flush()
         with self._count_lock:
             self._backlog -= len(lines)
-
-    def _dropped_line(self, dropped: int) -> str:
-        """A warning line in the log's own format (written on the writer thread)."""
-        now = datetime.datetime.now(datetime.UTC)
-        msg = "access log lines dropped while the log stream was blocked"
-        if self.fmt == "json":
-            ts = now.isoformat(timespec="milliseconds")
-            return (
-                f'{{"ts":"{ts}","level":"warning","logger":"{LOGGER}","pid":{self._pid},'
-                f'"msg":"{msg}","dropped":{dropped}}}'
-            )
-        return f"{now:%Y-%m-%d %H:%M:%S} WARNING {LOGGER} {msg} dropped={dropped}"
 
     async def _run(self) -> None:
         while True:
