@@ -5,10 +5,10 @@ contain request text or secrets.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal, get_args
+from typing import ClassVar, Literal
 
 # The ``type`` of an error body: every value an error class below carries, and so every value a
-# client can see (the OpenAPI document's ``Error.type`` enum is this tuple).
+# client can see (the OpenAPI document's ``Error.type`` enum is this Literal).
 ErrorType = Literal[
     "invalid_request_error",
     "permission_error",
@@ -17,7 +17,6 @@ ErrorType = Literal[
     "server_overloaded",
     "server_error",
 ]
-ERROR_TYPES: tuple[ErrorType, ...] = get_args(ErrorType)
 
 # Names and values a message echoes are cut to this many characters: a client's voice name or
 # path can be 200 KB, and an error must not send it back (nor the access log keep it).

@@ -32,7 +32,6 @@ __all__ = [
     "MULTIPROC_ENV",
     "Metrics",
     "exposition",
-    "multiprocess_dir",
 ]
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -485,19 +484,11 @@ def add_counts(
         child.inc(n)
 
 
-def multiprocess_dir() -> str | None:
-    """The shared metrics directory when several gateway processes serve one port, else None."""
-    return os.environ.get(MULTIPROC_ENV) or None
-
-
 class _BeforeCollect(Collector):
     """A collector with no metrics of its own: collecting it runs the flush hooks."""
 
     def __init__(self, hooks: list[Callable[[], None]]) -> None:
         self._hooks = hooks
-
-    def describe(self) -> list[Metric]:
-        return []
 
     def collect(self) -> list[Metric]:
         for hook in self._hooks:
@@ -512,7 +503,7 @@ def exposition(registry: CollectorRegistry) -> bytes:
     imported) every metric writes to files in that directory, and the answer is the aggregate of
     all processes' files rather than this process's registry.
     """
-    if multiprocess_dir() is not None:
+    if os.environ.get(MULTIPROC_ENV):
         combined = CollectorRegistry()
         MultiProcessCollector(combined)  # type: ignore[no-untyped-call]
         return generate_latest(combined)

@@ -10,9 +10,8 @@ never on the event loop; one thread keeps batches in order.
 Lines waiting for that thread are bounded (``max_backlog_lines``): while stderr is blocked, newer
 lines are dropped and counted, and the count is written once the stream drains, so a stuck log
 reader costs bounded memory. The lines have the shape of every other log line
-(:mod:`gateway.runtime.logs`). The request text is never part of a line: only the route template,
-status, content key, cache result, timing, bytes, client id and request id (``X-Request-Id``: the
-client's, if made of safe characters only, or one the gateway made; gateway.http.requestid).
+(:mod:`gateway.runtime.logs`); what they hold, never the request text: docs/observability.md,
+"Logs".
 """
 
 from __future__ import annotations
@@ -146,7 +145,13 @@ class AccessLog:
             # formatted once.
             parts = known.get((route, method, status, cache))
             if parts is None:
-                parts = self._json_parts(route, method, status, cache)
+                parts = (
+                    f'","level":"info","logger":"{LOGGER}","pid":{self._pid},"msg":"request",'
+                    f'"route":"{route}","method":"{method}","status":{status},"key":',
+                    f',"cache":"{cache}","ms":',
+                )
+                if len(known) < 4096:  # kept: they are bounded sets
+                    known[(route, method, status, cache)] = parts
             head, tail = parts
             add(
                 f'{{"ts":"{timestamp(now)}{head}'
@@ -156,17 +161,6 @@ class AccessLog:
                 f'"request_id":{"null" if rid is None else chr(34) + rid + chr(34)}}}'
             )
         return lines
-
-    def _json_parts(self, route: str, method: str, status: int, cache: str) -> tuple[str, str]:
-        """The text around a JSON line's key that its labels fix (kept: they are bounded sets)."""
-        parts = (
-            f'","level":"info","logger":"{LOGGER}","pid":{self._pid},"msg":"request",'
-            f'"route":"{route}","method":"{method}","status":{status},"key":',
-            f',"cache":"{cache}","ms":',
-        )
-        if len(self._parts) < 4096:
-            self._parts[(route, method, status, cache)] = parts
-        return parts
 
     def flush(self) -> None:
         """Hand what is queued to the writer thread (one write call there); returns at once."""
@@ -189,25 +183,22 @@ class AccessLog:
         with self._count_lock:
             dropped, self._unreported = self._unreported, 0
         text = "\n".join(lines) + "\n"
-        if dropped:
-            text += self._dropped_line(dropped) + "\n"
+        if dropped:  # a warning line in the log's own format
+            now = datetime.datetime.now(datetime.UTC)
+            msg = "access log lines dropped while the log stream was blocked"
+            if self.fmt == "json":
+                ts = now.isoformat(timespec="milliseconds")
+                text += (
+                    f'{{"ts":"{ts}","level":"warning","logger":"{LOGGER}","pid":{self._pid},'
+                    f'"msg":"{msg}","dropped":{dropped}}}\n'
+                )
+            else:
+                text += f"{now:%Y-%m-%d %H:%M:%S} WARNING {LOGGER} {msg} dropped={dropped}\n"
         with contextlib.suppress(ValueError, OSError):  # a closed stream must not fail requests
             self.stream.write(text)
             self.stream.flush()
         with self._count_lock:
             self._backlog -= len(lines)
-
-    def _dropped_line(self, dropped: int) -> str:
-        """A warning line in the log's own format (written on the writer thread)."""
-        now = datetime.datetime.now(datetime.UTC)
-        msg = "access log lines dropped while the log stream was blocked"
-        if self.fmt == "json":
-            ts = now.isoformat(timespec="milliseconds")
-            return (
-                f'{{"ts":"{ts}","level":"warning","logger":"{LOGGER}","pid":{self._pid},'
-                f'"msg":"{msg}","dropped":{dropped}}}'
-            )
-        return f"{now:%Y-%m-%d %H:%M:%S} WARNING {LOGGER} {msg} dropped={dropped}"
 
     async def _run(self) -> None:
         while True:

@@ -168,11 +168,8 @@ def key_table(
     )
 
 
-# The key a keys file made at first start holds (create_keys_file), and its scopes.
+# The key a keys file made at first start holds (create_keys_file).
 INIT_ADMIN = "admin"
-INIT_ADMIN_SCOPES = ["admin", "speak", "read"]
-# With a metrics secret given, the key Prometheus scrapes with: /metrics and nothing else.
-INIT_METRICS = "prometheus"
 
 
 def create_keys_file(path: str | Path, metrics_secret: str = "") -> str | None:
@@ -190,9 +187,10 @@ def create_keys_file(path: str | Path, metrics_secret: str = "") -> str | None:
     if target.exists():
         return None
     secret = new_secret()
-    text = key_table(INIT_ADMIN, secret, INIT_ADMIN_SCOPES)
+    text = key_table(INIT_ADMIN, secret, ["admin", "speak", "read"])
     if metrics_secret:
-        text += "\n" + key_table(INIT_METRICS, metrics_secret, ["metrics"])
+        # The key Prometheus scrapes with: /metrics and nothing else.
+        text += "\n" + key_table("prometheus", metrics_secret, ["metrics"])
     target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -273,21 +271,17 @@ class KeyedSockets:
         """The key ``ws`` speaks for now (its new limits after a reload)."""
         return self._open.get(ws)
 
-    def rekey(self, ring: KeyRing | None) -> int:
+    def rekey(self, ring: KeyRing | None) -> None:
         """After a reload: each socket speaks for its key as the new ring has it; a socket whose
-        key is gone (or lost every scope it was opened with) is closed with 1008. The number
-        closed."""
-        closed = 0
+        key is gone (or lost every scope it was opened with) is closed with 1008."""
         for ws, key in list(self._open.items()):
             now = ring.named(key.name) if ring is not None else None
             if now is not None and now.digest == key.digest and now.scopes & key.scopes:
                 self._open[ws] = now
                 continue
             del self._open[ws]
-            closed += 1
             task = asyncio.ensure_future(
                 ws.close(code=POLICY_VIOLATION, message=b"API key revoked")
             )
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
-        return closed

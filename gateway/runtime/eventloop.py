@@ -74,6 +74,5 @@ def _named(kind: str) -> str:
 
 def run(main: Coroutine[Any, Any, T], choice: str) -> T:
     """``asyncio.run(main)`` on the loop ``choice`` selects."""
-    make = factory(choice)
-    with asyncio.Runner(loop_factory=make) as runner:
+    with asyncio.Runner(loop_factory=factory(choice)) as runner:
         return runner.run(main)

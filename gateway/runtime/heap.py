@@ -1,15 +1,10 @@
 """How a gateway process's C heap is set up, so that its RSS stays flat under a long mixed load.
 
-A miss moves its audio through blocks of a few hundred KiB (the worker's reply, the master, the
-encoded body). glibc's malloc hands out blocks that large with mmap (given back on free) only
-until the first one is freed: then its mmap threshold rises past them (up to 32 MiB) and they
-come from its arenas, which keep freed memory for reuse, and every thread that allocates (the
-disk and Redis executors too) may open an arena of its own. Blocks of varying size then leave
-holes a later block does not fit, and the heap grows while the memory in use does not: in soaks
-(``python -m bench.soak``) a gateway's malloc arenas kept growing while the bytes in use stayed
-flat, and a periodic ``malloc_trim`` did not stop it. With the threshold fixed at glibc's default
-of 128 KiB and two arenas, the free memory malloc holds stays small and the gateway's RSS levels
-off (the 30-minute soak's RSS by role: docs/bench/soak.json, ``steady_state``).
+A miss's audio blocks (the worker's reply, the master, the encoded body: a few hundred KiB) made
+glibc raise its mmap threshold (up to 32 MiB) and serve them from arenas, one per allocating
+thread (the disk and Redis executors too), which fragmented: why the threshold is fixed at
+glibc's default of 128 KiB with two arenas, as measured: docs/performance.md, "Soak: long-running
+stability" (RSS by role: docs/bench/soak.json, ``steady_state``).
 
 The settings are glibc's own (``mallopt``), applied when a gateway or pool-host process starts,
 before its threads; an operator's ``MALLOC_MMAP_THRESHOLD_`` or ``MALLOC_ARENA_MAX`` in the

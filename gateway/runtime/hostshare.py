@@ -20,10 +20,8 @@ tagged with 64 bits of a BLAKE2b digest of its identity (0 is an empty row):
 
 Every operation holds ``flock`` on the table's file for a few microseconds (two system calls, no
 I/O: the file lives in memory); a process killed while holding it releases it with its file
-descriptor. A row is reused once it is stale (a window two periods old, a share with nothing
-waiting); a table with no room for a new identity answers ``None`` and the caller counts in its
-own process, as it did before this table existed (counted in
-``voxgate_host_table_full_total``).
+descriptor. Which rows are reused, and what a full table does (an operation answers ``None``):
+docs/deploy.md, "What one host shares, and what replicas share".
 
 Why hand-written: the shared-state tools that exist are servers (Redis, which is the replica-wide
 answer) or the ``multiprocessing`` managers, which need the processes to be forked from one parent
@@ -53,13 +51,6 @@ _HEADER = 8  # int64 words: magic, window rows, share rows, processes, (reserved
 _WINDOW_WORDS = 5
 _MAX_PROBE = 32
 DEFAULT_ROWS = 4096
-
-
-def _tag(identity: str) -> int:
-    tag = int.from_bytes(
-        hashlib.blake2b(identity.encode(), digest_size=8).digest(), "little", signed=True
-    )
-    return tag or 1
 
 
 class HostTable:
@@ -125,8 +116,7 @@ class HostTable:
 
     def close(self) -> None:
         """Unmap the table (the file stays: the supervisor removes it)."""
-        if hasattr(self, "_words"):
-            self._words.release()
+        self._words.release()
         self._mm.close()
         if self._fd >= 0:
             os.close(self._fd)
@@ -148,7 +138,8 @@ class HostTable:
         if tag is None:
             if len(self._tags) > 65536:
                 self._tags.clear()
-            tag = self._tags[identity] = _tag(identity)
+            digest = hashlib.blake2b(identity.encode(), digest_size=8).digest()
+            tag = self._tags[identity] = int.from_bytes(digest, "little", signed=True) or 1
         return tag
 
     def _row(
@@ -172,7 +163,7 @@ class HostTable:
                 reuse = at
         if not insert or reuse < 0:
             return None
-        words[reuse : reuse + width] = _zeros(width)
+        words[reuse : reuse + width] = memoryview(bytes(8 * width)).cast("q")
         words[reuse] = tag
         return reuse
 
@@ -266,16 +257,6 @@ class HostTable:
 def _header(rows: int, processes: int) -> bytes:
     """magic, window rows, share rows, processes (native int64, as the table is read)."""
     return struct.pack("=4q", _MAGIC, rows, rows, processes)
-
-
-_ZEROS: dict[int, memoryview] = {}
-
-
-def _zeros(width: int) -> memoryview:
-    zeros = _ZEROS.get(width)
-    if zeros is None:
-        zeros = _ZEROS[width] = memoryview(bytearray(8 * width)).cast("q")
-    return zeros
 
 
 class HostShares:

@@ -15,12 +15,10 @@ import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-FIELDS = "fields"
-
 
 def record_fields(record: logging.LogRecord) -> Mapping[str, Any]:
     """The structured fields attached to ``record`` (empty when none)."""
-    value = getattr(record, FIELDS, None)
+    value = getattr(record, "fields", None)
     return value if isinstance(value, Mapping) else {}
 
 

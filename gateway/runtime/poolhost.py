@@ -57,7 +57,9 @@ async def serve_pool(settings: Settings, path: str, parent_pid: int | None) -> N
             "synthesis pool ready on %s: %s",
             path,
             ", ".join(
-                f"{name} ({_workers(h.scheduler.runner)} workers)" for name, h in handles.items()
+                # A pool's size; 1 for an engine run in this process.
+                f"{name} ({getattr(h.scheduler.runner, 'size', 1)} workers)"
+                for name, h in handles.items()
             ),
         )
         try:
@@ -70,8 +72,3 @@ async def serve_pool(settings: Settings, path: str, parent_pid: int | None) -> N
     if orphan_watch is not None:
         orphan_watch.cancel()
     log.info("synthesis pool stopped")
-
-
-def _workers(runner: object) -> int:
-    """Worker processes behind a runner (a pool's size; 1 for an engine in this process)."""
-    return int(getattr(runner, "size", 1))

@@ -1,29 +1,17 @@
 """Per-key limits: ``requests_per_minute`` on every request of a key and
 ``chars_per_minute`` on the characters its misses send to synthesis.
 
-Counting is the ``limits`` library's sliding-window counter (two counters per key and window,
-weighted: no burst of twice the limit at a window edge, and a cost of N characters is one
-increment, not N entries as a moving window stores). With ``redis_url`` set the counters live in
-Redis (atomic Lua scripts of the library), so every replica spends one budget per key; without
-it they live in the host's table (:mod:`gateway.runtime.hostshare`, the same algorithm), which
-every gateway process of the host shares, so a host is one budget per key whatever its number of
-processes. When Redis cannot be reached, checks fall back to the host's table for
-``redis_breaker_reset_ms`` before Redis is tried again: a limit is then enforced per host (looser,
-never off), counted in ``voxgate_rate_limit_fallbacks_total`` and logged once per outage. All
-storage calls are async or in memory: the event loop never waits on a socket.
-
-Counters in Redis are named by an HMAC of the key's name under the cache secret, not by the
-name: whoever can write to Redis but lacks the secret cannot plant a counter that locks a given
-key out before it is used. A refusal also checks the counters it read: one no replica could have
-written (a count over the limit, a count without a TTL or with a longer one than the library
-sets) is deleted and the request counted again, so one write cannot lock a key out for good.
-docs/security.md says what this does not stop (someone who can write Redis can still find and
-inflate the counters in use, or delete them).
+How they are counted (the ``limits`` library's sliding-window counter: in Redis with
+``redis_url``, else in the host's table, :mod:`gateway.runtime.hostshare`), what happens while
+Redis is unreachable, and why counters are named by an HMAC and impossible ones deleted:
+docs/security.md, "Limits per key". All storage calls are async or in memory: the event loop
+never waits on a socket.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import logging
@@ -50,6 +38,8 @@ log = logging.getLogger("voxgate.auth")
 
 # Counter identities kept (key names of the keys file, over its reloads).
 _MAX_IDENTITIES = 4096
+# Each limit's item, made once: limits come from the keys file (a bounded set).
+_per_minute = functools.cache(RateLimitItemPerMinute)
 
 
 def limits_storage_uri(redis_url: str) -> tuple[type[LimitsRedisStorage], str, dict[str, Any]]:
@@ -114,7 +104,6 @@ class KeyLimits:
         self._char_ids: dict[str, str] = {}
         # Redis is skipped until this monotonic time after a failure (0: in use).
         self._redis_down_until = 0.0
-        self._items: dict[int, RateLimitItem] = {}
         self._children: dict[tuple[str, ...], Any] = {}
         # Requests counted since the last flush, by (key, result): a Prometheus increment (a
         # lock) per request was a cost of every keyed hit. Added to the counter before every
@@ -139,12 +128,6 @@ class KeyLimits:
         close = getattr(client, "aclose", None)
         if close is not None:
             await close()
-
-    def _item(self, per_minute: int) -> RateLimitItem:
-        item = self._items.get(per_minute)
-        if item is None:
-            item = self._items[per_minute] = RateLimitItemPerMinute(per_minute)
-        return item
 
     def _identity(self, kind: str, name: str, known: dict[str, str]) -> str:
         """The counter identity of key ``name`` for limit ``kind`` ("r" or "c"): the name
@@ -206,10 +189,10 @@ class KeyLimits:
         return ok, 0.0 if ok else await self._retry_after(self._local, item, identity)
 
     async def _discard_impossible(self, item: RateLimitItem, identity: str) -> bool:
-        """Delete ``identity``'s counters in Redis if no replica could have written them (see
-        the module's notes); True when it did. The library's script never takes a count past
-        the limit (it refuses first) and gives every counter a TTL of at most twice the window.
-        Only a refusal pays for this read."""
+        """Delete ``identity``'s counters in Redis if no replica could have written them
+        (docs/security.md, "Limits per key"); True when it did. The library's script never takes
+        a count past the limit (it refuses first) and gives every counter a TTL of at most twice
+        the window. Only a refusal pays for this read."""
         assert self._redis is not None
         name, expiry = item.key_for(identity), item.get_expiry()
         previous, previous_ttl, current, current_ttl = await self._redis.get_sliding_window(
@@ -236,7 +219,7 @@ class KeyLimits:
     async def admit_request(self, key: APIKey) -> None:
         """Count one request of ``key`` against its ``requests_per_minute`` (429 beyond)."""
         identity = self._identity("r", key.name, self._request_ids)
-        ok, retry = await self._hit(self._item(key.requests_per_minute), identity, 1)
+        ok, retry = await self._hit(_per_minute(key.requests_per_minute), identity, 1)
         if not ok:
             self.count(key.name, "rate_limited")
             raise TooManyRequests(
@@ -262,7 +245,7 @@ class KeyLimits:
                 code="chars_per_minute",
             )
         identity = self._identity("c", key.name, self._char_ids)
-        ok, retry = await self._hit(self._item(key.chars_per_minute), identity, chars)
+        ok, retry = await self._hit(_per_minute(key.chars_per_minute), identity, chars)
         if not ok:
             self.metrics.api_key_chars_limited.labels(key.name).inc()
             raise TooManyRequests(

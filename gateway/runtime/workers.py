@@ -6,12 +6,9 @@ and the metrics, and how the supervisor restarts and stops them: docs/deploy.md 
 processes on one host"); it forwards SIGHUP too (each worker reloads its API keys). Key budgets
 and queue shares are the host's: :mod:`gateway.runtime.hostshare`.
 
-The gateway processes are forked from the supervisor once it has imported the gateway (the
-supervisor is single-threaded and has no event loop, sockets or engines open, so a fork holds
-nothing a child must not share): each starts in a few milliseconds instead of importing the whole
-gateway again, about a CPU-second apiece. The synthesis pool process is a new interpreter
-(``python -m gateway serve --serve-pool``): it starts ONNX Runtime and torch, which must not
-inherit anything from a parent, and its own workers are spawned from it.
+Why the gateway processes are forks and the pool process (``--serve-pool``) a new interpreter:
+that section too. A fork holds nothing a child must not share: the supervisor is single-threaded
+and has no event loop, sockets or engines open.
 """
 
 from __future__ import annotations
@@ -125,17 +122,6 @@ Child = subprocess.Popen[bytes] | ForkedChild
 Entry = Callable[[Sequence[str]], int]
 
 
-def fork_gateway(entry: Entry, argv: Sequence[str], env: dict[str, str]) -> ForkedChild:
-    """Fork a gateway process that runs ``entry(argv)`` with ``env`` as its environment."""
-    # Buffered output would be written twice, once by each process.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        _forked_main(entry, argv, env)
-    return ForkedChild(pid)
-
-
 def _forked_main(entry: Entry, argv: Sequence[str], env: dict[str, str]) -> NoReturn:
     """The forked child: the environment and signal handlers a new interpreter would have, then
     the command; it never returns into the supervisor's code (whose cleanup is the parent's)."""
@@ -170,8 +156,8 @@ class Supervisor:
         entry: Entry,
         port: int,
         metrics_dir: str,
-        pool_socket: str | None = None,
-        host_table: str | None = None,
+        pool_socket: str | None,
+        host_table: str,
     ):
         self.settings = settings
         self.argv = list(argv)
@@ -223,11 +209,16 @@ class Supervisor:
         for module in GATEWAY_MODULES:
             importlib.import_module(module)
         env[WORKER_INDEX_ENV] = str(index)
-        if self.host_table is not None:
-            env[HOST_TABLE_ENV] = self.host_table
+        env[HOST_TABLE_ENV] = self.host_table
         if self.pool_socket is not None:
             env[POOL_SOCKET_ENV] = self.pool_socket
-        child = fork_gateway(self.entry, args, env)
+        # Buffered output would be written twice, once by each process.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _forked_main(self.entry, args, env)
+        child = ForkedChild(pid)
         log.info("worker %d started (pid %d)", index, child.pid)
         return child
 
