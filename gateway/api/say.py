@@ -70,8 +70,8 @@ def parse_say(
     """The request a say URL asks for, from its decoded path segments (the last one split at
     its last ``.``). The default model speaks; the voice may be an alias."""
     ext = extension(ext_name)
-    model = resolve_model(words.default_model, settings, words)
-    voice = resolve_voice(voice, model, settings, words)
+    model = resolve_model(words.default_model, words)
+    voice = resolve_voice(voice, model, words)
     # A say URL may carry an SSML document (percent-encoded) like any text.
     spoken = speech_text(text, settings, words, model, voice, param="text", expansions=expansions)
     req = build_request(spoken, model=model, voice=voice, fmt=ext.fmt, sample_rate=ext.rate)

@@ -327,7 +327,7 @@ class SpeechEventHandler(AsyncEventHandler):
                 raise BadRequest(f"voice {field} must be a string", param=f"voice.{field}")
         name, language, speaker = voice.get("name"), voice.get("language"), voice.get("speaker")
         model, chosen = (
-            find_voice(name, self.settings, self.words)
+            find_voice(name, self.words)
             if name or not language
             else self._voice_for_language(language)
         )
