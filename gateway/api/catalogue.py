@@ -50,9 +50,6 @@ class Prompt:
     id: str | None = None
 
 
-# ---- reading ------------------------------------------------------------------------------
-
-
 def normalize_prompt(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
     """A prompt body with OpenAI field names; empty cells dropped (they take the default)."""
     body: dict[str, Any] = {}
@@ -168,9 +165,6 @@ def read_catalogue(path: Path) -> list[Prompt]:
     except (OSError, UnicodeDecodeError) as exc:
         raise CatalogueError(f"cannot read {path}: {exc}") from exc
     return parse_catalogue(text, kind)
-
-
-# ---- validating -------------------------------------------------------------
 
 
 def to_requests(

@@ -89,9 +89,6 @@ SampleRate = Annotated[
     INTEGRAL,
 ]
 
-
-# ---- error messages ----------------------------------------------------------------------------
-
 # A message per pydantic error type, for any field. ``{field}`` is the field's name; ``{shown}``
 # the rejected value, used only where it is a short token (never the text to speak).
 _MESSAGES: dict[str, str] = {

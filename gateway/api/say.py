@@ -77,9 +77,6 @@ def parse_say(
     req = build_request(spoken, model=model, voice=voice, fmt=ext.fmt, sample_rate=ext.rate)
     return req, ext
 
-
-# ---- signatures ------------------------------------------------------------------------------
-
 _SEP = "~"
 
 

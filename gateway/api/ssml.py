@@ -231,8 +231,6 @@ class _Expander:
         self.trace: list[tuple[str, Span]] = []
         self.mark_spans: list[Span] = []
 
-    # ---- building -------------------------------------------------------------------------
-
     def text(self, value: str | None, rate: float, spans: Sequence[Span] = ()) -> None:
         if not value:
             return
@@ -258,8 +256,6 @@ class _Expander:
             self.pieces[-1].pause = _combine(self.pieces[-1].pause, pause)
         else:
             self.leading = _combine(self.leading, pause)
-
-    # ---- walking --------------------------------------------------------------------------
 
     def walk(self, element: ET.Element, depth: int, rate: float) -> None:
         if depth > self.limits.max_depth:
@@ -341,8 +337,6 @@ class _Expander:
         if self.positions is not None:
             self.trace.extend(zip(ph, self._content(index, ph), strict=True))
         self.pieces.append(_Piece(normalize_text(ph), _TIGHT, rate, phonemes=True))
-
-    # ---- result ---------------------------------------------------------------------------
 
     def segments(self) -> tuple[Segment, ...]:
         self.boundary(_TIGHT)
