@@ -182,12 +182,11 @@ def to_requests(
     out: list[SpeechRequest] = []
     for i, prompt in enumerate(prompts):
         try:
-            req = parse_openai_speech({**base, **prompt.body}, settings, words)
+            out.append(parse_openai_speech({**base, **prompt.body}, settings, words))
         except BadRequest as exc:
             raise BadRequest(
                 f"{prompt.where}: {exc.message}",
                 param=f"prompts[{i}].{exc.param}" if exc.param else f"prompts[{i}]",
                 code=exc.code,
             ) from exc
-        out.append(req)
     return out

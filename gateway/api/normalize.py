@@ -168,13 +168,11 @@ def _digit_words(text: str, lang: str) -> str:
 
 def characters(text: str, lang: str) -> str:
     """Each letter or digit on its own ("AB1" -> "A B one"); other characters are dropped."""
-    out = []
-    for ch in text:
-        if ch.isdecimal():
-            out.append(_words(int(ch), _need_language(lang, "say-as characters")))
-        elif ch.isalnum():
-            out.append(ch)
-    return " ".join(out)
+    return " ".join(
+        _words(int(ch), _need_language(lang, "say-as characters")) if ch.isdecimal() else ch
+        for ch in text
+        if ch.isalnum()
+    )
 
 
 def digits(text: str, lang: str) -> str:

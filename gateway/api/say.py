@@ -117,9 +117,7 @@ def signed_say_path(
     return f"/v1/say/{SIGNED}/{token}/{quote(voice, safe='')}/{quote(text, safe='')}.{ext}"
 
 
-def verify(
-    secret: str, token: str, voice: str, text: str, ext: str, now: float | None = None
-) -> Signed:
+def verify(secret: str, token: str, voice: str, text: str, ext: str) -> Signed:
     """Who signed ``token`` and until when, or :class:`Forbidden` unless it signs ``voice``,
     ``text`` and ``ext`` (as decoded from the URL) and has not expired."""
     if not secret:
@@ -146,7 +144,7 @@ def verify(
             param="token",
             code="bad_signature",
         )
-    if (now if now is not None else time.time()) > expires:
+    if time.time() > expires:
         raise Forbidden("the signed say URL has expired", param="token", code="url_expired")
     return Signed(key, expires)
 

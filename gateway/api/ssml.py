@@ -111,12 +111,10 @@ def _combine(a: Boundary, b: Boundary) -> Boundary:
     # A break replaces the sentence pause it falls on; consecutive breaks add up.
     if isinstance(a, _Tight):
         return b
-    if isinstance(b, _Tight):
+    if isinstance(b, _Tight) or b is None:
         return a
     if a is None:
         return b
-    if b is None:
-        return a
     return a + b
 
 

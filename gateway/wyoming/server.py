@@ -251,17 +251,15 @@ class SpeechEventHandler(AsyncEventHandler):
         kind = event.type if event.type in KNOWN_EVENTS else "other"
         try:
             await self._dispatch(event)
+            self.metrics.wyoming_events.labels(kind, "ok").inc()
         except VoxgateError as exc:
             self.metrics.wyoming_events.labels(kind, "error").inc()
             await self.write_event(Error(text=exc.message, code=exc.code or "bad_request").event())
-            return True
         except SynthesisError as exc:
             self.metrics.wyoming_events.labels(kind, "error").inc()
             log.warning("wyoming synthesis failed: %s", type(exc).__name__)
             code = "client_queue_full" if isinstance(exc, ClientQueueFull) else "synthesis_failed"
             await self.write_event(Error(text=str(exc), code=code).event())
-            return True
-        self.metrics.wyoming_events.labels(kind, "ok").inc()
         return True
 
     async def _dispatch(self, event: Event) -> None:
