@@ -1,18 +1,9 @@
 """Say URLs: voice, text and extension in a URL path with no query string, and their signed form.
 
-A dialplan plays ``Playback(http://tts:8080/v1/say/joe/Press%20one.wav)``: Asterisk's
-``Playback`` splits its argument on ``&`` and FreeSWITCH takes the extension from the end of the
-URL path, so the whole request is the path. ``{text}`` is one percent-encoded path segment
-(``/`` as ``%2F``, ``%`` as ``%25``, ``?`` as ``%3F``, ``#`` as ``%23``, ``&`` as ``%26``); the
-extension is what follows its last ``.``, so a text may hold dots ("Please hold..wav").
-
-Players that cannot send an API key use a signed say URL,
-``/v1/say/s/{token}/{voice}/{text}.{ext}``: the token ``{expires}~{key}~{mac}`` is an HMAC-SHA256
-(``url_signing_secret``) over the voice, text, extension, an expiry (Unix seconds; every signed
-URL has one) and the name of the API key that signed it, so the URL authorizes exactly that
-prompt, until then, on that key's account: a fetch is charged to that key, and once the key is
-gone from the keys file its URLs answer 403. ``~`` is in no key name (letters, digits, ``.``,
-``_``, ``-``), and the key is empty when the gateway had no keys file.
+The whole request is the path: Asterisk's ``Playback`` splits its argument on ``&`` and
+FreeSWITCH takes the extension from the end of the URL path. Both forms, their encoding and the
+signed form's token: docs/telephony.md, "Say URLs" and "Signed say URLs". ``~`` is in no key
+name (letters, digits, ``.``, ``_``, ``-``), and the key is empty when the gateway had no keys file.
 """
 
 from __future__ import annotations
@@ -76,6 +67,7 @@ def parse_say(
     spoken = speech_text(text, settings, words, model, voice, param="text", expansions=expansions)
     req = build_request(spoken, model=model, voice=voice, fmt=ext.fmt, sample_rate=ext.rate)
     return req, ext
+
 
 _SEP = "~"
 

@@ -1,21 +1,8 @@
-"""The SSML front end: a ``<speak>`` document as a list of (words, pause, rate) segments.
+"""The SSML front end: a ``<speak>`` document as a list of (words, pause, rate) segments
+(:class:`gateway.speech.request.Segment`), from which the content address is computed.
 
-Neither Piper nor Coqui parses SSML, so the gateway does, before hashing: the content address is
-computed from the expansion (:class:`gateway.speech.request.Segment`), not from the markup, so
-``<speak>Hi.</speak>`` and ``Hi.`` share one audio, and so do ``<sub alias="World Health
-Organization">WHO</sub>`` and those words. Pauses and rate changes are applied by the gateway when
-it joins the segments' audio (exact silence), not asked of the engine.
-
-Parsing is defusedxml's: a DTD, an entity declaration or an external reference is refused before
-anything is expanded. Depth, element count and the expanded length are bounded (settings), and
-the expansion counts against the request's audio budget like any text. Nothing fetches a URL:
-``<audio>`` and ``<lexicon>`` are refused.
-
-Supported (docs/ssml.md compares it with Polly's, Google's and Azure's): ``speak``, ``p``, ``s``,
-``break`` (``time``, ``strength``), ``say-as`` (:data:`gateway.api.normalize.SAY_AS_KINDS`),
-``sub``, ``prosody rate``, ``phoneme alphabet="ipa"`` (engines that take phonemes), ``mark`` (its
-position in the words: speech marks of type ``ssml``); accepted and ignored: ``emphasis``,
-``prosody pitch/volume``, ``lang``.
+Why the gateway expands SSML itself, what it accepts (beside Polly's, Google's and Azure's), what
+it refuses and how it is bounded: docs/ssml.md.
 """
 
 from __future__ import annotations

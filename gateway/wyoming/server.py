@@ -23,11 +23,8 @@ Reading is the one part not left to the package: its ``async_read_event`` trusts
 ``data_length`` and ``payload_length`` a client declares and reads that much into memory. Here
 each event's header line, data and payload are bounded (an oversized payload is read in pieces and
 dropped), so a hostile client costs bounded memory; events themselves are still the package's
-:class:`~wyoming.event.Event`. Connections are bounded by ``wyoming_max_connections``: one more is
-sent an ``error`` event and closed. Time is bounded too: a client that sends no event for
-``wyoming_idle_timeout_s`` (or takes longer than that to send the rest of one it began) is
-closed, and one that stops reading, so that an event cannot be handed to its socket within
-``write_timeout_s``, is cut off (counted in ``voxgate_wyoming_connections_dropped_total``).
+:class:`~wyoming.event.Event`. Connections are bounded in number and in time as
+docs/assistants.md, "Home Assistant (Wyoming)", says.
 
 The listening socket is asyncio's ``start_server`` (with ``reuse_port`` under ``serve --workers
 N``): on uvloop it is uvloop's own server class, so nothing here may assume ``asyncio.Server``.
