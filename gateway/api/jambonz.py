@@ -70,7 +70,6 @@ def parse_jambonz(
     fields = models_for(settings).jambonz.check(body)
     model = resolve_model(words.default_model, words)
     voice = jambonz_voice(fields.voice, fields.language, model, settings, words)
-    # type "ssml" (jambonz sends it for a text starting with <speak>) goes to the SSML front end.
     spoken = speech_text(
         fields.text,
         settings,

@@ -473,8 +473,6 @@ class WyomingServer:
         reuse_port: bool = False,
     ) -> None:
         self.service = service
-        # Requests are validated against what the service serves, with parsing's own memo of
-        # SSML documents and a sentence splitter for streamed text.
         self.words = service.vocabulary
         self.expansions = ExpansionMemo()
         self.splitter = SentenceSplitter()
