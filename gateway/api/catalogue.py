@@ -50,9 +50,6 @@ class Prompt:
     id: str | None = None
 
 
-# ---- reading ------------------------------------------------------------------------------
-
-
 def normalize_prompt(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
     """A prompt body with OpenAI field names; empty cells dropped (they take the default)."""
     body: dict[str, Any] = {}
@@ -170,9 +167,6 @@ def read_catalogue(path: Path) -> list[Prompt]:
     return parse_catalogue(text, kind)
 
 
-# ---- validating -------------------------------------------------------------
-
-
 def to_requests(
     prompts: Sequence[Prompt],
     defaults: Mapping[str, Any],
@@ -188,12 +182,11 @@ def to_requests(
     out: list[SpeechRequest] = []
     for i, prompt in enumerate(prompts):
         try:
-            req = parse_openai_speech({**base, **prompt.body}, settings, words)
+            out.append(parse_openai_speech({**base, **prompt.body}, settings, words))
         except BadRequest as exc:
             raise BadRequest(
                 f"{prompt.where}: {exc.message}",
                 param=f"prompts[{i}].{exc.param}" if exc.param else f"prompts[{i}]",
                 code=exc.code,
             ) from exc
-        out.append(req)
     return out

@@ -29,17 +29,17 @@ from synth.engine import ParamValue
 COQUI_HEADERS = {name: name.replace("_", "-") for name in CoquiFields.model_fields}
 
 
-def default_voice(model: str, settings: Settings, words: Vocabulary) -> str:
+def default_voice(model: str, words: Vocabulary) -> str:
     """The voice used when a compatible request names none."""
     voices = words.models[model].voice_names()
     return words.default_voice if words.default_voice in voices else voices[0]
 
 
-def _voice(name: str, model: str, param: str, settings: Settings, words: Vocabulary) -> str:
+def _voice(name: str, model: str, param: str, words: Vocabulary) -> str:
     if not name:
-        return default_voice(model, settings, words)
+        return default_voice(model, words)
     try:
-        return resolve_voice(name, model, settings, words)
+        return resolve_voice(name, model, words)
     except BadRequest as exc:
         raise BadRequest(exc.message, param=param, code=exc.code) from exc
 
@@ -73,8 +73,8 @@ def parse_coqui(
     JSON body, where a non-string such as ``null`` is a 400, never spoken as "None").
     """
     fields = models_for(settings).coqui.check(values)
-    model = resolve_model(words.default_model, settings, words)
-    voice = _voice(fields.speaker_id.strip(), model, "speaker_id", settings, words)
+    model = resolve_model(words.default_model, words)
+    voice = _voice(fields.speaker_id.strip(), model, "speaker_id", words)
     check_language(fields.language_id, model, voice, words)
     spoken = speech_text(
         fields.text, settings, words, model, voice, param="text", expansions=expansions
@@ -90,8 +90,8 @@ def parse_synthesize(
 ) -> SpeechRequest:
     """A :class:`SpeechRequest` for ``GET /synthesize?text=...&speaker=...&model=...&format=...``."""
     fields = models_for(settings).synthesize.check(query)
-    model = resolve_model(fields.model or words.default_model, settings, words)
-    voice = _voice(fields.speaker, model, "speaker", settings, words)
+    model = resolve_model(fields.model or words.default_model, words)
+    voice = _voice(fields.speaker, model, "speaker", words)
     spoken = speech_text(
         fields.text, settings, words, model, voice, param="text", expansions=expansions
     )
@@ -106,13 +106,13 @@ def parse_synthesize(
     )
 
 
-def find_voice(name: str | None, settings: Settings, words: Vocabulary) -> tuple[str, str]:
+def find_voice(name: str | None, words: Vocabulary) -> tuple[str, str]:
     """``(model, voice)`` for a voice named by a client that names no model (Piper's HTTP API,
     Wyoming): the default model's voice or alias first, then any served model's voice; no
     name is the default model's default voice."""
-    default = resolve_model(words.default_model, settings, words)
+    default = resolve_model(words.default_model, words)
     if not name:
-        return default, default_voice(default, settings, words)
+        return default, default_voice(default, words)
     for model in [default, *(m for m in words.models if m != default)]:
         if name in words.models[model].voice_names():
             return model, name
@@ -144,7 +144,7 @@ def parse_piper(
     content address, on voices whose engine has them, and are refused on others.
     """
     fields = models_for(settings).piper.check(values)
-    model, voice = find_voice(fields.voice, settings, words)
+    model, voice = find_voice(fields.voice, words)
     spoken = speech_text(
         fields.text, settings, words, model, voice, param="text", expansions=expansions
     )

@@ -1,8 +1,6 @@
 """Text front ends: what a request's text becomes before it is normalized and hashed.
 
-A request may ask for a front end (``normalize`` in its body); else the ``normalize`` setting
-chooses. The front end runs before :func:`cache.keys.normalize_text`, so its output, not the raw
-text, is the content address: two replies that differ only in markup share one entry.
+Which one runs, and why its output is the content address: docs/api.md, "Text front ends".
 
 - ``none``: the text as it is;
 - ``llm``: a language model's Markdown reply as plain words (:mod:`gateway.api.llmtext`);

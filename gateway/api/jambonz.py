@@ -45,11 +45,11 @@ def jambonz_voice(
     as an alias (``en-US=joe``), else the default voice or a 400 (``jambonz_unknown_voice``)."""
     for name in filter(None, (voice, language)):
         try:
-            return resolve_voice(name, model, settings, words)
+            return resolve_voice(name, model, words)
         except BadRequest:
             continue
     if settings.jambonz_unknown_voice == "default" or not (voice or language):
-        return default_voice(model, settings, words)
+        return default_voice(model, words)
     known = sorted(set(words.models[model].voice_names()) | set(words.voice_aliases))
     raise BadRequest(
         f"unknown jambonz voice {voice[:64]!r} (language {language[:16]!r}); voices and "
@@ -68,9 +68,8 @@ def parse_jambonz(
     """The request for a jambonz custom-vendor body, in the encoding ``jambonz_content_type``
     names."""
     fields = models_for(settings).jambonz.check(body)
-    model = resolve_model(words.default_model, settings, words)
+    model = resolve_model(words.default_model, words)
     voice = jambonz_voice(fields.voice, fields.language, model, settings, words)
-    # type "ssml" (jambonz sends it for a text starting with <speak>) goes to the SSML front end.
     spoken = speech_text(
         fields.text,
         settings,
@@ -90,7 +89,7 @@ def parse_stream_query(
 ) -> tuple[str, str, int]:
     """``(model, voice, rate)`` of a streaming connection's query (``voice``, ``language``,
     ``sampleRate``: what jambonz puts on the custom vendor's WebSocket URL)."""
-    model = resolve_model(words.default_model, settings, words)
+    model = resolve_model(words.default_model, words)
     voice = jambonz_voice(query.get("voice", ""), query.get("language", ""), model, settings, words)
     raw = query.get("sampleRate", "8000")
     # (isascii and a length bound: isdigit alone takes "²", and int() refuses 4,300 digits)

@@ -1,17 +1,7 @@
 """The ``llm`` text front end: a language model's Markdown reply turned into text worth speaking.
 
-Chat models answer in Markdown: emphasis, headings, lists, links, code, emoji. Read aloud as it
-is, a voice says "asterisk asterisk" or spells out a URL's path. This front end keeps the words
-and drops the markup, before the content address is computed (so ``**Hello**`` and ``Hello``
-share one cache entry):
-
-- emphasis, strikethrough and inline code keep their text: ``**very**`` -> ``very``;
-- code fences lose their fence lines and language tag, their content is kept;
-- links keep their text (``[the docs](https://x.y/z)`` -> ``the docs``), images their alt text;
-- bare URLs become their host: ``https://www.example.com/a?b=1`` -> ``example.com``;
-- headings, list items and table rows end as sentences (cells are separated by commas) (a period where none ends them), so
-  the voice pauses between them instead of running them together;
-- emoji (pictographs, their modifiers, joiners and flags) are removed; raw HTML is dropped.
+What it keeps and drops: docs/api.md, "Text front ends". Headings, list items and table rows end
+as sentences so that the voice pauses between them instead of running them together.
 
 Markdown is parsed with markdown-it-py (CommonMark), not with regular expressions: nesting,
 escapes (``\\*`` stays ``*``) and intraword underscores (``snake_case``) are its rules, not ours.

@@ -89,9 +89,6 @@ SampleRate = Annotated[
     INTEGRAL,
 ]
 
-
-# ---- error messages ----------------------------------------------------------------------------
-
 # A message per pydantic error type, for any field. ``{field}`` is the field's name; ``{shown}``
 # the rejected value, used only where it is a short token (never the text to speak).
 _MESSAGES: dict[str, str] = {
@@ -263,7 +260,6 @@ def _streaming_rules(schema: dict[str, Any], model: type[BaseModel]) -> None:
 
 
 def _has(field: str, schema: dict[str, Any]) -> dict[str, Any]:
-    """The JSON schema of an object that has ``field``, matching ``schema``."""
     return {"required": [field], "properties": {field: schema}}
 
 
@@ -566,7 +562,6 @@ class JambonzBody(RequestModel):
 
     language: str = Field("", description="jambonz language, e.g. en-US; may name a voice alias.")
     voice: str = Field("", description="jambonz voice name: a voice or voice alias.")
-    # jambonz sends "ssml" for a text that starts with <speak>: the SSML front end.
     type: Literal["text", "ssml"] = Field(
         "text",
         description="'text', or 'ssml' (jambonz sends it for a text starting with <speak>; "

@@ -4,11 +4,8 @@ should say, in the voice's language.
 Phonemizers guess at "4096", "$12.50" or "03/04/2026" (espeak-ng reads some, mangles others, and
 never knows whether a date is month-first), so the gateway writes them out before the text is
 hashed: the words, not the digits, are the content address. Words come from num2words (a
-maintained library covering some 50 languages); what it has no words for here (month names
-outside English, a currency code it does not know) is said with what it does have, or refused.
-
-Used two ways: inside SSML ``<say-as>`` (always, :func:`say_as`), and on plain text when a request
-or the ``normalize`` setting asks for ``numbers`` (:func:`normalize_numbers`).
+maintained library covering some 50 languages); where, and what is refused: docs/ssml.md,
+"Numbers in the voice's language".
 """
 
 from __future__ import annotations
@@ -168,13 +165,11 @@ def _digit_words(text: str, lang: str) -> str:
 
 def characters(text: str, lang: str) -> str:
     """Each letter or digit on its own ("AB1" -> "A B one"); other characters are dropped."""
-    out = []
-    for ch in text:
-        if ch.isdecimal():
-            out.append(_words(int(ch), _need_language(lang, "say-as characters")))
-        elif ch.isalnum():
-            out.append(ch)
-    return " ".join(out)
+    return " ".join(
+        _words(int(ch), _need_language(lang, "say-as characters")) if ch.isdecimal() else ch
+        for ch in text
+        if ch.isalnum()
+    )
 
 
 def digits(text: str, lang: str) -> str:

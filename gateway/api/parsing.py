@@ -303,7 +303,7 @@ def speech_text(
         raise BadRequest(exc.message, param=param, code=exc.code) from exc
 
 
-def resolve_model(name: str, settings: Settings, words: Vocabulary) -> str:
+def resolve_model(name: str, words: Vocabulary) -> str:
     """Our model name for ``name`` (an alias such as ``tts-1`` or a model name)."""
     resolved = words.model_aliases.get(name, name)
     if resolved not in words.models:
@@ -316,7 +316,7 @@ def resolve_model(name: str, settings: Settings, words: Vocabulary) -> str:
     return resolved
 
 
-def resolve_voice(name: str, model: str, settings: Settings, words: Vocabulary) -> str:
+def resolve_voice(name: str, model: str, words: Vocabulary) -> str:
     """Our voice name for ``name`` on ``model`` (an alias such as ``alloy`` or a voice name)."""
     handle = words.models[model]
     voices = handle.voice_names()
@@ -419,7 +419,7 @@ def speech_request(
     unknown = sorted(body.model_extra or {})
     if unknown and settings.strict_fields:
         raise type(body).unknown_fields(unknown)
-    model = resolve_model(body.model, settings, words)
+    model = resolve_model(body.model, words)
     ignored: list[str] = []
     params: dict[str, ParamValue] = {}
     if body.instructions and words.models[model].capabilities.takes_instructions:
@@ -436,7 +436,7 @@ def speech_request(
                 code="unsupported_parameter",
             )
         ignored.append("instructions")
-    voice = resolve_voice(body.voice, model, settings, words)
+    voice = resolve_voice(body.voice, model, words)
     ssml = None if body.input_type is None else body.input_type == "ssml"
     spoken = speech_text(
         body.input,

@@ -1,18 +1,9 @@
 """Say URLs: voice, text and extension in a URL path with no query string, and their signed form.
 
-A dialplan plays ``Playback(http://tts:8080/v1/say/joe/Press%20one.wav)``: Asterisk's
-``Playback`` splits its argument on ``&`` and FreeSWITCH takes the extension from the end of the
-URL path, so the whole request is the path. ``{text}`` is one percent-encoded path segment
-(``/`` as ``%2F``, ``%`` as ``%25``, ``?`` as ``%3F``, ``#`` as ``%23``, ``&`` as ``%26``); the
-extension is what follows its last ``.``, so a text may hold dots ("Please hold..wav").
-
-Players that cannot send an API key use a signed say URL,
-``/v1/say/s/{token}/{voice}/{text}.{ext}``: the token ``{expires}~{key}~{mac}`` is an HMAC-SHA256
-(``url_signing_secret``) over the voice, text, extension, an expiry (Unix seconds; every signed
-URL has one) and the name of the API key that signed it, so the URL authorizes exactly that
-prompt, until then, on that key's account: a fetch is charged to that key, and once the key is
-gone from the keys file its URLs answer 403. ``~`` is in no key name (letters, digits, ``.``,
-``_``, ``-``), and the key is empty when the gateway had no keys file.
+The whole request is the path: Asterisk's ``Playback`` splits its argument on ``&`` and
+FreeSWITCH takes the extension from the end of the URL path. Both forms, their encoding and the
+signed form's token: docs/telephony.md, "Say URLs" and "Signed say URLs". ``~`` is in no key
+name (letters, digits, ``.``, ``_``, ``-``), and the key is empty when the gateway had no keys file.
 """
 
 from __future__ import annotations
@@ -70,15 +61,13 @@ def parse_say(
     """The request a say URL asks for, from its decoded path segments (the last one split at
     its last ``.``). The default model speaks; the voice may be an alias."""
     ext = extension(ext_name)
-    model = resolve_model(words.default_model, settings, words)
-    voice = resolve_voice(voice, model, settings, words)
+    model = resolve_model(words.default_model, words)
+    voice = resolve_voice(voice, model, words)
     # A say URL may carry an SSML document (percent-encoded) like any text.
     spoken = speech_text(text, settings, words, model, voice, param="text", expansions=expansions)
     req = build_request(spoken, model=model, voice=voice, fmt=ext.fmt, sample_rate=ext.rate)
     return req, ext
 
-
-# ---- signatures ------------------------------------------------------------------------------
 
 _SEP = "~"
 
@@ -120,9 +109,7 @@ def signed_say_path(
     return f"/v1/say/{SIGNED}/{token}/{quote(voice, safe='')}/{quote(text, safe='')}.{ext}"
 
 
-def verify(
-    secret: str, token: str, voice: str, text: str, ext: str, now: float | None = None
-) -> Signed:
+def verify(secret: str, token: str, voice: str, text: str, ext: str) -> Signed:
     """Who signed ``token`` and until when, or :class:`Forbidden` unless it signs ``voice``,
     ``text`` and ``ext`` (as decoded from the URL) and has not expired."""
     if not secret:
@@ -149,7 +136,7 @@ def verify(
             param="token",
             code="bad_signature",
         )
-    if (now if now is not None else time.time()) > expires:
+    if time.time() > expires:
         raise Forbidden("the signed say URL has expired", param="token", code="url_expired")
     return Signed(key, expires)
 

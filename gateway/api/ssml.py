@@ -1,21 +1,8 @@
-"""The SSML front end: a ``<speak>`` document as a list of (words, pause, rate) segments.
+"""The SSML front end: a ``<speak>`` document as a list of (words, pause, rate) segments
+(:class:`gateway.speech.request.Segment`), from which the content address is computed.
 
-Neither Piper nor Coqui parses SSML, so the gateway does, before hashing: the content address is
-computed from the expansion (:class:`gateway.speech.request.Segment`), not from the markup, so
-``<speak>Hi.</speak>`` and ``Hi.`` share one audio, and so do ``<sub alias="World Health
-Organization">WHO</sub>`` and those words. Pauses and rate changes are applied by the gateway when
-it joins the segments' audio (exact silence), not asked of the engine.
-
-Parsing is defusedxml's: a DTD, an entity declaration or an external reference is refused before
-anything is expanded. Depth, element count and the expanded length are bounded (settings), and
-the expansion counts against the request's audio budget like any text. Nothing fetches a URL:
-``<audio>`` and ``<lexicon>`` are refused.
-
-Supported (docs/ssml.md compares it with Polly's, Google's and Azure's): ``speak``, ``p``, ``s``,
-``break`` (``time``, ``strength``), ``say-as`` (:data:`gateway.api.normalize.SAY_AS_KINDS`),
-``sub``, ``prosody rate``, ``phoneme alphabet="ipa"`` (engines that take phonemes), ``mark`` (its
-position in the words: speech marks of type ``ssml``); accepted and ignored: ``emphasis``,
-``prosody pitch/volume``, ``lang``.
+Why the gateway expands SSML itself, what it accepts (beside Polly's, Google's and Azure's), what
+it refuses and how it is bounded: docs/ssml.md.
 """
 
 from __future__ import annotations
@@ -111,12 +98,10 @@ def _combine(a: Boundary, b: Boundary) -> Boundary:
     # A break replaces the sentence pause it falls on; consecutive breaks add up.
     if isinstance(a, _Tight):
         return b
-    if isinstance(b, _Tight):
+    if isinstance(b, _Tight) or b is None:
         return a
     if a is None:
         return b
-    if b is None:
-        return a
     return a + b
 
 
@@ -231,8 +216,6 @@ class _Expander:
         self.trace: list[tuple[str, Span]] = []
         self.mark_spans: list[Span] = []
 
-    # ---- building -------------------------------------------------------------------------
-
     def text(self, value: str | None, rate: float, spans: Sequence[Span] = ()) -> None:
         if not value:
             return
@@ -258,8 +241,6 @@ class _Expander:
             self.pieces[-1].pause = _combine(self.pieces[-1].pause, pause)
         else:
             self.leading = _combine(self.leading, pause)
-
-    # ---- walking --------------------------------------------------------------------------
 
     def walk(self, element: ET.Element, depth: int, rate: float) -> None:
         if depth > self.limits.max_depth:
@@ -341,8 +322,6 @@ class _Expander:
         if self.positions is not None:
             self.trace.extend(zip(ph, self._content(index, ph), strict=True))
         self.pieces.append(_Piece(normalize_text(ph), _TIGHT, rate, phonemes=True))
-
-    # ---- result ---------------------------------------------------------------------------
 
     def segments(self) -> tuple[Segment, ...]:
         self.boundary(_TIGHT)

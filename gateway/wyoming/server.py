@@ -23,11 +23,8 @@ Reading is the one part not left to the package: its ``async_read_event`` trusts
 ``data_length`` and ``payload_length`` a client declares and reads that much into memory. Here
 each event's header line, data and payload are bounded (an oversized payload is read in pieces and
 dropped), so a hostile client costs bounded memory; events themselves are still the package's
-:class:`~wyoming.event.Event`. Connections are bounded by ``wyoming_max_connections``: one more is
-sent an ``error`` event and closed. Time is bounded too: a client that sends no event for
-``wyoming_idle_timeout_s`` (or takes longer than that to send the rest of one it began) is
-closed, and one that stops reading, so that an event cannot be handed to its socket within
-``write_timeout_s``, is cut off (counted in ``voxgate_wyoming_connections_dropped_total``).
+:class:`~wyoming.event.Event`. Connections are bounded in number and in time as
+docs/assistants.md, "Home Assistant (Wyoming)", says.
 
 The listening socket is asyncio's ``start_server`` (with ``reuse_port`` under ``serve --workers
 N``): on uvloop it is uvloop's own server class, so nothing here may assume ``asyncio.Server``.
@@ -251,17 +248,15 @@ class SpeechEventHandler(AsyncEventHandler):
         kind = event.type if event.type in KNOWN_EVENTS else "other"
         try:
             await self._dispatch(event)
+            self.metrics.wyoming_events.labels(kind, "ok").inc()
         except VoxgateError as exc:
             self.metrics.wyoming_events.labels(kind, "error").inc()
             await self.write_event(Error(text=exc.message, code=exc.code or "bad_request").event())
-            return True
         except SynthesisError as exc:
             self.metrics.wyoming_events.labels(kind, "error").inc()
             log.warning("wyoming synthesis failed: %s", type(exc).__name__)
             code = "client_queue_full" if isinstance(exc, ClientQueueFull) else "synthesis_failed"
             await self.write_event(Error(text=str(exc), code=code).event())
-            return True
-        self.metrics.wyoming_events.labels(kind, "ok").inc()
         return True
 
     async def _dispatch(self, event: Event) -> None:
@@ -327,7 +322,7 @@ class SpeechEventHandler(AsyncEventHandler):
                 raise BadRequest(f"voice {field} must be a string", param=f"voice.{field}")
         name, language, speaker = voice.get("name"), voice.get("language"), voice.get("speaker")
         model, chosen = (
-            find_voice(name, self.settings, self.words)
+            find_voice(name, self.words)
             if name or not language
             else self._voice_for_language(language)
         )
@@ -478,8 +473,6 @@ class WyomingServer:
         reuse_port: bool = False,
     ) -> None:
         self.service = service
-        # Requests are validated against what the service serves, with parsing's own memo of
-        # SSML documents and a sentence splitter for streamed text.
         self.words = service.vocabulary
         self.expansions = ExpansionMemo()
         self.splitter = SentenceSplitter()
