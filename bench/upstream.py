@@ -101,18 +101,26 @@ async def provider_stats(session: aiohttp.ClientSession, port: int) -> dict[str,
 
 
 async def load(
-    url: str, bodies: list[dict[str, Any]], sequence: list[int], clients: int, seconds: float
+    url: str,
+    bodies: list[dict[str, Any]],
+    sequence: list[int],
+    clients: int,
+    seconds: float,
+    min_requests: int = 0,
 ) -> dict[str, Any]:
-    """``clients`` closed-loop clients, each walking its own slice of ``sequence``."""
+    """``clients`` closed-loop clients, each walking its own slice of ``sequence``, for
+    ``seconds`` and until ``min_requests`` are answered (a slow machine runs longer, not
+    fewer)."""
     latencies: list[float] = []
     errors = 0
     chars = 0
-    end = time.monotonic() + seconds
+    began = time.monotonic()
+    end = began + seconds
 
     async def client(i: int, session: aiohttp.ClientSession) -> None:
         nonlocal errors, chars
         j = i * 7919
-        while time.monotonic() < end:
+        while time.monotonic() < end or len(latencies) + errors < min_requests:
             body = bodies[sequence[j % len(sequence)]]
             j += 1
             started = time.perf_counter()
@@ -133,14 +141,20 @@ async def load(
         "requests": len(latencies),
         "errors": errors,
         "chars_requested": chars,
-        "requests_per_s": len(latencies) / seconds,
+        "requests_per_s": len(latencies) / (time.monotonic() - began),
         "p50_ms": 1000 * statistics.median(latencies) if latencies else None,
         "p99_ms": 1000 * latencies[int(0.99 * (len(latencies) - 1))] if latencies else None,
     }
 
 
 async def run(
-    *, seconds: float, clients: int, prompts: int, latency_ms: int, directory: Path
+    *,
+    seconds: float,
+    clients: int,
+    prompts: int,
+    latency_ms: int,
+    directory: Path,
+    min_requests: int = 0,
 ) -> dict[str, Any]:
     texts = zipf_prompts(prompts)
     sequence = zipf_sequence(len(texts), 1.0, 100_000)
@@ -179,7 +193,7 @@ async def run(
                     {"model": model, "input": t, "voice": "alloy", "response_format": "wav"}
                     for t in texts
                 ]
-                figures = await load(url, bodies, sequence, clients, seconds)
+                figures = await load(url, bodies, sequence, clients, seconds, min_requests)
                 stats = await provider_stats(session, port)
                 figures["provider_calls"] = stats["calls"]
                 figures["chars_billed"] = stats["chars"]
