@@ -5,7 +5,7 @@ Which one runs, and why its output is the content address: docs/api.md, "Text fr
 - ``none``: the text as it is;
 - ``llm``: a language model's Markdown reply as plain words (:mod:`gateway.api.llmtext`);
 - ``numbers``: numbers, amounts, dates, times and phone numbers as words, in the voice's
-  language (:mod:`gateway.api.normalize`).
+  language (:mod:`gateway.api.readings`).
 
 SSML is not a mode: a text that starts with ``<speak`` is a document (:mod:`gateway.api.ssml`),
 whatever the mode; ``numbers`` also applies to its words.
@@ -16,13 +16,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gateway.api.llmtext import speakable
-from gateway.api.normalize import normalize_numbers
+from gateway.api.readings import read_numbers
 
 # front end(text, num2words language of the voice) -> text
 FRONT_ENDS: dict[str, Callable[[str, str], str]] = {
     "none": lambda text, language: text,
     "llm": lambda text, language: speakable(text),
-    "numbers": normalize_numbers,
+    "numbers": read_numbers,
 }
 NORMALIZE_MODES = tuple(FRONT_ENDS)
 
