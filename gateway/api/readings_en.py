@@ -175,7 +175,7 @@ _DIAL_VERBS = _word_set("dial call press text enter key type punch input redial"
 _FILLERS = _word_set(
     """
     is was are were will be now the your my a an with reads code id digits last four at please
-    has been changed set to new following us then just number no
+    has been changed set to new following us then just number no pound star hash
     """
 )
 # Words that make the number after them an amount, not a code ("account balance is 250").
@@ -444,16 +444,21 @@ def _abbreviation(match: re.Match[str]) -> str:
 
 _KEYS = re.compile(
     r"(?<![\w#&])#(?P<numbered>(?=\s?[0-9]|[A-Z]{1,4}-?[0-9]))"
-    r"|(?<![\w#&])(?P<pound>#)(?![\w#])"
+    r"|(?<![\w#&])(?P<pound>#{1,4})(?![\w#])"
     r"|(?<![\w*])\*(?P<star>[0-9]{0,12})(?![\w*])"
 )
 
 
 def _key(match: re.Match[str]) -> str:
     if match.group("numbered") is not None:
-        return "number "
+        # "#611" after dial or press is keys ("pound six one one"); elsewhere "number"
+        before = _before(match.string, match.start(), 1)
+        dialed = before and before[0].lower() in _DIAL_VERBS
+        return "pound " if dialed else "number "
     if match.group("pound"):
-        return "pound"
+        if match.string.startswith(":", match.end()):  # "Account #: 1234"
+            return "number"
+        return " ".join(["pound"] * len(match.group("pound")))
     digits = match.group("star")
     return f"star {_digits(digits)}" if digits else "star"
 
@@ -891,6 +896,9 @@ def _is_year(text: str, start: int, end: int, value: int) -> bool:
     return 1900 <= value <= 2099
 
 
+_MILITARY = re.compile(r"(?:[01][0-9]|2[0-3])(?:00|[1-5][0-9]|0[1-9])")
+
+
 def _plain(match: re.Match[str]) -> str:
     text, start, end = match.string, match.start(), match.end()
     sign = match.group("sign") or ""
@@ -903,6 +911,11 @@ def _plain(match: re.Match[str]) -> str:
         return _cardinal(whole, None, sign) + plus
     if sign == "+" and len(whole) >= 6:
         return "plus " + _digits(whole)
+    if len(whole) == 4 and _after(text, end) == "hours" and _MILITARY.fullmatch(whole):
+        minute = int(whole[2:])
+        hundred = "hundred" if not minute else ("oh " * (minute < 10)) + _int_words(minute)
+        hour = _digits(whole[:2]) if whole[0] == "0" else _int_words(int(whole[:2]))
+        return f"{hour} {hundred}"
     if len(whole) > MAX_NUMBER_DIGITS or _code_reading(text, start + len(sign), end, whole):
         if len(whole) in (10, 11) and (len(whole) == 10 or whole[0] == "1"):
             head = [whole[0]] if len(whole) == 11 else []
