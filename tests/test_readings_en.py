@@ -9,6 +9,8 @@ import re
 import time
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from bench.normalize_eval import Case, accepted, canon, load_corpus
 from gateway.api.readings import read_numbers
@@ -168,6 +170,35 @@ def test_hostile_input_takes_linear_time(text: str) -> None:
     elapsed = time.perf_counter() - began
     assert elapsed < 1.0, elapsed  # well under 50 ms on a quiet machine; generous so it can't flake
     assert said
+
+
+# What prompts are written with: digits, separators, signs, symbols, units, abbreviations, code
+# words, and runs longer than number words go.
+_PIECES = st.one_of(
+    st.text(alphabet="0123456789", min_size=1, max_size=12),
+    st.sampled_from(
+        [
+            *(" ", ",", ".", ":", "/", "-", "+", "$", "€", "£", "¥", "%", "°", "#", "*", "@"),
+            *("(", ")", "'", "\u2013", "\u2212", "¢", "am", "p.m.", "st", "th", "km", "F", "C"),
+            *("Dr.", "St.", "No.", "Jan.", "May ", "PIN ", "call ", "www.", ".com", "x", "A"),
+            *("hours", " million", "k", "ext. ", "Mon", "-Fri", "1/2", "9" * 40, "0" * 20),
+        ]
+    ),
+)
+
+
+@settings(
+    # Derandomized with no example database: the same examples on every run and machine.
+    derandomize=True,
+    database=None,
+    deadline=None,
+    max_examples=600,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(text=st.lists(_PIECES, min_size=1, max_size=10).map("".join))
+def test_every_digit_is_read_whatever_surrounds_it(text: str) -> None:
+    said = read_prompt(text)
+    assert not re.search(r"[0-9]", said), (text, said)
 
 
 def test_text_without_digits_is_unchanged() -> None:

@@ -371,7 +371,10 @@ _ABBREVIATIONS = {
 _ENDS_SENTENCE = _word_set("Ave Blvd Rd Ln Hwy Pkwy Ct Jr Sr Inc Ltd Corp etc St Dr approx Dept")
 _TITLES = _word_set("Mr Mrs Ms Mt Ft")
 _NEEDS_NUMBER = frozenset(
-    [*_word_set("No no Ext ext Acct acct Ref ref Apt Ste Sept"), *(m[:3] for m in MONTHS)]
+    [
+        *_word_set("No no Ext ext Acct acct Ref ref Apt Ste Sept approx Approx"),
+        *(m[:3] for m in MONTHS),
+    ]
 )
 _ABBREVIATION = re.compile(
     r"(?<![\w.])(?P<ab>e\.g|i\.e|Dr|St|"
@@ -414,7 +417,7 @@ def _abbreviation(match: re.Match[str]) -> str:
         capital_next = _CAPITAL_AFTER.match(text, end) is not None
         if _ADDRESS_BEFORE.search(before):
             said = "Drive" if ab == "Dr" else "Street"
-        elif not dot:
+        elif not dot and not capital_next:
             return ab
         elif capital_next:
             said = "Doctor" if ab == "Dr" else "Saint"
@@ -427,9 +430,14 @@ def _abbreviation(match: re.Match[str]) -> str:
         if ab in _NEEDS_NUMBER and not _DIGIT_AFTER.match(text, end):
             if not dot or ab in ("No", "no"):
                 return match.group(0)
-        elif not dot and ab not in ("e.g", "i.e") and ab not in _NEEDS_NUMBER:
-            # Without its period an abbreviation is a word unless a number follows it
-            # ("Ext 42", "Jan 5"); "Ave" alone is left to the voice.
+        elif (
+            not dot
+            and ab not in ("e.g", "i.e")
+            and ab not in _NEEDS_NUMBER
+            and (ab not in _TITLES or not _CAPITAL_AFTER.match(text, end))
+        ):
+            # Without its period an abbreviation is a word unless a number ("Ext 42", "Jan 5")
+            # or, for a title, a name ("Mr Lee") follows it; "Ave" alone is left to the voice.
             return match.group(0)
         if ab == "Ft" and not _CAPITAL_AFTER.match(text, end):
             return match.group(0)
@@ -522,7 +530,7 @@ _PER = {
 }
 _AMOUNT = r"[0-9]{1,3}(?:,[0-9]{3}){1,12}|[0-9]+"
 _CURRENCY = re.compile(
-    rf"(?<![\w$€£¥])(?P<neg>[-\u2212])?(?P<sym>[$€£¥])\s?(?P<num>{_AMOUNT})"
+    rf"(?<![\w$€£¥])(?P<neg>[-\u2212])?(?P<sym>[$€£¥])\s?(?P<num>{_AMOUNT}|(?=\.[0-9]))"
     r"(?:\.(?P<frac>[0-9]{1,40}))?(?![0-9]|[.,][0-9])"
     r"(?:\s?(?P<scale>thousand|million|billion|trillion|[kKMB]|MM|bn|mn)(?![\w]))?"
     rf"(?:\s?[-\u2013]\s?[$€£¥]?(?P<num2>{_AMOUNT})(?:\.(?P<frac2>[0-9]{{1,2}}))?"
@@ -534,7 +542,7 @@ _CURRENCY = re.compile(
 
 def _money(whole: str, frac: str | None, names: tuple[str, str, str, str]) -> str:
     one, many, cent, cents = names
-    whole = whole.replace(",", "")
+    whole = whole.replace(",", "") or "0"
     if frac and (len(frac) > 2 or not cent):
         return f"{_cardinal(whole, frac)} {many}"
     amount = int(whole) if len(whole) <= MAX_NUMBER_DIGITS else -1
@@ -829,10 +837,16 @@ _RUNS = re.compile(r"[A-Za-z]+|[0-9]+")
 _SHORT_NUMBER_FIRST = re.compile(r"([1-9][0-9]{0,2})([A-Za-z]+)")
 
 
+_ROAD = re.compile(r"([A-Z])-([1-9][0-9]?)")
+
+
 def _code(match: re.Match[str]) -> str:
     short = _SHORT_NUMBER_FIRST.fullmatch(match.group("code"))
     if short:  # "4B", "12C", "10x": a number and its letter
         return f"{_int_words(int(short.group(1)))} {' '.join(short.group(2).upper())}"
+    road = _ROAD.fullmatch(match.group("code"))
+    if road:  # "I-95", "A-1": a road's letter and number
+        return f"{road.group(1)} {_int_words(int(road.group(2)))}"
     words = []
     for run in _RUNS.findall(match.group("code")):
         if run.isdigit():
