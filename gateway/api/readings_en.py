@@ -381,7 +381,7 @@ _ABBREVIATION = re.compile(
     + "|".join(sorted((a for a in _ABBREVIATIONS if "." not in a), key=len, reverse=True))
     + r")(?P<dot>\.)?(?=[\s,;:)]|$)"
     + r"|(?<![\w.])(?P<wd>Mon|Tues|Tue|Wed|Thurs|Thur|Thu|Fri|Sat|Sun)\.(?=,?\s+(?:[A-Z0-9]|and\b|or\b|to\b|through\b)|\s*$)"
-    + r"|(?<=[0-9] )(?P<compass>N|S|E|W|NE|NW|SE|SW)\.?(?=\s[A-Z])"
+    + r"|(?<=[0-9] )(?P<compass>N|S|E|W|NE|NW|SE|SW)\.?(?=\s[A-Z0-9])"
     + rf"|(?<![\w.])(?P<d1>{_WEEKDAY_RE})\.?\s?[-\u2013]\s?(?P<d2>{_WEEKDAY_RE})\b"
 )
 _COMPASS = {
@@ -394,7 +394,9 @@ _COMPASS = {
     "SE": "Southeast",
     "SW": "Southwest",
 }
-_ADDRESS_BEFORE = re.compile(r"[0-9]{1,6}(?:st|nd|rd|th)?(?:\s+[A-Z][\w'.]{0,30}){1,3}\s*$")
+_ADDRESS_BEFORE = re.compile(
+    r"[0-9]{1,6}(?:st|nd|rd|th)?(?:\s+[A-Z][\w'.]{0,30}){1,3}\s*$|[0-9]{1,4}(?:st|nd|rd|th)\s+$"
+)
 _CAPITAL_AFTER = re.compile(r"\s+[A-Z]")
 _DIGIT_AFTER = re.compile(r"\s?[#0-9]")
 
@@ -478,6 +480,7 @@ _PHONE = re.compile(
     r"[0-9]{4})(?:\s?[xX](?P<x>[0-9]{1,6}))?(?![\w]|[.\-][0-9])"
     r"|(?<![\w+(.,\-])(?P<local>[0-9]{3}-[0-9]{4}|[0-9]{5}-[0-9]{4}|[0-9]{3}-[0-9]{2}-[0-9]{4}"
     r"|[0-9]{3,4}(?:[ \-][0-9]{3,4}){2,4})(?![\w]|[.\-][0-9])"
+    r"|(?<![\w+(.,\-])(?P<chain>[0-9]{1,6}(?:-[0-9]{1,6}){2,5})(?![\w]|[.\-][0-9])"
     r"|(?<![\w+(.\-])(?P<vanity>(?:1[ \-])?8(?:00|88|77|66|55|44|33)-)(?P<letters>[A-Z]{3,10})"
     r"(?![\w])"
 )
@@ -501,6 +504,12 @@ def _phone(match: re.Match[str]) -> str:
         if match.group("x"):
             said += ", extension " + _digits(match.group("x"))
         return said
+    if match.group("chain"):
+        groups = _GROUPS.findall(match.group("chain"))
+        shape = tuple(len(g) for g in groups)
+        if len(shape) == 3 and (shape[0] == 4 or (shape[0] <= 2 and shape[2] in (2, 4))):
+            return match.group(0)  # a date ("2026-12-25", "12-25-2026"), read by the dates
+        return _grouped(groups)
     return _grouped(_GROUPS.findall(match.group("local")))
 
 
@@ -577,6 +586,7 @@ def _currency(match: re.Match[str]) -> str:
 
 
 _DATE = re.compile(
+    r"(?<![\w/])(?P<always>24/7(?:/365)?)(?![\w/])|"
     r"(?<![\w/.\-])(?P<iy>[0-9]{4})-(?P<im>[0-9]{1,2})-(?P<id>[0-9]{1,2})(?![\w]|[.\-/][0-9])"
     r"|(?<![\w/.\-])(?P<m1>[0-9]{1,2})(?P<sep>[/.\-])(?P<d1>[0-9]{1,2})(?P=sep)"
     r"(?P<y1>[0-9]{4}|[0-9]{2})(?![\w]|[.\-/][0-9])"
@@ -649,6 +659,8 @@ def _full_year(digits: str) -> str:
 
 def _date(match: re.Match[str]) -> str:
     g = match.group
+    if g("always"):
+        return "twenty-four seven" + (" three sixty-five" if g("always").endswith("365") else "")
     if g("iy"):
         month, day = int(g("im")), int(g("id"))
         return _date_words(month, day, g("iy")) if _valid(month, day) else g(0)
@@ -820,6 +832,14 @@ def _unit(match: re.Match[str]) -> str:
     return f"{first} {one if single else many}"
 
 
+_BY = re.compile(r"(?<![\w.,])([0-9]{1,4}(?:\.[0-9]{1,2})?)\s?[x\u00d7]\s?(?=[0-9])")
+
+
+def _by(match: re.Match[str]) -> str:
+    """Dimensions: "22 x 14" is "22 by 14" (the numbers are read by the passes after)."""
+    return f"{match.group(1)} by "
+
+
 _ORDINAL = re.compile(r"(?<![\w.,])(?P<n>[0-9]{1,60})(?:st|nd|rd|th|ST|ND|RD|TH)(?![\w])")
 
 
@@ -978,6 +998,7 @@ _PASSES: tuple[Pass, ...] = (
     (_DATE, _date),
     (_TIME, _time),
     (_UNIT, _unit),
+    (_BY, _by),
     (_ORDINAL, _ordinal_match),
     (_CODE, _code),
     (_RANGE, _range),
