@@ -723,7 +723,9 @@ _TIME = re.compile(
 _CLOCK_PARTS = re.compile(r"([0-9]{1,2})(?::([0-9]{2}))?\s?([aApP])?")
 
 
-def _clock(text: str) -> str | None:
+def _clock(text: str, on_the_hour: str = " o'clock") -> str | None:
+    """A clock time as said; ``on_the_hour`` follows a whole hour written with ":00" and no
+    a.m./p.m. (a range's other end may carry them: "3:00 to 4:30 PM" is "three to ...")."""
     match = _CLOCK_PARTS.match(text)
     if match is None:
         return None
@@ -737,7 +739,7 @@ def _clock(text: str) -> str | None:
     if minute:
         said += (" oh " if minute < 10 else " ") + _int_words(minute)
     elif not ap and match.group(2):
-        said += " o'clock" if hour <= 12 else " hundred"
+        said += on_the_hour if hour <= 12 else " hundred"
     if ap:
         said += " a m" if ap in "aA" else " p m"
     return said
@@ -758,7 +760,8 @@ def _time(match: re.Match[str]) -> str:
         first, second = match.group("t1"), match.group("t2")
         if not any(c in first + second for c in ":aApP"):
             return match.group(0)  # "3-5" or "9 to 5": a range of numbers, read later
-        one, two = _clock(first), _clock(second)
+        hour = "" if any(c in first + second for c in "aApP") else " o'clock"
+        one, two = _clock(first, hour), _clock(second, hour)
         said = f"{one} to {two}" if one and two else None
     if said is None:
         return match.group(0)
@@ -840,6 +843,18 @@ def _by(match: re.Match[str]) -> str:
     return f"{match.group(1)} by "
 
 
+_VULGAR = {"½": (1, 2), "¼": (1, 4), "¾": (3, 4), "⅓": (1, 3), "⅔": (2, 3), "⅛": (1, 8)}
+_VULGAR_FRACTION = re.compile(r"(?<![\w.,])(?:([0-9]{1,6})\s?)?([½¼¾⅓⅔⅛])")
+
+
+def _vulgar(match: re.Match[str]) -> str:
+    numerator, denominator = _VULGAR[match.group(2)]
+    said = "a half" if (numerator, denominator) == (1, 2) else _fraction(numerator, denominator)
+    if match.group(1):
+        return f"{_cardinal(match.group(1))} and {said}"
+    return "one half" if said == "a half" else said
+
+
 _ORDINAL = re.compile(r"(?<![\w.,])(?P<n>[0-9]{1,60})(?:st|nd|rd|th|ST|ND|RD|TH)(?![\w])")
 
 
@@ -857,6 +872,7 @@ _RUNS = re.compile(r"[A-Za-z]+|[0-9]+")
 _SHORT_NUMBER_FIRST = re.compile(r"([1-9][0-9]{0,2})([A-Za-z]+)")
 
 
+_FISCAL = re.compile(r"FY((?:19|20)[0-9]{2})")
 _ROAD = re.compile(r"([A-Z])-([1-9][0-9]?)")
 
 
@@ -864,6 +880,9 @@ def _code(match: re.Match[str]) -> str:
     short = _SHORT_NUMBER_FIRST.fullmatch(match.group("code"))
     if short:  # "4B", "12C", "10x": a number and its letter
         return f"{_int_words(int(short.group(1)))} {' '.join(short.group(2).upper())}"
+    fiscal = _FISCAL.fullmatch(match.group("code"))
+    if fiscal:  # "FY2026": a fiscal year
+        return f"F Y {_year(int(fiscal.group(1)))}"
     road = _ROAD.fullmatch(match.group("code"))
     if road:  # "I-95", "A-1": a road's letter and number
         return f"{road.group(1)} {_int_words(int(road.group(2)))}"
@@ -999,6 +1018,7 @@ _PASSES: tuple[Pass, ...] = (
     (_TIME, _time),
     (_UNIT, _unit),
     (_BY, _by),
+    (_VULGAR_FRACTION, _vulgar),
     (_ORDINAL, _ordinal_match),
     (_CODE, _code),
     (_RANGE, _range),
