@@ -627,6 +627,9 @@ def _valid(month: int, day: int) -> bool:
     return 1 <= month <= 12 and 1 <= day <= 31
 
 
+_EXPIRY = _word_set("card expiration expiry exp")
+
+
 def _slash(match: re.Match[str], a: int, b: int) -> str:
     """A bare "a/b": a date after "on" or near a date word, else a fraction when it reads as one
     ("1/2 cup", "3/4"), else a date when it is one ("1/5"), else "a over b"."""
@@ -635,6 +638,11 @@ def _slash(match: re.Match[str], a: int, b: int) -> str:
     following = _after(text, match.end())
     if (a, b) == (24, 7) or a == b:
         return f"{_int_words(a)} {_int_words(b)}"
+    near = _before(text, match.start(), 6)
+    on_a_day = bool(before) and before[-1] in ("on", "by", "before", "after", "until", "from")
+    expiry = any(w.lower() in _EXPIRY for w in near) and not on_a_day
+    if expiry and 1 <= a <= 12 and len(match.group("b")) == 2:
+        return f"{MONTHS[a - 1]} {_year(2000 + b)}"  # a card's expiry, month and year
     date_context = any(w in _DATE_BEFORE for w in before) or following.lower() == "at"
     if date_context and _valid(a, b):
         return _date_words(a, b, None)
