@@ -231,8 +231,9 @@ def _is_count_word(word: str) -> bool:
     return word.isalpha() and word.islower() and word not in _CONNECTORS
 
 
-def _code_reading(text: str, start: int, end: int, digits: str) -> bool:
-    """Whether the digits at ``start:end`` are a code, said one digit at a time."""
+def _code_reading(text: str, start: int, end: int, digits: str, dialed: bool = True) -> bool:
+    """Whether the digits at ``start:end`` are a code, said one digit at a time (after dial or
+    press too, unless not ``dialed``)."""
     following = _after(text, end)
     quantity = following.lower() in _QUANTITY_NOUNS
     if len(digits) >= 2 and digits[0] == "0":
@@ -245,7 +246,7 @@ def _code_reading(text: str, start: int, end: int, digits: str) -> bool:
     for distance, (word, low) in enumerate(zip(reversed(before), words, strict=True), 1):
         if word[0].isdigit() or low in _BLOCKERS:
             break
-        if low in _DIAL_VERBS and tight and (low == "press" or len(digits) >= 2):
+        if dialed and low in _DIAL_VERBS and tight and (low == "press" or len(digits) >= 2):
             return not _is_count_word(following)
         soft = low in _SOFT_CODE_WORDS and (low != "no" or distance == 1)
         if low in _CODE_WORDS or (soft and len(digits) >= 3):
@@ -920,6 +921,8 @@ def _range_end(digits: str, other: str) -> str:
 
 def _range(match: re.Match[str]) -> str:
     a, b = match.group("a"), match.group("b")
+    if _code_reading(match.string, match.start(), match.end(), a, dialed=False):
+        return _grouped([a, b])  # "claim 88-1234": a code in two groups, not a range
     return f"{_range_end(a, b)} to {_range_end(b, a)}"
 
 
