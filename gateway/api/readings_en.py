@@ -269,7 +269,7 @@ def _code_reading(text: str, start: int, end: int, digits: str, dialed: bool = T
 
 Pass = tuple[re.Pattern[str], Callable[[re.Match[str]], str]]
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-_TLDS = "com|org|net|edu|gov|io|co|us|uk|ca|info|biz|app|ai|me|tv|de|fr|au|ly|dev|mil|int"
+_TLDS = "com|org|net|edu|gov|io|co|us|uk|ca|info|biz|app|ai|tv|de|fr|au|ly|dev|mil|int"
 # Top-level domains said letter by letter ("dot e d u"); the others are said as words.
 _SPELLED_TLDS = _word_set("edu io us uk ca ai tv de fr au ly")
 _URL_EMAIL = re.compile(
@@ -831,12 +831,14 @@ _UNIT = re.compile(
     rf"(?:\s?(?:[-\u2013]|to)\s?(?P<n2>{_NUMBER})(?:\.(?P<f2>[0-9]{{1,40}}))?)?\s?"
     r"(?P<unit>"
     + "|".join(re.escape(u) for u in sorted(_UNITS, key=len, reverse=True))
-    + r")(?![\w])"
+    + r")(?![\w])",
+    re.IGNORECASE,  # "5 KM", "10 Lbs": units are written in any case
 )
+_UNITS_FOLDED = {unit.lower(): said for unit, said in _UNITS.items()}
 
 
 def _unit(match: re.Match[str]) -> str:
-    one, many = _UNITS[match.group("unit")]
+    one, many = _UNITS_FOLDED[match.group("unit").lower()]
     first = _cardinal(match.group("n1"), match.group("f1"), match.group("neg") or "")
     if match.group("n2"):
         return f"{first} to {_cardinal(match.group('n2'), match.group('f2'))} {many}"
