@@ -280,6 +280,7 @@ _URL_EMAIL = re.compile(
     rf"(?P<path>/(?:[\w\-./?=&%~+#]{{0,200}}[\w/])?)?)",
     re.IGNORECASE,
 )
+_SCHEME = re.compile(r"^https?://", re.IGNORECASE)
 _URL_PIECE = re.compile(r"[A-Za-z]+|[0-9]+|[^A-Za-z0-9]")
 _URL_SYMBOLS = {
     ".": "dot",
@@ -322,7 +323,7 @@ def _url_email(match: re.Match[str]) -> str:
         return f"{_spell_address(match.group('local'))} at {_domain(match.group('domain'))}"
     path = match.group("path")
     url = match.group("url")[: -len(path)] if path else match.group("url")
-    said = _domain(re.sub(r"^https?://", "", url, flags=re.IGNORECASE))
+    said = _domain(_SCHEME.sub("", url))
     if path and path != "/":
         said += " " + _spell_address(path)
     return said
@@ -381,7 +382,8 @@ _ABBREVIATION = re.compile(
     r"(?<![\w.])(?P<ab>e\.g|i\.e|Dr|St|"
     + "|".join(sorted((a for a in _ABBREVIATIONS if "." not in a), key=len, reverse=True))
     + r")(?P<dot>\.)?(?=[\s,;:)]|$)"
-    + r"|(?<![\w.])(?P<wd>Mon|Tues|Tue|Wed|Thurs|Thur|Thu|Fri|Sat|Sun)\.(?=,?\s+(?:[A-Z0-9]|and\b|or\b|to\b|through\b)|\s*$)"
+    + r"|(?<![\w.])(?P<wd>Mon|Tues|Tue|Wed|Thurs|Thur|Thu|Fri|Sat|Sun)\."
+    + r"(?=,?\s+(?:[A-Z0-9]|and\b|or\b|to\b|through\b)|\s*$)"
     + r"|(?<=[0-9] )(?P<compass>N|S|E|W|NE|NW|SE|SW)\.?(?=\s[A-Z0-9])"
     + rf"|(?<![\w.])(?P<d1>{_WEEKDAY_RE})\.?\s?[-\u2013]\s?(?P<d2>{_WEEKDAY_RE})\b"
 )
