@@ -374,7 +374,7 @@ _ENDS_SENTENCE = _word_set("Ave Blvd Rd Ln Hwy Pkwy Ct Jr Sr Inc Ltd Corp etc St
 _TITLES = _word_set("Mr Mrs Ms Mt Ft")
 _NEEDS_NUMBER = frozenset(
     [
-        *_word_set("No no Ext ext Acct acct Ref ref Apt Ste Sept approx Approx"),
+        *_word_set("No no Ext ext Acct acct Ref ref Apt Ste Sept approx Approx Tel tel"),
         *(m[:3] for m in MONTHS),
     ]
 )
@@ -401,7 +401,7 @@ _ADDRESS_BEFORE = re.compile(
     r"[0-9]{1,6}(?:st|nd|rd|th)?(?:\s+[A-Z][\w'.]{0,30}){1,3}\s*$|[0-9]{1,4}(?:st|nd|rd|th)\s+$"
 )
 _CAPITAL_AFTER = re.compile(r"\s+[A-Z]")
-_DIGIT_AFTER = re.compile(r"\s?[#0-9]")
+_DIGIT_AFTER = re.compile(r":?\s?[#0-9(+$€£¥]")
 
 
 def _weekday(name: str) -> str:
@@ -447,6 +447,8 @@ def _abbreviation(match: re.Match[str]) -> str:
         if ab == "Ft" and not _CAPITAL_AFTER.match(text, end):
             return match.group(0)
         said = _ABBREVIATIONS[ab]
+        if ab[0].isupper():  # "Tel:" opening a line stays capitalized: "Telephone:"
+            said = said[0].upper() + said[1:]
         titled = ab in _TITLES
     if dot and not titled:
         rest = text[end:]
