@@ -458,13 +458,16 @@ def _abbreviation(match: re.Match[str]) -> str:
 
 
 _KEYS = re.compile(
+    r"(?<![\w*\u2022])(?P<mask>(?:[*xX\u2022]{3,8}[ \-]?){1,4})(?=[0-9])|"
     r"(?<![\w#&])#(?P<numbered>(?=\s?[0-9]|[A-Z]{1,4}-?[0-9]))"
     r"|(?<![\w#&])(?P<pound>#{1,4})(?![\w#])"
-    r"|(?<![\w*])\*(?P<star>[0-9]{0,12})(?![\w*])"
+    r"|(?<![\w*])(?P<stars>\*{1,4})(?P<star>[0-9]{0,12})(?![\w*])"
 )
 
 
 def _key(match: re.Match[str]) -> str:
+    if match.group("mask"):
+        return ""  # "****1234", "XXXX-XXXX-1234": the hidden digits are not said
     if match.group("numbered") is not None:
         # "#611" after dial or press is keys ("pound six one one"); elsewhere "number"
         before = _before(match.string, match.start(), 1)
@@ -474,8 +477,9 @@ def _key(match: re.Match[str]) -> str:
         if match.string.startswith(":", match.end()):  # "Account #: 1234"
             return "number"
         return " ".join(["pound"] * len(match.group("pound")))
+    stars = " ".join(["star"] * len(match.group("stars")))
     digits = match.group("star")
-    return f"star {_digits(digits)}" if digits else "star"
+    return f"{stars} {_digits(digits)}" if digits else stars
 
 
 _PHONE = re.compile(
