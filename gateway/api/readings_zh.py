@@ -20,8 +20,10 @@ from typing import Any
 
 # Longest window handed to the FST in one call.
 WINDOW_CHARS = 64
-# Characters one text may hand the FST in all; a prompt needs a few dozen, a page a few hundred.
-WETEXT_BUDGET = 2048
+# What one text may hand the FSTs in all (characters, numbers): a prompt needs a few dozen
+# characters, a page of them a few hundred; the rest is read digit by digit.
+WETEXT_BUDGET = 1024
+WETEXT_NUMBERS = 256
 # A number with this many characters or more is no number a prompt says: read digit by digit.
 _LONGEST_NUMBER = 32
 
@@ -104,7 +106,7 @@ _PHONE_SHAPE = re.compile(
 _CODE_WORDS = (
     "验证码|校验码|动态码|确认码|激活码|兑换码|取件码|取货码|提货码|取餐码|取餐号|券码|"
     "密码|口令|工号|订单编号|订单号|运单号|单号|尾号|尾数|账号|帐号|卡号|会员号|客户号|"
-    "编号|分机号|分机|房间号|房间|房号|航班号|航班|车次|座位号|桌号|排队号|预约号|流水号|"
+    "编号|分机号|分机|房间号|房间|房号|航班号|航班|车次|桌号|排队号|预约号|流水号|"
     "序列号|合同号|保单号|身份证号码|身份证号|证件号码|证件号|邮编|邮政编码"
 )
 _CODE_AFTER_WORD = re.compile(rf"(?:{_CODE_WORDS}){_GAP}({_CODE})")
@@ -117,6 +119,13 @@ _LONG_RUN = re.compile(r"(?<![0-9.])([0-9]{12,}[Xx]?)(?![0-9.])")
 _PADDED_DATE = re.compile(r"(?<![0-9])0([1-9])(?=[月日号点时])")
 _LEADING_ZERO = re.compile(r"(?<![0-9.:/\-])(0[0-9]+)(?![0-9.:/\-])")
 
+# A masked number (138****8000): its digits, one by one.
+_MASKED = re.compile(r"[0-9]*\*{2,}[0-9]+|[0-9]+\*{2,}")
+# A clock time; the FSTs read 14:32 before a counter as a score (十四比三两支).
+_CLOCK = re.compile(r"(?<![0-9:.])([01]?[0-9]|2[0-4]):([0-5][0-9])(?::([0-5][0-9]))?(?![0-9:])")
+_CLOCK_RANGE = re.compile(r"(?<=[点分秒])\s*[-~～—]\s*(?=[0-9])")
+# The FSTs read 10.5 to 12.99 as dates (12.5GB is 十二月五日GB); in a prompt they are amounts.
+_DATE_LIKE_DECIMAL = re.compile(r"(?<![0-9.])(1[0-2])\.([0-9]{1,2})(?![0-9.%‰℃°元万亿])")
 _THOUSANDS = re.compile(r"(?<![0-9.,])[0-9]{1,3}(?:,[0-9]{3})+(?![0-9,])")
 _YUAN_SIGN = re.compile(r"¥\s*([0-9]+)(?:\.([0-9]+))?\s*([万亿]?)\s*元?")
 _YUAN_DECIMAL = re.compile(r"(?<![0-9.])([0-9]+)\.([0-9]{1,2})\s*元")
@@ -127,7 +136,7 @@ _KEY_DIGIT = re.compile(r"(?<=按)\s*([0-9])(?![0-9]|次|下)")
 _PERCENT_RANGE = re.compile(r"%\s*[-~～—]\s*(?=[0-9])")
 # 两, not 二, before counters the FSTs read with 二, and for the hour (两点).
 _LIANG = re.compile(
-    r"(?<![0-9.第周期])2(?![0-9.])(?=点|次|笔|年(?!级)|位|项|种|台|部|遍|倍|晚|间|剂|句|角|毛|公斤)"
+    r"(?<![0-9.第周期])2(?![0-9.])(?=点|次|笔|年(?!级)|位|项|种|台|部|遍|倍|晚|间|剂|句|毛|公斤)"
 )
 
 _SPAN = re.compile(r"(?:(?<![0-9A-Za-z])[-+−]|[¥$€£])?[0-9](?:[0-9.:/%~\-]*[0-9%])?")
@@ -149,6 +158,15 @@ def _yuan(whole: str, fraction: str | None) -> str:
     return "".join(parts)
 
 
+def _clock(match: re.Match[str]) -> str:
+    """14:32 as 14点32分 (9:05 as 9点零5分, 9:00 as 9点), for the FSTs to read."""
+    out = f"{int(match.group(1))}点"
+    for value, unit in ((match.group(2), "分"), (match.group(3), "秒")):
+        if value and value != "00":
+            out += ("零" if value[0] == "0" else "") + f"{int(value)}{unit}"
+    return out
+
+
 def _yuan_sign(match: re.Match[str]) -> str:
     whole, fraction, scale = match.groups()
     if scale:
@@ -167,46 +185,47 @@ def _prepass(text: str) -> str:
     text = _LETTER_CODE.sub(_spelled(1), text)
     text = _LONG_RUN.sub(_spelled(1), text)
     text = _KEY_DIGIT.sub(_spelled(1), text)
+    if "*" in text:
+        text = _MASKED.sub(_spelled(0), text)
+    if ":" in text:
+        text = _CLOCK.sub(_clock, text)
+        text = _CLOCK_RANGE.sub("到", text)
     text = _PADDED_DATE.sub(r"\1", text)
     text = _THOUSANDS.sub(lambda m: m.group(0).replace(",", ""), text)
     text = _LEADING_ZERO.sub(_spelled(1), text)
     text = _YUAN_SIGN.sub(_yuan_sign, text)
     text = _YUAN_DECIMAL.sub(lambda m: _yuan(m.group(1), m.group(2)), text)
     text = _PERCENT_RANGE.sub("%到", text)
+    text = _DATE_LIKE_DECIMAL.sub(lambda m: f"{m.group(1)}点{_spell(m.group(2))}", text)
     return _LIANG.sub("两", text)
 
 
 def _windows(text: str) -> list[tuple[int, int, bool]]:
     """(start, end, read by the FSTs) for each stretch of ``text`` around its numbers."""
-    windows: list[tuple[int, int, bool]] = []
-    budget = WETEXT_BUDGET
-    start = end = -1
+    stretches: list[list[int]] = []  # [start, end, numbers in it]; end < 0: not for the FSTs
     for span in _SPAN.finditer(text):
         s, e = span.span()
         if e - s >= _LONGEST_NUMBER:
-            if start >= 0:
-                windows.append((start, end, True))
-                start = -1
-            windows.append((s, e, False))
+            stretches.append([s, -e, 1])
             continue
         # An ordinal's number is read alone: the FSTs read 第2名 as 第两名.
         after = _AFTER.match(text, e) if s == 0 or text[s - 1] != "第" else None
         e_ctx = after.end() if after else e
-        if start >= 0 and s <= end and e_ctx - start <= WINDOW_CHARS:
-            end = e_ctx
-            continue
-        if start >= 0:
-            windows.append((start, end, True))
-        start, end = s, e_ctx
-    if start >= 0:
-        windows.append((start, end, True))
-    out = []
-    for s, e, fst in windows:
-        fst = fst and budget >= e - s
+        last = stretches[-1] if stretches else None
+        if last and 0 <= s <= last[1] and e_ctx - last[0] <= WINDOW_CHARS:
+            last[1] = e_ctx
+            last[2] += 1
+        else:
+            stretches.append([s, e_ctx, 1])
+    chars, numbers = WETEXT_BUDGET, WETEXT_NUMBERS
+    windows = []
+    for s, e, count in stretches:
+        fst = e >= 0 and chars >= e - s and numbers >= count
         if fst:
-            budget -= e - s
-        out.append((s, e, fst))
-    return out
+            chars -= e - s
+            numbers -= count
+        windows.append((s, abs(e), fst))
+    return windows
 
 
 def read_chinese(text: str) -> str:
