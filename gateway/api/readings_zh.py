@@ -32,8 +32,8 @@ _DIGITS = "零一二三四五六七八九"
 _PHONE_DIGITS = "零幺二三四五六七八九"
 
 _FULL_WIDTH = str.maketrans("０１２３４５６７８９％＃＊￥＋", "0123456789%#*¥+")
-_FULL_WIDTH_BETWEEN_DIGITS = re.compile(r"(?<=[0-9])[：／－．](?=[0-9])")
-_ASCII_OF = {"：": ":", "／": "/", "－": "-", "．": "."}
+_FULL_WIDTH_BETWEEN_DIGITS = re.compile(r"(?<=[0-9])[：／－．～](?=[0-9])")
+_ASCII_OF = {"：": ":", "／": "/", "－": "-", "．": ".", "～": "~"}
 
 _normalizer: Any = None
 _normalizer_lock = threading.Lock()
@@ -84,11 +84,15 @@ def _spelled(group: int, digits: str = _DIGITS) -> Callable[[re.Match[str]], str
 
 # A code or a telephone number: alphanumeric groups (at least one digit) joined by - or a space.
 _CODE = r"[A-Za-z]{0,4}[0-9][0-9A-Za-z]*(?:[-\s][0-9A-Za-z]*[0-9][0-9A-Za-z]*)*"
-_GAP = r"(?:[是为：:\s]|[后末前][0-9一二三四五六七八九十]{1,2}位(?:数字?)?){0,8}"
+_GAP = (
+    r"(?:[是为：:\s]|[后末前][0-9一二三四五六七八九十]{1,2}位(?:数字?)?"
+    r"|(?:已经?|将)?(?:重置|修改|变更|更改|设置|设定|更新|初始化)为){0,8}"
+)
 
 # Words after which digits are said one by one, as a telephone number ...
 _PHONE_WORDS = (
-    "拨打|拨|致电|电话号码|电话|热线|客服|呼叫|回拨|来电|报警|专线|手机号码|手机号|手机|号码"
+    "拨打|拨|致电|电话号码|电话|热线|客服|呼叫|回拨|来电|报警|火警|急救|求助|专线|手机号码|手机号|"
+    "手机|号码"
 )
 _PHONE_AFTER_WORD = re.compile(
     rf"(?:{_PHONE_WORDS})(?:[是为：:\s]|号码|号){{0,4}}(\+?[0-9](?:[0-9]|[-\s](?=[0-9]))*[0-9]{{2}})(?![0-9.%元块])"
@@ -109,7 +113,10 @@ _CODE_WORDS = (
     "编号|分机号|分机|房间号|房间|房号|航班号|航班|车次|桌号|排队号|预约号|流水号|"
     "序列号|合同号|保单号|身份证号码|身份证号|证件号码|证件号|邮编|邮政编码"
 )
-_CODE_AFTER_WORD = re.compile(rf"(?:{_CODE_WORDS}){_GAP}({_CODE})")
+# (A count after such a word is no code: 密码错误已达10次.)
+_CODE_AFTER_WORD = re.compile(
+    rf"(?:{_CODE_WORDS}){_GAP}({_CODE})(?![0-9A-Za-z]|[次个位天秒元%点月日年时岁人张件条笔份]|分钟|小时)"
+)
 _ROOM = re.compile(r"(?<![0-9])([0-9]{3,5})(?=室|房间|号房)")
 # Flights and trains (CA1234, G123) and other letter-prefixed codes.
 _LETTER_CODE = re.compile(r"(?<![A-Za-z0-9])[A-Z]{1,3}([0-9]{3,})(?![0-9.])")
@@ -131,9 +138,18 @@ _YUAN_SIGN = re.compile(r"¥\s*([0-9]+)(?:\.([0-9]+))?\s*([万亿]?)\s*元?")
 _YUAN_DECIMAL = re.compile(r"(?<![0-9.])([0-9]+)\.([0-9]{1,2})\s*元")
 
 _KEY_NAMES = {"#": "井号", "*": "星号"}
-_KEY_SIGN = re.compile(r"[#*](?:号|(?=\s*键))|(?<=[按以])\s*[#*]")
+_KEY_SIGN = re.compile(r"(?:(?<=[按以])\s*)?[#*]\s*(?:号|(?=键))|(?<=[按以])\s*[#*]")
 _KEY_DIGIT = re.compile(r"(?<=按)\s*([0-9])(?![0-9]|次|下)")
 _PERCENT_RANGE = re.compile(r"%\s*[-~～—]\s*(?=[0-9])")
+# 5/8 before 前, 起, 至 … is a date (the FSTs say 八分之五).
+_SLASH_DATE = re.compile(
+    r"(?<![0-9/.])(1[0-2]|0?[1-9])/(3[01]|[12][0-9]|0?[1-9])(?![0-9/.])"
+    r"(?=\s*(?:前|后|起|至|到|止|之前|之后|以前|以后|当天|截止))"
+)
+_TIMES = re.compile(r"(?<=[0-9])\s*×\s*(?=[0-9])")
+_KM_PER_HOUR = re.compile(r"(?<=[0-9])\s*km/h")
+# A building's unit is numbered: 2单元 is 二单元 (the FSTs count it, 两单元).
+_ER = re.compile(r"(?<![0-9.])2(?![0-9.])(?=单元|栋|幢)")
 # 两, not 二, before counters the FSTs read with 二, and for the hour (两点).
 _LIANG = re.compile(
     r"(?<![0-9.第周期])2(?![0-9.])(?=点|次|笔|年(?!级)|位|项|种|台|部|遍|倍|晚|间|剂|句|毛|公斤)"
@@ -147,9 +163,10 @@ _ANY_DIGIT = re.compile(r"[0-9]")
 
 def _yuan(whole: str, fraction: str | None) -> str:
     """An amount as yuan, jiao and fen (42.05 is 42元零5分), for the FSTs to read."""
-    jiao, fen = ((fraction or "") + "00")[:2]
     if len(fraction or "") > 2:
         return f"{whole}.{fraction}元"
+    cents = (fraction or "") + "00"
+    jiao, fen = cents[0], cents[1]
     parts = [] if whole == "0" and (jiao, fen) != ("0", "0") else [f"{whole}元"]
     if jiao != "0":
         parts.append(f"{jiao}角")
@@ -196,6 +213,10 @@ def _prepass(text: str) -> str:
     text = _YUAN_SIGN.sub(_yuan_sign, text)
     text = _YUAN_DECIMAL.sub(lambda m: _yuan(m.group(1), m.group(2)), text)
     text = _PERCENT_RANGE.sub("%到", text)
+    text = _SLASH_DATE.sub(lambda m: f"{int(m.group(1))}月{int(m.group(2))}日", text)
+    text = _TIMES.sub("乘", text)
+    text = _KM_PER_HOUR.sub("公里每小时", text)
+    text = _ER.sub("二", text)
     text = _DATE_LIKE_DECIMAL.sub(lambda m: f"{m.group(1)}点{_spell(m.group(2))}", text)
     return _LIANG.sub("两", text)
 
