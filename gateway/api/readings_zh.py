@@ -89,13 +89,17 @@ _GAP = (
     r"|(?:已经?|将)?(?:重置|修改|变更|更改|设置|设定|更新|初始化)为){0,8}"
 )
 
+# What follows a code or a telephone number; a count or an amount is neither (客服1000人,
+# 密码错误已达10次).
+_NOT_A_COUNT = r"(?![0-9A-Za-z%]|\.[0-9]|[次个位名人天秒元块点月日年时岁张件条笔份]|分钟|小时)"
+
 # Words after which digits are said one by one, as a telephone number ...
 _PHONE_WORDS = (
     "拨打|拨|致电|电话号码|电话|热线|客服|呼叫|回拨|来电|报警|火警|急救|求助|专线|手机号码|手机号|"
     "手机|号码"
 )
 _PHONE_AFTER_WORD = re.compile(
-    rf"(?:{_PHONE_WORDS})(?:[是为：:\s]|号码|号){{0,4}}(\+?[0-9](?:[0-9]|[-\s](?=[0-9]))*[0-9]{{2}})(?![0-9.%元块])"
+    rf"(?:{_PHONE_WORDS})(?:[是为：:\s]|号码|号){{0,4}}(\+?[0-9](?:[0-9]|[-\s](?=[0-9]))*[0-9]{{2}}){_NOT_A_COUNT}"
 )
 # ... and these shapes, wherever they stand: mobiles (+86 or not), landlines with an area code,
 # 400 and 800 numbers.
@@ -113,10 +117,7 @@ _CODE_WORDS = (
     "编号|分机号|分机|房间号|房间|房号|航班号|航班|车次|桌号|排队号|预约号|流水号|"
     "序列号|合同号|保单号|身份证号码|身份证号|证件号码|证件号|邮编|邮政编码"
 )
-# (A count after such a word is no code: 密码错误已达10次.)
-_CODE_AFTER_WORD = re.compile(
-    rf"(?:{_CODE_WORDS}){_GAP}({_CODE})(?![0-9A-Za-z]|[次个位天秒元%点月日年时岁人张件条笔份]|分钟|小时)"
-)
+_CODE_AFTER_WORD = re.compile(rf"(?:{_CODE_WORDS}){_GAP}({_CODE}){_NOT_A_COUNT}")
 _ROOM = re.compile(r"(?<![0-9])([0-9]{3,5})(?=室|房间|号房)")
 # Flights and trains (CA1234, G123) and other letter-prefixed codes.
 _LETTER_CODE = re.compile(r"(?<![A-Za-z0-9])[A-Z]{1,3}([0-9]{3,})(?![0-9.])")
