@@ -6,7 +6,7 @@ numbers, codes and digit strings are read digit by digit (leading zeros kept), m
 jiao and fen, keys (# and *), and 两 where a count or a clock time wants it.
 
 The FST tagger costs about 0.1 ms per character it is given, Chinese characters included, so it
-is given only windows around the digits (at most 64 characters each, never across a clause's
+is given only windows around the digits (at most 32 characters each, never across a clause's
 punctuation), and at most :data:`WETEXT_BUDGET` characters per text: past that, and for digit
 runs no number reading fits, digits are read one by one. A text's cost stays linear and small.
 """
@@ -18,8 +18,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-# Longest window handed to the FST in one call.
-WINDOW_CHARS = 64
+# Longest window handed to the FSTs in one call (a prompt's longest, a date range, is about 25):
+# one call holds the GIL, about 20 ms for 32 characters of digits and signs on a loaded core.
+WINDOW_CHARS = 32
 # What one text may hand the FSTs in all (characters, numbers): a prompt needs a few dozen
 # characters, a page of them a few hundred; the rest is read digit by digit.
 WETEXT_BUDGET = 1024
