@@ -15,8 +15,9 @@ lands in, the worker, the thread, or what that process ran before.
   ``set_seed`` only seeds generators made after it), so a run's noise depends on the runs
   before it. The rewrite is done at the protobuf wire level, as :mod:`synth.exact_speed` does,
   so a Piper-only install needs no ``onnx`` package.
-- Coqui eager (torch): :func:`torch_seeded` seeds torch's generator for one item at a time
-  (synth/coqui_engine.py).
+- Coqui eager (torch), one item at a time: :func:`torch_noise` hands a VITS the streams its
+  ONNX export would be fed (eager and ONNX modes share an address, so they share the noise);
+  :func:`torch_seeded` seeds torch's global generator for other models (synth/coqui_engine.py).
 
 Why, the alternatives and the limits: docs/synthesis.md, "One sound per address".
 """
@@ -37,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from synth.engine import ParamValue, SynthesisItem
+from synth.errors import EngineError
 
 log = logging.getLogger("voxgate.synth.noise")
 
@@ -246,9 +248,11 @@ def seeded_graph(model: bytes) -> tuple[bytes, tuple[NoiseInput, ...]]:
     others: set[str] = set()
     for n, _, raw in fields:
         op = ""
-        if n == _GRAPH_NODE and any(word in bytes(raw) for word in _RANDOM_WORDS):
-            ops = _strings(_value(raw), _NODE_OP_TYPE)
-            op = ops[0] if ops else ""
+        if n == _GRAPH_NODE:
+            node = bytes(raw)
+            if any(word in node for word in _RANDOM_WORDS):
+                ops = _strings(_value(node), _NODE_OP_TYPE)
+                op = ops[0] if ops else ""
         if op == "RandomNormalLike":
             nodes, source, graph_input, graph_output = _replacement(len(noise), _value(raw))
             parts.append(nodes)
@@ -287,8 +291,8 @@ class SeededNoise:
 
     inputs: tuple[NoiseInput, ...]
     # Values each node read per input id (at the length scale, over the speed): the most seen.
-    _per_id: list[float] = field(default_factory=list)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _per_id: list[float] = field(init=False)
+    _lock: threading.Lock = field(init=False, default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self._per_id = [0.0] * len(self.inputs)
@@ -319,7 +323,7 @@ class SeededNoise:
                     ]
                 return list(result[: len(output_names)])
             counts = [max(c, math.ceil(u * _MARGIN)) for c, u in zip(counts, used, strict=True)]
-        raise RuntimeError(f"noise inputs still short after {_MAX_RUNS} runs")
+        raise EngineError(f"noise inputs still short after {_MAX_RUNS} runs")
 
     def outputs(self, session: Any) -> list[str]:
         """The session's outputs but the noise counts (what ``run(None, ...)`` would give)."""
