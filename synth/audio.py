@@ -21,6 +21,8 @@ import numpy.typing as npt
 import soundfile as sf
 import soxr
 
+from synth.ogg import fixed_serial
+
 FloatPCM = npt.NDArray[np.float32]
 
 
@@ -150,6 +152,9 @@ def encode(pcm: FloatPCM, sample_rate: int, fmt: AudioFormat) -> bytes:
     buf = io.BytesIO()
     data = to_int16(pcm) if fmt.subtype == "PCM_16" else np.clip(pcm, -1.0, 1.0)
     sf.write(buf, data, sample_rate, format=fmt.container, subtype=fmt.subtype)
+    if fmt.container == "OGG":
+        # libsndfile numbers the stream from the clock: the serial is set from the audio.
+        return fixed_serial(buf.getvalue())
     return buf.getvalue()
 
 

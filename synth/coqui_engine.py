@@ -4,8 +4,9 @@ A model is a zoo name or a local checkpoint + ``config.json``, loaded through Co
 ``Synthesizer``, the code path ``tts --model_path`` takes, so a model that works with Coqui works
 here. Models, voices, execution modes (``mode``) and ``precision``: docs/synthesis.md, "Coqui",
 "Execution modes" and "Precision". In ``onnx`` mode the export's 1-D convolutions are recast as
-2-D (:mod:`synth.onnx_layout`: same output, faster CPU kernels); where a batched item can differ
-from its single run: :meth:`CoquiEngine.synthesize_batch`.
+2-D (:mod:`synth.onnx_layout`: same output, faster CPU kernels). Every item runs alone, its noise
+drawn from its content address (:mod:`synth.seeded_noise`; docs/synthesis.md, "One sound per
+address").
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from synth.onnx_quant import (
     int8_fingerprint,
     made_once,
 )
+from synth.seeded_noise import SeededNoise, noise_seed, seeded_graph, torch_noise, torch_seeded
 
 log = logging.getLogger("voxgate.synth.coqui")
 
@@ -141,6 +143,7 @@ class CoquiEngine:
         self._voices = self._voices_from_config()
         self._synth: Any = None
         self._onnx: Any = None
+        self._noise = SeededNoise(())
         self._quantized_layers = 0
         # The ONNX graph's output holding each id's frames (its durations' Ceil), when found.
         self._onnx_durations: str | None = None
@@ -199,14 +202,15 @@ class CoquiEngine:
 
     @property
     def max_exact_batch(self) -> int:
-        """Largest batch this engine splits back exactly (1: it runs items one at a time)."""
-        exact = self.model_type == "vits" and self.mode != "onnx"
-        return 64 if exact else 1
+        """1: items run one at a time. A padded batch draws one noise tensor for all its rows,
+        and its HiFi-GAN decoder sees its neighbours' padding at a shorter item's end: an
+        item's audio would depend on its batch (docs/synthesis.md, "One sound per address")."""
+        return 1
 
     @property
     def capabilities(self) -> EngineCapabilities:
-        """Plain text; exact batches of up to :attr:`max_exact_batch` (VITS in torch); speech
-        marks from a VITS model's duration predictor (docs/speech-marks.md)."""
+        """Plain text, one item at a time; speech marks from a VITS model's duration predictor
+        (docs/speech-marks.md)."""
         return EngineCapabilities(
             max_exact_batch=self.max_exact_batch,
             speech_marks=self.speech_marks and self.model_type == "vits",
@@ -221,11 +225,7 @@ class CoquiEngine:
             "runtime": "onnxruntime" if self.mode == "onnx" else "torch",
             "device": self.device,
             "intra_op_threads": self.intra_op_threads,
-            "batching": (
-                "exact (x_lengths, each item trimmed to its predicted length)"
-                if self.max_exact_batch > 1
-                else "none (items run one at a time)"
-            ),
+            "batching": "none (items run one at a time, each with its own noise)",
             "sample_rate": self.sample_rate,
             "fingerprint": self.fingerprint,
         }
@@ -312,7 +312,11 @@ class CoquiEngine:
         graph, self._onnx_durations = (
             _with_durations(path) if self.speech_marks else (path.read_bytes(), None)
         )
+        # The noise comes in as inputs drawn from each item's address (synth/seeded_noise.py).
+        graph, noise = seeded_graph(graph)
+        self._noise = SeededNoise(noise)
         opts = onnxruntime.SessionOptions()
+        opts.use_deterministic_compute = True  # (CUDA's kernels; the CPU's already are)
         # Coqui's load_onnx() leaves ONNX Runtime's threads at "all cores"; workers x threads must
         # fit the cores, so the session is built here with the same providers and our thread count.
         opts.intra_op_num_threads = max(1, self.intra_op_threads)
@@ -351,11 +355,20 @@ class CoquiEngine:
             if item.voice not in self._voices:
                 raise EngineError(f"unknown coqui voice {item.voice!r}")
         with self._lock:
-            if self.model_type != "vits":
-                return [self._synthesize_generic(item) for item in items]
-            if self.mode == "onnx":
-                return [self._synthesize_onnx(item) for item in items]
-            return self._synthesize_vits(items)
+            return [self._synthesize_alone(item) for item in items]
+
+    def _synthesize_alone(self, item: SynthesisItem) -> Audio:
+        """``item`` in a run of its own, its noise drawn from what its address covers."""
+        seed = noise_seed(
+            self.fingerprint, item, {**self.default_params(item.voice), **item.params}
+        )
+        if self.model_type != "vits":
+            with torch_seeded(seed, self.device):
+                return self._synthesize_generic(item)
+        if self.mode == "onnx":
+            return self._synthesize_onnx(item, seed)
+        with torch_noise(seed):
+            return self._synthesize_vits([item])[0]
 
     def _scales(self, item: SynthesisItem) -> tuple[float, float, float]:
         """Noise, length and duration-noise scales; the length scale is speed 1's (the speed
@@ -392,13 +405,12 @@ class CoquiEngine:
         return contextlib.nullcontext()
 
     def _synthesize_vits(self, items: Sequence[SynthesisItem]) -> list[Audio]:
-        """One padded forward pass for the whole batch.
+        """One padded forward pass for ``items`` (the engine gives it one at a time: a batch's
+        noise would be one draw for all its rows, and the unmasked HiFi-GAN decoder would hear
+        a longer neighbour's padding at a shorter item's end).
 
-        Every item of a batch shares its scales (the scheduler batches only equal parameters).
-        Each output is cut at its own predicted length (``y_mask``), so the padding of a longer
-        neighbour never leaks in. The HiFi-GAN decoder is not masked, so the last few
-        milliseconds of a shorter item (its receptive field) see the neighbour's padding frames
-        instead of zeros: that edge is the only place batched and single runs may differ.
+        Every item shares the first's scales. Each output is cut at its own predicted length
+        (``y_mask``).
         """
         import torch
 
@@ -435,11 +447,11 @@ class CoquiEngine:
             results.append(Audio(pcm, self.sample_rate, words))
         return results
 
-    def _synthesize_onnx(self, item: SynthesisItem) -> Audio:
+    def _synthesize_onnx(self, item: SynthesisItem, seed: int) -> Audio:
         names = {i.name for i in self._onnx.get_inputs()}
         feeds = self._onnx_feeds(item, names)
         outputs = ["output"] if self._onnx_durations is None else ["output", self._onnx_durations]
-        result = self._onnx.run(outputs, feeds)
+        result = self._noise.run(self._onnx, outputs, feeds, seed)
         pcm = np.ascontiguousarray(result[0].reshape(-1), dtype=np.float32)
         words = None
         if len(result) > 1:

@@ -27,6 +27,7 @@ from synth.errors import EngineError, UnspeakableInput
 from synth.exact_speed import rescaled_graph, vits_feeds
 from synth.onnx_memory import TRIM_AFTER_AUDIO_S, ShrinkingSession, release_freed_memory
 from synth.onnx_quant import CALIBRATION_TEXTS, PRECISIONS, derived_int8, int8_fingerprint
+from synth.seeded_noise import SeededNoise, noise_seed, seeded_graph
 
 # Longest phoneme sequence one ONNX run is given at speed 1 (about 16 s of audio: the joe voice
 # speaks about 22 phonemes a second). Peak memory grows with the audio of one run, about 20 MB a
@@ -106,6 +107,7 @@ class PiperEngine:
         self.intra_op_threads = intra_op_threads
         self.use_cuda = use_cuda
         self._voices: dict[str, Any] = {}
+        self._noise: dict[str, SeededNoise] = {}
         self._configs: dict[str, dict[str, Any]] = {}
         self._word_phonemes = functools.lru_cache(WORD_PHONEMES_MEMO)(self._phonemes_alone)
         for v in voices:
@@ -155,6 +157,7 @@ class PiperEngine:
             opts = onnxruntime.SessionOptions()
             opts.intra_op_num_threads = self.intra_op_threads
             opts.inter_op_num_threads = 1
+            opts.use_deterministic_compute = True  # (CUDA's kernels; the CPU's already are)
             providers = ["CUDAExecutionProvider"] if self.use_cuda else ["CPUExecutionProvider"]
             config = PiperConfig.from_dict(self._configs[name])
             model_path = files.model_path
@@ -162,13 +165,12 @@ class PiperEngine:
                 model_path = self._int8_model(files, PiperVoice(session=None, config=config))
             # The graph with its durations divided by the speed asked (synth/exact_speed.py),
             # and, with speech marks, those durations (frames at that speed) as a second output:
-            # the graph computes them to make the audio, so they cost nothing at run time.
+            # the graph computes them to make the audio, so they cost nothing at run time. Its
+            # noise comes in as inputs drawn from each item's address (synth/seeded_noise.py).
             raw = Path(model_path).read_bytes()
-            session = onnxruntime.InferenceSession(
-                rescaled_graph(raw, durations_output=self.speech_marks),
-                sess_options=opts,
-                providers=providers,
-            )
+            graph, noise = seeded_graph(rescaled_graph(raw, durations_output=self.speech_marks))
+            session = onnxruntime.InferenceSession(graph, sess_options=opts, providers=providers)
+            self._noise[name] = SeededNoise(noise)
             self._voices[name] = PiperVoice(session=ShrinkingSession(session), config=config)
         log.info("piper voices loaded: %s", ", ".join(self._files))
 
@@ -210,6 +212,7 @@ class PiperEngine:
             noise_scale=float(params["noise_scale"]),
             noise_w_scale=float(params["noise_w"]),
         )
+        seed = noise_seed(self.fingerprint, item, params)
         ipa = item.phonemes
         sentences = [self._ipa(voice, item.text)] if ipa else voice.phonemize(item.text)
         aligned = self.speech_marks  # (each voice's graph then gives its phoneme durations)
@@ -217,7 +220,9 @@ class PiperEngine:
         # (phoneme, first sample, samples) of the whole item, for the word timings.
         stream: list[tuple[str, int, int]] = []
         at = 0
-        for pcm_run, run, durations in self._runs(voice, sentences, config, item.speed, aligned):
+        noise = self._noise[item.voice]
+        runs = self._runs(voice, sentences, config, item.speed, aligned, (noise, seed))
+        for pcm_run, run, durations in runs:
             chunks.append(pcm_run)
             if durations is not None:
                 stream.extend(_phoneme_stream(voice, run, durations, at))
@@ -258,23 +263,28 @@ class PiperEngine:
 
     @staticmethod
     def _runs(
-        voice: Any, sentences: list[list[str]], config: Any, speed: float, aligned: bool
+        voice: Any,
+        sentences: list[list[str]],
+        config: Any,
+        speed: float,
+        aligned: bool,
+        noise: tuple[SeededNoise, int],
     ) -> Iterator[tuple[np.ndarray[Any, Any], list[str], np.ndarray[Any, Any] | None]]:
         """Audio of phonemized ``sentences`` as ``PiperVoice.synthesize`` makes it (one run per
         espeak sentence, each peak-normalized and clipped), except that a sentence of more
         phonemes than one run may take is cut between words into several runs. With each run
-        its phonemes and, when ``aligned``, the samples of each of its phoneme ids."""
+        its phonemes and, when ``aligned``, the samples of each of its phoneme ids. ``noise``:
+        the voice's noise inputs and the item's seed (run n draws stream n of it)."""
         limit = max(MIN_RUN_PHONEMES, round(MAX_RUN_PHONEMES * min(1.0, speed)))
-        for phonemes in sentences:
-            for run in _bounded_runs(phonemes, limit):
-                audio, durations = _run_graph(
-                    voice, voice.phonemes_to_ids(run), config, speed, aligned
-                )
-                if durations is not None and int(durations.sum()) != len(audio):
-                    durations = None  # not this graph's frames: no timings rather than wrong
-                peak = np.max(np.abs(audio)) if audio.size else 0.0
-                audio = np.zeros_like(audio) if peak < 1e-8 else audio / peak
-                yield np.clip(audio, -1.0, 1.0).astype(np.float32), run, durations
+        runs = (run for phonemes in sentences for run in _bounded_runs(phonemes, limit))
+        for index, run in enumerate(runs):
+            ids = voice.phonemes_to_ids(run)
+            audio, durations = _run_graph(voice, ids, config, speed, aligned, (*noise, index))
+            if durations is not None and int(durations.sum()) != len(audio):
+                durations = None  # not this graph's frames: no timings rather than wrong
+            peak = np.max(np.abs(audio)) if audio.size else 0.0
+            audio = np.zeros_like(audio) if peak < 1e-8 else audio / peak
+            yield np.clip(audio, -1.0, 1.0).astype(np.float32), run, durations
 
     def synthesize_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]:
         if not self._voices:
@@ -296,11 +306,17 @@ class PiperEngine:
 
 
 def _run_graph(
-    voice: Any, ids: list[int], config: Any, speed: float, aligned: bool
+    voice: Any,
+    ids: list[int],
+    config: Any,
+    speed: float,
+    aligned: bool,
+    noise: tuple[SeededNoise, int, int],
 ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None]:
     """Audio of phoneme ``ids`` and, when ``aligned``, the samples of each id:
     ``PiperVoice.phoneme_ids_to_audio``'s feeds and outputs (its speaker rules included) plus
-    the speed input of the rewritten graph."""
+    the speed input of the rewritten graph and its noise (``noise``: the voice's noise inputs,
+    the item's seed and this run's index in the item)."""
     scales = [config.noise_scale, config.length_scale, config.noise_w_scale]
     feeds = vits_feeds(ids, scales, speed)
     speaker = config.speaker_id
@@ -308,7 +324,8 @@ def _run_graph(
         feeds["sid"] = np.asarray(
             [voice.config.default_speaker_id if speaker is None else speaker], dtype=np.int64
         )
-    result = voice.session.run(None, feeds)
+    inputs, seed, run = noise
+    result = inputs.run(voice.session, inputs.outputs(voice.session), feeds, seed, run)
     audio = np.asarray(result[0]).squeeze()
     if not aligned or len(result) < 2:
         return audio, None

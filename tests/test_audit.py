@@ -96,7 +96,7 @@ def audit(cache_dir: Path, *flags: str) -> tuple[int, dict[str, dict[str, Any]],
 async def test_audit_finds_exactly_the_bad_entries_and_evicts_them(
     piper_engine: PiperEngine, tmp_path: Path
 ) -> None:
-    # Piper samples noise (noise_scale, noise_w) unseeded: off, the take is the same every run
+    # Piper samples noise (noise_scale, noise_w): off, the take is the same every run
     # (its first quarter, cut off, is then always too short, never too little speech to judge).
     quiet = {**piper_engine.default_params("joe"), "noise_scale": 0.0, "noise_w": 0.0}
     item = SynthesisItem(TEXT, "joe", params=quiet)
@@ -160,7 +160,7 @@ async def test_audit_checks_the_redis_tier_and_trusts_nothing_unauthenticated(
     prefix = Settings.load(env={}).redis_prefix
     tier = RedisTier.from_url(redis.url, secret=CACHE_SECRET.encode(), prefix=prefix)
     # A real take of the bundled voice is the clean entry (a steady tone is rightly not speech).
-    # Piper samples noise (noise_scale, noise_w) unseeded: off, the take is the same every run.
+    # Piper samples noise (noise_scale, noise_w): off, the take is the same every run.
     quiet = {**piper_engine.default_params("joe"), "noise_scale": 0.0, "noise_w": 0.0}
     item = SynthesisItem(TEXT, "joe", params=quiet)
     (take,) = await asyncio.to_thread(piper_engine.synthesize_batch, [item])

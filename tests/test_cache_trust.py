@@ -14,12 +14,14 @@ import struct
 import time
 import tracemalloc
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import closing
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import diskcache
+import numpy as np
 import pytest
 from limits import RateLimitItemPerMinute
 from redis.asyncio import Redis
@@ -36,6 +38,7 @@ from gateway.http import keys
 from gateway.runtime.apikeys import key_table
 from gateway.runtime.settings import Settings
 from metrics import Metrics
+from synth.engine import Audio, Engine, SynthesisItem
 from tests.conftest import GatewayFactory
 from tests.redis_support import adopted, must_not_produce, nothing_stored
 from tests.support import SECRET, CountingEngine, clear_of_a_minute_edge, until, wav_entry
@@ -512,14 +515,31 @@ async def test_a_master_that_does_not_decode_is_synthesized_again(
     assert ulaw.status < 500
 
 
+class ReplicaVoice(CountingEngine):
+    """The real voice, its samples moved by the replica's number: other bytes for one address,
+    as a provider may send (or ONNX Runtime on another CPU may make: the local engines' noise
+    is drawn from the address, tests/test_one_sound.py)."""
+
+    def __init__(self, inner: Engine, replica: int) -> None:
+        super().__init__(inner)
+        self.replica = replica
+
+    def synthesize_batch(self, items: Sequence[SynthesisItem]) -> list[Audio]:
+        moved = np.float32(self.replica / 1000)
+        return [replace(a, pcm=a.pcm + moved) for a in super().synthesize_batch(items)]
+
+
 async def test_two_replicas_without_a_shared_store_never_send_one_etag_for_two_bodies(
-    gateway: GatewayFactory, settings: Settings, tmp_path: Any
+    gateway: GatewayFactory, settings: Settings, counting_engine: CountingEngine, tmp_path: Any
 ) -> None:
-    """Piper samples noise, so two replicas without a shared store make different
-    bytes for one content address; they once sent the same strong ETag (the key) with
+    """Two replicas without a shared store may make different bytes for one content address
+    (a provider's, another CPU's); they once sent the same strong ETag (the key) with
     ``immutable`` for both. The ETag now names the bytes: one ETag, one body."""
     replicas = [
-        await gateway(settings=settings.replace(cache_dir=str(tmp_path / f"replica{i}")))
+        await gateway(
+            settings=settings.replace(cache_dir=str(tmp_path / f"replica{i}")),
+            engines={"piper": ReplicaVoice(counting_engine.inner, i)},
+        )
         for i in range(2)
     ]
     bodies_by_etag: dict[str, set[bytes]] = {}
