@@ -13,9 +13,10 @@ its mark minus the onset of its sound in the audio served:
   peak-normalizes each run to full scale) after the pause before the word;
 - the pause is the longest run of samples at or under the floor between the previous word's
   mark and the next word's (the end of the audio after the last word): a punctuation mark's
-  pause is a silence of 50-500 ms, longer than any stop closure inside a word. The marks only
-  bound where it is looked for; the audio decides where it ends. A word with no run of at least
-  30 ms there is counted as unmeasured, not measured.
+  pause is a silence of 50-500 ms, longer than any stop closure inside a word. Where the next
+  word follows a punctuation mark too, the window may hold its pause as well: the two longest
+  runs, the earlier. The marks only bound where it is looked for; the audio decides where it
+  ends. A word with no such run of at least 30 ms is counted as unmeasured, not measured.
 
 Two conditions: Piper's noise scales at 0 (the same audio every run: the rows compare one
 audio), and the voice's own noise (what a request gets by default; each run draws its own).
@@ -70,17 +71,20 @@ def kind_between(gap: str) -> str | None:
     return next((ch for ch in gap if ch in ",;:"), None)
 
 
-def onset_after_pause(pcm: np.ndarray[Any, Any], rate: int, lo: int, hi: int) -> int | None:
-    """The first loud sample after the longest quiet run in ``pcm[lo:hi]`` (None: no run of at
-    least MIN_PAUSE_MS)."""
+def onset_after_pause(
+    pcm: np.ndarray[Any, Any], rate: int, lo: int, hi: int, pauses: int = 1
+) -> int | None:
+    """The first loud sample after the first of the ``pauses`` longest quiet runs in
+    ``pcm[lo:hi]`` (the window holds that many punctuation pauses: the one looked for first),
+    None when there are not that many runs of at least MIN_PAUSE_MS."""
     loud = np.flatnonzero(np.abs(pcm[lo:hi]) > FLOOR)
     if len(loud) < 2:
         return None
     gaps = np.diff(loud)
-    k = int(np.argmax(gaps))
-    if gaps[k] < MIN_PAUSE_MS * rate / 1000:
+    longest = np.argsort(gaps, kind="stable")[::-1][:pauses]
+    if len(longest) < pauses or gaps[longest[-1]] < MIN_PAUSE_MS * rate / 1000:
         return None
-    return lo + int(loud[k + 1])
+    return lo + int(loud[int(min(longest)) + 1])
 
 
 def errors_of(text: str, wav: bytes, marks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -96,7 +100,12 @@ def errors_of(text: str, wav: bytes, marks: list[dict[str, Any]]) -> dict[str, A
             continue
         lo = round(words[i - 1]["time"] * rate / 1000)
         hi = round(words[i + 1]["time"] * rate / 1000) if i + 1 < len(words) else len(pcm)
-        onset = onset_after_pause(pcm, rate, lo, hi)
+        # The next word's mark bounds the window: where it follows a pause too and its mark is
+        # late, that pause is in the window as well.
+        following = i + 1 < len(words) and kind_between(
+            raw[words[i]["end"] : words[i + 1]["start"]].decode()
+        )
+        onset = onset_after_pause(pcm, rate, lo, hi, 2 if following else 1)
         if onset is None:
             unmeasured += 1
             continue
