@@ -11,12 +11,13 @@ its mark minus the onset of its sound in the audio served:
 - the onset is the first sample above the silence floor (0.01 of full scale, -40 dBFS: the level
   the gateway trims an engine's edge silence at, ``synth.sentences.SILENCE_LEVEL``; Piper
   peak-normalizes each run to full scale) after the pause before the word;
-- the pause is the longest run of samples at or under the floor between the previous word's
-  mark and the next word's (the end of the audio after the last word): a punctuation mark's
-  pause is a silence of 50-500 ms, longer than any stop closure inside a word. Where the next
-  word follows a punctuation mark too, the window may hold its pause as well: the two longest
-  runs, the earlier. The marks only bound where it is looked for; the audio decides where it
-  ends. A word with no such run of at least 30 ms is counted as unmeasured, not measured.
+- the pause is the longest run of samples at or under the floor from the previous word's mark
+  to 150 ms after the word's own (or the next word's mark, if sooner): a punctuation mark's
+  pause is a silence of 50-500 ms, longer than any stop closure inside a word, and a mark
+  150 ms early still has its onset in the window, while the pause after the word (a comma after
+  it) is not, which the next word's mark alone let in where that mark was late. The marks only
+  bound where it is looked for; the audio decides where the pause ends. A word with no quiet run
+  of at least 30 ms there is counted as unmeasured, not measured.
 
 Two conditions: Piper's noise scales at 0 (the same audio every run: the rows compare one
 audio), and the voice's own noise (what a request gets by default; each run draws its own).
@@ -53,6 +54,7 @@ from bench.plots import label_bars, pyplot, save_figure
 CORPUS = ROOT / "bench" / "corpora" / "marks_timing.txt"
 FLOOR = 0.01
 MIN_PAUSE_MS = 30.0
+REACH_MS = 150
 KINDS = (",", ";", ":", ".")
 KIND_NAMES = {",": "comma", ";": "semicolon", ":": "colon", ".": "sentence end"}
 CONDITIONS = {"noise-free": {"noise_scale": 0.0, "noise_w_scale": 0.0}, "voice noise": {}}
@@ -71,20 +73,27 @@ def kind_between(gap: str) -> str | None:
     return next((ch for ch in gap if ch in ",;:"), None)
 
 
-def onset_after_pause(
-    pcm: np.ndarray[Any, Any], rate: int, lo: int, hi: int, pauses: int = 1
-) -> int | None:
-    """The first loud sample after the first of the ``pauses`` longest quiet runs in
-    ``pcm[lo:hi]`` (the window holds that many punctuation pauses: the one looked for first),
-    None when there are not that many runs of at least MIN_PAUSE_MS."""
+def onset_after_pause(pcm: np.ndarray[Any, Any], rate: int, lo: int, hi: int) -> int | None:
+    """The first loud sample after the longest quiet run in ``pcm[lo:hi]`` (None: no run of at
+    least MIN_PAUSE_MS)."""
     loud = np.flatnonzero(np.abs(pcm[lo:hi]) > FLOOR)
     if len(loud) < 2:
         return None
     gaps = np.diff(loud)
-    longest = np.argsort(gaps, kind="stable")[::-1][:pauses]
-    if len(longest) < pauses or gaps[longest[-1]] < MIN_PAUSE_MS * rate / 1000:
+    k = int(np.argmax(gaps))
+    if gaps[k] < MIN_PAUSE_MS * rate / 1000:
         return None
-    return lo + int(loud[int(min(longest)) + 1])
+    return lo + int(loud[k + 1])
+
+
+def window(marks_ms: list[int], i: int, rate: int, samples: int) -> tuple[int, int]:
+    """Where the pause before word ``i`` is looked for (samples): from the previous word's mark
+    to REACH_MS after its own, or the next word's mark if that is sooner."""
+    lo = round(marks_ms[i - 1] * rate / 1000)
+    reach = marks_ms[i] + REACH_MS
+    if i + 1 < len(marks_ms):
+        reach = min(reach, marks_ms[i + 1])
+    return lo, min(samples, round(reach * rate / 1000))
 
 
 def errors_of(text: str, wav: bytes, marks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -98,14 +107,8 @@ def errors_of(text: str, wav: bytes, marks: list[dict[str, Any]]) -> dict[str, A
         kind = kind_between(raw[words[i - 1]["end"] : words[i]["start"]].decode())
         if kind is None:
             continue
-        lo = round(words[i - 1]["time"] * rate / 1000)
-        hi = round(words[i + 1]["time"] * rate / 1000) if i + 1 < len(words) else len(pcm)
-        # The next word's mark bounds the window: where it follows a pause too and its mark is
-        # late, that pause is in the window as well.
-        following = i + 1 < len(words) and kind_between(
-            raw[words[i]["end"] : words[i + 1]["start"]].decode()
-        )
-        onset = onset_after_pause(pcm, rate, lo, hi, 2 if following else 1)
+        lo, hi = window([w["time"] for w in words], i, rate, len(pcm))
+        onset = onset_after_pause(pcm, rate, lo, hi)
         if onset is None:
             unmeasured += 1
             continue
@@ -129,8 +132,10 @@ def resolve(commit: str) -> str:
     ).stdout.strip()
 
 
-def measure(tree: Path, texts: list[str], log: Path) -> dict[str, Any]:
-    """Every text through a gateway of ``tree``, in each condition."""
+def synthesize(tree: Path, texts: list[str], log: Path, save: Path) -> None:
+    """Every text through a gateway of ``tree``, in each condition: its WAV and marks written
+    under ``save/<condition>/`` (``<n>.wav``, ``<n>.json``), so the measure can run again on the
+    same audio (``--load``)."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="voxgate-marks-timing-") as cache:
         env = {**os.environ, "PYTHONPATH": str(tree)}
@@ -141,11 +146,10 @@ def measure(tree: Path, texts: list[str], log: Path) -> dict[str, Any]:
         try:
             wait_http(f"http://127.0.0.1:{port}/readyz")
             base = f"http://127.0.0.1:{port}"
-            result: dict[str, Any] = {}
-            for name, params in CONDITIONS.items():
-                found: dict[str, list[float]] = {k: [] for k in KINDS}
-                unmeasured = 0
-                for text in texts:
+            for c, params in enumerate(CONDITIONS.values()):
+                into = save / str(c)
+                into.mkdir(parents=True, exist_ok=True)
+                for n, text in enumerate(texts):
                     # Piper's own route: the one that takes its noise scales.
                     body = {"voice": "joe", "text": text, **params}
                     status, headers, wav = post(f"{base}/", body)
@@ -153,14 +157,28 @@ def measure(tree: Path, texts: list[str], log: Path) -> dict[str, Any]:
                     url = f"{base}/v1/audio/{headers['X-Audio-Key']}.marks"
                     with urllib.request.urlopen(url, timeout=60) as r:
                         marks = [json.loads(line) for line in r.read().decode().splitlines()]
-                    got = errors_of(text, wav, marks)
-                    for kind in KINDS:
-                        found[kind] += got["errors"][kind]
-                    unmeasured += got["unmeasured"]
-                result[name] = {"errors_ms": found, "unmeasured": unmeasured}
-            return result
+                    (into / f"{n}.wav").write_bytes(wav)
+                    (into / f"{n}.json").write_text(json.dumps({"text": text, "marks": marks}))
         finally:
             stop(proc)
+
+
+def measure(saved: Path) -> dict[str, Any]:
+    """The errors of what :func:`synthesize` saved under ``saved``, per condition."""
+    result: dict[str, Any] = {}
+    for c, name in enumerate(CONDITIONS):
+        found: dict[str, list[float]] = {k: [] for k in KINDS}
+        unmeasured = 0
+        folder = saved / str(c)
+        for meta in sorted(folder.glob("*.json"), key=lambda p: int(p.stem)):
+            request = json.loads(meta.read_text())
+            wav = meta.with_suffix(".wav").read_bytes()
+            got = errors_of(request["text"], wav, request["marks"])
+            for kind in KINDS:
+                found[kind] += got["errors"][kind]
+            unmeasured += got["unmeasured"]
+        result[name] = {"errors_ms": found, "unmeasured": unmeasured}
+    return result
 
 
 def stats(errors: list[float]) -> dict[str, Any]:
@@ -202,16 +220,22 @@ def main() -> None:
     parser.add_argument("--before", default="main", help="the commit to compare with (main)")
     parser.add_argument("--lines", type=int, default=0, help="only the first N lines (0: all)")
     parser.add_argument("--no-write", action="store_true", help="print, write nothing")
+    parser.add_argument("--save", type=Path, help="keep each tree's audio and marks here")
+    parser.add_argument(
+        "--load", type=Path, help="measure what an earlier --save kept (no synthesis)"
+    )
     args = parser.parse_args()
     provenance()
     texts = corpus()[: args.lines or None]
     before = resolve(args.before)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="voxgate-before-") as tmp:
-        trees = {"before": exported(before, Path(tmp) / "tree"), "after": ROOT}
-        runs = {
-            name: measure(tree, texts, Path(tmp) / f"{name}.log") for name, tree in trees.items()
-        }
+        kept = args.load or args.save or Path(tmp) / "audio"
+        if args.load is None:
+            trees = {"before": exported(before, Path(tmp) / "tree"), "after": ROOT}
+            for name, tree in trees.items():
+                synthesize(tree, texts, Path(tmp) / f"{name}.log", kept / name)
+        runs = {name: measure(kept / name) for name in ("before", "after")}
     summary = {
         tree: {
             condition: {
