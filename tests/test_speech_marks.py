@@ -578,8 +578,9 @@ def coqui_engines(
 def test_coqui_words_are_its_duration_predictors_frames_in_torch_and_onnx(
     coqui_engines: tuple[CoquiEngine, CoquiEngine],
 ) -> None:
-    """Each word of a Coqui VITS item runs from the blank before its first character to the end
-    of its last character's frames; its export in ONNX Runtime gives the same frames as torch
+    """Each word of a Coqui VITS item runs from the blank before its first character (after
+    the comma, from the character's own frames) to the end of its last character's frames;
+    its export in ONNX Runtime gives the same frames as torch
     (durations are whole frames, so the two agree exactly), batched or alone, at any speed."""
     torch_engine, onnx_engine = coqui_engines
     text = "Please hold, your call matters."
