@@ -340,7 +340,7 @@ def _phoneme_stream(
     sample ``at``, from the samples of each phoneme id (``phonemes_to_ids`` puts BOS and a pad
     first, a pad after each known phoneme, EOS last; a phoneme the voice has no id for is
     skipped there and here). A phoneme is heard from the pad before it to the end of its own
-    ids (:func:`synth.alignment.token_stream`): measured on ten words after breaks
+    ids, after a pause from its own ids (:func:`synth.alignment.token_stream`): measured on ten words after breaks
     (tests/test_speech_marks.py), words started 0-28 ms before their first id's frames, and
     0-11 ms from the blank before it (half the blank: 0-17 ms)."""
     from piper.const import BOS, EOS, PAD

@@ -2,18 +2,23 @@
 durations, stored with the audio, served as Polly's NDJSON, captions and ElevenLabs' character
 alignment.
 
-Deterministic: every synthesis here runs with Piper's noise scales at 0 (the same audio every
-run), so the accuracy figures do not move between runs; where two answers are compared they are
-encodings of one synthesis (the synthesis count says so)."""
+The engine's own syntheses here run with Piper's noise scales at 0 (the same audio every run).
+``POST /v1/audio/speech`` takes no noise fields (``NOISE_FREE`` in its bodies has no effect), so
+what goes through the gateway runs with the voice's noise: its assertions hold for any draw, and
+where two answers are compared they are encodings of one synthesis (the synthesis count says
+so)."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import dataclasses
+import datetime
+import html
 import io
 import itertools
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,9 +26,12 @@ from typing import Any
 import numpy as np
 import pytest
 import soundfile as sf
+import srt
+import webvtt
 from aiohttp.test_utils import TestClient
 from openai import AsyncOpenAI
 
+from bench import marks_timing
 from bench.harness import COQUI_QUIET, speech_body
 from gateway.api.normalize import say_as as normalize_say_as
 from gateway.api.ssml import expand, plain_text, source_of
@@ -31,7 +39,7 @@ from gateway.runtime.components import default_engine_specs
 from gateway.runtime.settings import Settings
 from gateway.speech import marks as speech_marks
 from synth import sentences
-from synth.alignment import align_words, word_spans
+from synth.alignment import align_words, token_stream, word_spans
 from synth.coqui_engine import CoquiEngine
 from synth.engine import Audio, SynthesisItem
 from synth.piper_engine import PiperEngine
@@ -93,6 +101,26 @@ def test_words_espeak_joins_or_expands_map_back_to_the_text() -> None:
     assert [w.t0 // 100 for w in words] == [0, 4, 6, 9, 20]
     assert words[3].t1 == 19 * 100  # "fɔːɹti tuː" ends before the space
     assert all(a.t1 <= b.t0 for a, b in itertools.pairwise(words))
+
+
+def test_after_a_pause_the_blank_is_the_pauses_not_the_next_sounds() -> None:
+    """Between sounds a blank is the start of the sound after it; after a comma (a pause the
+    voice keeps) it is still the pause: the word after starts at its own frames, and the
+    stream stays gapless."""
+    symbols = [None, "h", None, "i", None, ",", None, " ", None, "j", None, "o"]
+    stream = token_stream(symbols, [10] * len(symbols))
+    assert [(s, first) for s, first, _ in stream] == [
+        ("h", 0),
+        ("i", 20),
+        (",", 40),
+        (" ", 70),
+        ("j", 90),
+        ("o", 100),
+    ]
+    assert all(a[1] + a[2] == b[1] for a, b in itertools.pairwise(stream))
+    # Without the comma the blank before "j" is its transition, as before.
+    plain = token_stream([None, "h", None, " ", None, "j"], [10] * 6)
+    assert plain[-1] == ("j", 40, 20)
 
 
 def test_word_spans_leave_out_the_punctuation_around_words() -> None:
@@ -206,28 +234,124 @@ async def test_a_hit_and_a_transcode_answer_the_misses_marks(
     assert await marks_of(client, ulaw_key) == first
 
 
+def parsed_vtt(data: str) -> list[Any]:
+    """The cues of a WebVTT file as webvtt-py reads it (a real parser, not this module)."""
+    return list(webvtt.from_string(data))
+
+
+def vtt_cue_text(caption: Any) -> str:
+    # webvtt-py leaves character references as they are: the W3C spec's decoding is HTML's.
+    return html.unescape(caption.text)
+
+
 async def test_captions_cut_phrases_at_words(client: TestClient[Any, Any]) -> None:
+    """Cues are cut between words from the text as written: its punctuation and case stay."""
     text = (
-        "Thank you for calling the city library information line. Our opening hours have "
-        "changed for the holidays."
+        "Thank you for calling the city library information line. Our opening hours, as you "
+        "may know, have changed for the holidays: we close early; on Sunday, not at all."
     )
     key, _ = await speak(client, text)
     resp = await client.get(f"/v1/audio/{key}.vtt")
     assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/vtt")
-    vtt = (await resp.text()).split("\n\n")
-    assert vtt[0] == "WEBVTT"
-    cues = [block.split("\n") for block in vtt[1:] if block.strip()]
-    phrases = [lines[1] for lines in cues]
-    assert " ".join(phrases) == text.replace(".", "")
-    assert all(len(p) <= 42 for p in phrases) and len(phrases) >= 3
+    vtt = await resp.text()
+    assert vtt.startswith("WEBVTT\n\n")
+    cues = parsed_vtt(vtt)
+    phrases = [vtt_cue_text(c) for c in cues]
+    assert " ".join(phrases) == text
+    assert all(len(p) <= 42 for p in phrases) and len(phrases) >= 4
     # No cue joins the end of one sentence to the next.
-    assert any(p.endswith("line") for p in phrases)
+    assert any(p.endswith("line.") for p in phrases)
+    assert [c.start_time.in_milliseconds() for c in cues] == sorted(
+        c.start_time.in_milliseconds() for c in cues
+    )
     resp = await client.get(f"/v1/audio/{key}.srt")
-    srt = await resp.text()
     assert resp.headers["Content-Type"].startswith("application/x-subrip")
-    blocks = [b.split("\n") for b in srt.split("\n\n") if b.strip()]
-    assert [b[0] for b in blocks] == [str(i) for i in range(1, len(cues) + 1)]
-    assert [b[1].replace(",", ".") for b in blocks] == [c[0] for c in cues]
+    subs = list(srt.parse(await resp.text()))
+    assert [s.index for s in subs] == list(range(1, len(cues) + 1))
+    assert [s.content for s in subs] == phrases
+    assert [round(s.start.total_seconds() * 1000) for s in subs] == [
+        c.start_time.in_milliseconds() for c in cues
+    ]
+
+
+def caption_marks(text: str) -> list[speech_marks.Mark]:
+    """Marks of ``text`` as :func:`speech_marks.compose` makes them (a sentence ends at a
+    full stop before whitespace, a word per token), each word 100 ms after the one before."""
+    offsets = list(itertools.accumulate((len(ch.encode()) for ch in text), initial=0))
+    found = []
+    for match in re.finditer(r"\S.*?(?:[.!?](?=\s|$)|$)", text, re.DOTALL):
+        start, end = match.span()
+        if start < end:
+            found.append(
+                speech_marks.Mark(0, "sentence", offsets[start], offsets[end], text[start:end])
+            )
+    for n, (start, end) in enumerate(word_spans(text)):
+        found.append(
+            speech_marks.Mark(n * 100, "word", offsets[start], offsets[end], text[start:end])
+        )
+    words = [m for m in found if m.type == "word"]
+    for i, m in enumerate(found):
+        if m.type == "sentence":
+            first = next(w for w in words if w.start >= m.start)
+            found[i] = dataclasses.replace(m, time=first.time)
+    return sorted(found, key=lambda m: (m.time, m.type != "sentence"))
+
+
+HOSTILE = (
+    "Press <b>one</b> & then &amp; wait --> here.\n\n1\n00:00:01,000 --> 00:00:02,000\n"
+    "Forged cue, <i>italic</i>; {\\an8}top. NOTE this: <c.red>red</c> <00:00:01.000> ok."
+)
+
+
+def test_caption_text_is_the_source_escaped_for_each_format() -> None:
+    """Hostile text (tags, entities, the timing arrow, a blank line, a line of digits and a
+    timing line) stays text: webvtt-py and srt read back the source's characters, one cue per
+    cue written, no cue forged."""
+    marks = caption_marks(HOSTILE)
+    cues = speech_marks.cues(marks, 60_000)
+    shown = [c.text for c in cues]
+    assert " ".join(shown) == " ".join(HOSTILE.split())
+    vtt = speech_marks.webvtt(cues)
+    assert "-->" not in vtt.replace(" --> ", "") and "<" not in vtt
+    parsed = parsed_vtt(vtt)
+    assert [vtt_cue_text(c) for c in parsed] == shown
+    assert [c.raw_text for c in parsed] == [c.text for c in parsed]  # no cue tag was read
+    assert [c.start_time.in_milliseconds() for c in parsed] == [c.start_ms for c in cues]
+    subs = list(srt.parse(speech_marks.subrip(cues)))
+    assert [s.index for s in subs] == list(range(1, len(cues) + 1))
+    joiner = "\u2060"
+    assert [s.content.replace(joiner, "") for s in subs] == shown
+    assert all("-->" not in s.content and "\n" not in s.content for s in subs)
+    assert not any(re.search(r"<[a-z/]|\{\\", s.content) for s in subs)
+
+
+def test_a_cue_keeps_words_that_share_a_source_span_together() -> None:
+    """Where the offsets index what the client sent and a front end read one token as several
+    words ("$1,250" said "one thousand two hundred fifty dollars"), those words share the
+    token's span: the cue shows the token, and no cut falls inside it."""
+    source = "The total is $1,250, due today."
+    said = [
+        "The",
+        "total",
+        "is",
+        "one",
+        "thousand",
+        "two",
+        "hundred",
+        "fifty",
+        "dollars",
+        "due",
+        "today",
+    ]
+    spans = [(0, 3), (4, 9), (10, 12), *[(13, 19)] * 6, (21, 24), (25, 30)]
+    marks = [speech_marks.Mark(0, "sentence", 0, len(source), source)]
+    marks += [
+        speech_marks.Mark(n * 100, "word", a, b, w)
+        for n, (w, (a, b)) in enumerate(zip(said, spans, strict=True))
+    ]
+    cues = speech_marks.cues(marks, 2000, max_chars=16, text=source.encode())
+    assert [c.text for c in cues] == ["The total is", "$1,250, due", "today."]
+    assert [c.start_ms for c in cues] == [0, 300, 1000]
 
 
 async def test_with_timestamps_answers_elevenlabs_alignment_of_the_input(
@@ -368,6 +492,44 @@ def test_a_words_mark_is_its_sounds_onset_in_the_engines_own_audio(
     assert max(abs(e) for e in errors) <= TOLERANCE_MS, errors
 
 
+def test_words_after_commas_are_marked_at_their_onset(piper_engine: PiperEngine) -> None:
+    """Words after a comma, semicolon or colon inside a sentence: each mark against the first
+    loud sample after the pause before the word in the engine's own audio (the measure of
+    bench/marks_timing.py). Counting the blank before such a word put marks 26 ms early at the
+    median and up to 106 ms (the blank is the pause's silence); the marks must not lean early."""
+    texts = [
+        "Hello, how are you today?",
+        "To pay your bill, press one; to speak to an agent, press two.",
+        "Our store offers three sizes: small, medium and large.",
+        "Meanwhile, the team kept working; nobody wanted to stop.",
+        "Listen closely, the answer is hidden.",
+        "Two things matter here: speed and care.",
+    ]
+    params = {"noise_scale": 0.0, "noise_w": 0.0}
+    errors = []
+    for text, got in zip(
+        texts,
+        piper_engine.synthesize_batch([SynthesisItem(t, "joe", params=params) for t in texts]),
+        strict=True,
+    ):
+        words = got.words
+        assert words is not None
+        rate = got.sample_rate
+        times_ms = [round(w.t0 * 1000 / rate) for w in words]
+        for i in range(1, len(words)):
+            if not any(ch in ",;:" for ch in text[words[i - 1].end : words[i].start]):
+                continue
+            lo, hi = marks_timing.window(times_ms, i, rate, len(got.pcm))
+            onset = marks_timing.onset_after_pause(got.pcm, rate, lo, hi)
+            assert onset is not None, text[words[i].start : words[i].end]
+            errors.append((words[i].t0 - onset) * 1000 / rate)
+    print("errors after commas ms", [round(e, 1) for e in errors])
+    assert len(errors) == 10
+    magnitudes = sorted(abs(e) for e in errors)
+    assert magnitudes[len(errors) // 2] <= 15 and magnitudes[-2] <= TOLERANCE_MS, errors
+    assert abs(sum(errors) / len(errors)) <= 10, errors
+
+
 # ---- the Coqui test model ------------------------------------------------------------------------
 
 # The Coqui test model has random weights: what it says is no speech, and its sound starts at the
@@ -416,8 +578,9 @@ def coqui_engines(
 def test_coqui_words_are_its_duration_predictors_frames_in_torch_and_onnx(
     coqui_engines: tuple[CoquiEngine, CoquiEngine],
 ) -> None:
-    """Each word of a Coqui VITS item runs from the blank before its first character to the end
-    of its last character's frames; its export in ONNX Runtime gives the same frames as torch
+    """Each word of a Coqui VITS item runs from the blank before its first character (after
+    the comma, from the character's own frames) to the end of its last character's frames;
+    its export in ONNX Runtime gives the same frames as torch
     (durations are whole frames, so the two agree exactly), batched or alone, at any speed."""
     torch_engine, onnx_engine = coqui_engines
     text = "Please hold, your call matters."
@@ -501,6 +664,37 @@ async def test_served_marks_cross_the_processes_and_every_route_agrees(
     status, _, data = await server.request("GET", "/v1/voices")
     voices = json.loads(data)["models"][0]["voices"]
     assert voices[0]["speech_marks"] is True
+
+
+async def test_served_captions_show_the_texts_characters_safely(server: DefaultServer) -> None:
+    """Captions fetched as users fetch them (``GET /v1/audio/{key}.vtt`` and ``.srt`` of
+    ``voxgate serve``), of a text with markup, entities, the timing arrow, a blank line and a
+    forged SubRip cue in it: the parsers read back the text's own characters (whitespace runs as
+    one space, as the spoken text has them), cue for cue, and nothing else."""
+    text = (
+        'Press <b>one</b> & wait --> here, "now".\n\n1\n00:00:01,000 --> 00:00:02,000\n'
+        "Then: &amp; done; goodbye."
+    )
+    speech = {"model": "piper", "voice": "joe", "input": text, "response_format": "wav"}
+    status, headers, _ = await server.request(
+        "POST", "/v1/audio/speech", json={**speech, **NOISE_FREE}
+    )
+    assert status == 200
+    key = headers["X-Audio-Key"]
+    status, headers, data = await server.request("GET", f"/v1/audio/{key}.vtt")
+    assert status == 200 and headers["Content-Type"].startswith("text/vtt")
+    vtt = parsed_vtt(data.decode())
+    shown = [vtt_cue_text(c) for c in vtt]
+    assert " ".join(shown) == " ".join(text.split())
+    assert [c.raw_text for c in vtt] == [c.text for c in vtt]  # no cue tag was read
+    status, headers, data = await server.request("GET", f"/v1/audio/{key}.srt")
+    assert status == 200 and headers["Content-Type"].startswith("application/x-subrip")
+    subs = list(srt.parse(data.decode()))
+    assert [s.index for s in subs] == list(range(1, len(vtt) + 1))
+    assert [s.content.replace("\u2060", "") for s in subs] == shown
+    assert [s.start for s in subs] == [
+        datetime.timedelta(milliseconds=c.start_time.in_milliseconds()) for c in vtt
+    ]
 
 
 # ---- SSML <mark> -------------------------------------------------------------------------------

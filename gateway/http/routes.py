@@ -458,8 +458,9 @@ def route_table(settings: Settings) -> RouteTable:
             captions_by_key(webvtt, VTT),
             tag="speech",
             summary="WebVTT captions of stored audio",
-            description="One cue per phrase of at most 42 characters, cut between words, from "
-            "the stored word marks.",
+            description="One cue per phrase of at most 42 characters, cut between words and "
+            "timed by the stored word marks; its text is the text's own (punctuation and case "
+            "kept), escaped as WebVTT says.",
             answers={200: Answer("The captions.", {VTT: TEXT})},
             common=(400, 404),
         ),
@@ -468,7 +469,9 @@ def route_table(settings: Settings) -> RouteTable:
             captions_by_key(subrip, SRT),
             tag="speech",
             summary="SubRip captions of stored audio",
-            description="As the WebVTT captions, in SubRip's numbered form.",
+            description="As the WebVTT captions, in SubRip's numbered form (no escapes: an "
+            "invisible word joiner keeps a `<`, `{\\` or `-->` in the text from being read as "
+            "markup or a timing).",
             answers={200: Answer("The captions.", {SRT: TEXT})},
             common=(400, 404),
         ),

@@ -16,8 +16,10 @@ the request's own offsets (:class:`SourceMap`) where the request's text is at ha
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
+import re
 import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -226,35 +228,100 @@ def chosen(marks: Iterable[Mark], types: frozenset[str] | None) -> list[Mark]:
 
 @dataclass(frozen=True)
 class Cue:
-    """One caption: its text and when it shows (ms)."""
+    """One caption: its text (the source's characters, one line) and when it shows (ms)."""
 
     start_ms: int
     end_ms: int
     text: str
 
 
-def cues(marks: Sequence[Mark], duration_ms: int, max_chars: int = CUE_CHARS) -> list[Cue]:
-    """Captions from the word marks: phrases of at most ``max_chars`` characters (a longer word
-    is a cue alone), cut at word boundaries, a sentence never sharing a cue with the next; each
-    shows from its first word until the next cue (or the word's end plus a moment at a pause)."""
-    words = [m for m in marks if m.type == "word"]
-    sentence_starts = {m.start for m in marks if m.type == "sentence"}
-    groups: list[list[Mark]] = []
-    for word in words:
-        current = groups[-1] if groups else None
-        if (
-            current is None
-            or word.start in sentence_starts
-            or len(" ".join(w.value for w in current)) + 1 + len(word.value) > max_chars
-        ):
-            groups.append([word])
+def indexed_text(marks: Sequence[Mark]) -> bytes:
+    """The text the marks' offsets index, as far as the marks carry it: each sentence mark's
+    ``value`` at its offsets (a sentence mark holds its sentence as the text has it, punctuation
+    and case included), spaces between them."""
+    sentences = [m for m in marks if m.type == "sentence"]
+    out = bytearray(b" " * max((m.end for m in sentences), default=0))
+    for m in sentences:
+        value = m.value.encode()
+        if len(value) == m.end - m.start:
+            out[m.start : m.end] = value
+    return bytes(out)
+
+
+_SPACE = re.compile(rb"\s+")
+
+
+def _one_line(raw: bytes) -> str:
+    # Whitespace runs (newlines of a source text included) are one space: a cue is one line,
+    # so no blank line can end it early and no line of it can pass for a cue's index or timing.
+    return " ".join(raw.decode("utf-8", errors="replace").split())
+
+
+def cues(
+    marks: Sequence[Mark], duration_ms: int, max_chars: int = CUE_CHARS, text: bytes | None = None
+) -> list[Cue]:
+    """Captions from the word marks, their text cut from ``text`` (the text the marks' offsets
+    index; by default what the sentence marks carry, :func:`indexed_text`), so a cue shows the
+    source's punctuation and case, and, where the offsets index what the client sent, its own
+    characters ("$5" rather than the "five dollars" a front end made of it). Phrases of at most
+    ``max_chars`` characters (a longer word is a cue alone), cut at the whitespace between two
+    words (words that share one span, the words a number was read as, are never cut apart), a
+    sentence never sharing a cue with the next; each shows from its first word until the next
+    cue (the last one until ``duration_ms``)."""
+    source = indexed_text(marks) if text is None else text
+    size = len(source)
+    sentences = sorted((m.start, m.end) for m in marks if m.type == "sentence")
+    # Words in time order; words of one span (or overlapping spans) are one unit.
+    units: list[tuple[int, int, int]] = []  # (time of the first, start byte, end byte)
+    for w in (m for m in marks if m.type == "word"):
+        if w.start < 0 or w.end > size:
+            continue
+        if units and w.start < units[-1][2]:
+            units[-1] = (units[-1][0], units[-1][1], max(units[-1][2], w.end))
         else:
-            current.append(word)
+            units.append((w.time, w.start, w.end))
+
+    def sentence_of(byte: int) -> tuple[int, int]:
+        at = bisect.bisect_right(sentences, (byte, size + 1)) - 1
+        if at >= 0 and sentences[at][0] <= byte < max(sentences[at][1], sentences[at][0] + 1):
+            return sentences[at]
+        return (byte, byte)
+
+    # Where the text of a cue ending before unit k ends, and of one starting with it starts.
+    ends: list[int] = []
+    begins: list[int] = []
+    for k, (_, start, _end) in enumerate(units):
+        own = sentence_of(start)
+        previous = units[k - 1] if k else None
+        if previous is None or sentence_of(previous[1]) != own:
+            begins.append(min(own[0], start))
+            if previous is not None:
+                ends.append(max(sentence_of(previous[1])[1], previous[2]))
+            continue
+        gap = source[previous[2] : start]
+        # The whitespace last in the gap: what precedes it (a comma, a dash) ends the cue before,
+        # what follows it (an opening quote or bracket) begins the next.
+        spaces = list(_SPACE.finditer(gap))
+        cut = spaces[-1] if spaces else None
+        ends.append(previous[2] + cut.start() if cut else start)
+        begins.append(previous[2] + cut.end() if cut else start)
+    if units:
+        ends.append(max(sentence_of(units[-1][1])[1], units[-1][2]))
+    groups: list[tuple[int, int]] = []  # (first unit, last unit)
+    for k in range(len(units)):
+        if groups:
+            first, last = groups[-1]
+            same_sentence = sentence_of(units[k][1]) == sentence_of(units[first][1])
+            if same_sentence and len(_one_line(source[begins[first] : ends[k]])) <= max_chars:
+                groups[-1] = (first, k)
+                continue
+        groups.append((k, k))
     out = []
-    for i, group in enumerate(groups):
-        start = group[0].time
-        end = groups[i + 1][0].time if i + 1 < len(groups) else duration_ms
-        out.append(Cue(start, max(end, start + 1), " ".join(w.value for w in group)))
+    for i, (first, last) in enumerate(groups):
+        start_ms = units[first][0]
+        end_ms = units[groups[i + 1][0]][0] if i + 1 < len(groups) else duration_ms
+        line = _one_line(source[begins[first] : ends[last]])
+        out.append(Cue(start_ms, max(end_ms, start_ms + 1), line))
     return out
 
 
@@ -265,18 +332,42 @@ def _stamp(ms: int, sep: str) -> str:
     return f"{hours:02d}:{minutes:02d}:{seconds:02d}{sep}{millis:03d}"
 
 
-def _cue_lines(cue: Cue, sep: str) -> list[str]:
-    return [f"{_stamp(cue.start_ms, sep)} --> {_stamp(cue.end_ms, sep)}", cue.text, ""]
+def _cue_lines(cue: Cue, sep: str, text: str) -> list[str]:
+    return [f"{_stamp(cue.start_ms, sep)} --> {_stamp(cue.end_ms, sep)}", text, ""]
+
+
+def vtt_text(text: str) -> str:
+    """``text`` as WebVTT cue text says it: the W3C WebVTT spec's escapes for ``&``, ``<`` and
+    ``>`` (so no tag can start and ``-->`` cannot appear)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+# U+2060 WORD JOINER: invisible, and no character of a tag or of a timing arrow.
+_JOINER = "\u2060"
+
+
+def srt_text(text: str) -> str:
+    """``text`` as SubRip cue text: SubRip has no escapes, so a word joiner goes inside what a
+    player would read as markup (``<b>``, an ASS override ``{\\an8}``) or a timing arrow (``-->``);
+    what shows is the same."""
+    return (
+        text.replace("-->", f"--{_JOINER}>")
+        .replace("<", f"<{_JOINER}")
+        .replace("{\\", f"{{{_JOINER}\\")
+    )
 
 
 def webvtt(cue_list: Sequence[Cue]) -> str:
     """WebVTT (W3C WebVTT: a ``WEBVTT`` line, then cues ``00:00:00.000 --> 00:00:01.000``)."""
-    return "\n".join(["WEBVTT", "", *(line for cue in cue_list for line in _cue_lines(cue, "."))])
+    blocks = (_cue_lines(cue, ".", vtt_text(cue.text)) for cue in cue_list)
+    return "\n".join(["WEBVTT", "", *(line for lines in blocks for line in lines)])
 
 
 def subrip(cue_list: Sequence[Cue]) -> str:
     """SubRip: numbered cues, ``00:00:00,000 --> 00:00:01,000``."""
-    numbered = ([str(n), *_cue_lines(cue, ",")] for n, cue in enumerate(cue_list, start=1))
+    numbered = (
+        [str(n), *_cue_lines(cue, ",", srt_text(cue.text))] for n, cue in enumerate(cue_list, 1)
+    )
     return "\n".join(line for lines in numbered for line in lines)
 
 
