@@ -148,6 +148,7 @@ class PiperEngine:
         import onnxruntime
         from piper import PiperVoice
         from piper.config import PiperConfig
+        from piper.const import PAD
 
         for name, files in self._files.items():
             if name in self._voices:
@@ -164,8 +165,13 @@ class PiperEngine:
             # and, with speech marks, those durations (frames at that speed) as a second output:
             # the graph computes them to make the audio, so they cost nothing at run time.
             raw = Path(model_path).read_bytes()
+            # Piper puts its pad id between phonemes: the blanks of the speed rule.
+            pad = config.phoneme_id_map.get(PAD)
+            graph = rescaled_graph(
+                raw, durations_output=self.speech_marks, blank_id=pad[0] if pad else None
+            )
             session = onnxruntime.InferenceSession(
-                rescaled_graph(raw, durations_output=self.speech_marks),
+                graph,
                 sess_options=opts,
                 providers=providers,
             )

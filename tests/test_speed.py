@@ -20,7 +20,7 @@ from aiohttp.test_utils import TestClient
 from gateway.api.ssml import RATE_WORDS
 from synth.coqui_engine import CoquiEngine
 from synth.engine import SynthesisItem
-from synth.exact_speed import NotAVitsGraph, rescaled_graph
+from synth.exact_speed import SPEED_RULE, NotAVitsGraph, rescaled_graph
 from synth.piper_engine import PiperEngine, PiperVoiceFiles
 from tests.conftest import GatewayFactory
 from tests.served import DefaultServer
@@ -132,7 +132,9 @@ def test_coqui_vits_onnx_lasts_one_over_the_speed(
     base = samples(engine, TEXT, 1.0, COQUI_QUIET)
     for speed in (0.25, 2.0, 4.0):
         assert off_by(samples(engine, TEXT, speed, COQUI_QUIET), base, speed) < TOLERANCE, speed
-    assert [p.name for p in tmp_path.glob("*.onnx")] == [f"{engine.fingerprint}.conv2d.speed.onnx"]
+    assert [p.name for p in tmp_path.glob("*.onnx")] == [
+        f"{engine.fingerprint}.conv2d.{SPEED_RULE}.onnx"
+    ]
 
 
 # ---- through the gateway: the joins, SSML rates and breaks ---------------------------------
