@@ -159,28 +159,24 @@ def _rescale_nodes(w: str, ids: str, blank_id: int | None, out: str) -> bytes:
     g = _Builder()
     i64 = functools.partial(g.constant, _INT64, dims=[1])
     axis = g.constant(_INT64, struct.pack("<q", -1))
-    axes, zero, one = (
-        i64(struct.pack("<q", -1)),
-        i64(struct.pack("<q", 0)),
-        i64(struct.pack("<q", 1)),
-    )
-    last, end = i64(struct.pack("<q", -1)), i64(struct.pack("<q", 2**63 - 1))
+    # Slice's starts, ends and axes: the last axis, its first id, the second, and the end.
+    last, zero, one, end = (i64(struct.pack("<q", v)) for v in (-1, 0, 1, 2**63 - 1))
     f32 = functools.partial(g.constant, _FLOAT)
     half = g.constant(_DOUBLE, struct.pack("<d", 0.5))
     concat = _attribute_int("axis", -1)
 
     def zeros(x: str) -> str:
-        first = g.add("Slice", x, zero, one, axes)
+        first = g.add("Slice", x, zero, one, last)
         return g.add("Sub", first, first)
 
     def later(x: str) -> str:  # each id's neighbour after it (0 after the last)
-        return g.add("Concat", g.add("Slice", x, one, end, axes), zeros(x), attribute=concat)
+        return g.add("Concat", g.add("Slice", x, one, end, last), zeros(x), attribute=concat)
 
     def earlier(x: str) -> str:  # each id's neighbour before it (0 before the first)
-        return g.add("Concat", zeros(x), g.add("Slice", x, zero, last, axes), attribute=concat)
+        return g.add("Concat", zeros(x), g.add("Slice", x, zero, last, last), attribute=concat)
 
     def total(x: str) -> str:
-        return g.add("Slice", g.add("CumSum", x, axis), last, end, axes)
+        return g.add("Slice", g.add("CumSum", x, axis), last, end, last)
 
     frames = g.add("Ceil", w)
     u = g.add("Div", frames, SPEED_INPUT)
