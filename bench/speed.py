@@ -269,7 +269,7 @@ def plot(runs: dict[str, dict[str, Any]], name: str) -> Path:
     """Each rendition's ratio per speed (left), zero-frame phonemes per speed (right), per
     engine and run (before/after)."""
     plt = pyplot()
-    engines = sorted({e for run in runs.values() for e in run["engines"]})
+    engines = list(dict.fromkeys(e for run in runs.values() for e in run["engines"]))
     fig, axes = plt.subplots(len(engines), 2, figsize=(11, 3.6 * len(engines)), squeeze=False)
     colors = {"before": "#e07b39", "after": "#3b7dd8"}
     for row, engine in zip(axes, engines, strict=True):
@@ -323,6 +323,7 @@ def main() -> None:
     parser.add_argument("--name", default="speed", help="docs/bench/<name>.json and .png")
     parser.add_argument("--no-write", action="store_true", help="do not write docs/bench")
     args = parser.parse_args()
+    provenance()  # the tree as the run starts
     started = time.perf_counter()
     prompts = PROMPTS[: args.prompts]
     noise = args.noise == "default"
