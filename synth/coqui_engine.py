@@ -34,7 +34,13 @@ from synth.engine import (
     fingerprint_files,
 )
 from synth.errors import EngineError, UnspeakableInput
-from synth.exact_speed import RESCALED_DURATIONS, rescaled_durations, rescaled_graph, vits_feeds
+from synth.exact_speed import (
+    RESCALED_DURATIONS,
+    SPEED_RULE,
+    rescaled_durations,
+    rescaled_graph,
+    vits_feeds,
+)
 from synth.onnx_layout import rewrite_file
 from synth.onnx_memory import ShrinkingSession
 from synth.onnx_quant import (
@@ -135,7 +141,7 @@ class CoquiEngine:
         self.sample_rate = int(audio_cfg.get("output_sample_rate") or audio_cfg["sample_rate"])
         self.source_fingerprint = fingerprint_files([self.model_path, self.config_path])
         self.fingerprint = (
-            int8_fingerprint(f"{self.source_fingerprint}.conv2d.speed")
+            int8_fingerprint(f"{self.source_fingerprint}.conv2d.{SPEED_RULE}")
             if self.precision == "int8"
             else self.source_fingerprint
         )
@@ -289,23 +295,23 @@ class CoquiEngine:
     def _onnx_session(self, model: Any) -> Any:
         import onnxruntime
 
-        # ".conv2d": the export after synth.onnx_layout's rewrite; ".speed": with the speed
-        # input of synth.exact_speed (files from before either differ).
-        path = self.onnx_dir / f"{self.source_fingerprint}.conv2d.speed.onnx"
+        # ".conv2d": the export after synth.onnx_layout's rewrite; then the speed input of
+        # synth.exact_speed, named by its rule (files from before either differ).
+        path = self.onnx_dir / f"{self.source_fingerprint}.conv2d.{SPEED_RULE}.onnx"
 
         def export_to(tmp: Path) -> None:
             log.info("exporting coqui model to ONNX (once per fingerprint): %s", path)
             model.export_onnx(output_path=str(tmp), verbose=False)
             changed = rewrite_file(str(tmp), str(tmp))
             log.info("coqui onnx: %d 1-D convolutions recast as 2-D", changed)
-            tmp.write_bytes(rescaled_graph(tmp.read_bytes()))
+            tmp.write_bytes(rescaled_graph(tmp.read_bytes(), blank_id=self._blank_id()))
 
         made_once(path, export_to)
         if self.precision == "int8":
             export = path
             path = derived_int8(
                 export,
-                f"{self.source_fingerprint}.conv2d.speed",
+                f"{self.source_fingerprint}.conv2d.{SPEED_RULE}",
                 self.onnx_dir,
                 lambda: self._calibration_feeds(export),
             )
@@ -396,6 +402,12 @@ class CoquiEngine:
         )
         return ids, sid, lid
 
+    def _blank_id(self) -> int | None:
+        """The id the tokenizer puts between symbols (``add_blank``), if it puts one."""
+        tokenizer = self._synth.tts_model.tokenizer
+        blank = tokenizer.characters.blank_id if tokenizer.add_blank else None
+        return None if blank is None else int(blank)
+
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         import torch
 
@@ -430,7 +442,9 @@ class CoquiEngine:
             "durations": None,
         }
         model.inference_noise_scale = noise
-        model.length_scale = _LengthAtSpeed(length, items[0].speed)
+        blank_id = self._blank_id()
+        blanks = None if blank_id is None else (x == blank_id).unsqueeze(1).to(device)
+        model.length_scale = _LengthAtSpeed(length, items[0].speed, blanks)
         model.inference_noise_scale_dp = noise_dp
         with torch.inference_mode(), self._autocast():
             out = model.inference(x.to(device), aux_input=aux)
@@ -525,15 +539,16 @@ class _LengthAtSpeed:
     the ceiling then leaves them as they are. (Dividing the length scale by the speed instead
     keeps the ceiling's round-up of every id: speech gentler than asked.)"""
 
-    def __init__(self, length_scale: float, speed: float) -> None:
+    def __init__(self, length_scale: float, speed: float, blanks: Any = None) -> None:
         self.length_scale = length_scale
         self.speed = speed
+        self.blanks = blanks  # where the batch's ids are the tokenizer's blank ([B, 1, T])
 
     def __rmul__(self, w: Any) -> Any:
         import torch
 
         frames = torch.ceil(w.float() * self.length_scale)
-        return rescaled_durations(frames, self.speed).to(w.dtype)
+        return rescaled_durations(frames, self.speed, self.blanks).to(w.dtype)
 
 
 def _with_durations(path: Path) -> tuple[bytes, str | None]:

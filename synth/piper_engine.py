@@ -150,6 +150,7 @@ class PiperEngine:
         import onnxruntime
         from piper import PiperVoice
         from piper.config import PiperConfig
+        from piper.const import PAD
 
         for name, files in self._files.items():
             if name in self._voices:
@@ -168,7 +169,13 @@ class PiperEngine:
             # the graph computes them to make the audio, so they cost nothing at run time. Its
             # noise comes in as inputs drawn from each item's address (synth/seeded_noise.py).
             raw = Path(model_path).read_bytes()
-            graph, noise = seeded_graph(rescaled_graph(raw, durations_output=self.speech_marks))
+            # Piper puts its pad id between phonemes: the blanks of the speed rule.
+            pad = config.phoneme_id_map.get(PAD)
+            graph, noise = seeded_graph(
+                rescaled_graph(
+                    raw, durations_output=self.speech_marks, blank_id=pad[0] if pad else None
+                )
+            )
             session = onnxruntime.InferenceSession(graph, sess_options=opts, providers=providers)
             self._noise[name] = SeededNoise(noise)
             self._voices[name] = PiperVoice(session=ShrinkingSession(session), config=config)

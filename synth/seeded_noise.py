@@ -66,12 +66,14 @@ _RANDOM_WORDS = (b"Random", b"Multinomial", b"Bernoulli")
 def noise_seed(fingerprint: str, item: SynthesisItem, params: Mapping[str, ParamValue]) -> int:
     """The 128-bit seed of ``item``'s noise: blake2b over what its content address covers
     (``params``: the engine's defaults with the item's own over them, as the address has
-    them). The take is in it: a retake after the checks refused a take is other audio."""
+    them). The take is in it: a retake after the checks refused a take is other audio. The
+    speed is not: a rendition at speed s draws speed 1's duration noise, so its phonemes last
+    speed 1's durations divided by s and its length is exactly speed 1's over s (the speed
+    figures with noise on, docs/bench/speed_noise.json, rest on this)."""
     material = {
         "fingerprint": fingerprint,
         "voice": item.voice,
         "text": item.text,
-        "speed": item.speed,
         "params": dict(params),
         "phonemes": item.phonemes,
         "take": item.take,

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from bench import arena, common, hit_path, hostshare, marks_cost, miss_path, takes, ttfa
+from bench import arena, common, hit_path, hostshare, marks_cost, miss_path, speed, takes, ttfa
 from gateway.runtime.hostshare import HostTable
 from tests.support import shortest_audio_s
 
@@ -133,6 +133,20 @@ def test_marks_cost_bench_tiny() -> None:
     on, off = rows["marks-on"]["miss"], rows["marks-off"]["miss"]
     ratio = result["summary"]["miss"]["throughput_ratio"]
     assert ratio == round(on["throughput_rps"] / off["throughput_rps"], 3)
+
+
+def test_speed_bench_two_prompts() -> None:
+    """The speed bench on two prompts (one of two sentences, joined with the pause at the speed)
+    with the Piper voice: speed 1 is its own reference, every speed's figures are its
+    renditions', and no phoneme is without a frame."""
+    rows = speed.measure(speed.Piper(noise=False), ["Hello.", "Please hold. Thank you."])
+    assert rows["1"]["max_error_pct"] == 0 and rows["1"]["ratios"] == [1.0, 1.0]
+    for s in speed.SPEEDS:
+        r = rows[f"{s:g}"]
+        assert r["renditions"] == 2 and r["min_ratio"] <= r["mean_ratio"] <= r["max_ratio"]
+        assert r["max_error_pct"] < 100 * speed.TOLERANCE and r["zero_frame_phonemes"] == 0
+        assert r["phonemes"] == rows["1"]["phonemes"] > 0
+    assert rows["frames_per_phoneme_at_speed_1"]["min"] > 3
 
 
 def test_takes_bench_two_sentences() -> None:

@@ -20,6 +20,7 @@ from gateway.runtime.components import default_engine_specs
 from gateway.runtime.settings import Settings
 from synth.coqui_engine import CoquiEngine
 from synth.engine import Engine, SynthesisItem
+from synth.exact_speed import SPEED_RULE
 from tests.conftest import GatewayFactory
 
 # One pytest-xdist worker runs the whole module: the Coqui model and its torch engine are loaded on one worker only.
@@ -99,7 +100,7 @@ def test_onnx_mode_exports_once_and_matches_torch(
 ) -> None:
     engine = CoquiEngine(*coqui_model_files, mode="onnx", onnx_dir=tmp_path)
     engine.load()
-    exported = tmp_path / f"{engine.fingerprint}.conv2d.speed.onnx"
+    exported = tmp_path / f"{engine.fingerprint}.conv2d.{SPEED_RULE}.onnx"
     assert exported.is_file()
     import onnx
 

@@ -20,6 +20,7 @@ from gateway.runtime.components import default_engine_specs
 from gateway.runtime.settings import Settings
 from synth import onnx_quant
 from synth.engine import SynthesisItem
+from synth.exact_speed import SPEED_RULE
 from synth.piper_engine import PiperEngine, PiperVoiceFiles
 from tests.conftest import GatewayFactory
 from tests.served import DefaultServer
@@ -222,7 +223,9 @@ def test_coqui_onnx_int8(coqui_model_files: tuple[Path, Path], tmp_path: Path) -
     int8 = CoquiEngine(*coqui_model_files, mode="onnx", onnx_dir=tmp_path, precision="int8")
     torch_int8 = CoquiEngine(*coqui_model_files, mode="torch", precision="int8")
     assert torch_int8.precision == "fp32" and torch_int8.fingerprint == fp32.fingerprint
-    assert int8.fingerprint == onnx_quant.int8_fingerprint(f"{fp32.fingerprint}.conv2d.speed")
+    assert int8.fingerprint == onnx_quant.int8_fingerprint(
+        f"{fp32.fingerprint}.conv2d.{SPEED_RULE}"
+    )
     fp32.load()
     int8.load()
     assert int8.describe()["precision"] == "int8"

@@ -29,6 +29,7 @@ from metrics import Metrics
 from synth import audio
 from synth.engine import Audio, Engine, ParamValue, SynthesisItem
 from synth.errors import Overloaded, TakeRejected
+from synth.exact_speed import SPEED_RULE
 from synth.pieces import PiecesFeed
 from synth.scheduler import Scheduler
 
@@ -160,10 +161,10 @@ class Masters:
                 self._defaults[req.model, req.voice] = defaults
         params = {**defaults, **dict(req.params), "speed": req.speed}
         if req.speed != 1.0 or any(seg.rate != 1.0 for seg in req.segments):
-            # Speech away from speed 1 is now exactly 1/speed as long, pauses included
-            # (synth/exact_speed.py, assembly.pause_at_speed): audio stored under the rule before
-            # is never served for it. Speed 1's addresses, and their audio, are unchanged.
-            params["speed_rule"] = "exact"
+            # Speech away from speed 1 is exactly 1/speed as long, pauses included, every
+            # phoneme heard (synth/exact_speed.py, assembly.pause_at_speed): audio stored under
+            # a rule before is never served for it. Speed 1's addresses, and audio, are unchanged.
+            params["speed_rule"] = SPEED_RULE
         if req.phonemes:
             params["phonemes"] = True  # the same characters read as IPA are other speech
         return params
