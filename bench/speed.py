@@ -34,6 +34,7 @@ import argparse
 import json
 import tempfile
 import time
+import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -145,8 +146,10 @@ class Piper:
         """Audio of one sentence, its phonemes with no frame, its phonemes, and the fewest
         frames a phoneme of its runs has (its frames over its phonemes)."""
         chunks, zero, phonemes, fewest = [], 0, 0, np.inf
+        # The noise of every speed is the text's, as the engine's seed leaves the speed out.
+        noise = (self.engine._noise["joe"], zlib.crc32(text.encode()))
         runs: Iterator[Any] = self.engine._runs(
-            self.voice, self.voice.phonemize(text), self.config, speed, True
+            self.voice, self.voice.phonemize(text), self.config, speed, True, noise
         )
         for pcm, run, samples in runs:
             chunks.append(pcm)
@@ -184,7 +187,9 @@ class Coqui:
 
         item = SynthesisItem(text, "default", speed, self.params)
         feeds = self.engine._onnx_feeds(item, self.names)
-        pcm, frames = self.engine._onnx.run(["output", self.engine._onnx_durations], feeds)
+        outputs = ["output", self.engine._onnx_durations]
+        seed = zlib.crc32(text.encode())
+        pcm, frames = self.engine._noise.run(self.engine._onnx, outputs, feeds, seed)
         ids = feeds["input"][0].tolist()
         heard = [
             n for i, n in zip(ids, np.asarray(frames).reshape(-1), strict=True) if i != self.blank

@@ -5,7 +5,7 @@ VITS samples its durations and its latent from a normal distribution (the ``nois
 audio (and another ETag) from every store that made it: two replicas without a shared Redis, a
 fresh disk, a synthesis after eviction. Here every item's noise is a function of
 :func:`noise_seed`, a hash of exactly what its address covers (engine fingerprint, voice, text,
-parameters, speed, IPA or not, take), so the audio depends on nothing else: not the batch it
+parameters, IPA or not, take; not the speed: see noise_seed), so the audio depends on nothing else: not the batch it
 lands in, the worker, the thread, or what that process ran before.
 
 - ONNX graphs (Piper voices, Coqui's VITS export): :func:`seeded_graph` replaces each

@@ -88,10 +88,12 @@ def test_piper_says_every_phoneme_at_speed_2_and_3_within_5_percent(piper: Piper
     for text in PROMPTS:
         ids = voice.phonemes_to_ids(voice.phonemize(text)[0])
         phoneme = np.asarray(ids) != BLANK
-        _, frames = voice.session.run(None, vits_feeds(ids, [0.0, 1.0, 0.0], 1.0))
+        noise = piper._noise["joe"]
+        run = noise.outputs(voice.session)
+        _, frames = noise.run(voice.session, run, vits_feeds(ids, [0.0, 1.0, 0.0], 1.0), 0)
         base = samples(piper, text, 1.0, PIPER_QUIET)
         for speed in (2.0, 3.0):
-            _, d = voice.session.run(None, vits_feeds(ids, [0.0, 1.0, 0.0], speed))
+            _, d = noise.run(voice.session, run, vits_feeds(ids, [0.0, 1.0, 0.0], speed), 0)
             d = d.reshape(-1)
             assert np.all(d[phoneme] >= 1), (text, speed)
             expected = rule(frames.reshape(-1).astype(int).tolist(), ids, speed)
@@ -268,8 +270,8 @@ def test_coqui_vits_onnx_lasts_one_over_the_speed(
         for s in (1.0, 2.0)
     }
     outputs = ["output", engine._onnx_durations]
-    frames = engine._onnx.run(outputs, feeds[1.0])[1].reshape(-1)
-    d = engine._onnx.run(outputs, feeds[2.0])[1].reshape(-1)
+    frames = engine._noise.run(engine._onnx, outputs, feeds[1.0], 0)[1].reshape(-1)
+    d = engine._noise.run(engine._onnx, outputs, feeds[2.0], 0)[1].reshape(-1)
     ids = feeds[2.0]["input"][0]
     blank = engine._synth.tts_model.tokenizer.characters.blank_id
     assert np.all(d[ids != blank] >= 1)
