@@ -45,6 +45,7 @@ from synth.pool import EngineSpec, LogSetup, WorkerPool
 from synth.runner import ThreadRunner
 from synth.scheduler import ClientShares, Scheduler
 from synth.shared_pool import RemotePool
+from synth.loudness import Loudness
 from synth.takecheck import Limits, TakeChecker
 from synth.upstream import (
     RequestRate,
@@ -446,6 +447,9 @@ async def open_speech(
                     for name, values in settings.take_limits.items()
                 },
             ),
+            loudness=None
+            if settings.loudness_lufs == "off"
+            else Loudness(target_lufs=settings.loudness_lufs),
         )
         render_share = (
             RenderShare(shares, settings.renders_per_client, metrics.renders_refused)
