@@ -94,7 +94,7 @@ def _peak_envelope(x: FloatPCM) -> FloatPCM:
     up = resample_poly(x, OVERSAMPLE, 1)
     env = np.abs(x)
     for phase in range(1, OVERSAMPLE):
-        np.maximum(env, np.abs(up[phase :: OVERSAMPLE][: x.size]), out=env)
+        np.maximum(env, np.abs(up[phase::OVERSAMPLE][: x.size]), out=env)
     return env
 
 
@@ -127,7 +127,8 @@ def _limit(x: FloatPCM, env: FloatPCM, ceiling: float, width: int) -> FloatPCM:
         return x
     size = 2 * width + 1
     held = minimum_filter1d(need, size=size, mode="nearest")
-    return x * uniform_filter1d(held, size=size, mode="nearest")
+    gain: FloatPCM = uniform_filter1d(held, size=size, mode="nearest")
+    return x * gain
 
 
 def normalize(pcm: FloatPCM, rate: int, target_lufs: float, ceiling_dbtp: float) -> FloatPCM:

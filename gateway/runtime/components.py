@@ -39,13 +39,13 @@ from metrics import Metrics
 from synth.audio import as_rendered_pcm16
 from synth.cancellation import cancel_and_wait
 from synth.engine import Engine
+from synth.loudness import Loudness
 from synth.pieces import PiecesFeed
 from synth.piper_engine import PiperVoiceFiles
 from synth.pool import EngineSpec, LogSetup, WorkerPool
 from synth.runner import ThreadRunner
 from synth.scheduler import ClientShares, Scheduler
 from synth.shared_pool import RemotePool
-from synth.loudness import Loudness
 from synth.takecheck import Limits, TakeChecker
 from synth.upstream import (
     RequestRate,
