@@ -6,7 +6,6 @@ provider) decoded: no sample at full scale, true peak at most -1 dBTP, the targe
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import aiohttp
 import numpy as np
 import pytest
 
+from bench.loudness import decode
 from gateway.runtime.settings import Settings
 from synth import audio, loudness
 from synth.engine import SynthesisItem
@@ -104,26 +104,6 @@ async def test_the_target_is_part_of_the_content_address(
         keys.add(r.headers["X-Audio-Key"])
         bodies.add(await r.read())
     assert len(keys) == 3 and len(bodies) == 3
-
-
-def decode(data: bytes, fmt: str, rate: int, tmp: Path) -> Any:
-    """Any format, decoded by ffmpeg to float samples at the rendition's rate (the raw ones told
-    their demuxer); Opus decodes at 48 kHz."""
-    demux = {
-        "pcm": ["-f", "s16le", "-ar", str(rate), "-ac", "1"],
-        "ulaw": ["-f", "mulaw", "-ar", str(rate), "-ac", "1"],
-        "alaw-raw": ["-f", "alaw", "-ar", str(rate), "-ac", "1"],
-        "gsm": ["-f", "gsm"],
-        "g722": ["-f", "g722"],
-    }.get(fmt, [])
-    path = tmp / f"rendition.{fmt}"
-    path.write_bytes(data)
-    out = subprocess.run(
-        ["ffmpeg", "-v", "error", *demux, "-i", str(path), "-f", "f32le", "-ac", "1", "-"],
-        capture_output=True,
-        check=True,
-    )
-    return np.frombuffer(out.stdout, dtype="<f4")
 
 
 # What a codec may add to the master's true peak, in dB: the reason the master keeps its true
