@@ -6,21 +6,25 @@ provider) decoded: no sample at full scale, true peak at most -1 dBTP, the targe
 from __future__ import annotations
 
 import asyncio
+import io
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import numpy as np
 import pytest
+import soundfile as sf
 
 from bench.loudness import decode
 from gateway.runtime.settings import Settings
 from synth import audio, loudness
 from synth.engine import SynthesisItem
 from synth.piper_engine import PiperEngine
+from synth.upstream import UpstreamConfig
 from tests.conftest import COQUI_BUZZ_LIMITS, GatewayFactory
 from tests.served import DefaultServer
-from tests.upstream_support import KEY_ENV, OpenAISpeechServer
+from tests.support import CountingEngine
+from tests.upstream_support import KEY_ENV, OpenAISpeechServer, voiced
 
 TARGET = loudness.DEFAULT_TARGET_LUFS
 CEILING = loudness.CEILING_DBTP
@@ -170,3 +174,43 @@ async def test_every_format_of_voice_and_upstream_is_at_the_target_and_never_cli
         assert tp <= CEILING + allowance, where
         if text == LONG and fmt == "wav":
             assert abs(level - TARGET) <= 1.0, where
+
+
+async def test_with_a_target_a_clipped_take_is_still_refused_and_the_retake_kept_at_it(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    provider: OpenAISpeechServer,
+    tmp_path: Path,
+) -> None:
+    """With a target, a provider's take driven into flat tops at full scale is refused as
+    clipped as it is without one, the retake is kept, and what is served is that retake at
+    the target."""
+    settings = Settings.load(
+        env={},
+        overrides={"cache_dir": str(tmp_path / "cache"), "port": "0", "loudness_lufs": "-18"},
+    )
+    config = UpstreamConfig.model_validate(
+        {
+            "name": "openai",
+            "kind": "openai",
+            "base_url": provider.url,
+            "api_key_env": KEY_ENV,
+            "model": "gpt-4o-mini-tts",
+            "voices": ["alloy"],
+            "timeout_s": 5,
+        }
+    )
+    client = await gateway(settings=settings, engines={"piper": counting_engine, "openai": config})
+    text = "Your order has shipped and will arrive on Friday."
+    driven = np.clip(voiced(text).astype(np.int32) * 6, -32768, 32767).astype("<i2")
+    assert np.count_nonzero(np.abs(driven.astype(np.int32)) >= 32767) > 1000
+    provider.takes.append(driven)
+    body = {"model": "openai", "voice": "alloy", "input": text, "response_format": "wav"}
+    r = await client.post("/v1/audio/speech", json=body)
+    assert r.status == 200, await r.text()
+    assert provider.calls == 2  # the clipped take, then the retake
+    kept = (await (await client.get("/v1/takes")).json())["takes"]
+    assert [t["reasons"] for t in kept] == [["clipped"]]
+    pcm, rate = sf.read(io.BytesIO(await r.read()), dtype="float32")
+    assert abs(loudness.integrated_loudness(pcm, rate) - TARGET) < 0.5
+    assert loudness.db(loudness.true_peak(pcm, rate)) <= CEILING + LOSSLESS_OVER_DB

@@ -56,8 +56,8 @@ def _master_entry(
     """Freshly synthesized audio as stored (at ``level``'s loudness, when there is one), the
     master entry that stores it, and the samples the take checks judge (runs off the loop).
 
-    The checks judge the engine's own take, before the loudness gain: a provider's clipped
-    flat tops are flat at its full scale, and the limiter's gain would round them off."""
+    The checks judge the engine's own take, before the loudness gain: their limits were set on
+    the engines' and providers' own takes, so a target changes none of their verdicts."""
     pcm = result.pcm if level is None else level.apply(result.pcm, result.sample_rate)
     stored, master = audio.master_of(pcm, result.sample_rate)
     words = result.words
