@@ -12,9 +12,10 @@ pauses are divided by the gateway, so nothing is left out of the measure. The sp
 the edges are not what holds the length.
 
 Synthesis is noise-free by default (noise scales 0: each rendition is the same every run, so a
-ratio is the rule's, not chance's). With ``--noise default`` the voice's own noise scales are used:
-each rendition then draws its speed-1 durations anew, so its length differs from the speed-1
-rendition's by the noise as well as by the rule.
+ratio is the rule's, not chance's). With ``--noise default`` the voice's own noise scales are used,
+drawn as the engine draws them: from a seed that leaves the speed out, so each speed divides the
+same speed-1 durations (before that seed, each rendition drew its durations anew, and its length
+differed from the speed-1 rendition's by chance as well as by the rule).
 
 Per id, the frames are the graph's own (Piper's durations output, the one the speech marks
 read; Coqui's ONNX export likewise): a phoneme is any id but the blank between phonemes (Piper's

@@ -198,7 +198,10 @@ async def test_served_int8_uses_the_cached_graph(
     assert addresses["fp32"] != addresses["int8"]
     graph = seed_cache(derived_dir, tmp_path / "srv" / "cache" / "piper-int8")
     before = mtime(graph)
-    server = DefaultServer(tmp_path / "srv", "--synthesis-precision", "int8")
+    # The addresses above come from the settings fixture, whose loudness target is off.
+    server = DefaultServer(
+        tmp_path / "srv", "--synthesis-precision", "int8", "--loudness-lufs", "off"
+    )
     try:
         server.wait_ready()
         status, headers, answer = await server.request("POST", "/v1/audio/speech", json=body)

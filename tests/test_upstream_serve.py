@@ -398,8 +398,15 @@ async def test_a_streamed_miss_passes_the_providers_pcm_on_through_the_pool_proc
         entry = {"kind": "wyoming", "base_url": provider.url}
     entry.update(name="held", voices=["alloy"], sample_rate=RATE, timeout_s=60)
     path = write_upstreams(tmp_path / "upstreams.toml", entry)
+    # Pass-through sends the provider's samples as they come, so it runs only where they are
+    # stored as they come: with no loudness target (a sentence's gain needs the whole of it).
     server = DefaultServer(
-        tmp_path / "s", "--upstreams-file", str(path), env={KEY_ENV: "sk-test-key"}
+        tmp_path / "s",
+        "--upstreams-file",
+        str(path),
+        "--loudness-lufs",
+        "off",
+        env={KEY_ENV: "sk-test-key"},
     )
     text = "Your call is important to us."
     expected = voiced(text).tobytes()

@@ -39,6 +39,7 @@ from metrics import Metrics
 from synth.audio import as_rendered_pcm16
 from synth.cancellation import cancel_and_wait
 from synth.engine import Engine
+from synth.loudness import Loudness
 from synth.pieces import PiecesFeed
 from synth.piper_engine import PiperVoiceFiles
 from synth.pool import EngineSpec, LogSetup, WorkerPool
@@ -446,6 +447,9 @@ async def open_speech(
                     for name, values in settings.take_limits.items()
                 },
             ),
+            loudness=None
+            if settings.loudness_lufs == "off"
+            else Loudness(target_lufs=settings.loudness_lufs),
         )
         render_share = (
             RenderShare(shares, settings.renders_per_client, metrics.renders_refused)

@@ -30,6 +30,7 @@ from synth import audio
 from synth.engine import Audio, Engine, ParamValue, SynthesisItem
 from synth.errors import Overloaded, TakeRejected
 from synth.exact_speed import SPEED_RULE
+from synth.loudness import Loudness
 from synth.pieces import PiecesFeed
 from synth.scheduler import Scheduler
 
@@ -50,10 +51,16 @@ class ModelHandle:
     ready: asyncio.Event
 
 
-def _master_entry(req: SpeechRequest, result: Audio) -> tuple[Audio, Entry]:
-    """Freshly synthesized audio as stored, and the master entry that stores it (runs off the
-    loop)."""
-    stored, master = audio.master_of(result.pcm, result.sample_rate)
+def _master_entry(
+    req: SpeechRequest, result: Audio, level: Loudness | None
+) -> tuple[Audio, Entry, audio.FloatPCM]:
+    """Freshly synthesized audio as stored (at ``level``'s loudness, when there is one), the
+    master entry that stores it, and the samples the take checks judge (runs off the loop).
+
+    The checks judge the engine's own take, before the loudness gain: their limits were set on
+    the engines' and providers' own takes, so a target changes none of their verdicts."""
+    pcm = result.pcm if level is None else level.apply(result.pcm, result.sample_rate)
+    stored, master = audio.master_of(pcm, result.sample_rate)
     words = result.words
     if words is not None and any(w.end > len(req.text) for w in words):
         words = None  # (an engine's offsets past its text: no marks rather than wrong ones)
@@ -61,7 +68,8 @@ def _master_entry(req: SpeechRequest, result: Audio) -> tuple[Audio, Entry]:
     entry = req.entry(
         master, audio.MASTER_FORMAT, result.sample_rate, result.duration_s, alignment=alignment
     )
-    return Audio(stored, result.sample_rate, words, result.joined), entry
+    judged = stored if level is None else result.pcm
+    return Audio(stored, result.sample_rate, words, result.joined), entry, judged
 
 
 class Masters:
@@ -78,7 +86,10 @@ class Masters:
         cross_replica: CrossReplicaFlight | None = None,
         admit_synthesis: Callable[[int], Awaitable[None]] | None = None,
         takes: TakeGate | None = None,
+        loudness: Loudness | None = None,
     ) -> None:
+        # The level every new master is brought to (``loudness_lufs``; None: the engine's own).
+        self.loudness = loudness
         # Each model's voices' languages, as the take checks read them.
         self._languages: dict[str, dict[str, str]] = {}
         # The checks every new take passes before it is stored (None: none).
@@ -145,7 +156,10 @@ class Masters:
         at that rate."""
         handle = self.models[req.model]
         return (
-            req.fmt.name == "pcm"
+            # A sentence's loudness gain is known only once the whole sentence is: with a
+            # target, the provider's pieces are not what is stored.
+            self.loudness is None
+            and req.fmt.name == "pcm"
             and handle.scheduler.runner.passes_pcm
             and handle.engine.sample_rate == rate
         )
@@ -167,6 +181,9 @@ class Masters:
             params["speed_rule"] = SPEED_RULE
         if req.phonemes:
             params["phonemes"] = True  # the same characters read as IPA are other speech
+        if self.loudness is not None:
+            # Another level is other audio; without a target the addresses are as they were.
+            params["loudness"] = self.loudness.address
         return params
 
     def master_key(self, req: SpeechRequest, **extra: ParamValue) -> str:
@@ -287,8 +304,10 @@ class Masters:
             # One job off the loop: the 16-bit samples once, the FLAC master from them, its
             # checksum and digest (a miss's CPU here is taken from the synthesis workers on the
             # same cores).
-            stored, entry = await loop.run_in_executor(self.encode_pool, _master_entry, req, result)
-            take = Take(stored.pcm, stored.sample_rate, req.text, req, self.language_of(req))
+            stored, entry, judged = await loop.run_in_executor(
+                self.encode_pool, _master_entry, req, result, self.loudness
+            )
+            take = Take(judged, stored.sample_rate, req.text, req, self.language_of(req))
             verdict = await accept_take(self.store, mk, entry, take, self.takes)
             if verdict.ok:
                 log.info(
