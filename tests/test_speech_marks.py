@@ -128,7 +128,8 @@ async def test_marks_of_a_text_index_its_bytes_and_fit_its_audio(
     client: TestClient[Any, Any],
 ) -> None:
     text = "Café au lait costs 3 dollars. Thank you for calling!"
-    key, wav = await speak(client, text)
+    # (As written: "3" is one word of the text that espeak says as "three".)
+    key, wav = await speak(client, text, normalize="none")
     duration_ms = len(sf.read(io.BytesIO(wav))[0]) * 1000 / 22050
     found = await marks_of(client, key)
     raw = text.encode()

@@ -20,13 +20,16 @@ from typing_extensions import TypedDict
 from cache.entry import Entry
 from cache.keys import is_key
 from gateway.api import ssml
+from gateway.api.frontend import numbers_language
 from gateway.api.parsing import (
     SpeechCall,
     front_end_may_run,
     parse_speech_body,
     read_body,
     ssml_limits,
+    text_front_end,
 )
+from gateway.api.readings import read_numbers
 from gateway.errors import BadRequest, NotFound
 from gateway.http import keys
 from gateway.http.errors import Handler
@@ -187,17 +190,24 @@ def _ssml_map(
     wrapped = not ssml.is_ssml(given)
     document = f"<speak>{given}</speak>" if wrapped else given
     handle = words.models[req.model]
+    language = handle.voice_language(req.voice)
     source = ssml.source_of(
         document,
-        language=handle.voice_language(req.voice),
+        language=language,
         engine=handle.engine_name,
         takes_phonemes=handle.capabilities.takes_phonemes,
         limits=ssml_limits(settings),
     )
-    if (normalize or settings.normalize) == "numbers":
-        return None  # the words are the number front end's, not the document's
+    chars: list[speech_marks.SourceChar] | tuple[speech_marks.SourceChar, ...] = source.chars
+    if text_front_end(settings, handle, req.voice, normalize) == "numbers":
+        # The words are partly the number front end's: each it wrote spans the digits it read.
+        lang = numbers_language(language)
+        try:
+            chars = speech_marks.rewritten_source(chars, lambda text: read_numbers(text, lang))
+        except BadRequest:
+            return None  # (digits the request's own words did not have: no map, no failure)
     return speech_marks.SsmlSourceMap(
-        req.text, given, source.chars, source.marks, len("<speak>") if wrapped else 0
+        req.text, given, chars, source.marks, len("<speak>") if wrapped else 0
     )
 
 
