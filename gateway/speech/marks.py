@@ -375,7 +375,8 @@ class SourceMap:
         return self.given if self.exact else self.spoken
 
 
-_TOKEN = re.compile(r"\S+|\s+")
+# Words, runs of spaces, and each other character alone (a comma after a number is kept).
+_TOKEN = re.compile(r"\w+|\s+|[^\w\s]")
 SourceChar = tuple[str, tuple[int, int]]
 
 
