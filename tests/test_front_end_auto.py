@@ -13,7 +13,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from gateway.api.frontend import NORMALIZE_MODES, front_end_mode
-from gateway.api.parsing import speech_text
+from gateway.api.parsing import SMALL_BODY, front_end_may_run, speech_text
 from gateway.api.readings import read_numbers
 from gateway.runtime.settings import Settings
 from gateway.speech.vocabulary import Vocabulary
@@ -70,6 +70,18 @@ def test_auto_is_the_models_own_front_end_and_none_without_a_known_language() ->
     for mode in ("none", "llm", "numbers"):
         assert front_end_mode(mode, "none", "en_US") == mode
         assert front_end_mode(mode, "numbers", "") == mode
+
+
+def test_a_long_text_is_read_off_the_event_loop() -> None:
+    """Reading the digits of a long text takes tens of milliseconds: such a body is validated in
+    a thread; a prompt-sized one on the loop (well under a millisecond)."""
+    auto = Settings.load(env={})
+    small, large = b"x" * SMALL_BODY, b"x" * (SMALL_BODY + 1)
+    assert not front_end_may_run(auto, small)
+    assert front_end_may_run(auto, large)
+    assert front_end_may_run(auto, None)  # (a text of any length)
+    assert not front_end_may_run(auto.replace(normalize="none"), large)
+    assert front_end_may_run(auto.replace(normalize="llm"), small)
 
 
 def test_each_upstream_kind_reads_numbers_as_its_service_does() -> None:
