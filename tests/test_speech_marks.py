@@ -827,6 +827,36 @@ async def test_ssml_words_the_number_front_end_read_map_to_their_digits(
     ]
 
 
+async def test_plain_words_the_number_front_end_read_map_to_their_digits(
+    gateway: GatewayFactory,
+) -> None:
+    """Plain text under auto: the marks index the input as sent (each word read from "0042"
+    spans it) and the characters' alignment covers the words said."""
+    client = await gateway()
+    text = "Your PIN is 0042, thanks."
+    resp = await client.post("/v1/audio/speech/with-timestamps", json=body(text))
+    assert resp.status == 200, await resp.text()
+    got = await resp.json()
+    raw = text.encode()
+    said = [
+        (m["value"], raw[m["start"] : m["end"]].decode())
+        for m in got["marks"]
+        if m["type"] == "word"
+    ]
+    pin = read_numbers("0042", "en").split()
+    assert said == [
+        ("Your", "Your"),
+        ("PIN", "PIN"),
+        ("is", "is"),
+        *[(word, "0042") for word in pin],
+        ("thanks", "thanks"),
+    ]
+    (sentence,) = [m for m in got["marks"] if m["type"] == "sentence"]
+    assert raw[sentence["start"] : sentence["end"]].decode() == text
+    assert "".join(got["alignment"]["characters"]) == got["normalized_text"]
+    assert got["normalized_text"] == read_numbers(text, "en")
+
+
 def test_ssml_source_of_entities_and_a_text_only_say_as() -> None:
     """Where each character of an expansion came from: an entity stands for its reference, a
     plain say-as expansion (no segments) keeps its source too."""
