@@ -6,7 +6,7 @@ import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from synth.alignment import WordTiming
 from synth.audio import FloatPCM
@@ -78,7 +78,10 @@ class EngineCapabilities:
     what it is asked (a voice it does not list is never swapped for another); ``any_voice``: any
     voice id goes to it as asked; ``splits_sentences``: its texts are said sentence by sentence
     (False: whole, one call per text); ``max_exact_batch``: the largest batch it splits back
-    exactly; ``price_per_million_chars``: what a provider bills (None: not billed per character).
+    exactly; ``price_per_million_chars``: what a provider bills (None: not billed per character);
+    ``front_end``: the text front end a request's ``normalize: "auto"`` runs for it
+    (:mod:`gateway.api.frontend`): ``numbers`` for an engine whose phonemizer reads digits badly
+    ("$42.50" said "dollar forty two point five zero"), ``none`` for one that reads them itself.
     """
 
     takes_phonemes: bool = False
@@ -90,6 +93,10 @@ class EngineCapabilities:
     price_per_million_chars: float | None = None
     # Its items come back with word timings (``Audio.words``): speech marks.
     speech_marks: bool = False
+    front_end: Literal["numbers", "none"] = "numbers"
+    # The language of a voice it is asked for beyond those it lists (``any_voice``): an
+    # upstream's ``language``.
+    any_voice_language: str = ""
 
 
 @runtime_checkable

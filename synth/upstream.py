@@ -150,6 +150,12 @@ class UpstreamConfig(BaseModel):
     max_audio_mb: int = Field(
         64, ge=1, le=1024, description="Largest answer read from the provider, in MiB."
     )
+    normalize: Literal["auto", "numbers", "none"] = Field(
+        "auto",
+        description='The text front end of its requests\' normalize "auto": numbers (digits, '
+        "amounts, dates and times written out in `language` before the call), none (sent as "
+        "written), auto (none for a kind whose service reads them itself, numbers for wyoming).",
+    )
 
     @field_validator("base_url")
     @classmethod
@@ -200,6 +206,14 @@ class UpstreamConfig(BaseModel):
     def spec(self) -> ProviderSpec:
         """What the entry's kind is (:data:`synth.providers.SPECS`)."""
         return SPECS[self.kind]
+
+    @property
+    def front_end(self) -> Literal["numbers", "none"]:
+        """The front end ``normalize = "auto"`` of a request to it runs (``normalize``, or by
+        what its kind's service does with digits)."""
+        if self.normalize != "auto":
+            return self.normalize
+        return "none" if self.spec.reads_numbers else "numbers"
 
     @property
     def streams_pcm(self) -> bool:
@@ -291,6 +305,10 @@ class UpstreamEngine:
             return "a change of what is in the content address"
         if config.voices != old.voices or config.language != old.language:
             return "a change of the voices"
+        if config.front_end != old.front_end:
+            # Validated requests are remembered by their body (gateway.api.parsing.RequestMemo):
+            # the text an old body stands for must not change under them.
+            return "a change of normalize"
         for *most, last in (
             ("instructions", "api_key_env"),
             ("region", "key_id_env", "session_token_env"),  # where calls are signed, and how
@@ -310,6 +328,8 @@ class UpstreamEngine:
             any_voice=config.any_voice,
             splits_sentences=config.split == "sentence",
             price_per_million_chars=config.price_per_million_chars,
+            front_end=config.front_end,
+            any_voice_language=config.language,
         )
 
     def default_params(self, voice: str) -> Mapping[str, ParamValue]:
@@ -337,6 +357,7 @@ class UpstreamEngine:
             "max_concurrency": c.max_concurrency,
             "requests_per_minute": c.requests_per_minute,
             "timeout_s": c.timeout_s,
+            "front_end": c.front_end,
         }
 
 

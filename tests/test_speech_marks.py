@@ -34,6 +34,7 @@ from openai import AsyncOpenAI
 from bench import marks_timing
 from bench.harness import COQUI_QUIET, speech_body
 from gateway.api.normalize import say_as as normalize_say_as
+from gateway.api.readings import read_numbers
 from gateway.api.ssml import expand, plain_text, source_of
 from gateway.runtime.components import default_engine_specs
 from gateway.runtime.settings import Settings
@@ -156,7 +157,8 @@ async def test_marks_of_a_text_index_its_bytes_and_fit_its_audio(
     client: TestClient[Any, Any],
 ) -> None:
     text = "Café au lait costs 3 dollars. Thank you for calling!"
-    key, wav = await speak(client, text)
+    # (As written: "3" is one word of the text that espeak says as "three".)
+    key, wav = await speak(client, text, normalize="none")
     duration_ms = len(sf.read(io.BytesIO(wav))[0]) * 1000 / 22050
     found = await marks_of(client, key)
     raw = text.encode()
@@ -974,6 +976,79 @@ async def test_ssml_words_map_to_the_source_they_came_from(gateway: GatewayFacto
     assert [spoken[m["start"] : m["end"]].decode() for m in by_key if m["type"] == "word"] == [
         value for value, _ in said
     ]
+
+
+def test_words_a_front_end_wrote_span_the_characters_they_read() -> None:
+    """A word the rewrite kept keeps its bytes; the words written for "42" all span "42"."""
+    text = "Room 42 now"
+    chars = [(ch, (10 + i, 11 + i)) for i, ch in enumerate(text)]
+    out = speech_marks.rewritten_source(chars, lambda t: t.replace("42", "forty two"))
+    assert "".join(ch for ch, _ in out) == "Room forty two now"
+    assert out[:5] == chars[:5]
+    assert {span for ch, span in out[5:14]} == {(15, 17)}
+    assert out[-4:] == chars[-4:]
+    # Nothing rewritten: the same characters.
+    assert speech_marks.rewritten_source(chars, lambda t: t) == chars
+
+
+@pytest.mark.parametrize("normalize", [None, "numbers"])
+async def test_ssml_words_the_number_front_end_read_map_to_their_digits(
+    gateway: GatewayFactory, normalize: str | None
+) -> None:
+    """Under auto (the default) and numbers the SSML source map is kept: each word read from a
+    bare number spans its digits, a say-as's words its content, the document's words their own."""
+    client = await gateway()
+    doc = '<speak>Your PIN is 0042, room <say-as interpret-as="digits">12</say-as>.</speak>'
+    kw = {"normalize": normalize} if normalize else {}
+    resp = await client.post("/v1/audio/speech/with-timestamps", json=body(doc, **kw))
+    assert resp.status == 200, await resp.text()
+    got = await resp.json()
+    raw = doc.encode()
+    said = [
+        (m["value"], raw[m["start"] : m["end"]].decode())
+        for m in got["marks"]
+        if m["type"] == "word"
+    ]
+    pin = read_numbers("0042", "en").split()
+    assert said == [
+        ("Your", "Your"),
+        ("PIN", "PIN"),
+        ("is", "is"),
+        *[(word, "0042") for word in pin],
+        ("room", "room"),
+        ("one", "12"),
+        ("two", "12"),
+    ]
+
+
+async def test_plain_words_the_number_front_end_read_map_to_their_digits(
+    gateway: GatewayFactory,
+) -> None:
+    """Plain text under auto: the marks index the input as sent (each word read from "0042"
+    spans it) and the characters' alignment covers the words said."""
+    client = await gateway()
+    text = "Your PIN is 0042, thanks."
+    resp = await client.post("/v1/audio/speech/with-timestamps", json=body(text))
+    assert resp.status == 200, await resp.text()
+    got = await resp.json()
+    raw = text.encode()
+    said = [
+        (m["value"], raw[m["start"] : m["end"]].decode())
+        for m in got["marks"]
+        if m["type"] == "word"
+    ]
+    pin = read_numbers("0042", "en").split()
+    assert said == [
+        ("Your", "Your"),
+        ("PIN", "PIN"),
+        ("is", "is"),
+        *[(word, "0042") for word in pin],
+        ("thanks", "thanks"),
+    ]
+    (sentence,) = [m for m in got["marks"] if m["type"] == "sentence"]
+    assert raw[sentence["start"] : sentence["end"]].decode() == text
+    assert "".join(got["alignment"]["characters"]) == got["normalized_text"]
+    assert got["normalized_text"] == read_numbers(text, "en")
 
 
 def test_ssml_source_of_entities_and_a_text_only_say_as() -> None:

@@ -319,11 +319,13 @@ class SpeechBody(RequestModel):
     )
     normalize: NormalizeMode | None = Field(
         None,
-        description="Text front end: 'llm' makes a language model's Markdown speakable "
+        description="Text front end: 'auto' is the model's own ('numbers' for the local "
+        "voices and wyoming upstreams, 'none' for a provider that reads digits itself; "
+        "docs/api.md, Text front ends); 'llm' makes a language model's Markdown speakable "
         "(emphasis, code fences, links, emoji, URLs) before the content address is computed; "
         "'numbers' writes out numbers, amounts, dates, times and phone numbers in the voice's "
         "language (docs/ssml.md); 'none' takes the text as it is. Default: the normalize "
-        "setting.",
+        "setting ('auto').",
     )
     input_type: Literal["text", "ssml"] | None = Field(
         None,

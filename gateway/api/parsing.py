@@ -14,15 +14,15 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from cache.keys import normalize_text
-from gateway.api.frontend import front_end
+from gateway.api.frontend import front_end, front_end_mode, numbers_language
 from gateway.api.models import CONTROL_CHARACTER, SpeechBody, control_character, models_for
-from gateway.api.normalize import language_of, normalize_numbers
+from gateway.api.readings import read_numbers
 from gateway.api.ssml import SsmlLimits, expand, is_ssml, joined_words, plain_text
 from gateway.errors import BadRequest, PayloadTooLarge, RequestTimeout, clip
 from gateway.memo import BoundedMemo, BytesMemo
 from gateway.runtime.settings import Settings
 from gateway.speech.request import Segment, SpeechRequest
-from gateway.speech.vocabulary import Vocabulary
+from gateway.speech.vocabulary import ModelWords, Vocabulary
 from synth import audio
 from synth.engine import ParamValue
 from synth.providers.base import VOICE_ID
@@ -129,6 +129,8 @@ class SpeechCall:
     ignored: tuple[str, ...] = ()
     # Speech marks events in the event stream (``speech_marks``; with ``sse`` only).
     marks: bool = False
+    # The text front end its text went through (``normalize``, ``auto`` resolved).
+    front_end: str = "none"
 
 
 class RequestMemo(BytesMemo[SpeechCall]):
@@ -152,16 +154,27 @@ class RequestMemo(BytesMemo[SpeechCall]):
         super().__init__(size, max_body, max_bytes)
 
 
-def front_end_may_run(settings: Settings, raw: bytes = b"") -> bool:
-    """Whether validating a request may run a text front end (the ``normalize`` setting, or a
-    ``normalize`` field in ``raw``): markdown parsing of a long hostile text takes tens of
-    milliseconds, so such requests are validated off the event loop (``asyncio.to_thread``)."""
+# Bodies up to this size are validated on the event loop under the numbers front end: reading
+# the digits of a 200-character prompt takes well under a millisecond, of the longest input
+# (max_input_chars) tens of milliseconds.
+SMALL_BODY = 256
+
+
+def front_end_may_run(settings: Settings, raw: bytes | None = None) -> bool:
+    """Whether validating a request may run a slow text front end (the ``normalize`` setting, or
+    a ``normalize`` field in ``raw``; ``raw`` None: a text of any length): markdown parsing or
+    number reading of a long hostile text takes tens of milliseconds, so such requests are
+    validated off the event loop (``asyncio.to_thread``)."""
+    mode = settings.normalize
+    if mode == "none":
+        long_text = False
+    elif mode == "llm" or raw is None:
+        long_text = True
+    else:  # numbers, or auto (numbers on most models): only a long text takes long
+        long_text = len(raw) > SMALL_BODY
     # An SSML document is parsed too (bounded, about a millisecond for the longest input).
-    return (
-        settings.normalize != "none"
-        or b'"normalize"' in raw
-        or b"<speak" in raw
-        or b'"input_type"' in raw
+    return long_text or (
+        raw is not None and (b'"normalize"' in raw or b"<speak" in raw or b'"input_type"' in raw)
     )
 
 
@@ -185,19 +198,27 @@ def _check_raw(raw: str, settings: Settings, param: str) -> None:
         raise control_character(param, control)
 
 
-def validate_text(
-    raw: str,
-    settings: Settings,
-    param: str = "input",
-    normalize: str | None = None,
-    language: str = "",
+def text_front_end(
+    settings: Settings, handle: ModelWords, voice: str, normalize: str | None = None
 ) -> str:
-    """Run plain ``raw`` through its text front end (``normalize``, else the setting) and
+    """The front end (a key of :data:`gateway.api.frontend.FRONT_ENDS`) a request's text runs
+    through with ``voice`` of the model ``handle``: its ``normalize``, else the setting, with
+    ``auto`` resolved to the model's own."""
+    return front_end_mode(
+        normalize or settings.normalize,
+        handle.capabilities.front_end,
+        handle.voice_language(voice),
+    )
+
+
+def validate_text(
+    raw: str, settings: Settings, param: str = "input", *, mode: str, language: str = ""
+) -> str:
+    """Run plain ``raw`` through the text front end ``mode`` (:func:`text_front_end`) and
     normalize it; reject empty, oversized or malformed Unicode input. The limit applies to
     ``raw``. ``language`` is the voice's (for ``numbers``)."""
     _check_raw(raw, settings, param)
-    mode = normalize or settings.normalize
-    text = normalize_text(front_end(raw, mode, language_of(language)))
+    text = normalize_text(front_end(raw, mode, numbers_language(language)))
     if not text:
         if normalize_text(raw):
             raise BadRequest(
@@ -264,11 +285,11 @@ def speech_text(
     try:
         handle = words.models[model]
         language = handle.voice_language(voice)
+        mode = text_front_end(settings, handle, voice, normalize)
         if not (ssml if ssml is not None else is_ssml(raw)):
-            return Spoken(validate_text(raw, settings, param, normalize, language))
+            return Spoken(validate_text(raw, settings, param, mode=mode, language=language))
         _check_raw(raw, settings, param)
         document = raw if is_ssml(raw) else f"<speak>{raw}</speak>"
-        mode = normalize or settings.normalize
         limits = ssml_limits(settings)
         memo_key = (raw, model, voice, mode, limits)
         segments = expansions.get(memo_key) if expansions is not None else None
@@ -281,13 +302,12 @@ def speech_text(
                 limits=limits,
             )
             if mode == "numbers":
-                lang = language_of(language)
+                # (The words of a say-as are words already: it decides how its digits are read.)
+                lang = numbers_language(language)
                 segments = tuple(
                     s
                     if s.phonemes or not s.words
-                    else dataclasses.replace(
-                        s, words=normalize_text(normalize_numbers(s.words, lang))
-                    )
+                    else dataclasses.replace(s, words=normalize_text(read_numbers(s.words, lang)))
                     for s in segments
                 )
             if expansions is not None and len(raw) <= EXPANSION_MEMO_MAX_CHARS:
@@ -383,8 +403,18 @@ def parse_openai_speech(
     expansions: ExpansionMemo | None = None,
 ) -> SpeechRequest:
     """Validate an OpenAI ``/v1/audio/speech`` body (a parsed JSON object)."""
+    return parse_speech_object(body, settings, words, expansions).req
+
+
+def parse_speech_object(
+    body: Mapping[str, Any],
+    settings: Settings,
+    words: Vocabulary,
+    expansions: ExpansionMemo | None = None,
+) -> SpeechCall:
+    """The :class:`SpeechCall` of an OpenAI ``/v1/audio/speech`` body (a parsed JSON object)."""
     checked = models_for(settings).speech.check(body)
-    return speech_request(checked, settings, words, expansions).req
+    return speech_request(checked, settings, words, expansions)
 
 
 def parse_speech_body(
@@ -480,7 +510,12 @@ def speech_request(
             code="marks_unsupported",
         )
     return SpeechCall(
-        req, stream, sse, tuple(ignored) + header_names(unknown), marks=body.speech_marks
+        req,
+        stream,
+        sse,
+        tuple(ignored) + header_names(unknown),
+        marks=body.speech_marks,
+        front_end=text_front_end(settings, words.models[model], voice, body.normalize),
     )
 
 

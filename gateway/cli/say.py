@@ -16,7 +16,7 @@ from gateway.runtime.settings import Settings
 
 
 async def _say(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
-    from gateway.api.parsing import parse_openai_speech
+    from gateway.api.parsing import parse_speech_object
     from gateway.runtime.components import open_speech
     from metrics import Metrics
 
@@ -35,9 +35,10 @@ async def _say(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
             body["input_type"] = "ssml"
         if args.normalize:
             body["normalize"] = args.normalize
-        req = parse_openai_speech(body, settings, service.vocabulary)
+        call = parse_speech_object(body, settings, service.vocabulary)
+        req = call.req
         if args.explain:
-            return await service.explain(req)
+            return await service.explain(req, call.front_end)
         result = await service.speak(req)
         await service.store.drain()
     await asyncio.to_thread(Path(args.output).write_bytes, result.entry.audio)
@@ -81,7 +82,9 @@ def add_command(sub: Any) -> None:
         help="Print the expansion, its sentences and the content address; synthesize nothing.",
     )
     say.add_argument(
-        "--normalize", choices=NORMALIZE_MODES, help="Text front end (default: the setting)."
+        "--normalize",
+        choices=NORMALIZE_MODES,
+        help="Text front end (default: the setting, auto: the model's own).",
     )
     say.add_argument("--model", help="Model or alias (default: the default model).")
     say.add_argument("--voice", help="Voice or alias (default: the default voice).")

@@ -68,7 +68,9 @@ Parser = Callable[[Any, Settings, Vocabulary, ExpansionMemo], SpeechRequest]
 async def _parse(request: web.Request, parse: Parser, values: Mapping[str, Any]) -> SpeechRequest:
     app = request.app
     settings, words, expansions = app[keys.SETTINGS], app[keys.VOCABULARY], app[keys.EXPANSIONS]
-    if front_end_may_run(settings):
+    text = values.get("text")
+    raw = text.encode("utf-8", "replace") if isinstance(text, str) else None
+    if front_end_may_run(settings, raw):
         return await asyncio.to_thread(parse, values, settings, words, expansions)
     return parse(values, settings, words, expansions)
 

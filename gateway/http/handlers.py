@@ -62,6 +62,13 @@ class Explanation(TypedDict):
     format: str
     sample_rate: int
     text: Annotated[str, Field(description="The words, joined.")]
+    front_end: Annotated[
+        str,
+        Field(
+            description="The text front end the input went through (its `normalize`, `auto` "
+            "resolved to the model's own): `text` and the sentences are what the engine reads."
+        ),
+    ]
     expansion: list[ExpansionSegment]
     sentences: list[ExplainedSentence]
     pause_after_ms: int
@@ -153,7 +160,7 @@ async def ssml_explain(request: web.Request) -> web.Response:
     """``POST /v1/ssml/explain``: a speech body's expansion and content address, nothing
     synthesized (the prompt studio and ``voxgate say --explain`` show it)."""
     call = (await speech_call(request))[1]
-    body = cast(Explanation, await request.app[keys.SPEECH].explain(call.req))
+    body = cast(Explanation, await request.app[keys.SPEECH].explain(call.req, call.front_end))
     return web.json_response(body)
 
 

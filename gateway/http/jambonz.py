@@ -18,7 +18,13 @@ from typing import NamedTuple
 from aiohttp import WSMsgType, web
 
 from gateway.api.jambonz import parse_jambonz, parse_stream_query
-from gateway.api.parsing import Spoken, build_request, read_json_object, validate_text
+from gateway.api.parsing import (
+    Spoken,
+    build_request,
+    read_json_object,
+    text_front_end,
+    validate_text,
+)
 from gateway.errors import BadRequest, VoxgateError
 from gateway.http import keys
 from gateway.http.charging import admit
@@ -190,8 +196,10 @@ def _speak(
 ) -> asyncio.Task[SpeechResult]:
     # Each sentence is its own request (and cache entry): a repeated sentence is a hit. It is
     # plain text (a stream carries no SSML).
-    language = words.models[voice.model].voice_language(voice.voice)
-    text = validate_text(sentence, settings, param="text", language=language)
+    handle = words.models[voice.model]
+    language = handle.voice_language(voice.voice)
+    mode = text_front_end(settings, handle, voice.voice)
+    text = validate_text(sentence, settings, param="text", mode=mode, language=language)
     req = build_request(
         Spoken(text),
         model=voice.model,

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, cast
 
 from aiohttp import web
@@ -20,13 +21,16 @@ from typing_extensions import TypedDict
 from cache.entry import Entry
 from cache.keys import is_key
 from gateway.api import ssml
+from gateway.api.frontend import numbers_language
 from gateway.api.parsing import (
     SpeechCall,
     front_end_may_run,
     parse_speech_body,
     read_body,
     ssml_limits,
+    text_front_end,
 )
+from gateway.api.readings import read_numbers
 from gateway.errors import BadRequest, NotFound
 from gateway.http import keys
 from gateway.http.errors import Handler
@@ -177,6 +181,26 @@ def _fields_of(raw: bytes) -> tuple[str, str | None, str | None]:
     )
 
 
+def _read_as_said(
+    req: SpeechRequest,
+    chars: Sequence[speech_marks.SourceChar],
+    settings: Settings,
+    words: Vocabulary,
+    normalize: str | None,
+) -> Sequence[speech_marks.SourceChar] | None:
+    """``chars`` (the input's characters with their bytes) as the request's text front end read
+    them: under ``numbers`` each word it wrote spans the digits it read. None: they cannot be
+    (digits the request's own words did not have)."""
+    handle = words.models[req.model]
+    if text_front_end(settings, handle, req.voice, normalize) != "numbers":
+        return chars
+    lang = numbers_language(handle.voice_language(req.voice))
+    try:
+        return speech_marks.rewritten_source(chars, lambda text: read_numbers(text, lang))
+    except BadRequest:
+        return None
+
+
 def _ssml_map(
     req: SpeechRequest, raw: bytes, settings: Settings, words: Vocabulary
 ) -> speech_marks.SsmlSourceMap | None:
@@ -194,11 +218,27 @@ def _ssml_map(
         takes_phonemes=handle.capabilities.takes_phonemes,
         limits=ssml_limits(settings),
     )
-    if (normalize or settings.normalize) == "numbers":
-        return None  # the words are the number front end's, not the document's
+    chars = _read_as_said(req, source.chars, settings, words, normalize)
+    if chars is None:
+        return None
     return speech_marks.SsmlSourceMap(
-        req.text, given, source.chars, source.marks, len("<speak>") if wrapped else 0
+        req.text, given, chars, source.marks, len("<speak>") if wrapped else 0
     )
+
+
+def _read_map(
+    req: SpeechRequest, raw: bytes, settings: Settings, words: Vocabulary
+) -> speech_marks.SsmlSourceMap | None:
+    """Where the spoken words came from in a plain input the number front end rewrote (None:
+    where they do not follow it word for word)."""
+    given, _, normalize = _fields_of(raw)
+    ends = list(itertools.accumulate((len(ch.encode()) for ch in given), initial=0))
+    own = [(ch, (ends[i], ends[i + 1])) for i, ch in enumerate(given)]
+    chars = _read_as_said(req, own, settings, words, normalize)
+    if chars is None or chars is own:
+        return None
+    mapped = speech_marks.SsmlSourceMap(req.text, given, chars, ())
+    return mapped if mapped.exact else None
 
 
 async def speech_call(request: web.Request) -> tuple[bytes, SpeechCall]:
@@ -260,8 +300,15 @@ def _timed_body(
         alignment = normalized
     else:
         source = speech_marks.SourceMap(req.text, _fields_of(raw)[0])
-        moved = [source.mark(m) for m in found]
-        alignment = speech_marks.character_alignment(source.text, moved, duration_ms)
+        read = None if source.exact else _read_map(req, raw, settings, words)
+        if read is not None:
+            # Numbers read as words: the marks index the input as sent, as for SSML; the
+            # characters' alignment covers the words said.
+            moved = read.marks(found)
+            alignment = normalized
+        else:
+            moved = [source.mark(m) for m in found]
+            alignment = speech_marks.character_alignment(source.text, moved, duration_ms)
     marks_json: list[Any] = [m.as_json() for m in moved]
     return {
         "audio_base64": base64.b64encode(entry.audio).decode("ascii"),

@@ -9,6 +9,7 @@ the URL, so the text does not reach the logs.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from typing import Annotated
@@ -18,7 +19,7 @@ from pydantic import Field
 from typing_extensions import TypedDict
 
 from gateway.api.models import models_for
-from gateway.api.parsing import read_json_object
+from gateway.api.parsing import ExpansionMemo, front_end_may_run, read_json_object
 from gateway.api.say import SayParsed, parse_say, signed_say_path, signer_of, verify
 from gateway.errors import BadRequest, Forbidden, NotFound
 from gateway.http import keys
@@ -27,8 +28,10 @@ from gateway.http.conditional import audio_response
 from gateway.http.delivery import client_of, serve_speech
 from gateway.http.hits import hit_response
 from gateway.http.marks import audio_key
+from gateway.runtime.settings import Settings
 from gateway.speech.caller import ask_as, caller
 from gateway.speech.telephony import extension
+from gateway.speech.vocabulary import Vocabulary
 
 
 class SignedUrl(TypedDict):
@@ -84,7 +87,7 @@ async def say(request: web.Request) -> web.StreamResponse:
     memo = request.app[keys.SAY_MEMO]
     parsed = memo.get(raw)
     if parsed is None:
-        parsed = _parse(request)
+        parsed = await _parse(request)
         memo.put(raw, parsed)
     return await _play(request, parsed)
 
@@ -100,7 +103,7 @@ async def say_signed(request: web.Request) -> web.StreamResponse:
     parsed = memo.get(raw)
     if parsed is None:
         signed = verify(_secret(request), token, voice, text, ext_name)
-        parsed = _parse(request)
+        parsed = await _parse(request)
         memo.put(raw, parsed)
     else:
         # (Remembered only once verified: what is left to check is the clock.)
@@ -142,7 +145,9 @@ async def sign_say_url(request: web.Request) -> web.Response:
             param="expires_in",
         )
     # Signed only if it would play: an unknown voice or unspeakable text is refused now.
-    parse_say(body.voice, body.text, body.ext, settings, app[keys.VOCABULARY], app[keys.EXPANSIONS])
+    await _parse_say(
+        body.voice, body.text, body.ext, settings, app[keys.VOCABULARY], app[keys.EXPANSIONS]
+    )
     expires = int(time.time()) + min(ttl, settings.signed_url_max_s)
     # The URL is charged to the key that signs it (none without a keys file).
     key = caller().key
@@ -161,11 +166,27 @@ def _secret(request: web.Request) -> str:
     return request.app[keys.SETTINGS].url_signing_secret.get_secret_value()
 
 
-def _parse(request: web.Request) -> SayParsed:
+async def _parse(request: web.Request) -> SayParsed:
     app = request.app
     settings, words, expansions = app[keys.SETTINGS], app[keys.VOCABULARY], app[keys.EXPANSIONS]
     match = request.match_info
-    return parse_say(match["voice"], match["text"], match["ext"], settings, words, expansions)
+    return await _parse_say(
+        match["voice"], match["text"], match["ext"], settings, words, expansions
+    )
+
+
+async def _parse_say(
+    voice: str,
+    text: str,
+    ext: str,
+    settings: Settings,
+    words: Vocabulary,
+    expansions: ExpansionMemo,
+) -> SayParsed:
+    # (Off the event loop where a text front end may take long: a long text full of digits.)
+    if front_end_may_run(settings, text.encode("utf-8", "replace")):
+        return await asyncio.to_thread(parse_say, voice, text, ext, settings, words, expansions)
+    return parse_say(voice, text, ext, settings, words, expansions)
 
 
 async def _play(request: web.Request, parsed: SayParsed) -> web.StreamResponse:

@@ -236,11 +236,13 @@ class Settings(BaseSettings):
     """Voice aliases added to OpenAI's voices (alloy, ash, ... verse map to joe); an alias of the
     same name replaces OpenAI's. Env/flag form: alias=voice,alias=voice."""
 
-    normalize: Literal["none", "llm", "numbers"] = "none"
-    """Text front end of requests that choose none (their `normalize` field): none (the text as it
-    is), llm (Markdown emphasis, code fences, links, emoji and URLs made speakable before the
-    content address is computed; docs/api.md) or numbers (numbers, amounts, dates, times and phone
-    numbers written out in the voice's language; docs/ssml.md)."""
+    normalize: Literal["auto", "none", "llm", "numbers"] = "auto"
+    """Text front end of requests that choose none (their `normalize` field): auto (each model's
+    own: numbers for the Piper and Coqui voices and wyoming upstreams, none for a provider that
+    reads digits itself, or as the upstream's `normalize` says; none for a voice of no known
+    language), none (the text as it is), llm (Markdown emphasis, code fences, links, emoji and URLs
+    made speakable before the content address is computed; docs/api.md) or numbers (numbers,
+    amounts, dates, times and phone numbers written out in the voice's language; docs/ssml.md)."""
     ssml_max_depth: AtLeastOne = 32
     """Deepest element nesting an SSML document may have (docs/ssml.md)."""
     ssml_max_elements: AtLeastOne = 1000

@@ -17,11 +17,12 @@ the request's own offsets (:class:`SourceMap`) where the request's text is at ha
 from __future__ import annotations
 
 import bisect
+import difflib
 import itertools
 import json
 import re
 import unicodedata
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -464,6 +465,43 @@ class SourceMap:
         return self.given if self.exact else self.spoken
 
 
+# Words, runs of spaces, and each other character alone (a comma after a number is kept).
+_TOKEN = re.compile(r"\w+|\s+|[^\w\s]")
+SourceChar = tuple[str, tuple[int, int]]
+
+
+def rewritten_source(
+    chars: Sequence[SourceChar], rewrite: Callable[[str], str]
+) -> list[SourceChar]:
+    """``chars`` (characters, each with the bytes of the document it stands for) as they are
+    once ``rewrite`` (a text front end) has rewritten their text: a word it left as it was keeps
+    its bytes; each word it wrote in place of others spans the bytes of all of those ("42" read
+    "forty two": both words span "42", as a ``say-as`` of it does). Words are matched by
+    difflib's longest common runs, so a rewritten number never takes a neighbour's bytes."""
+    before = "".join(ch for ch, _ in chars)
+    after = rewrite(before)
+    if after == before or not before:
+        return list(chars)
+    old = [m.span() for m in _TOKEN.finditer(before)]
+    new = [m.span() for m in _TOKEN.finditer(after)]
+    matcher = difflib.SequenceMatcher(
+        None, [before[a:b] for a, b in old], [after[a:b] for a, b in new], autojunk=False
+    )
+    out: list[SourceChar] = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            out.extend(chars[old[i1][0] : old[i2 - 1][1]])
+        elif j1 < j2:
+            if i1 < i2:
+                spans = [span for _, span in chars[old[i1][0] : old[i2 - 1][1]]]
+                span = (min(a for a, _ in spans), max(b for _, b in spans))
+            else:  # words written where there were none: they span nothing, where they stand
+                at = chars[old[i1][0]][1][0] if i1 < len(old) else chars[-1][1][1]
+                span = (at, at)
+            out.extend((ch, span) for ch in after[new[j1][0] : new[j2 - 1][1]])
+    return out
+
+
 class SsmlSourceMap:
     """Moves offsets into an SSML expansion's words (the rendition's text) onto the document the
     request sent, as Polly's marks of SSML input index the SSML: a word the document wrote
@@ -472,8 +510,8 @@ class SsmlSourceMap:
     marks, "forty" and "two", each spanning the bytes of "42"); an ``ssml`` mark spans its
     ``<mark/>`` element. ``shift`` is the bytes of a ``<speak>`` wrapper the document was given
     around the input (SSML sent without its root). Where the expansion's words are not the
-    document's characters in order (a front end rewrote them: ``normalize: "numbers"``), the
-    offsets stay in the spoken text (``exact`` False)."""
+    document's characters in order, the offsets stay in the spoken text (``exact`` False); words a
+    front end wrote (``numbers``) are in order once ``chars`` are :func:`rewritten_source`."""
 
     def __init__(
         self,

@@ -227,10 +227,11 @@ class SpeechService:
                 code="audio_too_long",
             )
 
-    async def explain(self, req: SpeechRequest) -> dict[str, object]:
+    async def explain(self, req: SpeechRequest, front_end: str) -> dict[str, object]:
         """What ``req`` would say and where its audio lives, without synthesizing: its
-        expansion (segments), the sentences it is made of (each a cached master) and how they
-        join, and its content address (``key``: the ``X-Audio-Key`` of its answer)."""
+        expansion (segments), the sentences it is made of (each a cached master, its text what
+        the engine reads) and how they join, and its content address (``key``: the
+        ``X-Audio-Key`` of its answer). ``front_end``: the one its text went through."""
         mk, rk, rate = self.keys_for(req)
         parts, layout = await self.assembler.split(req)
         return {
@@ -241,6 +242,7 @@ class SpeechService:
             "format": req.fmt.name,
             "sample_rate": rate,
             "text": req.text,
+            "front_end": front_end,
             # Each segment's fields (its SSML marks only when it has some).
             "expansion": [
                 {k: v for k, v in dataclasses.asdict(seg).items() if k != "marks" or seg.marks}

@@ -41,8 +41,13 @@ class ModelWords:
         return self._names
 
     def voice_language(self, voice: str) -> str:
-        """The language code of ``voice`` ("en_US"), "" when the engine names none."""
-        return self._languages.get(voice, "")
+        """The language code of ``voice`` ("en_US"), "" when the engine names none (a voice
+        it does not list, asked of an engine that takes any: the language it gives those)."""
+        found = self._languages.get(voice)
+        if found is not None:
+            return found
+        can = self._engine.capabilities
+        return can.any_voice_language if can.any_voice else ""
 
     def default_params(self, voice: str) -> Mapping[str, ParamValue]:
         """The engine's own parameters for ``voice`` (what a request may depart from)."""

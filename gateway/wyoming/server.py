@@ -373,7 +373,7 @@ class SpeechEventHandler(AsyncEventHandler):
         """``audio-start``, the audio of ``text`` as ``audio-chunk``s as it is made,
         ``audio-stop``. The request is made in a thread when a text front end may run (tens of
         milliseconds for a long Markdown text: not on the event loop)."""
-        if front_end_may_run(self.settings):
+        if front_end_may_run(self.settings, text.encode("utf-8", "replace")):
             req = await asyncio.to_thread(self._request, text, voice)
         else:
             req = self._request(text, voice)

@@ -41,4 +41,4 @@ class AzureProvider(HttpProvider):
         )
 
 
-SPEC = ProviderSpec("azure", AzureProvider, rates=PCM_RATES)
+SPEC = ProviderSpec("azure", AzureProvider, rates=PCM_RATES, reads_numbers=True)

@@ -120,6 +120,9 @@ class ProviderSpec:
     model: str | None = None
     # The entry's `language` goes into every request (so into the content address).
     sends_language: bool = False
+    # Its service writes out numbers, amounts, dates and times itself, as its docs say: an
+    # entry's `normalize = "auto"` sends the text as written (docs/upstreams.md, "Numbers").
+    reads_numbers: bool = False
     # The answer cannot come in pieces (a JSON body): no streaming pass-through.
     whole_answer: bool = False
     # The package its client imports, from the extra named like the kind ("": none).

@@ -43,5 +43,10 @@ class CartesiaProvider(HttpProvider):
 
 
 SPEC = ProviderSpec(
-    "cartesia", CartesiaProvider, rates=PCM_RATES, model="sonic-2", sends_language=True
+    "cartesia",
+    CartesiaProvider,
+    rates=PCM_RATES,
+    model="sonic-2",
+    sends_language=True,
+    reads_numbers=True,
 )

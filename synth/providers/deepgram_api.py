@@ -30,4 +30,6 @@ class DeepgramProvider(HttpProvider):
 
 
 # The linear16 sample rates Deepgram offers.
-SPEC = ProviderSpec("deepgram", DeepgramProvider, rates=(8000, 16000, 24000, 32000, 48000))
+SPEC = ProviderSpec(
+    "deepgram", DeepgramProvider, rates=(8000, 16000, 24000, 32000, 48000), reads_numbers=True
+)

@@ -48,5 +48,10 @@ class ElevenLabsProvider(HttpProvider):
 
 # output_format pcm_<rate> at these rates; voice_settings are this kind's alone.
 SPEC = ProviderSpec(
-    "elevenlabs", ElevenLabsProvider, rates=PCM_RATES, model="", owns=("voice_settings",)
+    "elevenlabs",
+    ElevenLabsProvider,
+    rates=PCM_RATES,
+    model="",
+    owns=("voice_settings",),
+    reads_numbers=True,
 )

@@ -76,4 +76,4 @@ class GoogleProvider(HttpProvider):
 
 
 # Any rate; the audio comes base64 in one JSON body, so it cannot be passed on in pieces.
-SPEC = ProviderSpec("google", GoogleProvider, whole_answer=True)
+SPEC = ProviderSpec("google", GoogleProvider, whole_answer=True, reads_numbers=True)

@@ -76,4 +76,6 @@ class OpenAIProvider:
         await self.client.close()
 
 
-SPEC = ProviderSpec("openai", OpenAIProvider, formats=("pcm", "wav"), model="", sdk="openai")
+SPEC = ProviderSpec(
+    "openai", OpenAIProvider, formats=("pcm", "wav"), model="", sdk="openai", reads_numbers=True
+)

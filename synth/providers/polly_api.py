@@ -130,6 +130,7 @@ SPEC = ProviderSpec(
     PollyProvider,
     rates=(8000, 16000),
     sends_language=True,
+    reads_numbers=True,
     sdk="botocore",
     owns=("region", "session_token_env"),
     secret_envs=(("key_id_env", "the access key id"),),
