@@ -241,11 +241,13 @@ def plot(results: dict[str, Any]) -> Path:
     for k, (label, peaks) in enumerate(bars.items()):
         right.bar(x + (k - 1) * width, peaks, width, label=label)
     right.axhline(0.0, color="red", lw=0.8)
-    right.axhline(loudness.RENDITION_CEILING_DBTP, color="black", lw=0.8, ls=":")
-    right.axhline(loudness.CEILING_DBTP, color="gray", lw=0.8, ls="--")
+    right.axhline(
+        loudness.RENDITION_CEILING_DBTP, color="black", lw=0.8, ls=":", label="-1 dBTP (renditions)"
+    )
+    right.axhline(loudness.CEILING_DBTP, color="gray", lw=0.8, ls="--", label="master ceiling")
     right.set_xticks(x, FORMATS)
     right.set_ylabel("largest true peak, dBTP")
-    right.set_title("largest true peak of any prompt, by format (master ceiling --, bar :)")
+    right.set_title("largest true peak of any prompt, by format")
     right.legend(fontsize=8)
     fig.suptitle("python -m bench.loudness: 40 prompts x 3 voices through voxgate serve")
     fig.tight_layout()
