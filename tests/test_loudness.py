@@ -28,6 +28,7 @@ from tests.upstream_support import KEY_ENV, OpenAISpeechServer, voiced
 
 TARGET = loudness.DEFAULT_TARGET_LUFS
 CEILING = loudness.CEILING_DBTP
+RENDITION_CEILING = loudness.RENDITION_CEILING_DBTP
 
 
 def sine(freq: float, amplitude: float, rate: int, seconds: float, phase: float = 0.0) -> Any:
@@ -54,8 +55,8 @@ def test_the_bundled_voice_is_brought_to_the_target_under_the_ceiling(
     piper_engine: PiperEngine,
 ) -> None:
     """Sentences long and short (a word at speed 4 lasts under one 400 ms gating block) land at
-    the target, their true peak at most -1 dBTP; the loudest and quietest of them, several LU
-    apart as the voice says them, end within 1 LU of each other."""
+    the target, their true peak at most the master's ceiling; the loudest and quietest of them,
+    several LU apart as the voice says them, end within 1 LU of each other."""
     texts = [
         ("Thank you for calling. Your call is important to us.", 1.0),
         ("Please hold while we connect you to the next available agent.", 1.0),
@@ -110,18 +111,13 @@ async def test_the_target_is_part_of_the_content_address(
     assert len(keys) == 3 and len(bodies) == 3
 
 
-# What a codec may add to the master's true peak, in dB: the reason the master keeps its true
-# peak 1 dB under full scale (AES TD1008's -1 dBTP is that allowance). Lossy coders reshape the
-# waveform (their quantization noise rides on the crests); G.711's top segment quantizes in
-# steps of 1/32 of full scale after the resampling to 8 kHz, which moves crests between samples.
-# Measured on the bundled voice (python -m bench.loudness, 40 prompts): at most +0.66 dB (AAC),
-# +0.47 (Opus), +0.32 (G.711), MP3 under the ceiling; the allowances sit between that and the
-# 1 dB that would reach full scale. The voice's noise makes each run's take another (no seed).
-CODEC_OVER_DB = {"mp3": 0.5, "g722": 0.5, "aac": 0.95, "opus": 0.95, "gsm": 0.95}
-G711_OVER_DB = 0.5
-G711 = {"mulaw", "alaw", "ulaw", "alaw-raw"}
-# A lossless rendition carries the master's 16-bit samples, resampled at most: a hair.
-LOSSLESS_OVER_DB = 0.05
+# Every rendition of speech decodes at most -1 dBTP (RENDITION_CEILING), the master's ceiling
+# being set low enough for that. The audio is the same every run (synthesis is seeded from the
+# address), so what is left to allow for is the measure, not the take: the decoded samples pass
+# through float and 16-bit rounding (one step of 16 bits at -1 dBFS is 0.0003 dB), and another
+# ffmpeg build's decoders round otherwise. 0.01 dB covers that many times over and is a small
+# fraction of the smallest margin measured (python -m bench.loudness; docs/synthesis.md).
+MEASURE_EPSILON_DB = 0.01
 LONG = "Thank you for calling Acme Travel. Your call is important to us. Please stay on the line."
 
 
@@ -131,8 +127,8 @@ async def test_every_format_of_voice_and_upstream_is_at_the_target_and_never_cli
 ) -> None:
     """``voxgate serve`` as users start it, with one upstream (the local OpenAI-compatible
     provider, whose buzz is 9 dB under full scale) beside the bundled voice: every format of a
-    long and a short text decodes with no sample at full scale and a true peak within the
-    codec's allowance of -1 dBTP; the long text's WAV is within 1 LU of the target from both."""
+    long and a short text decodes with no sample at full scale and a true peak at most
+    -1 dBTP; the long text's WAV is within 1 LU of the target from both."""
     provider = await OpenAISpeechServer().start()
     upstreams = tmp_path / "upstreams.toml"
     upstreams.write_text(
@@ -170,8 +166,7 @@ async def test_every_format_of_voice_and_upstream_is_at_the_target_and_never_cli
     for (model, text, fmt), (peak, tp, level) in found.items():
         where = (model, text[:10], fmt, round(tp, 2), round(level, 2))
         assert peak < 0.99, where  # no sample at (or a step from) full scale
-        allowance = G711_OVER_DB if fmt in G711 else CODEC_OVER_DB.get(fmt, LOSSLESS_OVER_DB)
-        assert tp <= CEILING + allowance, where
+        assert tp <= RENDITION_CEILING + MEASURE_EPSILON_DB, where
         if text == LONG and fmt == "wav":
             assert abs(level - TARGET) <= 1.0, where
 
@@ -213,4 +208,4 @@ async def test_with_a_target_a_clipped_take_is_still_refused_and_the_retake_kept
     assert [t["reasons"] for t in kept] == [["clipped"]]
     pcm, rate = sf.read(io.BytesIO(await r.read()), dtype="float32")
     assert abs(loudness.integrated_loudness(pcm, rate) - TARGET) < 0.5
-    assert loudness.db(loudness.true_peak(pcm, rate)) <= CEILING + LOSSLESS_OVER_DB
+    assert loudness.db(loudness.true_peak(pcm, rate)) <= CEILING + MEASURE_EPSILON_DB

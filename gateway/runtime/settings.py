@@ -378,12 +378,12 @@ class Settings(BaseSettings):
     refused unread and the worker replaced."""
     loudness_lufs: Annotated[float, Field(ge=-40, le=-5)] | Literal["off"] = -18.0
     """Loudness every new sentence is brought to before it is stored, in LUFS (ITU-R BS.1770-4
-    integrated loudness), local voices and upstreams alike, its true peak held at most -1 dBTP
-    so that MP3, AAC, Opus and 8 kHz G.711 renditions do not clip; -18 is AES TD1008's level for
-    speech (docs/synthesis.md, "Loudness"). Part of every content address: a new target is new
-    audio. off: each engine's own level, as before, with the addresses of before; it also keeps
-    streaming pass-through of upstream pcm, which a target turns off (a sentence's gain needs
-    the whole sentence)."""
+    integrated loudness), local voices and upstreams alike, its true peak held at most -2.5 dBTP
+    so that every rendition of speech (MP3, AAC, Opus, G.711, GSM, G.722 included) decodes at
+    most -1 dBTP; -18 is AES TD1008's level for speech (docs/synthesis.md, "Loudness"). Part of
+    every content address: a new target is new audio. off: each engine's own level, as before,
+    with the addresses of before; it also keeps streaming pass-through of upstream pcm, which a
+    target turns off (a sentence's gain needs the whole sentence)."""
 
     sentence_pause_ms: int = Field(250, ge=0, le=5000)
     """Silence between sentences when a text's per-sentence audio is joined, in ms."""
