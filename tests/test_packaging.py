@@ -55,10 +55,22 @@ def without_coqui_env(tmp_path: Path) -> dict[str, str]:
     """An environment whose Python processes (workers included) see no ``coqui`` extra."""
     site = tmp_path / "no-coqui"
     site.mkdir()
+    # Every finder is told to know nothing of them, as where they are not installed: import
+    # fails and find_spec is None, and (unlike a None in sys.modules) a library that looks
+    # for them in sys.modules, as scipy's array API layer does for torch, finds them absent.
     (site / "sitecustomize.py").write_text(
         "import sys\n"
-        f"for name in {REQUIRED_MODULES!r}:\n"
-        "    sys.modules[name] = None  # as if not installed: import fails, find_spec is None\n"
+        f"ABSENT = set({REQUIRED_MODULES!r})\n"
+        "class Hide:\n"
+        "    def __init__(self, inner):\n"
+        "        self.inner = inner\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.partition('.')[0] in ABSENT:\n"
+        "            return None\n"
+        "        return self.inner.find_spec(name, path, target)\n"
+        "    def __getattr__(self, attr):\n"
+        "        return getattr(self.inner, attr)\n"
+        "sys.meta_path[:] = [Hide(f) if hasattr(f, 'find_spec') else f for f in sys.meta_path]\n"
     )
     return clean_env(PYTHONPATH=f"{site}:{ROOT}")
 
