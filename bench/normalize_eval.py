@@ -175,7 +175,7 @@ def worker(
         return result
     result["construct_s"] = time.perf_counter() - started
     loaded = {name: load_corpus(name) for name in corpora if (CORPORA / f"{name}.txt").exists()}
-    first = next((c[0].text for c in loaded.values() if c), "Call 1-800-555-0199.")
+    first = next((c[0].text for c in loaded.values() if c), _FIRST[lang])
     started = time.perf_counter()
     try:
         read(first)
@@ -200,6 +200,10 @@ def worker(
             seconds.append(time.perf_counter() - started)
         result["corpora"][name] = {"outputs": outputs, "seconds": seconds, "errors": errors}
     return result
+
+
+# The first call of a worker given no corpus (``--nemo-cold`` times start-up alone).
+_FIRST = {"en": "Call 1-800-555-0199 by 5:30 PM.", "zh": "请在17:30前拨打010-12345678。"}
 
 
 def _version(dist: str) -> str:
@@ -289,8 +293,10 @@ def run(
     nemo_cache: str | None,
     timeout_s: float,
     show_misses: Sequence[str] = (),
+    nemo_cold: bool = False,
 ) -> dict[str, Any]:
-    """Every system on every corpus, one worker per system and language; the figures."""
+    """Every system on every corpus, one worker per system and language; the figures. With
+    ``nemo_cold``, NeMo's start-up is also timed with an empty cache (its grammars compiled)."""
     by_lang = {lang: [c for c in names if c in corpora] for lang, names in CORPUS_NAMES.items()}
     report: dict[str, Any] = {}
     for system in systems:
@@ -318,6 +324,18 @@ def run(
                     else {}
                 ),
             }
+            if system == "nemo" and nemo_cold:
+                with tempfile.TemporaryDirectory() as empty:
+                    cold = run_worker(system, lang, [], empty, timeout_s)
+                row["startup"][lang]["cold_cache"] = (
+                    {"error": cold["error"]}
+                    if "error" in cold
+                    else {
+                        "construct_s": round(cold["construct_s"], 3),
+                        "first_call_s": round(cold["first_call_s"], 3),
+                        "total_s": round(cold["construct_s"] + cold["first_call_s"], 3),
+                    }
+                )
             for name in names:
                 row["corpora"][name] = score(name, lang, raw["corpora"][name])
                 if system in show_misses and row["corpora"][name]["status"] == "ok":
@@ -363,6 +381,12 @@ def table(report: dict[str, Any], corpora: Sequence[str]) -> str:
                 f"{system:<17} {name:<15} {got['accuracy']:>9.1%} {zero:>12} "
                 f"{got['latency_median_ms']:>10.3f} {got['latency_p90_ms']:>8.3f} {start:>11.2f}"
             )
+    for system, row in report.items():
+        for lang, start in row["startup"].items():
+            cold = start.get("cold_cache")
+            if cold:
+                took = f"{cold['total_s']:.1f} s" if "total_s" in cold else cold["error"]
+                lines.append(f"{system} {lang} start-up with an empty grammar cache: {took}")
     return "\n".join(lines)
 
 
@@ -372,7 +396,9 @@ def plot(report: dict[str, Any], corpora: Sequence[str]) -> Path:
 
     plt = pyplot()
     systems = list(report)
-    fig, (acc, lat) = plt.subplots(1, 2, figsize=(13, 4.5))
+    fig, (acc, lat, start) = plt.subplots(
+        1, 3, figsize=(17, 4.5), gridspec_kw={"width_ratios": [2, 2, 1]}
+    )
     width = 0.8 / max(len(systems), 1)
     colors = ("#3b7dd8", "#9aa5b1", "#e07b39", "#5aa469", "#b04fb0")
     for i, system in enumerate(systems):
@@ -385,6 +411,14 @@ def plot(report: dict[str, Any], corpora: Sequence[str]) -> Path:
             r.get("latency_median_ms", 0.0) if r.get("status") == "ok" else 0.0 for r in rows
         ]
         lat.bar(xs, medians, width, label=system, color=colors[i % len(colors)])
+        langs = list(CORPUS_NAMES)
+        startup = [report[system]["startup"].get(lang, {}).get("total_s", 0.0) for lang in langs]
+        start.bar(
+            [j + i * width for j in range(len(langs))],
+            startup,
+            width,
+            color=colors[i % len(colors)],
+        )
     for ax in (acc, lat):
         ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(corpora))])
         ax.set_xticklabels(corpora)
@@ -395,6 +429,11 @@ def plot(report: dict[str, Any], corpora: Sequence[str]) -> Path:
     lat.set_yscale("log")
     lat.set_ylabel("median ms per sentence, warm (log)")
     lat.set_title("Latency per sentence")
+    start.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(CORPUS_NAMES))])
+    start.set_xticklabels(list(CORPUS_NAMES))
+    start.set_yscale("log")
+    start.set_ylabel("seconds: construction + first call (log)")
+    start.set_title("Start-up (grammar cache warm)")
     return save_figure(fig, RESULTS / "normalize.png")
 
 
@@ -402,8 +441,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
     all_corpora = [n for names in CORPUS_NAMES.values() for n in names]
-    parser.add_argument("--corpora", nargs="+", default=all_corpora, choices=all_corpora)
+    parser.add_argument("--corpora", nargs="*", default=all_corpora, choices=all_corpora)
     parser.add_argument("--nemo-cache", help="NeMo's cache_dir: compiled grammars kept there")
+    parser.add_argument(
+        "--nemo-cold", action="store_true", help="also time NeMo's start-up with an empty cache"
+    )
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per worker")
     parser.add_argument("--show-misses", nargs="*", default=[], help="systems whose misses print")
     parser.add_argument("--note", default="", help="recorded in the JSON (which trees ran)")
@@ -421,7 +463,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     provenance()
     started = time.perf_counter()
-    report = run(args.systems, args.corpora, args.nemo_cache, args.timeout, args.show_misses)
+    report = run(
+        args.systems, args.corpora, args.nemo_cache, args.timeout, args.show_misses, args.nemo_cold
+    )
     print(table(report, args.corpora))
     if args.no_write:
         return
