@@ -15,10 +15,11 @@ readings (lower case, punctuation dropped: ``bench.normalize_eval.canon``), and 
 is the edits of all prompts over all their reference words. Computed by jiwer where it is
 installed; the dev install does not carry it, and the take checks' own word-level Levenshtein
 (``synth.takecheck.word_error_rate``, the same measure) stands in. Piper samples its own noise, so
-a take (and the figures) can move a little from run to run.
+a take (and the figures) can move a little from run to run; ``--rounds`` pools several.
 
     python -m bench.wer_roundtrip                 # writes docs/bench/wer.json and wer.png
     python -m bench.wer_roundtrip --prompts 5 --no-write
+    python -m bench.wer_roundtrip --rounds 3        # each round a fresh gateway: new takes
 """
 
 from __future__ import annotations
@@ -93,12 +94,12 @@ def default_normalize() -> str:
     return str(Settings.model_fields["normalize"].default)
 
 
-def run(count: int = 40, variants: Sequence[str] = tuple(VARIANTS)) -> dict[str, Any]:
-    """Synthesize the first ``count`` prompts in every variant, recognize, score."""
-    cases = load_corpus("wer_prompts")[:count]
-    recognizer = Recognizer()
+def hear_round(
+    cases: Sequence[Case], variants: Sequence[str], recognizer: Recognizer
+) -> dict[str, list[str]]:
+    """One gateway (a fresh cache, so every take is synthesized anew): what was heard of each
+    prompt in each variant."""
     heard: dict[str, list[str]] = {v: [] for v in variants}
-    started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         port = free_port()
         proc = start_gateway(
@@ -117,29 +118,53 @@ def run(count: int = 40, variants: Sequence[str] = tuple(VARIANTS)) -> dict[str,
                     heard[variant].append(recognizer.hear(wav))
         finally:
             stop(proc)
+    return heard
+
+
+def run(
+    count: int = 40, variants: Sequence[str] = tuple(VARIANTS), rounds: int = 1
+) -> dict[str, Any]:
+    """Synthesize the first ``count`` prompts in every variant, ``rounds`` times (Piper's takes
+    differ a little), recognize, score: WER pooled over the rounds, and each round's."""
+    cases = load_corpus("wer_prompts")[:count]
+    recognizer = Recognizer()
+    started = time.perf_counter()
+    heard = [hear_round(cases, variants, recognizer) for _ in range(rounds)]
     rows: dict[str, Any] = {}
     tool = ""
     for variant in variants:
-        said = [words(h) for h in heard[variant]]
-        refs = [closest(c, h) for c, h in zip(cases, said, strict=True)]
-        value, tool = corpus_wer(refs, said)
-        per_prompt = [word_error_rate(r, h) for r, h in zip(refs, said, strict=True)]
+        said = [[words(h) for h in r[variant]] for r in heard]
+        refs = [[closest(c, h) for c, h in zip(cases, s, strict=True)] for s in said]
+        value, tool = corpus_wer([x for r in refs for x in r], [x for s in said for x in s])
+        per_round = [corpus_wer(r, s)[0] for r, s in zip(refs, said, strict=True)]
+        per_prompt = [
+            [word_error_rate(r, h) for r, h in zip(rr, ss, strict=True)]
+            for rr, ss in zip(refs, said, strict=True)
+        ]
+        flat = [w for p in per_prompt for w in p]
         rows[variant] = {
             "request": VARIANTS[variant]
             or {"normalize": f"(absent: server default {default_normalize()!r})"},
             "wer": round(value, 4),
-            "mean_prompt_wer": round(sum(per_prompt) / len(per_prompt), 4),
-            "prompts_heard_exactly": sum(w == 0 for w in per_prompt),
-            "reference_words": sum(len(r) for r in refs),
+            "wer_per_round": [round(w, 4) for w in per_round],
+            "mean_prompt_wer": round(sum(flat) / len(flat), 4),
+            "prompts_heard_exactly": sum(w == 0 for w in flat),
+            "takes": len(flat),
+            "reference_words": sum(len(x) for r in refs for x in r),
             "prompts": [
-                {"text": c.text, "heard": h, "wer": round(w, 3)}
-                for c, h, w in zip(cases, heard[variant], per_prompt, strict=True)
+                {
+                    "text": c.text,
+                    "heard": [r[variant][i] for r in heard],
+                    "wer": [round(p[i], 3) for p in per_prompt],
+                }
+                for i, c in enumerate(cases)
             ],
         }
     return {
         "setup": {
             "prompts": len(cases),
-            "voice": "piper joe (bundled), WAV 16 kHz, one gateway, temp cache",
+            "rounds": rounds,
+            "voice": "piper joe (bundled), WAV 16 kHz, a fresh gateway and temp cache per round",
             "recognizer": "pocketsphinx (en-us model and language model of its wheel)",
             "wer_by": tool,
             "server_default_normalize": default_normalize(),
@@ -150,11 +175,14 @@ def run(count: int = 40, variants: Sequence[str] = tuple(VARIANTS)) -> dict[str,
 
 
 def table(report: dict[str, Any]) -> str:
-    lines = [f"{'variant':<9} {'WER':>7} {'mean/prompt':>12} {'exact':>7}  request"]
+    lines = [
+        f"{'variant':<9} {'WER':>7} {'per round':>18} {'mean/prompt':>12} {'exact':>9}  request"
+    ]
     for variant, row in report["variants"].items():
+        rounds = " ".join(f"{w:.3f}" for w in row["wer_per_round"])
         lines.append(
-            f"{variant:<9} {row['wer']:>7.3f} {row['mean_prompt_wer']:>12.3f} "
-            f"{row['prompts_heard_exactly']:>3}/{len(row['prompts']):<3}  {row['request']}"
+            f"{variant:<9} {row['wer']:>7.3f} {rounds:>18} {row['mean_prompt_wer']:>12.3f} "
+            f"{row['prompts_heard_exactly']:>4}/{row['takes']:<4}  {row['request']}"
         )
     return "\n".join(lines)
 
@@ -162,12 +190,15 @@ def table(report: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--prompts", type=int, default=40, help="first N prompts of the corpus")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="fresh gateways, each synthesizing every take anew"
+    )
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--note", default="", help="recorded in the JSON (which trees ran)")
     parser.add_argument("--no-write", action="store_true", help="do not write docs/bench results")
     args = parser.parse_args(argv)
     provenance()
-    report = run(args.prompts, args.variants)
+    report = run(args.prompts, args.variants, args.rounds)
     report["setup"]["note"] = args.note
     print(table(report))
     if args.no_write:
@@ -176,7 +207,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     variants = list(report["variants"])
     png = bar_plot(
         "wer",
-        f"Recognition round trip, {report['setup']['prompts']} IVR prompts (piper joe, pocketsphinx)",
+        f"Recognition round trip: {report['setup']['prompts']} IVR prompts x "
+        f"{report['setup']['rounds']} rounds (piper joe, pocketsphinx)",
         variants,
         [report["variants"][v]["wer"] for v in variants],
         "word error rate (lower is better)",

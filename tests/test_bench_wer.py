@@ -37,10 +37,10 @@ def test_two_prompts_round_trip_in_every_variant() -> None:
     assert report["setup"]["prompts"] == 2
     assert set(report["variants"]) == set(wer_roundtrip.VARIANTS)
     for row in report["variants"].values():
-        assert len(row["prompts"]) == 2
-        assert all(p["heard"] for p in row["prompts"]), row["prompts"]
-        assert 0 <= row["wer"] <= 2
-        mean = sum(p["wer"] for p in row["prompts"]) / 2
+        assert len(row["prompts"]) == 2 and row["takes"] == 2
+        assert all(h for p in row["prompts"] for h in p["heard"]), row["prompts"]
+        assert 0 <= row["wer"] <= 2 and row["wer_per_round"] == [row["wer"]]
+        mean = sum(w for p in row["prompts"] for w in p["wer"]) / 2
         assert row["mean_prompt_wer"] == pytest.approx(mean, abs=1e-3)
     numbers = report["variants"]["numbers"]["request"]
     assert numbers == {"normalize": "numbers"}
