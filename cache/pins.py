@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import hmac
 import json
 import logging
 import math
+import os
 import re
 import sqlite3
 import struct
@@ -251,6 +253,20 @@ def _unframe(blob: object) -> bytes:
     return data
 
 
+def _private_files(db: Path) -> None:
+    """Make the database ``db`` (and its WAL and shared-memory files, if there) readable by this
+    user only: they hold pinned texts and their addresses, whatever the cache directory's mode.
+
+    SQLite gives the -wal and -shm files it creates the database file's mode, so the database is
+    made 0600 before SQLite opens it; files left by an older version are narrowed too.
+    """
+    os.close(os.open(db, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    for path in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+        with contextlib.suppress(FileNotFoundError):
+            if path.stat().st_mode & 0o077:
+                path.chmod(0o600)
+
+
 class HostPinRegistry:
     """The registry of one host: ``pins.sqlite3`` in the cache directory (see the module)."""
 
@@ -271,6 +287,7 @@ class HostPinRegistry:
     def _conn(self) -> sqlite3.Connection:
         if self._db is None:
             _private_dir(self.path.parent)
+            _private_files(self.path)
             # Autocommit; writes take BEGIN IMMEDIATE, so two processes' reservations are
             # serialized (the busy timeout waits for the other's lock).
             db = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None)

@@ -303,6 +303,33 @@ async def test_the_host_registry_is_one_for_every_process_and_refuses_whole(
         await b.close()
 
 
+async def test_the_host_registry_is_readable_by_its_user_only_in_an_existing_directory(
+    tmp_path: Path,
+) -> None:
+    # An operator's cache directory, open to other local users, made before voxgate ran, with a
+    # registry an older version left readable by everyone.
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir(mode=0o755)
+    cache_dir.chmod(0o755)
+    old = cache_dir / "old"
+    old.mkdir()
+    (old / "pins.sqlite3").touch(mode=0o644)
+    (old / "pins.sqlite3").chmod(0o644)
+    for where in (cache_dir, old):
+        registry = HostPinRegistry.in_cache_dir(where)
+        try:
+            k = "1" * 64
+            label = encode_label(k, {"text": "A private prompt."})
+            await registry.reserve("x", [PinItem(k, 10)], {k: label}, PinQuota(total=10_000))
+            files = sorted(p.name for p in where.glob("pins.sqlite3*"))
+            assert files == ["pins.sqlite3", "pins.sqlite3-shm", "pins.sqlite3-wal"]
+            assert {oct(p.stat().st_mode & 0o777) for p in where.glob("pins.sqlite3*")} == {
+                oct(0o600)
+            }
+        finally:
+            await registry.close()
+
+
 def test_a_label_keeps_the_first_characters_of_the_text() -> None:
     from gateway.speech.catalogue import PromptResult, prompt_label
     from gateway.speech.request import SpeechRequest
