@@ -231,3 +231,80 @@ async def test_during_a_redis_outage_a_key_keeps_one_budget_per_host(
             await limits.close()
     assert admitted == 3
     assert metrics.registry.get_sample_value("voxgate_rate_limit_fallbacks_total") == 8
+
+
+def test_a_damaged_table_is_refused_at_start_and_repaired(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.table"
+    bad.write_bytes(b"not a table at all" * 4096)
+    short = Path(HostTable.create(2, directory=str(tmp_path)))
+    os.truncate(short, HostTable.size_for(4096, 4096, 2) // 2)
+    for path in (bad, short):
+        with pytest.raises(ValueError, match="not a whole voxgate host table"):
+            HostTable(str(path), 0)
+        assert HostTable.repair(str(path), 2) is True
+        assert HostTable.repair(str(path), 2) is False
+        table = HostTable(str(path), 1)
+        assert table.take_share("ivr", 1) is True
+        table.close()
+
+
+def test_a_table_cut_under_its_mapping_answers_none_until_repaired(table_path: str) -> None:
+    a, b = HostTable(table_path, 0), HostTable(table_path, 1)
+    assert a.take_share("ivr", 5) is True
+    # Touching a word past the end of the file would kill this process with SIGBUS.
+    os.truncate(table_path, 0)
+    assert a.take_share("ivr", 5) is None
+    assert b.hit_window("r:ivr", 3, 60, 1, 6000.0) is None
+    assert a.waiting_for("ivr") == 0
+    a.give_share("ivr")
+    assert HostTable.repair(table_path, 2) is True
+    # The same mappings reach the rebuilt (empty) table.
+    assert b.take_share("ivr", 5) is True and a.waiting_for("ivr") == 1
+    assert a.hit_window("r:ivr", 3, 60, 1, 6000.0) == (True, 0.0)
+    a.close()
+    b.close()
+
+
+def _host_table_of(pid: int) -> str:
+    """The host table a `voxgate serve` supervisor made: the file its gateways hold open."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            if parent != pid:
+                continue
+            for fd in (stat.parent / "fd").iterdir():
+                target = os.readlink(fd)
+                if "voxgate-host-" in target:
+                    return target
+        except (OSError, IndexError, ValueError):
+            continue
+    raise AssertionError("no gateway process holds a host table")
+
+
+async def test_cutting_the_table_under_the_default_topology_stops_nothing(
+    tmp_path: Path,
+) -> None:
+    """`voxgate serve` with no flags, its /dev/shm table truncated while it serves: requests
+    keep being answered (each spends the key's host-wide budget in the table) and the
+    supervisor rebuilds the table."""
+    keys = tmp_path / "keys.toml"
+    keys.write_text(key_table("ivr", SECRET, ["speak", "read"], requests_per_minute=1000))
+    server = DefaultServer(tmp_path / "srv", "--api-keys-file", str(keys))
+    try:
+        server.wait_ready()
+        path = _host_table_of(server.proc.pid)
+        size = os.stat(path).st_size
+        models = {"X-API-Key": SECRET}
+        assert (await server.request("GET", "/v1/models", headers=models))[0] == 200
+        os.truncate(path, 0)
+        statuses = [
+            (await server.request("GET", "/v1/models", headers=models))[0] for _ in range(30)
+        ]
+        assert statuses == [200] * 30
+        await until(lambda: os.stat(path).st_size == size, 10, "the table rebuilt")
+        await until(lambda: "was damaged; rebuilt it empty" in server.logs(), 10, "a log line")
+        assert (await server.request("GET", "/v1/models", headers=models))[0] == 200
+        assert server.proc.poll() is None
+        assert "Bus error" not in server.logs() and "exited with" not in server.logs()
+    finally:
+        server.close()

@@ -20,8 +20,9 @@ tagged with 64 bits of a BLAKE2b digest of its identity (0 is an empty row):
 
 Every operation holds ``flock`` on the table's file for a few microseconds (two system calls, no
 I/O: the file lives in memory); a process killed while holding it releases it with its file
-descriptor. Which rows are reused, and what a full table does (an operation answers ``None``):
-docs/deploy.md, "What one host shares, and what replicas share".
+descriptor. Which rows are reused, what a full table does (an operation answers ``None``), and
+what a table cut short or overwritten under the server does (the same, until the supervisor's
+:meth:`HostTable.repair`): docs/deploy.md, "What one host shares, and what replicas share".
 
 Why hand-written: the shared-state tools that exist are servers (Redis, which is the replica-wide
 answer) or the ``multiprocessing`` managers, which need the processes to be forked from one parent
@@ -58,25 +59,34 @@ class HostTable:
 
     def __init__(self, path: str | None, process: int = 0) -> None:
         """Map the table at ``path`` (made by :meth:`create`) as gateway process ``process``;
-        ``path=None``: a private table for a lone process."""
+        ``path=None``: a private table for a lone process. ValueError when the file is not a
+        whole table (the supervisor rebuilds it: :meth:`repair`)."""
         self.path = path
+        self._fd = -1
         if path is None:
-            fd = -1
             self._mm = mmap.mmap(-1, self.size_for(DEFAULT_ROWS, DEFAULT_ROWS, 1))
             self._mm[: 8 * 4] = _header(DEFAULT_ROWS, 1)
         else:
-            fd = os.open(path, os.O_RDWR)
-            self._mm = mmap.mmap(fd, os.fstat(fd).st_size)
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                # Checked before mapping: a page of the mapping past the end of the file is a
+                # SIGBUS on first touch, not an exception.
+                size = _whole_size(fd)
+                if size is None:
+                    raise ValueError(f"{path} is not a whole voxgate host table")
+                self._mm = mmap.mmap(fd, size)
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fd = fd
         self._words = memoryview(self._mm).cast("q")
-        if self._words[0] != _MAGIC:
-            self.close()
-            raise ValueError(f"{path} is not a voxgate host table")
-        self._fd = fd
         words = self._words
         self.window_rows = int(words[1])
         self.share_rows = int(words[2])
         self.processes = int(words[3])
+        self._size = self.size_for(self.window_rows, self.share_rows, self.processes)
         if not 0 <= process < self.processes:
+            self.close()
             raise ValueError(f"process {process} is outside the table's {self.processes}")
         self.process = process
         self._windows = _HEADER
@@ -84,7 +94,10 @@ class HostTable:
         self._share_words = 1 + self.processes
         self._tags: dict[str, int] = {}
         # A process that starts again takes over its column: what it had waiting died with it.
-        with self._locked():
+        with self._locked() as intact:
+            if not intact:
+                self.close()
+                raise ValueError(f"{path} is not a whole voxgate host table")
             for row in range(self.share_rows):
                 words[self._shares + row * self._share_words + 1 + process] = 0
 
@@ -114,6 +127,26 @@ class HostTable:
             os.close(fd)
         return path
 
+    @classmethod
+    def repair(cls, path: str, processes: int, rows: int = DEFAULT_ROWS) -> bool:
+        """Make the file at ``path`` a whole, zeroed table again if it is not one (truncated,
+        overwritten, or gone); whether it had to. The supervisor calls it: the gateways keep
+        their mappings, which reach the same file again once it has its size back."""
+        size = cls.size_for(rows, rows, processes)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if _whole_size(fd) == size and os.pread(fd, 32, 0) == _header(rows, processes):
+                return False
+            # Grown back before it is rewritten: a gateway touching its mapping meanwhile reads
+            # zeros (empty rows), never past the end of the file.
+            os.ftruncate(fd, size)
+            os.pwrite(fd, bytes(size), 0)
+            os.pwrite(fd, _header(rows, processes), 0)
+            return True
+        finally:
+            os.close(fd)
+
     def close(self) -> None:
         """Unmap the table (the file stays: the supervisor removes it)."""
         self._words.release()
@@ -123,13 +156,24 @@ class HostTable:
             self._fd = -1
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self) -> Iterator[bool]:
+        """Hold the table's lock; yields whether the table is whole. Its size is checked under
+        the lock before any word is touched: a file cut short under the mapping would be a
+        SIGBUS at the first word past its end. (One cut in the microseconds between that check
+        and the access still kills the process: the supervisor repairs the table, then starts
+        it again.)"""
         if self._fd < 0:
-            yield
+            yield True
             return
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
-            yield
+            words = self._words
+            yield (
+                os.fstat(self._fd).st_size >= self._size
+                and words[0] == _MAGIC
+                and (words[1], words[2], words[3])
+                == (self.window_rows, self.share_rows, self.processes)
+            )
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
@@ -181,7 +225,9 @@ class HostTable:
         window = int(now // expiry)
         current_left = expiry - (now % expiry)
         words = self._words
-        with self._locked():
+        with self._locked() as intact:
+            if not intact:
+                return None
             at = self._row(
                 self._windows,
                 self.window_rows,
@@ -230,7 +276,9 @@ class HostTable:
         """Count one item waiting for ``client`` if the host has fewer than ``limit`` waiting
         for it (True), else refuse (False); None when the table has no room for the client."""
         words, width = self._words, self._share_words
-        with self._locked():
+        with self._locked() as intact:
+            if not intact:
+                return None
             at = self._share_row(client, insert=True)
             if at is None:
                 return None
@@ -242,16 +290,31 @@ class HostTable:
     def give_share(self, client: str) -> None:
         """One item of ``client`` (taken by this process) no longer waits."""
         words = self._words
-        with self._locked():
-            at = self._share_row(client, insert=False)
+        with self._locked() as intact:
+            at = self._share_row(client, insert=False) if intact else None
             if at is not None and words[at + 1 + self.process] > 0:
                 words[at + 1 + self.process] -= 1
 
     def waiting_for(self, client: str) -> int:
         """Items ``client`` has waiting on the whole host."""
-        with self._locked():
-            at = self._share_row(client, insert=False)
+        with self._locked() as intact:
+            at = self._share_row(client, insert=False) if intact else None
             return 0 if at is None else sum(self._words[at + 1 : at + self._share_words])
+
+
+def _whole_size(fd: int) -> int | None:
+    """The size of the table file ``fd`` when it holds a whole table (magic, sane dimensions,
+    every row there), else None."""
+    size = os.fstat(fd).st_size
+    head = os.pread(fd, 32, 0)
+    if len(head) < 32:
+        return None
+    magic, window_rows, share_rows, processes = struct.unpack("=4q", head)
+    if magic != _MAGIC or min(window_rows, share_rows, processes) < 1:
+        return None
+    if size < HostTable.size_for(window_rows, share_rows, processes):
+        return None
+    return size
 
 
 def _header(rows: int, processes: int) -> bytes:

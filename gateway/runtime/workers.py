@@ -249,9 +249,20 @@ class Supervisor:
             " and one synthesis pool process" if self.pool_socket is not None else "",
         )
         while not self.stopping:
+            self._repair_table()
             self._reap()
             time.sleep(0.2)
         return self._stop()
+
+    def _repair_table(self) -> None:
+        """Rebuild the host table if something cut or overwrote it (the gateways find it damaged
+        under their lock and count locally meanwhile): rate windows and queue shares start over,
+        the server goes on."""
+        try:
+            if HostTable.repair(self.host_table, self.gateways):
+                log.error("host table %s was damaged; rebuilt it empty", self.host_table)
+        except OSError as exc:
+            log.error("host table %s could not be rebuilt: %s", self.host_table, exc)
 
     def _reap(self) -> None:
         for i, proc in enumerate(self.procs):
@@ -271,6 +282,7 @@ class Supervisor:
             log.error("%s (pid %d) exited with %s; restarting", what, proc.pid, rc)
             if self.fast_failures[i]:
                 time.sleep(1.0)
+            self._repair_table()  # the likeliest cause of a gateway's SIGBUS
             self.procs[i] = self.spawn(i)
             self.started[i] = time.monotonic()
 
