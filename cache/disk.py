@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import errno
 import functools
 import logging
@@ -94,7 +95,14 @@ class RawBytesDisk(diskcache.Disk):  # type: ignore[misc]  # diskcache ships no 
         # as hundreds of writes per value, a system call each, costing the most beside busy
         # synthesis workers. Same file, same row (tests/test_store.py reads it back).
         filename, full_path = self.filename(key, value)
-        self._write(full_path, iter((value,)), "xb")
+        try:
+            self._write(full_path, iter((value,)), "xb")
+        except OSError:
+            # A write cut short (ENOSPC) leaves a partial file no row names: never read, never
+            # culled, holding the space the tier needs.
+            with contextlib.suppress(OSError):
+                os.unlink(full_path)
+            raise
         return len(value), diskcache.core.MODE_BINARY, filename, None
 
     def fetch(self, mode: int, filename: str | None, value: Any, read: bool) -> Any:
@@ -228,14 +236,35 @@ def _private_dir(path: Path) -> None:
             log.warning("cache directory %s is writable by others (%o): %s", path, mode, exc)
 
 
+def _no_room(exc: BaseException) -> bool:
+    """Whether ``exc`` says the file system has no room (a value file or SQLite's own write)."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+
+
 class DiskTier:
     """A size-bounded diskcache tier. Pinned entries go to a separate cache that is never
-    evicted, bounded by ``max_bytes`` of its own (a pinned entry past it is stored evictable)."""
+    evicted, bounded by ``max_bytes`` of its own (a pinned entry past it is stored evictable).
+
+    A file system that fills before ``max_bytes`` (ENOSPC) makes the tier evict its least
+    recently stored evictable entries to make room and store the entry after all; ``on_evict``
+    is told how many, and :meth:`stats` says so (docs/operations.md, "A full disk")."""
 
     name = "disk"
 
-    def __init__(self, directory: str | Path, max_bytes: int, *, timeout_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        max_bytes: int,
+        *,
+        timeout_s: float = 2.0,
+        on_evict: Callable[[int], None] = lambda n: None,
+    ) -> None:
         self.directory = Path(directory)
+        self._on_evict = on_evict
+        self.evicted_for_space = 0
+        self.full = False
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
         _private_dir(self.directory)
@@ -279,6 +308,47 @@ class DiskTier:
 
     def _put_sync(self, key: str, entry: Entry) -> None:
         blob = frame(entry)
+        try:
+            self._store_sync(key, entry, blob)
+        except (OSError, sqlite3.OperationalError) as exc:
+            if not _no_room(exc):
+                raise
+            evicted = self._make_room(len(blob))
+            if not evicted:
+                self.full = True
+                raise
+            try:
+                self._store_sync(key, entry, blob)
+            except (OSError, sqlite3.OperationalError) as again:
+                self.full = self.full or _no_room(again)
+                raise
+        self.full = False
+
+    def _make_room(self, needed: int) -> int:
+        """Evict the least recently stored evictable entries (diskcache's own cull order) until
+        ``needed`` bytes twice over, or a twentieth of the side, are freed, so that a disk that
+        filled is not culled again at every write; how many. Pinned entries are never evicted."""
+        target = max(2 * needed, int(self._cache.volume()) // 20)
+        freed = evicted = 0
+        while freed < target:
+            rows = self._cache._sql(
+                "SELECT key, size FROM Cache WHERE raw = 1 ORDER BY store_time LIMIT 32"
+            ).fetchall()
+            if not rows:
+                break
+            for key, size in rows:
+                if self._cache.delete(key):
+                    evicted += 1
+                    freed += int(size or 0)
+                if freed >= target:
+                    break
+        if evicted:
+            self.evicted_for_space += evicted
+            self._on_evict(evicted)
+            log.warning("disk full: evicted %d entries (%d bytes) to make room", evicted, freed)
+        return evicted
+
+    def _store_sync(self, key: str, entry: Entry, blob: bytes) -> None:
         # Pinned entries have a quota, the tier's bound (the pinned flag may come from Redis, a
         # tier below, with a promotion): one past it goes to the bounded side, where it may be
         # evicted like any other, instead of growing the pinned side without limit.
@@ -330,7 +400,15 @@ class DiskTier:
         sides = self._cache, self._pinned
         sizes = await self._run(lambda: [(len(c), int(c.volume())) for c in sides])
         (n_lru, lru_bytes), (n_pin, pin_bytes) = sizes
-        return TierStats(self.name, n_lru + n_pin, lru_bytes + pin_bytes, self.max_bytes, n_pin)
+        return TierStats(
+            self.name,
+            n_lru + n_pin,
+            lru_bytes + pin_bytes,
+            self.max_bytes,
+            n_pin,
+            self.evicted_for_space,
+            self.full,
+        )
 
     def path_of(self, key: str) -> Path | None:
         """Where diskcache keeps a large value on disk (tests use it to corrupt an entry)."""

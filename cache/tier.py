@@ -58,6 +58,10 @@ class TierStats:
     bytes: int
     max_bytes: int | None
     pinned: int = 0
+    # The disk tier on a full file system (ENOSPC): entries this process evicted to make room,
+    # and whether its last write still found no room (nothing left to evict: not stored).
+    evicted_for_space: int = 0
+    full: bool = False
 
 
 @dataclass(frozen=True)

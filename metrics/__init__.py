@@ -158,6 +158,11 @@ class CacheMetrics:
             "voxgate_cache_evictions_total{tier}",
             "Entries evicted to stay within a tier's size bound.",
         )
+        self.cache_space_evictions = m.counter(
+            "voxgate_cache_space_evictions_total{tier}",
+            "Entries the disk tier evicted because its file system was full (ENOSPC) before "
+            "the tier's size bound, to store a new entry.",
+        )
         self.transcodes = m.counter(
             "voxgate_transcodes_total{format}",
             "Renditions made from an already stored master (a new format or rate without synthesis).",

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
+import os
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from wait_for2.impl import CancelledWithResultError
 
-from cache.disk import DiskTier
+from cache.disk import DiskTier, RawBytesDisk
 from cache.entry import Entry
 from cache.keys import master_key, normalize_text, rendition_key
 from cache.memory import MemoryTier
 from cache.store import TieredStore
-from cache.tier import PurgeFilter, bounded
+from cache.tier import PurgeFilter, TierError, bounded
 from metrics import Metrics
 from tests.support import wav_entry
 
@@ -333,3 +337,60 @@ async def test_a_real_cancellation_through_bounded_stays_a_cancellation() -> Non
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+def small_file_system(
+    monkeypatch: pytest.MonkeyPatch, root: Path, capacity: int
+) -> Callable[[], list[Path]]:
+    """Value files under ``root`` on a file system of ``capacity`` bytes: a write past it puts
+    what fits, then fails with ENOSPC, as a full disk does. The value files there, listed."""
+    real_write = RawBytesDisk._write
+
+    def files() -> list[Path]:
+        return sorted(root.rglob("*.val"))
+
+    def write(
+        disk: RawBytesDisk, full_path: str, chunks: Iterator[bytes], mode: str, encoding: Any = None
+    ) -> int:
+        data = b"".join(chunks)
+        room = capacity - sum(p.stat().st_size for p in files())
+        if len(data) > room:
+            real_write(disk, full_path, iter((data[: max(0, room)],)), mode, encoding)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return int(real_write(disk, full_path, iter((data,)), mode, encoding))
+
+    monkeypatch.setattr(RawBytesDisk, "_write", write)
+    return files
+
+
+async def test_a_full_disk_evicts_the_oldest_entries_to_store_a_new_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = small_file_system(monkeypatch, tmp_path, 550_000)
+    evicted: list[int] = []
+    disk = await asyncio.to_thread(
+        functools.partial(DiskTier, tmp_path, 100_000_000, on_evict=evicted.append)
+    )
+    try:
+        keys = [f"{i:064x}" for i in range(8)]
+        for key in keys:  # five fit; the disk is full long before the tier's bound
+            await disk.put(key, entry(b"x" * 100_000))
+        assert all([await disk.get(k) for k in keys[-3:]])
+        assert await disk.get(keys[0]) is None
+        stats = await disk.stats()
+        assert stats.evicted_for_space == sum(evicted) >= 3 and stats.full is False
+        # No partial file of a failed write is left taking the room.
+        assert len(files()) == stats.entries
+        # Room taken by something else that eviction cannot free: not stored, and said so.
+        pinned = entry(b"p" * 100_000, pinned=True)
+        await disk.put("f" * 64, pinned)
+        (tmp_path / "hog.val").write_bytes(bytes(550_000))
+        with pytest.raises(TierError, match="No space left"):
+            await disk.put("e" * 64, entry(b"y" * 100_000))
+        stats = await disk.stats()
+        assert stats.full is True and await disk.get("f" * 64) is not None  # pinned: kept
+        (tmp_path / "hog.val").unlink()
+        await disk.put("e" * 64, entry(b"y" * 100_000))
+        assert (await disk.stats()).full is False
+    finally:
+        await disk.close()

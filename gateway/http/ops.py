@@ -48,6 +48,24 @@ class TierProbe(TypedDict):
     entries: NotRequired[int]
     bytes: NotRequired[int]
     error: NotRequired[Annotated[str, Field(description="Why the probe failed.")]]
+    evicted_for_space: NotRequired[
+        Annotated[
+            int,
+            Field(
+                description="The disk tier: entries this process evicted because the disk was "
+                "full before the tier's bound (a warning, not a failure)."
+            ),
+        ]
+    ]
+    full: NotRequired[
+        Annotated[
+            bool,
+            Field(
+                description="The disk tier: the disk is full and nothing is left to evict, so "
+                "new entries are not stored (the tier is then degraded)."
+            ),
+        ]
+    ]
 
 
 class Ready(TypedDict):
@@ -88,7 +106,14 @@ async def _probe(tier: Any) -> TierProbe:
         stats = await asyncio.wait_for(tier.stats(), TIER_PROBE_TIMEOUT_S)
     except (TierError, TimeoutError, OSError) as exc:
         return {"state": "degraded", "error": f"{type(exc).__name__}: {exc}"[:200]}
-    return {"state": "ok", "entries": stats.entries, "bytes": stats.bytes}
+    probe: TierProbe = {"state": "ok", "entries": stats.entries, "bytes": stats.bytes}
+    if stats.evicted_for_space:
+        probe["evicted_for_space"] = stats.evicted_for_space
+    if stats.full:
+        probe["state"] = "degraded"
+        probe["full"] = True
+        probe["error"] = "the disk is full and nothing is left to evict: new entries not stored"
+    return probe
 
 
 async def readiness(app: web.Application) -> tuple[int, Ready]:

@@ -72,7 +72,13 @@ def build_tiers(settings: Settings, metrics: Metrics) -> list[Tier]:
             )
         )
     if settings.disk_cache_mb > 0:
-        tiers.append(DiskTier(settings.cache_dir, settings.disk_cache_mb * MIB))
+        tiers.append(
+            DiskTier(
+                settings.cache_dir,
+                settings.disk_cache_mb * MIB,
+                on_evict=lambda n: metrics.cache_space_evictions.labels("disk").inc(n),
+            )
+        )
     redis_url = settings.redis_url.get_secret_value()
     if redis_url:  # the shared tier, last; closed with the store
         tiers.append(
