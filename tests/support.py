@@ -5,17 +5,21 @@ ports) live in :mod:`bench.harness`."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+import pytest
 from aiohttp import ClientResponse, web
 
 from bench.harness import CACHE_SECRET, voiced
+from cache.disk import RawBytesDisk
 from cache.entry import Entry
 from gateway.http.app import create_app
 from gateway.runtime.settings import Settings
@@ -346,3 +350,27 @@ async def clear_of_a_minute_edge(span_s: float = 15.0) -> None:
     into = time.time() % 60
     if into > 60 - span_s:
         await asyncio.sleep(60 - into + 0.05)
+
+
+def small_file_system(
+    monkeypatch: pytest.MonkeyPatch, root: Path, capacity: int
+) -> Callable[[], list[Path]]:
+    """Value files under ``root`` on a file system of ``capacity`` bytes: a write past it puts
+    what fits, then fails with ENOSPC, as a full disk does. The value files there, listed."""
+    real_write = RawBytesDisk._write
+
+    def files() -> list[Path]:
+        return sorted(root.rglob("*.val"))
+
+    def write(
+        disk: RawBytesDisk, full_path: str, chunks: Iterator[bytes], mode: str, encoding: Any = None
+    ) -> int:
+        data = b"".join(chunks)
+        room = capacity - sum(p.stat().st_size for p in files())
+        if len(data) > room:
+            real_write(disk, full_path, iter((data[: max(0, room)],)), mode, encoding)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return int(real_write(disk, full_path, iter((data,)), mode, encoding))
+
+    monkeypatch.setattr(RawBytesDisk, "_write", write)
+    return files

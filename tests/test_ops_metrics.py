@@ -16,6 +16,7 @@ import yaml
 
 from cache.tier import TierError, TierStats
 from gateway.http import keys
+from gateway.runtime.settings import Settings
 from metrics import (
     CacheMetrics,
     HttpMetrics,
@@ -26,7 +27,7 @@ from metrics import (
     WyomingMetrics,
 )
 from tests.conftest import GatewayFactory
-from tests.support import CountingEngine
+from tests.support import CountingEngine, small_file_system, until
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "docs" / "ops" / "grafana-dashboard.json"
@@ -194,6 +195,56 @@ async def test_readyz_reports_each_tier_and_degraded_tier_keeps_serving(
     assert "read-only" in body["tiers"]["disk"]["error"]
     assert body["tiers"]["memory"]["state"] == "ok"
     assert (await client.get("/healthz")).status == 200
+
+
+async def test_readyz_says_when_a_full_disk_made_the_tier_evict(
+    gateway: GatewayFactory,
+    settings: Settings,
+    metrics: Metrics,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The disk under cache_dir fills long before disk_cache_mb: entries are evicted to store
+    new ones (counted, a field of /readyz); with nothing left to evict the tier is degraded,
+    the gateway still ready and answering."""
+    cache_dir = Path(settings.cache_dir)
+    files = small_file_system(monkeypatch, cache_dir, 300_000)
+    client = await gateway()
+
+    def evicted() -> float:
+        value = metrics.registry.get_sample_value(
+            "voxgate_cache_space_evictions_total", {"tier": "disk"}
+        )
+        return value or 0.0
+
+    for i in range(8):
+        text = f"Sentence number {i} fills a small disk with its audio."
+        assert (await client.post("/v1/audio/speech", json=speech(text))).status == 200
+    await until(lambda: evicted() > 0, 30, "an eviction for space")
+    resp = await client.get("/readyz")
+    body = await resp.json()
+    assert resp.status == 200 and body["status"] == "ready"
+    disk = body["tiers"]["disk"]
+    assert disk["state"] == "ok" and disk["evicted_for_space"] == evicted()
+    assert "full" not in disk
+    assert sum(p.stat().st_size for p in files()) <= 300_000
+
+    (cache_dir / "hog.val").write_bytes(bytes(300_000))
+    writes = {"tier": "disk", "result": "error"}
+    before = metrics.registry.get_sample_value("voxgate_cache_writes_total", writes) or 0.0
+    resp = await client.post("/v1/audio/speech", json=speech("Nothing can be stored now."))
+    assert resp.status == 200
+    await until(
+        lambda: (
+            (metrics.registry.get_sample_value("voxgate_cache_writes_total", writes) or 0) > before
+        ),
+        30,
+        "a failed disk write",
+    )
+    resp = await client.get("/readyz")
+    body = await resp.json()
+    assert resp.status == 200 and body["status"] == "degraded"
+    assert body["tiers"]["disk"]["state"] == "degraded" and body["tiers"]["disk"]["full"] is True
+    assert body["models"] == {"piper": True}
 
 
 async def test_post_prompts_renders_pins_and_returns_addresses(

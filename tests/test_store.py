@@ -3,25 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import errno
 import functools
-import os
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from wait_for2.impl import CancelledWithResultError
 
-from cache.disk import DiskTier, RawBytesDisk
+from cache.disk import DiskTier
 from cache.entry import Entry
 from cache.keys import master_key, normalize_text, rendition_key
 from cache.memory import MemoryTier
 from cache.store import TieredStore
 from cache.tier import PurgeFilter, TierError, bounded
 from metrics import Metrics
-from tests.support import wav_entry
+from tests.support import small_file_system, wav_entry
 
 
 async def open_disk(path: Path) -> DiskTier:
@@ -337,30 +333,6 @@ async def test_a_real_cancellation_through_bounded_stays_a_cancellation() -> Non
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-
-
-def small_file_system(
-    monkeypatch: pytest.MonkeyPatch, root: Path, capacity: int
-) -> Callable[[], list[Path]]:
-    """Value files under ``root`` on a file system of ``capacity`` bytes: a write past it puts
-    what fits, then fails with ENOSPC, as a full disk does. The value files there, listed."""
-    real_write = RawBytesDisk._write
-
-    def files() -> list[Path]:
-        return sorted(root.rglob("*.val"))
-
-    def write(
-        disk: RawBytesDisk, full_path: str, chunks: Iterator[bytes], mode: str, encoding: Any = None
-    ) -> int:
-        data = b"".join(chunks)
-        room = capacity - sum(p.stat().st_size for p in files())
-        if len(data) > room:
-            real_write(disk, full_path, iter((data[: max(0, room)],)), mode, encoding)
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return int(real_write(disk, full_path, iter((data,)), mode, encoding))
-
-    monkeypatch.setattr(RawBytesDisk, "_write", write)
-    return files
 
 
 async def test_a_full_disk_evicts_the_oldest_entries_to_store_a_new_one(
