@@ -167,13 +167,7 @@ class HostTable:
             return
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
-            words = self._words
-            yield (
-                os.fstat(self._fd).st_size >= self._size
-                and words[0] == _MAGIC
-                and (words[1], words[2], words[3])
-                == (self.window_rows, self.share_rows, self.processes)
-            )
+            yield os.fstat(self._fd).st_size >= self._size and self._words[0] == _MAGIC
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
