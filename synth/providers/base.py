@@ -195,6 +195,16 @@ def retry_after_of(headers: Mapping[str, str]) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
+def redirect_refused(status: int) -> ProviderError:
+    """The :class:`ProviderError` of a redirect answer: never followed (the key and the text
+    would go to wherever it points), not retried (the next call is redirected too)."""
+    return ProviderError(
+        "server",
+        f"the provider answered a redirect ({status}), which voxgate does not follow",
+        status=status,
+    )
+
+
 def refused_take(reason: str, message: str) -> ProviderError:
     """The :class:`ProviderError` of a 200 answer that is no usable take, ``reason`` (one of
     :data:`synth.takecheck.REASONS`) first in its message: not retried, nothing stored."""

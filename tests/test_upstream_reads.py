@@ -1,0 +1,129 @@
+"""The provider is a network peer, not a trusted library: its redirects are not followed (the
+key and the text would go wherever they point), its ``Retry-After`` is read as a bounded number,
+and its answer is read within what the text can take and the pool's frame can carry, a refused
+one freed and not asked for again at once (docs/upstreams.md, "How it treats the provider")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from metrics import Metrics
+from synth.upstream import UpstreamConfig
+from tests.conftest import GatewayFactory
+from tests.support import CountingEngine
+from tests.upstream_support import (
+    KEY_ENV,
+    ElevenLabsServer,
+    LoopbackProvider,
+    OpenAISpeechServer,
+)
+
+GREETING = "Thank you for calling."
+
+
+class Redirector(LoopbackProvider):
+    """A provider host that answers every call with ``status`` pointing at ``target`` (the
+    same path there): ``calls`` counts what reached it."""
+
+    def __init__(self, target: str, status: int = 307) -> None:
+        super().__init__()
+        self.target = target
+        self.status = status
+        self.calls = 0
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> Redirector:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        return self
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.calls += 1
+        where = self.target + request.path_qs
+        return web.Response(status=self.status, headers={"Location": where})
+
+
+def value(metrics: Metrics, name: str, **labels: str) -> float:
+    metrics.flush_pending()
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+async def start(
+    gateway: GatewayFactory, counting_engine: CountingEngine, config: UpstreamConfig, **kw: Any
+) -> Any:
+    return await gateway(engines={"piper": counting_engine, config.name: config}, **kw)
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+async def test_an_elevenlabs_redirect_is_not_followed_nor_stored(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    monkeypatch: pytest.MonkeyPatch,
+    metrics: Metrics,
+    status: int,
+) -> None:
+    """As found: a 307 from the ElevenLabs host sent ``xi-api-key`` and the text to the
+    redirect target, and the target's answer was cached. Now the target is never asked, the
+    client hears a 502 naming the redirect, and nothing is stored (the next request asks the
+    provider again)."""
+    elsewhere = await ElevenLabsServer().start()
+    redirector = await Redirector(elsewhere.url, status).start()
+    monkeypatch.setenv("VOXGATE_TEST_XI_KEY", elsewhere.api_key)
+    voice = elsewhere.voices[0]
+    try:
+        config = UpstreamConfig(
+            name="eleven",
+            kind="elevenlabs",
+            base_url=redirector.url,
+            api_key_env="VOXGATE_TEST_XI_KEY",
+            model="eleven_multilingual_v2",
+            voices=(voice,),
+            sample_rate=22050,
+            timeout_s=5,
+        )
+        client = await start(gateway, counting_engine, config, metrics=metrics)
+        body = {"model": "eleven", "input": GREETING, "voice": voice, "response_format": "wav"}
+        for _ in range(2):
+            r = await client.post("/v1/audio/speech", json=body)
+            assert r.status == 502, await r.text()
+            message = (await r.json())["error"]["message"]
+            assert f"redirect ({status})" in message
+            assert elsewhere.api_key not in message
+        assert elsewhere.calls == 0
+        # Not retried (the next try is redirected too), and not stored: each request asks.
+        assert redirector.calls == 2
+        assert value(metrics, "voxgate_upstream_errors_total", upstream="eleven", kind="server")
+    finally:
+        await redirector.stop()
+        await elsewhere.stop()
+
+
+async def test_an_openai_kind_redirect_is_not_followed(
+    gateway: GatewayFactory, counting_engine: CountingEngine, provider: OpenAISpeechServer
+) -> None:
+    """The openai SDK's own HTTP client follows redirects unless told otherwise."""
+    redirector = await Redirector(f"http://127.0.0.1:{provider.port}").start()
+    try:
+        config = UpstreamConfig(
+            name="openai",
+            kind="openai",
+            base_url=f"{redirector.url}/v1",
+            api_key_env=KEY_ENV,
+            model="gpt-4o-mini-tts",
+            voices=("alloy",),
+            timeout_s=5,
+        )
+        client = await start(gateway, counting_engine, config)
+        body = {"model": "openai", "input": GREETING, "voice": "alloy", "response_format": "wav"}
+        r = await client.post("/v1/audio/speech", json=body)
+        assert r.status == 502, await r.text()
+        assert "redirect (307)" in (await r.json())["error"]["message"]
+        assert provider.calls == 0 and redirector.calls == 1
+    finally:
+        await redirector.stop()
