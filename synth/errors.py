@@ -126,6 +126,8 @@ class UpstreamError(SynthesisError):
             upstream=upstream if isinstance(upstream, str) else "",
             kind=kind if isinstance(kind, str) and kind in UPSTREAM_ERROR_KINDS else "server",
             status=status if type(status) is int and 400 <= status <= 599 else 502,
-            retry_after_s=float(retry) if isinstance(retry, int | float) and retry >= 0 else None,
+            retry_after_s=float(retry)
+            if isinstance(retry, int | float) and 0 <= retry < 1e9
+            else None,
             reason=reason if isinstance(reason, str) and reason in REASONS else "",
         )

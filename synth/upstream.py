@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import random
 import time
@@ -646,17 +647,26 @@ class UpstreamRunner:
         if not exc.retryable or attempt >= self.config.max_retries:
             return None
         if exc.retry_after_s is not None:
-            return exc.retry_after_s
+            return self._bounded_wait(exc.retry_after_s)
         backoff = min(_BACKOFF_MAX_S, _BACKOFF_S * 2.0**attempt)
         return backoff * (0.5 + random.random() / 2)  # jitter: replicas do not retry in step
+
+    def _bounded_wait(self, seconds: float) -> float:
+        """A wait the provider asked for, finite and at most this upstream's ``timeout_s``."""
+        if not math.isfinite(seconds):
+            return self.config.timeout_s
+        return min(max(0.0, seconds), self.config.timeout_s)
 
     def _error_of(self, exc: ProviderError) -> UpstreamError:
         kind = exc.kind if exc.kind in _TOLD else "server"
         told = _TOLD[kind].format(
             name=self.name, status=exc.status, message=exc.message, timeout=self.config.timeout_s
         )
-        # Only these kinds carry a wait the provider asked for.
-        asked = exc.retry_after_s if kind in ("rate_limited", "server") else None
+        # Only these kinds carry a wait the provider asked for, and never more than one call's
+        # deadline: what the client is told is voxgate's advice, not the provider's raw words.
+        asked = None
+        if exc.retry_after_s is not None and kind in ("rate_limited", "server"):
+            asked = self._bounded_wait(exc.retry_after_s)
         return self._fail(kind, told, asked, exc.reason)
 
 

@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 
 from metrics import Metrics
+from synth.providers.base import MAX_RETRY_AFTER_S, retry_after_of
 from synth.upstream import UpstreamConfig
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine
@@ -19,6 +20,7 @@ from tests.upstream_support import (
     ElevenLabsServer,
     LoopbackProvider,
     OpenAISpeechServer,
+    Scripted,
 )
 
 GREETING = "Thank you for calling."
@@ -127,3 +129,61 @@ async def test_an_openai_kind_redirect_is_not_followed(
         assert provider.calls == 0 and redirector.calls == 1
     finally:
         await redirector.stop()
+
+
+@pytest.mark.parametrize(
+    "asked",
+    [
+        "inf",
+        "nan",
+        "1e999",
+        "1" * 40,
+        "Wed, 21 Oct 2099 07:28:00 GMT",
+        "Wed, 21 Oct 2099 07:28:00",
+        "-5",
+        "soon",
+    ],
+)
+async def test_a_providers_retry_after_is_bounded_by_the_calls_timeout_never_relayed_raw(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    provider: OpenAISpeechServer,
+    asked: str,
+) -> None:
+    """As found: ``Retry-After: inf`` on a 429 gave a 500 with a traceback, and a 40-digit one
+    was passed on to the client as it came. Now each is the client's 503 with a Retry-After of
+    at most the upstream's ``timeout_s`` (whole seconds), in no time: a wait longer than the
+    deadline is not waited for."""
+    config = UpstreamConfig(
+        name="openai",
+        kind="openai",
+        base_url=provider.url,
+        api_key_env=KEY_ENV,
+        model="gpt-4o-mini-tts",
+        voices=("alloy",),
+        timeout_s=3,
+        max_retries=1,
+    )
+    client = await start(gateway, counting_engine, config)
+    provider.script.append(Scripted(429, "Rate limit reached", {"Retry-After": asked}))
+    body = {"model": "openai", "input": GREETING, "voice": "alloy", "response_format": "wav"}
+    r = await client.post("/v1/audio/speech", json=body)
+    if asked in ("-5", "soon", "nan"):  # retried: at once, or after the runner's own backoff
+        assert r.status == 200, await r.text()
+        assert provider.calls == 2
+        return
+    assert r.status == 503, await r.text()
+    assert (await r.json())["error"]["code"] == "upstream_rate_limited"
+    assert 1 <= int(r.headers["Retry-After"]) <= 3
+    assert provider.calls == 1
+
+
+def test_retry_after_is_finite_whatever_is_sent() -> None:
+    for asked in ("inf", "1e999", "9" * 40, "Wed, 21 Oct 2099 07:28:00 GMT"):
+        assert retry_after_of({"retry-after": asked}) == MAX_RETRY_AFTER_S
+    assert retry_after_of({"retry-after-ms": "nan", "retry-after": "2"}) == 2.0
+    assert retry_after_of({"retry-after": "nan"}) is None
+    assert retry_after_of({"retry-after": "-5"}) == 0.0
+    # An HTTP date without its zone is GMT (not the machine's local time).
+    naive = retry_after_of({"retry-after": "Wed, 21 Oct 2099 07:28:00"})
+    assert naive == MAX_RETRY_AFTER_S

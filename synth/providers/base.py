@@ -9,10 +9,12 @@ Nothing here names a kind: a provider module says what its kind is, and
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import time
 from collections.abc import AsyncIterable, Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC
 from email.utils import parsedate_to_datetime
 from typing import Literal, Protocol
 
@@ -172,27 +174,45 @@ def provider_message(message: str) -> str:
     return text or "no message"
 
 
+# The longest wait a provider's answer is read as asking for (a year): what it asks beyond that,
+# ``inf`` and 40-digit numbers included, is this, and the runner clamps it to its own deadline.
+MAX_RETRY_AFTER_S = 365 * 86400.0
+
+
+def _seconds(text: str, scale: float = 1.0) -> float | None:
+    """A number of seconds (``scale``: of the unit written) in ``[0, MAX_RETRY_AFTER_S]``; None
+    for what is no number (``nan`` included)."""
+    try:
+        wait = float(text) * scale
+    except ValueError:
+        return None
+    if math.isnan(wait):
+        return None
+    return min(max(0.0, wait), MAX_RETRY_AFTER_S)
+
+
 def retry_after_of(headers: Mapping[str, str]) -> float | None:
     """Seconds a provider asks to wait: ``retry-after-ms`` (OpenAI's), else ``Retry-After`` in
-    seconds or as an HTTP date; None when it asks nothing readable."""
+    seconds or as an HTTP date; None when it asks nothing readable. Always finite, at most
+    :data:`MAX_RETRY_AFTER_S`: the caller clamps it further, to its own deadline."""
     ms = headers.get("retry-after-ms")
     if ms is not None:
-        try:
-            return max(0.0, float(ms) / 1000.0)
-        except ValueError:
-            pass
+        wait = _seconds(ms, 1 / 1000)
+        if wait is not None:
+            return wait
     value = headers.get("retry-after")
     if value is None:
         return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
+    wait = _seconds(value)
+    if wait is not None:
+        return wait
     try:
         when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    return max(0.0, when.timestamp() - time.time())
+    if when.tzinfo is None:  # an HTTP date is GMT, whether it says so or not
+        when = when.replace(tzinfo=UTC)
+    return min(max(0.0, when.timestamp() - time.time()), MAX_RETRY_AFTER_S)
 
 
 def redirect_refused(status: int) -> ProviderError:
