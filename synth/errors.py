@@ -103,6 +103,8 @@ class UpstreamError(SynthesisError):
         self.status = status
         self.retry_after_s = retry_after_s
         self.reason = reason
+        # The provider's answer was cut off for its size (its runner holds the item a while).
+        self.oversize = False
 
     def to_wire(self) -> dict[str, object]:
         """The error as JSON values (the host's shared pool sends it to a gateway process)."""

@@ -5,22 +5,34 @@ one freed and not asked for again at once (docs/upstreams.md, "How it treats the
 
 from __future__ import annotations
 
+import tracemalloc
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from aiohttp import web
 
 from metrics import Metrics
-from synth.providers.base import MAX_RETRY_AFTER_S, retry_after_of
-from synth.upstream import UpstreamConfig
+from synth.engine import SynthesisItem
+from synth.providers.base import (
+    MAX_RETRY_AFTER_S,
+    MIB,
+    AnswerReader,
+    ProviderError,
+    retry_after_of,
+)
+from synth.upstream import OVERSIZE_HOLD_S, UpstreamConfig
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine
 from tests.upstream_support import (
     KEY_ENV,
+    AnswerServer,
     ElevenLabsServer,
     LoopbackProvider,
     OpenAISpeechServer,
     Scripted,
+    voiced,
+    wav_header,
 )
 
 GREETING = "Thank you for calling."
@@ -187,3 +199,95 @@ def test_retry_after_is_finite_whatever_is_sent() -> None:
     # An HTTP date without its zone is GMT (not the machine's local time).
     naive = retry_after_of({"retry-after": "Wed, 21 Oct 2099 07:28:00"})
     assert naive == MAX_RETRY_AFTER_S
+
+
+LONG_TEXT = " ".join(["Please hold while we connect your call to the next free agent"] * 6)
+
+
+def reader_entry(**fields: object) -> UpstreamConfig:
+    base = {"name": "p", "kind": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m"}
+    return UpstreamConfig.model_validate({**base, **fields})
+
+
+class Endless:
+    """A body of ``piece`` again and again; ``taken`` counts the bytes the reader took."""
+
+    def __init__(self, piece: bytes, head: bytes = b"") -> None:
+        self.piece, self.head, self.taken = piece, head, 0
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self.head:
+            self.taken += len(self.head)
+            yield self.head
+        while True:
+            self.taken += len(self.piece)
+            yield self.piece
+
+
+async def test_an_answer_past_max_audio_mb_is_refused_and_nothing_of_it_stays_held() -> None:
+    """As found: 60-70 MiB answers left about 1.96 GB held afterwards. The refusal (kept, as a
+    failed task or a held error keeps it, its traceback whole) holds none of what was read."""
+    config = reader_entry(max_audio_mb=1)
+    item = SynthesisItem(LONG_TEXT, "alloy")  # at most 39 s: 1.8 MB of pcm
+    body = Endless(voiced("an answer that will not stop")[:32768].tobytes())
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        with pytest.raises(ProviderError) as caught:
+            await AnswerReader(config, item).read(body)
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    err = caught.value
+    assert err.__traceback__ is not None
+    assert err.oversize and "larger than 1 MiB of pcm (max_audio_mb)" in err.message
+    assert MIB <= body.taken <= MIB + 64 * 1024
+    assert kept < 256 * 1024, f"{kept} bytes still held after the refusal"
+
+
+async def test_max_audio_mb_bounds_the_takes_samples_whatever_the_wav_holds() -> None:
+    """``max_audio_mb`` counts 16-bit pcm (the pool's frame carries twice that, as float32): an
+    8-bit WAV holds twice the samples per byte, and an 8 kHz one asked for 24 kHz pcm makes three
+    times as many once resampled. Each is cut off at the samples, not at the bytes."""
+    config = reader_entry(max_audio_mb=1, sample_rate=24000)
+    item = SynthesisItem(LONG_TEXT, "alloy")
+    for rate, bits, per_sample in ((24000, 8, 1), (8000, 16, 2)):
+        body = Endless(bytes(range(256)) * 64, wav_header(rate, 0xFFFFFFFF, bits=bits))
+        with pytest.raises(ProviderError) as caught:
+            await AnswerReader(config, item).read(body)
+        assert caught.value.oversize
+        most = MIB // 2 * rate // 24000  # samples at the WAV's rate that fit once resampled
+        # (a WAV may hold 64 KiB of header chunks before its samples)
+        assert body.taken <= 64 * 1024 + most * per_sample + 16384
+
+
+async def test_an_oversize_answer_is_not_asked_for_again_within_the_hold(
+    gateway: GatewayFactory, counting_engine: CountingEngine
+) -> None:
+    """As found: an answer too large for voxgate failed every time and was billed again each
+    time a client retried. Now the same request within the hold is refused without a call,
+    saying why and when to come back; another text is still asked for."""
+    with AnswerServer() as answers:
+        config = UpstreamConfig(
+            name="runaway",
+            kind="openai",
+            base_url=answers.base_url("endless"),
+            model="m",
+            voices=("alloy",),
+            timeout_s=10,
+        )
+        client = await start(gateway, counting_engine, config)
+        body = {"model": "runaway", "input": GREETING, "voice": "alloy", "response_format": "wav"}
+        r = await client.post("/v1/audio/speech", json=body)
+        assert r.status == 502, await r.text()
+        assert "too_long" in (await r.json())["error"]["message"]
+        for _ in range(3):
+            r = await client.post("/v1/audio/speech", json=body)
+            assert r.status == 502
+            error = (await r.json())["error"]
+            assert error["code"] == "upstream_bad_reply"
+            assert "not asked again for" in error["message"]
+            assert 1 <= int(r.headers["Retry-After"]) <= OVERSIZE_HOLD_S
+        assert answers.calls["endless"] == 1
+        r = await client.post("/v1/audio/speech", json={**body, "input": "Another text."})
+        assert r.status == 502 and answers.calls["endless"] == 2
