@@ -5,8 +5,10 @@ one freed and not asked for again at once (docs/upstreams.md, "How it treats the
 
 from __future__ import annotations
 
+import asyncio
 import tracemalloc
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +25,7 @@ from synth.providers.base import (
 )
 from synth.upstream import OVERSIZE_HOLD_S, UpstreamConfig
 from tests.conftest import GatewayFactory
+from tests.served import DefaultServer
 from tests.support import CountingEngine
 from tests.upstream_support import (
     KEY_ENV,
@@ -291,3 +294,42 @@ async def test_an_oversize_answer_is_not_asked_for_again_within_the_hold(
         assert answers.calls["endless"] == 1
         r = await client.post("/v1/audio/speech", json={**body, "input": "Another text."})
         assert r.status == 502 and answers.calls["endless"] == 2
+
+
+@pytest.mark.slow
+async def test_an_answer_within_max_audio_mb_fits_the_pool_processs_reply_frame(
+    tmp_path: Path,
+) -> None:
+    """As found, against ``voxgate serve`` (the host's pool process makes the calls and sends
+    each take to the gateway process as float32): an answer within ``max_audio_mb`` but over
+    half of ``synth_max_reply_mb`` was refused at the frame, 503 every time, and billed again
+    each time. Here 1 MB of pcm (2 MB as float32) with a 1 MiB frame setting: the frame is sized
+    from the entry, so the answer is served, stored, and asked for once."""
+    provider = await OpenAISpeechServer().start()
+    upstreams = tmp_path / "upstreams.toml"
+    upstreams.write_text(
+        "[[upstream]]\n"
+        'name = "openai"\nkind = "openai"\n'
+        f'base_url = "{provider.url}"\napi_key_env = "{KEY_ENV}"\n'
+        'model = "gpt-4o-mini-tts"\nvoices = ["alloy"]\nsplit = "whole"\n'
+        "max_audio_mb = 2\ntimeout_s = 30\n"
+    )
+    server = DefaultServer(
+        tmp_path / "s",
+        "--upstreams-file",
+        str(upstreams),
+        "--synth-max-reply-mb",
+        "1",
+        env={KEY_ENV: provider.api_key},
+    )
+    body = {"model": "openai", "input": LONG_TEXT, "voice": "alloy", "response_format": "wav"}
+    try:
+        await asyncio.to_thread(server.wait_ready)
+        for cache in ("MISS", "HIT"):
+            status, headers, _ = await server.request("POST", "/v1/audio/speech", json=body)
+            assert status == 200, server.logs()[-2000:]
+            assert headers["X-Cache"] == cache
+        assert provider.calls == 1
+    finally:
+        server.terminate()
+        await provider.stop()
