@@ -46,6 +46,7 @@ async def measure(module_path: str, answers: int, mb: int) -> dict[str, float]:
     spec = importlib.util.spec_from_file_location("reader_under_test", module_path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     from synth.engine import SynthesisItem
     from synth.upstream import UpstreamConfig

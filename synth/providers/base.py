@@ -270,7 +270,7 @@ class WavLayout:
     def frame_bytes(self) -> int:
         return self.channels * int(self.dtype[-1])
 
-    def mono(self, data: bytes) -> npt.NDArray[np.float32]:
+    def mono(self, data: bytes | bytearray | memoryview) -> npt.NDArray[np.float32]:
         """Whole frames of ``data`` as the first channel's float samples."""
         width = int(self.dtype[-1])
         if self.dtype == "<i3":
@@ -289,7 +289,7 @@ _WAV_DTYPES = {(1, 8): "u1", (1, 16): "<i2", (1, 24): "<i3", (1, 32): "<i4"}
 _WAV_DTYPES |= {(3, 32): "<f4", (3, 64): "<f8"}
 
 
-def wav_layout(head: bytes) -> WavLayout | None:
+def wav_layout(head: bytes | bytearray) -> WavLayout | None:
     """The layout a RIFF/WAVE header in ``head`` states; None while the header is not all
     there; a :class:`ProviderError` (``not_audio``, ``bad_rate``) for one that cannot be."""
     pos, fmt = 12, None
@@ -480,9 +480,9 @@ class AnswerReader:
         data = self._buffer
         container = self.container
         if container is None:  # shorter than a sniff
-            container = self._name(data)
+            container = self._name(bytes(data))
             if container == "unknown":
-                self._pass(data, len(data))
+                self._pass(bytes(data), len(data))
         if container == "unknown":
             return pcm16_audio(data, self.config.sample_rate)
         if container == "wav":
