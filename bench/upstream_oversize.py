@@ -38,7 +38,7 @@ def rss_mb() -> float:
 async def body(mb: int) -> AsyncIterator[bytes]:
     piece = bytes(range(256)) * 256  # 64 KiB
     for _ in range(mb * 16):
-        yield bytes(piece)  # a new object each time, as a socket read makes
+        yield bytes(bytearray(piece))  # a new object each time, as a socket read makes
 
 
 async def measure(module_path: str, answers: int, mb: int) -> dict[str, float]:
