@@ -103,6 +103,8 @@ class UpstreamError(SynthesisError):
         self.status = status
         self.retry_after_s = retry_after_s
         self.reason = reason
+        # The provider's answer was cut off for its size (its runner holds the item a while).
+        self.oversize = False
 
     def to_wire(self) -> dict[str, object]:
         """The error as JSON values (the host's shared pool sends it to a gateway process)."""
@@ -126,6 +128,8 @@ class UpstreamError(SynthesisError):
             upstream=upstream if isinstance(upstream, str) else "",
             kind=kind if isinstance(kind, str) and kind in UPSTREAM_ERROR_KINDS else "server",
             status=status if type(status) is int and 400 <= status <= 599 else 502,
-            retry_after_s=float(retry) if isinstance(retry, int | float) and retry >= 0 else None,
+            retry_after_s=float(retry)
+            if isinstance(retry, int | float) and 0 <= retry < 1e9
+            else None,
             reason=reason if isinstance(reason, str) and reason in REASONS else "",
         )

@@ -13,10 +13,12 @@ made from it, so every other format is a transcode, never a second call.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import random
 import time
@@ -458,6 +460,19 @@ _TOLD = {
 }
 _BACKOFF_S = 0.5
 _BACKOFF_MAX_S = 8.0
+# How long an item whose answer was cut off for its size (too_long, past max_audio_mb) is not
+# asked for again: each call is billed, and the provider answers the same text the same way.
+OVERSIZE_HOLD_S = 60.0
+# The most items held so at once (the oldest go first).
+OVERSIZE_HELD = 1024
+
+
+def item_address(item: SynthesisItem) -> str:
+    """What identifies a call for ``item`` within one upstream: its text, voice, speed,
+    parameters and take (a retake is another call)."""
+    params = sorted((k, repr(v)) for k, v in item.params.items())
+    material = json.dumps([item.text, item.voice, item.speed, params, item.phonemes, item.take])
+    return hashlib.blake2b(material.encode(), digest_size=16).hexdigest()
 
 
 class UpstreamRunner:
@@ -487,6 +502,8 @@ class UpstreamRunner:
         self.breaker = breaker
         self.rate = rate
         self._slots = asyncio.Semaphore(self.config.max_concurrency)
+        # Items whose answer was too large, by item_address: (loop time the hold ends, message).
+        self._oversize: collections.OrderedDict[str, tuple[float, str]] = collections.OrderedDict()
         self._listed = frozenset(v.name for v in engine.voices())
         # The upstream's model name (a reload that changes it takes a restart).
         self.name = name = self.config.name
@@ -553,6 +570,10 @@ class UpstreamRunner:
             self.engine.config.any_voice and VOICE_ID.fullmatch(item.voice)
         ):
             raise self._fail("refused", f"upstream {name!r} does not serve voice {item.voice!r}")
+        address = item_address(item)
+        held = self._held(address, loop.time())
+        if held is not None:
+            raise held
         # This semaphore, not the attribute: a reload may replace it while the call runs.
         slots = self._slots
         try:
@@ -567,6 +588,10 @@ class UpstreamRunner:
         self._in_flight.inc()
         try:
             return await self._attempts(item, deadline)
+        except UpstreamError as exc:
+            if exc.oversize:
+                self._hold(address, loop.time(), str(exc))
+            raise
         finally:
             self._in_flight.dec()
             slots.release()
@@ -632,9 +657,11 @@ class UpstreamRunner:
                     continue
                 if exc.kind != "refused":
                     self.breaker.failure()
-                if exc.kind == "timeout" and earlier is not None:
-                    raise self._error_of(earlier) from None
-                raise self._error_of(exc) from None
+                failure = self._error_of(earlier if exc.kind == "timeout" and earlier else exc)
+                # The error's context would keep the provider's frames, and with them what
+                # was read of the answer, for as long as the error is kept.
+                caught.__traceback__ = exc.__traceback__ = None
+                raise failure from None
             self._latency.observe(time.perf_counter() - started)
             self._calls_ok.inc()
             self._billed.inc(len(item.text))
@@ -646,18 +673,52 @@ class UpstreamRunner:
         if not exc.retryable or attempt >= self.config.max_retries:
             return None
         if exc.retry_after_s is not None:
-            return exc.retry_after_s
+            return self._bounded_wait(exc.retry_after_s)
         backoff = min(_BACKOFF_MAX_S, _BACKOFF_S * 2.0**attempt)
         return backoff * (0.5 + random.random() / 2)  # jitter: replicas do not retry in step
+
+    def _held(self, address: str, now: float) -> UpstreamError | None:
+        """The refusal of an item whose answer was too large within the last
+        :data:`OVERSIZE_HOLD_S` (not a call: nothing counted against the provider)."""
+        while self._oversize and next(iter(self._oversize.values()))[0] <= now:
+            self._oversize.popitem(last=False)
+        held = self._oversize.get(address)
+        if held is None:
+            return None
+        until, message = held
+        return UpstreamError(
+            f"{message}; not asked again for {until - now:.0f} s (each call is billed)",
+            upstream=self.name,
+            kind="bad_reply",
+            status=UPSTREAM_ERROR_KINDS["bad_reply"],
+            retry_after_s=until - now,
+        )
+
+    def _hold(self, address: str, now: float, message: str) -> None:
+        self._oversize.pop(address, None)
+        self._oversize[address] = (now + OVERSIZE_HOLD_S, message)
+        while len(self._oversize) > OVERSIZE_HELD:
+            self._oversize.popitem(last=False)
+
+    def _bounded_wait(self, seconds: float) -> float:
+        """A wait the provider asked for, finite and at most this upstream's ``timeout_s``."""
+        if not math.isfinite(seconds):
+            return self.config.timeout_s
+        return min(max(0.0, seconds), self.config.timeout_s)
 
     def _error_of(self, exc: ProviderError) -> UpstreamError:
         kind = exc.kind if exc.kind in _TOLD else "server"
         told = _TOLD[kind].format(
             name=self.name, status=exc.status, message=exc.message, timeout=self.config.timeout_s
         )
-        # Only these kinds carry a wait the provider asked for.
-        asked = exc.retry_after_s if kind in ("rate_limited", "server") else None
-        return self._fail(kind, told, asked, exc.reason)
+        # Only these kinds carry a wait the provider asked for, and never more than one call's
+        # deadline: what the client is told is voxgate's advice, not the provider's raw words.
+        asked = None
+        if exc.retry_after_s is not None and kind in ("rate_limited", "server"):
+            asked = self._bounded_wait(exc.retry_after_s)
+        failure = self._fail(kind, told, asked, exc.reason)
+        failure.oversize = exc.oversize
+        return failure
 
 
 def build_provider(config: UpstreamConfig, api_key: str) -> Provider:

@@ -428,7 +428,7 @@ def test_retry_after_forms() -> None:
     assert retry_after_of({"retry-after": "soon"}) is None
     assert retry_after_of({}) is None
     later = retry_after_of({"retry-after": "Wed, 21 Oct 2099 07:28:00 GMT"})
-    assert later is not None and later > 1e9
+    assert later is not None and later > 1e6
 
 
 async def test_a_wyoming_server_is_an_upstream(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Annotated
 
@@ -80,8 +81,9 @@ def error_response(
 ) -> web.Response:
     """The HTTP response for ``exc`` (``status`` replacing its own, and ``headers``, if given)."""
     headers = {**(headers or {})}
-    if exc.retry_after_s is not None:
-        headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+    if exc.retry_after_s is not None and math.isfinite(exc.retry_after_s):
+        # Whole seconds, at least 1, at most a day: whatever a component computed.
+        headers["Retry-After"] = str(min(86400, max(1, round(exc.retry_after_s))))
     if isinstance(exc, MethodNotAllowed):
         headers["Allow"] = exc.allow
     elif isinstance(exc, Unauthorized):

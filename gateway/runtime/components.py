@@ -43,6 +43,7 @@ from synth.loudness import Loudness
 from synth.pieces import PiecesFeed
 from synth.piper_engine import PiperVoiceFiles
 from synth.pool import EngineSpec, LogSetup, WorkerPool
+from synth.providers.base import max_reply_bytes
 from synth.runner import ThreadRunner
 from synth.scheduler import ClientShares, Scheduler
 from synth.shared_pool import RemotePool
@@ -367,7 +368,8 @@ def _upstream_runner(
             name,
             engine,
             concurrency,
-            max_reply_bytes=settings.synth_max_reply_mb * MIB,
+            # One take per reply, as float32: the frame its max_audio_mb needs, or more.
+            max_reply_bytes=max(settings.synth_max_reply_mb * MIB, max_reply_bytes(config)),
             # The pool process passes the provider's pieces on (streaming pass-through).
             passes_pcm=config.streams_pcm,
         )

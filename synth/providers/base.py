@@ -9,10 +9,12 @@ Nothing here names a kind: a provider module says what its kind is, and
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import time
 from collections.abc import AsyncIterable, Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC
 from email.utils import parsedate_to_datetime
 from typing import Literal, Protocol
 
@@ -76,6 +78,7 @@ class ProviderError(Exception):
         retry_after_s: float | None = None,
         sent: bool = True,
         reason: str = "",
+        oversize: bool = False,
     ) -> None:
         super().__init__(message)
         self.kind = kind
@@ -87,6 +90,9 @@ class ProviderError(Exception):
         self.retry_after_s = retry_after_s
         # False: refused before anything was sent (not a call).
         self.sent = sent
+        # An answer cut off for its size (too_long, or past max_audio_mb): billed, and the same
+        # call would be answered the same.
+        self.oversize = oversize or reason == "too_long"
 
 
 class Provider(Protocol):
@@ -172,27 +178,55 @@ def provider_message(message: str) -> str:
     return text or "no message"
 
 
+# The longest wait a provider's answer is read as asking for (a year): what it asks beyond that,
+# ``inf`` and 40-digit numbers included, is this, and the runner clamps it to its own deadline.
+MAX_RETRY_AFTER_S = 365 * 86400.0
+
+
+def _seconds(text: str, scale: float = 1.0) -> float | None:
+    """A number of seconds (``scale``: of the unit written) in ``[0, MAX_RETRY_AFTER_S]``; None
+    for what is no number (``nan`` included)."""
+    try:
+        wait = float(text) * scale
+    except ValueError:
+        return None
+    if math.isnan(wait):
+        return None
+    return min(max(0.0, wait), MAX_RETRY_AFTER_S)
+
+
 def retry_after_of(headers: Mapping[str, str]) -> float | None:
     """Seconds a provider asks to wait: ``retry-after-ms`` (OpenAI's), else ``Retry-After`` in
-    seconds or as an HTTP date; None when it asks nothing readable."""
+    seconds or as an HTTP date; None when it asks nothing readable. Always finite, at most
+    :data:`MAX_RETRY_AFTER_S`: the caller clamps it further, to its own deadline."""
     ms = headers.get("retry-after-ms")
     if ms is not None:
-        try:
-            return max(0.0, float(ms) / 1000.0)
-        except ValueError:
-            pass
+        wait = _seconds(ms, 1 / 1000)
+        if wait is not None:
+            return wait
     value = headers.get("retry-after")
     if value is None:
         return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
+    wait = _seconds(value)
+    if wait is not None:
+        return wait
     try:
         when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    return max(0.0, when.timestamp() - time.time())
+    if when.tzinfo is None:  # an HTTP date is GMT, whether it says so or not
+        when = when.replace(tzinfo=UTC)
+    return min(max(0.0, when.timestamp() - time.time()), MAX_RETRY_AFTER_S)
+
+
+def redirect_refused(status: int) -> ProviderError:
+    """The :class:`ProviderError` of a redirect answer: never followed (the key and the text
+    would go to wherever it points), not retried (the next call is redirected too)."""
+    return ProviderError(
+        "server",
+        f"the provider answered a redirect ({status}), which voxgate does not follow",
+        status=status,
+    )
 
 
 def refused_take(reason: str, message: str) -> ProviderError:
@@ -236,7 +270,7 @@ class WavLayout:
     def frame_bytes(self) -> int:
         return self.channels * int(self.dtype[-1])
 
-    def mono(self, data: bytes) -> npt.NDArray[np.float32]:
+    def mono(self, data: bytes | bytearray | memoryview) -> npt.NDArray[np.float32]:
         """Whole frames of ``data`` as the first channel's float samples."""
         width = int(self.dtype[-1])
         if self.dtype == "<i3":
@@ -255,7 +289,7 @@ _WAV_DTYPES = {(1, 8): "u1", (1, 16): "<i2", (1, 24): "<i3", (1, 32): "<i4"}
 _WAV_DTYPES |= {(3, 32): "<f4", (3, 64): "<f8"}
 
 
-def wav_layout(head: bytes) -> WavLayout | None:
+def wav_layout(head: bytes | bytearray) -> WavLayout | None:
     """The layout a RIFF/WAVE header in ``head`` states; None while the header is not all
     there; a :class:`ProviderError` (``not_audio``, ``bad_rate``) for one that cannot be."""
     pos, fmt = 12, None
@@ -302,6 +336,12 @@ class AnswerReader:
     plausible take (:func:`answer_seconds`) in that container, and by ``max_audio_mb``: a
     runaway body is cut off and refused as ``too_long``, never buffered whole.
 
+    ``max_audio_mb`` counts the take's 16-bit pcm at the rate it is kept at (what the pool
+    process's reply frame is sized from: it carries float32, twice that): a WAV of wider or
+    narrower samples, or at another rate, is bounded by the samples it makes, and so is the
+    decoded take. The body is read into one buffer, dropped when the read ends whatever the
+    outcome (a refusal leaves nothing of it held).
+
     With a ``sink`` (a pcm stream), each piece goes on as 16-bit samples at the entry's
     ``sample_rate``: raw pcm as it comes, a WAV's samples after its header, resampled when its
     rate is another. Feeding resamples a piece on the loop: a piece is at most an HTTP chunk.
@@ -318,22 +358,28 @@ class AnswerReader:
         self.sink = sink
         self.content_type = content_type
         self.seconds = answer_seconds(item, config.language)
-        self.cap = config.max_audio_mb * MIB
+        self.max_samples = max_samples(config)
+        self.cap = self.max_samples * 2
         self.limit = self.cap
         self.container: Container | None = None
         self.wav: WavLayout | None = None
         self.size = 0
-        self._pieces: list[bytes] = []
+        self._buffer = bytearray()
         self._carry = b""  # a part frame waiting for the rest (a WAV passed on)
         self._resampler: soxr.ResampleStream | None = None
 
     async def read(self, body: AsyncIterable[bytes]) -> Audio:
         """The audio of ``body`` (decoded off the loop when large)."""
-        async for piece in body:
-            self.feed(piece)
-        if self.size > MIB or self._resamples:
-            return await asyncio.to_thread(self.finish)
-        return self.finish()
+        try:
+            async for piece in body:
+                self.feed(piece)
+            if self.size > MIB or self._resamples:
+                return await asyncio.to_thread(self.finish)
+            return self.finish()
+        finally:
+            # The error's traceback keeps this reader alive as long as the error is kept (a
+            # failed task, a held refusal): not the answer's bytes with it.
+            self._buffer = bytearray()
 
     @property
     def _resamples(self) -> bool:
@@ -347,9 +393,9 @@ class AnswerReader:
         self.size += len(piece)
         if self.size > self.limit:
             raise self._too_long()
-        self._pieces.append(piece)
+        self._buffer += piece
         if self.container is None or (self.container == "wav" and self.wav is None):
-            head = b"".join(self._pieces)
+            head = bytes(self._buffer)
             if self.container is None and len(head) < SNIFF_BYTES:
                 return
             if self._name(head) == "unknown" or self.wav is not None:
@@ -380,6 +426,10 @@ class AnswerReader:
             if self.wav is None:
                 return self.container
             per_s = self.wav.rate * self.wav.frame_bytes
+            # The samples it holds, once at the rate the take is kept at, fit max_audio_mb.
+            kept = self.config.sample_rate if self.config.format == "pcm" else self.wav.rate
+            frames = self.max_samples * self.wav.rate // kept
+            self.cap = MAX_WAV_HEADER + frames * self.wav.frame_bytes
         self.limit = min(self.cap, MAX_WAV_HEADER + int(self.seconds * per_s))
         if self.size > self.limit:
             raise self._too_long()
@@ -387,9 +437,7 @@ class AnswerReader:
 
     def _too_long(self) -> ProviderError:
         if self.limit == self.cap:
-            return ProviderError(
-                "bad_reply", f"the answer is larger than {self.config.max_audio_mb} MiB"
-            )
+            return too_large(self.config)
         return refused_take(
             "too_long", f"the answer is longer than its text can take ({self.seconds:.0f} s)"
         )
@@ -429,35 +477,58 @@ class AnswerReader:
 
     def finish(self) -> Audio:
         """The whole answer's audio (blocking when it decodes or resamples: off the loop)."""
-        data = b"".join(self._pieces)
+        data = self._buffer
         container = self.container
         if container is None:  # shorter than a sniff
-            container = self._name(data)
+            container = self._name(bytes(data))
             if container == "unknown":
-                self._pass(data, len(data))
+                self._pass(bytes(data), len(data))
         if container == "unknown":
             return pcm16_audio(data, self.config.sample_rate)
         if container == "wav":
             wav = self.wav
             if wav is None:
                 raise refused_take("not_audio", "the WAV ends inside its header")
-            samples = data[wav.data_at : wav.data_end]
+            samples = memoryview(data)[wav.data_at : wav.data_end]
             pcm = wav.mono(samples[: len(samples) - len(samples) % wav.frame_bytes])
             if self.sink is not None and self._resamples:
                 self._sink_float(np.zeros(0, np.float32), last=True)
             audio = Audio(pcm, wav.rate)
         else:
-            audio = decoded_audio(data)
+            audio = decoded_audio(bytes(data))
         if not audio.pcm.size:
             raise ProviderError("bad_reply", "the provider's answer holds no audio")
         if self.config.format == "pcm" and audio.sample_rate != self.config.sample_rate:
             # Asked for pcm at this rate: the take is made at it, whatever came.
             pcm = resample(audio.pcm, audio.sample_rate, self.config.sample_rate)
-            return Audio(pcm, self.config.sample_rate)
+            audio = Audio(pcm, self.config.sample_rate)
+        if audio.pcm.size > self.max_samples:  # a compressed answer, decoded
+            raise too_large(self.config)
         return audio
 
 
-def pcm16_audio(data: bytes, sample_rate: int) -> Audio:
+def max_samples(config: ProviderConfig) -> int:
+    """The most samples a take of ``config``'s provider may hold: ``max_audio_mb`` of 16-bit
+    pcm (a pool process's reply carries them as float32: :func:`max_reply_bytes`)."""
+    return config.max_audio_mb * MIB // 2
+
+
+def max_reply_bytes(config: ProviderConfig) -> int:
+    """The reply frame the pool process needs for a take of ``config``'s provider: its most
+    samples as float32, plus 64 KiB for the reply's header."""
+    return max_samples(config) * 4 + 64 * 1024
+
+
+def too_large(config: ProviderConfig) -> ProviderError:
+    """The :class:`ProviderError` of an answer past ``max_audio_mb``."""
+    return ProviderError(
+        "bad_reply",
+        f"the answer is larger than {config.max_audio_mb} MiB of pcm (max_audio_mb)",
+        oversize=True,
+    )
+
+
+def pcm16_audio(data: bytes | bytearray, sample_rate: int) -> Audio:
     """16-bit little-endian mono PCM as float audio; a :class:`ProviderError` for what is not."""
     if not data or len(data) % 2:
         raise ProviderError("bad_reply", f"the provider's pcm is {len(data)} bytes, not 16-bit")

@@ -24,6 +24,7 @@ from synth.providers.base import (
     ProviderError,
     error_for_status,
     provider_message,
+    redirect_refused,
     retry_after_of,
 )
 
@@ -127,7 +128,12 @@ class HttpProvider:
                 data=call.data,
                 headers=call.headers,
                 timeout=aiohttp.ClientTimeout(total=timeout_s),
+                # A redirect would carry the key and the text to another host, and its answer
+                # would be stored as the provider's: a 3xx is the provider's failure.
+                allow_redirects=False,
             ) as resp:
+                if 300 <= resp.status < 400:
+                    raise redirect_refused(resp.status)
                 if resp.status != 200:
                     body = await resp.content.read(ERROR_BODY_BYTES)
                     headers = {k.lower(): v for k, v in resp.headers.items()}

@@ -13,6 +13,7 @@ from synth.providers.base import (
     ProviderError,
     ProviderSpec,
     error_for_status,
+    redirect_refused,
     retry_after_of,
 )
 
@@ -37,6 +38,9 @@ class OpenAIProvider:
             # The runner retries: every attempt is counted, and all of them fit in one deadline.
             max_retries=0,
             timeout=config.timeout_s,
+            # The SDK's own client follows redirects: the key and the text would go wherever a
+            # 3xx points, and its answer be stored as the provider's.
+            http_client=openai.DefaultAsyncHttpxClient(follow_redirects=False),
         )
 
     async def synthesize(self, item: SynthesisItem, timeout_s: float) -> Audio:
@@ -62,6 +66,8 @@ class OpenAIProvider:
                 kind = response.headers.get("content-type", "")
                 return await AnswerReader(c, item, item.sink, kind).read(response.iter_bytes())
         except openai.APIStatusError as exc:
+            if 300 <= exc.status_code < 400:
+                raise redirect_refused(exc.status_code) from None
             headers = {k.lower(): v for k, v in exc.response.headers.items()}
             raise error_for_status(exc.status_code, exc.message, retry_after_of(headers)) from None
         except openai.APITimeoutError:

@@ -22,6 +22,7 @@ from synth.providers.base import (
     pcm16_audio,
     provider_message,
     refused_take,
+    too_large,
 )
 from synth.takecheck import MAX_RATE, MIN_RATE
 
@@ -74,9 +75,7 @@ class WyomingProvider:
                             )
                         size += len(data)
                         if size > self.max_bytes:
-                            raise ProviderError(
-                                "bad_reply", f"more than {self.config.max_audio_mb} MiB of audio"
-                            )
+                            raise too_large(self.config)
                         if size > seconds * chunk.rate * 2:
                             raise refused_take(
                                 "too_long", f"more audio than its text can take ({seconds:.0f} s)"
