@@ -430,8 +430,10 @@ class WyomingMetrics:
         self.wyoming_events = m.counter(
             "voxgate_wyoming_events_total{type,result}",
             "Wyoming events received, by type (describe, synthesize, synthesize-start, "
-            "synthesize-chunk, synthesize-stop, ping, other) and result (ok, or error: answered "
-            "with an error event; refused: a connection over wyoming_max_connections).",
+            "synthesize-chunk, synthesize-stop, select-program, ping, other) and result (ok, or "
+            "error: answered with an error event; refused: a connection over "
+            "wyoming_max_connections; dropped: a type this server does not answer, dropped "
+            "unanswered as the protocol says).",
         )
         self.wyoming_dropped = m.counter(
             "voxgate_wyoming_connections_dropped_total{reason}",
