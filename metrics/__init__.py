@@ -4,8 +4,9 @@ Nothing here imports the rest of voxgate: the gateway, the store and the synthes
 :class:`Metrics` instance and record into it. Tests build one on a fresh ``CollectorRegistry`` so
 they can read exact counts without seeing other tests' traffic.
 
-Label values always come from bounded sets (route templates, tier names, model and voice names,
-format names, cache results); never from request text or content keys.
+Label values always come from bounded sets (route templates, tier names, model names, the voice
+names the config lists (any other voice id is ``other``), format names, cache results); never from
+request text or content keys.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import soundfile as sf
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.harness import CACHE_SECRET, RedisServer, free_port
 from gateway.http import keys
@@ -988,3 +989,32 @@ async def test_pieces_cut_inside_a_sample_pass_as_the_rendition_holds_them() -> 
     partial.finish()
     passed = b"".join([piece async for piece in partial.follow()])
     assert passed == as_rendered_pcm16(voiced("Cut anywhere.").tobytes())
+
+
+async def test_invented_voice_ids_are_one_other_label(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    provider: OpenAISpeechServer,
+    metrics: Metrics,
+) -> None:
+    """voices = ["*"] passes any voice id to the provider: ids the config does not list (nova and
+    coral here, which this provider has) are labelled ``other`` in the metrics (bounded), the
+    listed ones by name."""
+    client = await start(
+        gateway, counting_engine, entry(provider, voices=["alloy", "*"]), metrics=metrics
+    )
+    for voice in ("alloy", "nova", "coral", "nova"):  # (the second nova: a hit)
+        r = await client.post("/v1/audio/speech", json=speech(voice=voice))
+        assert r.status == 200, await r.text()
+    scraped = await (await client.get("/metrics")).text()
+    voices: dict[str, float] = {}
+    for family in text_string_to_metric_families(scraped):
+        for sample in family.samples:
+            if (
+                sample.name == "voxgate_speech_requests_total"
+                and sample.labels["model"] == "openai"
+            ):
+                label = sample.labels["voice"]
+                voices[label] = voices.get(label, 0.0) + sample.value
+    assert voices == {"alloy": 1, "other": 3}, voices
+    assert provider.calls == 3
