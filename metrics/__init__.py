@@ -320,7 +320,8 @@ class UpstreamMetrics:
             "voxgate_upstream_errors_total{upstream,kind}",
             "Misses an upstream gave no audio for (after its retries), by kind: rate_limited, "
             "server, timeout, connection, auth, refused (the caller's 400), bad_reply, "
-            "breaker_open (not asked), rate_wait (no requests_per_minute slot in time).",
+            "breaker_open (not asked), rate_wait (no requests_per_minute slot in time). "
+            "voxgate's own refusals (a speed or voice the upstream cannot take) are not counted.",
         )
         self.upstream_retries = m.counter(
             "voxgate_upstream_retries_total{upstream,kind}",

@@ -42,7 +42,7 @@ from redis.exceptions import RedisError
 
 from metrics import Metrics
 from synth.engine import Audio, EngineCapabilities, ParamValue, SynthesisItem, VoiceInfo
-from synth.errors import UPSTREAM_ERROR_KINDS, EngineError, UpstreamError
+from synth.errors import OWN_REFUSALS, UPSTREAM_ERROR_KINDS, EngineError, UpstreamError
 from synth.providers import SPECS
 from synth.providers.base import VOICE_ID, Provider, ProviderError, ProviderSpec
 
@@ -531,7 +531,8 @@ class UpstreamRunner:
     def _fail(
         self, kind: str, message: str, retry_after_s: float | None = None, reason: str = ""
     ) -> UpstreamError:
-        self.metrics.upstream_errors.labels(self.name, kind).inc()
+        if kind not in OWN_REFUSALS:
+            self.metrics.upstream_errors.labels(self.name, kind).inc()
         status = UPSTREAM_ERROR_KINDS[kind]
         if status >= 500 and retry_after_s is None:
             retry_after_s = 1.0
@@ -552,7 +553,11 @@ class UpstreamRunner:
         if item.voice not in self._listed and not (
             self.engine.config.any_voice and VOICE_ID.fullmatch(item.voice)
         ):
-            raise self._fail("refused", f"upstream {name!r} does not serve voice {item.voice!r}")
+            listed = ", ".join(sorted(self._listed))
+            raise self._fail(
+                "voice_not_found",
+                f"unknown voice {item.voice[:64]!r} for model {name!r}; available: {listed}",
+            )
         # This semaphore, not the attribute: a reload may replace it while the call runs.
         slots = self._slots
         try:
@@ -612,6 +617,13 @@ class UpstreamRunner:
             except (ProviderError, TimeoutError) as caught:
                 # Our deadline is a provider timeout: counted, told and never retried as one.
                 exc = caught if isinstance(caught, ProviderError) else ProviderError("timeout", "")
+                if not exc.sent and exc.kind == "refused":
+                    # The provider module refused before any call (a speed its API cannot
+                    # ask for): voxgate's error, not the provider's.
+                    raise self._fail(
+                        "unsupported_speed",
+                        f"model {name!r} cannot take speed {item.speed:g}: {exc.message}",
+                    ) from None
                 if exc.sent:
                     self.metrics.upstream_calls.labels(name, exc.kind).inc()
                     self._latency.observe(time.perf_counter() - started)

@@ -261,7 +261,11 @@ async def test_a_listed_voice_list_is_enforced_never_swapped_and_listed(
     # not answered in another of its voices.
     r = await client.post("/v1/audio/speech", json=speech(voice="coral"))
     assert r.status == 400
-    assert (await r.json())["error"]["code"] == "voice_not_found"
+    err = (await r.json())["error"]
+    assert err["code"] == "voice_not_found"
+    # Only what this model takes is offered: not OpenAI's aliases of a voice it lacks, which
+    # would be refused in turn.
+    assert err["message"].endswith("for model 'openai'; available: alloy, nova"), err
     assert provider.calls == 0
     voices = await (await client.get("/v1/voices")).json()
     (listed,) = [m for m in voices["models"] if m["id"] == "openai"]
@@ -433,7 +437,7 @@ def test_retry_after_forms() -> None:
 
 
 async def test_a_wyoming_server_is_an_upstream(
-    gateway: GatewayFactory, counting_engine: CountingEngine, settings: Settings
+    gateway: GatewayFactory, counting_engine: CountingEngine, settings: Settings, metrics: Metrics
 ) -> None:
     """kind = "wyoming" through the wyoming package's client, against a real Wyoming server
     (another voxgate's, in this process): its PCM is the master; formats are transcodes."""
@@ -458,11 +462,20 @@ async def test_a_wyoming_server_is_an_upstream(
         r = await front.post("/v1/audio/speech", json={**body, "response_format": fmt})
         assert r.status == 200
     assert counting_engine.texts == [GREETING]  # the Wyoming server synthesized it once
-    # Wyoming has no speed: refused before a call, with the reason.
-    r = await front.post("/v1/audio/speech", json={**body, "input": "Faster.", "speed": 1.5})
-    assert r.status == 400
-    assert "no speed" in (await r.json())["error"]["message"]
+    # Wyoming has no speed: voxgate refuses before a call, with the reason, as its own error
+    # (not "the upstream refused", not a provider error in the metrics).
+    for speed in (2.0, 1.5):
+        r = await front.post("/v1/audio/speech", json={**body, "input": "Faster.", "speed": speed})
+        assert r.status == 400
+        err = (await r.json())["error"]
+        assert err["code"] == "unsupported_speed" and err["param"] == "speed"
+        assert "refused" not in err["message"] and "no speed" in err["message"]
+        assert f"model 'fleet' cannot take speed {speed:g}" in err["message"]
     assert counting_engine.texts == [GREETING]
+    metrics.flush_pending()
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            assert not sample.name.startswith("voxgate_upstream_errors"), sample
 
 
 def test_an_entry_must_fit_its_kind() -> None:
@@ -815,9 +828,11 @@ async def test_cartesia_through_its_published_api(
         }
         r = await client.post("/v1/audio/speech", json={**body, "speed": 1.2})
         assert r.status == 200 and server.bodies[1]["generation_config"] == {"speed": 1.2}
-        # Outside Cartesia's speeds: refused before a call.
+        # Outside Cartesia's speeds: refused by voxgate before a call, voxgate's error.
         r = await client.post("/v1/audio/speech", json={**body, "speed": 2.0})
         assert r.status == 400 and server.calls == 2
+        assert (await r.json())["error"]["code"] == "unsupported_speed"
+        assert value(metrics, "voxgate_upstream_errors_total", upstream="cartesia") == 0
         r = await client.post("/v1/audio/speech", json={**body, "voice": "no-such-voice"})
         assert r.status == 400
         err = (await r.json())["error"]

@@ -41,7 +41,7 @@ class WyomingProvider:
         if item.speed != 1.0:
             raise ProviderError(
                 "refused",
-                "a Wyoming server has no speed: ask for speed 1 (and no SSML rate)",
+                "a Wyoming server has no speed; ask for speed 1 (and no SSML rate)",
                 sent=False,
             )
         chunks: list[bytes] = []
