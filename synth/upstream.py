@@ -44,7 +44,7 @@ from metrics import Metrics
 from synth.engine import Audio, EngineCapabilities, ParamValue, SynthesisItem, VoiceInfo
 from synth.errors import OWN_REFUSALS, UPSTREAM_ERROR_KINDS, EngineError, UpstreamError
 from synth.providers import SPECS
-from synth.providers.base import VOICE_ID, Provider, ProviderError, ProviderSpec
+from synth.providers.base import VOICE_ID, Provider, ProviderError, ProviderSpec, speed_refusal
 
 log = logging.getLogger("voxgate.upstream")
 
@@ -557,6 +557,13 @@ class UpstreamRunner:
             raise self._fail(
                 "voice_not_found",
                 f"unknown voice {item.voice[:64]!r} for model {name!r}; available: {listed}",
+            )
+        refusal = speed_refusal(self.provider, item.speed)
+        if refusal:
+            # Before a call slot, a requests_per_minute slot or the breaker is touched: voxgate
+            # refuses what the provider's API cannot ask for, without asking it.
+            raise self._fail(
+                "unsupported_speed", f"model {name!r} cannot take speed {item.speed:g}: {refusal}"
             )
         # This semaphore, not the attribute: a reload may replace it while the call runs.
         slots = self._slots
