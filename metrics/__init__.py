@@ -4,8 +4,9 @@ Nothing here imports the rest of voxgate: the gateway, the store and the synthes
 :class:`Metrics` instance and record into it. Tests build one on a fresh ``CollectorRegistry`` so
 they can read exact counts without seeing other tests' traffic.
 
-Label values always come from bounded sets (route templates, tier names, model and voice names,
-format names, cache results); never from request text or content keys.
+Label values always come from bounded sets (route templates, tier names, model names, the voice
+names the config lists (any other voice id is ``other``), format names, cache results); never from
+request text or content keys.
 """
 
 from __future__ import annotations
@@ -324,7 +325,8 @@ class UpstreamMetrics:
             "voxgate_upstream_errors_total{upstream,kind}",
             "Misses an upstream gave no audio for (after its retries), by kind: rate_limited, "
             "server, timeout, connection, auth, refused (the caller's 400), bad_reply, "
-            "breaker_open (not asked), rate_wait (no requests_per_minute slot in time).",
+            "breaker_open (not asked), rate_wait (no requests_per_minute slot in time). "
+            "voxgate's own refusals (a speed or voice the upstream cannot take) are not counted.",
         )
         self.upstream_retries = m.counter(
             "voxgate_upstream_retries_total{upstream,kind}",
@@ -435,8 +437,10 @@ class WyomingMetrics:
         self.wyoming_events = m.counter(
             "voxgate_wyoming_events_total{type,result}",
             "Wyoming events received, by type (describe, synthesize, synthesize-start, "
-            "synthesize-chunk, synthesize-stop, ping, other) and result (ok, or error: answered "
-            "with an error event; refused: a connection over wyoming_max_connections).",
+            "synthesize-chunk, synthesize-stop, select-program, ping, other) and result (ok, or "
+            "error: answered with an error event; refused: a connection over "
+            "wyoming_max_connections; dropped: a type this server does not answer, dropped "
+            "unanswered as the protocol says).",
         )
         self.wyoming_dropped = m.counter(
             "voxgate_wyoming_connections_dropped_total{reason}",

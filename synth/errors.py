@@ -76,7 +76,15 @@ UPSTREAM_ERROR_KINDS = {
     "bad_reply": 502,  # an answer that is not audio, or too large
     "breaker_open": 503,  # not asked: the provider failed repeatedly and its breaker is open
     "rate_wait": 503,  # not asked: no slot of requests_per_minute free within timeout_s
+    # Not asked: voxgate's own refusals of what the upstream cannot take. They are voxgate's
+    # errors (the caller's 400, with voxgate's code), not the provider's: never counted in
+    # voxgate_upstream_errors_total, never told as "upstream ... refused".
+    "unsupported_speed": 400,  # a speed (or SSML rate) the provider's API has no way to ask for
+    "voice_not_found": 400,  # a voice the upstream's entry does not list
 }
+# The kinds above that voxgate decided without asking the provider, and the request field each
+# is about.
+OWN_REFUSALS = {"unsupported_speed": "speed", "voice_not_found": "voice"}
 
 
 class UpstreamError(SynthesisError):

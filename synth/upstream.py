@@ -44,9 +44,9 @@ from redis.exceptions import RedisError
 
 from metrics import Metrics
 from synth.engine import Audio, EngineCapabilities, ParamValue, SynthesisItem, VoiceInfo
-from synth.errors import UPSTREAM_ERROR_KINDS, EngineError, UpstreamError
+from synth.errors import OWN_REFUSALS, UPSTREAM_ERROR_KINDS, EngineError, UpstreamError
 from synth.providers import SPECS
-from synth.providers.base import VOICE_ID, Provider, ProviderError, ProviderSpec
+from synth.providers.base import VOICE_ID, Provider, ProviderError, ProviderSpec, speed_refusal
 
 log = logging.getLogger("voxgate.upstream")
 
@@ -548,7 +548,8 @@ class UpstreamRunner:
     def _fail(
         self, kind: str, message: str, retry_after_s: float | None = None, reason: str = ""
     ) -> UpstreamError:
-        self.metrics.upstream_errors.labels(self.name, kind).inc()
+        if kind not in OWN_REFUSALS:
+            self.metrics.upstream_errors.labels(self.name, kind).inc()
         status = UPSTREAM_ERROR_KINDS[kind]
         if status >= 500 and retry_after_s is None:
             retry_after_s = 1.0
@@ -569,7 +570,18 @@ class UpstreamRunner:
         if item.voice not in self._listed and not (
             self.engine.config.any_voice and VOICE_ID.fullmatch(item.voice)
         ):
-            raise self._fail("refused", f"upstream {name!r} does not serve voice {item.voice!r}")
+            listed = ", ".join(sorted(self._listed))
+            raise self._fail(
+                "voice_not_found",
+                f"unknown voice {item.voice[:64]!r} for model {name!r}; available: {listed}",
+            )
+        refusal = speed_refusal(self.provider, item.speed)
+        if refusal:
+            # Before a call slot, a requests_per_minute slot or the breaker is touched: voxgate
+            # refuses what the provider's API cannot ask for, without asking it.
+            raise self._fail(
+                "unsupported_speed", f"model {name!r} cannot take speed {item.speed:g}: {refusal}"
+            )
         address = item_address(item)
         held = self._held(address, loop.time())
         if held is not None:
@@ -637,6 +649,13 @@ class UpstreamRunner:
             except (ProviderError, TimeoutError) as caught:
                 # Our deadline is a provider timeout: counted, told and never retried as one.
                 exc = caught if isinstance(caught, ProviderError) else ProviderError("timeout", "")
+                if not exc.sent and exc.kind == "refused":
+                    # The provider module refused before any call (a speed its API cannot
+                    # ask for): voxgate's error, not the provider's.
+                    raise self._fail(
+                        "unsupported_speed",
+                        f"model {name!r} cannot take speed {item.speed:g}: {exc.message}",
+                    ) from None
                 if exc.sent:
                     self.metrics.upstream_calls.labels(name, exc.kind).inc()
                     self._latency.observe(time.perf_counter() - started)

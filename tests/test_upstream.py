@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import soundfile as sf
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.harness import CACHE_SECRET, RedisServer, free_port
 from gateway.http import keys
@@ -260,7 +261,11 @@ async def test_a_listed_voice_list_is_enforced_never_swapped_and_listed(
     # not answered in another of its voices.
     r = await client.post("/v1/audio/speech", json=speech(voice="coral"))
     assert r.status == 400
-    assert (await r.json())["error"]["code"] == "voice_not_found"
+    err = (await r.json())["error"]
+    assert err["code"] == "voice_not_found"
+    # Only what this model takes is offered: not OpenAI's aliases of a voice it lacks, which
+    # would be refused in turn.
+    assert err["message"].endswith("for model 'openai'; available: alloy, nova"), err
     assert provider.calls == 0
     voices = await (await client.get("/v1/voices")).json()
     (listed,) = [m for m in voices["models"] if m["id"] == "openai"]
@@ -432,7 +437,7 @@ def test_retry_after_forms() -> None:
 
 
 async def test_a_wyoming_server_is_an_upstream(
-    gateway: GatewayFactory, counting_engine: CountingEngine, settings: Settings
+    gateway: GatewayFactory, counting_engine: CountingEngine, settings: Settings, metrics: Metrics
 ) -> None:
     """kind = "wyoming" through the wyoming package's client, against a real Wyoming server
     (another voxgate's, in this process): its PCM is the master; formats are transcodes."""
@@ -445,7 +450,9 @@ async def test_a_wyoming_server_is_an_upstream(
         base_url=f"tcp://127.0.0.1:{port}",
         voices=("joe",),
         sample_rate=22050,
-        timeout_s=30,
+        timeout_s=5,
+        # Two calls a minute: a refusal that took a slot would leave none for the last text.
+        requests_per_minute=2,
     )
     front = await gateway(settings=settings, engines={"piper": counting_engine, "fleet": fleet})
     body = {"model": "fleet", "input": GREETING, "voice": "joe", "response_format": "wav"}
@@ -457,11 +464,22 @@ async def test_a_wyoming_server_is_an_upstream(
         r = await front.post("/v1/audio/speech", json={**body, "response_format": fmt})
         assert r.status == 200
     assert counting_engine.texts == [GREETING]  # the Wyoming server synthesized it once
-    # Wyoming has no speed: refused before a call, with the reason.
-    r = await front.post("/v1/audio/speech", json={**body, "input": "Faster.", "speed": 1.5})
-    assert r.status == 400
-    assert "no speed" in (await r.json())["error"]["message"]
+    # Wyoming has no speed: voxgate refuses before a call, with the reason, as its own error
+    # (not "the upstream refused", not a provider error in the metrics).
+    for speed in (2.0, 1.5):
+        r = await front.post("/v1/audio/speech", json={**body, "input": "Faster.", "speed": speed})
+        assert r.status == 400
+        err = (await r.json())["error"]
+        assert err["code"] == "unsupported_speed" and err["param"] == "speed"
+        assert "refused" not in err["message"] and "no speed" in err["message"]
+        assert f"model 'fleet' cannot take speed {speed:g}" in err["message"]
     assert counting_engine.texts == [GREETING]
+    r = await front.post("/v1/audio/speech", json={**body, "input": "At its own pace."})
+    assert r.status == 200, await r.text()
+    metrics.flush_pending()
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            assert not sample.name.startswith("voxgate_upstream_errors"), sample
 
 
 def test_an_entry_must_fit_its_kind() -> None:
@@ -814,9 +832,11 @@ async def test_cartesia_through_its_published_api(
         }
         r = await client.post("/v1/audio/speech", json={**body, "speed": 1.2})
         assert r.status == 200 and server.bodies[1]["generation_config"] == {"speed": 1.2}
-        # Outside Cartesia's speeds: refused before a call.
+        # Outside Cartesia's speeds: refused by voxgate before a call, voxgate's error.
         r = await client.post("/v1/audio/speech", json={**body, "speed": 2.0})
         assert r.status == 400 and server.calls == 2
+        assert (await r.json())["error"]["code"] == "unsupported_speed"
+        assert value(metrics, "voxgate_upstream_errors_total", upstream="cartesia") == 0
         r = await client.post("/v1/audio/speech", json={**body, "voice": "no-such-voice"})
         assert r.status == 400
         err = (await r.json())["error"]
@@ -988,3 +1008,32 @@ async def test_pieces_cut_inside_a_sample_pass_as_the_rendition_holds_them() -> 
     partial.finish()
     passed = b"".join([piece async for piece in partial.follow()])
     assert passed == as_rendered_pcm16(voiced("Cut anywhere.").tobytes())
+
+
+async def test_invented_voice_ids_are_one_other_label(
+    gateway: GatewayFactory,
+    counting_engine: CountingEngine,
+    provider: OpenAISpeechServer,
+    metrics: Metrics,
+) -> None:
+    """voices = ["*"] passes any voice id to the provider: ids the config does not list (nova and
+    coral here, which this provider has) are labelled ``other`` in the metrics (bounded), the
+    listed ones by name."""
+    client = await start(
+        gateway, counting_engine, entry(provider, voices=["alloy", "*"]), metrics=metrics
+    )
+    for voice in ("alloy", "nova", "coral", "nova"):  # (the second nova: a hit)
+        r = await client.post("/v1/audio/speech", json=speech(voice=voice))
+        assert r.status == 200, await r.text()
+    scraped = await (await client.get("/metrics")).text()
+    voices: dict[str, float] = {}
+    for family in text_string_to_metric_families(scraped):
+        for sample in family.samples:
+            if (
+                sample.name == "voxgate_speech_requests_total"
+                and sample.labels["model"] == "openai"
+            ):
+                label = sample.labels["voice"]
+                voices[label] = voices.get(label, 0.0) + sample.value
+    assert voices == {"alloy": 1, "other": 3}, voices
+    assert provider.calls == 3

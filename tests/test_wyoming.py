@@ -14,8 +14,10 @@ import contextlib
 import io
 import os
 import socket
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,7 +29,7 @@ from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
 from wyoming.event import Event
-from wyoming.info import Describe, Info
+from wyoming.info import Describe, Info, SelectProgram
 from wyoming.tts import (
     Synthesize,
     SynthesizeChunk,
@@ -42,6 +44,7 @@ from gateway.http import keys
 from gateway.runtime.settings import Settings
 from gateway.runtime.topology import usable_cores
 from metrics import Metrics
+from synth.piper_engine import PiperEngine
 from tests.conftest import GatewayFactory
 from tests.ops_support import ServerProcess
 from tests.served import DefaultServer
@@ -223,7 +226,7 @@ async def test_bad_events_get_an_error_and_the_connection_keeps_serving(
         b'{"type": "synthesize", "data": {"text": "Hi.", "voice": {"name": "nobody"}}}\n',
         b'{"type": "synthesize", "data": {"text": "   "}}\n',
         b'{"type": "synthesize-chunk", "data": {"text": "orphan"}}\n',
-        b'{"type": "transcribe"}\n',
+        b'{"type": "select-program", "data": {"name": "nobody"}}\n',
         # Declared data that is not JSON, and a payload a TTS server does not want: both read
         # and dropped, so the framing holds.
         b'{"type": "synthesize", "data_length": 5, "payload_length": 3}\nnope!xyz',
@@ -323,6 +326,71 @@ async def test_ssml_over_wyoming_shares_the_http_audio(
 # A text whose audio (about 3 s, 130 KB of PCM) is far more than a socket buffers for a client
 # that has stopped reading.
 LONG_TEXT = "The front door is locked. The garage door is closed. All the lights are off."
+
+
+async def test_unknown_event_types_are_dropped_unanswered(
+    gateway: GatewayFactory, settings: Settings, metrics: Metrics
+) -> None:
+    """The package: servers drop the events they do not know (a client of a later protocol
+    version sends them): no error event, the next answer is the next request's."""
+    _, port = await start(gateway, settings)
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        for kind in ("transcribe", "audio-chunk", "some-future-event"):
+            await client.write_event(Event(type=kind, data={"text": "Hi."}))
+        await client.write_event(Describe().event())
+        event = await client.read_event()
+    assert event is not None and Info.is_type(event.type), event
+    dropped = metrics.registry.get_sample_value(
+        "voxgate_wyoming_events_total", {"type": "other", "result": "dropped"}
+    )
+    assert dropped == 3
+
+
+async def test_select_program_steers_synthesize_among_models_sharing_a_voice(
+    gateway: GatewayFactory, settings: Settings, piper_engine: PiperEngine
+) -> None:
+    """Two programs (models) with a voice of the same name: select-program then synthesize (the
+    real client library's events) speaks with the chosen one's engine, no error; a text stream
+    follows the selection too."""
+    first, second = CountingEngine(piper_engine), CountingEngine(piper_engine)
+    port = free_port()
+    await gateway(
+        settings=settings.replace(wyoming_port=port),
+        engines={"piper": first, "piper-b": second},
+    )
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        await client.write_event(Describe().event())
+        event = await client.read_event()
+        assert event is not None
+        programs = Info.from_event(event).tts
+        assert [(p.name, [v.name for v in p.voices]) for p in programs] == [
+            ("piper", ["joe"]),
+            ("piper-b", ["joe"]),
+        ]
+        await client.write_event(SelectProgram(name="piper-b").event())
+        await client.write_event(
+            Synthesize(text="Choose me.", voice=SynthesizeVoice("joe")).event()
+        )
+        spoken = await utterance(client)
+        assert spoken.seconds >= shortest_audio_s("Choose me.")
+        assert (first.items, second.items) == (0, 1)
+        await client.write_event(Synthesize(text="Me too.").event())  # no voice: its default
+        await utterance(client)
+        assert (first.items, second.items) == (0, 2)
+        # Matched as clients match advertised names: ignoring case.
+        await client.write_event(SelectProgram(name="PIPER").event())
+        await client.write_event(SynthesizeStart(voice=SynthesizeVoice("joe")).event())
+        await client.write_event(SynthesizeChunk(text="Streamed here.").event())
+        await client.write_event(SynthesizeStop().event())
+        await utterance(client)
+        event = await client.read_event()
+        assert event is not None and SynthesizeStopped.is_type(event.type), event
+        assert (first.items, second.items) == (1, 2)
+        await client.write_event(SelectProgram(name="nobody").event())
+        event = await client.read_event()
+        assert event is not None and Error.is_type(event.type)
+        error = Error.from_event(event)
+        assert error.code == "program_not_found" and "piper, piper-b" in error.text
 
 
 @pytest.fixture(scope="module", params=["auto", "asyncio"])
@@ -440,3 +508,36 @@ async def test_a_client_that_stops_reading_is_cut_off(served: tuple[ServerProces
     writer.close()
     spoken = await say(port, LONG_TEXT)
     assert spoken.seconds >= shortest_audio_s(LONG_TEXT)
+
+
+async def test_wyoming_bench_programs_pass_against_voxgate_serve(
+    served: tuple[ServerProcess, int], tmp_path: Path
+) -> None:
+    """A third-party client of the protocol: wyoming-bench's ``--programs`` sends select-program
+    before each synthesis (both modes); it fails on any error event."""
+    _, port = served
+    bench = Path(sys.executable).with_name("wyoming-bench")
+    texts = ["The door is locked.", "Two lights are on. The heater is off."]
+    proc = await asyncio.create_subprocess_exec(
+        str(bench),
+        "tts",
+        f"127.0.0.1:{port}",
+        "--programs",
+        "all",
+        "--rounds",
+        "1",
+        "--warmup",
+        "0",
+        "--timeout",
+        "60",
+        "--texts",
+        *texts,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 240)
+    report = out.decode()
+    assert proc.returncode == 0, report
+    assert f"=== 127.0.0.1:{port} (piper) ===" in report, report
+    assert "FAIL" not in report and "error" not in report.lower(), report
+    assert "NOT SUPPORTED" not in report, report

@@ -16,6 +16,7 @@ from gateway.api.compat import default_voice
 from gateway.api.models import models_for
 from gateway.api.parsing import (
     ExpansionMemo,
+    accepted_voices,
     build_request,
     resolve_model,
     resolve_voice,
@@ -50,7 +51,7 @@ def jambonz_voice(
             continue
     if settings.jambonz_unknown_voice == "default" or not (voice or language):
         return default_voice(model, words)
-    known = sorted(set(words.models[model].voice_names()) | set(words.voice_aliases))
+    known = accepted_voices(model, words)
     raise BadRequest(
         f"unknown jambonz voice {voice[:64]!r} (language {language[:16]!r}); voices and "
         f"aliases: {', '.join(known)}",

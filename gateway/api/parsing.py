@@ -336,6 +336,20 @@ def resolve_model(name: str, words: Vocabulary) -> str:
     return resolved
 
 
+def accepted_voices(model: str, words: Vocabulary) -> list[str]:
+    """The names :func:`resolve_voice` takes for ``model``, sorted: its voices, and the aliases
+    that lead to one of them (every alias, on a local model other than the default, which
+    answers an alias with its first voice). An upstream is never offered an alias of a voice it
+    does not have: the provider would refuse it."""
+    handle = words.models[model]
+    voices = handle.voice_names()
+    if model != words.default_model and voices and not handle.capabilities.remote:
+        aliases = set(words.voice_aliases)
+    else:
+        aliases = {a for a, v in words.voice_aliases.items() if v in voices}
+    return sorted(set(voices) | aliases)
+
+
 def resolve_voice(name: str, model: str, words: Vocabulary) -> str:
     """Our voice name for ``name`` on ``model`` (an alias such as ``alloy`` or a voice name)."""
     handle = words.models[model]
@@ -362,7 +376,7 @@ def resolve_voice(name: str, model: str, words: Vocabulary) -> str:
     if alias is not None and model != words.default_model and voices and not can.remote:
         # OpenAI voice names on a model that lacks the aliased voice: use its first voice.
         return voices[0]
-    known = sorted(set(voices) | set(words.voice_aliases))
+    known = accepted_voices(model, words)
     raise BadRequest(
         f"unknown voice {clip(name)} for model '{model}'; available: {', '.join(known)}",
         param="voice",

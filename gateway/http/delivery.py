@@ -36,7 +36,8 @@ def _again(
     """How the fast path answers ``req`` again (gateway.http.hits.FastPath): as the memory hit
     of :func:`serve_speech` does, counted the same way."""
     count = observer.count_speech
-    model, voice, fmt = req.model, req.voice, req.fmt
+    model, fmt = req.model, req.fmt
+    voice = service.vocabulary.models[model].voice_label(req.voice)
 
     def again() -> tuple[str, PreparedHit, bytes] | None:
         hit = service.memory_hit(req)
@@ -63,7 +64,8 @@ def _record(
 ) -> None:
     request[keys.CACHE_RESULT] = cache
     request[keys.AUDIO_KEY] = key
-    app[keys.OBSERVER].count_speech(req.model, req.voice, req.fmt.name, cache)
+    voice = app[keys.SPEECH].vocabulary.models[req.model].voice_label(req.voice)
+    app[keys.OBSERVER].count_speech(req.model, voice, req.fmt.name, cache)
 
 
 # Names the request fields that were accepted but changed nothing (OpenAI's `instructions` on a

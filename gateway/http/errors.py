@@ -31,6 +31,7 @@ from gateway.errors import (
     clip,
 )
 from synth.errors import (
+    OWN_REFUSALS,
     ClientQueueFull,
     EngineDead,
     EngineError,
@@ -123,6 +124,9 @@ def from_synthesis_error(exc: SynthesisError) -> VoxgateError:
 def _upstream_error(exc: UpstreamError) -> VoxgateError:
     """An upstream's failure as the status it carries: 400 with the provider's message when the
     caller's request was refused, 503 (with Retry-After) when it is unavailable for now, 502."""
+    param = OWN_REFUSALS.get(exc.kind)
+    if param is not None:
+        return BadRequest(str(exc), param=param, code=exc.kind)
     code = f"upstream_{exc.kind}"
     if 400 <= exc.status < 500:
         return BadRequest(str(exc), code=code)

@@ -25,6 +25,7 @@ class ModelWords:
         self.sample_rate = engine.sample_rate
         self._voices = tuple(engine.voices())
         self._names = [v.name for v in self._voices]
+        self._listed = frozenset(self._names)
         self._languages = {v.name: v.language for v in self._voices}
 
     @property
@@ -39,6 +40,12 @@ class ModelWords:
     def voice_names(self) -> Sequence[str]:
         """Names of the voices this model serves."""
         return self._names
+
+    def voice_label(self, voice: str) -> str:
+        """``voice`` as a metric label: a voice the model lists, else ``other`` (an upstream
+        that takes any voice id, ``voices = ["*"]``, would otherwise make a label value of every
+        id a client invents)."""
+        return voice if voice in self._listed else "other"
 
     def voice_language(self, voice: str) -> str:
         """The language code of ``voice`` ("en_US"), "" when the engine names none (a voice

@@ -2,13 +2,18 @@
 
 Built on the ``wyoming`` package (OHF-Voice/wyoming): its server and handler classes, its event
 types (``describe``/``info``, ``synthesize``, ``synthesize-start/-chunk/-stop/-stopped``,
-``audio-start/-chunk/-stop``, ``error``, ``ping``/``pong``) and its event writer. What happens on
+``audio-start/-chunk/-stop``, ``select-program``, ``error``, ``ping``/``pong``) and its event
+writer. What happens on
 each event follows wyoming-piper (OHF-Voice/wyoming-piper, wyoming_piper/handler.py), the server
 Home Assistant's Piper add-on runs:
 
 - ``describe`` answers ``info``: one TTS program per served model, each voice with its language
   (the served voices have one speaker each, so no speaker list), and
   ``supports_synthesize_streaming``;
+- ``select-program`` picks the program (a served model) the connection's next ``synthesize`` and
+  text streams use, as the package defines it: their voice is looked up in that model only, so
+  models that share a voice name can each be chosen; without it, a voice is looked up in the
+  default model first, then in the others;
 - ``synthesize`` answers ``audio-start``, ``audio-chunk``s (16-bit mono PCM at the voice's rate,
   sent sentence by sentence as the speech service makes them; stored audio at once) and
   ``audio-stop``; a stored text costs no synthesis;
@@ -16,7 +21,9 @@ Home Assistant's Piper add-on runs:
   sentence it completes is spoken at once as its own ``audio-start`` ... ``audio-stop``;
   ``synthesize-stop`` speaks what is left and answers ``synthesize-stopped``. The plain
   ``synthesize`` Home Assistant also sends inside a stream (for older servers) is ignored;
-- a bad event (unparseable, unknown type, bad fields, an unknown voice, a failed synthesis) is
+- an event of a type this server does not answer (``transcribe``, ``audio-chunk``, a type of a
+  later protocol version) is dropped, as the package says servers do;
+- a bad event (unparseable, bad fields, an unknown program or voice, a failed synthesis) is
   answered with an ``error`` event, and the connection goes on serving.
 
 Reading is the one part not left to the package: its ``async_read_event`` trusts the
@@ -42,7 +49,7 @@ from typing import Any
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.error import Error
 from wyoming.event import Event, async_write_event
-from wyoming.info import Attribution, Describe, Info, TtsProgram, TtsVoice
+from wyoming.info import Attribution, Describe, Info, SelectProgram, TtsProgram, TtsVoice
 from wyoming.ping import Ping, Pong
 from wyoming.server import AsyncEventHandler, AsyncTcpServer, HandlerFactory
 from wyoming.tts import (
@@ -54,8 +61,14 @@ from wyoming.tts import (
 )
 
 from cache.keys import normalize_text
-from gateway.api.compat import check_language, find_voice
-from gateway.api.parsing import ExpansionMemo, build_request, front_end_may_run, speech_text
+from gateway.api.compat import check_language, default_voice, find_voice
+from gateway.api.parsing import (
+    ExpansionMemo,
+    build_request,
+    front_end_may_run,
+    resolve_voice,
+    speech_text,
+)
 from gateway.errors import BadRequest, VoxgateError
 from gateway.runtime.buildinfo import version
 from gateway.runtime.settings import Settings
@@ -84,6 +97,7 @@ KNOWN_EVENTS = (
     "synthesize-start",
     "synthesize-chunk",
     "synthesize-stop",
+    "select-program",
     "ping",
 )
 
@@ -194,6 +208,8 @@ class SpeechEventHandler(AsyncEventHandler):
         # A text stream (synthesize-start ... synthesize-stop): its voice and unspoken text.
         self._stream_voice: dict[str, Any] | None = None
         self._pending = ""
+        # The model select-program chose for this connection ("": none chosen).
+        self._program = ""
 
     async def write_event(self, event: Event) -> None:
         """Send ``event``, or drop the connection (:class:`Dropped`) when the client has not
@@ -245,7 +261,12 @@ class SpeechEventHandler(AsyncEventHandler):
     async def handle_event(self, event: Event) -> bool:
         """Answer ``event``; a failure is answered with an ``error`` event. Always True: the
         connection stays open."""
-        kind = event.type if event.type in KNOWN_EVENTS else "other"
+        if event.type not in KNOWN_EVENTS:
+            # The protocol's rule for a type a server does not know: drop it, answer nothing.
+            self.metrics.wyoming_events.labels("other", "dropped").inc()
+            log.debug("wyoming event dropped: %.40r", event.type)
+            return True
+        kind = event.type
         try:
             await self._dispatch(event)
             self.metrics.wyoming_events.labels(kind, "ok").inc()
@@ -262,6 +283,8 @@ class SpeechEventHandler(AsyncEventHandler):
     async def _dispatch(self, event: Event) -> None:
         if Describe.is_type(event.type):
             await self.write_event(self.server.info().event())
+        elif SelectProgram.is_type(event.type):
+            self._program = self._select(event.data.get("name"))
         elif Ping.is_type(event.type):
             await self.write_event(Pong(text=Ping.from_event(event).text).event())
         elif Synthesize.is_type(event.type):
@@ -283,12 +306,23 @@ class SpeechEventHandler(AsyncEventHandler):
             if rest.strip():
                 await self._speak(rest, voice)
             await self.write_event(SynthesizeStopped().event())
-        else:
-            raise BadRequest(
-                f"unsupported event type {event.type[:40]!r}: this server answers "
-                + ", ".join(KNOWN_EVENTS),
-                code="unsupported_event",
-            )
+
+    def _select(self, name: Any) -> str:
+        """The served model ``select-program`` names (its exact name first, then ignoring case,
+        as clients match the advertised names)."""
+        if not isinstance(name, str) or not name:
+            raise BadRequest("select-program needs a program 'name'", param="name")
+        models = self.words.models
+        if name in models:
+            return name
+        folded = {m.lower(): m for m in models}
+        if name.lower() in folded:
+            return folded[name.lower()]
+        raise BadRequest(
+            f"unknown program {name[:64]!r}; available: {', '.join(models)}",
+            param="name",
+            code="program_not_found",
+        )
 
     async def _add_text(self, text: str) -> None:
         """Add streamed text; speak every sentence it completes (all but the last one seen:
@@ -321,11 +355,20 @@ class SpeechEventHandler(AsyncEventHandler):
             if not isinstance(voice.get(field), str | None):
                 raise BadRequest(f"voice {field} must be a string", param=f"voice.{field}")
         name, language, speaker = voice.get("name"), voice.get("language"), voice.get("speaker")
-        model, chosen = (
-            find_voice(name, self.words)
-            if name or not language
-            else self._voice_for_language(language)
-        )
+        if self._program:
+            # The chosen program's voices only: another model's voice of the same name is not it.
+            if name:
+                model, chosen = self._program, resolve_voice(name, self._program, self.words)
+            elif language:
+                model, chosen = self._voice_for_language(language, [self._program])
+            else:
+                model, chosen = self._program, default_voice(self._program, self.words)
+        else:
+            model, chosen = (
+                find_voice(name, self.words)
+                if name or not language
+                else self._voice_for_language(language)
+            )
         if name and language:
             check_language(language, model, chosen, self.words)
         if speaker:  # (the served voices have one speaker each, and no speaker names)
@@ -352,10 +395,14 @@ class SpeechEventHandler(AsyncEventHandler):
             sample_rate=self.words.models[model].sample_rate,
         )
 
-    def _voice_for_language(self, language: str) -> tuple[str, str]:
-        """The first served voice (default model first) that speaks ``language``."""
+    def _voice_for_language(
+        self, language: str, models: list[str] | None = None
+    ) -> tuple[str, str]:
+        """The first voice of ``models`` (default: every served model, the default first) that
+        speaks ``language``."""
         words = self.words
-        models = [words.default_model, *words.models]
+        if models is None:
+            models = [words.default_model, *words.models]
         for model in dict.fromkeys(m for m in models if m in words.models):
             for voice in words.models[model].voices():
                 try:

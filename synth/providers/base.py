@@ -170,6 +170,17 @@ def error_for_status(
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 
 
+def speed_refusal(provider: object, speed: float) -> str:
+    """Why ``provider`` cannot be asked for ``speed`` ("" when it can), from its ``speeds``
+    (the range its API takes; none: any) and ``speed_refusal``: the runner asks this before a
+    call takes a slot of its upstream's limits, as voxgate's own refusal."""
+    speeds = getattr(provider, "speeds", None)
+    if speeds is None:
+        return ""
+    low, high = speeds
+    return "" if low <= speed <= high else str(getattr(provider, "speed_refusal", ""))
+
+
 def provider_message(message: str) -> str:
     """A provider's message as a client may be shown it: one line, clipped."""
     text = _CONTROL.sub(" ", message).strip()

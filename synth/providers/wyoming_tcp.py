@@ -31,6 +31,10 @@ class WyomingProvider:
     """The :class:`~synth.providers.base.Provider` of a Wyoming TTS server (which takes no
     credentials: ``api_key`` and ``environ`` are unused)."""
 
+    # The protocol's synthesize has no speed (the runner refuses another before any call).
+    speeds = (1.0, 1.0)
+    speed_refusal = "a Wyoming server has no speed; ask for speed 1 (and no SSML rate)"
+
     def __init__(self, config: ProviderConfig, api_key: str, environ: Mapping[str, str]) -> None:
         self.config = config
         parts = urlsplit(config.base_url)
@@ -40,11 +44,7 @@ class WyomingProvider:
 
     async def synthesize(self, item: SynthesisItem, timeout_s: float) -> Audio:
         if item.speed != 1.0:
-            raise ProviderError(
-                "refused",
-                "a Wyoming server has no speed: ask for speed 1 (and no SSML rate)",
-                sent=False,
-            )
+            raise ProviderError("refused", self.speed_refusal, sent=False)
         chunks: list[bytes] = []
         size = 0
         rate = 0
