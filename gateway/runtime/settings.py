@@ -206,6 +206,10 @@ class Settings(BaseSettings):
     max_connections: AtLeastOne = 1024
     """Connections served at once per gateway process; one more is answered 503 and closed, except
     that 8 more may each ask for GET /healthz or /readyz (answered, then closed)."""
+    share_port: bool = False
+    """Let other servers listen on this gateway's HTTP and Wyoming ports (SO_REUSEPORT: the kernel
+    spreads connections over all of them, whatever their keys and models). false: serve refuses to
+    start (exit 2) on a port anyone already serves, and no later server can join it."""
     fast_path: bool = True
     """Memory hits written by the gateway itself, and repeated requests on kept connections answered
     from their bytes before HTTP parsing (both read aiohttp internals); false: aiohttp writes every
