@@ -24,7 +24,7 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
 
     from gateway.http import keys
     from gateway.http.app import create_app, is_loopback, wait_ready
-    from gateway.http.connections import cap_connections, runner_options
+    from gateway.http.connections import cap_connections, ops_server, runner_options
     from gateway.http.hits import answer_repeats, lift_writelines_skip
 
     # Headers and body in one writev on uvloop where safe; fast path off: aiohttp as it ships.
@@ -93,13 +93,23 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
         # serves (the host's pool is shared, so a worker is ready about as soon as its siblings).
         # A lone server listens at once, so that /readyz can say it is loading.
         await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    ops_runner = None
+    if settings.ops_port:
+        ops_runner = web.ServerRunner(
+            ops_server(app, settings, probes), handle_signals=False, shutdown_timeout=1.0
+        )
+        await ops_runner.setup()
     try:
-        await site.start()
-    except OSError as exc:
-        if exc.errno != errno.EADDRINUSE:
-            raise
+        if ops_runner is not None:
+            ops_host = settings.ops_host or settings.host
+            ops_site = web.TCPSite(ops_runner, ops_host, settings.ops_port, reuse_port=shared)
+            await _listen(ops_site, settings.ops_port, "ops")
+        await _listen(site, settings.port, "HTTP")
+    except BaseException:
+        if ops_runner is not None:
+            await ops_runner.cleanup()
         await runner.cleanup()
-        raise in_use(settings.port, "HTTP") from None
+        raise
     addresses = [f"http://{host}:{port}" for host, port, *_ in runner.addresses]
     from gateway.runtime.eventloop import describe
 
@@ -130,8 +140,20 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
     if orphan_watch is not None:
         orphan_watch.cancel()
     log.info("shutting down: draining in-flight requests (up to %ss)", settings.shutdown_timeout_s)
+    if ops_runner is not None:
+        await ops_runner.cleanup()
     await runner.cleanup()
     log.info("stopped")
+
+
+async def _listen(site: Any, port: int, what: str) -> None:
+    try:
+        await site.start()
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        # Taken between the start's check and this bind.
+        raise in_use(port, what) from None
 
 
 def init_keys_file(settings: Settings) -> None:

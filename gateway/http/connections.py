@@ -27,7 +27,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web import RequestHandler
 
-from gateway.errors import Unavailable
+from gateway.errors import NotFound, Unavailable
 from gateway.http.errors import error_response
 from gateway.http.hits import RequestFunction, wrap_requests
 from gateway.runtime.settings import Settings
@@ -216,3 +216,29 @@ def cap_connections(
     # Instance attributes: RequestHandler calls ``self._manager.connection_made/_lost``.
     server.connection_made = connection_made  # type: ignore[method-assign]
     server.connection_lost = connection_lost  # type: ignore[method-assign]
+
+
+OPS_PATHS = frozenset({"/metrics"})
+
+
+def ops_server(app: web.Application, settings: Settings, probes: frozenset[str]) -> web.Server:
+    """The ops listener's server (``ops_port``): ``GET`` of the probes and ``/metrics``, answered
+    by ``app`` exactly as on the serving port (the same middlewares: Host check, keys), anything
+    else 404. It has a listening socket, a backlog and a loop callback of its own, outside the
+    serving port's connection cap, so no flood of the serving port reaches the kubelet's probes
+    or Prometheus. As :meth:`web.Application._make_handler` builds the app's own server."""
+    paths = probes | OPS_PATHS
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        if request.method == "GET" and request.path in paths:
+            return await app._handle(request)  # type: ignore[arg-type]
+        listed = ", ".join(sorted(paths))
+        return error_response(NotFound(f"the ops port answers only GET of {listed}"))
+
+    return web.Server(
+        handle,
+        request_factory=app._make_request,
+        access_log=None,
+        handler_cancellation=True,
+        **runner_options(settings),
+    )

@@ -73,6 +73,8 @@ def listened_ports(settings: Settings) -> list[tuple[str, int, str]]:
     ports = []
     if settings.port:
         ports.append((settings.host, settings.port, "HTTP"))
+    if settings.ops_port:
+        ports.append((settings.ops_host or settings.host, settings.ops_port, "ops"))
     if settings.wyoming_port:
         ports.append((settings.wyoming_host or settings.host, settings.wyoming_port, "Wyoming"))
     return ports
