@@ -53,7 +53,13 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
         raise in_use(settings.wyoming_port, "Wyoming") from None
     assert runner.server is not None  # (set by setup())
     probes = app[keys.ROUTES].probe_paths
-    cap_connections(runner.server, settings.max_connections, app[keys.METRICS], probes)
+    cap_connections(
+        runner.server,
+        settings.max_connections,
+        app[keys.METRICS],
+        probes,
+        per_source=settings.max_unfinished_per_source,
+    )
     if app[keys.FAST_HITS]:
         answer_repeats(runner.server, app[keys.FAST_PATH])
     # A worker of `serve --workers N` shares the port with its siblings (SO_REUSEPORT); the

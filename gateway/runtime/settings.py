@@ -217,6 +217,10 @@ class Settings(BaseSettings):
     """Let other servers listen on this gateway's HTTP, ops and Wyoming ports (SO_REUSEPORT: the kernel
     spreads connections over all of them, whatever their keys and models). false: serve refuses to
     start (exit 2) on a port anyone already serves, and no later server can join it."""
+    max_unfinished_per_source: NonNegativeInt = 128
+    """Connections one client address may hold open before sending its first request, per gateway
+    process; one more is answered 503 and closed, so one client's idle sockets cannot take the
+    whole max_connections. 0: no bound (behind a proxy every client has the proxy's address)."""
     fast_path: bool = True
     """Memory hits written by the gateway itself, and repeated requests on kept connections answered
     from their bytes before HTTP parsing (both read aiohttp internals); false: aiohttp writes every
