@@ -13,7 +13,10 @@ from collections.abc import Iterator
 import pytest
 
 from bench.harness import free_port
+from gateway.runtime.apikeys import key_table
 from tests.served import DefaultServer
+
+SPEAK_SECRET = "ops-port-test-speak-secret-0123456789"
 
 PROBE_EVERY_S = 0.2
 PROBING_S = 10.0
@@ -21,8 +24,13 @@ PROBING_S = 10.0
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DefaultServer]:
+    directory = tmp_path_factory.mktemp("ops")
+    keys_file = directory / "keys.toml"
+    keys_file.write_text(key_table("ivr", SPEAK_SECRET, ["speak"]), encoding="utf-8")
     served = DefaultServer(
-        tmp_path_factory.mktemp("ops"),
+        directory,
+        "--api-keys-file",
+        str(keys_file),
         "--max-connections",
         "20",
         "--ops-port",
@@ -51,6 +59,9 @@ def test_the_ops_port_answers_only_probes_and_metrics(server: DefaultServer) -> 
     assert status_of(ops + "/readyz") == 200
     assert status_of(ops + "/metrics") == 200
     assert status_of(ops + "/v1/models") == 404
+    # With keys on, metrics are open only on the ops listener.
+    assert server.get("/metrics")[0] == 401
+    assert status_of(ops + "/metrics?x=1") == 200
 
 
 def test_probes_answer_while_the_serving_port_is_flooded(server: DefaultServer) -> None:

@@ -27,9 +27,10 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web import RequestHandler
 
-from gateway.errors import NotFound, Unavailable
+from gateway.errors import MisdirectedRequest, NotFound, Unavailable
 from gateway.http.errors import error_response
 from gateway.http.hits import RequestFunction, wrap_requests
+from gateway.http.origins import host_of
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 
@@ -273,9 +274,25 @@ def ops_server(app: web.Application, settings: Settings, probes: frozenset[str])
     else 404. It has a listening socket, a backlog and a loop callback of its own, outside the
     serving port's connection cap, so no flood of the serving port reaches the kubelet's probes
     or Prometheus. As :meth:`web.Application._make_handler` builds the app's own server."""
+    # (Here, not at the top: the handlers' modules import this one.)
+    from gateway.http.handlers import metrics_response
+
     paths = probes | OPS_PATHS
+    allowed = frozenset(settings.allowed_hosts)
+    # The serving port's /metrics needs a key when keys are on (gateway.http.routes); here it
+    # is open unless metrics_auth says otherwise.
+    open_metrics = not settings.metrics_auth
 
     async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        if request.method == "GET" and open_metrics and request.path in OPS_PATHS:
+            if allowed and host_of(request) not in allowed:  # type: ignore[arg-type]
+                return error_response(
+                    MisdirectedRequest(
+                        "this gateway does not serve that host name (allowed_hosts)",
+                        code="unknown_host",
+                    )
+                )
+            return await metrics_response(app)
         if request.method == "GET" and request.path in paths:
             return await app._handle(request)  # type: ignore[arg-type]
         listed = ", ".join(sorted(paths))
