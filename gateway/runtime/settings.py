@@ -209,8 +209,9 @@ class Settings(BaseSettings):
     ops_port: int = Field(0, ge=0, le=65535)
     """TCP port of the ops listener: GET /healthz, /readyz and /metrics only (anything else 404),
     outside max_connections, so probes and scrapes are answered under any flood of the serving
-    port; the shipped Kubernetes, compose and Prometheus configs use it. 0: off (the probes answer
-    on the serving port only)."""
+    port; the shipped Kubernetes, compose and Prometheus configs use it. /metrics there is open
+    unless metrics_auth; with API keys on, the serving port's /metrics then needs a key. 0: off
+    (the probes answer on the serving port only)."""
     ops_host: str = ""
     """Address the ops listener listens on (empty: the same as host)."""
     share_port: bool = False
