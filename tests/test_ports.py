@@ -74,3 +74,18 @@ def test_a_held_port_refuses_sharers_but_not_its_own_workers() -> None:
             worker.listen()
     finally:
         held.close()
+
+
+def test_share_port_lets_a_second_server_join_on_purpose(
+    first: DefaultServer, tmp_path: Path
+) -> None:
+    # The last --port wins: the second server is told the first one's port.
+    joiner = DefaultServer(tmp_path, "--share-port", "true", "--port", str(first.port))
+    try:
+        joiner.port, joiner.url = first.port, first.url
+        joiner.wait_ready()
+        assert joiner.proc.poll() is None
+        assert "address in use" not in joiner.logs()
+    finally:
+        assert joiner.terminate() == 0
+    assert_first_answers_all(first)
