@@ -40,8 +40,11 @@ def assert_first_answers_all(server: DefaultServer) -> None:
     assert statuses == [200] * 30
 
 
-def test_a_second_server_on_the_http_port_exits_2(first: DefaultServer, tmp_path: Path) -> None:
-    rc, err, took = second(tmp_path, "--port", str(first.port))
+@pytest.mark.parametrize("topology", [(), ("--workers", "1")], ids=["default", "one_process"])
+def test_a_second_server_on_the_http_port_exits_2(
+    first: DefaultServer, tmp_path: Path, topology: tuple[str, ...]
+) -> None:
+    rc, err, took = second(tmp_path, "--port", str(first.port), *topology)
     assert rc == 2, err
     assert took < 10
     lines = err.strip().splitlines()
