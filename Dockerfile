@@ -41,14 +41,15 @@ ENV VOXGATE_HOST=0.0.0.0 \
     VOXGATE_API_KEYS_FILE=/var/lib/voxgate/keys.toml \
     VOXGATE_API_KEYS_INIT=true \
     VOXGATE_METRICS_AUTH=true \
+    VOXGATE_OPS_PORT=8081 \
     VOXGATE_ALLOWED_HOSTS=localhost,127.0.0.1
 VOLUME ["/var/cache/voxgate"]
 # The keys file (hashes only): kept apart from the cache, which may be purged or thrown away.
 VOLUME ["/var/lib/voxgate"]
-EXPOSE 8080
+EXPOSE 8080 8081
 # SIGTERM drains in-flight requests (shutdown_timeout_s, default 30 s) and exits 0.
 STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=15s --timeout=3s --start-period=60s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2)"]
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8081/healthz', timeout=2)"]
 ENTRYPOINT ["voxgate"]
 CMD ["serve"]

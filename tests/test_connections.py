@@ -166,7 +166,13 @@ async def tiny_server(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
         await runner.setup()
         assert runner.server is not None
         probes = route_table(settings).probe_paths  # (what `voxgate serve` passes)
-        cap_connections(runner.server, settings.max_connections, metrics, probes)
+        cap_connections(
+            runner.server,
+            settings.max_connections,
+            metrics,
+            probes,
+            per_source=settings.max_unfinished_per_source,
+        )
         if request.param:
             fast = FastPath(lambda *_: None, RequestIds(), lambda: True)
             assert answer_repeats(runner.server, fast)
@@ -273,6 +279,32 @@ async def test_connections_beyond_the_cap_get_503(tiny_server: Any) -> None:
     assert status == 200
     for w in held:
         w.close()
+
+
+async def test_one_source_cannot_hold_the_cap_with_unfinished_sockets(tiny_server: Any) -> None:
+    """Past max_unfinished_per_source sockets of one address that sent no request yet, its next
+    one is refused; a socket stops counting once its first request is in."""
+    app = web.Application()
+    app.router.add_get("/", hello)
+    metrics = Metrics()
+    settings = Settings(max_connections=100, max_unfinished_per_source=3)
+    port = await tiny_server(app, settings, metrics)
+    idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    assert await status_of(reader) == 503
+    assert b"too_many_connections" in await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    assert metrics.registry.get_sample_value("voxgate_connections_refused_total") == 1
+    first_reader, first_writer = idle[0]
+    first_writer.write(REQUEST)
+    assert await status_of(first_reader) == 200  # kept open, no longer unfinished
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(REQUEST)
+    assert await status_of(reader) == 200
+    writer.close()
+    for _, w in idle:
+        w.close()
+    assert metrics.registry.get_sample_value("voxgate_connections_refused_total") == 1
 
 
 async def test_a_full_gateway_still_answers_health_probes(tiny_server: Any) -> None:

@@ -112,8 +112,10 @@ def test_dockerfile_matches_the_settings() -> None:
     text = (ROOT / "Dockerfile").read_text()
     settings = Settings.load(env=image_env())  # every value is valid
     assert settings.host == "0.0.0.0"
-    assert re.search(rf"^EXPOSE {settings.port}$", text, re.M)
-    assert f"127.0.0.1:{settings.port}/healthz" in text
+    # The health check asks the ops listener, which no flood of the serving port reaches.
+    assert settings.ops_port not in (0, settings.port)
+    assert re.search(rf"^EXPOSE {settings.port} {settings.ops_port}$", text, re.M)
+    assert f"127.0.0.1:{settings.ops_port}/healthz" in text
     assert re.search(r'^ENTRYPOINT \["voxgate"\]$', text, re.M)
     assert re.search(r'^CMD \["serve"\]$', text, re.M)
     assert "STOPSIGNAL SIGTERM" in text
@@ -197,8 +199,11 @@ def test_compose_prometheus_scrapes_voxgate_and_loads_the_alert_rules(tmp_path: 
     config = yaml.safe_load(config_src.read_text())
     job = config["scrape_configs"][0]
     assert job["metrics_path"] == "/metrics"
-    vox_port = Settings.load(env=voxgate_env(c["services"]["voxgate"]["environment"])).port
-    assert job["static_configs"][0]["targets"] == [f"voxgate:{vox_port}"]
+    vox = Settings.load(env=voxgate_env(c["services"]["voxgate"]["environment"]))
+    assert vox.ops_port not in (0, vox.port)
+    assert job["static_configs"][0]["targets"] == [f"voxgate:{vox.ops_port}"]
+    check = " ".join(c["services"]["voxgate"]["healthcheck"]["test"])
+    assert f"127.0.0.1:{vox.ops_port}/healthz" in check
     # /metrics needs a key: Prometheus sends the one compose mounts from VOXGATE_METRICS_KEY.
     (secret,) = prom["secrets"]
     credentials = Path(config_src).parent / job["authorization"]["credentials_file"]
@@ -270,6 +275,10 @@ def test_k8s_deployment_probes_service_and_config(tmp_path: Path) -> None:
     env = container_env(container, K8S_SECRETS)
     settings = Settings.load(config_file=_write(toml, tmp_path), env=voxgate_env(env))
     assert ports["http"] == settings.port
+    # Probes and scrapes on the ops listener, outside the serving port's connection cap.
+    assert ports["ops"] == settings.ops_port != 0
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert container[probe]["httpGet"]["port"] == "ops"
     assert settings.host == "0.0.0.0"
     assert any(m["mountPath"] == str(settings.cache_dir) for m in container["volumeMounts"])
     pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][-1])
@@ -281,7 +290,7 @@ def test_k8s_deployment_probes_service_and_config(tmp_path: Path) -> None:
     assert service["spec"]["ports"][0]["targetPort"] in ports
     annotations = pod["metadata"]["annotations"]
     assert annotations["prometheus.io/path"] == "/metrics"
-    assert int(annotations["prometheus.io/port"]) == settings.port
+    assert int(annotations["prometheus.io/port"]) == settings.ops_port
 
 
 def test_k8s_gateways_call_the_synthesis_hosts_as_an_upstream(tmp_path: Path) -> None:

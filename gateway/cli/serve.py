@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import gc
 import logging
 import signal
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gateway.cli.common import add_setting_flags, command, load_settings
+from gateway.runtime.ports import check_port, hold_port, in_use, listened_ports
 from gateway.runtime.settings import Settings, SettingsError
 
 log = logging.getLogger("voxgate")
@@ -22,7 +24,7 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
 
     from gateway.http import keys
     from gateway.http.app import create_app, is_loopback, wait_ready
-    from gateway.http.connections import cap_connections, runner_options
+    from gateway.http.connections import cap_connections, ops_server, runner_options
     from gateway.http.hits import answer_repeats, lift_writelines_skip
 
     # Headers and body in one writev on uvloop where safe; fast path off: aiohttp as it ships.
@@ -42,14 +44,28 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
         handler_cancellation=True,
         **runner_options(settings),
     )
-    await runner.setup()
+    try:
+        await runner.setup()
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE or not settings.wyoming_port:
+            raise
+        # Taken between the start's check and this bind.
+        raise in_use(settings.wyoming_port, "Wyoming") from None
     assert runner.server is not None  # (set by setup())
     probes = app[keys.ROUTES].probe_paths
-    cap_connections(runner.server, settings.max_connections, app[keys.METRICS], probes)
+    cap_connections(
+        runner.server,
+        settings.max_connections,
+        app[keys.METRICS],
+        probes,
+        per_source=settings.max_unfinished_per_source,
+    )
     if app[keys.FAST_HITS]:
         answer_repeats(runner.server, app[keys.FAST_PATH])
-    # A worker of `serve --workers N` shares the port with its siblings (SO_REUSEPORT).
-    site = web.TCPSite(runner, settings.host, settings.port, reuse_port=worker_of is not None)
+    # A worker of `serve --workers N` shares the port with its siblings (SO_REUSEPORT); the
+    # supervisor's check and held socket keep anyone else out (gateway.runtime.ports).
+    shared = worker_of is not None or settings.share_port
+    site = web.TCPSite(runner, settings.host, settings.port, reuse_port=shared)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -83,7 +99,23 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
         # serves (the host's pool is shared, so a worker is ready about as soon as its siblings).
         # A lone server listens at once, so that /readyz can say it is loading.
         await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    await site.start()
+    ops_runner = None
+    if settings.ops_port:
+        ops_runner = web.ServerRunner(
+            ops_server(app, settings, probes), handle_signals=False, shutdown_timeout=1.0
+        )
+        await ops_runner.setup()
+    try:
+        if ops_runner is not None:
+            ops_host = settings.ops_host or settings.host
+            ops_site = web.TCPSite(ops_runner, ops_host, settings.ops_port, reuse_port=shared)
+            await _listen(ops_site, settings.ops_port, "ops")
+        await _listen(site, settings.port, "HTTP")
+    except BaseException:
+        if ops_runner is not None:
+            await ops_runner.cleanup()
+        await runner.cleanup()
+        raise
     addresses = [f"http://{host}:{port}" for host, port, *_ in runner.addresses]
     from gateway.runtime.eventloop import describe
 
@@ -114,8 +146,20 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
     if orphan_watch is not None:
         orphan_watch.cancel()
     log.info("shutting down: draining in-flight requests (up to %ss)", settings.shutdown_timeout_s)
+    if ops_runner is not None:
+        await ops_runner.cleanup()
     await runner.cleanup()
     log.info("stopped")
+
+
+async def _listen(site: Any, port: int, what: str) -> None:
+    try:
+        await site.start()
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        # Taken between the start's check and this bind.
+        raise in_use(port, what) from None
 
 
 def init_keys_file(settings: Settings) -> None:
@@ -185,7 +229,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if topology.gateway_processes > 1 and args.worker_of is None:
         from gateway.runtime.workers import run_workers
 
-        return run_workers(settings, args.argv, gateway_process)
+        # Held (open) until the supervisor returns: its workers join them, nobody else can.
+        held = [] if settings.share_port else [hold_port(*p) for p in listened_ports(settings)]
+        try:
+            return run_workers(settings, args.argv, gateway_process)
+        finally:
+            for sock in held:
+                if sock is not None:
+                    sock.close()
+    if args.worker_of is None and not settings.share_port:
+        # A lone server binds its ports without SO_REUSEPORT, which fails on a served port;
+        # checked first, so that the refusal comes before the models load.
+        for host, port, what in listened_ports(settings):
+            check_port(host, port, what)
     eventloop.run(_serve(settings, args.worker_of), settings.event_loop)
     return 0
 

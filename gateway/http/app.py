@@ -183,7 +183,7 @@ def create_app(
             app[keys.SPEECH],
             settings,
             app[keys.METRICS],
-            reuse_port=os.environ.get(WORKER_INDEX_ENV) is not None,
+            reuse_port=os.environ.get(WORKER_INDEX_ENV) is not None or settings.share_port,
         )
         try:
             await server.start()

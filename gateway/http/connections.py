@@ -27,9 +27,10 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web import RequestHandler
 
-from gateway.errors import Unavailable
+from gateway.errors import MisdirectedRequest, NotFound, Unavailable
 from gateway.http.errors import error_response
 from gateway.http.hits import RequestFunction, wrap_requests
+from gateway.http.origins import host_of
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 
@@ -149,7 +150,12 @@ PROBE_WAIT_S = 1.0
 
 
 def cap_connections(
-    server: web.Server, limit: int, metrics: Metrics, probes: frozenset[str]
+    server: web.Server,
+    limit: int,
+    metrics: Metrics,
+    probes: frozenset[str],
+    *,
+    per_source: int = 0,
 ) -> None:
     """Answer connections beyond ``limit`` open at once with a 503 and close them; the first
     :data:`PROBE_SLOTS` beyond it may still ask for a health probe (a ``GET`` of ``probes``:
@@ -163,6 +169,11 @@ def cap_connections(
     for this): a ``GET`` of a probe path is answered and the connection closed after it, anything
     else is refused, and so is a connection that sends no request within :data:`PROBE_WAIT_S`.
     Where that cannot be done (another aiohttp), connections past the cap are all refused.
+
+    ``per_source`` (0: none) bounds the unfinished connections of one peer address: those that
+    have not yet sent a first request. One more from that address is refused as above, so a
+    single client cannot hold the whole cap with idle sockets. A connection stops counting at its
+    first request (the wrapper then steps aside: later requests pay nothing) or when it closes.
     """
     made, lost = server.connection_made, server.connection_lost
     refused = metrics.connections_refused
@@ -197,11 +208,46 @@ def cap_connections(
 
         return handle
 
+    # Peer address -> its connections that have not sent a request yet; and those connections.
+    unfinished: dict[str, int] = {}
+    pending: dict[RequestHandler, str] = {}
+
+    def settled(handler: RequestHandler) -> None:
+        peer = pending.pop(handler, None)
+        if peer is not None:
+            left = unfinished[peer] - 1
+            if left:
+                unfinished[peer] = left
+            else:
+                del unfinished[peer]
+
+    def first_request(inner: RequestFunction, handler: RequestHandler) -> RequestFunction:
+        async def handle(request: web.BaseRequest) -> web.StreamResponse:
+            settled(handler)
+            wrap_requests(handler, lambda _: inner)
+            return await inner(request)
+
+        return handle
+
+    def over_source_bound(handler: RequestHandler, transport: asyncio.Transport) -> bool:
+        peername = transport.get_extra_info("peername")
+        if not per_source or not peername:
+            return False  # (a Unix socket: no address to count)
+        peer = str(peername[0])
+        if unfinished.get(peer, 0) >= per_source:
+            return True
+        if wrap_requests(handler, lambda inner: first_request(inner, handler)):
+            unfinished[peer] = unfinished.get(peer, 0) + 1
+            pending[handler] = peer
+        return False
+
     def connection_made(handler: RequestHandler, transport: asyncio.Transport) -> None:
         nonlocal open_now
         open_now += 1
         made(handler, transport)
         if open_now <= limit:
+            if over_source_bound(handler, transport):
+                refuse(transport)
             return
         if open_now > limit + PROBE_SLOTS or not wrap_requests(
             handler, lambda inner: probe_only(inner, transport)
@@ -211,8 +257,51 @@ def cap_connections(
     def connection_lost(handler: RequestHandler, exc: BaseException | None = None) -> None:
         nonlocal open_now
         open_now -= 1
+        settled(handler)
         lost(handler, exc)
 
     # Instance attributes: RequestHandler calls ``self._manager.connection_made/_lost``.
     server.connection_made = connection_made  # type: ignore[method-assign]
     server.connection_lost = connection_lost  # type: ignore[method-assign]
+
+
+OPS_PATHS = frozenset({"/metrics"})
+
+
+def ops_server(app: web.Application, settings: Settings, probes: frozenset[str]) -> web.Server:
+    """The ops listener's server (``ops_port``): ``GET`` of the probes and ``/metrics``, answered
+    by ``app`` exactly as on the serving port (the same middlewares: Host check, keys), anything
+    else 404. It has a listening socket, a backlog and a loop callback of its own, outside the
+    serving port's connection cap, so no flood of the serving port reaches the kubelet's probes
+    or Prometheus. As :meth:`web.Application._make_handler` builds the app's own server."""
+    # (Here, not at the top: the handlers' modules import this one.)
+    from gateway.http.handlers import metrics_response
+
+    paths = probes | OPS_PATHS
+    allowed = frozenset(settings.allowed_hosts)
+    # The serving port's /metrics needs a key when keys are on (gateway.http.routes); here it
+    # is open unless metrics_auth says otherwise.
+    open_metrics = not settings.metrics_auth
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        if request.method == "GET" and open_metrics and request.path in OPS_PATHS:
+            if allowed and host_of(request) not in allowed:  # type: ignore[arg-type]
+                return error_response(
+                    MisdirectedRequest(
+                        "this gateway does not serve that host name (allowed_hosts)",
+                        code="unknown_host",
+                    )
+                )
+            return await metrics_response(app)
+        if request.method == "GET" and request.path in paths:
+            return await app._handle(request)  # type: ignore[arg-type]
+        listed = ", ".join(sorted(paths))
+        return error_response(NotFound(f"the ops port answers only GET of {listed}"))
+
+    return web.Server(
+        handle,
+        request_factory=app._make_request,
+        access_log=None,
+        handler_cancellation=True,
+        **runner_options(settings),
+    )

@@ -227,10 +227,15 @@ async def openapi_document(request: web.Request) -> web.Response:
 
 async def metrics_handler(request: web.Request) -> web.Response:
     """``GET /metrics``: Prometheus text exposition."""
-    m = request.app[keys.METRICS]
-    service = request.app.get(keys.SPEECH)
+    return await metrics_response(request.app)
+
+
+async def metrics_response(app: web.Application) -> web.Response:
+    """``app``'s metrics (Prometheus text exposition), as ``GET /metrics`` answers them."""
+    m = app[keys.METRICS]
+    service = app.get(keys.SPEECH)
     if service is not None:
         await service.store.stats()
-    await ops.report_pins(request.app)
+    await ops.report_pins(app)
     m.flush_pending()  # this process's tallies (gateway.http.observe), before any exposition
     return web.Response(body=exposition(m.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -206,6 +206,22 @@ class Settings(BaseSettings):
     max_connections: AtLeastOne = 1024
     """Connections served at once per gateway process; one more is answered 503 and closed, except
     that 8 more may each ask for GET /healthz or /readyz (answered, then closed)."""
+    ops_port: int = Field(0, ge=0, le=65535)
+    """TCP port of the ops listener: GET /healthz, /readyz and /metrics only (anything else 404),
+    outside max_connections, so probes and scrapes are answered under any flood of the serving
+    port; the shipped Kubernetes, compose and Prometheus configs use it. /metrics there is open
+    unless metrics_auth; with API keys on, the serving port's /metrics then needs a key. 0: off
+    (the probes answer on the serving port only)."""
+    ops_host: str = ""
+    """Address the ops listener listens on (empty: the same as host)."""
+    share_port: bool = False
+    """Let other servers listen on this gateway's HTTP, ops and Wyoming ports (SO_REUSEPORT: the kernel
+    spreads connections over all of them, whatever their keys and models). false: serve refuses to
+    start (exit 2) on a port anyone already serves, and no later server can join it."""
+    max_unfinished_per_source: NonNegativeInt = 128
+    """Connections one client address may hold open before sending its first request, per gateway
+    process; one more is answered 503 and closed, so one client's idle sockets cannot take the
+    whole max_connections. 0: no bound (behind a proxy every client has the proxy's address)."""
     fast_path: bool = True
     """Memory hits written by the gateway itself, and repeated requests on kept connections answered
     from their bytes before HTTP parsing (both read aiohttp internals); false: aiohttp writes every

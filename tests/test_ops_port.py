@@ -1,0 +1,104 @@
+"""The ops listener (``ops_port``): health, readiness and metrics answered under a flood of the
+serving port, through ``voxgate serve`` (gateway.http.connections.ops_server)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from bench.harness import free_port
+from gateway.runtime.apikeys import key_table
+from tests.served import DefaultServer
+
+SPEAK_SECRET = "ops-port-test-speak-secret-0123456789"
+
+PROBE_EVERY_S = 0.2
+PROBING_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DefaultServer]:
+    directory = tmp_path_factory.mktemp("ops")
+    keys_file = directory / "keys.toml"
+    keys_file.write_text(key_table("ivr", SPEAK_SECRET, ["speak"]), encoding="utf-8")
+    served = DefaultServer(
+        directory,
+        "--api-keys-file",
+        str(keys_file),
+        "--max-connections",
+        "20",
+        "--ops-port",
+        str(free_port()),
+    )
+    with served.serving():
+        yield served
+
+
+def ops_url(server: DefaultServer) -> str:
+    args = list(server.proc.args)  # type: ignore[arg-type]
+    return f"http://127.0.0.1:{args[args.index('--ops-port') + 1]}"
+
+
+def status_of(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_the_ops_port_answers_only_probes_and_metrics(server: DefaultServer) -> None:
+    ops = ops_url(server)
+    assert status_of(ops + "/healthz") == 200
+    assert status_of(ops + "/readyz") == 200
+    assert status_of(ops + "/metrics") == 200
+    assert status_of(ops + "/v1/models") == 404
+    # With keys on, metrics are open only on the ops listener.
+    assert server.get("/metrics")[0] == 401
+    assert status_of(ops + "/metrics?x=1") == 200
+
+
+def test_probes_answer_while_the_serving_port_is_flooded(server: DefaultServer) -> None:
+    ops = ops_url(server)
+    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(60)]
+    stop = threading.Event()
+    opened = 0
+
+    def keep_opening() -> None:
+        nonlocal opened
+        held: list[socket.socket] = []
+        while not stop.is_set():
+            try:
+                held.append(socket.create_connection(("127.0.0.1", server.port), timeout=2))
+                opened += 1
+            except OSError:
+                continue
+            if len(held) > 40:
+                held.pop(0).close()
+        for sock in held:
+            sock.close()
+
+    flooder = threading.Thread(target=keep_opening)
+    flooder.start()
+    statuses: list[int] = []
+    try:
+        # The serving port really is full: its connection cap answers 503.
+        assert server.get("/v1/models")[0] == 503
+        deadline = time.monotonic() + PROBING_S
+        while time.monotonic() < deadline:
+            statuses += [status_of(ops + "/healthz"), status_of(ops + "/readyz")]
+            time.sleep(PROBE_EVERY_S)
+    finally:
+        stop.set()
+        flooder.join()
+        for sock in idle:
+            sock.close()
+    assert opened > 100
+    assert len(statuses) >= 80
+    assert statuses == [200] * len(statuses)
