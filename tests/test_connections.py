@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import logging
 import socket
 import time
@@ -417,3 +418,29 @@ def test_a_bind_beyond_loopback_keeps_the_explicit_list() -> None:
     assert served_hosts((), "::1") == {"localhost", "127.0.0.1", "[::1]"}
     assert served_hosts((), "127.0.0.2") == {"localhost", "127.0.0.1", "[::1]", "127.0.0.2"}
     assert served_hosts(("*",), "127.0.0.1") == frozenset()
+
+
+async def test_a_request_the_parser_refuses_gets_a_fixed_body(tmp_path: Path) -> None:
+    """aiohttp's 400 for a malformed request echoed the offending header, an API key beside a
+    control byte included; `voxgate serve` answers a fixed JSON body that holds nothing sent."""
+    canary = "sk-canary-parser-0123456789abcdef"
+    server = DefaultServer(tmp_path / "srv")
+    try:
+        await asyncio.to_thread(server.wait_ready)
+        for head in (
+            f"Authorization: Bearer {canary}\x01",
+            f"X-API-Key: {canary}\x7f",
+            f"X-Long: {canary}{'a' * 9000}",
+        ):
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}\r\n\r\n".encode())
+            answer = await asyncio.wait_for(reader.read(), 30)
+            writer.close()
+            status_line, _, rest = answer.partition(b"\r\n")
+            assert re.fullmatch(rb"HTTP/1\.[01] 4\d\d .*", status_line), status_line
+            body = rest.partition(b"\r\n\r\n")[2]
+            assert json.loads(body)["error"]["code"] == "malformed_request"
+            assert canary.encode() not in answer
+        assert canary not in server.logs()
+    finally:
+        server.close()

@@ -22,7 +22,7 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
 
     from gateway.http import keys
     from gateway.http.app import create_app, is_loopback, wait_ready
-    from gateway.http.connections import cap_connections, runner_options
+    from gateway.http.connections import cap_connections, plain_refusals, runner_options
     from gateway.http.hits import answer_repeats, lift_writelines_skip
 
     # Headers and body in one writev on uvloop where safe; fast path off: aiohttp as it ships.
@@ -46,6 +46,7 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
     assert runner.server is not None  # (set by setup())
     probes = app[keys.ROUTES].probe_paths
     cap_connections(runner.server, settings.max_connections, app[keys.METRICS], probes)
+    plain_refusals(runner.server)
     if app[keys.FAST_HITS]:
         answer_repeats(runner.server, app[keys.FAST_PATH])
     # A worker of `serve --workers N` shares the port with its siblings (SO_REUSEPORT).
