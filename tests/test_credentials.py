@@ -5,9 +5,11 @@ every logger: the HTTP clients' included) and every body is searched for them.""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -182,3 +184,54 @@ def test_scrub_masks_every_form_of_a_secret_and_a_clipped_one() -> None:
     assert credentials.scrub("nothing here") == "nothing here"
     assert credentials.userinfo("http://u%40x:p%2Fw@h/") == ("u%40x", "u@x", "p%2Fw", "p/w")
     assert credentials.strip_userinfo("http://u:p@h:1/v1") == "http://h:1/v1"
+
+
+async def test_voxgate_serve_logs_and_answers_no_credential(tmp_path: Path) -> None:
+    """The same through `voxgate serve` at --log-level debug (upstream calls are made in its
+    pool process): its whole output, and every body, is searched."""
+    from tests.served import DefaultServer
+    from tests.test_upstream_serve import write_upstreams
+
+    provider = await OpenAISpeechServer(api_key=CANARY_KEY).start()
+    common = {"kind": "openai", "api_key_env": KEY_ENV, "model": "gpt-4o-mini-tts"}
+    proxied = provider.url.replace("http://", f"http://voxgate:{CANARY_PASSWORD}@")
+    upstreams = write_upstreams(
+        tmp_path / "upstreams.toml",
+        {"name": "openai", "base_url": provider.url, "max_retries": 0, **common},
+        {"name": "proxied", "base_url": proxied, "max_retries": 0, **common},
+    )
+    server = DefaultServer(
+        tmp_path / "srv",
+        "--upstreams-file",
+        str(upstreams),
+        "--log-level",
+        "debug",
+        env={KEY_ENV: CANARY_KEY},
+    )
+    bodies: list[bytes] = []
+    try:
+        await asyncio.to_thread(server.wait_ready)
+        speak = {"input": "Thank you for calling.", "voice": "alloy", "response_format": "wav"}
+        status, _, body = await server.request(
+            "POST", "/v1/audio/speech", json={**speak, "model": "openai"}
+        )
+        assert status == 200
+        provider.script.append(Scripted(400, ECHO))
+        status, _, body = await server.request(
+            "POST", "/v1/audio/speech", json={**speak, "model": "openai", "input": "Two."}
+        )
+        bodies.append(body)
+        assert status == 400 and credentials.MASK.encode() in body, body
+        status, _, body = await server.request(
+            "POST", "/v1/audio/speech", json={**speak, "model": "proxied", "input": "Three."}
+        )
+        bodies.append(body)
+        assert status == 502, body
+        assert provider.headers[-1]["Authorization"].startswith("Basic ")
+    finally:
+        server.close()
+        await provider.stop()
+    logs = server.logs()
+    assert "HTTP Request: POST" in logs  # (the HTTP client's own lines are in the output)
+    assert leaks(logs) == []
+    assert [leaks(b.decode(errors="replace")) for b in bodies] == [[], []]
