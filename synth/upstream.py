@@ -671,7 +671,8 @@ def build_provider(config: UpstreamConfig, api_key: str) -> Provider:
     environment holds any further credential its kind names (``secret_envs``). Each of those
     credentials, and ``base_url``'s user and password, is kept out of log lines and relayed
     messages from here on (:mod:`synth.credentials`)."""
-    others = (os.environ.get(getattr(config, field), "") for field, _ in config.spec.secret_envs)
+    fields = (*(field for field, _ in config.spec.secret_envs), "session_token_env")
+    others = (os.environ.get(getattr(config, field), "") for field in fields)
     credentials.register((api_key, *others, *credentials.userinfo(config.base_url)))
     credentials.install()
     return config.spec.factory(config, api_key, os.environ)
