@@ -211,7 +211,7 @@ async def test_a_body_that_does_not_arrive_gets_408(
     http = await gateway(settings=settings.replace(body_timeout_s=1))
     reader, writer = await asyncio.open_connection(http.server.host, http.server.port)
     writer.write(
-        b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b'Content-Length: 100\r\n\r\n{"model": '
     )
     await writer.drain()
