@@ -82,7 +82,12 @@ def scrub(text: str) -> str:
 
 def _scrubbed(record: logging.LogRecord) -> logging.LogRecord:
     if not record.name.startswith(_OWN_LOGGERS):
-        message = record.getMessage()
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):
+            # Arguments that do not fit the message: left for the handler to report, as
+            # logging does (raising here would raise in the library's logging call).
+            message = ""
         clean = scrub(message)
         if clean != message:
             record.msg, record.args = clean, None

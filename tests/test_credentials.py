@@ -186,6 +186,17 @@ def test_scrub_masks_every_form_of_a_secret_and_a_clipped_one() -> None:
     assert credentials.strip_userinfo("http://u:p@h:1/v1") == "http://h:1/v1"
 
 
+def test_a_record_whose_arguments_do_not_fit_is_left_to_the_handler() -> None:
+    credentials.register(["s3cr3t-canary/+x"])
+    credentials.install()
+    record = logging.getLogRecordFactory()("httpx2", logging.INFO, "f", 1, "%d", ("x",), None)
+    assert (record.msg, record.args) == ("%d", ("x",))
+    key = logging.getLogRecordFactory()(
+        "httpx2", logging.INFO, "f", 1, "k=%s", ("s3cr3t-canary/+x",), None
+    )
+    assert key.getMessage() == "k=[redacted]"
+
+
 async def test_voxgate_serve_logs_and_answers_no_credential(tmp_path: Path) -> None:
     """The same through `voxgate serve` at --log-level debug (upstream calls are made in its
     pool process): its whole output, and every body, is searched."""
