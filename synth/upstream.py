@@ -43,6 +43,7 @@ from pydantic import (
 from redis.exceptions import RedisError
 
 from metrics import Metrics
+from synth import credentials
 from synth.engine import Audio, EngineCapabilities, ParamValue, SynthesisItem, VoiceInfo
 from synth.errors import OWN_REFUSALS, UPSTREAM_ERROR_KINDS, EngineError, UpstreamError
 from synth.providers import SPECS
@@ -727,8 +728,13 @@ class UpstreamRunner:
 
     def _error_of(self, exc: ProviderError) -> UpstreamError:
         kind = exc.kind if exc.kind in _TOLD else "server"
+        # A provider may quote the credentials it was sent (a key in "invalid key ..."): the
+        # client is never shown them.
         told = _TOLD[kind].format(
-            name=self.name, status=exc.status, message=exc.message, timeout=self.config.timeout_s
+            name=self.name,
+            status=exc.status,
+            message=credentials.scrub(exc.message),
+            timeout=self.config.timeout_s,
         )
         # Only these kinds carry a wait the provider asked for, and never more than one call's
         # deadline: what the client is told is voxgate's advice, not the provider's raw words.
@@ -742,7 +748,13 @@ class UpstreamRunner:
 
 def build_provider(config: UpstreamConfig, api_key: str) -> Provider:
     """The client of ``config``'s provider kind (its SDK imported only here); the process's
-    environment holds any further credential its kind names (``secret_envs``)."""
+    environment holds any further credential its kind names (``secret_envs``). Each of those
+    credentials, and ``base_url``'s user and password, is kept out of log lines and relayed
+    messages from here on (:mod:`synth.credentials`)."""
+    fields = (*(field for field, _ in config.spec.secret_envs), "session_token_env")
+    others = (os.environ.get(getattr(config, field), "") for field in fields)
+    credentials.register((api_key, *others, *credentials.userinfo(config.base_url)))
+    credentials.install()
     return config.spec.factory(config, api_key, os.environ)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -216,7 +217,7 @@ async def test_a_body_that_does_not_arrive_gets_408(
     http = await gateway(settings=settings.replace(body_timeout_s=1))
     reader, writer = await asyncio.open_connection(http.server.host, http.server.port)
     writer.write(
-        b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b'Content-Length: 100\r\n\r\n{"model": '
     )
     await writer.drain()
@@ -405,3 +406,73 @@ def test_parser_refusals_are_one_warning_per_interval_without_their_bytes(
     assert secret not in caplog.text and not any(r.exc_info for r in caplog.records)
     passed = [r for r in caplog.records if r.name == "aiohttp.server"]
     assert [r.getMessage() for r in passed] == ["something else entirely"]
+
+
+async def test_a_loopback_bind_answers_only_loopback_host_names(tmp_path: Path) -> None:
+    """`voxgate serve` with no flags (127.0.0.1) and a DNS-rebinding page: its browser sends the
+    page's own name as Host, and gets a 421 naming the hosts served and the setting; a local
+    client's names are answered, with or without a port."""
+    server = DefaultServer(tmp_path / "srv")
+    try:
+        await asyncio.to_thread(server.wait_ready)
+        for host in ("localhost", f"localhost:{server.port}", "127.0.0.1", "[::1]:80", "LOCALHOST"):
+            status, _, _ = await server.request("GET", "/healthz", headers={"Host": host})
+            assert status == 200, host
+        for path in ("/metrics", "/healthz", "/v1/audio/speech", "/no/such/path"):
+            for host in ("rebound.attacker.example", "rebound.attacker.example:8080", "0.0.0.0"):
+                status, _, body = await server.request("GET", path, headers={"Host": host})
+                assert status == 421, (path, host)
+                error = json.loads(body)["error"]
+                assert error["code"] == "unknown_host" and error["param"] == "allowed_hosts"
+                assert "localhost, 127.0.0.1, [::1]" in error["message"]
+                assert "rebound" not in error["message"]
+    finally:
+        server.close()
+
+
+async def test_allowed_hosts_star_answers_any_host_name(tmp_path: Path) -> None:
+    server = DefaultServer(tmp_path / "srv", "--allowed-hosts", "*")
+    try:
+        await asyncio.to_thread(server.wait_ready)
+        headers = {"Host": "tts.example"}
+        assert (await server.request("GET", "/healthz", headers=headers))[0] == 200
+    finally:
+        server.close()
+
+
+def test_a_bind_beyond_loopback_keeps_the_explicit_list() -> None:
+    from gateway.http.origins import served_hosts
+
+    assert served_hosts((), "0.0.0.0") == frozenset()
+    assert served_hosts((), "10.1.2.3") == frozenset()
+    assert served_hosts(("tts.example",), "0.0.0.0") == {"tts.example"}
+    assert served_hosts(("tts.example",), "127.0.0.1") == {"tts.example"}
+    assert served_hosts((), "::1") == {"localhost", "127.0.0.1", "[::1]"}
+    assert served_hosts((), "127.0.0.2") == {"localhost", "127.0.0.1", "[::1]", "127.0.0.2"}
+    assert served_hosts(("*",), "127.0.0.1") == frozenset()
+
+
+async def test_a_request_the_parser_refuses_gets_a_fixed_body(tmp_path: Path) -> None:
+    """aiohttp's 400 for a malformed request echoed the offending header, an API key beside a
+    control byte included; `voxgate serve` answers a fixed JSON body that holds nothing sent."""
+    canary = "sk-canary-parser-0123456789abcdef"
+    server = DefaultServer(tmp_path / "srv")
+    try:
+        await asyncio.to_thread(server.wait_ready)
+        for head in (
+            f"Authorization: Bearer {canary}\x01",
+            f"X-API-Key: {canary}\x7f",
+            f"X-Long: {canary}{'a' * 9000}",
+        ):
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}\r\n\r\n".encode())
+            answer = await asyncio.wait_for(reader.read(), 30)
+            writer.close()
+            status_line, _, rest = answer.partition(b"\r\n")
+            assert re.fullmatch(rb"HTTP/1\.[01] 4\d\d .*", status_line), status_line
+            body = rest.partition(b"\r\n\r\n")[2]
+            assert json.loads(body)["error"]["code"] == "malformed_request"
+            assert canary.encode() not in answer
+        assert canary not in server.logs()
+    finally:
+        server.close()

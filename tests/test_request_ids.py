@@ -152,7 +152,7 @@ async def test_every_answer_carries_its_request_id_and_logs_it(server: ServerPro
     # A WebSocket upgrade (jambonz's stream) and an Expect refusal, on raw sockets.
     key = base64.b64encode(os.urandom(16)).decode()
     upgrade = (
-        "GET /v1/jambonz/stream?voice=joe&sampleRate=8000 HTTP/1.1\r\nHost: x\r\n"
+        "GET /v1/jambonz/stream?voice=joe&sampleRate=8000 HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
         f"Sec-WebSocket-Key: {key}\r\nX-Request-Id: ws-1\r\n\r\n"
     ).encode()
@@ -163,7 +163,7 @@ async def test_every_answer_carries_its_request_id_and_logs_it(server: ServerPro
     assert status.startswith("HTTP/1.1 101") and headers["x-request-id"] == "ws-1"
     seen["ws-1"] = ("/v1/jambonz/stream", "GET", 101)
     too_big = (
-        b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b"Content-Length: 999999999\r\nExpect: 100-continue\r\n\r\n"
     )
     status, headers = await raw_head(server, too_big)

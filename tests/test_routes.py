@@ -329,3 +329,26 @@ def test_the_api_docs_endpoint_table_is_the_route_tables() -> None:
     assert "\n".join(lines[start:end]) == expected, (
         "docs/api.md's endpoint table is not the route table's; replace it with:\n" + expected
     )
+
+
+def test_the_security_access_table_lists_every_route_with_its_access(settings: Settings) -> None:
+    """docs/security.md's "Who can reach what" has one row per route the app registers (from its
+    router: marks and captions included), each naming the access the route table gives it."""
+    app = create_app(settings, engines={})
+    registered = {
+        (route.method, route.resource.canonical)
+        for route in app.router.routes()
+        if route.method not in ("HEAD", "*") and route.resource is not None
+    }
+    access = {(r.method, r.path): r.access.name for r in route_table(settings).routes}
+    text = (Path(__file__).parent.parent / "docs" / "security.md").read_text(encoding="utf-8")
+    section = text.split("## Who can reach what", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(
+        r"^\| (GET|POST|PUT|DELETE) \| `([^`]+)` \| ([^|]+) \| ([^|]+) \|$", section, re.M
+    )
+    documented = {(method, path): (who, why.strip()) for method, path, who, why in rows}
+    assert len(documented) == len(rows)  # (each route once)
+    assert set(documented) == registered
+    for route, (who, why) in documented.items():
+        assert re.match(r"`([^`]+)`", who).group(1) == access[route], route  # type: ignore[union-attr]
+        assert why, route

@@ -24,7 +24,12 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
 
     from gateway.http import keys
     from gateway.http.app import create_app, is_loopback, wait_ready
-    from gateway.http.connections import cap_connections, ops_server, runner_options
+    from gateway.http.connections import (
+        cap_connections,
+        ops_server,
+        plain_refusals,
+        runner_options,
+    )
     from gateway.http.hits import answer_repeats, lift_writelines_skip
 
     # Headers and body in one writev on uvloop where safe; fast path off: aiohttp as it ships.
@@ -60,6 +65,7 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
         probes,
         per_source=settings.max_unfinished_per_source,
     )
+    plain_refusals(runner.server)
     if app[keys.FAST_HITS]:
         answer_repeats(runner.server, app[keys.FAST_PATH])
     # A worker of `serve --workers N` shares the port with its siblings (SO_REUSEPORT); the

@@ -20,7 +20,7 @@ from gateway.http.handlers import studio_ctx
 from gateway.http.hits import FastPath
 from gateway.http.observe import RequestObserver
 from gateway.http.openapi import render
-from gateway.http.origins import add_cors
+from gateway.http.origins import add_cors, served_hosts
 from gateway.http.presentation import Presentations
 from gateway.http.requestid import RequestIds, add_request_ids
 from gateway.http.routes import route_table
@@ -203,7 +203,7 @@ def create_app(
         app,
         table.routes,
         require_json=settings.require_json_content_type,
-        allowed_hosts=frozenset(settings.allowed_hosts),
+        allowed_hosts=served_hosts(settings.allowed_hosts, settings.host),
         ids=request_ids,
     )
     return app

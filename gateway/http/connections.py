@@ -10,7 +10,8 @@ read's bound is :func:`gateway.api.parsing.read_body`'s.
 Requests aiohttp's parser refuses (a header with a control byte, an oversized line, a bad
 request line) are logged by :class:`RefusedRequests`: a warning naming the error's kind and the
 peer, at most one line per ``REFUSALS_LOGGED_EVERY_S``; never the raw line, which holds whatever
-the client sent (API keys included).
+the client sent (API keys included). Nor is it answered back: :func:`plain_refusals` gives such a
+request a fixed JSON body where aiohttp's echoed the offending line.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web import RequestHandler
 
 from gateway.errors import MisdirectedRequest, NotFound, Unavailable
-from gateway.http.errors import error_response
+from gateway.http.errors import PlainRefusals, error_response
 from gateway.http.hits import RequestFunction, wrap_requests
 from gateway.http.origins import host_of
 from gateway.runtime.settings import Settings
@@ -101,6 +102,23 @@ class RefusedRequests(logging.LoggerAdapter[logging.Logger]):
             f"; {unlogged} more refused since the last such line" if unlogged else "",
             extra={"fields": fields},
         )
+
+
+def plain_refusals(server: web.Server) -> None:
+    """Answer every connection of ``server`` with :class:`PlainRefusals`.
+
+    aiohttp's ``Server`` makes its handlers itself, with no way to choose their class; the
+    subclass adds no state (``__slots__ = ()``), so each new handler becomes one before any byte
+    is read. The fast path's handlers (:class:`gateway.http.hits.FastHandler`) are one already;
+    another class (another aiohttp's) is left as it is."""
+    made = server.connection_made
+
+    def connection_made(handler: RequestHandler, transport: asyncio.Transport) -> None:
+        if type(handler) is RequestHandler:
+            handler.__class__ = PlainRefusals
+        made(handler, transport)
+
+    server.connection_made = connection_made  # type: ignore[method-assign]
 
 
 async def write_within(

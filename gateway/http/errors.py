@@ -14,6 +14,7 @@ from typing import Annotated
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web import RequestHandler
 from pydantic import Field
 from typing_extensions import TypedDict
 
@@ -196,3 +197,32 @@ def error_response_for(request: web.Request, exc: Exception) -> web.Response:
         return web.Response(status=499, reason="Client Closed Request")
     log.error("unexpected error answering %s %s", request.method, route, exc_info=exc)
     return error_response(VoxgateError("internal error: the gateway failed to answer; see its log"))
+
+
+# The one answer to a request aiohttp's parser refuses: nothing the client sent is in it.
+MALFORMED = BadRequest(
+    "the request is not well-formed HTTP (a request line or header the parser refuses)",
+    code="malformed_request",
+)
+
+
+class PlainRefusals(RequestHandler):
+    """aiohttp's request handler with the answer to a request its parser refuses made fixed:
+    aiohttp's plain-text 400 quotes the offending line, so a header with a control byte sent
+    its API key straight back (to whoever relays or logs responses). 5xx answers are aiohttp's."""
+
+    __slots__ = ()
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        answer = super().handle_error(request, status, exc, message)  # (logs, as aiohttp does)
+        if status >= 500:
+            return answer
+        fixed = error_response(MALFORMED, status=status)
+        fixed.force_close()
+        return fixed

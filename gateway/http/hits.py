@@ -47,6 +47,7 @@ from aiohttp.web import RequestHandler
 from multidict import CIMultiDict
 from prometheus_client import Counter
 
+from gateway.http.errors import PlainRefusals
 from gateway.http.requestid import REQUEST_ID, RequestIds
 from gateway.memo import BytesMemo
 
@@ -445,10 +446,11 @@ def _one_request(data: bytes, request: web.BaseRequest) -> bool:
     return end >= 0 and len(data) - end - 4 == (request.content_length or 0)
 
 
-class FastHandler(RequestHandler):
+class FastHandler(PlainRefusals):
     """aiohttp's connection protocol, with a connection's next bytes offered to the server's
     :class:`FastPath` first where aiohttp would parse them as a new request and nothing is in
-    progress on the connection (else aiohttp's own ``data_received``)."""
+    progress on the connection (else aiohttp's own ``data_received``); a request the parser
+    refuses gets the fixed answer of :class:`PlainRefusals`."""
 
     __slots__ = ("_clean", "_fast", "_finished", "_plain", "_seen")
 

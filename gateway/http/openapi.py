@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from gateway.api.models import RequestModel
+from gateway.http.origins import served_hosts
 from gateway.http.requestid import HEADER as REQUEST_ID_HEADER
 from gateway.http.requestid import MAX_LENGTH, REQUEST_ID_PATTERN
 from gateway.http.routes import route_table
@@ -261,7 +262,7 @@ def operation(route: Route, table: RouteTable, settings: Settings) -> dict[str, 
     wrappers = wrapper_statuses(
         route,
         require_json=settings.require_json_content_type,
-        host_check=bool(settings.allowed_hosts),
+        host_check=bool(served_hosts(settings.allowed_hosts, settings.host)),
     )
     for status in (*route.common, *wrappers):
         responses.setdefault(str(status), _ref("responses", table.common[status].name))

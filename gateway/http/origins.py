@@ -10,6 +10,8 @@ with the edge's no-middleware rule (:mod:`gateway.http.edge`).
 
 from __future__ import annotations
 
+import ipaddress
+
 from aiohttp import web
 from multidict import CIMultiDictProxy
 
@@ -44,15 +46,52 @@ def host_of(request: web.Request) -> str:
     return host.rpartition(":")[0] if ":" in host else host
 
 
+# The Host names a loopback bind answers by default: what a local client (a browser at
+# http://localhost:8080, curl at 127.0.0.1) sends. A DNS-rebinding page sends its own name.
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+ANY_HOST = "*"
+# Names a 421 lists (the setting may hold many).
+LISTED_HOSTS = 8
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a listening address (``host``) is reachable from this machine only."""
+    if address.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def served_hosts(allowed_hosts: tuple[str, ...], bind: str) -> frozenset[str]:
+    """The Host names the gateway answers (empty: any). ``allowed_hosts`` when set (``*``: any);
+    unset, a loopback bind answers loopback names only and any other bind answers any name."""
+    if ANY_HOST in allowed_hosts:
+        return frozenset()
+    if allowed_hosts:
+        return frozenset(allowed_hosts)
+    if not is_loopback(bind):
+        return frozenset()
+    own = bind.strip().lower().strip("[]")
+    literal = f"[{own}]" if ":" in own else own
+    return frozenset((*LOOPBACK_HOSTS, literal))
+
+
 def host_checked(allowed: frozenset[str], handler: Handler) -> Handler:
     """``handler`` behind the Host allow-list."""
+    order = {name: i for i, name in enumerate(LOOPBACK_HOSTS)}
+    names = sorted(allowed, key=lambda n: (order.get(n, len(order)), n))
+    shown = ", ".join(names[:LISTED_HOSTS]) + (", ..." if len(names) > LISTED_HOSTS else "")
+    # The name sent is not echoed: it is whatever the client sent.
+    message = (
+        f"this gateway answers only the host names {shown}; the setting allowed_hosts "
+        f"(--allowed-hosts, VOXGATE_ALLOWED_HOSTS) lists others, or '*' for any"
+    )
 
     async def check_host(request: web.Request) -> web.StreamResponse:
         if host_of(request) not in allowed:
-            # The name is not echoed: it is whatever the client sent.
-            raise MisdirectedRequest(
-                "this gateway does not serve that host name (allowed_hosts)", code="unknown_host"
-            )
+            raise MisdirectedRequest(message, param="allowed_hosts", code="unknown_host")
         return await handler(request)
 
     check_host.__name__ = getattr(handler, "__name__", "handler")

@@ -493,7 +493,8 @@ class Settings(BaseSettings):
     preflight."""
     allowed_hosts: Annotated[Names, AfterValidator(lambda hs: tuple(h.lower() for h in hs))] = ()
     """Host names (Host header, port ignored) the gateway answers, comma-separated; another gets 421
-    (against DNS rebinding). Empty: any host."""
+    (against DNS rebinding). Empty: with a loopback host (the default) localhost, 127.0.0.1 and
+    [::1] only, with any other host any name. *: any name."""
     cors_origins: Annotated[Names, AfterValidator(_origins)] = ()
     """Origins (https://app.example) whose browser pages may call the gateway, comma-separated;
     their preflights (OPTIONS) are answered. Empty: CORS off."""

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Any
+from urllib.parse import unquote, urlsplit
 
+from synth.credentials import strip_userinfo
 from synth.engine import Audio, SynthesisItem
 from synth.providers.base import (
     AnswerReader,
@@ -30,17 +33,26 @@ class OpenAIProvider:
         # The SDK logs each request's options, text included, at DEBUG: never, whatever the
         # gateway's log level (request text is never logged).
         logging.getLogger("openai").setLevel(logging.INFO)
+        # A user:password in base_url is sent as Basic auth, as the SDK's client would: given
+        # to the client as its auth, out of the URL that the client logs on every call.
+        parts = urlsplit(config.base_url)
+        auth: Any = None
+        if parts.username is not None or parts.password is not None:
+            import httpx2
+
+            user, password = unquote(parts.username or ""), unquote(parts.password or "")
+            auth = httpx2.BasicAuth(user, password)
         self.client = openai.AsyncOpenAI(
             # A server that takes no key (a local one) is sent a placeholder it ignores: the SDK
             # refuses to start without one.
             api_key=api_key or "no-key",
-            base_url=config.base_url,
+            base_url=strip_userinfo(config.base_url),
             # The runner retries: every attempt is counted, and all of them fit in one deadline.
             max_retries=0,
             timeout=config.timeout_s,
             # The SDK's own client follows redirects: the key and the text would go wherever a
             # 3xx points, and its answer be stored as the provider's.
-            http_client=openai.DefaultAsyncHttpxClient(follow_redirects=False),
+            http_client=openai.DefaultAsyncHttpxClient(follow_redirects=False, auth=auth),
         )
 
     async def synthesize(self, item: SynthesisItem, timeout_s: float) -> Audio:
