@@ -407,6 +407,46 @@ async def test_a_clients_sockets_share_its_renditions_and_every_sentence_is_spok
     assert "never retrieved" not in caplog.text
 
 
+async def test_closing_a_socket_cancels_its_waiting_sentences(
+    gateway: GatewayFactory, settings: Settings, tmp_path: Path, counting_engine: CountingEngine
+) -> None:
+    """Two sockets of one key with a share of 2: the first one's close cancels its sentences
+    waiting for a turn (never synthesized); the second still gets all of its own."""
+    client = await gateway(
+        settings=keyed(settings, tmp_path).replace(queue_per_client=2, max_parallel_sentences=1)
+    )
+    slots = client.server.app[app_keys.STREAM_SLOTS]
+    counting_engine.release.clear()
+    first = await client.ws_connect(STREAM, headers={"X-API-Key": A_SECRET})
+    second = await client.ws_connect(STREAM, headers={"X-API-Key": A_SECRET})
+    try:
+        for n, ws in enumerate((first, second)):
+            assert (await ws.receive_json(timeout=30))["type"] == "connect"
+            for i in range(6):
+                await ws.send_json(
+                    {"type": "stream", "text": f"Socket {WORDS[n]} line {WORDS[i]}. "}
+                )
+            await ws.send_json({"type": "flush"})
+
+        # The second socket is read all along (its reader answers the server's pings).
+        async def hear() -> list[WSMsgType]:
+            return [(await second.receive(timeout=120)).type for _ in range(6)]
+
+        heard = asyncio.ensure_future(hear())
+        await until(lambda: slots.waiting("key:a") == 12, what="both sockets' sentences waiting")
+        async with asyncio.timeout(10):
+            await first.close()
+        # What the first socket had waiting is gone; at most its share was given to the engine.
+        await until(lambda: slots.waiting("key:a") <= 6 + 2, what="the first socket's cancelled")
+        counting_engine.release.set()
+        assert await heard == [WSMsgType.BINARY] * 6
+        await until(lambda: slots.waiting("key:a") == 0, what="nothing left waiting")
+        assert counting_engine.items <= 6 + 2
+    finally:
+        counting_engine.release.set()
+        await second.close()
+
+
 async def test_a_revoked_keys_sockets_are_closed_at_the_reload(
     gateway: GatewayFactory, settings: Settings, tmp_path: Path
 ) -> None:

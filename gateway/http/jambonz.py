@@ -190,6 +190,10 @@ class _Stream:
     async def close(self) -> None:
         """Cancel what is not sent yet: the backlog, the sentences being made, the sender."""
         self.backlog.clear()
+        # The queued sentences first: the sender may be held by the one it awaits (a shared
+        # synthesis finishing), and what waits behind it must not wait with it.
+        while not self.pending.empty():
+            self.pending.get_nowait().cancel()
         await cancel_and_wait(self.feeder, self.sender)
         while not self.pending.empty():
             self.pending.get_nowait().cancel()
