@@ -34,6 +34,7 @@ from gateway.runtime.ratelimit import KeyLimits
 from gateway.runtime.settings import Settings
 from gateway.runtime.workers import WORKER_INDEX_ENV
 from gateway.speech.rollout import keep_following_revisions
+from gateway.speech.streamslots import ClientSlots
 from gateway.wyoming.server import WyomingServer
 from metrics import Metrics
 from synth.cancellation import cancel_and_wait
@@ -74,6 +75,12 @@ def create_app(
     app[keys.OBSERVER] = RequestObserver(app[keys.METRICS], app[keys.ACCESS_LOG])
     app[keys.AUTH] = Authenticator(settings.api_keys_file)
     app[keys.KEYED_SOCKETS] = KeyedSockets()
+    app[keys.STREAM_SLOTS] = ClientSlots(
+        min(
+            settings.renders_per_client,
+            max(settings.queue_per_client, settings.max_parallel_sentences),
+        )
+    )
     app[keys.AUTH].on_reload.append(app[keys.KEYED_SOCKETS].rekey)
     app[keys.CORS_ORIGINS] = frozenset(settings.cors_origins)
     add_cors(app, app[keys.CORS_ORIGINS], cors_response_headers(table))

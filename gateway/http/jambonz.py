@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import json
 import logging
 from typing import NamedTuple
@@ -31,8 +32,7 @@ from gateway.http.charging import admit
 from gateway.http.delivery import client_of, serve_speech
 from gateway.runtime.settings import Settings
 from gateway.speech.caller import ask_as, caller
-from gateway.speech.request import SpeechResult
-from gateway.speech.service import SpeechService
+from gateway.speech.request import SpeechRequest, SpeechResult
 from gateway.speech.vocabulary import Vocabulary
 from synth import audio
 from synth.cancellation import cancel_and_wait
@@ -84,7 +84,7 @@ async def jambonz_stream(request: web.Request) -> web.StreamResponse:
     if opened_by is not None:
         sockets.add(ws, opened_by)
     await ws.send_json({"type": "connect", "data": {"sample_rate": rate, "base64_encoding": False}})
-    stream = _Stream(request, ws, Voice(model, voice, rate))
+    stream = _Stream(request, ws, Voice(model, voice, rate), client_of(request))
     text = TextBuffer(SentenceSplitter(), settings.max_input_chars)
     try:
         async for msg in ws:
@@ -133,9 +133,12 @@ class _Stream:
     by :data:`BACKLOG_CHARS`), then up to :data:`STREAM_AHEAD` sentences being made, sent in
     order by one task."""
 
-    def __init__(self, request: web.Request, ws: web.WebSocketResponse, voice: Voice) -> None:
+    def __init__(
+        self, request: web.Request, ws: web.WebSocketResponse, voice: Voice, client: str
+    ) -> None:
         app = request.app
         self.service, self.words = app[keys.SPEECH], app[keys.VOCABULARY]
+        self.slots, self.client = app[keys.STREAM_SLOTS], client
         self.settings = settings = app[keys.SETTINGS]
         self.voice = voice
         self.ws = ws
@@ -167,17 +170,30 @@ class _Stream:
             self.backlog_chars -= len(sentence)
             self.changed.set()
             try:
-                task = _speak(self.service, self.words, self.voice, sentence, self.settings)
+                req = _sentence_request(self.words, self.voice, sentence, self.settings)
             except VoxgateError as exc:
                 with contextlib.suppress(ConnectionError):
                     await self.ws.send_json({"error": exc.message})
                 continue
-            # A full queue waits here, while the socket's messages are still read.
-            await self.pending.put(task)
+            # Sentences past the client's share wait for a slot rather than being refused.
+            task = asyncio.create_task(
+                self.slots.run(self.client, functools.partial(self.service.speak, req))
+            )
+            task.add_done_callback(_retrieve)
+            try:
+                # A full queue waits here, while the socket's messages are still read.
+                await self.pending.put(task)
+            except asyncio.CancelledError:
+                task.cancel()
+                raise
 
     async def close(self) -> None:
         """Cancel what is not sent yet: the backlog, the sentences being made, the sender."""
         self.backlog.clear()
+        # The queued sentences first: the sender may be held by the one it awaits (a shared
+        # synthesis finishing), and what waits behind it must not wait with it.
+        while not self.pending.empty():
+            self.pending.get_nowait().cancel()
         await cancel_and_wait(self.feeder, self.sender)
         while not self.pending.empty():
             self.pending.get_nowait().cancel()
@@ -191,23 +207,29 @@ class Voice(NamedTuple):
     rate: int
 
 
-def _speak(
-    service: SpeechService, words: Vocabulary, voice: Voice, sentence: str, settings: Settings
-) -> asyncio.Task[SpeechResult]:
+def _sentence_request(
+    words: Vocabulary, voice: Voice, sentence: str, settings: Settings
+) -> SpeechRequest:
     # Each sentence is its own request (and cache entry): a repeated sentence is a hit. It is
     # plain text (a stream carries no SSML).
     handle = words.models[voice.model]
     language = handle.voice_language(voice.voice)
     mode = text_front_end(settings, handle, voice.voice)
     text = validate_text(sentence, settings, param="text", mode=mode, language=language)
-    req = build_request(
+    return build_request(
         Spoken(text),
         model=voice.model,
         voice=voice.voice,
         fmt=audio.FORMATS["pcm"],
         sample_rate=voice.rate,
     )
-    return asyncio.create_task(service.speak(req))
+
+
+def _retrieve(task: asyncio.Task[SpeechResult]) -> None:
+    """Mark a sentence's outcome as seen: a sentence cancelled, or dropped after its socket
+    broke, may have failed first, and its exception is no loop-level error."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def _send_in_order(

@@ -22,6 +22,7 @@ from gateway.runtime.hostshare import HostTable
 from gateway.runtime.ratelimit import KeyLimits
 from gateway.runtime.settings import Settings
 from gateway.speech.service import SpeechService
+from gateway.speech.streamslots import ClientSlots
 from gateway.speech.vocabulary import Vocabulary
 from gateway.wyoming.server import WyomingServer
 from metrics import Metrics
@@ -68,6 +69,8 @@ AUTH = web.AppKey("auth", Authenticator)
 LIMITS = web.AppKey("limits", KeyLimits)
 # WebSockets by the API key that opened them: a reload that removes the key closes them.
 KEYED_SOCKETS = web.AppKey("keyed_sockets", KeyedSockets)
+# Each client's streamed sentences being made at once in this process (within its shares).
+STREAM_SLOTS = web.AppKey("stream_slots", ClientSlots)
 # What the gateway processes of this host share without Redis: key budgets and queue shares.
 HOST_TABLE = web.AppKey("host_table", HostTable)
 # Origins whose browser pages may call the gateway (cors_origins; empty: CORS off).

@@ -32,6 +32,9 @@ class Caller:
 
     client: str = ""
     key: APIKey | None = None
+    # The whole text's characters were charged before its stream began: its sentences are not
+    # charged again (a refusal after the first byte could only cut the body short).
+    prepaid: bool = False
 
 
 NOBODY = Caller()
@@ -58,3 +61,9 @@ def charged_to(key: APIKey) -> Iterator[None]:
         yield
     finally:
         CALLER.reset(token)
+
+
+def prepaid() -> None:
+    """From here on (and in the tasks started from here), the running request's characters are
+    charged: its sentences' syntheses spend nothing more."""
+    CALLER.set(dataclasses.replace(CALLER.get(), prepaid=True))

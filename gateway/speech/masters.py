@@ -228,7 +228,7 @@ class Masters:
             await hold()
         if self._flight.running(mk):
             on_queued()  # joining a synthesis already queued
-        elif self.admit_synthesis is not None:
+        elif self.admit_synthesis is not None and not caller().prepaid:
             # Charged before the master's shared production starts, not inside it: a refusal
             # (429) then fails this caller's text only, never others that join the master.
             await self.admit_synthesis(len(req.text))

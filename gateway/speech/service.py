@@ -20,6 +20,7 @@ from cache.store import TieredStore
 from gateway.errors import BadRequest
 from gateway.memo import BoundedMemo
 from gateway.speech.assembly import Assembler, SpeechStream
+from gateway.speech.caller import prepaid
 from gateway.speech.ledger import Ledger, Made
 from gateway.speech.masters import Masters, ModelHandle
 from gateway.speech.quarantine import Quarantine
@@ -175,6 +176,11 @@ class SpeechService:
         if stream is False:
             made = await self.assembler.produce(req, key, rate)
         else:
+            admit = self.masters.admit_synthesis
+            if admit is not None and self.several_sentences(req):
+                # Charged whole before the first byte: a 429 can still be a status.
+                await admit(len(req.text))
+                prepaid()
             made = await self.assembler.stream(req, key, rate, whole_if_one=stream is None)
             if isinstance(made, SpeechStream):
                 self.ledger.answered(req, made.cache, produced_here=made.leader)
