@@ -30,6 +30,7 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
         plain_refusals,
         runner_options,
     )
+    from gateway.http.handlers import metrics_response
     from gateway.http.hits import answer_repeats, lift_writelines_skip
 
     # Headers and body in one writev on uvloop where safe; fast path off: aiohttp as it ships.
@@ -108,7 +109,9 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
     ops_runner = None
     if settings.ops_port:
         ops_runner = web.ServerRunner(
-            ops_server(app, settings, probes), handle_signals=False, shutdown_timeout=1.0
+            ops_server(app, settings, probes, metrics_response),
+            handle_signals=False,
+            shutdown_timeout=1.0,
         )
         await ops_runner.setup()
     try:

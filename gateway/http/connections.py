@@ -21,7 +21,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -286,15 +286,18 @@ def cap_connections(
 OPS_PATHS = frozenset({"/metrics"})
 
 
-def ops_server(app: web.Application, settings: Settings, probes: frozenset[str]) -> web.Server:
+def ops_server(
+    app: web.Application,
+    settings: Settings,
+    probes: frozenset[str],
+    metrics_response: Callable[[web.Application], Awaitable[web.Response]],
+) -> web.Server:
     """The ops listener's server (``ops_port``): ``GET`` of the probes and ``/metrics``, answered
     by ``app`` exactly as on the serving port (the same middlewares: Host check, keys), anything
     else 404. It has a listening socket, a backlog and a loop callback of its own, outside the
     serving port's connection cap, so no flood of the serving port reaches the kubelet's probes
-    or Prometheus. As :meth:`web.Application._make_handler` builds the app's own server."""
-    # (Here, not at the top: the handlers' modules import this one.)
-    from gateway.http.handlers import metrics_response
-
+    or Prometheus. As :meth:`web.Application._make_handler` builds the app's own server.
+    ``metrics_response`` is the handlers' (passed in: their modules import this one)."""
     paths = probes | OPS_PATHS
     allowed = frozenset(settings.allowed_hosts)
     # The serving port's /metrics needs a key when keys are on (gateway.http.routes); here it
