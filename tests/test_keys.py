@@ -104,13 +104,9 @@ async def test_admin_routes_listings_and_metrics(gateway: GatewayFactory, keyed:
     assert (await http.get("/v1/models")).status == 401
     for secret in (SPEAK_SECRET, READ_SECRET, ADMIN_SECRET):
         assert (await http.get("/v1/models", headers={"X-API-Key": secret})).status == 200
-    assert (await http.get("/metrics")).status == 200  # open unless metrics_auth
-
-
-async def test_metrics_auth_makes_metrics_admin(gateway: GatewayFactory, keyed: Settings) -> None:
-    http = await gateway(settings=keyed.replace(metrics_auth=True))
+    # With keys on, metrics need a key of the admin (or metrics) scope on the serving port.
     assert (await http.get("/metrics")).status == 401
-    assert (await http.get("/metrics", headers={"X-API-Key": SPEAK_SECRET})).status == 403
+    assert (await http.get("/metrics", headers=speak)).status == 403
     assert (await http.get("/metrics", headers={"X-API-Key": ADMIN_SECRET})).status == 200
 
 

@@ -202,7 +202,7 @@ async def test_a_key_past_its_pin_quota_pins_nothing_and_another_key_has_its_own
     again = await (await http.post("/v1/prompts", json=SMALL, headers=OPS2)).json()
     assert again["summary"]["pinned_bytes"] == 0 and again["summary"]["pinned_entries"] == 4
     assert (await registry.usage()).owners == {"ops": charged, "ops2": needed}
-    text = await (await http.get("/metrics")).text()
+    text = await (await http.get("/metrics", headers=OPS)).text()
     assert metric(text, "voxgate_pinned_bytes", key="ops") == charged
     assert metric(text, "voxgate_pinned_bytes", key="ops2") == needed
     assert metric(text, "voxgate_pinned_quota_bytes", scope="per_key") == 2 * MIB

@@ -541,11 +541,9 @@ def route_table(settings: Settings) -> RouteTable:
             "GET",
             "/metrics",
             metrics_handler,
-            # With keys on and an ops listener, metrics are open only there (where the
-            # orchestrator and Prometheus reach): on the serving port they need a key.
-            METRICS
-            if settings.metrics_auth or (settings.ops_port and settings.api_keys_file)
-            else OPEN,
+            # With keys on, the serving port's metrics need a key; a keyless scrape lives on
+            # the ops listener (ops_port), open there unless metrics_auth.
+            METRICS if settings.metrics_auth or settings.api_keys_file else OPEN,
             tag="operations",
             summary="Prometheus metrics (text exposition format)",
             answers={200: Answer("Metrics.", {"text/plain": TEXT})},

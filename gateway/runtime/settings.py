@@ -210,7 +210,7 @@ class Settings(BaseSettings):
     """TCP port of the ops listener: GET /healthz, /readyz and /metrics only (anything else 404),
     outside max_connections, so probes and scrapes are answered under any flood of the serving
     port; the shipped Kubernetes, compose and Prometheus configs use it. /metrics there is open
-    unless metrics_auth; with API keys on, the serving port's /metrics then needs a key. 0: off
+    unless metrics_auth (the serving port's /metrics needs a key whenever API keys are on). 0: off
     (the probes answer on the serving port only)."""
     ops_host: str = ""
     """Address the ops listener listens on (empty: the same as host)."""
@@ -499,8 +499,9 @@ class Settings(BaseSettings):
     """Origins (https://app.example) whose browser pages may call the gateway, comma-separated;
     their preflights (OPTIONS) are answered. Empty: CORS off."""
     metrics_auth: bool = False
-    """With API keys on, GET /metrics needs a key with the admin or metrics scope (off: it is open,
-    like /healthz)."""
+    """With API keys on, GET /metrics on the ops listener (ops_port) needs a key with the admin or
+    metrics scope too. On the serving port it needs one whenever API keys are on; without keys it
+    is open, like /healthz."""
 
     @field_validator("*", mode="before")
     @classmethod
