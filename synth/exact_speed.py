@@ -18,12 +18,36 @@ from __future__ import annotations
 
 import functools
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-Buffer = bytes | memoryview
+from synth.onnx_wire import (
+    ATTR_INT,
+    ATTR_NAME,
+    ATTR_TYPE,
+    ATTRIBUTE_INT,
+    DOUBLE,
+    FLOAT,
+    GRAPH_INPUT,
+    GRAPH_NODE,
+    GRAPH_OUTPUT,
+    INT64,
+    MODEL_GRAPH,
+    NODE_INPUT,
+    NODE_OP_TYPE,
+    NODE_OUTPUT,
+    field_value,
+    fields,
+    int_field,
+    ld,
+    node_field,
+    strings,
+    tensor_attribute,
+    tensor_info,
+    with_graph,
+)
 
 SPEED_INPUT = "speed"
 _PREFIX = "voxgate_speed/"
@@ -33,12 +57,6 @@ RESCALED_DURATIONS = _PREFIX + "durations"
 # cached graphs. Audio made by a rule before it ("exact": a phoneme could get no frame) differs.
 SPEED_RULE = "exact-phonemes"
 
-# Protobuf field numbers of the ONNX messages used (onnx/onnx.proto).
-_MODEL_GRAPH = 7
-_GRAPH_NODE, _GRAPH_INPUT, _GRAPH_OUTPUT = 1, 11, 12
-_NODE_INPUT, _NODE_OUTPUT, _NODE_NAME, _NODE_OP_TYPE, _NODE_ATTRIBUTE = 1, 2, 3, 4, 5
-_FLOAT, _INT64, _DOUBLE = 1, 7, 11  # TensorProto.DataType
-_ATTRIBUTE_INT, _ATTRIBUTE_TENSOR = 2, 4  # AttributeProto.AttributeType
 # Below any share of a frame that matters: keeps a division by no room at all finite.
 _EPS = 1e-6
 # The graph's input of phoneme ids (Piper's and Coqui's VITS exports name it so).
@@ -47,84 +65,6 @@ IDS_INPUT = "input"
 
 class NotAVitsGraph(ValueError):
     """The model's graph has not exactly one ``Ceil`` (the VITS durations' rounding)."""
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _read_varint(data: Buffer, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-
-
-def _fields(data: Buffer) -> Iterator[tuple[int, int, Buffer]]:
-    """``(field number, wire type, raw bytes of the whole field, tag included)`` in order: slices
-    of ``data`` (views, where ``data`` is a memoryview: a graph's weights are not copied)."""
-    pos = 0
-    while pos < len(data):
-        start = pos
-        tag, pos = _read_varint(data, pos)
-        number, wire = tag >> 3, tag & 7
-        if wire == 0:
-            _, pos = _read_varint(data, pos)
-        elif wire == 1:
-            pos += 8
-        elif wire == 2:
-            length, pos = _read_varint(data, pos)
-            pos += length
-        elif wire == 5:
-            pos += 4
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wire}")
-        if pos > len(data):
-            raise ValueError("truncated protobuf message")
-        yield number, wire, data[start:pos]
-
-
-def _payload(raw: Buffer) -> Buffer:
-    """The value of a length-delimited field (``raw`` includes its tag)."""
-    _, pos = _read_varint(raw, 0)
-    _, pos = _read_varint(raw, pos)
-    return raw[pos:]
-
-
-def _ld(number: int, payload: Buffer) -> bytes:
-    """A length-delimited field."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + bytes(payload)
-
-
-def _int(number: int, value: int) -> bytes:
-    return _varint(number << 3) + _varint(value)
-
-
-def _strings(node: Buffer, number: int) -> list[str]:
-    return [bytes(_payload(raw)).decode() for n, w, raw in _fields(node) if n == number and w == 2]
-
-
-def _node(op: str, inputs: list[str], outputs: list[str], attribute: bytes = b"") -> bytes:
-    body = b"".join(_ld(_NODE_INPUT, i.encode()) for i in inputs)
-    body += b"".join(_ld(_NODE_OUTPUT, o.encode()) for o in outputs)
-    body += _ld(_NODE_NAME, (_PREFIX + outputs[0]).encode()) + _ld(_NODE_OP_TYPE, op.encode())
-    return _ld(_GRAPH_NODE, body + (_ld(_NODE_ATTRIBUTE, attribute) if attribute else b""))
-
-
-def _speed_input() -> bytes:
-    """ValueInfoProto ``speed``: float tensor of shape [1]."""
-    dim = _ld(1, _int(1, 1))  # TensorShapeProto.dim { dim_value: 1 }
-    tensor = _int(1, _FLOAT) + _ld(2, dim)  # TypeProto.Tensor { elem_type, shape }
-    return _ld(_GRAPH_INPUT, _ld(1, SPEED_INPUT.encode()) + _ld(2, _ld(1, tensor)))
 
 
 class _Builder:
@@ -138,18 +78,20 @@ class _Builder:
         if out is None:
             self._count += 1
             out = f"{_PREFIX}{op.lower()}{self._count}"
-        self.nodes.append(_node(op, list(inputs), [out], attribute))
+        self.nodes.append(node_field(op, inputs, [out], _PREFIX + out, attribute))
         return out
 
     def constant(self, data_type: int, raw: bytes, dims: Sequence[int] = ()) -> str:
-        tensor = b"".join(_int(1, d) for d in dims) + _int(2, data_type) + _ld(9, raw)
-        attribute = _ld(1, b"value") + _ld(5, tensor) + _int(20, _ATTRIBUTE_TENSOR)
-        return self.add("Constant", attribute=attribute)
+        return self.add("Constant", attribute=tensor_attribute(data_type, raw, dims))
 
 
 def _attribute_int(name: str, value: int) -> bytes:
     """AttributeProto ``name`` of type INT (negative values as protobuf's 64-bit two's complement)."""
-    return _ld(1, name.encode()) + _int(3, value & (1 << 64) - 1) + _int(20, _ATTRIBUTE_INT)
+    return (
+        ld(ATTR_NAME, name.encode())
+        + int_field(ATTR_INT, value & (1 << 64) - 1)
+        + int_field(ATTR_TYPE, ATTRIBUTE_INT)
+    )
 
 
 def _rescale_nodes(w: str, ids: str, blank_id: int | None, out: str) -> bytes:
@@ -157,12 +99,12 @@ def _rescale_nodes(w: str, ids: str, blank_id: int | None, out: str) -> bytes:
     before rounding up; ``[batch, 1, ids]``) and the input ``ids`` (``[batch, ids]``):
     :func:`rescaled_durations`, op for op."""
     g = _Builder()
-    i64 = functools.partial(g.constant, _INT64, dims=[1])
-    axis = g.constant(_INT64, struct.pack("<q", -1))
+    i64 = functools.partial(g.constant, INT64, dims=[1])
+    axis = g.constant(INT64, struct.pack("<q", -1))
     # Slice's starts, ends and axes: the last axis, its first id, the second, and the end.
     last, zero, one, end = (i64(struct.pack("<q", v)) for v in (-1, 0, 1, 2**63 - 1))
-    f32 = functools.partial(g.constant, _FLOAT)
-    half = g.constant(_DOUBLE, struct.pack("<d", 0.5))
+    f32 = functools.partial(g.constant, FLOAT)
+    half = g.constant(DOUBLE, struct.pack("<d", 0.5))
     concat = _attribute_int("axis", -1)
 
     def zeros(x: str) -> str:
@@ -183,16 +125,16 @@ def _rescale_nodes(w: str, ids: str, blank_id: int | None, out: str) -> bytes:
     heard = g.add(
         "Cast",
         g.add("Greater", frames, f32(struct.pack("<f", 0.0))),
-        attribute=_attribute_int("to", _FLOAT),
+        attribute=_attribute_int("to", FLOAT),
     )
     if blank_id is None:
         least = heard
         v = g.add("Max", u, least)
     else:
-        is_blank = g.add("Equal", ids, g.constant(_INT64, struct.pack("<q", blank_id)))
+        is_blank = g.add("Equal", ids, g.constant(INT64, struct.pack("<q", blank_id)))
         blank = g.add(
             "Reshape",
-            g.add("Cast", is_blank, attribute=_attribute_int("to", _FLOAT)),
+            g.add("Cast", is_blank, attribute=_attribute_int("to", FLOAT)),
             g.add("Shape", frames),
         )
         least = g.add("Sub", heard, g.add("Mul", heard, blank))
@@ -215,9 +157,9 @@ def _rescale_nodes(w: str, ids: str, blank_id: int | None, out: str) -> bytes:
     squeezed = g.add("Sub", v, g.add("Mul", slack, share))
     overflow = g.add("Relu", g.add("Sub", excess, room))
     kept = g.add("Sub", whole, g.add("Div", overflow, g.add("Max", total(squeezed), eps)))
-    scaled = g.add("Cast", g.add("Mul", squeezed, kept), attribute=_attribute_int("to", _DOUBLE))
+    scaled = g.add("Cast", g.add("Mul", squeezed, kept), attribute=_attribute_int("to", DOUBLE))
     ends = g.add("Floor", g.add("Add", g.add("CumSum", scaled, axis), half))
-    steps = g.add("Cast", g.add("Sub", ends, earlier(ends)), attribute=_attribute_int("to", _FLOAT))
+    steps = g.add("Cast", g.add("Sub", ends, earlier(ends)), attribute=_attribute_int("to", FLOAT))
     g.add("Max", steps, g.add("Floor", g.add("Mul", least, kept)), out=out)
     return b"".join(g.nodes)
 
@@ -241,22 +183,22 @@ def rescaled_graph(
     ``ValueError`` where it already has a ``speed`` input.
     """
     view = memoryview(model)
-    graph_raw = [raw for n, w, raw in _fields(view) if n == _MODEL_GRAPH and w == 2]
+    graph_raw = [raw for n, w, raw in fields(view) if n == MODEL_GRAPH and w == 2]
     if len(graph_raw) != 1:
         raise NotAVitsGraph("the model has no graph")
-    graph = _payload(graph_raw[0])
-    fields = list(_fields(graph))
+    graph = field_value(graph_raw[0])
+    parts = list(fields(graph))
     # Only a node whose bytes hold the op type field ``Ceil`` is parsed (the rest are thousands).
-    ceil_field = _ld(_NODE_OP_TYPE, b"Ceil")
+    ceil_field = ld(NODE_OP_TYPE, b"Ceil")
     ceils = []
     inputs = set()
-    for i, (n, _wire, raw) in enumerate(fields):
-        if n == _GRAPH_NODE:
-            node = _payload(raw)
-            if ceil_field in bytes(node) and _strings(node, _NODE_OP_TYPE) == ["Ceil"]:
+    for i, (n, _wire, raw) in enumerate(parts):
+        if n == GRAPH_NODE:
+            node = field_value(raw)
+            if ceil_field in bytes(node) and strings(node, NODE_OP_TYPE) == ["Ceil"]:
                 ceils.append((i, node))
-        elif n == _GRAPH_INPUT:
-            inputs.update(_strings(_payload(raw), 1))
+        elif n == GRAPH_INPUT:
+            inputs.update(strings(field_value(raw), 1))
     if SPEED_INPUT in inputs:
         raise ValueError("the graph already has a speed input")
     if blank_id is not None and IDS_INPUT not in inputs:
@@ -264,30 +206,23 @@ def rescaled_graph(
     if len(ceils) != 1:
         raise NotAVitsGraph(f"expected one Ceil (the durations' rounding), found {len(ceils)}")
     at, ceil = ceils[0]
-    (w,) = _strings(ceil, _NODE_INPUT)
+    (w,) = strings(ceil, NODE_INPUT)
     rescaled = RESCALED_DURATIONS
     new_ceil = b"".join(
-        _ld(_NODE_INPUT, rescaled.encode()) if n == _NODE_INPUT else bytes(raw)
-        for n, _, raw in _fields(ceil)
+        ld(NODE_INPUT, rescaled.encode()) if n == NODE_INPUT else bytes(raw)
+        for n, _, raw in fields(ceil)
     )
-    added = _rescale_nodes(w, IDS_INPUT, blank_id, rescaled) + _ld(_GRAPH_NODE, new_ceil)
-    tail = _speed_input()
+    added = _rescale_nodes(w, IDS_INPUT, blank_id, rescaled) + ld(GRAPH_NODE, new_ceil)
+    # The input ``speed``: a float tensor of shape [1] (a ``dim`` of ``dim_value`` 1).
+    tail = ld(GRAPH_INPUT, tensor_info(SPEED_INPUT, FLOAT, ld(1, int_field(1, 1))))
     if durations_output:
-        (frames,) = _strings(ceil, _NODE_OUTPUT)
-        outputs = [_strings(_payload(raw), 1) for n, w, raw in fields if n == _GRAPH_OUTPUT]
+        (frames,) = strings(ceil, NODE_OUTPUT)
+        outputs = [strings(field_value(raw), 1) for n, w, raw in parts if n == GRAPH_OUTPUT]
         if [frames] not in outputs:
-            tail += _ld(_GRAPH_OUTPUT, _ld(1, frames.encode()))  # ValueInfoProto { name }
-    # The model is written once, into one buffer: its weights are copied once (tens of MB).
-    size = sum(len(raw) for _, _, raw in fields) - len(fields[at][2]) + len(added) + len(tail)
-    out = bytearray()
-    for n, wire, raw in _fields(view):
-        if not (n == _MODEL_GRAPH and wire == 2):
-            out += raw
-    out += _varint(_MODEL_GRAPH << 3 | 2) + _varint(size)
-    for i, (_, _, raw) in enumerate(fields):
-        out += added if i == at else raw
-    out += tail
-    return bytes(out)
+            tail += ld(GRAPH_OUTPUT, ld(1, frames.encode()))  # ValueInfoProto { name }
+    return with_graph(
+        view, [*(added if i == at else raw for i, (_, _, raw) in enumerate(parts)), tail]
+    )
 
 
 def rescaled_durations(frames: Any, speed: float, blank: Any = None) -> Any:

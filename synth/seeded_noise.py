@@ -39,6 +39,30 @@ import numpy as np
 
 from synth.engine import ParamValue, SynthesisItem
 from synth.errors import EngineError
+from synth.onnx_wire import (
+    ATTR_FLOAT,
+    ATTR_INT,
+    ATTR_NAME,
+    GRAPH_INPUT,
+    GRAPH_NODE,
+    GRAPH_OUTPUT,
+    INT64,
+    MODEL_GRAPH,
+    NODE_ATTRIBUTE,
+    NODE_INPUT,
+    NODE_OP_TYPE,
+    NODE_OUTPUT,
+    Buffer,
+    field_value,
+    fields,
+    ld,
+    node_field,
+    read_varint,
+    strings,
+    tensor_attribute,
+    tensor_info,
+    with_graph,
+)
 
 log = logging.getLogger("voxgate.synth.noise")
 
@@ -48,15 +72,6 @@ PREFIX = "voxgate_noise/"
 _MARGIN = 1.25
 _MAX_RUNS = 4
 
-Buffer = bytes | memoryview
-
-# Protobuf field numbers of the ONNX messages used (onnx/onnx.proto).
-_MODEL_GRAPH = 7
-_GRAPH_NODE, _GRAPH_INPUT, _GRAPH_OUTPUT = 1, 11, 12
-_NODE_INPUT, _NODE_OUTPUT, _NODE_NAME, _NODE_OP_TYPE, _NODE_ATTRIBUTE = 1, 2, 3, 4, 5
-_ATTR_NAME, _ATTR_FLOAT, _ATTR_INT, _ATTR_TENSOR, _ATTR_TYPE = 1, 2, 3, 5, 20
-_TENSOR_TYPE = 4  # AttributeProto.AttributeType.TENSOR
-_INT64 = 7
 # TensorProto.DataType of a RandomNormalLike's ``dtype`` -> the values fed for it.
 _DTYPES: dict[int, Any] = {1: np.float32, 10: np.float16, 11: np.float64}
 _RANDOM_OPS = ("RandomNormal", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli")
@@ -85,87 +100,12 @@ def noise_seed(fingerprint: str, item: SynthesisItem, params: Mapping[str, Param
 # ---- the graph rewrite ---------------------------------------------------------------------
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _read_varint(data: Buffer, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-
-
-def _fields(data: Buffer) -> Iterator[tuple[int, int, Buffer]]:
-    """``(field number, wire type, raw field with its tag)``: slices of ``data``."""
-    pos = 0
-    while pos < len(data):
-        start = pos
-        tag, pos = _read_varint(data, pos)
-        number, wire = tag >> 3, tag & 7
-        if wire == 0:
-            _, pos = _read_varint(data, pos)
-        elif wire == 1:
-            pos += 8
-        elif wire == 2:
-            length, pos = _read_varint(data, pos)
-            pos += length
-        elif wire == 5:
-            pos += 4
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wire}")
-        if pos > len(data):
-            raise ValueError("truncated protobuf message")
-        yield number, wire, data[start:pos]
-
-
-def _value(raw: Buffer) -> Buffer:
-    """A field's value without its tag (and, length-delimited, without its length)."""
-    tag, pos = _read_varint(raw, 0)
-    if tag & 7 == 2:
-        _, pos = _read_varint(raw, pos)
-    return raw[pos:]
-
-
-def _ld(number: int, payload: Buffer) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + bytes(payload)
-
-
-def _int(number: int, value: int) -> bytes:
-    return _varint(number << 3) + _varint(value)
-
-
-def _strings(message: Buffer, number: int) -> list[str]:
-    return [bytes(_value(raw)).decode() for n, w, raw in _fields(message) if n == number and w == 2]
-
-
 def _node(op: str, inputs: Sequence[str], output: str, attribute: bytes = b"") -> bytes:
-    body = b"".join(_ld(_NODE_INPUT, i.encode()) for i in inputs)
-    body += _ld(_NODE_OUTPUT, output.encode()) + _ld(_NODE_NAME, (PREFIX + output).encode())
-    body += _ld(_NODE_OP_TYPE, op.encode())
-    return _ld(_GRAPH_NODE, body + (_ld(_NODE_ATTRIBUTE, attribute) if attribute else b""))
+    return node_field(op, inputs, [output], PREFIX + output, attribute)
 
 
 def _int64_constant(name: str, value: int) -> bytes:
-    tensor = _int(2, _INT64) + _ld(9, struct.pack("<q", value))  # data_type, raw_data (scalar)
-    attribute = _ld(_ATTR_NAME, b"value") + _ld(_ATTR_TENSOR, tensor)
-    return _node("Constant", [], name, attribute + _int(_ATTR_TYPE, _TENSOR_TYPE))
-
-
-def _value_info(name: str, elem_type: int, dim_param: str | None) -> bytes:
-    """ValueInfoProto: a tensor of ``elem_type``, 1-D of ``dim_param`` or a scalar."""
-    dims = _ld(1, _ld(2, dim_param.encode())) if dim_param else b""
-    tensor = _int(1, elem_type) + _ld(2, dims)  # TypeProto.Tensor { elem_type, shape }
-    return _ld(1, name.encode()) + _ld(2, _ld(1, tensor))
+    return _node("Constant", [], name, tensor_attribute(INT64, struct.pack("<q", value)))
 
 
 @dataclass(frozen=True)
@@ -183,19 +123,19 @@ class NoiseInput:
 
 def _attributes(node: Buffer) -> dict[str, float]:
     out: dict[str, float] = {}
-    for n, _, raw in _fields(node):
-        if n != _NODE_ATTRIBUTE:
+    for n, _, raw in fields(node):
+        if n != NODE_ATTRIBUTE:
             continue
-        attribute = _value(raw)
+        attribute = field_value(raw)
         name = ""
         value = 0.0
-        for an, wire, araw in _fields(attribute):
-            if an == _ATTR_NAME:
-                name = bytes(_value(araw)).decode()
-            elif an == _ATTR_FLOAT and wire == 5:
-                (value,) = struct.unpack("<f", bytes(_value(araw)))
-            elif an == _ATTR_INT and wire == 0:
-                value = float(_read_varint(araw, 1)[0])
+        for an, wire, araw in fields(attribute):
+            if an == ATTR_NAME:
+                name = bytes(field_value(araw)).decode()
+            elif an == ATTR_FLOAT and wire == 5:
+                (value,) = struct.unpack("<f", bytes(field_value(araw)))
+            elif an == ATTR_INT and wire == 0:
+                value = float(read_varint(araw, 1)[0])
         out[name] = value
     return out
 
@@ -203,8 +143,8 @@ def _attributes(node: Buffer) -> dict[str, float]:
 def _replacement(index: int, node: Buffer) -> tuple[bytes, NoiseInput, bytes, bytes]:
     """Nodes making the output of ``RandomNormalLike`` ``node`` from a flat input, that input's
     description, its ``used`` output's, and the :class:`NoiseInput`."""
-    (like,) = _strings(node, _NODE_INPUT)
-    (out,) = _strings(node, _NODE_OUTPUT)
+    (like,) = strings(node, NODE_INPUT)
+    (out,) = strings(node, NODE_OUTPUT)
     attributes = _attributes(node)
     elem = int(attributes.get("dtype", 1))
     if elem not in _DTYPES:
@@ -227,8 +167,9 @@ def _replacement(index: int, node: Buffer) -> tuple[bytes, NoiseInput, bytes, by
     noise = NoiseInput(
         feed, used, attributes.get("mean", 0.0), attributes.get("scale", 1.0), _DTYPES[elem]
     )
-    graph_input = _ld(_GRAPH_INPUT, _value_info(feed, elem, p + "count"))
-    graph_output = _ld(_GRAPH_OUTPUT, _value_info(used, _INT64, None))
+    # The values: 1-D, of a length named per input; how many were used: a scalar.
+    graph_input = ld(GRAPH_INPUT, tensor_info(feed, elem, ld(1, ld(2, (p + "count").encode()))))
+    graph_output = ld(GRAPH_OUTPUT, tensor_info(used, INT64, b""))
     return nodes, noise, graph_input, graph_output
 
 
@@ -239,24 +180,23 @@ def seeded_graph(model: bytes) -> tuple[bytes, tuple[NoiseInput, ...]]:
     random ops, or inside a subgraph) keeps it, with a warning: its addresses are not one
     sound."""
     view = memoryview(model)
-    graph_raw = [raw for n, w, raw in _fields(view) if n == _MODEL_GRAPH and w == 2]
+    graph_raw = [raw for n, w, raw in fields(view) if n == MODEL_GRAPH and w == 2]
     if len(graph_raw) != 1:
         raise ValueError("the model has no graph")
-    fields = list(_fields(_value(graph_raw[0])))
     parts: list[Buffer] = []
     inputs: list[bytes] = []
     outputs: list[bytes] = []
     noise: list[NoiseInput] = []
     others: set[str] = set()
-    for n, _, raw in fields:
+    for n, _, raw in fields(field_value(graph_raw[0])):
         op = ""
-        if n == _GRAPH_NODE:
+        if n == GRAPH_NODE:
             node = bytes(raw)
             if any(word in node for word in _RANDOM_WORDS):
-                ops = _strings(_value(node), _NODE_OP_TYPE)
+                ops = strings(field_value(node), NODE_OP_TYPE)
                 op = ops[0] if ops else ""
         if op == "RandomNormalLike":
-            nodes, source, graph_input, graph_output = _replacement(len(noise), _value(raw))
+            nodes, source, graph_input, graph_output = _replacement(len(noise), field_value(raw))
             parts.append(nodes)
             noise.append(source)
             inputs.append(graph_input)
@@ -269,11 +209,7 @@ def seeded_graph(model: bytes) -> tuple[bytes, tuple[NoiseInput, ...]]:
         log.warning("graph keeps random ops it draws itself (%s): not seeded", ", ".join(others))
     if not noise:
         return model, ()
-    parts += inputs + outputs
-    size = sum(len(part) for part in parts)
-    head = [raw for n, w, raw in _fields(view) if not (n == _MODEL_GRAPH and w == 2)]
-    tag = _varint(_MODEL_GRAPH << 3 | 2) + _varint(size)
-    return b"".join([*head, tag, *parts]), tuple(noise)
+    return with_graph(view, [*parts, *inputs, *outputs]), tuple(noise)
 
 
 # ---- running a rewritten graph -------------------------------------------------------------

@@ -142,6 +142,13 @@ def test_refusal_messages_never_echo_the_text() -> None:
         assert secret not in caught.value.message
 
 
+def test_a_refused_attribute_is_echoed_cut_short() -> None:
+    with pytest.raises(BadRequest) as caught:
+        expand(f'<speak>Hi.<break time="{"x" * 500}"/></speak>', language="en")
+    assert "<break> time 'xxx" in caught.value.message
+    assert "x" * 80 not in caught.value.message and "...'" in caught.value.message
+
+
 def test_breaks_in_a_row_stay_under_a_minute() -> None:
     six = '<break time="10s"/>' * 6
     assert expand(f"<speak>Hi.{six}</speak>", language="en")[0].pause_ms == 60_000

@@ -22,7 +22,7 @@ DATE_FORMATS = ("mdy", "dmy", "ymd", "ydm", "md", "dm", "ym", "my", "y", "m", "d
 
 # Currency symbols a prompt writes, by ISO code (num2words speaks codes).
 _SYMBOLS = {"$": "USD", "€": "EUR", "£": "GBP"}
-_MONTHS_EN = (
+MONTHS_EN = (
     "January",
     "February",
     "March",
@@ -257,7 +257,7 @@ def date(text: str, lang: str, fmt: str = "mdy") -> str:
     if not 1 <= parts.get("m", 1) <= 12 or not 1 <= parts.get("d", 1) <= 31:
         raise _bad("say-as date: month or day out of range")
     english = lang.startswith("en")
-    month = _MONTHS_EN[parts["m"] - 1] if "m" in parts and english else None
+    month = MONTHS_EN[parts["m"] - 1] if "m" in parts and english else None
     if "m" in parts and month is None:
         month = _words(parts["m"], lang)
     # English says "the fourth"; other languages mostly say the day's number ("le quatre").

@@ -17,24 +17,10 @@ from functools import lru_cache
 
 from num2words import num2words
 
-from gateway.api.normalize import MAX_NUMBER_DIGITS
+from gateway.api.normalize import MAX_NUMBER_DIGITS, MONTHS_EN
 
 _DIGIT = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
-MONTHS = (
-    "January",
-    "February",
-    "March",
-    "April",
-    "May",
-    "June",
-    "July",
-    "August",
-    "September",
-    "October",
-    "November",
-    "December",
-)
-_MONTH_RE = "|".join(MONTHS)
+_MONTH_RE = "|".join(MONTHS_EN)
 _WEEKDAYS = {
     "mon": "Monday",
     "tue": "Tuesday",
@@ -367,7 +353,7 @@ _ABBREVIATIONS = {
     "Tel": "telephone",
     "tel": "telephone",
     "Sept": "September",
-    **{month[:3]: month for month in MONTHS if month != "May"},
+    **{month[:3]: month for month in MONTHS_EN if month != "May"},
 }
 # Said with the sentence's period kept when a capital follows ("123 Main St. We open at 9").
 _ENDS_SENTENCE = _word_set("Ave Blvd Rd Ln Hwy Pkwy Ct Jr Sr Inc Ltd Corp etc St Dr approx Dept")
@@ -375,7 +361,7 @@ _TITLES = _word_set("Mr Mrs Ms Mt Ft")
 _NEEDS_NUMBER = frozenset(
     [
         *_word_set("No no Ext ext Acct acct Ref ref Apt Ste Sept approx Approx Tel tel"),
-        *(m[:3] for m in MONTHS),
+        *(m[:3] for m in MONTHS_EN),
     ]
 )
 _ABBREVIATION = re.compile(
@@ -622,7 +608,7 @@ _DATE_BEFORE = _word_set(
 
 
 def _date_words(month: int, day: int | None, year: str | None, day_first: bool = False) -> str:
-    name = MONTHS[month - 1]
+    name = MONTHS_EN[month - 1]
     if day is None:
         head = name
     elif day_first:
@@ -651,7 +637,7 @@ def _slash(match: re.Match[str], a: int, b: int) -> str:
     on_a_day = bool(before) and before[-1] in ("on", "by", "before", "after", "until", "from")
     expiry = any(w.lower() in _EXPIRY for w in near) and not on_a_day
     if expiry and 1 <= a <= 12 and len(match.group("b")) == 2:
-        return f"{MONTHS[a - 1]} {_year(2000 + b)}"  # a card's expiry, month and year
+        return f"{MONTHS_EN[a - 1]} {_year(2000 + b)}"  # a card's expiry, month and year
     date_context = any(w in _DATE_BEFORE for w in before) or following.lower() == "at"
     if date_context and _valid(a, b):
         return _date_words(a, b, None)
@@ -704,7 +690,7 @@ def _date(match: re.Match[str]) -> str:
         day = int(g("day"))
         if not 1 <= day <= 31:
             return g(0)
-        said = _date_words(MONTHS.index(g("mon")) + 1, day, None)
+        said = _date_words(MONTHS_EN.index(g("mon")) + 1, day, None)
         if g("until") and 1 <= int(g("until")) <= 31:
             said += " to " + _ordinal_words(int(g("until")))
         return f"{said}, {_year(int(g('yr')))}" if g("yr") else said
@@ -712,7 +698,7 @@ def _date(match: re.Match[str]) -> str:
         day = int(g("day2"))
         if not 1 <= day <= 31:
             return g(0)
-        said = _date_words(MONTHS.index(g("mon2")) + 1, day, g("yr2"), day_first=True)
+        said = _date_words(MONTHS_EN.index(g("mon2")) + 1, day, g("yr2"), day_first=True)
         before = _before(match.string, match.start(), 1)
         return said[4:] if before and before[0].lower() == "the" else said
     if g("mon3"):

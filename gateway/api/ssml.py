@@ -19,7 +19,7 @@ from defusedxml.ElementTree import fromstring
 
 from cache.keys import normalize_text
 from gateway.api import normalize
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, clip
 from gateway.speech.request import Segment
 
 # The first characters that make a text SSML. A startswith on the stripped text is the whole cost
@@ -80,10 +80,6 @@ def is_ssml(text: str) -> bool:
 
 def _bad(message: str, code: str = "invalid_ssml") -> BadRequest:
     return BadRequest(f"SSML: {message}", param="input", code=code)
-
-
-def _shown(value: str) -> str:
-    return repr(value if len(value) <= 24 else value[:21] + "...")
 
 
 class _Tight:
@@ -306,7 +302,7 @@ class _Expander:
         alphabet = element.get("alphabet", "ipa")
         if alphabet != "ipa":
             raise _bad(
-                f'<phoneme> alphabet {_shown(alphabet)} is not supported; use alphabet="ipa"',
+                f'<phoneme> alphabet {clip(alphabet)} is not supported; use alphabet="ipa"',
                 code="ssml_unsupported_tag",
             )
         if not self.takes_phonemes:
@@ -430,14 +426,14 @@ def _break_ms(element: ET.Element) -> int:
     if time_attr is not None:
         match = _TIME_RE.match(time_attr)
         if match is None:
-            raise _bad(f"<break> time {_shown(time_attr)}: write it as 500ms or 1.5s")
+            raise _bad(f"<break> time {clip(time_attr)}: write it as 500ms or 1.5s")
         value = float(match.group(1)) * (1000 if match.group(2) == "s" else 1)
         if value > MAX_BREAK_MS:
             raise _bad(f"<break> longer than {MAX_BREAK_MS} ms", code="ssml_break_too_long")
         return round(value)
     strength = element.get("strength", "medium")
     if strength not in BREAK_STRENGTHS:
-        raise _bad(f"<break> strength {_shown(strength)}; supported: {', '.join(BREAK_STRENGTHS)}")
+        raise _bad(f"<break> strength {clip(strength)}; supported: {', '.join(BREAK_STRENGTHS)}")
     return BREAK_STRENGTHS[strength]
 
 
@@ -459,7 +455,7 @@ def _prosody_rate(element: ET.Element, rate: float) -> float:
             factor = None
     if factor is None or not MIN_RATE <= factor <= MAX_RATE:
         raise _bad(
-            f"<prosody> rate {_shown(value)}: use x-slow..x-fast, a percentage (20%-400%) or a "
+            f"<prosody> rate {clip(value)}: use x-slow..x-fast, a percentage (20%-400%) or a "
             "multiplier (0.2-4)"
         )
     combined = round(rate * factor, 4)

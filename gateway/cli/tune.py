@@ -143,6 +143,8 @@ def write_config(path: Path, values: dict[str, int]) -> None:
     line that sets one of them is replaced in place. The result is parsed again before it
     replaces the file, so a file voxgate cannot read is never left behind.
     """
+    from gateway.speech.export import write_atomically
+
     text = path.read_text(encoding="utf-8") if path.is_file() else ""
     data = tomllib.loads(text) if text else {}
     lines = text.splitlines()
@@ -167,10 +169,7 @@ def write_config(path: Path, values: dict[str, int]) -> None:
     parsed = tomllib.loads(new_text)
     table_ = parsed["voxgate"] if in_table else parsed
     assert all(table_[k] == v for k, v in values.items()), "config rewrite lost a value"
-    tmp = path.with_name(path.name + ".tmp")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp.write_text(new_text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomically(path, new_text.encode("utf-8"))
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
