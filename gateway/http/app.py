@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import ipaddress
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -40,16 +39,6 @@ from metrics import Metrics
 from synth.cancellation import cancel_and_wait
 
 log = logging.getLogger("voxgate")
-
-
-def is_loopback(host: str) -> bool:
-    """True when ``host`` is a loopback address or ``localhost`` (reachable from this host only)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def create_app(
