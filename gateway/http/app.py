@@ -68,7 +68,8 @@ def create_app(
         min(
             settings.renders_per_client,
             max(settings.queue_per_client, settings.max_parallel_sentences),
-        )
+        ),
+        settings.batch_timeout_s,
     )
     app[keys.AUTH].on_reload.append(app[keys.KEYED_SOCKETS].rekey)
     app[keys.CORS_ORIGINS] = frozenset(settings.cors_origins)
