@@ -31,7 +31,7 @@ from aiohttp.web import RequestHandler
 from gateway.errors import MisdirectedRequest, NotFound, Unavailable
 from gateway.http.errors import PlainRefusals, error_response
 from gateway.http.hits import RequestFunction, wrap_requests
-from gateway.http.origins import host_checked, served_hosts
+from gateway.http.origins import HOST_CHECKED, host_checked, served_hosts
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 
@@ -307,12 +307,14 @@ def ops_server(
         if request.method == "GET" and open_metrics and request.path in OPS_PATHS:
             return await metrics_response(app)
         if request.method == "GET" and request.path in paths:
+            request[HOST_CHECKED] = True  # (for this listener's bind, here)
             return await app._handle(request)
         listed = ", ".join(sorted(paths))
         return error_response(NotFound(f"the ops port answers only GET of {listed}"))
 
     # The Host names its own bind answers, as the serving port's (a loopback ops_host: loopback
-    # names only, so a DNS-rebinding page cannot read /metrics through it).
+    # names only, so a DNS-rebinding page cannot read /metrics through it; an ops_host beyond
+    # loopback answers the kubelet's probes by the pod's address whatever host is).
     allowed = served_hosts(settings.allowed_hosts, settings.ops_host or settings.host)
     checked = host_checked(allowed, answer) if allowed else answer
 
