@@ -253,9 +253,20 @@ async def test_a_coalesced_waiter_keeps_the_production_going(
 # ---- each client gets a bounded share of the queue ---------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "asked", [{"stream": False}, {"stream_format": "sse"}], ids=["whole", "sse"]
+)
 async def test_one_client_cannot_fill_the_queue(
-    gateway: GatewayFactory, settings: Settings, counting_engine: CountingEngine
+    gateway: GatewayFactory,
+    settings: Settings,
+    counting_engine: CountingEngine,
+    asked: dict[str, Any],
 ) -> None:
+    """Whole answers and server-sent events alike take the client's share."""
+
+    def body(text: str) -> dict[str, Any]:
+        return speech_body(text, **asked)
+
     counting_engine.release.clear()  # every batch waits: the queue fills
     client = await gateway(settings=settings.replace(queue_per_client=2, max_parallel_sentences=1))
     scheduler = client.app[keys.SPEECH].models["piper"].scheduler

@@ -265,8 +265,43 @@ def test_a_table_cut_under_its_mapping_answers_none_until_repaired(table_path: s
     b.close()
 
 
-def _host_table_of(pid: int) -> str:
-    """The host table a `voxgate serve` supervisor made: the file its gateways hold open."""
+def replace(path: str, how: str) -> None:
+    """Take the table at ``path`` away from its mappings: ``deleted``, or ``renamed over`` by a
+    file of garbage of the table's size."""
+    if how == "deleted":
+        os.unlink(path)
+        return
+    garbage = f"{path}.new"
+    Path(garbage).write_bytes(os.urandom(os.stat(path).st_size))
+    os.replace(garbage, path)
+
+
+@pytest.mark.parametrize("how", ["deleted", "renamed over"])
+def test_a_table_replaced_under_its_mapping_is_followed_once_rebuilt(
+    table_path: str, how: str
+) -> None:
+    a, b = HostTable(table_path, 0), HostTable(table_path, 1)
+    assert a.take_share("ivr", 5) is True
+    replace(table_path, how)
+    # Nothing whole at the path yet: the old file still serves the processes that map it.
+    assert b.take_share("ivr", 5) is True and a.waiting_for("ivr") == 2
+    assert HostTable.repair(table_path, 2) is True
+    # Each process maps the rebuilt (empty) table at its next call; one started since (a
+    # gateway the supervisor restarted) counts in the same table.
+    assert a.take_share("ivr", 5) is True and b.waiting_for("ivr") == 1
+    restarted = HostTable(table_path, 1)
+    assert restarted.take_share("ivr", 5) is True
+    assert a.waiting_for("ivr") == b.waiting_for("ivr") == 2
+    assert b.hit_window("r:ivr", 1, 60, 1, 6000.0) == (True, 0.0)
+    assert restarted.hit_window("r:ivr", 1, 60, 1, 6000.5)[0] is False
+    for table in (a, b, restarted):
+        table.close()
+
+
+def _host_tables_of(pid: int) -> list[str]:
+    """What the gateway processes of a `voxgate serve` supervisor hold open as their host table
+    (a file no longer at its path reads "... (deleted)")."""
+    held = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
@@ -275,35 +310,51 @@ def _host_table_of(pid: int) -> str:
             for fd in (stat.parent / "fd").iterdir():
                 target = os.readlink(fd)
                 if "voxgate-host-" in target:
-                    return target
+                    held.append(target)
         except (OSError, IndexError, ValueError):
             continue
-    raise AssertionError("no gateway process holds a host table")
+    assert held, "no gateway process holds a host table"
+    return held
 
 
-async def test_cutting_the_table_under_the_default_topology_stops_nothing(
-    tmp_path: Path,
+@pytest.mark.parametrize("how", ["cut", "deleted", "renamed over"])
+async def test_damaging_the_table_under_the_default_topology_stops_nothing(
+    tmp_path: Path, how: str
 ) -> None:
-    """`voxgate serve` with no flags, its /dev/shm table truncated while it serves: requests
-    keep being answered (each spends the key's host-wide budget in the table) and the
-    supervisor rebuilds the table."""
+    """`voxgate serve` with no flags, its /dev/shm table truncated, deleted, or renamed over by
+    garbage of its size while it serves: requests keep being answered (each spends the key's
+    host-wide budget in the table), the supervisor rebuilds the table, and every gateway
+    process maps the rebuilt one."""
     keys = tmp_path / "keys.toml"
     keys.write_text(key_table("ivr", SECRET, ["speak", "read"], requests_per_minute=1000))
     server = DefaultServer(tmp_path / "srv", "--api-keys-file", str(keys))
     try:
         server.wait_ready()
-        path = _host_table_of(server.proc.pid)
+        held = _host_tables_of(server.proc.pid)
+        path = held[0]
         size = os.stat(path).st_size
         models = {"X-API-Key": SECRET}
         assert (await server.request("GET", "/v1/models", headers=models))[0] == 200
-        os.truncate(path, 0)
+        if how == "cut":
+            os.truncate(path, 0)
+        else:
+            replace(path, how)
         statuses = [
             (await server.request("GET", "/v1/models", headers=models))[0] for _ in range(30)
         ]
         assert statuses == [200] * 30
-        await until(lambda: os.stat(path).st_size == size, 10, "the table rebuilt")
         await until(lambda: "was damaged; rebuilt it empty" in server.logs(), 10, "a log line")
-        assert (await server.request("GET", "/v1/models", headers=models))[0] == 200
+        assert os.stat(path).st_size == size
+
+        async def all_map_the_rebuilt_table() -> bool:
+            # (each gateway follows at its next call: requests reach them all)
+            assert (await server.request("GET", "/v1/models", headers=models))[0] == 200
+            return _host_tables_of(server.proc.pid) == [path] * len(held)
+
+        for _ in range(200):
+            if await all_map_the_rebuilt_table():
+                break
+        assert _host_tables_of(server.proc.pid) == [path] * len(held)
         assert server.proc.poll() is None
         assert "Bus error" not in server.logs() and "exited with" not in server.logs()
     finally:

@@ -9,6 +9,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -45,9 +46,10 @@ def ops_url(server: DefaultServer) -> str:
     return f"http://127.0.0.1:{args[args.index('--ops-port') + 1]}"
 
 
-def status_of(url: str) -> int:
+def status_of(url: str, headers: dict[str, str] | None = None) -> int:
     try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
+        request = urllib.request.Request(url, headers=headers or {})
+        with urllib.request.urlopen(request, timeout=5) as resp:
             return int(resp.status)
     except urllib.error.HTTPError as exc:
         return exc.code
@@ -62,6 +64,30 @@ def test_the_ops_port_answers_only_probes_and_metrics(server: DefaultServer) -> 
     # With keys on, metrics are open only on the ops listener.
     assert server.get("/metrics")[0] == 401
     assert status_of(ops + "/metrics?x=1") == 200
+
+
+def test_the_ops_port_answers_only_loopback_host_names_on_a_loopback_bind(
+    server: DefaultServer,
+) -> None:
+    """A DNS-rebinding page that reaches the ops listener (bound to loopback, as the serving
+    port: no allowed_hosts) cannot read its open /metrics: its own name as Host gets 421."""
+    ops = ops_url(server)
+    for path in ("/metrics", "/healthz", "/v1/models"):
+        assert status_of(ops + path, {"Host": "rebound.attacker.example"}) == 421, path
+    assert status_of(ops + "/metrics", {"Host": "localhost"}) == 200
+
+
+def test_an_ops_listener_beyond_loopback_answers_probes_by_any_host_name(
+    tmp_path: Path,
+) -> None:
+    """The serving port on loopback (the default: loopback Host names only), the ops listener on
+    every address: the kubelet probes it by the pod's address, and is answered."""
+    served = DefaultServer(tmp_path, "--ops-port", str(free_port()), "--ops-host", "0.0.0.0")
+    with served.serving():
+        ops = ops_url(served)
+        pod = {"Host": "10.1.2.3:8081"}
+        assert [status_of(ops + p, pod) for p in ("/healthz", "/readyz", "/metrics")] == [200] * 3
+        assert status_of(served.url + "/healthz", pod) == 421  # (the serving port's bind)
 
 
 def test_probes_answer_while_the_serving_port_is_flooded(server: DefaultServer) -> None:

@@ -447,6 +447,31 @@ async def test_closing_a_socket_cancels_its_waiting_sentences(
         await second.close()
 
 
+async def test_a_sentence_whose_share_stays_full_ends_as_an_error_message(
+    gateway: GatewayFactory, settings: Settings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The key's render share held elsewhere (its socket on another gateway process of the host,
+    taken here in the host's table) for longer than batch_timeout_s: the waiting sentence ends
+    as jambonz reads a failure, an ``{"error": ...}`` message, and the socket goes on speaking
+    once the share is free."""
+    client = await gateway(
+        settings=keyed(settings, tmp_path).replace(renders_per_client=1, batch_timeout_s=1)
+    )
+    table = client.server.app[app_keys.HOST_TABLE]
+    assert table.take_share("render:key:a", 1)
+    async with client.ws_connect(STREAM, headers={"X-API-Key": A_SECRET}) as ws:
+        assert (await ws.receive_json(timeout=30))["type"] == "connect"
+        await ws.send_json({"type": "stream", "text": "Nobody hears this."})
+        await ws.send_json({"type": "flush"})
+        failed = await ws.receive_json(timeout=30)
+        assert "stayed full for 1 s (batch_timeout_s)" in failed["error"]
+        table.give_share("render:key:a")
+        await ws.send_json({"type": "stream", "text": "Now it is heard."})
+        await ws.send_json({"type": "flush"})
+        assert (await ws.receive(timeout=30)).type == WSMsgType.BINARY
+    assert "never retrieved" not in caplog.text
+
+
 async def test_a_revoked_keys_sockets_are_closed_at_the_reload(
     gateway: GatewayFactory, settings: Settings, tmp_path: Path
 ) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import tracemalloc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from aiohttp import web
 
 from metrics import Metrics
 from synth.engine import SynthesisItem
+from synth.providers import SPECS
 from synth.providers.base import (
     MAX_RETRY_AFTER_S,
     MIB,
@@ -30,15 +31,22 @@ from tests.support import CountingEngine
 from tests.upstream_support import (
     KEY_ENV,
     AnswerServer,
+    AzureServer,
+    CartesiaServer,
+    DeepgramServer,
     ElevenLabsServer,
+    GoogleServer,
     LoopbackProvider,
     OpenAISpeechServer,
+    PollyServer,
     Scripted,
     voiced,
     wav_header,
 )
 
 GREETING = "Thank you for calling."
+# The variable polly entries name for their access key id.
+ID_ENV = "VOXGATE_TEST_AWS_KEY_ID"
 
 
 class Redirector(LoopbackProvider):
@@ -77,36 +85,60 @@ async def start(
     return await gateway(engines={"piper": counting_engine, config.name: config}, **kw)
 
 
-@pytest.mark.parametrize("status", [301, 302, 307, 308])
-async def test_an_elevenlabs_redirect_is_not_followed_nor_stored(
+# Each kind that calls its provider over HTTP: its local imitation, and what its entry needs
+# beyond a base URL, a key and a voice.
+HTTP_KINDS: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
+    "openai": (OpenAISpeechServer, {"model": "gpt-4o-mini-tts"}),
+    "elevenlabs": (ElevenLabsServer, {"model": "eleven_multilingual_v2", "sample_rate": 22050}),
+    "azure": (AzureServer, {}),
+    "google": (GoogleServer, {}),
+    "deepgram": (DeepgramServer, {}),
+    "polly": (
+        PollyServer,
+        {"key_id_env": ID_ENV, "region": "us-east-1", "model": "neural", "sample_rate": 16000},
+    ),
+    "cartesia": (CartesiaServer, {"model": "sonic-2"}),
+}
+
+
+def test_every_http_kind_is_tried_with_a_redirect() -> None:
+    assert set(HTTP_KINDS) == {kind for kind, spec in SPECS.items() if spec.scheme == "http"}
+
+
+@pytest.mark.parametrize("kind", sorted(HTTP_KINDS))
+async def test_a_redirect_is_not_followed_nor_stored(
     gateway: GatewayFactory,
     counting_engine: CountingEngine,
     monkeypatch: pytest.MonkeyPatch,
     metrics: Metrics,
-    status: int,
+    kind: str,
 ) -> None:
     """As found: a 307 from the ElevenLabs host sent ``xi-api-key`` and the text to the
-    redirect target, and the target's answer was cached. Now the target is never asked, the
-    client hears a 502 naming the redirect, and nothing is stored (the next request asks the
-    provider again)."""
-    elsewhere = await ElevenLabsServer().start()
-    redirector = await Redirector(elsewhere.url, status).start()
-    monkeypatch.setenv("VOXGATE_TEST_XI_KEY", elsewhere.api_key)
+    redirect target, and the target's answer was cached (the openai SDK's own HTTP client
+    follows redirects too, unless told otherwise). Now, for every kind and every redirect
+    status, the target is never asked, the client hears a 502 naming the redirect, and nothing
+    is stored (the next request asks the provider again)."""
+    make, extra = HTTP_KINDS[kind]
+    elsewhere = await make().start()
+    redirector = await Redirector(f"http://127.0.0.1:{elsewhere.port}").start()
+    monkeypatch.setenv(KEY_ENV, elsewhere.api_key)
+    monkeypatch.setenv(ID_ENV, getattr(elsewhere, "key_id", ""))
     voice = elsewhere.voices[0]
     try:
         config = UpstreamConfig(
-            name="eleven",
-            kind="elevenlabs",
-            base_url=redirector.url,
-            api_key_env="VOXGATE_TEST_XI_KEY",
-            model="eleven_multilingual_v2",
+            name=kind,
+            kind=kind,  # type: ignore[arg-type]
+            base_url=elsewhere.url.replace(str(elsewhere.port), str(redirector.port)),
+            api_key_env=KEY_ENV,
             voices=(voice,),
-            sample_rate=22050,
             timeout_s=5,
+            **extra,
         )
         client = await start(gateway, counting_engine, config, metrics=metrics)
-        body = {"model": "eleven", "input": GREETING, "voice": voice, "response_format": "wav"}
-        for _ in range(2):
+        body = {"model": kind, "input": GREETING, "voice": voice, "response_format": "wav"}
+        statuses = (301, 302, 307, 308)
+        for status in statuses:
+            redirector.status = status
             r = await client.post("/v1/audio/speech", json=body)
             assert r.status == 502, await r.text()
             message = (await r.json())["error"]["message"]
@@ -114,36 +146,11 @@ async def test_an_elevenlabs_redirect_is_not_followed_nor_stored(
             assert elsewhere.api_key not in message
         assert elsewhere.calls == 0
         # Not retried (the next try is redirected too), and not stored: each request asks.
-        assert redirector.calls == 2
-        assert value(metrics, "voxgate_upstream_errors_total", upstream="eleven", kind="server")
+        assert redirector.calls == len(statuses)
+        assert value(metrics, "voxgate_upstream_errors_total", upstream=kind, kind="server")
     finally:
         await redirector.stop()
         await elsewhere.stop()
-
-
-async def test_an_openai_kind_redirect_is_not_followed(
-    gateway: GatewayFactory, counting_engine: CountingEngine, provider: OpenAISpeechServer
-) -> None:
-    """The openai SDK's own HTTP client follows redirects unless told otherwise."""
-    redirector = await Redirector(f"http://127.0.0.1:{provider.port}").start()
-    try:
-        config = UpstreamConfig(
-            name="openai",
-            kind="openai",
-            base_url=f"{redirector.url}/v1",
-            api_key_env=KEY_ENV,
-            model="gpt-4o-mini-tts",
-            voices=("alloy",),
-            timeout_s=5,
-        )
-        client = await start(gateway, counting_engine, config)
-        body = {"model": "openai", "input": GREETING, "voice": "alloy", "response_format": "wav"}
-        r = await client.post("/v1/audio/speech", json=body)
-        assert r.status == 502, await r.text()
-        assert "redirect (307)" in (await r.json())["error"]["message"]
-        assert provider.calls == 0 and redirector.calls == 1
-    finally:
-        await redirector.stop()
 
 
 @pytest.mark.parametrize(

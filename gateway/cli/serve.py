@@ -23,7 +23,7 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
     from aiohttp import web
 
     from gateway.http import keys
-    from gateway.http.app import create_app, is_loopback, wait_ready
+    from gateway.http.app import create_app, wait_ready
     from gateway.http.connections import (
         cap_connections,
         ops_server,
@@ -32,6 +32,7 @@ async def _serve(settings: Settings, worker_of: int | None = None) -> None:
     )
     from gateway.http.handlers import metrics_response
     from gateway.http.hits import answer_repeats, lift_writelines_skip
+    from gateway.http.origins import is_loopback
 
     # Headers and body in one writev on uvloop where safe; fast path off: aiohttp as it ships.
     if settings.fast_path:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import ipaddress
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -42,16 +41,6 @@ from synth.cancellation import cancel_and_wait
 log = logging.getLogger("voxgate")
 
 
-def is_loopback(host: str) -> bool:
-    """True when ``host`` is a loopback address or ``localhost`` (reachable from this host only)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def create_app(
     settings: Settings,
     *,
@@ -79,7 +68,8 @@ def create_app(
         min(
             settings.renders_per_client,
             max(settings.queue_per_client, settings.max_parallel_sentences),
-        )
+        ),
+        settings.batch_timeout_s,
     )
     app[keys.AUTH].on_reload.append(app[keys.KEYED_SOCKETS].rekey)
     app[keys.CORS_ORIGINS] = frozenset(settings.cors_origins)

@@ -31,7 +31,7 @@ from aiohttp.web import RequestHandler
 from gateway.errors import MisdirectedRequest, NotFound, Unavailable
 from gateway.http.errors import PlainRefusals, error_response
 from gateway.http.hits import RequestFunction, wrap_requests
-from gateway.http.origins import host_of
+from gateway.http.origins import HOST_CHECKED, host_checked, served_hosts
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 
@@ -299,25 +299,30 @@ def ops_server(
     or Prometheus. As :meth:`web.Application._make_handler` builds the app's own server.
     ``metrics_response`` is the handlers' (passed in: their modules import this one)."""
     paths = probes | OPS_PATHS
-    allowed = frozenset(settings.allowed_hosts)
     # The serving port's /metrics needs a key when keys are on (gateway.http.routes); here it
     # is open unless metrics_auth says otherwise.
     open_metrics = not settings.metrics_auth
 
-    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+    async def answer(request: web.Request) -> web.StreamResponse:
         if request.method == "GET" and open_metrics and request.path in OPS_PATHS:
-            if allowed and host_of(request) not in allowed:  # type: ignore[arg-type]
-                return error_response(
-                    MisdirectedRequest(
-                        "this gateway does not serve that host name (allowed_hosts)",
-                        code="unknown_host",
-                    )
-                )
             return await metrics_response(app)
         if request.method == "GET" and request.path in paths:
-            return await app._handle(request)  # type: ignore[arg-type]
+            request[HOST_CHECKED] = True  # (for this listener's bind, here)
+            return await app._handle(request)
         listed = ", ".join(sorted(paths))
         return error_response(NotFound(f"the ops port answers only GET of {listed}"))
+
+    # The Host names its own bind answers, as the serving port's (a loopback ops_host: loopback
+    # names only, so a DNS-rebinding page cannot read /metrics through it; an ops_host beyond
+    # loopback answers the kubelet's probes by the pod's address whatever host is).
+    allowed = served_hosts(settings.allowed_hosts, settings.ops_host or settings.host)
+    checked = host_checked(allowed, answer) if allowed else answer
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        try:
+            return await checked(request)  # type: ignore[arg-type]
+        except MisdirectedRequest as exc:
+            return error_response(exc)
 
     return web.Server(
         handle,

@@ -118,12 +118,13 @@ async def serve_speech(
                 fast.remember(request, _again(service, app[keys.OBSERVER], req, present))
             return response
     extra = {IGNORED_FIELDS: ", ".join(ignored)} if ignored else {}
+    # The synthesis queue's share is per client; this handler's tasks inherit the name (events
+    # too: without it, their misses took no share at all).
+    ask_as(client_of(request))
     if sse:
         return await _events(request, req, extra, marks)
     # If-None-Match is answered against the entry held now (audio_response below): the key alone
     # does not say which bytes a client holds (other replicas, a synthesis after an eviction).
-    # The synthesis queue's share is per client; this handler's tasks inherit the name.
-    ask_as(client_of(request))
     if stream is None and not (
         req.fmt.streamable and (service.several_sentences(req) or service.passes_through(req))
     ):

@@ -78,6 +78,12 @@ def served_hosts(allowed_hosts: tuple[str, ...], bind: str) -> frozenset[str]:
     return frozenset((*LOOPBACK_HOSTS, literal))
 
 
+# Set on a request that a listener of its own has checked against its own bind's names (the ops
+# listener, gateway.http.connections.ops_server): the routes' check, made for the serving port's
+# bind, steps aside (read only when that check fails: nothing on the hot path).
+HOST_CHECKED = web.RequestKey("host_checked", bool)
+
+
 def host_checked(allowed: frozenset[str], handler: Handler) -> Handler:
     """``handler`` behind the Host allow-list."""
     order = {name: i for i, name in enumerate(LOOPBACK_HOSTS)}
@@ -90,7 +96,7 @@ def host_checked(allowed: frozenset[str], handler: Handler) -> Handler:
     )
 
     async def check_host(request: web.Request) -> web.StreamResponse:
-        if host_of(request) not in allowed:
+        if host_of(request) not in allowed and HOST_CHECKED not in request:
             raise MisdirectedRequest(message, param="allowed_hosts", code="unknown_host")
         return await handler(request)
 

@@ -22,7 +22,9 @@ Every operation holds ``flock`` on the table's file for a few microseconds (two 
 I/O: the file lives in memory); a process killed while holding it releases it with its file
 descriptor. Which rows are reused, what a full table does (an operation answers ``None``), and
 what a table cut short or overwritten under the server does (the same, until the supervisor's
-:meth:`HostTable.repair`): docs/deploy.md, "What one host shares, and what replicas share".
+:meth:`HostTable.repair`), and what a table deleted or renamed over does (each process maps the
+file found at the path again once it is whole): docs/deploy.md, "What one host shares, and what
+replicas share".
 
 Why hand-written: the shared-state tools that exist are servers (Redis, which is the replica-wide
 answer) or the ``multiprocessing`` managers, which need the processes to be forked from one parent
@@ -63,6 +65,7 @@ class HostTable:
         whole table (the supervisor rebuilds it: :meth:`repair`)."""
         self.path = path
         self._fd = -1
+        self._follows = False  # (set once made: a table being made follows no replacement)
         if path is None:
             self._mm = mmap.mmap(-1, self.size_for(DEFAULT_ROWS, DEFAULT_ROWS, 1))
             self._mm[: 8 * 4] = _header(DEFAULT_ROWS, 1)
@@ -100,6 +103,7 @@ class HostTable:
                 raise ValueError(f"{path} is not a whole voxgate host table")
             for row in range(self.share_rows):
                 words[self._shares + row * self._share_words + 1 + process] = 0
+        self._follows = True
 
     @staticmethod
     def size_for(window_rows: int, share_rows: int, processes: int) -> int:
@@ -161,15 +165,40 @@ class HostTable:
         the lock before any word is touched: a file cut short under the mapping would be a
         SIGBUS at the first word past its end. (One cut in the microseconds between that check
         and the access still kills the process: the supervisor repairs the table, then starts
-        it again.)"""
+        it again.) A file no longer at the path (deleted, or renamed over: no link left) is
+        left for the whole table found there, so the host's processes count in one table again,
+        the ones started since included; until there is one, the old file still serves.
+        Callers read ``self._words`` inside the block: the mapping may be another one."""
         if self._fd < 0:
             yield True
             return
         fcntl.flock(self._fd, fcntl.LOCK_EX)
+        stat = os.fstat(self._fd)
+        if stat.st_nlink == 0 and self._follows and self._follow():
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            stat = os.fstat(self._fd)
         try:
-            yield os.fstat(self._fd).st_size >= self._size and self._words[0] == _MAGIC
+            yield stat.st_size >= self._size and self._words[0] == _MAGIC
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _follow(self) -> bool:
+        """Map the table now at the path instead of this one (whose lock is held, and released
+        with its file); whether there was a whole one of these dimensions. A few system calls on
+        a file in memory, as every operation's."""
+        assert self.path is not None
+        try:
+            found = HostTable(self.path, self.process)
+        except (OSError, ValueError):
+            return False  # (not there yet, or not rebuilt yet: the supervisor's repair)
+        if (found.window_rows, found.share_rows) != (self.window_rows, self.share_rows) or (
+            found.processes != self.processes
+        ):
+            found.close()
+            return False
+        self.close()
+        self._mm, self._words, self._fd = found._mm, found._words, found._fd
+        return True
 
     def _tag_of(self, identity: str) -> int:
         tag = self._tags.get(identity)
@@ -218,10 +247,10 @@ class HostTable:
         tag = self._tag_of(identity)
         window = int(now // expiry)
         current_left = expiry - (now % expiry)
-        words = self._words
         with self._locked() as intact:
             if not intact:
                 return None
+            words = self._words
             at = self._row(
                 self._windows,
                 self.window_rows,
@@ -269,10 +298,10 @@ class HostTable:
     def take_share(self, client: str, limit: int) -> bool | None:
         """Count one item waiting for ``client`` if the host has fewer than ``limit`` waiting
         for it (True), else refuse (False); None when the table has no room for the client."""
-        words, width = self._words, self._share_words
         with self._locked() as intact:
             if not intact:
                 return None
+            words, width = self._words, self._share_words
             at = self._share_row(client, insert=True)
             if at is None:
                 return None
@@ -283,9 +312,9 @@ class HostTable:
 
     def give_share(self, client: str) -> None:
         """One item of ``client`` (taken by this process) no longer waits."""
-        words = self._words
         with self._locked() as intact:
             at = self._share_row(client, insert=False) if intact else None
+            words = self._words
             if at is not None and words[at + 1 + self.process] > 0:
                 words[at + 1 + self.process] -= 1
 

@@ -367,7 +367,8 @@ class Settings(BaseSettings):
     """Milliseconds a batch waits for compatible items to join it (with max_batch > 1)."""
     batch_timeout_s: AtLeastOne = 120
     """Seconds one batch may run: a worker process past it is killed and replaced; an in-process
-    engine's batch is abandoned (its thread cannot be killed) and answered 503."""
+    engine's batch is abandoned (its thread cannot be killed) and answered 503. Also the longest a
+    streamed jambonz sentence waits for its client's share before it fails."""
     queue_per_client: AtLeastOne = 16
     """Synthesis items one client (its API key's name when keys are on, else its address) may have
     waiting per model, so no one client fills the queue; beyond it a miss gets 429. At least

@@ -255,8 +255,9 @@ class Supervisor:
         return self._stop()
 
     def _repair_table(self) -> None:
-        """Rebuild the host table if something cut or overwrote it (the gateways find it damaged
-        under their lock and count locally meanwhile): rate windows and queue shares start over,
+        """Rebuild the host table if something cut, overwrote, deleted or replaced it (the
+        gateways find it damaged under their lock and count locally meanwhile, or follow the
+        rebuilt file once theirs has no link left): rate windows and queue shares start over,
         the server goes on."""
         try:
             if HostTable.repair(self.host_table, self.gateways):

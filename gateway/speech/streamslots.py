@@ -6,9 +6,11 @@ admit. A refusal there is right for a request (the client retries it), wrong for
 the middle of a call: it would go unspoken. So a stream's sentence takes a slot of its client
 first (at most the client's share per process, first come first served), and when the share is
 still full (the client's other requests, its sockets on other gateway processes) it waits and
-asks again. The wait is bounded by the socket: each socket has a bounded queue, which stops
-reading the socket when full, and a closed socket cancels what waits. docs/telephony.md,
-"jambonz".
+asks again, for at most ``batch_timeout_s`` (the longest one synthesis may run): a share held
+that long is held by something else than a turn, and the call has moved on, so the sentence
+fails as any of the stream's sentences does (a 429's message back on the socket). Before that,
+the wait is bounded by the socket: each socket has a bounded queue, which stops reading the
+socket when full, and a closed socket cancels what waits. docs/telephony.md, "jambonz".
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ LAST_RETRY_S = 1.0
 class ClientSlots:
     """Per client, the sentences of its streams being made in this process at once."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, wait_s: float) -> None:
         self.limit = max(1, limit)
+        self.wait_s = wait_s
         self._slots: dict[str, tuple[asyncio.Semaphore, int]] = {}
 
     def waiting(self, client: str) -> int:
@@ -42,12 +45,13 @@ class ClientSlots:
         return 0 if entry is None else entry[1]
 
     async def run(self, client: str, make: Callable[[], Awaitable[T]]) -> T:
-        """``make()`` once ``client`` has a free slot, asked again while its share is full."""
+        """``make()`` once ``client`` has a free slot, asked again while its share is full: for
+        at most ``wait_s`` after its first refusal, then a 429 (:class:`TooManyRequests`)."""
         slot, users = self._slots.get(client) or (asyncio.Semaphore(self.limit), 0)
         self._slots[client] = (slot, users + 1)
         try:
             async with slot:
-                return await _until_admitted(make)
+                return await _until_admitted(make, self.wait_s)
         finally:
             slot, users = self._slots[client]
             if users <= 1:
@@ -56,15 +60,28 @@ class ClientSlots:
                 self._slots[client] = (slot, users - 1)
 
 
-async def _until_admitted(make: Callable[[], Awaitable[T]]) -> T:
+async def _until_admitted(make: Callable[[], Awaitable[T]], wait_s: float) -> T:
+    loop = asyncio.get_running_loop()
     delay = FIRST_RETRY_S
+    deadline = None
     while True:
         try:
             return await make()
         except ClientQueueFull:
-            pass
+            code = "client_queue_full"
         except TooManyRequests as exc:
             if exc.code not in SHARE_CODES:
                 raise
-        await asyncio.sleep(delay)
+            code = exc.code
+        now = loop.time()
+        if deadline is None:
+            deadline = now + wait_s
+        elif now >= deadline:
+            raise TooManyRequests(
+                f"this client's share stayed full for {wait_s:g} s (batch_timeout_s): "
+                "the sentence was not spoken",
+                code=code,
+                retry_after_s=1.0,
+            )
+        await asyncio.sleep(min(delay, deadline - now))
         delay = min(delay * 2, LAST_RETRY_S)
