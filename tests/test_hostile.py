@@ -30,6 +30,7 @@ from gateway.http.app import create_app
 from gateway.http.routes import route_table
 from gateway.runtime.settings import Settings
 from synth.piper_engine import PiperEngine
+from tests.conftest import GatewayFactory
 from tests.support import CountingEngine, ServerThread
 
 # One pytest-xdist worker runs the whole module: its tests share the module-scoped gateways.
@@ -1908,5 +1909,22 @@ def test_the_table_against_voxgate_serve(tmp_path: Path) -> None:
             server.close()
         logs += server.logs()
     assert not failures, failures
+    # Refused input is the client's fault: no traceback for it (aiohttp logged one for the rest
+    # of a body that does not decode, read after its 400).
+    assert "Unhandled exception" not in logs
     for secret in (SECRET, SPEAK_SECRET, ADMIN_SECRET):
         assert secret not in logs
+
+
+async def test_a_body_that_does_not_decode_closes_its_connection(gateway: GatewayFactory) -> None:
+    """A gzip body that is not gzip gets its 400 with ``Connection: close``: the rest of it cannot
+    be read, and a connection left open was dropped by aiohttp after the answer, so a client
+    that sent its next request on it got a disconnection instead of an answer."""
+    client = await gateway()
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    body = b"not gzip at all" * 4096
+    for _ in range(3):
+        reply = await client.post("/v1/audio/speech", data=body, headers=headers)
+        assert reply.status == 400
+        assert (await reply.json())["error"]["code"] == "malformed_body"
+        assert reply.headers["Connection"].lower() == "close"

@@ -10,7 +10,7 @@ import json
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from typing import Annotated
+from typing import Annotated, Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -186,9 +186,11 @@ def error_response_for(request: web.Request, exc: Exception) -> web.Response:
         # (gzip that is not gzip), chunked framing that breaks mid-body. The client's fault.
         cause = exc.__cause__ or (exc.args[0] if exc.args else None)
         why = cause.message if isinstance(cause, HttpProcessingError) else "it does not decode"
-        return error_response(
+        refused = error_response(
             BadRequest(f"malformed request body: {clip(why, 80)}", code="malformed_body")
         )
+        refused.force_close()  # (the rest of the body cannot be read: the connection ends)
+        return refused
     resource = request.match_info.route.resource
     route = resource.canonical if resource is not None else "?"
     if isinstance(exc, ConnectionResetError):
@@ -226,3 +228,12 @@ class PlainRefusals(RequestHandler):
         fixed = error_response(MALFORMED, status=status)
         fixed.force_close()
         return fixed
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        # A body that does not decode (gzip that is not gzip) got its 400 from the handler;
+        # aiohttp then reads the rest of it to keep the connection (its lingering read), fails
+        # again and would log a traceback per such request: the client's fault, answered.
+        if isinstance(kw.get("exc_info"), web.RequestPayloadError):
+            self.log_debug("the rest of a body that does not decode was dropped")
+            return
+        super().log_exception(*args, **kw)
