@@ -9,10 +9,11 @@ from collections.abc import Iterator
 import pytest
 
 from gateway.runtime.apikeys import key_table
+from tests.canary import canary
 from tests.served import DefaultServer
 from tests.support import clear_of_a_minute_edge
 
-SECRET = "charging-served-secret-0123456789-abcdef"
+SECRET = canary("charging-served")
 AUTH = {"Authorization": f"Bearer {SECRET}"}
 
 
