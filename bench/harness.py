@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TREE = Path(os.environ.get("VOXGATE_BENCH_TREE") or ROOT)
 
 # The cache secret every gateway started here with Redis gets (redis_url requires one), and that
-# tests configuring Redis pass.
-CACHE_SECRET = "voxgate-test-cache-secret-0123456789"
+# tests configuring Redis pass. A canary (tests/canary.py): the tests fail where one is shown.
+CACHE_SECRET = "cache-canary-6d2f0c9a41b7e358"
 
 
 # Ports handed out by free_port: below the kernel's ephemeral range (32768-60999 by default), so

@@ -7,12 +7,15 @@ from __future__ import annotations
 import asyncio
 import compileall
 import fcntl
+import importlib
+import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from blockbuster import blockbuster_ctx
@@ -26,6 +29,7 @@ from gateway.runtime.settings import Settings
 from metrics import Metrics
 from synth.engine import Engine
 from synth.piper_engine import PiperEngine, PiperVoiceFiles
+from tests import canary
 from tests.conformance import RecordingClient
 from tests.support import CountingEngine, GatedEngine
 from tests.upstream_support import KEY_ENV, OpenAISpeechServer
@@ -44,6 +48,86 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if sys.dont_write_bytecode and not hasattr(session.config, "workerinput"):
         for package in ("gateway", "cache", "synth", "metrics", "bench", "tests"):
             compileall.compile_dir(ROOT / package, quiet=2)
+
+
+# Loggers at DEBUG in the tests, so that the canary check sees the records they would make at
+# any level a deployment sets (voxgate's own, and the HTTP clients' that call providers).
+CANARY_LOGGERS = ("voxgate", "aiohttp", "httpx", "httpx2", "httpcore", "httpcore2")
+
+
+class CanaryLogHandler(logging.Handler):
+    """Notes each canary (tests/canary.py) in a log record made in the test's process."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+        except (TypeError, ValueError):
+            text = str(record.msg)  # (arguments that do not fit: what a formatter would show)
+        if record.exc_info and record.exc_info[1] is not None:
+            text += record.exc_text or logging.Formatter().formatException(record.exc_info)
+        canary.note(f"log record {record.name} {record.levelname}", text)
+
+
+def watch_answer_bodies() -> None:
+    """Note each canary in a body read through aiohttp's client or httpx (the openai SDK's),
+    unless a fake provider answered it: wrapped once, for the whole run."""
+    read = aiohttp.ClientResponse.read
+
+    async def aiohttp_read(self: aiohttp.ClientResponse) -> bytes:
+        body = await read(self)
+        if self.url.port not in canary.provider_ports:
+            canary.note(f"the body of {self.method} {self.url}", body)
+        return body
+
+    aiohttp.ClientResponse.read = aiohttp_read  # type: ignore[method-assign]
+    for name in ("httpx", "httpx2"):
+        response = importlib.import_module(name).Response
+        sync_read, async_read = response.read, response.aread
+
+        def note_body(self: Any) -> None:
+            request = getattr(self, "_request", None)
+            if request is not None and request.url.port not in canary.provider_ports:
+                canary.note(f"the body of {request.method} {request.url}", self.content)
+
+        def httpx_read(self: Any, _read: Any = sync_read, _note: Any = note_body) -> bytes:
+            body = _read(self)
+            _note(self)
+            return body  # type: ignore[no-any-return]
+
+        async def httpx_aread(self: Any, _read: Any = async_read, _note: Any = note_body) -> bytes:
+            body = await _read(self)
+            _note(self)
+            return body  # type: ignore[no-any-return]
+
+        response.read, response.aread = httpx_read, httpx_aread
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    logging.getLogger().addHandler(CanaryLogHandler())
+    watch_answer_bodies()
+
+
+@pytest.fixture(autouse=True)
+def no_canary_shown(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test in whose log records or answer bodies a canary secret (tests/canary.py) was
+    seen. A test that shows one on purpose (to test a scrubber or this check) says why in a
+    ``canary_allowed(reason)`` mark."""
+    mark = request.node.get_closest_marker("canary_allowed")
+    if mark is not None and not (mark.args and mark.args[0]):
+        pytest.fail("canary_allowed needs a reason", pytrace=False)
+    for name in CANARY_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.level != logging.DEBUG:
+            logger.setLevel(logging.DEBUG)
+    canary.seen.clear()
+    canary.allowed = mark.args[0] if mark is not None else ""
+    yield
+    seen, allowed = list(canary.seen), canary.allowed
+    canary.seen.clear()
+    canary.allowed = ""
+    if seen and not allowed:
+        shown = "\n".join(f"  {where}" for where in seen[:20])
+        pytest.fail(f"a canary secret (tests/canary.py) was shown:\n{shown}", pytrace=False)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import free_port, serve_command
+from tests import canary
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,9 +66,11 @@ class ServerProcess:
     def get(self, path: str) -> tuple[int, bytes]:
         try:
             with urllib.request.urlopen(self.url + path, timeout=10) as resp:
-                return resp.status, resp.read()
+                status, body = resp.status, resp.read()
         except urllib.error.HTTPError as exc:
-            return exc.code, exc.read()
+            status, body = exc.code, exc.read()
+        canary.note(f"the body of GET {self.url}{path}", body)
+        return status, body
 
     def wait_ready(self, workers: int = 1, timeout: float = 180) -> None:
         """Until /readyz answers 200 and ``workers`` processes logged that they are ready."""
@@ -101,10 +104,17 @@ class ServerProcess:
             self.close()
 
     def close(self) -> None:
+        """Stop the server (if it runs), and fail where its log shows a canary secret
+        (tests/canary.py) and the running test does not allow one."""
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(30)
+        if self._log.closed:
+            return
         self._log.close()
+        shown = canary.found(self.log_path.read_bytes())
+        if shown and not canary.allowed:
+            raise AssertionError(f"a canary secret in the log of voxgate serve: {shown}")
 
     def json_lines(self) -> list[dict[str, Any]]:
         """Every log line parsed as JSON (fails on any line that is not)."""

@@ -39,6 +39,7 @@ from gateway.runtime.apikeys import key_table
 from gateway.runtime.settings import Settings
 from metrics import Metrics
 from synth.engine import Audio, Engine, SynthesisItem
+from tests.canary import canary
 from tests.conftest import GatewayFactory
 from tests.redis_support import adopted, must_not_produce, nothing_stored
 from tests.support import SECRET, CountingEngine, clear_of_a_minute_edge, until, wav_entry
@@ -341,7 +342,7 @@ async def test_a_holder_past_its_first_expiry_keeps_its_lock(tier: RedisTier) ->
 
 # ---- rate-limit counters ------------------------------------------------------------------
 
-LIMITED_SECRET = "limited-secret-0123456789-abcdefghijklmn"
+LIMITED_SECRET = canary("limited")
 
 
 async def counter_names(client: Redis) -> list[bytes]:

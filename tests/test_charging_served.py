@@ -9,11 +9,12 @@ from collections.abc import Iterator
 import pytest
 
 from gateway.runtime.apikeys import key_table
+from tests.canary import canary
 from tests.served import DefaultServer
 from tests.support import clear_of_a_minute_edge
 
 # A key per way of streaming: each spends its own minute's budget.
-SECRETS = {how: f"charging-served-{how}-secret-0123456789-abcdef" for how in ("audio", "sse")}
+SECRETS = {how: canary(f"charging-served-{how}") for how in ("audio", "sse")}
 
 
 @pytest.fixture(scope="module")

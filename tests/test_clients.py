@@ -23,6 +23,7 @@ import soundfile as sf
 from aiohttp.test_utils import TestClient
 from openai import AsyncOpenAI
 
+from tests.canary import canary
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine
 
@@ -49,7 +50,9 @@ async def test_openai_client_pcm_and_sse(
     """The official ``openai`` client: raw PCM (played as 24 kHz) and server-sent events."""
     http = await gateway()
     reference = await wav_seconds(http)
-    async with AsyncOpenAI(base_url=str(http.make_url("/v1")), api_key="test", max_retries=0) as oa:
+    async with AsyncOpenAI(
+        base_url=str(http.make_url("/v1")), api_key=canary("client"), max_retries=0
+    ) as oa:
         pcm = await oa.audio.speech.create(
             model="gpt-4o-mini-tts", voice="alloy", input=TEXT, response_format="pcm"
         )
@@ -83,7 +86,9 @@ async def test_openai_agents_sdk_tts_model(
 
     http = await gateway()
     reference = await wav_seconds(http)
-    async with AsyncOpenAI(base_url=str(http.make_url("/v1")), api_key="test", max_retries=0) as oa:
+    async with AsyncOpenAI(
+        base_url=str(http.make_url("/v1")), api_key=canary("client"), max_retries=0
+    ) as oa:
         model = OpenAITTSModel("gpt-4o-mini-tts", oa)
         settings = TTSModelSettings(voice="alloy")
         assert settings.instructions  # the SDK sends some: they must not be a 400
@@ -116,7 +121,7 @@ async def test_pipecat_openai_tts_service(
 
     http = await gateway()
     reference = await wav_seconds(http)
-    service = OpenAITTSService(api_key="test", base_url=str(http.make_url("/v1")))
+    service = OpenAITTSService(api_key=canary("client"), base_url=str(http.make_url("/v1")))
     frames = await collect_pipecat(service, TEXT)
     assert frames and {f.sample_rate for f in frames} == {24000}
     assert close_to(frames_seconds(frames), reference)
@@ -166,7 +171,7 @@ async def test_livekit_openai_tts_plugin(
             model=model,
             voice="alloy",
             base_url=str(http.make_url("/v1")),
-            api_key="test",
+            api_key=canary("client"),
             response_format=fmt,
         )
         try:

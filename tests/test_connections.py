@@ -28,6 +28,7 @@ from gateway.http.requestid import RequestIds
 from gateway.http.routes import route_table
 from gateway.runtime.settings import Settings
 from metrics import Metrics
+from tests.canary import canary
 from tests.conftest import GatewayFactory
 from tests.served import DefaultServer
 
@@ -385,7 +386,7 @@ def test_parser_refusals_are_one_warning_per_interval_without_their_bytes(
     now = [100.0]
     logger = RefusedRequests(10.0, clock=lambda: now[0])
     caplog.set_level(logging.DEBUG)
-    secret = "sk-live-0123456789abcdef"
+    secret = canary("sk-live")
     for _ in range(5):
         logger.exception(
             "Error handling request from %s", "10.0.0.7", exc_info=InvalidHeader(secret)
@@ -455,14 +456,14 @@ def test_a_bind_beyond_loopback_keeps_the_explicit_list() -> None:
 async def test_a_request_the_parser_refuses_gets_a_fixed_body(tmp_path: Path) -> None:
     """aiohttp's 400 for a malformed request echoed the offending header, an API key beside a
     control byte included; `voxgate serve` answers a fixed JSON body that holds nothing sent."""
-    canary = "sk-canary-parser-0123456789abcdef"
+    key = canary("sk-parser")
     server = DefaultServer(tmp_path / "srv")
     try:
         await asyncio.to_thread(server.wait_ready)
         for head in (
-            f"Authorization: Bearer {canary}\x01",
-            f"X-API-Key: {canary}\x7f",
-            f"X-Long: {canary}{'a' * 9000}",
+            f"Authorization: Bearer {key}\x01",
+            f"X-API-Key: {key}\x7f",
+            f"X-Long: {key}{'a' * 9000}",
         ):
             reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
             writer.write(f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}\r\n\r\n".encode())
@@ -472,7 +473,7 @@ async def test_a_request_the_parser_refuses_gets_a_fixed_body(tmp_path: Path) ->
             assert re.fullmatch(rb"HTTP/1\.[01] 4\d\d .*", status_line), status_line
             body = rest.partition(b"\r\n\r\n")[2]
             assert json.loads(body)["error"]["code"] == "malformed_request"
-            assert canary.encode() not in answer
-        assert canary not in server.logs()
+            assert key.encode() not in answer
+        assert key not in server.logs()
     finally:
         server.close()

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from synth import credentials
 from synth.upstream import UpstreamConfig
+from tests import canary
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine
 from tests.upstream_support import (
@@ -195,6 +196,41 @@ def test_a_record_whose_arguments_do_not_fit_is_left_to_the_handler() -> None:
         "httpx2", logging.INFO, "f", 1, "k=%s", ("s3cr3t-canary/+x",), None
     )
     assert key.getMessage() == "k=[redacted]"
+
+
+@pytest.mark.canary_allowed("it shows canaries to see that the suite-wide check notes them")
+async def test_the_suite_wide_check_sees_a_canary_in_a_log_record_and_a_body() -> None:
+    import httpx2
+    from aiohttp.test_utils import TestClient, TestServer
+
+    shown = canary.canary("check")
+    logging.getLogger("voxgate.check").debug("key %s", shown)
+
+    async def answer(_: web.Request) -> web.Response:
+        return web.Response(text=shown)
+
+    app = web.Application()
+    app.router.add_get("/", answer)
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        assert await (await client.get("/")).text() == shown
+        url = str(client.make_url("/"))
+    request = httpx2.Request("GET", url + "openai")
+    read = httpx2.Response(200, content=shown.encode(), request=request).read()
+    assert read == shown.encode()
+    assert canary.seen == [
+        f"log record voxgate.check DEBUG: {shown}",
+        f"the body of GET {url}: {shown}",
+        f"the body of GET {url}openai: {shown}",
+    ]
+
+
+def test_a_canary_in_the_log_of_voxgate_serve_fails_its_close(tmp_path: Path) -> None:
+    from tests.ops_support import ServerProcess
+
+    server = ServerProcess(tmp_path)
+    server._log.write(f"key {canary.canary('serve')}\n".encode())
+    with pytest.raises(AssertionError, match=canary.canary("serve")):
+        server.close()
 
 
 async def test_voxgate_serve_logs_and_answers_no_credential(tmp_path: Path) -> None:

@@ -24,15 +24,16 @@ import pytest
 from bench.harness import metric_sum
 from gateway.runtime.apikeys import key_table
 from gateway.runtime.topology import usable_cores
+from tests.canary import canary
 from tests.served import DefaultServer
 from tests.support import eventually
 
 # One pytest-xdist worker runs the whole module: its tests share one module-scoped `voxgate serve`.
 pytestmark = pytest.mark.xdist_group("default_topology")
 
-SECRET = "default-topology-secret-0123456789-abcdef"
+SECRET = canary("default-topology")
 AUTH = {"Authorization": f"Bearer {SECRET}"}
-SIGNING = "default-topology-signing-secret-0123456789"
+SIGNING = canary("default-topology-signing")
 NEW_CONNECTIONS = 8
 
 

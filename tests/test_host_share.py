@@ -19,10 +19,11 @@ from metrics import Metrics
 from synth.engine import Audio, SynthesisItem
 from synth.errors import ClientQueueFull
 from synth.scheduler import Scheduler
+from tests.canary import canary
 from tests.served import DefaultServer
 from tests.support import ThreadRunnerFlags, clear_of_a_minute_edge, until
 
-SECRET = "host-share-secret-0123456789-abcdefghij"
+SECRET = canary("host-share")
 OTHER = "host-share-other-0123456789-abcdefghijk"
 
 

@@ -30,13 +30,14 @@ from gateway.http.app import create_app
 from gateway.http.routes import route_table
 from gateway.runtime.settings import Settings
 from synth.piper_engine import PiperEngine
+from tests.canary import canary
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine, ServerThread
 
 # One pytest-xdist worker runs the whole module: its tests share the module-scoped gateways.
 pytestmark = pytest.mark.xdist_group("hostile")
 
-SECRET = "hostile-suite-signing-secret"
+SECRET = canary("hostile-signing")
 GOOD = {"model": "tts-1", "input": "Hi.", "voice": "alloy", "response_format": "wav"}
 KEY = "0" * 64
 TAKE_ID = "0123456789abcdef"  # a well-formed id of a refused take that is not there
@@ -1720,8 +1721,8 @@ async def test_hostile_jambonz_stream_messages(hostile_gateway: Gateway, message
         await ws.send_str('{"type": "stop"}')
 
 
-SPEAK_SECRET = "hostile-speak-secret-0123456789"
-ADMIN_SECRET = "hostile-admin-secret-9876543210"
+SPEAK_SECRET = canary("hostile-speak")
+ADMIN_SECRET = canary("hostile-admin")
 
 
 @pytest.fixture(scope="module")

@@ -22,13 +22,14 @@ from gateway.runtime.apikeys import APIKey, Authenticator, KeyRing, KeysFileErro
 from gateway.runtime.ratelimit import KeyLimits, limits_storage_uri
 from gateway.runtime.settings import Settings
 from metrics import Metrics
+from tests.canary import canary
 from tests.conftest import GatewayFactory
 from tests.support import clear_of_a_minute_edge
 
 ROOT = Path(__file__).resolve().parents[1]
-SPEAK_SECRET = "speak-secret-0123456789-abcdefghijklmnop"
-READ_SECRET = "read-secret-0123456789-abcdefghijklmnopq"
-ADMIN_SECRET = "admin-secret-0123456789-abcdefghijklmno"
+SPEAK_SECRET = canary("speak")
+READ_SECRET = canary("read")
+ADMIN_SECRET = canary("admin")
 BODY = {"model": "piper", "voice": "joe", "input": "Press one for sales.", "response_format": "wav"}
 
 
@@ -146,7 +147,7 @@ async def test_public_content_addresses_are_read_with_any_valid_key(
 async def test_metrics_scope_reads_metrics_and_nothing_else(
     gateway: GatewayFactory, keyed: Settings, tmp_path: Path
 ) -> None:
-    scrape = "prometheus-secret-0123456789-abcdefghij"
+    scrape = canary("prometheus")
     path = standard_keys(tmp_path / "with-metrics.toml")
     path.write_text(path.read_text() + key_table("prometheus", scrape, ["metrics"]))
     http = await gateway(settings=keyed.replace(api_keys_file=str(path), metrics_auth=True))
@@ -160,7 +161,7 @@ async def test_metrics_scope_reads_metrics_and_nothing_else(
 async def test_signed_say_urls_authorize_themselves(
     gateway: GatewayFactory, keyed: Settings
 ) -> None:
-    http = await gateway(settings=keyed.replace(url_signing_secret="sign-me"))
+    http = await gateway(settings=keyed.replace(url_signing_secret=canary("sign-me")))
     signed = await http.post(
         "/v1/say/sign",
         json={"voice": "joe", "text": "Hello.", "ext": "wav"},
@@ -480,7 +481,7 @@ async def test_a_signed_url_spends_its_signers_budget_and_dies_with_it(
     )
     http = await gateway(
         settings=settings.replace(
-            api_keys_file=str(keys_file), url_signing_secret="signing-secret-0123456789"
+            api_keys_file=str(keys_file), url_signing_secret=canary("signing")
         )
     )
     ivr = {"X-API-Key": SPEAK_SECRET}
@@ -516,7 +517,7 @@ async def test_a_signed_url_spends_its_signers_budget_and_dies_with_it(
 async def test_a_url_signed_without_keys_stops_playing_once_keys_are_on(
     gateway: GatewayFactory, settings: Settings, tmp_path: Path
 ) -> None:
-    signing = settings.replace(url_signing_secret="signing-secret-0123456789")
+    signing = settings.replace(url_signing_secret=canary("signing"))
     open_gateway = await gateway(settings=signing)
     made = await open_gateway.post(
         "/v1/say/sign", json={"voice": "joe", "text": "Hi.", "ext": "wav"}

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from openai import AsyncOpenAI
 
+from tests.canary import canary
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine
 
@@ -18,7 +19,7 @@ async def test_openai_client_plain_and_streamed(
 ) -> None:
     client = await gateway()
     base = str(client.make_url("/v1"))
-    async with AsyncOpenAI(base_url=base, api_key="unused", max_retries=0) as oa:
+    async with AsyncOpenAI(base_url=base, api_key=canary("client"), max_retries=0) as oa:
         plain = await oa.audio.speech.create(
             model="tts-1", voice="alloy", input=TEXT, response_format="aac"
         )

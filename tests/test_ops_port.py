@@ -15,9 +15,10 @@ import pytest
 
 from bench.harness import free_port
 from gateway.runtime.apikeys import key_table
+from tests.canary import canary
 from tests.served import DefaultServer
 
-SPEAK_SECRET = "ops-port-test-speak-secret-0123456789"
+SPEAK_SECRET = canary("ops-port-speak")
 
 PROBE_EVERY_S = 0.2
 PROBING_S = 10.0

@@ -20,6 +20,7 @@ import pytest
 import soundfile as sf
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.canary import canary
 from tests.ops_support import ServerProcess, clean_env, run_cli
 from tests.served import DefaultServer
 from tests.support import shortest_audio_s
@@ -313,7 +314,7 @@ async def one_synthesis_pool_for_the_host(server: DefaultServer) -> None:
 @pytest.mark.slow
 async def test_logs_hold_no_request_text_or_api_key(tmp_path: Path) -> None:
     secret_text = "Zanzibar platypus codeword 7731 must never reach a log."
-    api_key = "sk-test-4f9a1c0ffee1234567890abcdef"
+    api_key = canary("sk-client")
     server = ServerProcess(tmp_path, "--log-level", "debug", "--log-format", "json")
     try:
         server.wait_ready()

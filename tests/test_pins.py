@@ -33,15 +33,16 @@ from gateway.runtime.apikeys import key_table
 from gateway.runtime.settings import Settings
 from gateway.runtime.topology import usable_cores
 from gateway.speech.telephony import EXTENSIONS
+from tests.canary import canary
 from tests.conftest import GatewayFactory
 from tests.ops_support import run_cli
 from tests.served import DefaultServer
 from tests.support import ToneEngine
 
 MIB = 1024 * 1024
-OPS_SECRET = "ops-secret-0123456789-abcdefghijklmnopqrs"
-OPS2_SECRET = "ops2-secret-0123456789-abcdefghijklmnopq"
-SPEAK_SECRET = "speak-secret-0123456789-abcdefghijklmnop"
+OPS_SECRET = canary("ops")
+OPS2_SECRET = canary("ops2")
+SPEAK_SECRET = canary("speak")
 OPS = {"X-API-Key": OPS_SECRET}
 OPS2 = {"X-API-Key": OPS2_SECRET}
 

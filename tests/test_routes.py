@@ -26,6 +26,7 @@ from gateway.http.routes import AUDIO, route_table
 from gateway.http.routing import JSON, Body, Route, RouteTable
 from gateway.runtime.apikeys import key_table
 from gateway.runtime.settings import Settings
+from tests.canary import canary
 from tests.conftest import GatewayFactory
 from tests.served import DefaultServer
 
@@ -33,7 +34,7 @@ from tests.served import DefaultServer
 pytestmark = pytest.mark.xdist_group("routes")
 
 ROOT = Path(__file__).resolve().parents[1]
-SPEAK_SECRET = "speak-secret-0123456789-abcdefghijklmnop"
+SPEAK_SECRET = canary("speak")
 BODY = {"model": "piper", "voice": "joe", "input": "Press one."}
 ORIGIN = "https://app.example"
 

@@ -53,6 +53,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from gateway.http.openapi import render
 from gateway.runtime.settings import Settings
 from synth.piper_engine import PiperEngine
+from tests.canary import canary
 from tests.support import CountingEngine, ServerThread
 
 # One pytest-xdist worker runs the whole module: its tests share one module-scoped gateway.
@@ -66,7 +67,7 @@ SERVER_SETTINGS = Settings.load(
         "port": "0",
         "max_input_chars": "48",
         "max_catalogue_prompts": "3",
-        "url_signing_secret": "schemathesis-signing-secret",
+        "url_signing_secret": canary("schemathesis-signing"),
     },
 )
 # What that server serves at /openapi.json (test_the_live_description_is_the_one_tested).

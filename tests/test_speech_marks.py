@@ -44,6 +44,7 @@ from synth.alignment import align_words, token_stream, word_spans
 from synth.coqui_engine import CoquiEngine
 from synth.engine import Audio, SynthesisItem
 from synth.piper_engine import PiperEngine
+from tests.canary import canary
 from tests.conftest import GatewayFactory
 from tests.served import DefaultServer
 from tests.support import CountingEngine
@@ -759,7 +760,9 @@ async def sse_events(
 ) -> tuple[str, list[dict[str, Any]]]:
     """``stream_format: "sse"`` through the official openai client (``speech_marks`` asked)."""
     async with (
-        AsyncOpenAI(base_url=str(http.make_url("/v1")), api_key="test", max_retries=0) as oa,
+        AsyncOpenAI(
+            base_url=str(http.make_url("/v1")), api_key=canary("client"), max_retries=0
+        ) as oa,
         oa.audio.speech.with_streaming_response.create(
             model="tts-1",
             voice="alloy",

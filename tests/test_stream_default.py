@@ -18,10 +18,11 @@ import pytest
 from openai import AsyncOpenAI
 
 from bench.harness import free_port
+from tests.canary import canary
 from tests.served import DefaultServer
 from tests.support import eventually
 from tests.test_upstream_serve import KEY_ENV, write_upstreams
-from tests.upstream_support import OpenAISpeechServer
+from tests.upstream_support import OPENAI_KEY, OpenAISpeechServer
 
 # Module-scoped engines and servers: one xdist worker builds them.
 pytestmark = pytest.mark.xdist_group("stream_default")
@@ -58,9 +59,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, provider_port: int) -> Iter
             "timeout_s": 60,
         },
     )
-    srv = DefaultServer(
-        home / "srv", "--upstreams-file", str(upstreams), env={KEY_ENV: "sk-test-key"}
-    )
+    srv = DefaultServer(home / "srv", "--upstreams-file", str(upstreams), env={KEY_ENV: OPENAI_KEY})
     try:
         srv.wait_ready()
         yield srv
@@ -69,7 +68,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, provider_port: int) -> Iter
 
 
 def openai_client(server: DefaultServer) -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    return AsyncOpenAI(base_url=f"{server.url}/v1", api_key=canary("client"), max_retries=0)
 
 
 async def stored(server: DefaultServer, key: str) -> None:

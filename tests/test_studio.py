@@ -24,6 +24,7 @@ from gateway.runtime.settings import Settings
 from gateway.speech.takes import Take
 from synth import audio
 from synth.takecheck import Verdict
+from tests.canary import canary
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine
 
@@ -173,7 +174,7 @@ async def test_studio_speaks_a_prompt_in_a_real_browser(
     assert await service.store.get("b" * 64) is None
 
 
-STUDIO_SECRET = "studio-secret-0123456789-abcdefghijklmn"
+STUDIO_SECRET = canary("studio")
 
 
 def drive_with_key(url: str) -> dict[str, str]:

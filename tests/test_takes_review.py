@@ -18,10 +18,11 @@ from gateway.speech.quarantine import Quarantine
 from gateway.speech.takes import Take
 from synth import audio
 from synth.takecheck import Verdict
+from tests.canary import canary
 from tests.conftest import GatewayFactory
 
-ADMIN_SECRET = "review-admin-0123456789-abcdefghijklmno"
-SPEAK_SECRET = "review-speak-0123456789-abcdefghijklmno"
+ADMIN_SECRET = canary("review-admin")
+SPEAK_SECRET = canary("review-speak")
 ADMIN = {"X-API-Key": ADMIN_SECRET}
 SPEAK = {"X-API-Key": SPEAK_SECRET}
 SILENT = Verdict(("silent", "too_short"), {"duration_s": 0.5, "expected_s": 2.0})

@@ -26,11 +26,12 @@ from gateway.api.say import signed_say_path
 from gateway.cli.export import run_export
 from gateway.http import keys
 from gateway.runtime.settings import Settings
+from tests.canary import canary
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine
 
 ROOT = Path(__file__).resolve().parents[1]
-SECRET = "test-signing-secret"
+SECRET = canary("signing")
 
 CATALOGUE = """id,text
 welcome,Welcome to Acme.

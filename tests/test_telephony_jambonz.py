@@ -16,6 +16,7 @@ from gateway.http import keys as app_keys
 from gateway.http.jambonz import STREAM_AHEAD
 from gateway.runtime.apikeys import key_table
 from gateway.runtime.settings import Settings
+from tests.canary import canary
 from tests.conftest import GatewayFactory
 from tests.support import CountingEngine, clear_of_a_minute_edge, error_of, until
 
@@ -216,8 +217,8 @@ async def test_streaming_protocol_sentence_by_sentence_from_the_cache(
 
 # ---- the stream on its key's account -------------------------------------------------------
 
-A_SECRET = "jambonz-a-secret-0123456789-abcdefghijk"
-B_SECRET = "jambonz-b-secret-0123456789-abcdefghijk"
+A_SECRET = canary("jambonz-a")
+B_SECRET = canary("jambonz-b")
 STREAM = "/v1/jambonz/stream?voice=joe&language=en-US&sampleRate=8000"
 # Words for sentences told apart (digits followed by a full stop are split as sentences).
 WORDS = [

@@ -32,6 +32,7 @@ from tests.conftest import GatewayFactory
 from tests.support import CountingEngine, until
 from tests.upstream_support import (
     KEY_ENV,
+    OPENAI_KEY,
     RATE,
     AzureServer,
     CartesiaServer,
@@ -128,7 +129,7 @@ async def test_two_identical_requests_cost_one_call_and_a_second_format_none(
         "voice": "alloy",
         "response_format": "pcm",
     }
-    assert provider.headers[0]["Authorization"] == "Bearer sk-test-key"
+    assert provider.headers[0]["Authorization"] == f"Bearer {OPENAI_KEY}"
     # Billed once, the rest served from the store, and what that saved at 15 per million.
     n = len(GREETING)
     assert value(metrics, "voxgate_upstream_chars_billed_total", upstream="openai") == n

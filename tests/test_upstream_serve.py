@@ -27,11 +27,13 @@ import soundfile as sf
 from openai import AsyncOpenAI
 
 from bench.harness import CACHE_SECRET, RedisServer, metric_sum, speech_body
+from tests.canary import canary
 from tests.ops_support import ROOT, clean_env
 from tests.served import DefaultServer
 from tests.support import eventually
 from tests.upstream_support import (
     KEY_ENV,
+    OPENAI_KEY,
     RATE,
     HeldWyomingServer,
     OpenAISpeechServer,
@@ -406,11 +408,11 @@ async def test_a_streamed_miss_passes_the_providers_pcm_on_through_the_pool_proc
         str(path),
         "--loudness-lufs",
         "off",
-        env={KEY_ENV: "sk-test-key"},
+        env={KEY_ENV: OPENAI_KEY},
     )
     text = "Your call is important to us."
     expected = voiced(text).tobytes()
-    oa = AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    oa = AsyncOpenAI(base_url=f"{server.url}/v1", api_key=canary("client"), max_retries=0)
     try:
         await started(server)
         async with contextlib.AsyncExitStack() as stack:

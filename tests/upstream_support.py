@@ -51,6 +51,7 @@ from wyoming.tts import Synthesize
 
 from bench.harness import free_port
 from synth.piper_engine import PiperVoiceFiles
+from tests import canary
 from tests.support import voiced
 
 RATE = 24000
@@ -99,6 +100,8 @@ class Scripted:
 
 # The environment variable upstream entries in tests name for the local provider's key.
 KEY_ENV = "VOXGATE_TEST_UPSTREAM_KEY"
+# The local OpenAI-compatible provider's key (each fake provider's key is a canary).
+OPENAI_KEY = canary.canary("sk-openai")
 
 
 class LoopbackProvider:
@@ -117,12 +120,14 @@ class LoopbackProvider:
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        canary.provider_ports.add(self.port)
         return self
 
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+            canary.provider_ports.discard(self.port)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         raise NotImplementedError
@@ -146,7 +151,7 @@ class OpenAISpeechServer(LoopbackProvider):
     def __init__(
         self,
         *,
-        api_key: str = "sk-test-key",
+        api_key: str = OPENAI_KEY,
         voices: tuple[str, ...] = ("alloy", "nova", "coral"),
         delay_s: float = 0.0,
         port: int | None = None,
@@ -353,7 +358,10 @@ class ElevenLabsServer(LoopbackProvider):
     SETTINGS = frozenset({"stability", "similarity_boost", "style", "use_speaker_boost", "speed"})
 
     def __init__(
-        self, *, api_key: str = "xi-test-key", voices: tuple[str, ...] = ("21m00Tcm4TlvDq8ikWAM",)
+        self,
+        *,
+        api_key: str = canary.canary("xi"),
+        voices: tuple[str, ...] = ("21m00Tcm4TlvDq8ikWAM",),
     ) -> None:
         super().__init__()
         self.api_key = api_key
@@ -452,7 +460,7 @@ class AzureServer(ContractServer):
     }
 
     def __init__(self) -> None:
-        super().__init__(api_key="azure-test-key", voices=("en-US-AvaMultilingualNeural",))
+        super().__init__(api_key=canary.canary("azure"), voices=("en-US-AvaMultilingualNeural",))
 
     def answer(self, request: web.Request, body: bytes) -> web.Response:
         import xml.etree.ElementTree as ET
@@ -486,7 +494,7 @@ class GoogleServer(ContractServer):
     path = "/v1/text:synthesize"
 
     def __init__(self) -> None:
-        super().__init__(api_key="google-test-key", voices=("en-US-Neural2-F",))
+        super().__init__(api_key=canary.canary("google"), voices=("en-US-Neural2-F",))
 
     @staticmethod
     def _error(code: int, status: str, message: str) -> web.Response:
@@ -525,7 +533,7 @@ class DeepgramServer(ContractServer):
     path = "/v1/speak"
 
     def __init__(self) -> None:
-        super().__init__(api_key="deepgram-test-key", voices=("aura-2-thalia-en",))
+        super().__init__(api_key=canary.canary("deepgram"), voices=("aura-2-thalia-en",))
 
     @staticmethod
     def _error(status: int, code: str, message: str) -> web.Response:
@@ -609,7 +617,7 @@ class PollyServer(ContractServer):
     ENGINES = ("standard", "neural", "long-form", "generative")
 
     def __init__(self, *, region: str = "us-east-1") -> None:
-        super().__init__(api_key="polly-test-secret", voices=("Joanna", "Matthew"))
+        super().__init__(api_key=canary.canary("polly"), voices=("Joanna", "Matthew"))
         self.key_id = "AKIDPOLLYTEST"
         self.region = region
         self.bodies: list[dict[str, Any]] = []
@@ -763,7 +771,7 @@ class CartesiaServer(ContractServer):
 
     def __init__(self) -> None:
         super().__init__(
-            api_key="cartesia-test-key", voices=("694f9389-aac1-45b6-b726-9d9369183238",)
+            api_key=canary.canary("cartesia"), voices=("694f9389-aac1-45b6-b726-9d9369183238",)
         )
         self.bodies: list[dict[str, Any]] = []
 
