@@ -286,7 +286,10 @@ async def gateway(
             engines=engines if engines is not None else {"piper": counting_engine},
             routes=routes,
         )
-        client = RecordingClient(TestServer(app, host="127.0.0.1"))
+        server = TestServer(app, host="127.0.0.1")
+        # No aiohttp access log, as voxgate serve: its request lines hold query strings (text).
+        await server.start_server(access_log=None)
+        client = RecordingClient(server)
         await client.start_server()
         clients.append(client)
         if as_served and app[keys.FAST_HITS]:
