@@ -271,6 +271,9 @@ class _Worker:
         # Once a reply could not be read cleanly the pipe's state is unknown: nothing more is
         # read from it, and the batches behind fail as if the worker had died (and are retried).
         self.broken = False
+        # What broke it, for the restart metric: the batches behind fail as WorkerDied, and
+        # whichever failure reaches the event loop first names the replacement.
+        self.broken_by = "died"
         self.replaced = False  # the pool has retired it (event loop only)
         self.process = ctx.Process(
             target=_worker_main,
@@ -331,6 +334,7 @@ class _Worker:
             if self.broken:
                 raise WorkerDied(f"synthesis worker {self.index} died under an earlier batch")
         clean = ok = False
+        failure = "error"
         clock = BatchClock(self.pool.metrics, self.pool.model)
         clock.start()
         try:
@@ -339,11 +343,21 @@ class _Worker:
         except SynthesisError:
             clean = True  # the engine refused this batch: a whole, well-formed reply was read
             raise
+        except BadReply:
+            failure = "bad_reply"
+            raise
+        except WorkerDied:
+            failure = "died"
+            raise
+        except TimeoutError:
+            failure = "timeout"
+            raise
         finally:
             with self._order:
                 self._read += 1
-                if not clean:
+                if not clean and not self.broken:
                     self.broken = True
+                    self.broken_by = failure
                 self._order.notify_all()
             clock.end(ok)
         return result
@@ -593,7 +607,7 @@ class WorkerPool:
                 healthy = True
                 return result
             except WorkerDied:
-                self._replace(worker, "died")
+                self._replace(worker, worker.broken_by)
                 if attempt == 2:
                     raise EngineDead("the synthesis worker died twice running this batch") from None
                 log.warning("retrying a batch of %d after a worker died", len(items))
