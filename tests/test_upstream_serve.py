@@ -143,7 +143,7 @@ async def test_two_replicas_of_fifty_identical_requests_cost_one_call(
             status, headers, body = await r.request(
                 "POST", "/v1/audio/speech", json=speech(f"New text on port {r.port}.")
             )
-            assert time.monotonic() - started_at < 3 + 1
+            assert time.monotonic() - started_at < 15  # timeout_s 3, not the 30 s default
             assert status == 503, body
             assert b"upstream 'openai'" in body and "Retry-After" in headers
         saved = await eventually(
