@@ -16,6 +16,10 @@ _PATTERN = re.compile(r"[\w.-]*canary-[0-9A-Za-z]{12,}")
 seen: list[str] = []
 # Why the running test may show one (its ``canary_allowed`` mark): it is not failed for them.
 allowed = ""
+# The answer bodies being read (by id, the stream held so that its id is not reused while the
+# test runs): where each is from, and its last bytes (a canary may span two chunks).
+streams: dict[int, tuple[object, str, bytearray]] = {}
+_SPAN = 128  # longer than any canary
 # The ports of the tests' fake providers (tests/upstream_support.py): what a provider answers is
 # the provider's own text (one quotes the key it was sent), not voxgate's answer.
 provider_ports: set[int] = set()
@@ -42,3 +46,24 @@ def note(where: str, text: str | bytes) -> list[str]:
     hits = found(text)
     seen.extend(e for e in dict.fromkeys(f"{where}: {hit}" for hit in hits) if e not in seen)
     return hits
+
+
+def watch(stream: object, where: str) -> None:
+    """Search what is read from ``stream`` from now on (:func:`note_chunk`), as ``where``."""
+    streams.setdefault(id(stream), (stream, where, bytearray()))
+
+
+def note_chunk(stream: object, data: bytes) -> None:
+    """Note each canary in ``data``, the next chunk read from ``stream`` if it is watched."""
+    entry = streams.get(id(stream))
+    if entry is None or not data:
+        return
+    _, where, tail = entry
+    note(where, data)
+    note(where, bytes(tail) + data[:_SPAN])  # a canary across the boundary
+    tail[:] = data[-_SPAN:] if len(data) >= _SPAN else (bytes(tail) + data)[-_SPAN:]
+
+
+def shown() -> list[str]:
+    """What was seen, less the start of a canary that a chunk cut (seen whole at the next)."""
+    return [e for e in seen if not any(o != e and o.startswith(e) for o in seen)]

@@ -70,36 +70,51 @@ class CanaryLogHandler(logging.Handler):
 
 def watch_answer_bodies() -> None:
     """Note each canary in a body read through aiohttp's client or httpx (the openai SDK's),
-    unless a fake provider answered it: wrapped once, for the whole run."""
-    read = aiohttp.ClientResponse.read
+    whole or streamed chunk by chunk (a canary split between two chunks included), unless a fake
+    provider answered it: wrapped once, for the whole run."""
+    start, chunk = aiohttp.ClientResponse.start, aiohttp.StreamReader._read_nowait_chunk
 
-    async def aiohttp_read(self: aiohttp.ClientResponse) -> bytes:
-        body = await read(self)
+    async def aiohttp_start(self: aiohttp.ClientResponse, *args: Any, **kw: Any) -> Any:
+        started = await start(self, *args, **kw)
         if self.url.port not in canary.provider_ports:
-            canary.note(f"the body of {self.method} {self.url}", body)
-        return body
+            canary.watch(self.content, f"the body of {self.method} {self.url}")
+        return started
 
-    aiohttp.ClientResponse.read = aiohttp_read  # type: ignore[method-assign]
+    def aiohttp_chunk(self: aiohttp.StreamReader, n: int) -> bytes:
+        data: bytes = chunk(self, n)
+        canary.note_chunk(self, data)
+        return data
+
+    aiohttp.ClientResponse.start = aiohttp_start  # type: ignore[method-assign]
+    aiohttp.StreamReader._read_nowait_chunk = aiohttp_chunk  # type: ignore[method-assign]
     for name in ("httpx", "httpx2"):
         response = importlib.import_module(name).Response
-        sync_read, async_read = response.read, response.aread
+        sync_iter, async_iter = response.iter_bytes, response.aiter_bytes
 
-        def note_body(self: Any) -> None:
+        def watched(self: Any) -> bool:
             request = getattr(self, "_request", None)
-            if request is not None and request.url.port not in canary.provider_ports:
-                canary.note(f"the body of {request.method} {request.url}", self.content)
+            if request is None or request.url.port in canary.provider_ports:
+                return False
+            canary.watch(self, f"the body of {request.method} {request.url}")
+            return True
 
-        def httpx_read(self: Any, _read: Any = sync_read, _note: Any = note_body) -> bytes:
-            body = _read(self)
-            _note(self)
-            return body  # type: ignore[no-any-return]
+        def httpx_iter(
+            self: Any, *args: Any, _iter: Any = sync_iter, _watched: Any = watched
+        ) -> Any:
+            for data in _iter(self, *args):
+                if _watched(self):
+                    canary.note_chunk(self, data)
+                yield data
 
-        async def httpx_aread(self: Any, _read: Any = async_read, _note: Any = note_body) -> bytes:
-            body = await _read(self)
-            _note(self)
-            return body  # type: ignore[no-any-return]
+        async def httpx_aiter(
+            self: Any, *args: Any, _iter: Any = async_iter, _watched: Any = watched
+        ) -> Any:
+            async for data in _iter(self, *args):
+                if _watched(self):
+                    canary.note_chunk(self, data)
+                yield data
 
-        response.read, response.aread = httpx_read, httpx_aread
+        response.iter_bytes, response.aiter_bytes = httpx_iter, httpx_aiter
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -120,9 +135,10 @@ def no_canary_shown(request: pytest.FixtureRequest) -> Iterator[None]:
         if logger.level != logging.DEBUG:
             logger.setLevel(logging.DEBUG)
     canary.seen.clear()
+    canary.streams.clear()
     canary.allowed = mark.args[0] if mark is not None else ""
     yield
-    seen, allowed = list(canary.seen), canary.allowed
+    seen, allowed = canary.shown(), canary.allowed
     canary.seen.clear()
     canary.allowed = ""
     if seen and not allowed:

@@ -199,7 +199,9 @@ def test_a_record_whose_arguments_do_not_fit_is_left_to_the_handler() -> None:
 
 
 @pytest.mark.canary_allowed("it shows canaries to see that the suite-wide check notes them")
-async def test_the_suite_wide_check_sees_a_canary_in_a_log_record_and_a_body() -> None:
+async def test_the_suite_wide_check_sees_a_canary_in_a_log_record_and_a_body_whole_or_streamed() -> (
+    None
+):
     import httpx2
     from aiohttp.test_utils import TestClient, TestServer
 
@@ -209,17 +211,38 @@ async def test_the_suite_wide_check_sees_a_canary_in_a_log_record_and_a_body() -
     async def answer(_: web.Request) -> web.Response:
         return web.Response(text=shown)
 
+    async def trickle(request: web.Request) -> web.StreamResponse:
+        """The canary split across two chunks of a streamed answer."""
+        response = web.StreamResponse()
+        await response.prepare(request)
+        for part in (b"event: x\ndata: " + shown[:20].encode(), shown[20:].encode() + b"\n\n"):
+            await response.write(part)
+        await response.write_eof()
+        return response
+
     app = web.Application()
     app.router.add_get("/", answer)
+    app.router.add_get("/stream", trickle)
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
         assert await (await client.get("/")).text() == shown
         url = str(client.make_url("/"))
+        streamed = await client.get("/stream")
+        assert b"".join([part async for part in streamed.content.iter_chunked(7)]).endswith(
+            shown.encode() + b"\n\n"
+        )
+        async with (
+            httpx2.AsyncClient() as httpx_client,
+            httpx_client.stream("GET", url + "stream?httpx") as answered,
+        ):
+            assert shown.encode() in b"".join([part async for part in answered.aiter_bytes()])
     request = httpx2.Request("GET", url + "openai")
     read = httpx2.Response(200, content=shown.encode(), request=request).read()
     assert read == shown.encode()
-    assert canary.seen == [
+    assert canary.shown() == [
         f"log record voxgate.check DEBUG: {shown}",
         f"the body of GET {url}: {shown}",
+        f"the body of GET {url}stream: {shown}",
+        f"the body of GET {url}stream?httpx: {shown}",
         f"the body of GET {url}openai: {shown}",
     ]
 
