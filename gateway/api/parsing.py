@@ -423,16 +423,6 @@ def build_request(
     )
 
 
-def parse_openai_speech(
-    body: Mapping[str, Any],
-    settings: Settings,
-    words: Vocabulary,
-    expansions: ExpansionMemo | None = None,
-) -> SpeechRequest:
-    """Validate an OpenAI ``/v1/audio/speech`` body (a parsed JSON object)."""
-    return parse_speech_object(body, settings, words, expansions).req
-
-
 def parse_speech_object(
     body: Mapping[str, Any],
     settings: Settings,
