@@ -465,8 +465,6 @@ async def open_speech(
             else None
         )
         service = SpeechService(
-            store,
-            models,
             masters=masters,
             assembler=Assembler(
                 masters=masters,
@@ -480,8 +478,6 @@ async def open_speech(
                 max_sentence_chars=settings.max_sentence_chars,
             ),
             transcoder=Transcoder(store, engine_of, ledger, encode_pool, render_share),
-            ledger=ledger,
-            encode_pool=encode_pool,
             rejects=rejects,
             max_audio_s=settings.max_audio_s,
             vocabulary=Vocabulary(
