@@ -468,10 +468,7 @@ async def open_speech(
             masters=masters,
             assembler=Assembler(
                 masters=masters,
-                store=store,
-                encode_pool=encode_pool,
                 ledger=ledger,
-                partials=partials,
                 render_share=render_share,
                 pause_ms=settings.sentence_pause_ms,
                 max_parallel=settings.max_parallel_sentences,
