@@ -69,12 +69,12 @@ class SpeechService:
         assembler: Assembler,
         transcoder: Transcoder,
         vocabulary: Vocabulary,
+        rejects: Quarantine,
         max_audio_s: float | None = None,
-        rejects: Quarantine | None = None,
     ) -> None:
         # The store, models, ledger and encoder threads are the parts' own: one of each.
         self.store = masters.store
-        # Where refused takes are kept for review (None: they are dropped).
+        # Where refused takes are kept for review.
         self.rejects = rejects
         self.models = dict(masters.models)
         self.masters = masters
