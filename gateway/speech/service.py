@@ -70,7 +70,7 @@ class SpeechService:
         transcoder: Transcoder,
         vocabulary: Vocabulary,
         rejects: Quarantine,
-        max_audio_s: float | None = None,
+        max_audio_s: float,
     ) -> None:
         # The store, models, ledger and encoder threads are the parts' own: one of each.
         self.store = masters.store
@@ -216,8 +216,6 @@ class SpeechService:
     def check_budget(self, req: SpeechRequest) -> None:
         """Refuse up front (400) a request whose audio would run past ``max_audio_s``: its cost
         in time and memory grows with the audio, whatever its length in characters."""
-        if self.max_audio_s is None:
-            return
         seconds = estimated_request_s(req)
         if seconds > self.max_audio_s:
             raise BadRequest(
