@@ -424,14 +424,10 @@ def build_request(
 
 
 def parse_speech_object(
-    body: Mapping[str, Any],
-    settings: Settings,
-    words: Vocabulary,
-    expansions: ExpansionMemo | None = None,
+    body: Mapping[str, Any], settings: Settings, words: Vocabulary
 ) -> SpeechCall:
     """The :class:`SpeechCall` of an OpenAI ``/v1/audio/speech`` body (a parsed JSON object)."""
-    checked = models_for(settings).speech.check(body)
-    return speech_request(checked, settings, words, expansions)
+    return speech_request(models_for(settings).speech.check(body), settings, words)
 
 
 def parse_speech_body(

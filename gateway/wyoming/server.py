@@ -105,9 +105,8 @@ KNOWN_EVENTS = (
 class BadEvent(Exception):
     """An event that cannot be read or used; ``fatal`` when the framing is lost with it."""
 
-    def __init__(self, message: str, code: str = "bad_event", *, fatal: bool = False) -> None:
+    def __init__(self, message: str, *, fatal: bool = False) -> None:
         super().__init__(message)
-        self.code = code
         self.fatal = fatal
 
 
@@ -241,7 +240,7 @@ class SpeechEventHandler(AsyncEventHandler):
                     event = await read_event(self.reader, max_data, idle_s)
                 except BadEvent as exc:
                     self.metrics.wyoming_events.labels("other", "error").inc()
-                    await self.write_event(Error(text=str(exc), code=exc.code).event())
+                    await self.write_event(Error(text=str(exc), code="bad_event").event())
                     if exc.fatal:
                         break
                     continue
