@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from gateway.api.models import PROMPT_ID, PromptFields
-from gateway.api.parsing import parse_openai_speech
+from gateway.api.parsing import parse_speech_object
 from gateway.errors import BadRequest
 from gateway.runtime.settings import Settings
 from gateway.speech.request import SpeechRequest
@@ -182,7 +182,7 @@ def to_requests(
     out: list[SpeechRequest] = []
     for i, prompt in enumerate(prompts):
         try:
-            out.append(parse_openai_speech({**base, **prompt.body}, settings, words))
+            out.append(parse_speech_object({**base, **prompt.body}, settings, words).req)
         except BadRequest as exc:
             raise BadRequest(
                 f"{prompt.where}: {exc.message}",

@@ -6,9 +6,9 @@ import asyncio
 import dataclasses
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from aiohttp import web
 from pydantic import ValidationError
@@ -176,6 +176,19 @@ def front_end_may_run(settings: Settings, raw: bytes | None = None) -> bool:
     return long_text or (
         raw is not None and (b'"normalize"' in raw or b"<speak" in raw or b'"input_type"' in raw)
     )
+
+
+T = TypeVar("T")
+
+
+async def validate_off_loop(
+    settings: Settings, raw: bytes | None, parse: Callable[..., T], *args: Any
+) -> T:
+    """``parse(*args)``: in a thread where a slow text front end may run on ``raw``
+    (:func:`front_end_may_run`), else here on the event loop."""
+    if front_end_may_run(settings, raw):
+        return await asyncio.to_thread(parse, *args)
+    return parse(*args)
 
 
 def _check_raw(raw: str, settings: Settings, param: str) -> None:
@@ -410,25 +423,11 @@ def build_request(
     )
 
 
-def parse_openai_speech(
-    body: Mapping[str, Any],
-    settings: Settings,
-    words: Vocabulary,
-    expansions: ExpansionMemo | None = None,
-) -> SpeechRequest:
-    """Validate an OpenAI ``/v1/audio/speech`` body (a parsed JSON object)."""
-    return parse_speech_object(body, settings, words, expansions).req
-
-
 def parse_speech_object(
-    body: Mapping[str, Any],
-    settings: Settings,
-    words: Vocabulary,
-    expansions: ExpansionMemo | None = None,
+    body: Mapping[str, Any], settings: Settings, words: Vocabulary
 ) -> SpeechCall:
     """The :class:`SpeechCall` of an OpenAI ``/v1/audio/speech`` body (a parsed JSON object)."""
-    checked = models_for(settings).speech.check(body)
-    return speech_request(checked, settings, words, expansions)
+    return speech_request(models_for(settings).speech.check(body), settings, words)
 
 
 def parse_speech_body(

@@ -16,7 +16,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from gateway.api.compat import COQUI_HEADERS, parse_coqui, parse_piper, parse_synthesize
-from gateway.api.parsing import ExpansionMemo, front_end_may_run, read_json_object
+from gateway.api.parsing import ExpansionMemo, read_json_object, validate_off_loop
 from gateway.errors import BadRequest, RequestTimeout
 from gateway.http import keys
 from gateway.http.delivery import serve_speech
@@ -70,9 +70,7 @@ async def _parse(request: web.Request, parse: Parser, values: Mapping[str, Any])
     settings, words, expansions = app[keys.SETTINGS], app[keys.VOCABULARY], app[keys.EXPANSIONS]
     text = values.get("text")
     raw = text.encode("utf-8", "replace") if isinstance(text, str) else None
-    if front_end_may_run(settings, raw):
-        return await asyncio.to_thread(parse, values, settings, words, expansions)
-    return parse(values, settings, words, expansions)
+    return await validate_off_loop(settings, raw, parse, values, settings, words, expansions)
 
 
 async def api_tts(request: web.Request) -> web.StreamResponse:

@@ -24,11 +24,11 @@ from gateway.api import ssml
 from gateway.api.frontend import numbers_language
 from gateway.api.parsing import (
     SpeechCall,
-    front_end_may_run,
     parse_speech_body,
     read_body,
     ssml_limits,
     text_front_end,
+    validate_off_loop,
 )
 from gateway.api.readings import read_numbers
 from gateway.errors import BadRequest, NotFound
@@ -251,10 +251,9 @@ async def speech_call(request: web.Request) -> tuple[bytes, SpeechCall]:
     call = memo.get(raw)
     if call is None:
         words, expansions = app[keys.VOCABULARY], app[keys.EXPANSIONS]
-        if front_end_may_run(settings, raw):
-            call = await asyncio.to_thread(parse_speech_body, raw, settings, words, expansions)
-        else:
-            call = parse_speech_body(raw, settings, words, expansions)
+        call = await validate_off_loop(
+            settings, raw, parse_speech_body, raw, settings, words, expansions
+        )
         memo.put(raw, call)
     return raw, call
 

@@ -12,7 +12,6 @@ from typing_extensions import TypedDict
 
 from gateway.errors import BadRequest, NotFound
 from gateway.http import keys
-from gateway.speech.quarantine import Quarantine
 from gateway.speech.takes import accept_take
 
 log = logging.getLogger("voxgate")
@@ -47,13 +46,6 @@ class Settled(TypedDict):
     outcome: str
 
 
-def _quarantine(request: web.Request) -> Quarantine:
-    rejects = request.app[keys.SPEECH].rejects
-    if rejects is None:
-        raise NotFound("no quarantine is kept", code="take_not_found")
-    return rejects
-
-
 def _id(request: web.Request) -> str:
     id_ = request.match_info["id"]
     if not _ID.fullmatch(id_):
@@ -69,7 +61,7 @@ def _missing(id_: str) -> NotFound:
 
 async def list_takes(request: web.Request) -> web.Response:
     """``GET /v1/takes``: the refused takes kept for review, oldest first."""
-    listing = await _quarantine(request).listing()
+    listing = await request.app[keys.SPEECH].rejects.listing()
     body: RejectedTakes = {"takes": [r.as_json() for r in listing]}  # type: ignore[misc]
     return web.json_response(body)
 
@@ -77,7 +69,7 @@ async def list_takes(request: web.Request) -> web.Response:
 async def take_audio(request: web.Request) -> web.Response:
     """``GET /v1/takes/{id}/audio``: a refused take's audio, as it would have been stored."""
     id_ = _id(request)
-    found = await _quarantine(request).get(id_)
+    found = await request.app[keys.SPEECH].rejects.get(id_)
     if found is None:
         raise _missing(id_)
     entry = found[1]
@@ -100,7 +92,7 @@ async def discard_take(request: web.Request) -> web.Response:
 
 async def _settle(request: web.Request, outcome: Literal["approved", "discarded"]) -> web.Response:
     id_ = _id(request)
-    rejects = _quarantine(request)
+    rejects = request.app[keys.SPEECH].rejects
     # An approval reads the take, stores it, then takes it out (a store that fails leaves it to
     # approve again); a discard takes it out at once (of two at once, one finds it).
     found = await (rejects.get(id_) if outcome == "approved" else rejects.pop(id_))

@@ -9,7 +9,6 @@ the URL, so the text does not reach the logs.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import time
 from typing import Annotated
@@ -19,7 +18,7 @@ from pydantic import Field
 from typing_extensions import TypedDict
 
 from gateway.api.models import models_for
-from gateway.api.parsing import ExpansionMemo, front_end_may_run, read_json_object
+from gateway.api.parsing import read_json_object, validate_off_loop
 from gateway.api.say import SayParsed, parse_say, signed_say_path, signer_of, verify
 from gateway.errors import BadRequest, Forbidden, NotFound
 from gateway.http import keys
@@ -28,10 +27,8 @@ from gateway.http.conditional import audio_response
 from gateway.http.delivery import client_of, serve_speech
 from gateway.http.hits import hit_response
 from gateway.http.marks import audio_key
-from gateway.runtime.settings import Settings
 from gateway.speech.caller import ask_as, caller
 from gateway.speech.telephony import extension
-from gateway.speech.vocabulary import Vocabulary
 
 
 class SignedUrl(TypedDict):
@@ -145,9 +142,7 @@ async def sign_say_url(request: web.Request) -> web.Response:
             param="expires_in",
         )
     # Signed only if it would play: an unknown voice or unspeakable text is refused now.
-    await _parse_say(
-        body.voice, body.text, body.ext, settings, app[keys.VOCABULARY], app[keys.EXPANSIONS]
-    )
+    await _parse_say(app, body.voice, body.text, body.ext)
     expires = int(time.time()) + min(ttl, settings.signed_url_max_s)
     # The URL is charged to the key that signs it (none without a keys file).
     key = caller().key
@@ -167,26 +162,17 @@ def _secret(request: web.Request) -> str:
 
 
 async def _parse(request: web.Request) -> SayParsed:
-    app = request.app
-    settings, words, expansions = app[keys.SETTINGS], app[keys.VOCABULARY], app[keys.EXPANSIONS]
     match = request.match_info
-    return await _parse_say(
-        match["voice"], match["text"], match["ext"], settings, words, expansions
-    )
+    return await _parse_say(request.app, match["voice"], match["text"], match["ext"])
 
 
-async def _parse_say(
-    voice: str,
-    text: str,
-    ext: str,
-    settings: Settings,
-    words: Vocabulary,
-    expansions: ExpansionMemo,
-) -> SayParsed:
+async def _parse_say(app: web.Application, voice: str, text: str, ext: str) -> SayParsed:
     # (Off the event loop where a text front end may take long: a long text full of digits.)
-    if front_end_may_run(settings, text.encode("utf-8", "replace")):
-        return await asyncio.to_thread(parse_say, voice, text, ext, settings, words, expansions)
-    return parse_say(voice, text, ext, settings, words, expansions)
+    settings, raw = app[keys.SETTINGS], text.encode("utf-8", "replace")
+    words, expansions = app[keys.VOCABULARY], app[keys.EXPANSIONS]
+    return await validate_off_loop(
+        settings, raw, parse_say, voice, text, ext, settings, words, expansions
+    )
 
 
 async def _play(request: web.Request, parsed: SayParsed) -> web.StreamResponse:

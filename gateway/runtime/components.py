@@ -465,23 +465,16 @@ async def open_speech(
             else None
         )
         service = SpeechService(
-            store,
-            models,
             masters=masters,
             assembler=Assembler(
                 masters=masters,
-                store=store,
-                encode_pool=encode_pool,
                 ledger=ledger,
-                partials=partials,
                 render_share=render_share,
                 pause_ms=settings.sentence_pause_ms,
                 max_parallel=settings.max_parallel_sentences,
                 max_sentence_chars=settings.max_sentence_chars,
             ),
             transcoder=Transcoder(store, engine_of, ledger, encode_pool, render_share),
-            ledger=ledger,
-            encode_pool=encode_pool,
             rejects=rejects,
             max_audio_s=settings.max_audio_s,
             vocabulary=Vocabulary(

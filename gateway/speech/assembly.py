@@ -16,7 +16,6 @@ queued or running finish and are stored, for the retry.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import functools
 import logging
@@ -27,7 +26,6 @@ import numpy as np
 from prometheus_client import Counter
 
 from cache.entry import Entry
-from cache.store import TieredStore
 from gateway.errors import TooManyRequests
 from gateway.speech import marks
 from gateway.speech.caller import caller
@@ -38,7 +36,7 @@ from gateway.speech.takes import Take, accept_take
 from synth import audio, sentences
 from synth.engine import Audio
 from synth.errors import TakeRejected
-from synth.pieces import Pieces, PiecesFeed
+from synth.pieces import Pieces
 from synth.scheduler import ClientShares
 
 log = logging.getLogger("voxgate.speech")
@@ -359,22 +357,20 @@ class Assembler:
         self,
         *,
         masters: Masters,
-        store: TieredStore,
-        encode_pool: concurrent.futures.Executor,
         ledger: Ledger,
-        partials: PiecesFeed,
         render_share: RenderShare | None = None,
         pause_ms: int = 250,
         max_parallel: int = 8,
         max_sentence_chars: int | None = None,
     ) -> None:
         self._masters = masters
-        self._store = store
-        self.encode_pool = encode_pool
+        # The masters' store and encoder threads: the renditions go where their sentences do.
+        self._store = masters.store
+        self.encode_pool = masters.encode_pool
         self.ledger = ledger
         # Streaming pass-through: the sentences in flight whose pcm arrives in pieces (the
         # masters open them), for streams to pass on.
-        self.partials = partials
+        self.partials = masters.partials
         # A client's share of the productions started at once (None: no limit).
         self.render_share = render_share
         self.pause_ms = pause_ms

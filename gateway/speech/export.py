@@ -194,7 +194,7 @@ async def export(
     layout: Layout,
     *,
     concurrency: int,
-    on_file: Callable[[FileResult], None] | None = None,
+    on_file: Callable[[FileResult], None],
 ) -> ExportSummary:
     """Write every item's file in every format into ``directory`` (see the module doc)."""
     started = time.perf_counter()
@@ -246,8 +246,7 @@ async def export(
                     {"where": item.where, "file": res.path, "error": res.error or ""}
                 )
             summary.synthesized += res.synthesized
-            if on_file is not None:
-                on_file(res)
+            on_file(res)
 
     await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, summary.files or 1)))))
     document = {"version": MANIFEST_VERSION, "layout": layout, "prompts": manifest}

@@ -85,14 +85,14 @@ class Masters:
         *,
         cross_replica: CrossReplicaFlight | None = None,
         admit_synthesis: Callable[[int], Awaitable[None]] | None = None,
-        takes: TakeGate | None = None,
+        takes: TakeGate,
         loudness: Loudness | None = None,
     ) -> None:
         # The level every new master is brought to (``loudness_lufs``; None: the engine's own).
         self.loudness = loudness
         # Each model's voices' languages, as the take checks read them.
         self._languages: dict[str, dict[str, str]] = {}
-        # The checks every new take passes before it is stored (None: none).
+        # The checks every new take passes before it is stored.
         self.takes = takes
         self.store = store
         self.models = models
@@ -284,7 +284,7 @@ class Masters:
         handle = self.models[req.model]
         if not handle.ready.is_set():
             raise Overloaded(f"model '{req.model}' is still loading", retry_after_s=2.0)
-        takes = 1 + (self.takes.retries if self.takes is not None and self.takes.on else 0)
+        takes = 1 + (self.takes.retries if self.takes.on else 0)
         reasons: dict[str, None] = {}
         loop = asyncio.get_running_loop()
         for n in range(takes):  # take n (0 the first)

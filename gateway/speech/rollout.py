@@ -169,8 +169,8 @@ async def rollout(
     concurrency: int,
     metrics: Metrics,
     allow_unrenderable: bool = False,
-    on_total: Callable[[int], None] | None = None,
-    on_done: Callable[[PromptResult], None] | None = None,
+    on_total: Callable[[int], None],
+    on_done: Callable[[PromptResult], None],
 ) -> RolloutReport:
     """Re-render ``model``'s pinned prompts at ``revision`` and switch it when all are (see the
     module). ``parse`` validates a prompt's OpenAI speech body (a :class:`VoxgateError` for one
@@ -227,8 +227,7 @@ async def rollout(
             continue
         todo.append((line, req, group))
     requests = [req for _, req, _ in todo]
-    if on_total is not None:
-        on_total(len(requests))
+    on_total(len(requests))
     # This process only: the gateways keep the old addresses until the switch below.
     service.apply_revisions({**table, (model, fingerprint): revision})
     summary = await render(service, requests, metrics, concurrency=concurrency, on_done=on_done)

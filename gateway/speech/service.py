@@ -9,20 +9,18 @@ synthesized is a transcode of the master, never a synthesis.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 
 from cache.entry import Entry
 from cache.keys import rendition_key
-from cache.store import TieredStore
 from gateway.errors import BadRequest
 from gateway.memo import BoundedMemo
 from gateway.speech.assembly import Assembler, SpeechStream
 from gateway.speech.caller import prepaid
-from gateway.speech.ledger import Ledger, Made
-from gateway.speech.masters import Masters, ModelHandle
+from gateway.speech.ledger import Made
+from gateway.speech.masters import Masters
 from gateway.speech.quarantine import Quarantine
 from gateway.speech.request import (
     Segment,
@@ -66,28 +64,25 @@ class SpeechService:
 
     def __init__(
         self,
-        store: TieredStore,
-        models: Mapping[str, ModelHandle],
         *,
         masters: Masters,
         assembler: Assembler,
         transcoder: Transcoder,
-        ledger: Ledger,
-        encode_pool: concurrent.futures.ThreadPoolExecutor,
         vocabulary: Vocabulary,
-        max_audio_s: float | None = None,
-        rejects: Quarantine | None = None,
+        rejects: Quarantine,
+        max_audio_s: float,
     ) -> None:
-        self.store = store
-        # Where refused takes are kept for review (None: they are dropped).
+        # The store, models, ledger and encoder threads are the parts' own: one of each.
+        self.store = masters.store
+        # Where refused takes are kept for review.
         self.rejects = rejects
-        self.models = dict(models)
+        self.models = dict(masters.models)
         self.masters = masters
         self.assembler = assembler
         self.transcoder = transcoder
-        self.ledger = ledger
+        self.ledger = assembler.ledger
         # Owned here: shut down with the service (the parts above share it).
-        self._encode_pool = encode_pool
+        self._encode_pool = assembler.encode_pool
         self.max_audio_s = max_audio_s
         self.sentence_pause_ms = assembler.pause_ms
         # Content addresses of recent requests: hashing the canonical JSON is most of a hit's CPU
@@ -221,8 +216,6 @@ class SpeechService:
     def check_budget(self, req: SpeechRequest) -> None:
         """Refuse up front (400) a request whose audio would run past ``max_audio_s``: its cost
         in time and memory grows with the audio, whatever its length in characters."""
-        if self.max_audio_s is None:
-            return
         seconds = estimated_request_s(req)
         if seconds > self.max_audio_s:
             raise BadRequest(

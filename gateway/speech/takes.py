@@ -61,8 +61,8 @@ class TakeGate:
     checker: TakeChecker
     pool: concurrent.futures.Executor
     metrics: Metrics
+    rejects: Rejects
     retries: int = 2
-    rejects: Rejects | None = None
     limits: Mapping[str, Limits] = field(default_factory=dict)
 
     @property
@@ -100,8 +100,7 @@ class TakeGate:
             req.voice,
             ",".join(verdict.reasons),
         )
-        if self.rejects is not None:
-            await self.rejects.keep(key, entry, take, verdict)
+        await self.rejects.keep(key, entry, take, verdict)
         return verdict
 
 

@@ -65,9 +65,9 @@ from gateway.api.compat import check_language, default_voice, find_voice
 from gateway.api.parsing import (
     ExpansionMemo,
     build_request,
-    front_end_may_run,
     resolve_voice,
     speech_text,
+    validate_off_loop,
 )
 from gateway.errors import BadRequest, VoxgateError
 from gateway.runtime.buildinfo import version
@@ -105,9 +105,8 @@ KNOWN_EVENTS = (
 class BadEvent(Exception):
     """An event that cannot be read or used; ``fatal`` when the framing is lost with it."""
 
-    def __init__(self, message: str, code: str = "bad_event", *, fatal: bool = False) -> None:
+    def __init__(self, message: str, *, fatal: bool = False) -> None:
         super().__init__(message)
-        self.code = code
         self.fatal = fatal
 
 
@@ -241,7 +240,7 @@ class SpeechEventHandler(AsyncEventHandler):
                     event = await read_event(self.reader, max_data, idle_s)
                 except BadEvent as exc:
                     self.metrics.wyoming_events.labels("other", "error").inc()
-                    await self.write_event(Error(text=str(exc), code=exc.code).event())
+                    await self.write_event(Error(text=str(exc), code="bad_event").event())
                     if exc.fatal:
                         break
                     continue
@@ -420,10 +419,8 @@ class SpeechEventHandler(AsyncEventHandler):
         """``audio-start``, the audio of ``text`` as ``audio-chunk``s as it is made,
         ``audio-stop``. The request is made in a thread when a text front end may run (tens of
         milliseconds for a long Markdown text: not on the event loop)."""
-        if front_end_may_run(self.settings, text.encode("utf-8", "replace")):
-            req = await asyncio.to_thread(self._request, text, voice)
-        else:
-            req = self._request(text, voice)
+        raw = text.encode("utf-8", "replace")
+        req = await validate_off_loop(self.settings, raw, self._request, text, voice)
         answer = await self.server.service.answer(req, stream=True)
         if isinstance(answer, SpeechStream):
             try:
