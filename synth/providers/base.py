@@ -261,7 +261,7 @@ def answer_seconds(item: SynthesisItem, language: str) -> float:
     """The longest a take of ``item`` may plausibly last: its text at the prior speaking rate
     of ``language``, at the asked speed, times the take checks' ``max_duration_ratio``."""
     facts = TakeFacts(np.zeros(0, np.float32), MIN_RATE, item.text, item.speed, language=language)
-    expected = SpeakingRates().expected_s(facts)
+    expected = SpeakingRates().expected_range_s(facts)[1]
     return max(MIN_ANSWER_S, expected * Limits().max_duration_ratio)
 
 
