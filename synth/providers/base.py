@@ -76,7 +76,6 @@ class ProviderError(Exception):
         status: int | None = None,
         retryable: bool = False,
         retry_after_s: float | None = None,
-        sent: bool = True,
         reason: str = "",
         oversize: bool = False,
     ) -> None:
@@ -88,8 +87,6 @@ class ProviderError(Exception):
         self.status = status
         self.retryable = retryable
         self.retry_after_s = retry_after_s
-        # False: refused before anything was sent (not a call).
-        self.sent = sent
         # An answer cut off for its size (too_long, or past max_audio_mb): billed, and the same
         # call would be answered the same.
         self.oversize = oversize or reason == "too_long"
