@@ -39,7 +39,6 @@ class AudioFormat:
     # Telephony codecs default to 8 kHz when no rate is asked for, raw PCM to OpenAI's 24 kHz;
     # others keep the engine's rate.
     default_rate: int | None = None
-    lossless: bool = True
     # Rates the codec can run at; an asked rate outside them is raised to the next one up.
     rates: tuple[int, ...] | None = None
     # Whether the format can be sent as it is made, sentence by sentence (see StreamEncoder).
@@ -51,7 +50,7 @@ _OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
 # MPEG-1/2/2.5 layer III and AAC (ADTS sampling-frequency index) share this set.
 _MPEG_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
 
-_g711 = functools.partial(AudioFormat, default_rate=8000, lossless=False, streamable=True)
+_g711 = functools.partial(AudioFormat, default_rate=8000, streamable=True)
 # G.711 naming: `mulaw` / `alaw` are WAV files (format tag 7 / 6) that any player opens; `ulaw` /
 # `alaw-raw` are the headerless 8-bit streams Asterisk (`.ulaw`, `.alaw`) and FreeSWITCH (`.PCMU`,
 # `.PCMA`) play directly. `alaw` stays the WAV form so that the two WAV names mirror each other.
@@ -64,41 +63,23 @@ FORMATS: dict[str, AudioFormat] = {
         AudioFormat("pcm", "audio/pcm", None, "PCM_16", default_rate=24000, streamable=True),
         AudioFormat("flac", "audio/flac", "FLAC", "PCM_16"),
         AudioFormat(
-            "mp3",
-            "audio/mpeg",
-            "MP3",
-            "MPEG_LAYER_III",
-            lossless=False,
-            rates=_MPEG_RATES,
-            streamable=True,
+            "mp3", "audio/mpeg", "MP3", "MPEG_LAYER_III", rates=_MPEG_RATES, streamable=True
         ),
-        AudioFormat("opus", "audio/ogg", "OGG", "OPUS", lossless=False, rates=_OPUS_RATES),
+        AudioFormat("opus", "audio/ogg", "OGG", "OPUS", rates=_OPUS_RATES),
         _g711("mulaw", "audio/wav", "WAV", "ULAW"),
         _g711("alaw", "audio/wav", "WAV", "ALAW"),
         _g711("ulaw", "audio/basic", "RAW", "ULAW"),
         _g711("alaw-raw", "audio/x-alaw-basic", "RAW", "ALAW"),
         # libsndfile has no AAC; PyAV's wheels carry FFmpeg's native AAC encoder (no system
         # ffmpeg needed). ADTS framing: every frame self-describing, so it streams as well.
-        AudioFormat(
-            "aac", "audio/aac", "ADTS", "AAC", lossless=False, rates=_MPEG_RATES, streamable=True
-        ),
+        AudioFormat("aac", "audio/aac", "ADTS", "AAC", rates=_MPEG_RATES, streamable=True),
         # Telephony codecs PBXs play from files (Asterisk format_gsm / format_g722). GSM 06.10 as
         # libsndfile writes it headerless: 33-byte frames of 160 samples (20 ms at 8 kHz), the
         # layout Asterisk's `.gsm` and FFmpeg's `gsm` demuxer read. Not streamable: a sentence's
         # samples would be padded to a whole frame at every join.
-        AudioFormat(
-            "gsm", "audio/gsm", "RAW", "GSM610", default_rate=8000, lossless=False, rates=(8000,)
-        ),
+        AudioFormat("gsm", "audio/gsm", "RAW", "GSM610", default_rate=8000, rates=(8000,)),
         # G.722 (64 kbit/s ADPCM, 16 kHz audio): FFmpeg's encoder and raw muxer through PyAV.
-        AudioFormat(
-            "g722",
-            "audio/G722",
-            "G722",
-            "G722",
-            default_rate=16000,
-            lossless=False,
-            rates=(16000,),
-        ),
+        AudioFormat("g722", "audio/G722", "G722", "G722", default_rate=16000, rates=(16000,)),
     )
     if f.container not in ("MP3", "ADTS", "G722") or importlib.util.find_spec("av") is not None
 }

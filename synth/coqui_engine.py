@@ -374,7 +374,7 @@ class CoquiEngine:
         if self.mode == "onnx":
             return self._synthesize_onnx(item, seed)
         with torch_noise(seed):
-            return self._synthesize_vits([item])[0]
+            return self._synthesize_vits(item)
 
     def _scales(self, item: SynthesisItem) -> tuple[float, float, float]:
         """Noise, length and duration-noise scales; the length scale is speed 1's (the speed
@@ -416,50 +416,39 @@ class CoquiEngine:
             return torch.autocast(self.device.partition(":")[0], dtype=dtype)
         return contextlib.nullcontext()
 
-    def _synthesize_vits(self, items: Sequence[SynthesisItem]) -> list[Audio]:
-        """One padded forward pass for ``items`` (the engine gives it one at a time: a batch's
+    def _synthesize_vits(self, item: SynthesisItem) -> Audio:
+        """One forward pass for ``item`` alone (the engine runs items one at a time: a batch's
         noise would be one draw for all its rows, and the unmasked HiFi-GAN decoder would hear
-        a longer neighbour's padding at a shorter item's end).
-
-        Every item shares the first's scales. Each output is cut at its own predicted length
-        (``y_mask``).
-        """
+        a longer neighbour's padding at a shorter item's end), cut at its predicted length
+        (``y_mask``)."""
         import torch
 
         model = self._synth.tts_model
-        noise, length, noise_dp = self._scales(items[0])
-        encoded = [self._ids(item) for item in items]
+        noise, length, noise_dp = self._scales(item)
+        ids, sid, lid = self._ids(item)
         device = next(model.parameters()).device
-        rows = [torch.tensor(ids, dtype=torch.long) for ids, _, _ in encoded]
-        x = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
-        x_lengths = torch.tensor([len(row) for row in rows], dtype=torch.long)
-        _, sids, lids = zip(*encoded, strict=True)
+        x = torch.tensor([ids], dtype=torch.long)
         aux: dict[str, Any] = {
-            "x_lengths": x_lengths.to(device),
+            "x_lengths": torch.tensor([len(ids)], dtype=torch.long).to(device),
             "d_vectors": None,
-            "speaker_ids": torch.tensor(sids, device=device) if sids[0] is not None else None,
-            "language_ids": torch.tensor(lids, device=device) if lids[0] is not None else None,
+            "speaker_ids": torch.tensor([sid], device=device) if sid is not None else None,
+            "language_ids": torch.tensor([lid], device=device) if lid is not None else None,
             "durations": None,
         }
         model.inference_noise_scale = noise
         blank_id = self._blank_id()
         blanks = None if blank_id is None else (x == blank_id).unsqueeze(1).to(device)
-        model.length_scale = _LengthAtSpeed(length, items[0].speed, blanks)
+        model.length_scale = _LengthAtSpeed(length, item.speed, blanks)
         model.inference_noise_scale_dp = noise_dp
         with torch.inference_mode(), self._autocast():
             out = model.inference(x.to(device), aux_input=aux)
-        wav = out["model_outputs"].float().cpu().numpy()[:, 0, :]
-        frames = out["y_mask"].sum(dim=(1, 2)).long().cpu().numpy()
-        hop = wav.shape[1] // out["y_mask"].shape[-1]
+        wav = out["model_outputs"].float().cpu().numpy()[0, 0, :]
+        frames = int(out["y_mask"].sum().long())
+        hop = wav.shape[0] // out["y_mask"].shape[-1]
         # Each id's whole frames, as the alignment that made the audio used them.
-        durations = out["durations"].float().cpu().numpy()[:, 0, :]
-        results = []
-        for row, (item, (ids, _, _)) in enumerate(zip(items, encoded, strict=True)):
-            pcm = np.ascontiguousarray(wav[row, : int(frames[row]) * hop], dtype=np.float32)
-            id_frames = durations[row, : len(ids)]
-            words = self._words(item, ids, id_frames * hop, len(pcm))
-            results.append(Audio(pcm, self.sample_rate, words))
-        return results
+        id_frames = out["durations"].float().cpu().numpy()[0, 0, : len(ids)]
+        pcm = np.ascontiguousarray(wav[: frames * hop], dtype=np.float32)
+        return Audio(pcm, self.sample_rate, self._words(item, ids, id_frames * hop, len(pcm)))
 
     def _synthesize_onnx(self, item: SynthesisItem, seed: int) -> Audio:
         names = {i.name for i in self._onnx.get_inputs()}

@@ -59,10 +59,6 @@ def register(values: Iterable[str]) -> None:
         _secrets = tuple(sorted(set(_secrets) | new, key=len, reverse=True))
 
 
-def registered() -> tuple[str, ...]:
-    return _secrets
-
-
 def scrub(text: str) -> str:
     """``text`` with every registered secret masked, and a secret's start that ends the text
     (a message clipped inside the secret, ``...`` after it or not) masked too."""

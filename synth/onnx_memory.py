@@ -12,6 +12,8 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from synth.seeded_noise import feed_stretch
+
 # A run that made more audio than this (seconds) is followed by malloc_trim: the call walks the
 # heap (about a millisecond), so ordinary sentences skip it.
 TRIM_AFTER_AUDIO_S = 10.0
@@ -41,17 +43,9 @@ class ShrinkingSession:
 
     def options_for(self, input_feed: Mapping[str, Any]) -> Any:
         """The run options for this feed: shrinking ones for a run larger than ``keep_ids``."""
-        ids = input_feed.get("input")
-        if ids is None:
+        if "input" not in input_feed or feed_stretch(input_feed) > self.keep_ids:
             return self.run_options
-        stretch = 1.0
-        scales = input_feed.get("scales")
-        if scales is not None and scales.size > 1:
-            stretch *= float(scales.reshape(-1)[1])
-        speed = input_feed.get("speed")
-        if speed is not None and speed.size:
-            stretch /= max(float(speed.reshape(-1)[0]), 1e-3)
-        return self.run_options if ids.size * stretch > self.keep_ids else self.keep_options
+        return self.keep_options
 
     def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any]) -> Any:
         return self.session.run(output_names, input_feed, self.options_for(input_feed))

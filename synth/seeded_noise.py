@@ -245,7 +245,7 @@ class SeededNoise:
     ) -> list[Any]:
         """``session.run(output_names, feeds)`` with the noise of ``seed``'s ``run``-th graph
         run (an item may take several: Piper's sentences)."""
-        stretch = _stretch(feeds)
+        stretch = feed_stretch(feeds)
         counts = [math.ceil(per * stretch * _MARGIN) + 16 for per in self._per_id]
         used_names = [noise.used for noise in self.inputs]
         for _ in range(_MAX_RUNS):
@@ -269,7 +269,7 @@ class SeededNoise:
         return [o.name for o in session.get_outputs() if o.name not in used]
 
 
-def _stretch(feeds: Mapping[str, np.ndarray[Any, Any]]) -> float:
+def feed_stretch(feeds: Mapping[str, Any]) -> float:
     """Input ids, times the length scale, over the speed: what the graph's frames follow."""
     ids = feeds.get("input")
     stretch = float(ids.shape[-1]) if ids is not None else 1.0

@@ -176,9 +176,6 @@ class SpeakingRates:
         weight = 30.0
         return (chars + prior * weight) / (seconds + weight)
 
-    def expected_s(self, facts: TakeFacts) -> float:
-        return self.expected_range_s(facts)[1]
-
     def expected_range_s(self, facts: TakeFacts) -> tuple[float, float, float]:
         """The shortest, likeliest and longest plausible lengths of ``facts``' text (its
         digits and symbols may be read in fewer or more words) at the asked speed."""
@@ -581,7 +578,6 @@ _VAD_MODE = 2
 class Signal:
     """What the detector and the spectral measures found in a take."""
 
-    frames: int
     loud_frames: int
     speech_frames: int
     span_s: float  # from the first frame of speech to the end of the last
@@ -617,9 +613,7 @@ def analyse(pcm: npt.NDArray[np.float32], sample_rate: int, min_level_db: float)
     speech = heard & loud
     where = np.flatnonzero(speech)
     if where.size == 0:
-        return Signal(
-            count, int(loud.sum()), 0, 0.0, 0.0, 0.0, 0.0, 0.0, -120.0, -120.0, 0.0, (), 0
-        )
+        return Signal(int(loud.sum()), 0, 0.0, 0.0, 0.0, 0.0, 0.0, -120.0, -120.0, 0.0, (), 0)
     first, last = int(where[0]), int(where[-1])
     gaps = np.diff(where) - 1
     spectra = np.abs(np.fft.rfft(frames[speech] * _WINDOW, n=512)) ** 2
@@ -642,7 +636,6 @@ def analyse(pcm: npt.NDArray[np.float32], sample_rate: int, min_level_db: float)
         end_level = 10.0 * float(np.log10(np.mean(tail * tail) + 1e-12))
         end_db = end_level - median_level
     return Signal(
-        frames=count,
         loud_frames=int(loud.sum()),
         speech_frames=int(where.size),
         span_s=(last - first + 1) * FRAME_S,

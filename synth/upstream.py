@@ -650,16 +650,8 @@ class UpstreamRunner:
             except (ProviderError, TimeoutError) as caught:
                 # Our deadline is a provider timeout: counted, told and never retried as one.
                 exc = caught if isinstance(caught, ProviderError) else ProviderError("timeout", "")
-                if not exc.sent and exc.kind == "refused":
-                    # The provider module refused before any call (a speed its API cannot
-                    # ask for): voxgate's error, not the provider's.
-                    raise self._fail(
-                        "unsupported_speed",
-                        f"model {name!r} cannot take speed {item.speed:g}: {exc.message}",
-                    ) from None
-                if exc.sent:
-                    self.metrics.upstream_calls.labels(name, exc.kind).inc()
-                    self._latency.observe(time.perf_counter() - started)
+                self.metrics.upstream_calls.labels(name, exc.kind).inc()
+                self._latency.observe(time.perf_counter() - started)
                 delay = None if passed else self._retry_delay(exc, attempt)
                 if delay is not None and loop.time() + delay < deadline:
                     attempt += 1

@@ -76,7 +76,6 @@ class ProviderError(Exception):
         status: int | None = None,
         retryable: bool = False,
         retry_after_s: float | None = None,
-        sent: bool = True,
         reason: str = "",
         oversize: bool = False,
     ) -> None:
@@ -88,8 +87,6 @@ class ProviderError(Exception):
         self.status = status
         self.retryable = retryable
         self.retry_after_s = retry_after_s
-        # False: refused before anything was sent (not a call).
-        self.sent = sent
         # An answer cut off for its size (too_long, or past max_audio_mb): billed, and the same
         # call would be answered the same.
         self.oversize = oversize or reason == "too_long"
@@ -261,7 +258,7 @@ def answer_seconds(item: SynthesisItem, language: str) -> float:
     """The longest a take of ``item`` may plausibly last: its text at the prior speaking rate
     of ``language``, at the asked speed, times the take checks' ``max_duration_ratio``."""
     facts = TakeFacts(np.zeros(0, np.float32), MIN_RATE, item.text, item.speed, language=language)
-    expected = SpeakingRates().expected_s(facts)
+    expected = SpeakingRates().expected_range_s(facts)[1]
     return max(MIN_ANSWER_S, expected * Limits().max_duration_ratio)
 
 

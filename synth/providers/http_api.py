@@ -116,9 +116,6 @@ class HttpProvider:
         return self._session
 
     async def synthesize(self, item: SynthesisItem, timeout_s: float) -> Audio:
-        low, high = self.speeds
-        if not low <= item.speed <= high:
-            raise ProviderError("refused", self.speed_refusal, sent=False)
         call = self.request(item)
         try:
             async with self._client().post(

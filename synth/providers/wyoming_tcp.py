@@ -43,8 +43,6 @@ class WyomingProvider:
         self.max_bytes = config.max_audio_mb * MIB
 
     async def synthesize(self, item: SynthesisItem, timeout_s: float) -> Audio:
-        if item.speed != 1.0:
-            raise ProviderError("refused", self.speed_refusal, sent=False)
         chunks: list[bytes] = []
         size = 0
         rate = 0
