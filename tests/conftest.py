@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from _pytest.logging import LogCaptureHandler
 from aiohttp.test_utils import TestClient, TestServer
 from blockbuster import blockbuster_ctx
 
@@ -105,6 +106,24 @@ def watch_answer_bodies() -> None:
 def pytest_configure(config: pytest.Config) -> None:
     logging.getLogger().addHandler(CanaryLogHandler())
     watch_answer_bodies()
+
+
+@pytest.fixture(autouse=True)
+def root_logging_kept() -> Iterator[None]:
+    """The root logger's handlers and level as they were before the test. A command run in the
+    test's own process (``main(["serve", ...])`` ended by a settings error) sets up logging as
+    its process's: its handler replaces all others, the canary handler among them, so every
+    later test on that xdist worker went unchecked for canaries in log records."""
+    root = logging.getLogger()
+    kept, level = [h for h in root.handlers if not isinstance(h, LogCaptureHandler)], root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in kept and not isinstance(handler, LogCaptureHandler):
+            root.removeHandler(handler)
+    for handler in kept:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.fixture(autouse=True)
