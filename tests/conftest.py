@@ -254,6 +254,11 @@ def settings(tmp_path: Path, request: pytest.FixtureRequest) -> Settings:
         # loudness target changes by design: tests/test_loudness.py holds the default (on), and
         # so does every test of `voxgate serve` (tests/served.py).
         "loudness_lufs": "off",
+        # Where a test adds Redis, a call that outlives its timeout is a miss, or a replica
+        # working alone, or a rate counted per process: what such a test counts then changes.
+        # The 0.5 s default is a GC pause of the test's process on a loaded machine; a test of
+        # the timeout itself sets its own.
+        "redis_timeout_ms": "5000",
     }
     return Settings.load(env={}, overrides=overrides)
 
