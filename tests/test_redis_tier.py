@@ -188,7 +188,12 @@ async def test_two_replicas_produce_once(redis_url: str) -> None:
     a = await make_tier(redis_url, metrics_a)
     b = await asyncio.to_thread(
         functools.partial(
-            RedisTier.from_url, redis_url, secret=SECRET, prefix=a.prefix, metrics=metrics_b
+            RedisTier.from_url,
+            redis_url,
+            secret=SECRET,
+            prefix=a.prefix,
+            metrics=metrics_b,
+            timeout_s=5.0,
         )
     )
     produced: list[str] = []
