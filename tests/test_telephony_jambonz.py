@@ -486,7 +486,7 @@ async def test_a_revoked_keys_sockets_are_closed_at_the_reload(
         Path(config.api_keys_file).write_text, key_table("b", B_SECRET, ["speak"])
     )
     assert await client.server.app[app_keys.AUTH].reload()
-    closing = await a.receive(timeout=1)
+    closing = await a.receive(timeout=30)  # (sent at the reload: a bound for a hung test)
     assert closing.type == WSMsgType.CLOSE and closing.data == 1008
     assert closing.extra == "API key revoked"
     # The other key's socket still speaks.
