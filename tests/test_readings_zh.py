@@ -119,7 +119,9 @@ def test_mixed_english_and_mandarin_keeps_the_english() -> None:
     assert not ASCII_DIGIT.search(out)
 
 
-@settings(derandomize=True, max_examples=300, deadline=None)
+# Derandomized with no example database (derandomize alone still replays examples a database
+# kept from an earlier run): the same 300 texts on every run and machine.
+@settings(derandomize=True, database=None, max_examples=300, deadline=None)
 @given(
     st.text(
         alphabet=st.sampled_from(
