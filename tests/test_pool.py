@@ -129,7 +129,10 @@ async def test_pipelined_batches_each_get_their_own_reply(metrics: Metrics) -> N
     async with running_tone_pool(metrics, workers=1, delay_s=0.2, pipeline=2) as pool:
         texts = ["a", "bbbbbbbb", "ccc", "dddddddddddddddd", "ee", "f" * 30]
         runs = [asyncio.ensure_future(pool.run_batch([SynthesisItem(t, "beep")])) for t in texts]
-        await until(lambda: in_pipe(pool) == 2, 60, "two batches in the worker's pipe")
+        # (The first batch's thread counts it busy just after it has sent it: awaited too.)
+        await until(
+            lambda: in_pipe(pool) == 2 and busy(metrics) >= 1, 60, "two batches in the pipe"
+        )
         assert busy(metrics) == 1  # the one running, not the one waiting behind it
         audios = await asyncio.gather(*runs)
         assert [len(a.pcm) for (a,) in audios] == [tone_samples(t) for t in texts]
