@@ -117,7 +117,7 @@ def test_probes_answer_while_the_serving_port_is_flooded(server: DefaultServer) 
     try:
         # The serving port really is full: its connection cap answers 503. Asked until it does:
         # the kernel spreads connections over the processes by their addresses, and one that
-        # got fewer than its cap of the 60 (1 run in 300) fills only as the flood goes on.
+        # got fewer than its cap of the 60 (about 1 run in 300) fills only as the flood goes on.
         full_by = time.monotonic() + 60
         while server.get("/v1/models")[0] != 503:
             assert time.monotonic() < full_by, "the serving port never filled"
