@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from _pytest.logging import LogCaptureHandler
 from aiohttp.test_utils import TestClient, TestServer
 from blockbuster import blockbuster_ctx
 
@@ -120,6 +121,24 @@ def watch_answer_bodies() -> None:
 def pytest_configure(config: pytest.Config) -> None:
     logging.getLogger().addHandler(CanaryLogHandler())
     watch_answer_bodies()
+
+
+@pytest.fixture(autouse=True)
+def root_logging_kept() -> Iterator[None]:
+    """The root logger's handlers and level as they were before the test. A command run in the
+    test's own process (``main(["serve", ...])`` ended by a settings error) sets up logging as
+    its process's: its handler replaces all others, the canary handler among them, so every
+    later test on that xdist worker went unchecked for canaries in log records."""
+    root = logging.getLogger()
+    kept, level = [h for h in root.handlers if not isinstance(h, LogCaptureHandler)], root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in kept and not isinstance(handler, LogCaptureHandler):
+            root.removeHandler(handler)
+    for handler in kept:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.fixture(autouse=True)
@@ -251,6 +270,11 @@ def settings(tmp_path: Path, request: pytest.FixtureRequest) -> Settings:
         # loudness target changes by design: tests/test_loudness.py holds the default (on), and
         # so does every test of `voxgate serve` (tests/served.py).
         "loudness_lufs": "off",
+        # Where a test adds Redis, a call that outlives its timeout is a miss, or a replica
+        # working alone, or a rate counted per process: what such a test counts then changes.
+        # The 0.5 s default is a GC pause of the test's process on a loaded machine; a test of
+        # the timeout itself sets its own.
+        "redis_timeout_ms": "5000",
     }
     return Settings.load(env={}, overrides=overrides)
 

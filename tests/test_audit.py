@@ -158,7 +158,7 @@ async def test_audit_checks_the_redis_tier_and_trusts_nothing_unauthenticated(
     piper_engine: PiperEngine, redis: RedisServer, tmp_path: Path
 ) -> None:
     prefix = Settings.load(env={}).redis_prefix
-    tier = RedisTier.from_url(redis.url, secret=CACHE_SECRET.encode(), prefix=prefix)
+    tier = RedisTier.from_url(redis.url, secret=CACHE_SECRET.encode(), prefix=prefix, timeout_s=5.0)
     # A real take of the bundled voice is the clean entry (a steady tone is rightly not speech).
     # Piper samples noise (noise_scale, noise_w): off, the take is the same every run.
     quiet = {**piper_engine.default_params("joe"), "noise_scale": 0.0, "noise_w": 0.0}

@@ -224,7 +224,7 @@ def test_soak_bench_runs_every_kind_of_load_for_a_few_seconds(tmp_path: Path) ->
     args = argparse.Namespace(
         minutes=0.06,
         warmup_min=0.02,
-        sample_s=0.3,
+        sample_s=0.1,
         workers=1,
         memory_mb=16,
         no_write=True,
@@ -241,7 +241,9 @@ def test_soak_bench_runs_every_kind_of_load_for_a_few_seconds(tmp_path: Path) ->
     assert set(responses["bad"]) <= {str(s) for s in range(400, 500)}, responses["bad"]
     assert result["redis_restart"]["down_s"] > 0
     samples = result["samples"]
-    assert len(samples) >= 5
+    # Sampled before the kill and after it, to the end: not a count of samples, which a loaded
+    # machine takes fewer of in the run's 3.6 s (each one scrapes /metrics and every process).
+    assert samples[0]["t_s"] < result["redis_restart"]["killed_at_s"] < samples[-1]["t_s"]
     assert all(s["processes"] >= 2 and s["rss_mb"] > 0 and s["fds"] > 0 for s in samples)
     assert "rss_growth_pct" in result["steady_state"]
     assert result["tracebacks_in_server_log"] == 0

@@ -105,8 +105,8 @@ async def test_a_value_moved_to_another_key_is_refused(tier: RedisTier) -> None:
 
 
 async def test_another_secret_cannot_write_values_this_one_reads(redis: RedisServer) -> None:
-    other = RedisTier.from_url(redis.url, secret=b"another-secret-of-32-characters!")
-    mine = RedisTier.from_url(redis.url, secret=SECRET)
+    other = RedisTier.from_url(redis.url, secret=b"another-secret-of-32-characters!", timeout_s=5.0)
+    mine = RedisTier.from_url(redis.url, secret=SECRET, timeout_s=5.0)
     try:
         await other.put(KEY, wav_entry())
         with pytest.raises(ForgedEntry):
@@ -143,7 +143,9 @@ def test_metadata_types_and_sizes_are_checked_on_read(bad: dict[str, Any]) -> No
 @pytest.mark.parametrize("lean", [True, False])
 async def test_a_value_over_the_entry_bound_is_refused(redis: RedisServer, lean: bool) -> None:
     """``redis_max_entry_mb`` holds on reads; the lean reader refuses before it allocates."""
-    t = RedisTier.from_url(redis.url, secret=SECRET, max_entry_bytes=MIB, lean_reads=lean)
+    t = RedisTier.from_url(
+        redis.url, secret=SECRET, max_entry_bytes=MIB, lean_reads=lean, timeout_s=5.0
+    )
     try:
         await t.put(KEY, wav_entry(b"s" * 1000))
         await t.client.set(t.entry_key(OTHER), b"VXR3" + b"\0" * (3 * MIB))

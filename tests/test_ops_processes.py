@@ -247,7 +247,7 @@ async def one_synthesis_pool_for_the_host(server: DefaultServer) -> None:
     identical misses spread over both are synthesized once, the engines were loaded once, and
     a pool process that dies is replaced (counted from this part's own requests: its text is
     new, its access lines are found by its audio key)."""
-    n = 16
+    n = 32  # spread by the kernel's hash of each address: all on one process, 1 run in 2**31
     before = sample(server.metrics(), "voxgate_syntheses_total", outcome="ok")
     async with aiohttp.ClientSession() as session:
 

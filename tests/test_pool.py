@@ -108,6 +108,9 @@ async def test_hanging_batch_times_out_and_worker_is_replaced(metrics: Metrics) 
         assert restarts(metrics, "timeout") == 1
         await wait_for_workers(pool, 1, 60)
         assert pool.worker_pids() != before
+        # The next batch gets 30 s, not 1.5 s (a fresh worker on a loaded machine): one sent to
+        # the hung worker would still never be answered.
+        pool.batch_timeout_s = 30
         assert len(await pool.run_batch([SynthesisItem("after", "beep")])) == 1
 
 
@@ -129,7 +132,10 @@ async def test_pipelined_batches_each_get_their_own_reply(metrics: Metrics) -> N
     async with running_tone_pool(metrics, workers=1, delay_s=0.2, pipeline=2) as pool:
         texts = ["a", "bbbbbbbb", "ccc", "dddddddddddddddd", "ee", "f" * 30]
         runs = [asyncio.ensure_future(pool.run_batch([SynthesisItem(t, "beep")])) for t in texts]
-        await until(lambda: in_pipe(pool) == 2, 60, "two batches in the worker's pipe")
+        # (The first batch's thread counts it busy just after it has sent it: awaited too.)
+        await until(
+            lambda: in_pipe(pool) == 2 and busy(metrics) >= 1, 60, "two batches in the pipe"
+        )
         assert busy(metrics) == 1  # the one running, not the one waiting behind it
         audios = await asyncio.gather(*runs)
         assert [len(a.pcm) for (a,) in audios] == [tone_samples(t) for t in texts]
@@ -250,6 +256,7 @@ async def test_hanging_engine_gets_503_and_the_gateway_keeps_serving(
     assert "Retry-After" in resp.headers
     assert restarts(metrics, "timeout") == 1
     await wait_for_workers(pool, 1, 60)
+    pool.batch_timeout_s = 30  # (for the fresh worker: 1 s is a stall of a loaded machine)
     body["input"] = "a normal sentence"
     resp = await client.post("/v1/audio/speech", json=body)
     assert resp.status == 200

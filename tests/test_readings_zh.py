@@ -91,6 +91,9 @@ def test_telephone_numbers_are_read_one_by_one() -> None:
 )
 def test_hostile_input_is_read_in_bounded_time(pattern: str) -> None:
     text = (pattern * 5000)[:5000]
+    # Warm: the first text wetext reads loads its FSTs (0.4 s on a loaded machine; more on a
+    # slower one), which is not the time of this input.
+    read_chinese(text[:50])
     start = time.perf_counter()
     out = read_chinese(text)
     assert time.perf_counter() - start < 2.0
@@ -119,7 +122,9 @@ def test_mixed_english_and_mandarin_keeps_the_english() -> None:
     assert not ASCII_DIGIT.search(out)
 
 
-@settings(derandomize=True, max_examples=300, deadline=None)
+# Derandomized with no example database (derandomize alone still replays examples a database
+# kept from an earlier run): the same 300 texts on every run and machine.
+@settings(derandomize=True, database=None, max_examples=300, deadline=None)
 @given(
     st.text(
         alphabet=st.sampled_from(

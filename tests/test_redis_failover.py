@@ -50,7 +50,9 @@ async def test_tier_follows_a_sentinel_failover_without_a_restart(tmp_path: Path
                     f"redis+sentinel://127.0.0.1:{sentinel.port}/{sentinel.service}/0",
                     secret=SECRET,
                     metrics=metrics,
-                    timeout_s=0.5,
+                    # Calls to the dead master are refused at once; 0.5 s failed the first put
+                    # (which asks Sentinel for the master, then connects) on a loaded machine.
+                    timeout_s=5.0,
                     breaker_failures=2,
                     breaker_reset_s=0.5,
                 )
@@ -60,7 +62,8 @@ async def test_tier_follows_a_sentinel_failover_without_a_restart(tmp_path: Path
             )
             await tier.put(KEY, entry)
             name = tier.entry_key(KEY)
-            deadline = time.monotonic() + 10
+            # (The replica's first sync waits out the master's repl-diskless-sync-delay, 5 s.)
+            deadline = time.monotonic() + 60
             while not await asyncio.to_thread(replica_synced, replica.port, name):
                 assert time.monotonic() < deadline, "the replica never got the entry"
                 await asyncio.sleep(0.1)

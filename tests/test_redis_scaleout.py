@@ -30,8 +30,13 @@ def scrape(url: str) -> str:
 def test_three_replicas_share_one_redis(tmp_path: Path, redis: RedisServer) -> None:
     """300 concurrent identical requests over 3 gateway processes: one synthesis in total, and
     exactly one response says MISS (not one per replica); the others
-    waited for it (COALESCED) or found it stored (HIT)."""
-    with gateway_processes(tmp_path, 3, redis_url=redis.url) as replicas:
+    waited for it (COALESCED) or found it stored (HIT).
+
+    Redis calls get 5 s, not the default 0.5 s: a replica whose lock call or wait poll times out
+    synthesizes alone, as it should, and with 100 requests on each replica, on a loaded
+    machine's two cores, an event loop can be that late to read a reply."""
+    slow_machine = ("--redis-timeout-ms", "5000")
+    with gateway_processes(tmp_path, 3, redis_url=redis.url, args=slow_machine) as replicas:
         urls = [r.url for r in replicas]
 
         async def herd() -> list[tuple[int, bytes, str]]:

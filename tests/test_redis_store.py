@@ -33,7 +33,7 @@ async def test_purge_by_voice_removes_exactly_that_voice_from_all_tiers(
     tiers = [
         MemoryTier(10 * 2**20),
         disk,
-        RedisTier.from_url(redis.url, secret=SECRET, metrics=metrics),
+        RedisTier.from_url(redis.url, secret=SECRET, metrics=metrics, timeout_s=5.0),
     ]
     store = TieredStore(tiers, metrics)
     try:
@@ -55,7 +55,7 @@ async def test_purge_by_voice_removes_exactly_that_voice_from_all_tiers(
 
 
 async def test_pinned_entries_survive_ttl_expiry(redis: RedisServer) -> None:
-    tier = RedisTier.from_url(redis.url, secret=SECRET, ttl_s=1)
+    tier = RedisTier.from_url(redis.url, secret=SECRET, ttl_s=1, timeout_s=5.0)
     try:
         await tier.put(key(1), entry(1, voice="joe"))
         await tier.put(key(2), entry(2, voice="joe", pinned=True))
@@ -72,7 +72,7 @@ async def test_pinned_entries_survive_eviction_pressure(tmp_path: Path) -> None:
     with redis_server(
         tmp_path / "r", extra=["--maxmemory", "4mb", "--maxmemory-policy", "volatile-lru"]
     ) as server:
-        tier = RedisTier.from_url(server.url, secret=SECRET)
+        tier = RedisTier.from_url(server.url, secret=SECRET, timeout_s=5.0)
         try:
             pinned = [key(n) for n in range(10)]
             for n, k in enumerate(pinned):

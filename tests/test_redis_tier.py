@@ -19,7 +19,7 @@ from cache.redis_tier import RedisTier, is_cluster_url
 from cache.tier import PurgeFilter, TierError, TierUnavailable
 from metrics import Metrics
 from tests.redis_support import SentinelServer, nothing_stored, redis_cluster
-from tests.support import SECRET, wav_entry
+from tests.support import SECRET, until, wav_entry
 
 # One pytest-xdist worker runs the whole module: its tests share the module-scoped Redis topologies.
 pytestmark = pytest.mark.xdist_group("redis_tier")
@@ -188,15 +188,25 @@ async def test_two_replicas_produce_once(redis_url: str) -> None:
     a = await make_tier(redis_url, metrics_a)
     b = await asyncio.to_thread(
         functools.partial(
-            RedisTier.from_url, redis_url, secret=SECRET, prefix=a.prefix, metrics=metrics_b
+            RedisTier.from_url,
+            redis_url,
+            secret=SECRET,
+            prefix=a.prefix,
+            metrics=metrics_b,
+            timeout_s=5.0,
         )
     )
     produced: list[str] = []
 
+    def contended() -> float:
+        return sum(m.redis_locks.labels("contended")._value.get() for m in (metrics_a, metrics_b))
+
     def producer(name: str, tier: RedisTier):  # type: ignore[no-untyped-def]
         async def produce() -> bytes:
             produced.append(name)
-            await asyncio.sleep(0.3)
+            # Until the other replica has found the lock held (a pause of 0.3 s let a replica
+            # slow to reach Redis come after the release, and produce again, as it may).
+            await until(lambda: contended() == 1, what="the other replica finding the lock held")
             e = entry(name.encode() * 10)
             await tier.put(KEY, e)
             return e.audio
@@ -229,8 +239,9 @@ async def test_dead_holder_lock_expires_and_is_taken_over(tier: RedisTier) -> No
     metrics = tier.metrics
     assert metrics is not None
     flight = CrossReplicaFlight(tier, lock_ttl_s=5, max_wait_s=10, metrics=metrics)
-    # A replica that took the lock and died: nobody extends it, it expires after 400 ms.
-    await tier.client.set(flight.lock_key(KEY), "dead-replica", px=400)
+    # A replica that took the lock and died: nobody extends it, it expires after 2 s (at 400 ms
+    # a loop stall of 400 ms before the flight asked let it find no lock, and take it at once).
+    await tier.client.set(flight.lock_key(KEY), "dead-replica", px=2000)
     calls = 0
 
     async def produce() -> str:
@@ -356,7 +367,9 @@ async def test_tier_survives_redis_outage_and_recovers_without_restart(tmp_path:
     t = RedisTier.from_url(
         f"redis://127.0.0.1:{port}/0",
         secret=SECRET,
-        timeout_s=0.2,
+        # The calls before the server starts are refused at once; the probe after it needs a
+        # connection and a write, which 0.2 s did not always allow on a loaded machine.
+        timeout_s=5,
         breaker_failures=2,
         # Long enough that the third call comes while the breaker is still open on any machine
         # (at 0.3 s a loop stall of 0.3 s made it the half-open probe instead).

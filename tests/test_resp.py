@@ -360,8 +360,8 @@ async def test_a_hung_redis_times_out_as_a_tier_error_and_drops_the_connection(
 async def test_tier_reads_the_same_with_and_without_the_lean_reader(tmp_path: Path) -> None:
     with redis_server(tmp_path / "r") as server:
         url = server.url
-        lean = RedisTier.from_url(url, secret=SECRET)
-        plain = RedisTier.from_url(url, secret=SECRET, lean_reads=False)
+        lean = RedisTier.from_url(url, secret=SECRET, timeout_s=5.0)
+        plain = RedisTier.from_url(url, secret=SECRET, lean_reads=False, timeout_s=5.0)
         assert lean.reader is not None and plain.reader is None
         try:
             stored = Entry.create(
@@ -432,7 +432,7 @@ async def test_a_corrupt_entry_read_by_the_lean_reader_counts_as_redis_answering
     a half-open breaker must still close on it (Redis answered), not wait out another probe."""
     with redis_server(tmp_path / "r") as server:
         tier = RedisTier.from_url(
-            server.url, secret=SECRET, breaker_failures=1, breaker_reset_s=0.05
+            server.url, secret=SECRET, breaker_failures=1, breaker_reset_s=0.05, timeout_s=5.0
         )
         try:
             await tier.client.set(tier.entry_key("k"), b"VXR2garbage-that-is-no-frame")
@@ -534,7 +534,11 @@ async def test_a_planted_value_over_the_entry_bound_is_a_corrupt_entry(tmp_path:
     Redis: the breaker stays closed."""
     with redis_server(tmp_path / "r") as server:
         tier = RedisTier.from_url(
-            server.url, secret=SECRET, max_entry_bytes=1024 * 1024, breaker_failures=1
+            server.url,
+            secret=SECRET,
+            max_entry_bytes=1024 * 1024,
+            breaker_failures=1,
+            timeout_s=5.0,
         )
         assert tier.reader is not None and tier.reader.max_bulk == 1024 * 1024
         try:

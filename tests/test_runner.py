@@ -45,7 +45,10 @@ async def test_a_stuck_batch_times_out_and_the_next_one_runs(metrics: Metrics) -
             await runner.run_batch([SynthesisItem("stall here", "beep")])
         assert timeouts(metrics) == 1
         assert runner.abandoned == 1
-        # One thread, and it is stuck: the next batch still runs, on a fresh one.
+        # One thread, and it is stuck: the next batch still runs, on a fresh one. Its bound is
+        # 5 s, not 0.3 s (a fresh thread on a loaded machine): a batch queued behind the stuck
+        # thread would still wait out the engine's 30 s and time out.
+        runner.batch_timeout_s = 5
         audios = await asyncio.wait_for(runner.run_batch([SynthesisItem("fine", "beep")]), 60)
         assert len(audios) == 1
     finally:
@@ -65,6 +68,7 @@ async def test_abandoned_batches_are_bounded(metrics: Metrics) -> None:
             await runner.run_batch([SynthesisItem("fine", "beep")])
         engine.let_go.set()  # the engine comes back: so does the runner
         await until(lambda: runner.abandoned == 0, 60, "the abandoned batches to end")
+        runner.batch_timeout_s = 5  # (0.2 s was a fresh thread's start on a loaded machine)
         assert len(await runner.run_batch([SynthesisItem("fine", "beep")])) == 1
     finally:
         engine.let_go.set()

@@ -101,6 +101,9 @@ async def test_two_replicas_of_fifty_identical_requests_cost_one_call(
     )
     flags = ("--upstreams-file", str(upstreams), "--redis-url", redis.url)
     flags += ("--cache-secret", CACHE_SECRET)
+    # Redis calls get 5 s, not 0.5 s: a process whose lock call or wait poll times out (an event
+    # loop late with 25 requests on a loaded machine) calls the provider alone, as it should.
+    flags += ("--redis-timeout-ms", "5000")
     env = {KEY_ENV: provider.api_key}
     replicas = [DefaultServer(tmp_path / f"r{i}", *flags, env=env) for i in range(2)]
     try:
@@ -153,8 +156,7 @@ async def test_two_replicas_of_fifty_identical_requests_cost_one_call(
                 )
             ),
             lambda v: v > 0,
-            10,
-            "money saved counted",
+            what="money saved counted",
         )
         assert saved <= 15.0 * 200 * len(GREETING) / 1e6
         for r in replicas:
