@@ -342,43 +342,91 @@ def build_vits(directory: Path, *, size: str = "tiny", seed: int = 0) -> tuple[P
 def mel_cepstral_distortion(reference: Any, test: Any, sample_rate: int) -> float:
     """Mel-cepstral distortion (dB) of ``test`` from ``reference`` (mono float PCM, same rate).
 
-    Per 46 ms frame (hop 11.6 ms at 22.05 kHz): an 80-band mel power spectrum (librosa), in dB
-    floored 80 dB under the reference's loudest band, and its DCT-II (orthonormal) as a
-    mel-cepstrum; coefficients 1-24 (c0, the loudness, left out as usual), rescaled to natural-log
-    amplitude units, so the classic constant applies: MCD = (10 / ln 10) * sqrt(2 * sum (c - c')^2),
-    averaged over the reference's speech frames (within 40 dB of its loudest) along a DTW path, so
-    a small change of duration is not counted as distortion (the duration is reported apart).
+    Per 46 ms frame (hop 11.6 ms at 22.05 kHz): an 80-band mel power spectrum (librosa's
+    ``melspectrogram`` defaults), in dB floored 80 dB under the reference's loudest band, and its
+    DCT-II (orthonormal) as a mel-cepstrum; coefficients 1-24 (c0, the loudness, left out as
+    usual), rescaled to natural-log amplitude units, so the classic constant applies:
+    MCD = (10 / ln 10) * sqrt(2 * sum (c - c')^2), averaged over the reference's speech frames
+    (within 40 dB of its loudest) along a DTW path, so a small change of duration is not counted
+    as distortion (the duration is reported apart).
 
-    librosa (already in the dev install through coqui-tts) gives the mel filterbank and DTW; this
-    is the MFCC flavour of MCD, not SPTK's mel-generalized cepstrum (pysptk is not installed):
+    numpy and scipy, computing what librosa's melspectrogram, mfcc and dtw do: importing librosa
+    in a fresh environment JIT-compiles its numba kernels, about half a minute of a core. This is
+    the MFCC flavour of MCD, not SPTK's mel-generalized cepstrum (pysptk is not installed):
     absolute values are not comparable with papers', differences between modes measured the same
     way are.
     """
-    import librosa
     import numpy as np
+    import scipy.fft
+    import scipy.signal
+    from scipy.spatial.distance import cdist
+
+    n_fft, hop, n_mels = 1024, 256, 80
+    # Slaney's mel scale (librosa's default): linear to 1 kHz, logarithmic above.
+    linear, step = 200.0 / 3, np.log(6.4) / 27.0
+    knee = 1000.0 / linear
+    top = sample_rate / 2.0 / linear
+    if top >= knee:
+        top = knee + np.log(sample_rate / 2.0 / 1000.0) / step
+    edges = np.linspace(0.0, top, n_mels + 2)
+    edges = np.where(edges < knee, linear * edges, 1000.0 * np.exp(step * (edges - knee)))
+    ramps = np.subtract.outer(edges, np.fft.rfftfreq(n_fft, 1.0 / sample_rate))
+    widths = np.diff(edges)[:, None]
+    bands = np.maximum(0.0, np.minimum(-ramps[:-2] / widths[:-1], ramps[2:] / widths[1:]))
+    bands = (bands * (2.0 / (edges[2:] - edges[:-2]))[:, None]).astype(np.float32)
+    window = scipy.signal.get_window("hann", n_fft, fftbins=True).astype(np.float32)
 
     def mel(x: Any) -> Any:
-        return librosa.feature.melspectrogram(
-            y=np.asarray(x, dtype=np.float32), sr=sample_rate, n_fft=1024, hop_length=256, n_mels=80
-        )
+        padded = np.pad(np.asarray(x, dtype=np.float32), n_fft // 2)
+        frames = np.lib.stride_tricks.sliding_window_view(padded, n_fft)[::hop]
+        return bands @ (np.abs(np.fft.rfft(frames * window, axis=-1)) ** 2).T
 
     ref_mel, test_mel = mel(reference), mel(test)
     floor = float(ref_mel.max()) * 1e-8
 
     def cepstrum(m: Any) -> Any:
         db = 10.0 * np.log10(np.maximum(m, floor))
-        c = librosa.feature.mfcc(S=db, n_mfcc=25, dct_type=2, norm="ortho")
+        c = scipy.fft.dct(db, axis=0, type=2, norm="ortho")[:25]
         return c[1:] * (np.log(10.0) / 20.0)
 
     a, b = cepstrum(ref_mel), cepstrum(test_mel)
-    _, path = librosa.sequence.dtw(X=a, Y=b, metric="euclidean")
-    path = path[::-1]
+    path = dtw_path(cdist(a.T, b.T))
     energy = ref_mel.sum(axis=0)
     speech = energy[path[:, 0]] > energy.max() * 1e-4
     if not speech.any():
         return 0.0
     diffs = np.sqrt(np.sum((a[:, path[speech, 0]] - b[:, path[speech, 1]]) ** 2, axis=0))
     return float(10.0 / np.log(10.0) * np.sqrt(2.0) * diffs.mean())
+
+
+def dtw_path(cost: Any) -> Any:
+    """The least-cost path from ``(0, 0)`` to the last cell of the ``cost`` matrix, by diagonal,
+    horizontal or vertical steps, as an array of index pairs: librosa's ``dtw`` with its default
+    steps (the first of equal costs in that order)."""
+    import numpy as np
+
+    rows, inf = cost.tolist(), float("inf")
+    above, moves = [inf] * len(rows[0]), []
+    for i, row in enumerate(rows):
+        here, came = [inf] * len(row), [0] * len(row)
+        for j, c in enumerate(row):
+            if i == 0 and j == 0:
+                here[0] = c
+                continue
+            for move, prior in enumerate(
+                (above[j - 1] if j else inf, here[j - 1] if j else inf, above[j])
+            ):
+                if prior + c < here[j]:
+                    here[j], came[j] = prior + c, move
+        moves.append(came)
+        above = here
+    i, j, path = len(rows) - 1, len(above) - 1, []
+    while True:
+        path.append((i, j))
+        if i == 0 and j == 0:
+            return np.asarray(path[::-1])
+        move = moves[i][j]
+        i, j = i - (move != 1), j - (move != 2)
 
 
 # Seconds per character of the benches' and tests' made-up speech (their local providers and

@@ -10,7 +10,7 @@ import logging
 import re
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,9 @@ from metrics import Metrics
 from tests.canary import canary
 from tests.conftest import GatewayFactory
 from tests.served import DefaultServer
+
+# One pytest-xdist worker runs the whole module: two of its tests share a module-scoped server.
+pytestmark = pytest.mark.xdist_group("connections")
 
 BODY = {"model": "piper", "voice": "joe", "input": "Hold, please.", "response_format": "wav"}
 
@@ -409,26 +412,31 @@ def test_parser_refusals_are_one_warning_per_interval_without_their_bytes(
     assert [r.getMessage() for r in passed] == ["something else entirely"]
 
 
-async def test_a_loopback_bind_answers_only_loopback_host_names(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DefaultServer]:
+    """`voxgate serve` with no flags, for the tests that only send it requests."""
+    with DefaultServer(tmp_path_factory.mktemp("plain") / "srv").serving() as server:
+        yield server
+
+
+async def test_a_loopback_bind_answers_only_loopback_host_names(
+    plain_server: DefaultServer,
+) -> None:
     """`voxgate serve` with no flags (127.0.0.1) and a DNS-rebinding page: its browser sends the
     page's own name as Host, and gets a 421 naming the hosts served and the setting; a local
     client's names are answered, with or without a port."""
-    server = DefaultServer(tmp_path / "srv")
-    try:
-        await asyncio.to_thread(server.wait_ready)
-        for host in ("localhost", f"localhost:{server.port}", "127.0.0.1", "[::1]:80", "LOCALHOST"):
-            status, _, _ = await server.request("GET", "/healthz", headers={"Host": host})
-            assert status == 200, host
-        for path in ("/metrics", "/healthz", "/v1/audio/speech", "/no/such/path"):
-            for host in ("rebound.attacker.example", "rebound.attacker.example:8080", "0.0.0.0"):
-                status, _, body = await server.request("GET", path, headers={"Host": host})
-                assert status == 421, (path, host)
-                error = json.loads(body)["error"]
-                assert error["code"] == "unknown_host" and error["param"] == "allowed_hosts"
-                assert "localhost, 127.0.0.1, [::1]" in error["message"]
-                assert "rebound" not in error["message"]
-    finally:
-        server.close()
+    server = plain_server
+    for host in ("localhost", f"localhost:{server.port}", "127.0.0.1", "[::1]:80", "LOCALHOST"):
+        status, _, _ = await server.request("GET", "/healthz", headers={"Host": host})
+        assert status == 200, host
+    for path in ("/metrics", "/healthz", "/v1/audio/speech", "/no/such/path"):
+        for host in ("rebound.attacker.example", "rebound.attacker.example:8080", "0.0.0.0"):
+            status, _, body = await server.request("GET", path, headers={"Host": host})
+            assert status == 421, (path, host)
+            error = json.loads(body)["error"]
+            assert error["code"] == "unknown_host" and error["param"] == "allowed_hosts"
+            assert "localhost, 127.0.0.1, [::1]" in error["message"]
+            assert "rebound" not in error["message"]
 
 
 async def test_allowed_hosts_star_answers_any_host_name(tmp_path: Path) -> None:
@@ -453,27 +461,23 @@ def test_a_bind_beyond_loopback_keeps_the_explicit_list() -> None:
     assert served_hosts(("*",), "127.0.0.1") == frozenset()
 
 
-async def test_a_request_the_parser_refuses_gets_a_fixed_body(tmp_path: Path) -> None:
+async def test_a_request_the_parser_refuses_gets_a_fixed_body(plain_server: DefaultServer) -> None:
     """aiohttp's 400 for a malformed request echoed the offending header, an API key beside a
     control byte included; `voxgate serve` answers a fixed JSON body that holds nothing sent."""
     key = canary("sk-parser")
-    server = DefaultServer(tmp_path / "srv")
-    try:
-        await asyncio.to_thread(server.wait_ready)
-        for head in (
-            f"Authorization: Bearer {key}\x01",
-            f"X-API-Key: {key}\x7f",
-            f"X-Long: {key}{'a' * 9000}",
-        ):
-            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-            writer.write(f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}\r\n\r\n".encode())
-            answer = await asyncio.wait_for(reader.read(), 30)
-            writer.close()
-            status_line, _, rest = answer.partition(b"\r\n")
-            assert re.fullmatch(rb"HTTP/1\.[01] 4\d\d .*", status_line), status_line
-            body = rest.partition(b"\r\n\r\n")[2]
-            assert json.loads(body)["error"]["code"] == "malformed_request"
-            assert key.encode() not in answer
-        assert key not in server.logs()
-    finally:
-        server.close()
+    server = plain_server
+    for head in (
+        f"Authorization: Bearer {key}\x01",
+        f"X-API-Key: {key}\x7f",
+        f"X-Long: {key}{'a' * 9000}",
+    ):
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}\r\n\r\n".encode())
+        answer = await asyncio.wait_for(reader.read(), 30)
+        writer.close()
+        status_line, _, rest = answer.partition(b"\r\n")
+        assert re.fullmatch(rb"HTTP/1\.[01] 4\d\d .*", status_line), status_line
+        body = rest.partition(b"\r\n\r\n")[2]
+        assert json.loads(body)["error"]["code"] == "malformed_request"
+        assert key.encode() not in answer
+    assert key not in server.logs()

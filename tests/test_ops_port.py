@@ -18,6 +18,9 @@ from gateway.runtime.apikeys import key_table
 from tests.canary import canary
 from tests.served import DefaultServer
 
+# One pytest-xdist worker runs the whole module: its tests share the module-scoped server.
+pytestmark = pytest.mark.xdist_group("ops_port")
+
 SPEAK_SECRET = canary("ops-port-speak")
 
 PROBE_EVERY_S = 0.2

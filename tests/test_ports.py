@@ -15,6 +15,9 @@ from gateway.runtime.ports import PortInUse, check_port, hold_port
 from tests.ops_support import run_cli
 from tests.served import DefaultServer
 
+# One pytest-xdist worker runs the whole module: its tests share the module-scoped server.
+pytestmark = pytest.mark.xdist_group("ports")
+
 
 @pytest.fixture(scope="module")
 def first(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DefaultServer]:
