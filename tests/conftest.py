@@ -174,7 +174,6 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, cores + cores // 2)
 
 
-@pytest.hookimpl(trylast=True)  # after pytest-xdist's own, which names the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist, slow tests that share no fixture with others go first.
 
@@ -185,9 +184,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     module-scoped fixtures are set up once)."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    if config.getvalue("loadgroup"):
-        for item in items:
-            named_in_group(item)
 
     def first(item: pytest.Item) -> bool:
         return item.get_closest_marker("slow") is not None and (
@@ -195,25 +191,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
 
     items.sort(key=lambda item: not first(item))
-
-
-def named_in_group(item: pytest.Item) -> None:
-    """The test's id ends in ``@<its xdist_group>``, the scope ``--dist loadgroup`` sends whole.
-
-    pytest-xdist 3.8 adds it by setting ``item._nodeid``, which pytest 9.2 no longer reads (the
-    id is ``item._id``): each test of a group then went to any worker alone, and a worker built
-    the group's module-scoped servers and graphs again for every test it was sent."""
-    groups = sorted(
-        {
-            str(m.args[0] if m.args else m.kwargs.get("name", "default"))
-            for m in item.iter_markers("xdist_group")
-        }
-    )
-    suffix = "@" + "_".join(groups)
-    if groups and not item.nodeid.endswith(suffix):
-        from _pytest.nodeid import NodeId  # pytest 9.2's id; older ones took xdist's
-
-        item._id = NodeId.parse(item.nodeid + suffix)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
