@@ -8,7 +8,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, ParamSpec, TypeVar
 
 from aiohttp import web
 from pydantic import ValidationError
@@ -179,16 +179,17 @@ def front_end_may_run(settings: Settings, raw: bytes | None = None) -> bool:
 
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 async def validate_off_loop(
-    settings: Settings, raw: bytes | None, parse: Callable[..., T], *args: Any
+    settings: Settings, raw: bytes | None, parse: Callable[P, T], *args: P.args, **kw: P.kwargs
 ) -> T:
     """``parse(*args)``: in a thread where a slow text front end may run on ``raw``
     (:func:`front_end_may_run`), else here on the event loop."""
     if front_end_may_run(settings, raw):
-        return await asyncio.to_thread(parse, *args)
-    return parse(*args)
+        return await asyncio.to_thread(parse, *args, **kw)
+    return parse(*args, **kw)
 
 
 def _check_raw(raw: str, settings: Settings, param: str) -> None:
